@@ -1,0 +1,81 @@
+"""vyre_cuda: run CUDA kernel programs on borrowed host buffers, at the driver's floor.
+
+>>> import numpy as np, vyre_cuda as vc
+>>> prog = vc.builtin_programs.vecadd_f32()
+>>> with vc.CudaBackend() as backend:                          # doctest: +SKIP
+...     (out,) = backend.dispatch(prog, [np.ones(4, np.float32), np.ones(4, np.float32)])
+
+Importing never needs a GPU: the driver is resolved at the first backend use.
+"""
+
+from .config import DispatchConfig
+from .errors import (
+    BackendError,
+    CooperativeResidencyExceeded,
+    DeviceLost,
+    DeviceOutOfMemory,
+    DispatchFailed,
+    DriverUnavailable,
+    InvalidProgram,
+    KernelCompileFailed,
+    UnsupportedFeature,
+    ValidationError,
+)
+from .program import BindingRole, BufferAccess, BufferDecl, DType, Kernel, Program
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "BackendError",
+    "BindingRole",
+    "BufferAccess",
+    "BufferDecl",
+    "CooperativeResidencyExceeded",
+    "CudaBackend",
+    "DType",
+    "DeviceLost",
+    "DeviceOutOfMemory",
+    "DispatchConfig",
+    "DispatchFailed",
+    "DriverUnavailable",
+    "InvalidProgram",
+    "Kernel",
+    "KernelCompileFailed",
+    "PendingDispatch",
+    "Program",
+    "TimedDispatchResult",
+    "UnsupportedFeature",
+    "ValidationError",
+    "builtin_programs",
+    "driver_status",
+    "reset_device",
+]
+
+# The backend pulls in the compiled core; load it on first use so `import vyre_cuda` stays
+# light and works even where the extension's driver cannot be found.
+_LAZY = {
+    "CudaBackend": ("backend", "CudaBackend"),
+    "TimedDispatchResult": ("backend", "TimedDispatchResult"),
+    "PendingDispatch": ("_dispatch", "PendingDispatch"),
+    "driver_status": ("backend", "driver_status"),
+    "reset_device": ("backend", "reset_device"),
+    "builtin_programs": ("builtin_programs", None),
+}
+
+
+def __getattr__(name):
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'vyre_cuda' has no attribute {name!r}") from None
+    import importlib
+
+    module = importlib.import_module(f".{module_name}", __name__)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
