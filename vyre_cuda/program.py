@@ -219,11 +219,6 @@ class BufferDecl:
         return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, **kw)
 
     @classmethod
-    def output(cls, name, binding, dtype, count=0, **kw) -> "BufferDecl":
-        """An output with no input: cleared to zero before the launch, read back after."""
-        return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, output=True, **kw)
-
-    @classmethod
     def write_only(cls, name, binding, dtype, count=0, **kw) -> "BufferDecl":
         return cls(name, binding, BufferAccess.WRITE_ONLY, dtype, count, **kw)
 
@@ -231,6 +226,16 @@ class BufferDecl:
     def workgroup(cls, name, binding, dtype, count, **kw) -> "BufferDecl":
         """Per-block shared memory; not an argument, sized into dynamic shared memory."""
         return cls(name, binding, BufferAccess.WORKGROUP, dtype, count, **kw)
+
+
+def _output_decl(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
+    """An output with no input: cleared to zero before the launch, read back after."""
+    return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, output=True, **kw)
+
+
+# `output` is both a field (the flag) and a constructor: attach the constructor after the
+# dataclass took the field's default, so instances read the flag and the class offers the factory.
+BufferDecl.output = classmethod(_output_decl)
 
 
 class Kernel:

@@ -1,0 +1,74 @@
+"""Build the Cython core. Everything else lives in pyproject.toml.
+
+Environment toggles: VYRE_CUDA_ANNOTATE=1 writes Cython HTML annotations; VYRE_CUDA_LINETRACE=1
+enables line tracing (coverage, profilers; slows the hot path); VYRE_CUDA_INCLUDE names the folder
+holding cuda.h when neither the nvidia-cuda-runtime wheel nor a CUDA toolkit provides it.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import numpy
+from Cython.Build import cythonize
+from Cython.Compiler import Options
+from setuptools import Extension, setup
+
+
+def cuda_include_dirs():
+    # cydriver.pxd includes <cuda.h>: it must be no older than the cuda-bindings we compile against.
+    candidates = []
+    if os.environ.get("VYRE_CUDA_INCLUDE"):
+        candidates.append(Path(os.environ["VYRE_CUDA_INCLUDE"]))
+    for entry in sys.path:
+        candidates.append(Path(entry) / "nvidia" / "cu13" / "include")
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            candidates.append(Path(os.environ[var]) / "include")
+    candidates.append(Path("/usr/local/cuda/include"))
+    for folder in candidates:
+        if (folder / "cuda.h").is_file():
+            return [str(folder)]
+    sys.exit(
+        "vyre_cuda: cuda.h not found. Fix: pip install 'nvidia-cuda-runtime==13.*' (ships the header), "
+        "or set VYRE_CUDA_INCLUDE to a CUDA toolkit's include folder."
+    )
+
+
+Options.warning_errors = True  # Cython warnings are errors
+linetrace = os.environ.get("VYRE_CUDA_LINETRACE") == "1"
+include_dirs = cuda_include_dirs() + [numpy.get_include()]
+macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
+if linetrace:
+    macros.append(("CYTHON_TRACE_NOGIL", "1"))
+
+
+def ext(name):
+    return Extension(
+        f"vyre_cuda.{name}",
+        [f"vyre_cuda/{name}.pyx"],
+        include_dirs=include_dirs,
+        define_macros=macros,
+        language="c++",  # cydriver.pxd pulls in <type_traits>
+        extra_compile_args=["-O3", "-std=c++17"],
+    )
+
+
+MODULES = ["_accounting", "_driver", "_pools", "_dispatch"]
+if Path("vyre_cuda/_floor.pyx").is_file():
+    MODULES.append("_floor")
+
+setup(
+    ext_modules=cythonize(
+        [ext(m) for m in MODULES],
+        build_dir="build/cython",
+        annotate=os.environ.get("VYRE_CUDA_ANNOTATE") == "1",
+        compiler_directives={
+            "language_level": 3,
+            "embedsignature": True,
+            "linetrace": linetrace,
+            # Cython's own defaults (boundscheck, wraparound) stay on: the hot loops are cdef
+            # code over C vectors, where those checks do not apply.
+        },
+    ),
+)

@@ -1,0 +1,265 @@
+# cython: language_level=3
+"""Driver access: initialisation, device attributes, contexts, modules, and the one error checker."""
+
+from libc.stdint cimport uintptr_t
+from libc.stdlib cimport malloc, free
+from libc.string cimport memset
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+
+from cuda.bindings cimport cydriver
+
+from .errors import DriverUnavailable, KernelCompileFailed, driver_error
+
+_initialized = False
+
+
+cdef unsigned long long now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <unsigned long long>ts.tv_sec * 1000000000ULL + <unsigned long long>ts.tv_nsec
+
+
+def status_name(int status):
+    """The CUresult name of a status code (e.g. 'CUDA_ERROR_OUT_OF_MEMORY')."""
+    cdef const char* name = NULL
+    try:
+        if cydriver.cuGetErrorName(<cydriver.CUresult>status, &name) == cydriver.CUDA_SUCCESS and name != NULL:
+            return name.decode()
+    except Exception:
+        pass
+    return f"CUresult({status})"
+
+
+cdef int raise_cu(cydriver.CUresult status, const char* call) except -1 with gil:
+    raise driver_error(status_name(<int>status), call.decode(), code=<int>status)
+
+
+cdef int check_cu(cydriver.CUresult status, const char* call) except -1 nogil:
+    # The GIL is taken only to raise.
+    if status == cydriver.CUDA_SUCCESS:
+        return 0
+    return raise_cu(status, call)
+
+
+def init_driver():
+    """cuInit once; DriverUnavailable (with a Fix) when there is no driver or no device."""
+    global _initialized
+    cdef int count = 0
+    cdef cydriver.CUresult status
+    if _initialized:
+        return
+    try:
+        with nogil:
+            status = cydriver.cuInit(0)
+    except RuntimeError as exc:  # cuda-bindings raises this when libcuda.so cannot be loaded
+        raise DriverUnavailable(
+            f"the CUDA driver library could not be loaded ({exc})",
+            "run on a machine with an NVIDIA GPU and its driver installed (libcuda.so.1 on the "
+            "loader path); vyre_cuda imports and plans without one, but cannot dispatch",
+        ) from None
+    if status != cydriver.CUDA_SUCCESS:
+        raise DriverUnavailable(
+            f"cuInit failed with {status_name(<int>status)}",
+            "check that the NVIDIA driver is loaded (nvidia-smi) and that CUDA_VISIBLE_DEVICES "
+            "names a device",
+        )
+    with nogil:
+        status = cydriver.cuDeviceGetCount(&count)
+    if status != cydriver.CUDA_SUCCESS or count == 0:
+        raise DriverUnavailable(
+            "the CUDA driver found no device",
+            "check nvidia-smi and CUDA_VISIBLE_DEVICES",
+        )
+    _initialized = True
+
+
+def device_count():
+    cdef int count = 0
+    init_driver()
+    check_cu(cydriver.cuDeviceGetCount(&count), b"cuDeviceGetCount")
+    return count
+
+
+def driver_version():
+    cdef int version = 0
+    init_driver()
+    check_cu(cydriver.cuDriverGetVersion(&version), b"cuDriverGetVersion")
+    return version
+
+
+cdef int _attr(cydriver.CUdevice dev, cydriver.CUdevice_attribute attr) except? -1:
+    cdef int value = 0
+    check_cu(cydriver.cuDeviceGetAttribute(&value, attr, dev), b"cuDeviceGetAttribute")
+    return value
+
+
+def device_caps(int ordinal):
+    """The attributes vyre_cuda plans with, as a dict of DeviceCaps fields."""
+    cdef cydriver.CUdevice dev
+    cdef char name[256]
+    cdef char bus[64]
+    cdef size_t total = 0
+    init_driver()
+    count = device_count()
+    if ordinal < 0 or ordinal >= count:
+        from .errors import ValidationError
+        raise ValidationError(
+            f"device {ordinal} does not exist; the driver sees {count} device(s)",
+            f"pass a device ordinal in 0..{count - 1}",
+        )
+    check_cu(cydriver.cuDeviceGet(&dev, ordinal), b"cuDeviceGet")
+    memset(name, 0, sizeof(name))
+    memset(bus, 0, sizeof(bus))
+    check_cu(cydriver.cuDeviceGetName(name, sizeof(name) - 1, dev), b"cuDeviceGetName")
+    check_cu(cydriver.cuDeviceGetPCIBusId(bus, sizeof(bus) - 1, dev), b"cuDeviceGetPCIBusId")
+    check_cu(cydriver.cuDeviceTotalMem(&total, dev), b"cuDeviceTotalMem")
+    return dict(
+        ordinal=ordinal,
+        name=name.decode(errors="replace"),
+        cc=(_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+            _attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+        sm_count=_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+        warp_size=_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_WARP_SIZE),
+        max_threads_per_block=_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
+        max_block_dim=(_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X),
+                       _attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y),
+                       _attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)),
+        max_grid_dim=(_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X),
+                      _attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y),
+                      _attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)),
+        max_shared_per_block=_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK),
+        max_shared_per_block_optin=_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+        max_threads_per_sm=_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR),
+        max_blocks_per_sm=_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR),
+        cooperative_launch=bool(_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)),
+        total_memory=total,
+        driver_version=driver_version(),
+        pci_bus_id=bus.decode(errors="replace"),
+    )
+
+
+def retain_primary_context(int ordinal):
+    """Retain the device's primary context (shared with CuPy, PyTorch and the runtime API)."""
+    cdef cydriver.CUdevice dev
+    cdef cydriver.CUcontext ctx
+    init_driver()
+    check_cu(cydriver.cuDeviceGet(&dev, ordinal), b"cuDeviceGet")
+    with nogil:
+        check_cu(cydriver.cuDevicePrimaryCtxRetain(&ctx, dev), b"cuDevicePrimaryCtxRetain")
+        check_cu(cydriver.cuCtxSetCurrent(ctx), b"cuCtxSetCurrent")
+    return <uintptr_t>ctx
+
+
+def release_primary_context(int ordinal):
+    cdef cydriver.CUdevice dev
+    check_cu(cydriver.cuDeviceGet(&dev, ordinal), b"cuDeviceGet")
+    with nogil:
+        check_cu(cydriver.cuDevicePrimaryCtxRelease(dev), b"cuDevicePrimaryCtxRelease")
+
+
+def reset_primary_context(int ordinal):
+    """Destroy this process's primary context on the device (recovery after a kernel fault)."""
+    cdef cydriver.CUdevice dev
+    init_driver()
+    check_cu(cydriver.cuDeviceGet(&dev, ordinal), b"cuDeviceGet")
+    with nogil:
+        check_cu(cydriver.cuDevicePrimaryCtxReset(dev), b"cuDevicePrimaryCtxReset")
+
+
+cdef int bind_context(cydriver.CUcontext ctx) except -1 nogil:
+    cdef cydriver.CUcontext current = NULL
+    check_cu(cydriver.cuCtxGetCurrent(&current), b"cuCtxGetCurrent")
+    if current != ctx:
+        check_cu(cydriver.cuCtxSetCurrent(ctx), b"cuCtxSetCurrent")
+    return 0
+
+
+def make_current(uintptr_t ctx):
+    bind_context(<cydriver.CUcontext>ctx)
+
+
+def mem_get_info():
+    """(free, total) device bytes of the current context."""
+    cdef size_t free_b = 0, total_b = 0
+    with nogil:
+        check_cu(cydriver.cuMemGetInfo(&free_b, &total_b), b"cuMemGetInfo")
+    return free_b, total_b
+
+
+def context_synchronize():
+    with nogil:
+        check_cu(cydriver.cuCtxSynchronize(), b"cuCtxSynchronize")
+
+
+_LOG_BYTES = 16384
+
+
+def load_module(bytes image, str entry, bint want_barrier):
+    """Load a module image (cubin or NUL-terminated PTX); return (module, function, barrier, size).
+
+    A load failure raises KernelCompileFailed carrying the driver's JIT log.
+    """
+    cdef cydriver.CUmodule module = NULL
+    cdef cydriver.CUfunction function = NULL
+    cdef cydriver.CUdeviceptr barrier = 0
+    cdef size_t barrier_size = 0
+    cdef cydriver.CUresult status
+    cdef cydriver.CUjit_option options[2]
+    cdef void* values[2]
+    cdef char* log = <char*>malloc(_LOG_BYTES)
+    cdef const char* data = image
+    if log == NULL:
+        raise MemoryError()
+    memset(log, 0, _LOG_BYTES)
+    options[0] = cydriver.CU_JIT_ERROR_LOG_BUFFER
+    values[0] = <void*>log
+    options[1] = cydriver.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES
+    values[1] = <void*><uintptr_t>_LOG_BYTES
+    try:
+        with nogil:
+            status = cydriver.cuModuleLoadDataEx(&module, data, 2, options, values)
+        if status != cydriver.CUDA_SUCCESS:
+            from .errors import cu_explanation
+            name = status_name(<int>status)
+            jit_log = log.decode(errors="replace")
+            err = KernelCompileFailed(
+                f"cuModuleLoadDataEx failed with {name}: {cu_explanation(name)}",
+                "see .log for the driver's JIT log",
+                log=jit_log,
+            )
+            err.status = name
+            raise err
+    finally:
+        free(log)
+    entry_b = entry.encode()
+    status = cydriver.cuModuleGetFunction(&function, module, entry_b)
+    if status != cydriver.CUDA_SUCCESS:
+        cydriver.cuModuleUnload(module)
+        raise KernelCompileFailed(
+            f"the module has no kernel entry {entry!r} ({status_name(<int>status)})",
+            "declare the kernel extern \"C\" __global__ (VYRE_KERNEL) and pass its name as entry",
+        )
+    if want_barrier:
+        status = cydriver.cuModuleGetGlobal(&barrier, &barrier_size, module, b"_vyre_grid_barrier")
+        if status != cydriver.CUDA_SUCCESS:
+            barrier = 0
+            barrier_size = 0
+    return <uintptr_t>module, <uintptr_t>function, <uintptr_t>barrier, barrier_size
+
+
+def unload_module(uintptr_t module):
+    cydriver.cuModuleUnload(<cydriver.CUmodule>module)
+
+
+def set_max_dynamic_shared(uintptr_t function, int nbytes):
+    check_cu(cydriver.cuFuncSetAttribute(<cydriver.CUfunction>function,
+                                        cydriver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        nbytes), b"cuFuncSetAttribute")
+
+
+def occupancy_blocks_per_sm(uintptr_t function, int block_threads, size_t shared_bytes):
+    cdef int blocks = 0
+    check_cu(cydriver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, <cydriver.CUfunction>function, block_threads, shared_bytes),
+        b"cuOccupancyMaxActiveBlocksPerMultiprocessor")
+    return blocks

@@ -1,0 +1,326 @@
+"""CudaBackend: planning, routing (cooperative / host-split), caches and telemetry around the core."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _driver
+from .compile import compile_kernel, explain_load_failure, nvrtc_version
+from .config import DispatchConfig, as_config
+from .errors import (
+    BackendError,
+    DeviceOutOfMemory,
+    InvalidProgram,
+    KernelCompileFailed,
+    ValidationError,
+)
+from .planning.binding import plan_bindings
+from .planning.caps import DeviceCaps, check_capabilities
+from .planning.launch import DEFAULT_SHARED_LIMIT, Route, plan_launch, route_grid_sync
+from .planning.layout import plan_layout
+from .program import Program
+from .telemetry import Telemetry, TimedDispatchResult
+
+__all__ = ["CudaBackend", "TimedDispatchResult", "driver_status", "reset_device", "PlanInfo"]
+
+log = logging.getLogger("vyre_cuda")
+
+_KIND = {"f16": "f", "f32": "f", "f64": "f", "bf16": "", "i8": "i", "i16": "i", "i32": "i", "i64": "i"}
+
+
+def _dtype_kind(dtype) -> str:
+    return _KIND.get(dtype.name, "u")
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    """Everything planning decided for one (program, input lengths, config): for tests and traces."""
+
+    program: Program
+    config: DispatchConfig
+    bindings: object
+    launch: object
+    layout: object
+    route: Route
+    kernel: object  # CompiledKernel
+
+
+class _Module:
+    __slots__ = ("module", "function", "barrier", "barrier_size", "shared_optin", "gate")
+
+    def __init__(self, module, function, barrier, barrier_size):
+        self.module = module
+        self.function = function
+        self.barrier = barrier
+        self.barrier_size = barrier_size
+        self.shared_optin = DEFAULT_SHARED_LIMIT
+        # cooperative launches of one module share its barrier counter: one at a time
+        self.gate = threading.Lock()
+
+
+def driver_status() -> tuple:
+    """(True, description) when a driver and device are usable, else (False, reason)."""
+    try:
+        _driver.init_driver()
+        n = _driver.device_count()
+        v = _driver.driver_version()
+        return True, f"{n} device(s), driver CUDA {v // 1000}.{v % 1000 // 10}"
+    except BackendError as exc:
+        return False, exc.message
+
+
+def reset_device(device: int = 0) -> None:
+    """Destroy this process's primary context on ``device``, the recovery after a kernel fault.
+
+    Every CudaBackend (and CuPy/PyTorch state) on that device becomes invalid: close them first,
+    then create a new CudaBackend.
+    """
+    _driver.reset_primary_context(device)
+
+
+class CudaBackend:
+    """Runs vyre programs on one CUDA device, on borrowed host buffers.
+
+    Parameters
+    ----------
+    device : int
+        Device ordinal.
+    device_pool_bytes, pinned_pool_bytes : int
+        How much freed device memory and pinned staging the pools keep cached.
+
+    Examples
+    --------
+    >>> import numpy as np, vyre_cuda as vc
+    >>> prog = vc.builtin_programs.vecadd_f32()
+    >>> a = np.random.rand(1000).astype(np.float32); b = np.random.rand(1000).astype(np.float32)
+    >>> with vc.CudaBackend() as backend:                       # doctest: +SKIP
+    ...     (out,) = backend.dispatch(prog, [a, b])
+    ...     assert np.array_equal(out, a + b)
+    """
+
+    def __init__(self, device: int = 0, *, device_pool_bytes: int = 256 << 20, pinned_pool_bytes: int = 128 << 20):
+        from ._dispatch import Core  # noqa: PLC0415 (the compiled core loads at first use)
+
+        if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
+            raise ValidationError(f"device must be an int ordinal (got {device!r})", "pass device=0 or another ordinal")
+        self.device = int(device)
+        _driver.init_driver()
+        self._caps = DeviceCaps(**_driver.device_caps(self.device))
+        self._ctx = _driver.retain_primary_context(self.device)
+        self._modules: dict = {}
+        self._plan_lock = threading.RLock()
+        trace = os.environ.get("VYRE_CUDA_TRACE", "") not in ("", "0")
+        self._core = Core(self._ctx, self._plan, device_pool_bytes, pinned_pool_bytes, trace)
+        self.telemetry = Telemetry(self._core)
+        self._closed = False
+        log.debug("CudaBackend(device=%d): %s, cc %s", self.device, self._caps.name, self._caps.cc)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def caps(self) -> DeviceCaps:
+        """The device's capabilities and limits."""
+        return self._caps
+
+    @property
+    def limits(self) -> dict:
+        return self._caps.as_dict()
+
+    @property
+    def context_handle(self) -> int:
+        """The CUcontext (as an int) of the device's primary context, which this backend uses."""
+        return self._ctx
+
+    @property
+    def lost(self) -> bool:
+        return self._core.lost is not None
+
+    # ------------------------------------------------------------------ dispatch
+    def dispatch(self, program, inputs, config=None) -> list:
+        """Run ``program`` on ``inputs`` (numpy arrays or C-contiguous buffers) and wait.
+
+        Returns the outputs as new numpy arrays of the declared dtypes, in declaration order.
+        """
+        return self._core.dispatch(program, inputs, config)
+
+    def dispatch_async(self, program, inputs, config=None, *, timed: bool = False):
+        """Enqueue and return a :class:`PendingDispatch` (``is_ready``, ``result``, ``result_into``,
+        ``timed_result``). The inputs may be reused as soon as this returns."""
+        return self._core.dispatch_async(program, inputs, config, timed)
+
+    def dispatch_into(self, program, inputs, outputs, config=None) -> list:
+        """Run and wait, writing the outputs into the caller's arrays (size, dtype, contiguity and
+        writability are checked before anything runs)."""
+        return self._core.dispatch_into(program, inputs, list(outputs), config)
+
+    def dispatch_timed(self, program, inputs, config=None) -> TimedDispatchResult:
+        """Run and wait; return the outputs with wall, device, enqueue and wait nanoseconds."""
+        return self._core.dispatch_timed(program, inputs, config)
+
+    def _dispatch_profiled(self, program, inputs, config=None):
+        """(outputs, stage_ns) with stage_ns aligned with ``vyre_cuda._dispatch.STAGES``."""
+        return self._core.dispatch_profiled(program, inputs, config)
+
+    def cooperative_grid_sync_fits(self, program, inputs, config=None) -> bool:
+        """Whether the dispatch would run as one cooperative launch (the router's own answer)."""
+        cfg = as_config(config)
+        lengths = tuple(_nbytes(x, i) for i, x in enumerate(inputs))
+        _, _, _, _, route = self._plan_route(program, lengths, cfg)
+        return route.kind == "cooperative"
+
+    def plan_info(self, program, inputs, config=None) -> PlanInfo:
+        """The plan a dispatch of these inputs runs with (planned now if not cached)."""
+        cfg = None if config is None else as_config(config)
+        lengths = tuple(_nbytes(x, i) for i, x in enumerate(inputs))
+        return self._plan(program, lengths, cfg).plan
+
+    # ------------------------------------------------------------------ planning
+    def _check_program(self, program):
+        if not isinstance(program, Program):
+            raise ValidationError(
+                f"dispatch needs a vyre_cuda.Program (got {type(program).__name__})",
+                "build one with Program(Kernel.cuda(src), [BufferDecl...])",
+            )
+
+    def _plan_route(self, program, lengths, cfg):
+        self._check_program(program)
+        check_capabilities(program, self._caps)
+        bplan = plan_bindings(program, lengths)
+        launch = plan_launch(program, bplan, cfg, self._caps)
+        compiled, module = self._kernel(program, bplan)
+        if launch.shared_bytes > module.shared_optin:
+            _driver.set_max_dynamic_shared(module.function, launch.shared_bytes)
+            module.shared_optin = launch.shared_bytes
+        occupancy = 0
+        if program.grid_sync or cfg.cooperative:
+            occupancy = _driver.occupancy_blocks_per_sm(module.function, launch.threads_per_block, launch.shared_bytes)
+        route = route_grid_sync(program, cfg, launch, self._caps, occupancy)
+        return bplan, launch, compiled, module, route
+
+    def _plan(self, program, lengths, config):
+        """Plan one (program, input lengths, config); the core caches the result."""
+        cfg = as_config(config)
+        with self._plan_lock:
+            bplan, launch, compiled, module, route = self._plan_route(program, lengths, cfg)
+            if program.grid_sync and route.kind == "cooperative" and not module.barrier:
+                raise InvalidProgram(
+                    f"grid_sync program's kernel {program.kernel.entry!r} defines no _vyre_grid_barrier",
+                    'include "vyre_cuda.cuh" and call vyre_grid_sync() between phases',
+                )
+            if route.kind == "split":
+                phase_ranges = [(k, k + 1) for k in range(program.phases)]
+            elif program.grid_sync:
+                phase_ranges = [(0, program.phases)]
+            else:
+                phase_ranges = [None]
+            layout = plan_layout(bplan, launch, phase_ranges)
+            budget = self._caps.total_memory - self._caps.total_memory // 10
+            if self._caps.total_memory and layout.bucket_bytes > budget:
+                raise DeviceOutOfMemory(
+                    f"the dispatch needs {layout.bucket_bytes:,} bytes of device memory (slab of "
+                    f"{layout.slab_bytes:,} bytes) but the budget is {budget:,} bytes (90% of "
+                    f"{self._caps.total_memory:,} total)",
+                    "split the dispatch into bounded chunks",
+                    status="budget", call="plan",
+                )
+            inputs = program.inputs
+            input_specs = []
+            for index, _, _, _ in layout.inputs:
+                d = inputs[index].dtype
+                input_specs.append((d.itemsize, _dtype_kind(d)))
+            output_specs = []
+            for slot, (_, nbytes) in zip(bplan.outputs, layout.outputs):
+                d = slot.decl.dtype
+                if nbytes % d.itemsize:
+                    output_specs.append((np.dtype(np.uint8), nbytes))  # a byte range cutting elements
+                else:
+                    output_specs.append((d.numpy, nbytes // d.itemsize))
+            gate = module.gate if route.kind == "cooperative" and module.barrier else None
+            info = PlanInfo(program, cfg, bplan, launch, layout, route, compiled)
+            from ._dispatch import Prepared  # noqa: PLC0415
+
+            prepared = Prepared(
+                layout, launch, route, cfg.iterations, module.function,
+                module.barrier if program.grid_sync else 0,
+                input_specs, output_specs, gate, cfg.label, cfg.timeout, info,
+            )
+            log.info(
+                "planned %s: route=%s (%s), grid=%s block=%s shared=%d slab=%d",
+                cfg.label or program.kernel.entry, route.kind, route.reason, launch.grid, launch.block,
+                launch.shared_bytes, layout.slab_bytes,
+            )
+            return prepared
+
+    def _kernel(self, program, bplan):
+        defines = {"VYRE_PHASE_WORD": str(bplan.max_binding + 2)} if program.kernel.kind == "cuda" else None
+        compiled = compile_kernel(program.kernel, arch=self._caps.cc, defines=defines)
+        module = self._modules.get(compiled.key)
+        if module is None:
+            try:
+                handles = _driver.load_module(compiled.image, compiled.entry, True)
+            except KernelCompileFailed as exc:
+                status = getattr(exc, "status", "")
+                if status:
+                    message, fix = explain_load_failure(status, compiled.kind, nvrtc_version(), self._caps.driver_version)
+                    raise KernelCompileFailed(f"{exc.message}; {message}", fix, log=exc.log) from None
+                raise
+            module = _Module(*handles)
+            self._modules[compiled.key] = module
+        return compiled, module
+
+    # ------------------------------------------------------------------ lifecycle
+    def trim(self) -> None:
+        """Free every cached device allocation and pinned staging buffer."""
+        self._core.dpool.trim()
+        self._core.ppool.trim()
+
+    def close(self) -> None:
+        """Wait for outstanding work, free pools and modules, release the context. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        core = self._core
+        core.closed = True
+        core.clear_prepared()
+        if core.lost is None:
+            try:
+                _driver.make_current(self._ctx)
+                _driver.context_synchronize()
+                core.dpool.close()
+                core.ppool.close()
+                core.spool.close()
+                for module in self._modules.values():
+                    _driver.unload_module(module.module)
+            except BackendError as exc:
+                log.warning("CudaBackend.close: %s", exc.message)
+        self._modules.clear()
+        if core.lost is None and core.outstanding == 0:
+            try:
+                _driver.release_primary_context(self.device)
+            except BackendError as exc:
+                log.warning("CudaBackend.close: %s", exc.message)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("lost" if self.lost else "open")
+        return f"CudaBackend(device={self.device}, {self._caps.name}, {state})"
+
+
+def _nbytes(obj, index) -> int:
+    try:
+        return memoryview(obj).nbytes
+    except TypeError:
+        raise ValidationError(
+            f"input {index} is a {type(obj).__name__}, which does not expose the buffer protocol",
+            "pass a numpy array, bytes, bytearray, memoryview or another C-contiguous buffer",
+        ) from None

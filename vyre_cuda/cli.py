@@ -1,0 +1,166 @@
+"""Command line: ``vyre-cuda info | selftest | profile | cache``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from . import __version__
+from .errors import BackendError, DriverUnavailable
+
+__all__ = ["main", "selftest_cases"]
+
+
+def _cmd_info(args) -> int:
+    from . import compile as vc_compile
+    from .backend import CudaBackend, driver_status
+
+    ok, status = driver_status()
+    nv = vc_compile.nvrtc_version()
+    print(f"vyre_cuda {__version__}")
+    print(f"NVRTC: {'.'.join(map(str, nv)) if nv else 'not found'}")
+    print(f"kernel cache: {vc_compile.cache_dir()}")
+    print(f"driver: {status}")
+    if not ok:
+        return 1
+    with CudaBackend(args.device) as backend:
+        caps = backend.caps
+        info = caps.as_dict()
+        if args.json:
+            print(json.dumps(info, indent=2))
+            return 0
+        v = caps.driver_version
+        print(f"device {caps.ordinal}: {caps.name} (sm_{caps.cc[0]}{caps.cc[1]}, PCI {caps.pci_bus_id})")
+        print(f"  driver CUDA version     {v // 1000}.{v % 1000 // 10}")
+        print(f"  multiprocessors         {caps.sm_count}")
+        print(f"  global memory           {caps.total_memory:,} bytes")
+        print(f"  threads per block       {caps.max_threads_per_block} (block dims {caps.max_block_dim})")
+        print(f"  grid dims               {caps.max_grid_dim}")
+        print(f"  shared memory per block {caps.max_shared_per_block:,} B ({caps.max_shared_per_block_optin:,} B opt-in)")
+        print(f"  threads / blocks per SM {caps.max_threads_per_sm} / {caps.max_blocks_per_sm}")
+        print(f"  cooperative launch      {caps.cooperative_launch}")
+        caps_list = [r for r in ("f16", "bf16", "subgroup", "trap", "cooperative") if caps.supports(r)]
+        print(f"  capabilities            {', '.join(caps_list)}")
+    return 0
+
+
+def selftest_cases(rng):
+    """(name, program, inputs, reference outputs) for the self-test, on fresh random data."""
+    from . import builtin_programs as bp
+
+    n = 100_003
+    a = rng.random(n, dtype=np.float32)
+    b = rng.random(n, dtype=np.float32)
+    ai = rng.integers(-(2**40), 2**40, n, dtype=np.int64)
+    bi = rng.integers(-(2**40), 2**40, n, dtype=np.int64)
+    blocks = 37
+    x = rng.integers(0, 1000, blocks * 256, dtype=np.uint32)
+    s = rng.integers(0, 100, 70_001, dtype=np.uint32)
+    return [
+        ("vecadd_f32", bp.vecadd("f32"), [a, b], [a + b]),
+        ("vecadd_i64", bp.vecadd("i64"), [ai, bi], [ai + bi]),
+        ("block_sum_u32", bp.block_sum_u32(blocks), [x], [x.reshape(blocks, 256).sum(axis=1, dtype=np.uint32)]),
+        ("inclusive_scan_u32", bp.inclusive_scan_u32(), [s], [np.cumsum(s, dtype=np.uint32), None]),
+    ]
+
+
+def _plan_offline(program, inputs):
+    """Compile and plan without a device (as the H200 would), to show the install works."""
+    from .compile import compile_kernel
+    from .config import DispatchConfig
+    from .planning.binding import plan_bindings
+    from .planning.caps import DeviceCaps
+    from .planning.launch import plan_launch
+    from .planning.layout import plan_layout
+
+    caps = DeviceCaps()
+    bplan = plan_bindings(program, [memoryview(x).nbytes for x in inputs])
+    launch = plan_launch(program, bplan, DispatchConfig(), caps)
+    compiled = compile_kernel(program.kernel, arch=None, defines={"VYRE_PHASE_WORD": str(bplan.max_binding + 2)})
+    ranges = [(0, program.phases)] if program.grid_sync else [None]
+    layout = plan_layout(bplan, launch, ranges)
+    return compiled, launch, layout
+
+
+def _cmd_selftest(args) -> int:
+    from .backend import driver_status
+
+    rng = np.random.default_rng()
+    cases = selftest_cases(rng)
+    ok, status = driver_status()
+    if not ok:
+        print("no usable GPU: compiling and planning the built-in programs only")
+        for name, program, inputs, _ in cases:
+            compiled, launch, layout = _plan_offline(program, inputs)
+            print(f"  {name:20s} compiled ({len(compiled.ptx or '')} chars of PTX), grid {launch.grid} "
+                  f"block {launch.block}, slab {layout.slab_bytes:,} B: ok")
+        err = DriverUnavailable(status, "run `vyre-cuda selftest` on a machine with an NVIDIA GPU and driver")
+        print(f"\nDriverUnavailable: {err}", file=sys.stderr)
+        return 2
+    from .backend import CudaBackend
+
+    failures = 0
+    with CudaBackend(args.device) as backend:
+        print(f"device {backend.device}: {backend.caps.name}")
+        for name, program, inputs, refs in cases:
+            outs = backend.dispatch(program, inputs)
+            good = all(ref is None or np.array_equal(out, ref) for out, ref in zip(outs, refs))
+            route = backend.plan_info(program, inputs).route.kind
+            print(f"  {name:20s} {'ok' if good else 'MISMATCH'} ({route})")
+            failures += not good
+    print("selftest passed" if not failures else f"selftest FAILED: {failures} mismatch(es)")
+    return 0 if not failures else 1
+
+
+def _cmd_cache(args) -> int:
+    from . import compile as vc_compile
+
+    if args.action == "clear":
+        removed = vc_compile.clear_cache()
+        print(f"removed {removed} cached kernel(s) from {vc_compile.cache_dir()}")
+    else:
+        for key, value in vc_compile.cache_info().items():
+            print(f"{key}: {value}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vyre-cuda", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"vyre_cuda {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("info", help="driver, device, limits and capabilities")
+    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_info)
+    p = sub.add_parser("selftest", help="run the built-in programs and check them against numpy")
+    p.add_argument("--device", type=int, default=0)
+    p.set_defaults(func=_cmd_selftest)
+    p = sub.add_parser("cache", help="show or clear the kernel cache")
+    p.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
+    p.set_defaults(func=_cmd_cache)
+    try:
+        from . import profile
+    except ImportError:  # pragma: no cover - profile is part of the package
+        profile = None
+    if profile is not None and hasattr(profile, "add_arguments"):
+        p = sub.add_parser("profile", help="per-dispatch host-cost profile against the driver floor")
+        profile.add_arguments(p)
+        p.set_defaults(func=profile.main)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except BackendError as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

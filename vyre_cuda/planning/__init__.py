@@ -1,0 +1,1 @@
+"""Pure-Python planning: bindings, launch geometry, capabilities, slab layout. CPU-tested."""

@@ -1,0 +1,124 @@
+"""Binding plan: which buffer is an argument, an input, an output, and how many bytes each holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._accounting import checked_mul
+from ..errors import InvalidProgram, UnsupportedFeature, ValidationError
+from ..program import BindingRole
+
+__all__ = ["BindingSlot", "BindingPlan", "plan_bindings"]
+
+
+@dataclass(frozen=True)
+class BindingSlot:
+    """One non-workgroup binding as the dispatch sees it."""
+
+    decl: object
+    role: BindingRole
+    input_index: int  # index into the caller's inputs, -1 when none
+    output_index: int  # index into the returned outputs, -1 when none
+    count: int  # elements
+    byte_len: int  # logical bytes
+
+    @property
+    def binding(self) -> int:
+        return self.decl.binding
+
+
+@dataclass(frozen=True)
+class BindingPlan:
+    slots: tuple  # BindingSlot, in binding-number order
+    workgroup: tuple  # workgroup BufferDecls, in binding-number order
+    outputs: tuple  # BindingSlot per output, in declaration order
+    runtime_count: int  # elements of the runtime-sized inputs (max), 0 when none
+
+    @property
+    def max_binding(self) -> int:
+        decls = [s.decl for s in self.slots] + list(self.workgroup)
+        return max(d.binding for d in decls)
+
+
+def plan_bindings(program, input_lengths) -> BindingPlan:
+    """Build the binding plan from the program and the byte length of each caller input.
+
+    ``input_lengths`` are the inputs' byte lengths in the order of ``program.inputs``.
+    """
+    inputs = program.inputs
+    if len(input_lengths) != len(inputs):
+        names = ", ".join(repr(d.name) for d in inputs) or "none"
+        raise ValidationError(
+            f"program takes {len(inputs)} input(s) ({names}) but {len(input_lengths)} were passed",
+            f"pass exactly {len(inputs)} buffer(s), in declaration order",
+        )
+    for decl in program.buffers:
+        if decl.role is BindingRole.PERSISTENT:
+            raise UnsupportedFeature(
+                f"buffer {decl.name!r} (binding {decl.binding}) is persistent; the borrowed-buffer "
+                "dispatch path keeps no resident buffers",
+                "declare it as an input (BufferDecl.read) and pass its contents with each dispatch",
+            )
+    counts: dict[str, int] = {}
+    runtime_count = 0
+    for i, (decl, nbytes) in enumerate(zip(inputs, input_lengths)):
+        size = decl.dtype.itemsize
+        if nbytes % size:
+            raise ValidationError(
+                f"input {i} ({decl.name!r}) holds {nbytes} bytes, not a multiple of the "
+                f"{size}-byte {decl.dtype.name} element",
+                f"pass a buffer of whole {decl.dtype.name} elements",
+            )
+        count = nbytes // size
+        if decl.count:
+            if count != decl.count:
+                raise ValidationError(
+                    f"input {i} ({decl.name!r}) holds {count} {decl.dtype.name} elements "
+                    f"({nbytes} bytes) but the buffer is declared with count={decl.count}",
+                    f"pass exactly {decl.count} elements, or declare count=0 for a runtime-sized buffer",
+                )
+        else:
+            runtime_count = max(runtime_count, count)
+        counts[decl.name] = count
+
+    slots = []
+    outputs_by_name = {}
+    out_order = [d.name for d in program.outputs]
+    input_index = {d.name: i for i, d in enumerate(inputs)}
+    for decl in sorted(program.buffers, key=lambda d: d.binding):
+        role = decl.role
+        if role is BindingRole.SHARED:
+            continue
+        if decl.name in counts:
+            count = counts[decl.name]
+        elif decl.count:
+            count = decl.count
+        else:
+            if not any(d.count == 0 for d in inputs):
+                raise InvalidProgram(
+                    f"output {decl.name!r} is runtime-sized (count=0) but the program has no "
+                    "runtime-sized input to take its length from",
+                    f"give {decl.name!r} a static count, or make an input runtime-sized",
+                )
+            count = runtime_count
+        byte_len = checked_mul(count, decl.dtype.itemsize, f"buffer {decl.name!r} byte length")
+        slot = BindingSlot(
+            decl=decl,
+            role=role,
+            input_index=input_index.get(decl.name, -1),
+            output_index=out_order.index(decl.name) if decl.name in out_order else -1,
+            count=count,
+            byte_len=byte_len,
+        )
+        slots.append(slot)
+        if slot.output_index >= 0:
+            outputs_by_name[decl.name] = slot
+    workgroup = tuple(
+        sorted((d for d in program.buffers if d.role is BindingRole.SHARED), key=lambda d: d.binding)
+    )
+    return BindingPlan(
+        slots=tuple(slots),
+        workgroup=workgroup,
+        outputs=tuple(outputs_by_name[n] for n in out_order),
+        runtime_count=runtime_count,
+    )

@@ -1,0 +1,144 @@
+"""Slab layout: every buffer and params block of one dispatch in one device allocation.
+
+The device slab and the pinned staging buffer share one layout, so each region sits at the same
+offset in both. Inputs, in-out buffers and params blocks come first and go up in ONE host-to-device
+copy; pure outputs follow and are cleared with ONE memset; readbacks of adjacent outputs merge.
+That turns a dispatch of k inputs and m outputs into 1 upload, 1 clear, the launch(es) and as few
+readbacks as the layout allows.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from .._accounting import U64_MAX, align_up, bucket_size, checked_add
+from ..errors import InvalidProgram
+from ..program import BindingRole
+from .launch import params_words
+
+__all__ = ["SlabLayout", "plan_layout", "REGION_ALIGN", "COPY_ALIGN", "MERGE_GAP"]
+
+REGION_ALIGN = 256  # every region starts where cudaMalloc would put a fresh allocation
+COPY_ALIGN = 16  # async copy lengths are padded to this
+MERGE_GAP = 64 * 1024  # copying a gap this small costs less than another driver call
+
+
+@dataclass(frozen=True)
+class SlabLayout:
+    slab_bytes: int  # bytes of the device slab and of the staging buffer
+    upload_end: int  # [0, upload_end) goes host -> device in one copy
+    clear: tuple  # (begin, end) cleared to zero, or (0, 0)
+    arg_offsets: tuple  # slab offset of each buffer argument, binding order
+    params_offsets: tuple  # slab offset of each params block (one per launch kind / phase)
+    params_blob: bytes  # all params blocks, laid out from params_offsets[0]
+    inputs: tuple  # (input index, slab offset, byte_len, zero_end): copy, then zero [off+len, zero_end)
+    readbacks: tuple  # (slab offset, copy bytes): merged device -> host copies into staging
+    outputs: tuple  # (slab offset, byte_len) per output, declaration order
+    h2d_bytes: int  # logical bytes uploaded (inputs + params)
+    d2h_bytes: int  # logical bytes read back
+    bucket_bytes: int  # pool bucket of the slab
+
+
+def _merge(segments):
+    merged = []
+    for off, length in sorted(segments):
+        if merged and off <= merged[-1][0] + merged[-1][1] + MERGE_GAP:
+            start = merged[-1][0]
+            merged[-1] = (start, max(merged[-1][1], off + length - start))
+        else:
+            merged.append((off, length))
+    return tuple(merged)
+
+
+def plan_layout(bplan, launch, phase_ranges=(None,)) -> SlabLayout:
+    """Lay out one dispatch. ``phase_ranges`` gives one params block per entry (None: no phase words)."""
+    offset = 0
+    arg_offset = {}
+    inputs = []
+    h2d = 0
+
+    def place(nbytes, alignment, what):
+        nonlocal offset
+        start = align_up(offset, max(REGION_ALIGN, alignment), what)
+        # a zero-byte buffer still gets a non-null, 16-byte region
+        offset = checked_add(start, align_up(max(nbytes, 1), COPY_ALIGN, what), what)
+        return start
+
+    uploads = [s for s in bplan.slots if s.role in (BindingRole.INPUT, BindingRole.INPUT_OUTPUT)]
+    cleared = [s for s in bplan.slots if s.role is BindingRole.OUTPUT]
+    for slot in uploads:
+        align = max(slot.decl.alignment or 1, slot.decl.dtype.itemsize)
+        start = place(slot.byte_len, align, f"buffer {slot.decl.name!r} slab offset")
+        arg_offset[slot.binding] = start
+        inputs.append((slot.input_index, start, slot.byte_len, offset))
+        h2d = checked_add(h2d, slot.byte_len, "uploaded bytes")
+
+    blocks = [params_words(bplan, launch, pr) for pr in phase_ranges]
+    for words in blocks:
+        if any(w > 0xFFFFFFFF for w in words):
+            raise InvalidProgram(
+                f"a params word exceeds u32 ({max(words)})", "split the dispatch into bounded chunks"
+            )
+    block_bytes = align_up(4 * len(blocks[0]), COPY_ALIGN, "params block")
+    params_offsets = []
+    params_start = align_up(offset, REGION_ALIGN, "params offset")
+    offset = params_start
+    blob = bytearray()
+    for words in blocks:
+        params_offsets.append(offset)
+        raw = struct.pack(f"<{len(words)}I", *words)
+        blob += raw + bytes(block_bytes - len(raw))
+        offset = checked_add(offset, block_bytes, "params offset")
+        h2d = checked_add(h2d, 4 * len(words), "uploaded bytes")
+    upload_end = offset
+    # zero each input's tail up to the next region, so every uploaded byte is defined
+    starts = [start for _, start, _, _ in inputs] + [params_start]
+    inputs = [(i, start, n, starts[k + 1]) for k, (i, start, n, _) in enumerate(inputs)]
+
+    clear_begin = None
+    for slot in cleared:
+        align = max(slot.decl.alignment or 1, slot.decl.dtype.itemsize)
+        start = place(slot.byte_len, align, f"buffer {slot.decl.name!r} slab offset")
+        arg_offset[slot.binding] = start
+        if clear_begin is None:
+            clear_begin = start
+    clear = (clear_begin, offset) if clear_begin is not None else (0, 0)
+    slab_bytes = align_up(offset, REGION_ALIGN, "slab size")
+
+    outputs = []
+    segments = []
+    d2h = 0
+    for slot in bplan.outputs:
+        start, end = slot.decl.output_byte_range or (0, slot.byte_len)
+        if end > slot.byte_len:
+            raise InvalidProgram(
+                f"output {slot.decl.name!r}: output_byte_range ({start}, {end}) lies outside its "
+                f"{slot.byte_len}-byte buffer",
+                f"use a range with end <= {slot.byte_len}",
+            )
+        length = end - start
+        dev = checked_add(arg_offset[slot.binding], start, "readback offset")
+        outputs.append((dev, length))
+        d2h = checked_add(d2h, length, "read-back bytes")
+        if length:
+            padded = align_up(length, COPY_ALIGN, "readback length")
+            # the padded length is copied only when the slab holds it
+            copy = padded if checked_add(dev, padded, "readback end") <= slab_bytes else length
+            segments.append((dev, copy))
+    bucket = bucket_size(slab_bytes)
+    assert slab_bytes <= U64_MAX
+    return SlabLayout(
+        slab_bytes=slab_bytes,
+        upload_end=upload_end,
+        clear=clear,
+        arg_offsets=tuple(arg_offset[s.binding] for s in bplan.slots),
+        params_offsets=tuple(params_offsets),
+        params_blob=bytes(blob),
+        inputs=tuple(inputs),
+        readbacks=_merge(segments),
+        outputs=tuple(outputs),
+        h2d_bytes=h2d,
+        d2h_bytes=d2h,
+        bucket_bytes=bucket,
+    )

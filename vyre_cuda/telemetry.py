@@ -1,0 +1,68 @@
+"""Telemetry counters and the timed-dispatch result."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["COUNTERS", "TimedDispatchResult", "Telemetry"]
+
+# Order matches the C counter array in _dispatch.pyx.
+COUNTERS = (
+    "dispatches",
+    "h2d_bytes",
+    "h2d_ops",
+    "d2h_bytes",
+    "d2h_ops",
+    "transient_alloc_bytes",
+    "param_upload_bytes",
+    "launches",
+    "cooperative_launches",
+    "split_launches",
+    "memset_ops",
+    "sync_points",
+    "timed_dispatches",
+    "timed_wall_ns",
+    "timed_device_ns",
+    "timed_enqueue_ns",
+    "timed_wait_ns",
+    "failed_dispatches",
+    "leaked_allocations",
+)
+
+
+class TimedDispatchResult(NamedTuple):
+    """Outputs of a timed dispatch plus where its time went (nanoseconds).
+
+    ``wall_ns`` spans enqueue to copied-out outputs; ``device_ns`` is GPU time of the launches
+    (CUDA events after the uploads and clears, and after the last launch); ``enqueue_ns`` is host
+    time to enqueue everything; ``wait_ns`` waiting for completion plus copying the outputs out.
+    """
+
+    outputs: list
+    wall_ns: int
+    device_ns: int
+    enqueue_ns: int
+    wait_ns: int
+
+
+class Telemetry:
+    """Live view of a backend's counters: ``snapshot()`` returns a dict, ``reset()`` zeroes them."""
+
+    def __init__(self, core):
+        self._core = core
+
+    def snapshot(self) -> dict:
+        values = dict(zip(COUNTERS, self._core.counters()))
+        values.update(self._core.pool_stats())
+        return values
+
+    def reset(self) -> None:
+        self._core.reset_counters()
+
+    def __getitem__(self, name):
+        return self.snapshot()[name]
+
+    def __repr__(self) -> str:
+        snap = self.snapshot()
+        body = ", ".join(f"{k}={v}" for k, v in snap.items() if v)
+        return f"Telemetry({body})"
