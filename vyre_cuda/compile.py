@@ -17,11 +17,13 @@ Entries are written atomically, so a crash or a full disk never leaves a half-wr
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
 import os
 import pathlib
+import sys
 import re
 import tempfile
 import threading
@@ -151,6 +153,22 @@ def nvrtc_version() -> tuple | None:
         return None
 
 
+@functools.lru_cache(maxsize=1)
+def cuda_include_dirs() -> tuple:
+    """Folders holding the CUDA headers kernels include (cuda_fp16.h, cuda_bf16.h, ...).
+
+    NVRTC does not ship them; they come from the nvidia-cuda-runtime wheel or a toolkit.
+    """
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    candidates = [os.path.join(c, "include") for c in candidates if c]
+    candidates += [os.path.join(p, "nvidia", "cu13", "include") for p in sys.path if p]
+    candidates.append("/usr/local/cuda/include")
+    for folder in candidates:
+        if os.path.isfile(os.path.join(folder, "cuda_fp16.h")):
+            return (os.path.abspath(folder),)
+    return ()
+
+
 def include_dir() -> str:
     """Absolute path of the folder holding ``vyre_cuda.cuh``, on NVRTC's include path.
 
@@ -232,6 +250,7 @@ def compile_kernel(kernel, arch=None, defines=None) -> CompiledKernel:
     options = (
         "-std=c++17",
         f"--include-path={include_dir()}",
+        *(f"--include-path={d}" for d in cuda_include_dirs()),
         f"-arch={plan[0]}",
         *define_options,
         *kernel.options,
