@@ -109,9 +109,11 @@ cdef class PendingDispatch:
     cdef InFlight f
     cdef bint consumed
     cdef bint completed
+    cdef object gate  # a cooperative dispatch that timed out keeps its module's gate until done
 
     @staticmethod
     cdef PendingDispatch _adopt(Core core, Prepared p, InFlight* f)
     cdef int _wait(self) except -1
     cdef int _take(self) except -1
     cdef void _finish(self) noexcept
+    cdef void _settle(self) noexcept

@@ -578,6 +578,8 @@ cdef class Core:
                 self._wait(p, &f)
             except _Timeout:
                 pending = PendingDispatch._adopt(self, p, &f)
+                (<PendingDispatch>pending).gate = gate
+                gate = None  # the kernel still runs: its barrier counter stays ours until it ends
                 raise _timeout_error(p, pending) from None
             if marks != NULL:
                 marks[M_WAIT] = now_ns()
@@ -623,7 +625,12 @@ cdef class Core:
             if gate is not None:
                 # cooperative launches share the module's barrier counter: finish (and audit)
                 # before the next one may reset it
-                (<PendingDispatch>pending)._wait()
+                try:
+                    (<PendingDispatch>pending)._wait()
+                except _Timeout:
+                    (<PendingDispatch>pending).gate = gate
+                    gate = None
+                    raise _timeout_error(p, pending) from None
         finally:
             if gate is not None:
                 gate.release()
@@ -978,9 +985,20 @@ cdef class PendingDispatch:
         return TimedDispatchResult(outs, wall, device, enqueue, wait)
 
     cdef void _finish(self) noexcept:
-        self.consumed = True
         self.core._recycle(self.prep, &self.f)
-        self.core.outstanding -= 1
+        self._settle()
+
+    cdef void _settle(self) noexcept:
+        # once per handle: the backend stops counting it, and a held gate opens
+        if not self.consumed:
+            self.consumed = True
+            self.core.outstanding -= 1
+        if self.gate is not None:
+            gate, self.gate = self.gate, None
+            try:
+                gate.release()
+            except Exception:
+                pass
 
     @property
     def route(self):
@@ -990,14 +1008,15 @@ cdef class PendingDispatch:
         # Dropped un-awaited: the GPU may still read the slab and write the staging, so wait
         # (GIL released) before recycling; if the wait fails, leak rather than recycle.
         cdef cydriver.CUresult status
-        if self.core is None or not self.f.active:
+        if self.core is None:
             return
-        with nogil:
-            status = cydriver.cuCtxSetCurrent(self.core.ctx)
+        if self.f.active:
+            with nogil:
+                status = cydriver.cuCtxSetCurrent(self.core.ctx)
+                if status == cydriver.CUDA_SUCCESS:
+                    status = cydriver.cuStreamSynchronize(self.f.stream)
             if status == cydriver.CUDA_SUCCESS:
-                status = cydriver.cuStreamSynchronize(self.f.stream)
-        if status == cydriver.CUDA_SUCCESS:
-            self.core._recycle(self.prep, &self.f)
-        else:
-            self.core._leak(self.prep, &self.f)
-        self.core.outstanding -= 1
+                self.core._recycle(self.prep, &self.f)
+            else:
+                self.core._leak(self.prep, &self.f)
+        self._settle()

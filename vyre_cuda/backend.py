@@ -14,6 +14,7 @@ from .compile import compile_kernel, explain_load_failure, nvrtc_version
 from .config import DispatchConfig, as_config
 from .errors import (
     BackendError,
+    CooperativeResidencyExceeded,
     DeviceOutOfMemory,
     InvalidProgram,
     KernelCompileFailed,
@@ -169,7 +170,10 @@ class CudaBackend:
         """Whether the dispatch would run as one cooperative launch (the router's own answer)."""
         cfg = as_config(config)
         lengths = tuple(_nbytes(x, i) for i, x in enumerate(inputs))
-        _, _, _, _, route = self._plan_route(program, lengths, cfg)
+        try:
+            _, _, _, _, route = self._plan_route(program, lengths, cfg)
+        except CooperativeResidencyExceeded:
+            return False  # forced cooperative over residency: it does not fit
         return route.kind == "cooperative"
 
     def plan_info(self, program, inputs, config=None) -> PlanInfo:
@@ -191,6 +195,8 @@ class CudaBackend:
         check_capabilities(program, self._caps)
         bplan = plan_bindings(program, lengths)
         launch = plan_launch(program, bplan, cfg, self._caps)
+        if (program.grid_sync or cfg.cooperative) and not self._caps.supports("cooperative"):
+            route_grid_sync(program, cfg, launch, self._caps, 0)  # refuses before any compile
         compiled, module = self._kernel(program, bplan)
         if launch.shared_bytes > module.shared_optin:
             _driver.set_max_dynamic_shared(module.function, launch.shared_bytes)
@@ -245,7 +251,7 @@ class CudaBackend:
 
             prepared = Prepared(
                 layout, launch, route, cfg.iterations, module.function,
-                module.barrier if program.grid_sync else 0,
+                module.barrier if route.kind == "cooperative" else 0,
                 input_specs, output_specs, gate, cfg.label, cfg.timeout, info,
             )
             log.info(

@@ -11,24 +11,21 @@ from .errors import ValidationError
 __all__ = ["DispatchConfig", "as_config"]
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
 def _dims(name, value):
     if value is None:
         return None
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        value = (int(value), 1, 1)
-    try:
-        dims = tuple(int(v) for v in value)
-    except (TypeError, ValueError):
+    if _is_int(value):
+        value = (value,)
+    if not isinstance(value, (tuple, list)) or not 1 <= len(value) <= 3 or not all(_is_int(v) for v in value):
         raise ValidationError(
-            f"{name} must be an int or a tuple of up to 3 ints (got {value!r})",
-            f"pass {name}=(x, y, z) with positive integers",
-        ) from None
-    if not 1 <= len(dims) <= 3 or any(isinstance(v, bool) for v in value):
-        raise ValidationError(
-            f"{name} must have 1 to 3 dimensions (got {value!r})",
+            f"{name} must be an int or a tuple of 1 to 3 ints (got {value!r})",
             f"pass {name}=(x, y, z) with positive integers",
         )
-    dims = dims + (1,) * (3 - len(dims))
+    dims = tuple(int(v) for v in value) + (1,) * (3 - len(value))
     if any(d <= 0 for d in dims):
         raise ValidationError(
             f"{name} dimensions must all be positive (got {dims})",
