@@ -323,6 +323,14 @@ cdef class Floor:
         _check(cydriver.cuEventRecord(self._event, self._stream), "cuEventRecord")
         return 0
 
+    cdef void _drain(self) noexcept:
+        # After a failure mid-loop, wait for what was enqueued (copies may target the caller's
+        # memory); the result is ignored, the original error is the one reported.
+        cdef CUresult r
+        if self._stream != NULL:
+            with nogil:
+                r = cydriver.cuStreamSynchronize(self._stream)
+
     cdef int _ready(self) except -1:
         if self._stream == NULL:
             raise ValidationError("this Floor is closed", "create a new Floor")
@@ -366,19 +374,23 @@ cdef class Floor:
         cdef int64_t* ev = _i64_data(enqueue)
         cdef Py_ssize_t i
         cdef int64_t t0, t1, t2
-        with nogil:
-            _check(cydriver.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
-            for i in range(warmup):
-                self._enqueue_pinned(pa, pb)
-                self._finish_pinned(po)
-            for i in range(iterations):
-                t0 = _now()
-                self._enqueue_pinned(pa, pb)
-                t1 = _now()
-                self._finish_pinned(po)
-                t2 = _now()
-                tv[i] = t2 - t0
-                ev[i] = t1 - t0
+        try:
+            with nogil:
+                _check(cydriver.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+                for i in range(warmup):
+                    self._enqueue_pinned(pa, pb)
+                    self._finish_pinned(po)
+                for i in range(iterations):
+                    t0 = _now()
+                    self._enqueue_pinned(pa, pb)
+                    t1 = _now()
+                    self._finish_pinned(po)
+                    t2 = _now()
+                    tv[i] = t2 - t0
+                    ev[i] = t1 - t0
+        except BaseException:
+            self._drain()
+            raise
         return total, enqueue
 
     def full_pageable(self, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup=0):
@@ -400,19 +412,23 @@ cdef class Floor:
         cdef int64_t* ev = _i64_data(enqueue)
         cdef Py_ssize_t i
         cdef int64_t t0, t1, t2
-        with nogil:
-            _check(cydriver.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
-            for i in range(warmup):
-                self._enqueue_pageable(pa, pb, po)
-                _check(cydriver.cuEventSynchronize(self._event), "cuEventSynchronize")
-            for i in range(iterations):
-                t0 = _now()
-                self._enqueue_pageable(pa, pb, po)
-                t1 = _now()
-                _check(cydriver.cuEventSynchronize(self._event), "cuEventSynchronize")
-                t2 = _now()
-                tv[i] = t2 - t0
-                ev[i] = t1 - t0
+        try:
+            with nogil:
+                _check(cydriver.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+                for i in range(warmup):
+                    self._enqueue_pageable(pa, pb, po)
+                    _check(cydriver.cuEventSynchronize(self._event), "cuEventSynchronize")
+                for i in range(iterations):
+                    t0 = _now()
+                    self._enqueue_pageable(pa, pb, po)
+                    t1 = _now()
+                    _check(cydriver.cuEventSynchronize(self._event), "cuEventSynchronize")
+                    t2 = _now()
+                    tv[i] = t2 - t0
+                    ev[i] = t1 - t0
+        except BaseException:
+            self._drain()
+            raise
         return total, enqueue
 
     def launch_only(self, Py_ssize_t batches, Py_ssize_t batch_size=256,
@@ -430,18 +446,22 @@ cdef class Floor:
         cdef int64_t* pv = _i64_data(per_launch)
         cdef Py_ssize_t i, j
         cdef int64_t t0, t1
-        with nogil:
-            _check(cydriver.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
-            for i in range(warmup_batches + batches):
-                t0 = _now()
-                for j in range(batch_size):
-                    _check(cydriver.cuLaunchKernel(self._func, self._grid, 1, 1, _BLOCK,
-                                                   1, 1, 0, self._stream, self._args, NULL),
-                           "cuLaunchKernel")
-                t1 = _now()
-                _check(cydriver.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
-                if i >= warmup_batches:
-                    pv[i - warmup_batches] = (t1 - t0 + batch_size // 2) // batch_size
+        try:
+            with nogil:
+                _check(cydriver.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+                for i in range(warmup_batches + batches):
+                    t0 = _now()
+                    for j in range(batch_size):
+                        _check(cydriver.cuLaunchKernel(self._func, self._grid, 1, 1, _BLOCK,
+                                                       1, 1, 0, self._stream, self._args, NULL),
+                               "cuLaunchKernel")
+                    t1 = _now()
+                    _check(cydriver.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
+                    if i >= warmup_batches:
+                        pv[i - warmup_batches] = (t1 - t0 + batch_size // 2) // batch_size
+        except BaseException:
+            self._drain()
+            raise
         return per_launch
 
     def run_fixed(self, a, b, out, Py_ssize_t iterations):
@@ -458,13 +478,17 @@ cdef class Floor:
         cdef char* po = <char*>&ov[0]
         cdef Py_ssize_t i
         cdef int64_t t0, t1
-        with nogil:
-            _check(cydriver.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
-            t0 = _now()
-            for i in range(iterations):
-                self._enqueue_pinned(pa, pb)
-                self._finish_pinned(po)
-            t1 = _now()
+        try:
+            with nogil:
+                _check(cydriver.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+                t0 = _now()
+                for i in range(iterations):
+                    self._enqueue_pinned(pa, pb)
+                    self._finish_pinned(po)
+                t1 = _now()
+        except BaseException:
+            self._drain()
+            raise
         return t0, t1
 
     # -- teardown ---------------------------------------------------------------------
@@ -551,7 +575,8 @@ def _as_f32(x, str name, Py_ssize_t n, bint writable):
         )
     if writable and not x.flags.writeable:
         raise ValidationError(
-            f"floor buffer {name!r} is read-only", "pass a writable array, e.g. np.empty(n, np.float32)"
+            f"floor buffer {name!r} is read-only",
+            "pass a writable array, e.g. np.empty(n, np.float32)",
         )
     return x
 
