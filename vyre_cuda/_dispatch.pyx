@@ -157,11 +157,9 @@ cdef class Prepared:
         self.function = <cydriver.CUfunction>function
         self.barrier = <cydriver.CUdeviceptr>barrier
         n_phases = len(layout.params_offsets)
-        # each completed grid barrier adds one arrival per block; a launch runs phases - 1 of them
-        self.barrier_ceiling = max(0, n_phases - 1) * route.grid_blocks
-        if self.route == ROUTE_COOPERATIVE and barrier:
-            phases = plan.program.phases if plan is not None else 1
-            self.barrier_ceiling = max(0, phases - 1) * route.grid_blocks
+        # a cooperative launch runs phases - 1 grid barriers, each adding one arrival per block
+        phases = plan.program.phases if plan is not None else n_phases
+        self.barrier_ceiling = max(0, phases - 1) * route.grid_blocks
         self.out_dtypes = [d for d, _ in output_specs]
         self.out_typenums = [d.num for d, _ in output_specs]
         self.out_counts = [c for _, c in output_specs]
@@ -181,6 +179,7 @@ cdef class Prepared:
 
     @property
     def slab_bytes_(self):
+        """Bytes of the device slab (and its staging mirror)."""
         return self.slab_bytes
 
     @property
@@ -254,10 +253,13 @@ cdef class Core:
                 "create a new CudaBackend() (or dispatch inside its `with` block)",
             )
         if self.lost is not None:
+            status, call = self.lost
             raise DeviceLost(
-                f"the backend's CUDA context was lost earlier ({self.lost}); no further dispatch can run on it",
-                "close this backend, call vyre_cuda.reset_device(device), then create a new CudaBackend",
-                status=str(self.lost).split(":")[0], call="(earlier)",
+                f"the backend's CUDA context was lost earlier ({status} raised by {call}); no further "
+                "dispatch can run on it",
+                "close this backend, call vyre_cuda.reset_device(device), then create a new CudaBackend "
+                "(or restart the process)",
+                status=status, call=call,
             )
         return 0
 
@@ -397,9 +399,9 @@ cdef class Core:
         name = status_name(<int>status)
         err = driver_error(name, call.decode(), code=<int>status)
         if name in STICKY_ERRORS:
-            self.lost = f"{name} raised by {call.decode()}"
+            self.lost = (name, call.decode())
         elif sync != cydriver.CUDA_SUCCESS and status_name(<int>sync) in STICKY_ERRORS:
-            self.lost = f"{status_name(<int>sync)} raised by cuStreamSynchronize"
+            self.lost = (status_name(<int>sync), "cuStreamSynchronize")
         raise err
 
     cdef int _enqueue(self, Prepared p, vector[Py_buffer]& views, InFlight* f, unsigned long long* marks) except -1:
