@@ -321,7 +321,7 @@ def _fake_driver(occupancy, barrier=0xB000):
 
     ns = types.SimpleNamespace(
         load_module=load_module, occupancy_blocks_per_sm=occupancy_blocks_per_sm,
-        set_max_dynamic_shared=set_max_dynamic_shared,
+        set_max_dynamic_shared=set_max_dynamic_shared, make_current=lambda ctx: None,
     )
     return ns, calls
 

@@ -558,7 +558,7 @@ class _FakeBackend:
             self.threads_seen.add(threading.get_ident())
         return _fake_add(inputs)
 
-    def _dispatch_profiled(self, program, inputs, config=None):
+    def _dispatch_profiled(self, program, inputs, config=None, start_ns=0):
         t0 = time.perf_counter_ns()
         outs = _fake_add(inputs)
         spent = time.perf_counter_ns() - t0

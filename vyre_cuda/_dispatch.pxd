@@ -52,6 +52,8 @@ cdef class Prepared:
     cdef size_t upload_end
     cdef size_t clear_begin
     cdef size_t clear_end
+    cdef size_t host_clear_begin
+    cdef size_t host_clear_end
     cdef unsigned int grid[3]
     cdef unsigned int block[3]
     cdef unsigned int shared_bytes

@@ -52,6 +52,7 @@ cdef enum:
     ROUTE_COOPERATIVE = 1
     ROUTE_SPLIT = 2
     MAX_ARGS = 256
+    UPLOAD_CHUNK = 1 << 20  # large uploads alternate host copy and DMA in chunks of this size
     BIG_COPY = 65536  # above this, host copies run with the GIL released
 
 # telemetry counter slots (names in telemetry.COUNTERS)
@@ -146,6 +147,7 @@ cdef class Prepared:
         self.staging_bucket = bucket_size(layout.slab_bytes + 16)
         self.upload_end = layout.upload_end
         self.clear_begin, self.clear_end = layout.clear
+        self.host_clear_begin, self.host_clear_end = layout.host_clear
         for k in range(3):
             self.grid[k] = launch.grid[k]
             self.block[k] = launch.block[k]
@@ -325,9 +327,9 @@ cdef class Core:
         f.active = False
         f.has_done = False
         f.timed = False
-        # any thread may dispatch: make the backend's context current before the first driver call
-        with nogil:
-            bind_context(self.ctx)
+        # any thread may dispatch: make the backend's context current before the first driver
+        # call (GIL kept: this is cheaper than a GIL release and re-acquire)
+        bind_context(self.ctx)
         self.dpool.acquire(p.bucket, &f.slab)
         try:
             self.ppool.acquire(p.staging_bucket, <void**>&f.staging)
@@ -535,10 +537,15 @@ cdef class Core:
     def dispatch_into(self, program, inputs, list outputs, config=None):
         return self._dispatch_sync(program, inputs, config, outputs, NULL)
 
-    def dispatch_profiled(self, program, inputs, config=None):
-        """Like dispatch, also returning the stage durations (ns) aligned with STAGES."""
+    def dispatch_profiled(self, program, inputs, config=None, unsigned long long start_ns=0):
+        """Like dispatch, also returning the stage durations (ns) aligned with STAGES.
+
+        ``start_ns`` (CLOCK_MONOTONIC, e.g. ``time.perf_counter_ns()`` on Linux) taken by the
+        caller just before the call puts the call's own overhead into ``plan_lookup``.
+        """
         cdef unsigned long long marks[N_MARKS]
         memset(marks, 0, sizeof(marks))
+        marks[M_START] = start_ns
         outs = self._dispatch_sync(program, inputs, config, None, marks)
         return outs, _stage_durations(marks)
 
@@ -550,7 +557,7 @@ cdef class Core:
         if self.trace and marks == NULL:
             marks = trace_marks
             memset(marks, 0, sizeof(trace_marks))
-        if marks != NULL:
+        if marks != NULL and marks[M_START] == 0:
             marks[M_START] = now_ns()
         self._check_usable()
         if config is not None and type(config) is not DispatchConfig:
@@ -658,22 +665,22 @@ def _timeout_error(Prepared p, pending):
     return err
 
 
+# STAGES position of each mark after M_START, in the order the path passes them
+cdef int _STAGE_OF_MARK[N_MARKS]
+_STAGE_OF_MARK[:] = [-1, 0, 1, 4, 2, 3, 5, 6, 7, 8, 9, 10]
+
+
 cdef tuple _stage_durations(unsigned long long* m):
+    """Durations between consecutive marks; a mark never reached counts 0 for its stage."""
     cdef unsigned long long prev = m[M_START]
-    d = {}
-    order = (
-        (M_LOOKUP, "plan_lookup"), (M_STAGING, "staging_memcpy"), (M_PARAMS, "params_upload"),
-        (M_H2D, "h2d_enqueue"), (M_CLEAR, "clears"), (M_LAUNCH, "launch"),
-        (M_READBACK, "readback_enqueue"), (M_EVENT, "event_record"), (M_WAIT, "wait"),
-        (M_COPYOUT, "copy_out"), (M_RELEASE, "release"),
-    )
-    for mark, name in order:
-        if m[mark] == 0:
-            d[name] = 0
-            continue
-        d[name] = m[mark] - prev
-        prev = m[mark]
-    return tuple(d[name] for name in STAGES)
+    cdef unsigned long long d[11]
+    cdef int k
+    memset(d, 0, sizeof(d))
+    for k in range(1, N_MARKS):
+        if m[k] != 0:
+            d[_STAGE_OF_MARK[k]] = m[k] - prev
+            prev = m[k]
+    return (d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10])
 
 
 cdef void _trace(logger, Prepared p, unsigned long long* marks) noexcept:
@@ -702,21 +709,49 @@ cdef cydriver.CUresult _issue(Prepared p, Py_buffer* views, InFlight* f, unsigne
     cdef void* argp[MAX_ARGS]
     cdef char* staging = f.staging
     cdef cydriver.CUstream s = f.stream
-    for i in range(p.inputs.size()):
-        ic = &p.inputs[i]
-        if ic.nbytes:
-            memcpy(staging + ic.offset, views[ic.index].buf, ic.nbytes)
-        if ic.zero_end > ic.offset + ic.nbytes:
-            memset(staging + ic.offset + ic.nbytes, 0, ic.zero_end - ic.offset - ic.nbytes)
-    _mark(marks, M_STAGING)
-    memcpy(staging + p.params_offset0, p.params_ptr, p.params_len)
-    _mark(marks, M_PARAMS)
-    if p.upload_end:
+    cdef size_t cs = 0, ce, chunk, lo, hi
+    cdef unsigned long long t_begin = 0, t_copy = 0, t = 0
+    # Upload: copy each input into staging (zeroing its tail), the params blocks, and the zeros of
+    # small outputs, then send [0, upload_end) up. A large upload goes in chunks so the DMA of one
+    # chunk overlaps the host copy of the next.
+    chunk = p.upload_end if p.upload_end <= 2 * UPLOAD_CHUNK else UPLOAD_CHUNK
+    if marks != NULL:
+        t_begin = now_ns()
+    while cs < p.upload_end:
+        ce = cs + chunk if cs + chunk < p.upload_end else p.upload_end
+        if marks != NULL:
+            t = now_ns()
+        for i in range(p.inputs.size()):
+            ic = &p.inputs[i]
+            lo = ic.offset if ic.offset > cs else cs
+            hi = ic.offset + ic.nbytes if ic.offset + ic.nbytes < ce else ce
+            if hi > lo:
+                memcpy(staging + lo, <const char*>views[ic.index].buf + (lo - ic.offset), hi - lo)
+            lo = ic.offset + ic.nbytes if ic.offset + ic.nbytes > cs else cs
+            hi = ic.zero_end if ic.zero_end < ce else ce
+            if hi > lo:
+                memset(staging + lo, 0, hi - lo)
+        lo = p.params_offset0 if p.params_offset0 > cs else cs
+        hi = p.params_offset0 + p.params_len if p.params_offset0 + p.params_len < ce else ce
+        if hi > lo:
+            memcpy(staging + lo, p.params_ptr + (lo - p.params_offset0), hi - lo)
+        lo = p.host_clear_begin if p.host_clear_begin > cs else cs
+        hi = p.host_clear_end if p.host_clear_end < ce else ce
+        if hi > lo:
+            memset(staging + lo, 0, hi - lo)
+        if marks != NULL:
+            t_copy += now_ns() - t
         call[0] = b"cuMemcpyHtoDAsync"
-        st = cydriver.cuMemcpyHtoDAsync(f.slab, staging, p.upload_end, s)
+        st = cydriver.cuMemcpyHtoDAsync(f.slab + cs, staging + cs, ce - cs, s)
         if st != cydriver.CUDA_SUCCESS:
             return st
-    _mark(marks, M_H2D)
+        cs = ce
+    if marks != NULL:
+        # copies and DMA enqueues interleave: report their sums as consecutive stages
+        t = now_ns()
+        marks[M_STAGING] = t_begin + t_copy
+        marks[M_PARAMS] = marks[M_STAGING]
+        marks[M_H2D] = t
     if p.clear_end > p.clear_begin:
         call[0] = b"cuMemsetD8Async"
         st = cydriver.cuMemsetD8Async(f.slab + p.clear_begin, 0, p.clear_end - p.clear_begin, s)

@@ -119,6 +119,10 @@ class CudaBackend:
         self._core = Core(self._ctx, self._plan, device_pool_bytes, pinned_pool_bytes, trace)
         self.telemetry = Telemetry(self._core)
         self._closed = False
+        # The hot entry points go straight to the core's C methods (one Python frame less per
+        # dispatch); the methods below document them and serve subclasses.
+        self.dispatch = self._core.dispatch
+        self._dispatch_profiled = self._core.dispatch_profiled
         log.debug("CudaBackend(device=%d): %s, cc %s", self.device, self._caps.name, self._caps.cc)
 
     # ------------------------------------------------------------------ properties
@@ -162,9 +166,9 @@ class CudaBackend:
         """Run and wait; return the outputs with wall, device, enqueue and wait nanoseconds."""
         return self._core.dispatch_timed(program, inputs, config)
 
-    def _dispatch_profiled(self, program, inputs, config=None):
+    def _dispatch_profiled(self, program, inputs, config=None, start_ns=0):
         """(outputs, stage_ns) with stage_ns aligned with ``vyre_cuda._dispatch.STAGES``."""
-        return self._core.dispatch_profiled(program, inputs, config)
+        return self._core.dispatch_profiled(program, inputs, config, start_ns)
 
     def cooperative_grid_sync_fits(self, program, inputs, config=None) -> bool:
         """Whether the dispatch would run as one cooperative launch (the router's own answer)."""
@@ -197,6 +201,7 @@ class CudaBackend:
         launch = plan_launch(program, bplan, cfg, self._caps)
         if (program.grid_sync or cfg.cooperative) and not self._caps.supports("cooperative"):
             route_grid_sync(program, cfg, launch, self._caps, 0)  # refuses before any compile
+        _driver.make_current(self._ctx)  # planning may run on any thread
         compiled, module = self._kernel(program, bplan)
         if launch.shared_bytes > module.shared_optin:
             _driver.set_max_dynamic_shared(module.function, launch.shared_bytes)

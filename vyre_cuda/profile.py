@@ -936,7 +936,7 @@ def _vyre_runners(backend, program, inputs, check):
         stages = []
         for _ in range(count):
             t0 = pc()
-            outs, stage_ns = profiled(program, inputs)
+            outs, stage_ns = profiled(program, inputs, None, t0)
             t1 = pc()
             walls.append(t1 - t0)
             stages.append(tuple(int(v) for v in stage_ns))

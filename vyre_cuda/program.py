@@ -267,7 +267,9 @@ class Kernel:
         self.kind = kind
         self.source = source
         self.entry = entry
-        self.options = tuple(str(o) for o in options)
+        if isinstance(options, (str, bytes)):
+            options = (options,)  # one option, not one per character
+        self.options = tuple(o.decode() if isinstance(o, bytes) else str(o) for o in options)
         h = hashlib.sha256()
         for part in (kind, entry, "\0".join(self.options), source):
             h.update(part.encode())
@@ -316,13 +318,27 @@ class Program:
     def __post_init__(self):
         from .planning.validate import validate_program  # noqa: PLC0415 (cycle)
 
-        object.__setattr__(self, "buffers", tuple(self.buffers))
+        for attr in ("buffers", "requires"):
+            value = getattr(self, attr)
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise InvalidProgram(
+                    f"Program.{attr} must be a sequence (got {type(value).__name__})",
+                    f"pass {attr} as a list or tuple",
+                )
+            object.__setattr__(self, attr, tuple(value))
         ws = self.workgroup_size
-        if isinstance(ws, (int, np.integer)):
-            ws = (int(ws), 1, 1)
-        ws = tuple(ws)
-        object.__setattr__(self, "workgroup_size", ws)
-        object.__setattr__(self, "requires", tuple(self.requires))
+        if isinstance(ws, (int, np.integer)) and not isinstance(ws, bool):
+            ws = (int(ws),)
+        if not isinstance(ws, (tuple, list)) or not all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in ws
+        ):
+            raise InvalidProgram(
+                f"workgroup_size must be an int or 1 to 3 ints (got {self.workgroup_size!r})",
+                "pass workgroup_size=(256, 1, 1) or another positive shape",
+            )
+        if 1 <= len(ws) <= 3:
+            ws = tuple(int(v) for v in ws) + (1,) * (3 - len(ws))
+        object.__setattr__(self, "workgroup_size", tuple(ws))
         validate_program(self)
 
     @property

@@ -4,7 +4,8 @@ The device slab and the pinned staging buffer share one layout, so each region s
 offset in both. Inputs, in-out buffers and params blocks come first and go up in ONE host-to-device
 copy; pure outputs follow and are cleared with ONE memset; readbacks of adjacent outputs merge.
 That turns a dispatch of k inputs and m outputs into 1 upload, 1 clear, the launch(es) and as few
-readbacks as the layout allows.
+readbacks as the layout allows. When the outputs are small, their zeros are written into the
+staging buffer instead and ride along with the upload: one driver call less.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ __all__ = ["SlabLayout", "plan_layout", "REGION_ALIGN", "COPY_ALIGN", "MERGE_GAP
 REGION_ALIGN = 256  # every region starts where cudaMalloc would put a fresh allocation
 COPY_ALIGN = 16  # async copy lengths are padded to this
 MERGE_GAP = 64 * 1024  # copying a gap this small costs less than another driver call
+HOST_CLEAR_MAX = 64 * 1024  # outputs up to this size are zeroed in staging and uploaded
 
 
 @dataclass(frozen=True)
 class SlabLayout:
     slab_bytes: int  # bytes of the device slab and of the staging buffer
     upload_end: int  # [0, upload_end) goes host -> device in one copy
-    clear: tuple  # (begin, end) cleared to zero, or (0, 0)
+    clear: tuple  # (begin, end) cleared on the device with a memset, or (0, 0)
+    host_clear: tuple  # (begin, end) zeroed in staging and uploaded with the inputs, or (0, 0)
     arg_offsets: tuple  # slab offset of each buffer argument, binding order
     params_offsets: tuple  # slab offset of each params block (one per launch kind / phase)
     params_blob: bytes  # all params blocks, laid out from params_offsets[0]
@@ -104,6 +107,11 @@ def plan_layout(bplan, launch, phase_ranges=(None,)) -> SlabLayout:
         if clear_begin is None:
             clear_begin = start
     clear = (clear_begin, offset) if clear_begin is not None else (0, 0)
+    host_clear = (0, 0)
+    if clear[1] > clear[0] and clear[1] - upload_end <= HOST_CLEAR_MAX:
+        # small outputs: zero them in staging and extend the one upload over them
+        host_clear, clear = clear, (0, 0)
+        upload_end = host_clear[1]
     slab_bytes = align_up(offset, REGION_ALIGN, "slab size")
 
     outputs = []
@@ -132,6 +140,7 @@ def plan_layout(bplan, launch, phase_ranges=(None,)) -> SlabLayout:
         slab_bytes=slab_bytes,
         upload_end=upload_end,
         clear=clear,
+        host_clear=host_clear,
         arg_offsets=tuple(arg_offset[s.binding] for s in bplan.slots),
         params_offsets=tuple(params_offsets),
         params_blob=bytes(blob),
