@@ -1,0 +1,409 @@
+"""The program model and the dispatch options: roles, dtypes, declarations, validation, kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vyre_cuda.config import DispatchConfig, as_config
+from vyre_cuda.errors import InvalidProgram, ValidationError
+from vyre_cuda.program import (
+    DTYPES,
+    BindingRole,
+    BufferAccess,
+    BufferDecl,
+    Kernel,
+    Program,
+    dtype_of,
+)
+
+A = BufferAccess
+R = BindingRole
+KERNEL = Kernel.cuda('#include "vyre_cuda.cuh"\nVYRE_KERNEL vyre_main(const vyre_u32* p) {}\n')
+
+
+def assert_fix(err: BaseException) -> None:
+    """The message is the contract: it ends with a non-empty ``Fix: ...`` line."""
+    last = str(err).splitlines()[-1]
+    assert last.startswith("Fix: ") and last[5:].strip(), str(err)
+
+
+def raises(exc_type, fn, *args, **kwargs):
+    with pytest.raises(exc_type) as info:
+        fn(*args, **kwargs)
+    assert_fix(info.value)
+    return info.value
+
+
+def program(*buffers, **kw) -> Program:
+    return Program(KERNEL, list(buffers) or [BufferDecl.read("a", 0, "u32")], **kw)
+
+
+# ---------------------------------------------------------------- role table
+@pytest.mark.parametrize(
+    ("access", "output", "persistent", "role"),
+    [
+        # first match wins: workgroup beats persistent and the output flag
+        (A.WORKGROUP, False, False, R.SHARED),
+        (A.WORKGROUP, True, True, R.SHARED),
+        # persistent beats the output flag and the access kind
+        (A.READ_ONLY, False, True, R.PERSISTENT),
+        (A.READ_WRITE, True, True, R.PERSISTENT),
+        # the output flag beats the access kind
+        (A.READ_ONLY, True, False, R.OUTPUT),
+        (A.UNIFORM, True, False, R.OUTPUT),
+        (A.READ_WRITE, True, False, R.OUTPUT),
+        (A.WRITE_ONLY, True, False, R.OUTPUT),
+        # then the access kind alone
+        (A.READ_ONLY, False, False, R.INPUT),
+        (A.UNIFORM, False, False, R.INPUT),
+        (A.READ_WRITE, False, False, R.INPUT_OUTPUT),
+        (A.WRITE_ONLY, False, False, R.OUTPUT),
+    ],
+)
+def test_role_table_first_match_wins(access, output, persistent, role):
+    decl = BufferDecl("b", 0, access, "f32", count=4, output=output, persistent=persistent)
+    assert decl.role is role
+
+
+@pytest.mark.parametrize(
+    ("factory", "access", "role"),
+    [
+        (BufferDecl.read, A.READ_ONLY, R.INPUT),
+        (BufferDecl.uniform, A.UNIFORM, R.INPUT),
+        (BufferDecl.read_write, A.READ_WRITE, R.INPUT_OUTPUT),
+        (BufferDecl.output, A.READ_WRITE, R.OUTPUT),
+        (BufferDecl.write_only, A.WRITE_ONLY, R.OUTPUT),
+        (BufferDecl.workgroup, A.WORKGROUP, R.SHARED),
+    ],
+)
+def test_constructors(factory, access, role):
+    decl = factory("b", 3, "i16", 8)
+    assert (decl.name, decl.binding, decl.access, decl.dtype, decl.count) == ("b", 3, access, DTYPES["i16"], 8)
+    assert decl.role is role
+    assert decl.output is (factory == BufferDecl.output)
+    assert decl.static_byte_len == 16
+
+
+def test_output_is_both_a_flag_and_a_constructor():
+    assert BufferDecl.read("a", 0, "u8").output is False
+    assert BufferDecl.output("o", 0, "u8").output is True
+    assert BufferDecl.output("o", 0, "u8", output_byte_range=(0, 0)).output_byte_range == (0, 0)
+
+
+def test_access_given_as_a_string():
+    assert BufferDecl("a", 0, "uniform", "u8").access is A.UNIFORM
+    raises(InvalidProgram, BufferDecl, "a", 0, "readonly", "u8")
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: BufferDecl accepts a non-str, non-BufferAccess access (role OUTPUT)")
+@pytest.mark.parametrize("access", [3, None, BindingRole.INPUT])
+def test_access_of_another_type_is_refused(access):
+    raises(InvalidProgram, BufferDecl, "a", 0, access, "u8")
+
+
+def test_runtime_sized_has_no_static_length():
+    assert BufferDecl.read("a", 0, "f64").static_byte_len is None
+    assert BufferDecl.read("a", 0, "f64", 3).static_byte_len == 24
+
+
+# ---------------------------------------------------------------- dtypes
+EXPECTED_DTYPES = {
+    "u8": (1, np.uint8), "i8": (1, np.int8), "u16": (2, np.uint16), "i16": (2, np.int16),
+    "f16": (2, np.float16), "bf16": (2, None), "u32": (4, np.uint32), "i32": (4, np.int32),
+    "f32": (4, np.float32), "u64": (8, np.uint64), "i64": (8, np.int64), "f64": (8, np.float64),
+}
+
+
+def test_the_twelve_dtypes():
+    assert set(DTYPES) == set(EXPECTED_DTYPES)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_DTYPES))
+def test_dtype_by_name_and_numpy(name):
+    itemsize, npt = EXPECTED_DTYPES[name]
+    d = dtype_of(name)
+    assert d is DTYPES[name] and d.itemsize == itemsize and d.numpy.itemsize == itemsize
+    assert dtype_of(d) is d
+    if npt is not None:
+        assert d.numpy == np.dtype(npt)
+        assert dtype_of(np.dtype(npt)) is d
+        assert dtype_of(npt) is d
+        assert dtype_of(np.dtype(npt).name) is d  # 'float32' etc.
+
+
+def test_bf16_without_numpy_type_never_shadows_u16():
+    # without ml_dtypes bf16 travels as uint16 bits; numpy uint16 must still mean u16
+    assert dtype_of(np.uint16) is DTYPES["u16"]
+    assert DTYPES["bf16"].capability == "bf16" and DTYPES["bf16"].min_cc == (8, 0)
+    assert DTYPES["f16"].capability == "f16" and DTYPES["f16"].min_cc == (5, 3)
+
+
+@pytest.mark.parametrize(("alias", "name"), [("half", "f16"), ("float", "f32"), ("double", "f64"), ("bfloat16", "bf16")])
+def test_dtype_aliases(alias, name):
+    assert dtype_of(alias) is DTYPES[name]
+
+
+@pytest.mark.parametrize("value", ["f128", "", "complex64", np.complex64, np.bool_, bool, object, 1.5, ">f4"])
+def test_unknown_dtype(value):
+    raises(InvalidProgram, dtype_of, value)
+
+
+def test_big_endian_numpy_dtype_is_not_native():
+    raises(InvalidProgram, dtype_of, np.dtype(">f4"))
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: dtype_of(None) resolves to f64 because np.dtype(None) is float64")
+def test_none_is_not_a_dtype():
+    raises(InvalidProgram, dtype_of, None)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: dtype_of lets numpy's ValueError escape (catches TypeError only)")
+def test_numpy_value_error_becomes_invalid_program():
+    raises(InvalidProgram, dtype_of, ("f4", -1))
+
+
+# ---------------------------------------------------------------- invalid declarations
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"name": ""},
+        {"name": 7},
+        {"binding": -1},
+        {"binding": 1.0},
+        {"binding": True},
+        {"binding": "0"},
+        {"count": -1},
+        {"count": 2.5},
+        {"count": False},
+        {"alignment": 0},
+        {"alignment": 3},
+        {"alignment": -16},
+        {"alignment": 8192},
+        {"alignment": 16.0},
+        {"output_byte_range": (4, 2)},
+        {"output_byte_range": (-1, 2)},
+        {"output_byte_range": (0, 1, 2)},
+        {"output_byte_range": (0.0, 4)},
+        {"output_byte_range": (False, 4)},
+        {"output_byte_range": 8},
+        {"dtype": "f128"},
+    ],
+)
+def test_invalid_declaration(kw):
+    args = {"name": "b", "binding": 0, "access": A.READ_ONLY, "dtype": "u32"} | kw
+    raises(InvalidProgram, BufferDecl, **args)
+
+
+def test_workgroup_buffer_needs_a_static_count():
+    raises(InvalidProgram, BufferDecl, "s", 0, A.WORKGROUP, "u32", 0)
+
+
+def test_numpy_integers_are_normalised():
+    decl = BufferDecl.read("a", np.int32(2), "u8", np.uint64(7), output_byte_range=(np.int64(1), np.int64(3)))
+    assert (decl.binding, decl.count, decl.output_byte_range) == (2, 7, (1, 3))
+    assert all(type(v) is int for v in (decl.binding, decl.count, *decl.output_byte_range))
+
+
+@pytest.mark.parametrize("alignment", [1, 2, 16, 256, 4096])
+def test_valid_alignments(alignment):
+    assert BufferDecl.read("a", 0, "u8", alignment=alignment).alignment == alignment
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: alignment=True passes the power-of-two check (bool not excluded)")
+def test_bool_alignment_is_refused():
+    raises(InvalidProgram, BufferDecl.read, "a", 0, "u8", alignment=True)
+
+
+def test_declarations_are_frozen():
+    decl = BufferDecl.read("a", 0, "u8")
+    with pytest.raises(AttributeError):
+        decl.count = 3
+
+
+# ---------------------------------------------------------------- Program validation
+def test_duplicate_bindings():
+    raises(InvalidProgram, program, BufferDecl.read("a", 1, "u8"), BufferDecl.output("b", 1, "u8"))
+
+
+def test_workgroup_buffers_share_the_binding_namespace():
+    raises(InvalidProgram, program, BufferDecl.read("a", 0, "u8"), BufferDecl.workgroup("s", 0, "u8", 4))
+
+
+def test_duplicate_names():
+    raises(InvalidProgram, program, BufferDecl.read("a", 0, "u8"), BufferDecl.output("a", 1, "u8"))
+
+
+def test_binding_upper_bound():
+    assert program(BufferDecl.read("a", 65535, "u8")).buffers[0].binding == 65535
+    raises(InvalidProgram, program, BufferDecl.read("a", 65536, "u8"))
+
+
+def test_program_needs_buffers_and_a_kernel():
+    raises(InvalidProgram, Program, KERNEL, [])
+    raises(InvalidProgram, Program, "source", [BufferDecl.read("a", 0, "u8")])
+    raises(InvalidProgram, Program, KERNEL, [("a", 0, "read_only", "u8")])
+
+
+@pytest.mark.parametrize("ws", [(0, 1, 1), (256, 0, 1), (-1, 1, 1), (1.5, 1, 1), (True, 1, 1), (1, 1, 1, 1), ()])
+def test_bad_workgroup_size(ws):
+    raises(InvalidProgram, program, workgroup_size=ws)
+
+
+def test_workgroup_size_int_becomes_1d():
+    assert program(workgroup_size=128).workgroup_size == (128, 1, 1)
+    assert program(workgroup_size=np.int64(64)).workgroup_size == (64, 1, 1)
+    assert program(workgroup_size=[8, 4, 2]).workgroup_size == (8, 4, 2)
+
+
+@pytest.mark.parametrize(
+    ("ws", "padded"), [((256,), (256, 1, 1)), ((16, 16), (16, 16, 1)), ((np.int64(8), np.uint8(2)), (8, 2, 1))]
+)
+def test_short_workgroup_size_is_padded(ws, padded):
+    got = program(workgroup_size=ws).workgroup_size
+    assert got == padded and all(type(v) is int for v in got)
+
+
+@pytest.mark.parametrize(
+    "kw", [{"workgroup_size": None}, {"workgroup_size": 1.5}, {"workgroup_size": "256"}, {"requires": None}, {"requires": "f16"}]
+)
+def test_wrong_types_raise_invalid_program(kw):
+    raises(InvalidProgram, program, **kw)
+
+
+@pytest.mark.parametrize("buffers", [None, 3, "abc"])
+def test_buffers_must_be_a_sequence(buffers):
+    raises(InvalidProgram, Program, KERNEL, buffers)
+
+
+@pytest.mark.parametrize("phases", [0, -1, 65536, 2.0, True])
+def test_bad_phase_count(phases):
+    raises(InvalidProgram, program, grid_sync=True, phases=phases)
+
+
+def test_phases_need_grid_sync():
+    raises(InvalidProgram, program, phases=3)
+    assert program(phases=3, grid_sync=True).phases == 3
+    assert program(phases=65535, grid_sync=True).phases == 65535
+
+
+def test_unknown_requirement():
+    raises(InvalidProgram, program, requires=("f16", "tensor_cores"))
+    assert program(requires=["f16", "collectives"]).requires == ("f16", "collectives")
+
+
+def test_inputs_and_outputs_in_declaration_order():
+    decls = [
+        BufferDecl.output("o1", 0, "u32"),
+        BufferDecl.read("in2", 7, "u32"),
+        BufferDecl.workgroup("s", 1, "u32", 4),
+        BufferDecl.read_write("io", 2, "u32"),
+        BufferDecl.uniform("u", 3, "u32", 1),
+        BufferDecl.write_only("o2", 4, "u32"),
+        BufferDecl.read("in1", 5, "u32"),
+    ]
+    p = program(*decls)
+    assert [d.name for d in p.inputs] == ["in2", "io", "u", "in1"]
+    assert [d.name for d in p.outputs] == ["o1", "io", "o2"]
+    assert p.buffers == tuple(decls)
+
+
+def test_programs_hash_by_identity():
+    decls = [BufferDecl.read("a", 0, "u8")]
+    p, q = Program(KERNEL, decls), Program(KERNEL, decls)
+    assert p != q and p == p and len({p, q}) == 2
+
+
+# ---------------------------------------------------------------- kernels
+def test_kernel_factories():
+    c = Kernel.cuda("src", options=["-O3"])
+    assert (c.kind, c.entry, c.options) == ("cuda", "vyre_main", ("-O3",))
+    p = Kernel.ptx(b".version 8.0")
+    assert (p.kind, p.entry, p.source) == ("ptx", "main", ".version 8.0")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Kernel.cuda(""),
+        lambda: Kernel.cuda("   \n"),
+        lambda: Kernel.cuda(None),
+        lambda: Kernel.cuda("src", entry="not an id"),
+        lambda: Kernel.cuda("src", entry=""),
+        lambda: Kernel.ptx("src", entry=3),
+        lambda: Kernel("opencl", "src", "main"),
+    ],
+)
+def test_bad_kernel(make):
+    raises(InvalidProgram, make)
+
+
+def test_a_single_string_option_is_not_split():
+    assert Kernel.cuda("src", options="-lineinfo").options == ("-lineinfo",)
+    assert Kernel.cuda("src", options=b"-G").options == ("-G",)
+    assert Kernel.cuda("src", options=[b"-G", "-lineinfo"]).options == ("-G", "-lineinfo")
+
+
+def test_digest_covers_kind_entry_options_and_source():
+    base = Kernel.cuda("src", entry="k", options=("-a",))
+    same = Kernel.cuda("src", entry="k", options=["-a"])
+    variants = [
+        Kernel.cuda("src2", entry="k", options=("-a",)),
+        Kernel.cuda("src", entry="k2", options=("-a",)),
+        Kernel.cuda("src", entry="k", options=("-b",)),
+        Kernel.cuda("src", entry="k", options=("-a", "-b")),
+        Kernel.cuda("src", entry="k"),
+        Kernel.ptx("src", entry="k"),
+    ]
+    assert base.digest == same.digest and len(base.digest) == 64
+    digests = {v.digest for v in variants} | {base.digest}
+    assert len(digests) == len(variants) + 1
+
+
+# ---------------------------------------------------------------- DispatchConfig
+def test_config_defaults():
+    c = DispatchConfig()
+    assert (c.workgroup_override, c.grid_override, c.iterations, c.cooperative, c.label) == (None, None, 1, False, None)
+
+
+@pytest.mark.parametrize(("value", "dims"), [(64, (64, 1, 1)), ((8, 8), (8, 8, 1)), ([2, 3, 4], (2, 3, 4)), (np.int32(5), (5, 1, 1))])
+def test_config_dims_are_padded(value, dims):
+    c = DispatchConfig(workgroup_override=value, grid_override=value)
+    assert c.workgroup_override == dims and c.grid_override == dims
+
+
+@pytest.mark.parametrize("value", [0, (0,), (1, 0), (1, 2, 3, 4), (), (True,), True, "x", (None,), object()])
+def test_config_bad_dims(value):
+    raises(ValidationError, DispatchConfig, grid_override=value)
+    raises(ValidationError, DispatchConfig, workgroup_override=value)
+
+
+@pytest.mark.parametrize("value", [(2.7,), (64, 1.5), 256.0, "12", b"12", {1: 2}])
+def test_config_non_integer_dims(value):
+    raises(ValidationError, DispatchConfig, workgroup_override=value)
+
+
+@pytest.mark.parametrize("iterations", [0, -1, 2**31, 1.0, True, "3"])
+def test_config_bad_iterations(iterations):
+    raises(ValidationError, DispatchConfig, fixpoint_iterations=iterations)
+
+
+def test_config_iterations():
+    assert DispatchConfig(fixpoint_iterations=np.int16(4)).iterations == 4
+    assert DispatchConfig(fixpoint_iterations=2**31 - 1).iterations == 2**31 - 1
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), True, "1"])
+def test_config_bad_timeout(timeout):
+    raises(ValidationError, DispatchConfig, timeout=timeout)
+
+
+def test_as_config():
+    assert as_config(None) == DispatchConfig()
+    c = DispatchConfig(label="x")
+    assert as_config(c) is c
+    assert as_config({"grid_override": 4, "cooperative": 1}) == DispatchConfig(grid_override=(4, 1, 1), cooperative=True)
+    raises(ValidationError, as_config, {"grid": 4})
+    raises(ValidationError, as_config, [("label", "x")])
+    raises(ValidationError, as_config, "label=x")
+    raises(ValidationError, as_config, {"fixpoint_iterations": 0})
