@@ -86,13 +86,19 @@ def test_align_up_bad_alignment(alignment):
 
 @pytest.mark.parametrize(
     ("nbytes", "bucket"),
-    [(0, 256), (1, 256), (256, 256), (257, 512), (1 << 20, 1 << 20), ((1 << 20) + 1, 1 << 21), (2**63, 2**63)],
+    [(0, 256), (1, 256), (256, 256), (257, 512), (1 << 20, 1 << 20), ((1 << 20) + 1, 1 << 21), (1 << 30, 1 << 30)],
 )
 def test_bucket_size(nbytes, bucket):
     assert bucket_size(nbytes) == bucket
 
 
-@pytest.mark.parametrize("nbytes", [2**63 + 1, 2**64 - 1, 2**64, -1])
+@pytest.mark.parametrize("nbytes", [(1 << 30) + 1, 2**40 + 3, 2**63, 2**64 - 2**32])
+def test_huge_buckets_hold_the_bytes(nbytes):
+    # above 1 GiB the bucket policy may round more finely than a power of two; it still holds
+    assert nbytes <= bucket_size(nbytes) <= U64_MAX and bucket_size(nbytes) % 256 == 0
+
+
+@pytest.mark.parametrize("nbytes", [2**64 - 1, 2**64, -1])
 def test_bucket_size_overflow(nbytes):
     overflows(bucket_size, nbytes)
 

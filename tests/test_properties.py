@@ -12,6 +12,7 @@ import struct
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vyre_cuda._accounting import bucket_size
 from vyre_cuda._dispatch import Prepared
 from vyre_cuda.config import DispatchConfig
 from vyre_cuda.errors import BackendError
@@ -208,7 +209,7 @@ def check_layout(p: Plan) -> None:
     for (_, end, _), (start, _, _) in zip(regions, regions[1:]):
         assert end <= start
     assert regions[-1][1] <= lay.slab_bytes and lay.slab_bytes % REGION_ALIGN == 0
-    assert lay.slab_bytes <= lay.bucket_bytes and lay.bucket_bytes & (lay.bucket_bytes - 1) == 0
+    assert lay.slab_bytes <= lay.bucket_bytes == bucket_size(lay.slab_bytes)
     # inputs and params first, uploaded in one copy; pure outputs after, zeroed as one span:
     # in staging (riding the upload) when that adds at most HOST_CLEAR_MAX bytes, else by memset
     params_end = lay.params_offsets[-1] + block_bytes
