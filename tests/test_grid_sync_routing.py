@@ -340,7 +340,7 @@ def _backend(caps):
     b._plan_lock = threading.RLock()
     b._core = Core(0, b._plan, 1 << 20, 1 << 20, False)
     b.telemetry = Telemetry(b._core)
-    b._closed = True  # nothing to release
+    b._closed = False  # never closed: it holds no driver resources
     return b
 
 

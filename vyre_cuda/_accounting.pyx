@@ -60,12 +60,15 @@ cpdef object align_up(object value, object alignment, str what="aligned size"):
 
 
 cpdef object bucket_size(object nbytes, str what="pool bucket"):
-    """The power-of-two pool bucket holding ``nbytes`` (at least 256), checked."""
+    """The pool bucket holding ``nbytes``: a power of two (at least 256) up to 1 GiB, above that
+    the next multiple of 64 MiB (a power of two would waste up to half of a huge allocation)."""
     cdef unsigned long long n = _u64(nbytes, what)
     cdef unsigned long long b = 256
+    if n > (1ULL << 62):
+        raise InvalidProgram(f"{what}: no pool bucket holds {nbytes} bytes", _FIX)
+    if n > (1ULL << 30):
+        return align_up(n, 1 << 26, what)
     while b < n:
-        if b > (0xFFFFFFFFFFFFFFFF >> 1):
-            raise InvalidProgram(f"{what}: no power-of-two bucket holds {nbytes} bytes", _FIX)
         b <<= 1
     return b
 

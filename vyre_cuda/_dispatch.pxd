@@ -97,6 +97,8 @@ cdef class Core:
     cdef void _leak(self, Prepared p, InFlight* f) noexcept
     cdef int _fail(self, Prepared p, InFlight* f, cydriver.CUresult status, const char* call) except -1
     cdef int _enqueue(self, Prepared p, vector[Py_buffer]& views, InFlight* f, unsigned long long* marks) except -1
+    cdef void _count(self, Prepared p) noexcept
+    cdef object _run_sync(self, Prepared p, vector[Py_buffer]& views, list into, unsigned long long* marks)
     cdef int _wait(self, Prepared p, InFlight* f) except -1
     cdef int _wait_timeout(self, Prepared p, InFlight* f) except -1
     cdef int _audit(self, Prepared p, InFlight* f) except -1

@@ -21,6 +21,7 @@ from ._driver cimport check_cu, bind_context, now_ns
 from ._pools cimport DevicePool, PinnedPool, StreamPool
 from ._driver import status_name
 from .config import DispatchConfig, as_config
+from .program import Program
 from .errors import DispatchFailed, DeviceLost, ValidationError, driver_error, STICKY_ERRORS
 from .telemetry import TimedDispatchResult
 
@@ -85,7 +86,9 @@ cdef char _format_kind(const char* fmt) noexcept:
     cdef char c
     if fmt == NULL:
         return b'u'
-    while fmt[0] in b'@=<>!':
+    if fmt[0] in b'>!':
+        return b'x'  # big-endian: the kernel would see swapped bytes
+    while fmt[0] in b'@=<':
         fmt += 1
     c = fmt[0]
     if c in b'efdE':
@@ -271,14 +274,13 @@ cdef class Core:
         cdef Py_ssize_t n, i
         cdef Py_buffer* view
         cdef object length  # an object: PyTuple_SET_ITEM steals this reference
+        if type(program) is not Program:
+            raise ValidationError(
+                f"dispatch needs a vyre_cuda.Program (got {type(program).__name__})",
+                "build one with Program(Kernel.cuda(src), [BufferDecl...])",
+            )
         if type(inputs) is not list and type(inputs) is not tuple:
-            try:
-                inputs = list(inputs)
-            except TypeError:
-                raise ValidationError(
-                    f"inputs must be a list or tuple of buffers (got {type(inputs).__name__})",
-                    "pass inputs as [array_a, array_b, ...]",
-                ) from None
+            inputs = _as_input_list(inputs)
         n = len(inputs)
         views.resize(n)
         key = PyTuple_New(n + 2)
@@ -296,7 +298,11 @@ cdef class Core:
             length = view.len
             Py_INCREF(length)
             PyTuple_SET_ITEM(key, i + 2, length)
-        prep = self.prepared.get(key)
+        try:
+            prep = self.prepared.get(key)
+        except BaseException:  # an unhashable config field
+            self._release_views(views, n)
+            raise
         if prep is None:
             try:
                 prep = self.planner(program, key[2:], config)
@@ -414,6 +420,10 @@ cdef class Core:
             status = _issue(p, views.data(), f, marks, &call)
         if status != cydriver.CUDA_SUCCESS:
             self._fail(p, f, status, call)
+        self._count(p)
+        return 0
+
+    cdef void _count(self, Prepared p) noexcept:
         self.tel[T_DISPATCHES] += 1
         self.tel[T_H2D_BYTES] += p.tel_h2d_bytes
         self.tel[T_H2D_OPS] += p.tel_h2d_ops
@@ -427,7 +437,6 @@ cdef class Core:
         elif p.route == ROUTE_SPLIT:
             self.tel[T_SPLIT_LAUNCHES] += p.tel_launches
         self.tel[T_MEMSETS] += p.tel_memsets
-        return 0
 
     cdef int _wait(self, Prepared p, InFlight* f) except -1:
         """Block until the dispatch is complete (GIL released), honouring the config timeout."""
@@ -534,8 +543,8 @@ cdef class Core:
         """Run and wait; return the outputs as new numpy arrays."""
         return self._dispatch_sync(program, inputs, config, None, NULL)
 
-    def dispatch_into(self, program, inputs, list outputs, config=None):
-        return self._dispatch_sync(program, inputs, config, outputs, NULL)
+    def dispatch_into(self, program, inputs, outputs, config=None):
+        return self._dispatch_sync(program, inputs, config, _as_output_list(outputs), NULL)
 
     def dispatch_profiled(self, program, inputs, config=None, unsigned long long start_ns=0):
         """Like dispatch, also returning the stage durations (ns) aligned with STAGES.
@@ -571,6 +580,11 @@ cdef class Core:
                 raise
         if marks != NULL:
             marks[M_LOOKUP] = now_ns()
+        if p.timeout is None and not (p.route == ROUTE_COOPERATIVE and p.barrier):
+            outs = self._run_sync(p, views, into, marks)
+            if self.trace:
+                _trace(self.logger, p, marks)
+            return outs
         gate = p.gate
         if gate is not None:
             gate.acquire()
@@ -604,6 +618,56 @@ cdef class Core:
                 gate.release()
         if self.trace:
             _trace(self.logger, p, marks)
+        return outs
+
+    cdef object _run_sync(self, Prepared p, vector[Py_buffer]& views, list into, unsigned long long* marks):
+        """The common blocking dispatch: ONE GIL release covers the enqueue, the wait and the copy
+        out, so other Python threads run meanwhile and this one re-takes the GIL once."""
+        cdef InFlight f
+        cdef vector[char*] dsts
+        cdef vector[Py_buffer] out_views
+        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+        cdef cydriver.CUresult sync = cydriver.CUDA_SUCCESS
+        cdef const char* call = NULL
+        cdef Py_ssize_t k
+        try:
+            self._acquire(p, &f, False, False)
+        except BaseException:
+            self._release_views(views, views.size())
+            raise
+        try:
+            outs = self._new_outputs(p) if into is None else into
+            for k in range(len(outs)):
+                if type(outs[k]) is cnp.ndarray:
+                    dsts.push_back(<char*>cnp.PyArray_DATA(<cnp.ndarray>outs[k]))
+                else:
+                    out_views.resize(out_views.size() + 1)
+                    PyObject_GetBuffer(outs[k], &out_views.back(), PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+                    dsts.push_back(<char*>out_views.back().buf)
+        except BaseException:
+            self._recycle(p, &f)
+            self._release_views(views, views.size())
+            self._release_views(out_views, out_views.size())
+            raise
+        with nogil:
+            st = _issue(p, views.data(), &f, marks, &call)
+            if st == cydriver.CUDA_SUCCESS:
+                sync = cydriver.cuStreamSynchronize(f.stream)
+                _mark(marks, M_WAIT)
+                if sync == cydriver.CUDA_SUCCESS:
+                    _copy_to(p, &f, dsts.data())
+                    _mark(marks, M_COPYOUT)
+        self._release_views(views, views.size())
+        self._release_views(out_views, out_views.size())
+        if st != cydriver.CUDA_SUCCESS:
+            self._fail(p, &f, st, call)
+        self._count(p)
+        self.tel[T_SYNCS] += 1
+        if sync != cydriver.CUDA_SUCCESS:
+            self._fail(p, &f, sync, b"cuStreamSynchronize")
+        self._recycle(p, &f)
+        if marks != NULL:
+            marks[M_RELEASE] = now_ns()
         return outs
 
     def dispatch_async(self, program, inputs, config=None, bint timed=False):
@@ -691,6 +755,13 @@ cdef void _trace(logger, Prepared p, unsigned long long* marks) noexcept:
         logger.info("dispatch %s route=%s (%s) %s", p.label or "", p.route_name, p.route_reason, body)
     except Exception:
         pass
+
+
+cdef void _copy_to(Prepared p, InFlight* f, char** dsts) noexcept nogil:
+    cdef size_t k
+    for k in range(p.outputs.size()):
+        if p.outputs[k].nbytes:
+            memcpy(dsts[k], f.staging + p.outputs[k].offset, p.outputs[k].nbytes)
 
 
 cdef inline void _mark(unsigned long long* marks, int k) noexcept nogil:
@@ -832,7 +903,7 @@ def _input_error(program, Py_ssize_t i, obj, exc):
     try:
         memoryview(obj)
         is_buffer = True
-    except TypeError:
+    except (TypeError, ValueError, BufferError):
         is_buffer = False
     if not is_buffer:
         return ValidationError(
@@ -847,12 +918,60 @@ def _input_error(program, Py_ssize_t i, obj, exc):
 
 def _dtype_error(program, Py_ssize_t i, fmt, Py_ssize_t itemsize, obj):
     decl = program.inputs[i]
+    if fmt[:1] in (">", "!"):
+        return ValidationError(
+            f"input {i} ({decl.name!r}) is big-endian (format {fmt!r}); the GPU reads little-endian",
+            f"convert it with x.astype(x.dtype.newbyteorder('=')) before dispatch",
+        )
     got = getattr(getattr(obj, "dtype", None), "name", f"format {fmt!r}, {itemsize}-byte items")
     return ValidationError(
         f"input {i} ({decl.name!r}) holds {got} but the buffer is declared {decl.dtype.name}",
         f"convert it, e.g. x.astype(numpy.{decl.dtype.numpy.name}), or pass raw bytes (a uint8 view) "
         "to reinterpret deliberately",
     )
+
+
+def _as_input_list(inputs):
+    try:
+        memoryview(inputs)
+        single = True
+    except (TypeError, ValueError, BufferError):
+        single = False
+    if single or inputs is None or isinstance(inputs, (str, dict)):
+        raise ValidationError(
+            f"inputs must be a list or tuple of buffers (got a single {type(inputs).__name__}"
+            f"{' with shape ' + str(inputs.shape) if hasattr(inputs, 'shape') else ''})",
+            "pass inputs as [array_a, array_b, ...], one buffer per input, even for one input",
+        )
+    try:
+        return list(inputs)
+    except TypeError:
+        raise ValidationError(
+            f"inputs must be a list or tuple of buffers (got {type(inputs).__name__})",
+            "pass inputs as [array_a, array_b, ...]",
+        ) from None
+
+
+def _as_output_list(outputs):
+    if isinstance(outputs, list):
+        return outputs
+    try:
+        memoryview(outputs)
+        single = True
+    except (TypeError, ValueError, BufferError):
+        single = False
+    if single or outputs is None or isinstance(outputs, (str, dict)):
+        raise ValidationError(
+            f"outputs must be a list or tuple of arrays (got {type(outputs).__name__})",
+            "pass outputs as [out_array, ...], one writable array per output",
+        )
+    try:
+        return list(outputs)
+    except TypeError:
+        raise ValidationError(
+            f"outputs must be a list or tuple of arrays (got {type(outputs).__name__})",
+            "pass outputs as [out_array, ...]",
+        ) from None
 
 
 def _check_outputs(Prepared p, list outs):
@@ -977,8 +1096,9 @@ cdef class PendingDispatch:
         self._finish()
         return outs
 
-    def result_into(self, list outputs):
+    def result_into(self, outputs):
         """Wait, then copy the outputs into the caller's arrays (checked) and return them."""
+        outputs = _as_output_list(outputs)
         self._take()
         _check_outputs(self.prep, outputs)
         try:

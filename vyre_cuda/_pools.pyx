@@ -11,8 +11,13 @@ from ._driver cimport check_cu
 from .errors import DeviceOutOfMemory
 
 
+cdef inline bint _cacheable(size_t bucket) noexcept nogil:
+    # power-of-two buckets are cached; the 64 MiB multiples above 1 GiB are allocated exactly
+    return bucket != 0 and (bucket & (bucket - 1)) == 0
+
+
 cdef int bucket_index(size_t nbytes) noexcept nogil:
-    # bucket k holds 2**k bytes; pools are asked only for power-of-two sizes
+    # bucket k holds 2**k bytes
     cdef int k = 0
     while (<size_t>1 << k) < nbytes and k < N_BUCKETS - 1:
         k += 1
@@ -38,7 +43,7 @@ cdef class DevicePool:
         cdef cydriver.CUdeviceptr ptr = 0
         cdef cydriver.CUresult status
         cdef size_t free_b = 0, total_b = 0
-        if not self.free_list[k].empty():
+        if _cacheable(bucket) and not self.free_list[k].empty():
             out[0] = self.free_list[k].back()
             self.free_list[k].pop_back()
             self.cached_bytes -= bucket
@@ -75,7 +80,8 @@ cdef class DevicePool:
     cdef void release(self, cydriver.CUdeviceptr ptr, size_t bucket) noexcept:
         cdef int k = bucket_index(bucket)
         self.live_bytes -= bucket
-        if not self.closed and self.cached_bytes + bucket <= self.cap_bytes and self.free_list[k].size() < 1024:
+        if (not self.closed and _cacheable(bucket) and self.cached_bytes + bucket <= self.cap_bytes
+                and self.free_list[k].size() < 1024):
             self.free_list[k].push_back(ptr)
             self.cached_bytes += bucket
         else:
@@ -118,7 +124,7 @@ cdef class PinnedPool:
         cdef int k = bucket_index(bucket)
         cdef void* ptr = NULL
         cdef cydriver.CUresult status
-        if not self.free_list[k].empty():
+        if _cacheable(bucket) and not self.free_list[k].empty():
             out[0] = self.free_list[k].back()
             self.free_list[k].pop_back()
             self.cached_bytes -= bucket
@@ -140,7 +146,8 @@ cdef class PinnedPool:
     cdef void release(self, void* ptr, size_t bucket) noexcept:
         cdef int k = bucket_index(bucket)
         self.live_bytes -= bucket
-        if not self.closed and self.cached_bytes + bucket <= self.cap_bytes and self.free_list[k].size() < 1024:
+        if (not self.closed and _cacheable(bucket) and self.cached_bytes + bucket <= self.cap_bytes
+                and self.free_list[k].size() < 1024):
             self.free_list[k].push_back(ptr)
             self.cached_bytes += bucket
         else:

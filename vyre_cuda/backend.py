@@ -109,6 +109,12 @@ class CudaBackend:
 
         if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
             raise ValidationError(f"device must be an int ordinal (got {device!r})", "pass device=0 or another ordinal")
+        for name, value in (("device_pool_bytes", device_pool_bytes), ("pinned_pool_bytes", pinned_pool_bytes)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**63:
+                raise ValidationError(
+                    f"{name} must be a non-negative int (got {value!r})",
+                    f"pass {name}=0 to cache nothing, or a byte count such as 256 << 20",
+                )
         self.device = int(device)
         _driver.init_driver()
         self._caps = DeviceCaps(**_driver.device_caps(self.device))
@@ -160,7 +166,7 @@ class CudaBackend:
     def dispatch_into(self, program, inputs, outputs, config=None) -> list:
         """Run and wait, writing the outputs into the caller's arrays (size, dtype, contiguity and
         writability are checked before anything runs)."""
-        return self._core.dispatch_into(program, inputs, list(outputs), config)
+        return self._core.dispatch_into(program, inputs, outputs, config)
 
     def dispatch_timed(self, program, inputs, config=None) -> TimedDispatchResult:
         """Run and wait; return the outputs with wall, device, enqueue and wait nanoseconds."""
@@ -170,8 +176,16 @@ class CudaBackend:
         """(outputs, stage_ns) with stage_ns aligned with ``vyre_cuda._dispatch.STAGES``."""
         return self._core.dispatch_profiled(program, inputs, config, start_ns)
 
+    def _check_open(self):
+        if self._closed:
+            raise ValidationError(
+                "this CudaBackend is closed",
+                "create a new CudaBackend() (or use it inside its `with` block)",
+            )
+
     def cooperative_grid_sync_fits(self, program, inputs, config=None) -> bool:
         """Whether the dispatch would run as one cooperative launch (the router's own answer)."""
+        self._check_open()
         cfg = as_config(config)
         lengths = tuple(_nbytes(x, i) for i, x in enumerate(inputs))
         try:
@@ -182,6 +196,7 @@ class CudaBackend:
 
     def plan_info(self, program, inputs, config=None) -> PlanInfo:
         """The plan a dispatch of these inputs runs with (planned now if not cached)."""
+        self._check_open()
         cfg = None if config is None else as_config(config)
         lengths = tuple(_nbytes(x, i) for i, x in enumerate(inputs))
         return self._plan(program, lengths, cfg).plan
@@ -330,7 +345,7 @@ class CudaBackend:
 def _nbytes(obj, index) -> int:
     try:
         return memoryview(obj).nbytes
-    except TypeError:
+    except (TypeError, ValueError, BufferError):
         raise ValidationError(
             f"input {index} is a {type(obj).__name__}, which does not expose the buffer protocol",
             "pass a numpy array, bytes, bytearray, memoryview or another C-contiguous buffer",

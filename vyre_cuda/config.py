@@ -70,6 +70,11 @@ class DispatchConfig:
                     f"timeout must be a positive number of seconds or None (got {t!r})",
                     "pass timeout=None to wait without bound, or seconds > 0",
                 )
+        if self.label is not None and not isinstance(self.label, str):
+            raise ValidationError(
+                f"label must be a str or None (got {type(self.label).__name__})",
+                "pass label='name-for-traces'",
+            )
         object.__setattr__(self, "cooperative", bool(self.cooperative))
 
     @property
