@@ -15,6 +15,7 @@ from .config import DispatchConfig, as_config
 from .errors import (
     BackendError,
     CooperativeResidencyExceeded,
+    DeviceLost,
     DeviceOutOfMemory,
     InvalidProgram,
     KernelCompileFailed,
@@ -79,9 +80,21 @@ def reset_device(device: int = 0) -> None:
     """Destroy this process's primary context on ``device``, the recovery after a kernel fault.
 
     Every CudaBackend (and CuPy/PyTorch state) on that device becomes invalid: close them first,
-    then create a new CudaBackend.
+    then create a new CudaBackend. Some faults (an illegal address, a trap) are kept by the NVIDIA
+    driver for the life of the process; then this raises DeviceLost saying to restart the process.
     """
-    _driver.reset_primary_context(device)
+    try:
+        _driver.reset_primary_context(device)
+        # prove a fresh context can be made, so the caller learns now, not at the next dispatch
+        _driver.retain_primary_context(device)
+        _driver.release_primary_context(device)
+    except DeviceLost as exc:
+        raise DeviceLost(
+            f"{exc.message}; the driver keeps this fault for the life of the process, so no new "
+            "context can be made on the device",
+            "restart the process (run work that may fault in a subprocess to keep the parent usable)",
+            status=exc.status, call=exc.call, code=exc.code,
+        ) from None
 
 
 class CudaBackend:
@@ -324,7 +337,8 @@ class CudaBackend:
             except BackendError as exc:
                 log.warning("CudaBackend.close: %s", exc.message)
         self._modules.clear()
-        if core.lost is None and core.outstanding == 0:
+        if core.lost is not None or core.outstanding == 0:
+            # a lost backend gives its context back too: the last release destroys a faulted context
             try:
                 _driver.release_primary_context(self.device)
             except BackendError as exc:

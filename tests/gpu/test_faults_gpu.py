@@ -106,17 +106,35 @@ result["after_close"] = attempt(lambda: backend.dispatch(vecadd, [x, y]))
 
 # the documented recovery
 result["reset"] = attempt(lambda: vc.reset_device(0))
-with vc.CudaBackend(0) as fresh:
-    (out,) = fresh.dispatch(vecadd, [x, y])
-    ok = bool(np.array_equal(out, x + y))
-    block_sum = bp.block_sum_u32(8, workgroup=128)
-    v = rng.integers(0, 1000, 8 * 128, dtype=np.uint32)
-    (sums,) = fresh.dispatch(block_sum, [v])
-    ok = ok and bool(np.array_equal(sums, v.reshape(8, 128).sum(axis=1, dtype=np.uint32)))
-    result["recovered"] = ok
-    result["recovered_lost"] = fresh.lost
+
+
+def recover():
+    with vc.CudaBackend(0) as fresh:
+        (out,) = fresh.dispatch(vecadd, [x, y])
+        ok = bool(np.array_equal(out, x + y))
+        block_sum = bp.block_sum_u32(8, workgroup=128)
+        v = rng.integers(0, 1000, 8 * 128, dtype=np.uint32)
+        (sums,) = fresh.dispatch(block_sum, [v])
+        ok = ok and bool(np.array_equal(sums, v.reshape(8, 128).sum(axis=1, dtype=np.uint32)))
+        result["recovered"] = ok
+        result["recovered_lost"] = fresh.lost
+
+
+if result["reset"] is None:
+    result["recovery_error"] = attempt(recover)
 print("VYRE_RESULT " + json.dumps(result), flush=True)
 '''
+
+RESTART_SCRIPT = r"""
+import numpy as np
+import vyre_cuda as vc
+from vyre_cuda import builtin_programs as bp
+a = np.random.default_rng().standard_normal(5000).astype(np.float32)
+with vc.CudaBackend(0) as backend:
+    (out,) = backend.dispatch(bp.vecadd_f32(), [a, a])
+assert np.array_equal(out, a + a)
+print("restart ok")
+"""
 
 # CUresults a trap may surface as, depending on driver and architecture (all sticky)
 TRAP_STATUSES = {"CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_ASSERT"}
@@ -171,9 +189,17 @@ def test_kernel_fault_is_typed_sticky_and_recoverable(fault, mode):
         assert err["status"] in later["message"], (name, later)
     assert res["close"] is None, res["close"]
     assert res["after_close"] is not None and res["after_close"]["type"] == "ValidationError"
-    # recovery: close, vyre_cuda.reset_device(0), a new backend
-    assert res["reset"] is None, res["reset"]
-    assert res["recovered"] is True and res["recovered_lost"] is False
+    # recovery: close, vyre_cuda.reset_device(0), a new backend; where the driver keeps the
+    # fault for the life of the process, reset_device says so (DeviceLost, "restart the
+    # process"), and the documented recovery is a new process, which must then run correctly
+    refused = res["reset"] or res.get("recovery_error")
+    if refused is None:
+        assert res["recovered"] is True and res["recovered_lost"] is False
+    else:
+        assert refused["type"] == "DeviceLost", refused
+        assert refused["last_line"].startswith("Fix: ") and "restart the process" in refused["last_line"], refused
+        proc = subprocess.run([sys.executable, "-c", RESTART_SCRIPT], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout.strip().endswith("restart ok"), proc.stderr[-2000:]
     # a later error carries the original fault's CUresult and driver call
     for name, later in res["later"].items():
         assert later["status"] == err["status"] and later["call"] == err["call"], (name, later)
