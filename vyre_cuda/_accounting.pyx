@@ -7,6 +7,8 @@ overflow detection (never saturating), raising InvalidProgram that names the ope
 
 from libc.stdint cimport uint64_t
 
+import numpy as np
+
 from .errors import InvalidProgram
 
 _FIX = "split the dispatch into bounded chunks"
@@ -27,6 +29,8 @@ U64_MAX = 0xFFFFFFFFFFFFFFFF
 
 
 cdef inline uint64_t _u64(object value, str what) except? 0xFFFFFFFFFFFFFFFF:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidProgram(f"{what}: operand {value!r} is not an integer", "pass whole byte counts")
     if value < 0 or value > 0xFFFFFFFFFFFFFFFF:
         raise InvalidProgram(f"{what}: operand {value} does not fit unsigned 64-bit byte arithmetic", _FIX)
     return <uint64_t>value

@@ -25,6 +25,8 @@ def _cmd_info(args) -> int:
     print(f"kernel cache: {vc_compile.cache_dir()}")
     print(f"driver: {status}")
     if not ok:
+        print("Fix: run on a machine with an NVIDIA GPU and its driver (nvidia-smi must list a "
+              "device); vyre_cuda compiles and plans without one", file=sys.stderr)
         return 1
     with CudaBackend(args.device) as backend:
         caps = backend.caps

@@ -79,10 +79,10 @@ def dtype_of(value) -> DType:
         key = _ALIASES.get(value, value)
         if key in DTYPES:
             return DTYPES[key]
-    else:
+    elif value is not None:  # np.dtype(None) would be float64
         try:
             npd = np.dtype(value)
-        except TypeError:
+        except (TypeError, ValueError):
             npd = None
         if npd is not None:
             for d in DTYPES.values():
@@ -138,10 +138,12 @@ class BufferDecl:
             try:
                 object.__setattr__(self, "access", BufferAccess(self.access))
             except ValueError:
-                raise InvalidProgram(
-                    f"buffer {self.name!r}: unknown access {self.access!r}",
-                    f"use one of {', '.join(a.value for a in BufferAccess)}",
-                ) from None
+                pass
+        if not isinstance(self.access, BufferAccess):
+            raise InvalidProgram(
+                f"buffer {self.name!r}: unknown access {self.access!r}",
+                f"use a BufferAccess or one of {', '.join(a.value for a in BufferAccess)}",
+            )
         if not isinstance(self.name, str) or not self.name:
             raise InvalidProgram(
                 f"buffer name must be a non-empty string (got {self.name!r})",
@@ -157,11 +159,13 @@ class BufferDecl:
             object.__setattr__(self, attr, int(v))
         if self.alignment is not None:
             a = self.alignment
-            if not isinstance(a, (int, np.integer)) or a <= 0 or (a & (a - 1)) != 0 or a > 4096:
+            if (isinstance(a, bool) or not isinstance(a, (int, np.integer)) or a <= 0
+                    or (a & (a - 1)) != 0 or a > 4096):
                 raise InvalidProgram(
                     f"buffer {self.name!r}: alignment must be a power of two in 1..4096 (got {a!r})",
                     "pass alignment=None or a power of two such as 16, 128 or 256",
                 )
+            object.__setattr__(self, "alignment", int(a))
         if self.output_byte_range is not None:
             r = self.output_byte_range
             ok = (
@@ -271,9 +275,10 @@ class Kernel:
             options = (options,)  # one option, not one per character
         self.options = tuple(o.decode() if isinstance(o, bytes) else str(o) for o in options)
         h = hashlib.sha256()
-        for part in (kind, entry, "\0".join(self.options), source):
-            h.update(part.encode())
-            h.update(b"\x00\x01")
+        for part in (kind, entry, *self.options, source):
+            raw = part.encode()
+            h.update(len(raw).to_bytes(8, "little"))  # length-prefixed: no two part lists collide
+            h.update(raw)
         self._digest = h.hexdigest()
 
     @classmethod

@@ -3,7 +3,8 @@
 // ABI: the entry receives one `unsigned long long` device pointer per non-workgroup binding, in
 // binding-number order, then a pointer to a u32 params block:
 //   word 0            launch element count
-//   word binding + 1  that binding's element count (the launch count when runtime-sized)
+//   word binding + 1  that binding's element count (a runtime-sized buffer's actual count,
+//                     so a kernel can bound-check a shorter input)
 //   VYRE_PHASE_WORD   phase_begin, then phase_end (grid-sync programs only)
 // The backend defines VYRE_PHASE_WORD (= max binding + 2) when it compiles a program's kernel.
 #pragma once
