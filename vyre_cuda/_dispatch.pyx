@@ -839,35 +839,26 @@ cdef cydriver.CUresult _issue(Prepared p, Py_buffer* views, InFlight* f, unsigne
     for k in range(n_args):
         argv[k] = f.slab + p.arg_offsets[k]
         argp[k] = &argv[k]
-    argv[n_args] = f.slab + p.params_offsets[0]
     argp[n_args] = &argv[n_args]
+    # one params block per launch: a single one, or one per phase when host-split
     for it in range(p.iterations):
-        if p.route == ROUTE_COOPERATIVE:
-            if p.barrier:
-                call[0] = b"cuMemsetD32Async"
-                st = cydriver.cuMemsetD32Async(p.barrier, 0, 1, s)
-                if st != cydriver.CUDA_SUCCESS:
-                    return st
-            call[0] = b"cuLaunchCooperativeKernel"
-            st = cydriver.cuLaunchCooperativeKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
-                                                   p.block[0], p.block[1], p.block[2],
-                                                   p.shared_bytes, s, argp)
-            if st != cydriver.CUDA_SUCCESS:
-                return st
-        elif p.route == ROUTE_SPLIT:
-            call[0] = b"cuLaunchKernel"
-            for k in range(p.params_offsets.size()):
-                argv[n_args] = f.slab + p.params_offsets[k]
+        for k in range(p.params_offsets.size()):
+            argv[n_args] = f.slab + p.params_offsets[k]
+            if p.route == ROUTE_COOPERATIVE:
+                if p.barrier:  # the grid barrier counts from zero in every launch
+                    call[0] = b"cuMemsetD32Async"
+                    st = cydriver.cuMemsetD32Async(p.barrier, 0, 1, s)
+                    if st != cydriver.CUDA_SUCCESS:
+                        return st
+                call[0] = b"cuLaunchCooperativeKernel"
+                st = cydriver.cuLaunchCooperativeKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
+                                                       p.block[0], p.block[1], p.block[2],
+                                                       p.shared_bytes, s, argp)
+            else:
+                call[0] = b"cuLaunchKernel"
                 st = cydriver.cuLaunchKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
                                              p.block[0], p.block[1], p.block[2],
                                              p.shared_bytes, s, argp, NULL)
-                if st != cydriver.CUDA_SUCCESS:
-                    return st
-        else:
-            call[0] = b"cuLaunchKernel"
-            st = cydriver.cuLaunchKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
-                                         p.block[0], p.block[1], p.block[2],
-                                         p.shared_bytes, s, argp, NULL)
             if st != cydriver.CUDA_SUCCESS:
                 return st
     if f.timed:
