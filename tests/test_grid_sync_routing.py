@@ -24,7 +24,6 @@ from vyre_cuda import (
     DispatchConfig,
     InvalidProgram,
     Kernel,
-    KernelCompileFailed,
     Program,
     UnsupportedFeature,
 )

@@ -12,7 +12,9 @@ import pytest
 import vyre_cuda
 from vyre_cuda.errors import DriverUnavailable, ValidationError
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+# the folder holding the vyre_cuda under test: the checkout when built in place, site-packages
+# when installed (a checkout without built extensions must not shadow the installed package)
+PACKAGE_ROOT = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(
     vyre_cuda.driver_status()[0], reason="a CUDA driver is present; these test the no-driver path"
@@ -25,9 +27,10 @@ def assert_fix(err: BaseException) -> None:
 
 
 def python(*args, timeout=120) -> subprocess.CompletedProcess:
-    """Run a fresh interpreter on this checkout (the package is not installed)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    """Run a fresh interpreter on the vyre_cuda under test, from a neutral folder."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, *args], cwd=PACKAGE_ROOT.parent, env=env, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def test_import_is_light_and_needs_no_driver():

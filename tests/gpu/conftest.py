@@ -49,3 +49,23 @@ def fresh_backend():
     b = vyre_cuda.CudaBackend(0)
     yield b
     b.close()
+
+
+@pytest.fixture
+def run_python():
+    """``run_python(args, timeout)``: see _run_python."""
+    return _run_python
+
+
+def _run_python(args, timeout):
+    """A fresh interpreter on the vyre_cuda under test (in place or installed), from a folder that
+    cannot shadow it with an unbuilt checkout."""
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, *args], cwd=root.parent, env=env, capture_output=True,
+                          text=True, timeout=timeout)

@@ -2,8 +2,6 @@
 
 import importlib.util
 import json
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -260,12 +258,12 @@ print(json.dumps(ok))
 """
 
 
-def test_two_backends_with_cupy_and_torch():
+def test_two_backends_with_cupy_and_torch(run_python):
     # a plain interpreter: torch's import is not robust under pytest's plugins
     for mod in ("cupy", "torch"):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"{mod} is not installed")
-    proc = subprocess.run([sys.executable, "-c", _INTEROP], capture_output=True, text=True, timeout=300)
+    proc = run_python(["-c", _INTEROP], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert results == {k: True for k in results} and len(results) == 7, results

@@ -147,7 +147,7 @@ def run_child(*args, timeout=120) -> dict:
     try:
         proc = subprocess.run(
             [sys.executable, "-c", FAULT_SCRIPT, *args],
-            capture_output=True, text=True, timeout=timeout, env=env,
+            capture_output=True, text=True, timeout=timeout, env=env, cwd=PACKAGE_ROOT.parent,
         )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the fault scenario {args} hung for {timeout} s:\n{exc.stdout}\n{exc.stderr}")
@@ -163,7 +163,7 @@ def assert_fix_says_reset(err: dict) -> None:
 
 @pytest.mark.parametrize("mode", ["dispatch", "async"])
 @pytest.mark.parametrize("fault", ["illegal_address", "trap"])
-def test_kernel_fault_is_typed_sticky_and_recoverable(fault, mode):
+def test_kernel_fault_is_typed_sticky_and_recoverable(fault, mode, run_python):
     res = run_child(fault, mode)
     print(json.dumps(res, indent=1))
     assert res["warm_ok"]
@@ -198,7 +198,7 @@ def test_kernel_fault_is_typed_sticky_and_recoverable(fault, mode):
     else:
         assert refused["type"] == "DeviceLost", refused
         assert refused["last_line"].startswith("Fix: ") and "restart the process" in refused["last_line"], refused
-        proc = subprocess.run([sys.executable, "-c", RESTART_SCRIPT], capture_output=True, text=True, timeout=120)
+        proc = run_python(["-c", RESTART_SCRIPT], timeout=120)
         assert proc.returncode == 0 and proc.stdout.strip().endswith("restart ok"), proc.stderr[-2000:]
     # a later error carries the original fault's CUresult and driver call
     for name, later in res["later"].items():

@@ -1,8 +1,6 @@
 """The profiling harness and the driver floor on the GPU."""
 
 import argparse
-import subprocess
-import sys
 import importlib.util
 import json
 import threading
@@ -144,16 +142,16 @@ def test_floor_errors_are_typed(backend, floor_kernel, rng):
         _floor.Floor(closed, 16)
 
 
-def test_run_profile_end_to_end_both_sizes(backend, tmp_path):
+def test_run_profile_end_to_end_both_sizes(backend, tmp_path, run_python):
     from vyre_cuda._dispatch import STAGES
 
     iterations = 300
     # The real CLI in a plain interpreter: PyTorch's import is not robust under pytest's plugins.
     out = tmp_path / "profile.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "vyre_cuda", "profile", "--sizes", "4KiB,4MiB", "--iterations",
-         str(iterations), "--warmup", "30", "--json", str(out)],
-        capture_output=True, text=True, timeout=400,
+    proc = run_python(
+        ["-m", "vyre_cuda", "profile", "--sizes", "4KiB,4MiB", "--iterations", str(iterations),
+         "--warmup", "30", "--json", str(out)],
+        timeout=400,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = P.ProfileReport.from_json(out.read_text())
