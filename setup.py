@@ -43,7 +43,8 @@ def cuda_include_dirs():
 
 
 linetrace = os.environ.get("VYRE_CUDA_LINETRACE") == "1"
-include_dirs = cuda_include_dirs() + [numpy.get_include()]
+# vyre_cuda/ itself: the transfer engine's C++ header (_transfer.hpp)
+include_dirs = cuda_include_dirs() + [numpy.get_include(), "vyre_cuda"]
 macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 if linetrace:
     macros.append(("CYTHON_TRACE_NOGIL", "1"))
@@ -56,11 +57,12 @@ def ext(name):
         include_dirs=include_dirs,
         define_macros=macros,
         language="c++",  # cydriver.pxd pulls in <type_traits>
-        extra_compile_args=["-O3", "-std=c++17"],
+        extra_compile_args=["-O3", "-std=c++17", "-pthread"],
+        extra_link_args=["-pthread"],
     )
 
 
-MODULES = ["_accounting", "_driver", "_pools", "_dispatch"]
+MODULES = ["_accounting", "_driver", "_pools", "_transfer", "_dispatch"]
 if Path("vyre_cuda/_floor.pyx").is_file():
     MODULES.append("_floor")
 

@@ -49,6 +49,10 @@ __all__ = [
     "ValidationError",
     "builtin_programs",
     "driver_status",
+    "is_page_locked",
+    "pinned_empty",
+    "pinned_like",
+    "pinned_zeros",
     "reset_device",
 ]
 
@@ -61,6 +65,10 @@ _LAZY = {
     "driver_status": ("backend", "driver_status"),
     "reset_device": ("backend", "reset_device"),
     "builtin_programs": ("builtin_programs", None),
+    "pinned_empty": ("hostmem", "pinned_empty"),
+    "pinned_zeros": ("hostmem", "pinned_zeros"),
+    "pinned_like": ("hostmem", "pinned_like"),
+    "is_page_locked": ("hostmem", "is_page_locked"),
 }
 
 

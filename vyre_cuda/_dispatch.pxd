@@ -1,19 +1,18 @@
+from cpython.buffer cimport Py_buffer
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
 from ._pools cimport DevicePool, PinnedPool, StreamPool
+from ._transfer cimport TransferEngine, Source, Piece, CoopOrder
 
 cdef enum:
-    N_COUNTERS = 19
+    N_COUNTERS = 25
 
 
-cdef struct InputCopy:
+cdef struct InputCheck:
     int index
-    size_t offset
-    size_t nbytes
-    size_t zero_end
     Py_ssize_t itemsize
-    char kind  # 'f', 'i', 'u' or 0 (any)
+    char kind  # 'f', 'i', 'u', 'b' (bf16: raw 2-byte words) or 0 (any)
 
 
 cdef struct Segment:
@@ -31,12 +30,20 @@ cdef struct InFlight:
     bint has_done
     bint timed
     bint active
+    bint enqueued
+    bint async_slab
     unsigned long long t_start
     unsigned long long t_enqueued
 
 
+cdef class CoopGate:
+    cdef CoopOrder order
+    cdef int ensure(self) except -1
+
+
 cdef class Prepared:
-    cdef vector[InputCopy] inputs
+    cdef vector[InputCheck] checks
+    cdef vector[Source] sources
     cdef vector[Segment] readbacks
     cdef vector[Segment] outputs
     cdef vector[size_t] arg_offsets
@@ -44,16 +51,15 @@ cdef class Prepared:
     cdef bytes params_blob
     cdef const char* params_ptr
     cdef size_t params_len
-    cdef size_t params_offset0
     cdef size_t slab_bytes
     cdef size_t bucket
-    cdef size_t staging_bucket
+    cdef size_t staging_block
     cdef size_t audit_offset
     cdef size_t upload_end
     cdef size_t clear_begin
     cdef size_t clear_end
-    cdef size_t host_clear_begin
-    cdef size_t host_clear_end
+    cdef size_t n_inputs
+    cdef bint ring
     cdef unsigned int grid[3]
     cdef unsigned int block[3]
     cdef unsigned int shared_bytes
@@ -65,7 +71,8 @@ cdef class Prepared:
     cdef list out_typenums
     cdef list out_counts
     cdef list out_dtypes
-    cdef public object gate
+    cdef CoopGate coop
+    cdef CoopOrder* coop_order
     cdef public object route_name
     cdef public object route_reason
     cdef public object label
@@ -80,6 +87,7 @@ cdef class Core:
     cdef public DevicePool dpool
     cdef public PinnedPool ppool
     cdef public StreamPool spool
+    cdef public TransferEngine xfer
     cdef dict prepared
     cdef object planner
     cdef unsigned long long tel[N_COUNTERS]
@@ -91,33 +99,44 @@ cdef class Core:
 
     cdef int _check_usable(self) except -1
     cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views)
-    cdef void _release_views(self, vector[Py_buffer]& views, Py_ssize_t n) noexcept
+    cdef PendingDispatch _begin(self, program, inputs, config, list into, bint want_done, bint timed,
+                                unsigned long long* marks)
     cdef int _acquire(self, Prepared p, InFlight* f, bint want_done, bint timed) except -1
+    cdef void _release_slab(self, Prepared p, InFlight* f) noexcept
     cdef void _recycle(self, Prepared p, InFlight* f) noexcept
     cdef void _leak(self, Prepared p, InFlight* f) noexcept
-    cdef int _fail(self, Prepared p, InFlight* f, cydriver.CUresult status, const char* call) except -1
-    cdef int _enqueue(self, Prepared p, vector[Py_buffer]& views, InFlight* f, unsigned long long* marks) except -1
-    cdef void _count(self, Prepared p) noexcept
-    cdef object _run_sync(self, Prepared p, vector[Py_buffer]& views, list into, unsigned long long* marks)
-    cdef int _wait(self, Prepared p, InFlight* f) except -1
-    cdef int _wait_timeout(self, Prepared p, InFlight* f) except -1
-    cdef int _audit(self, Prepared p, InFlight* f) except -1
+    cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1
+    cdef int _after_enqueue(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1
+    cdef int _after_wait(self, PendingDispatch d, int outcome, cydriver.CUresult status, const char* call) except -1
+    cdef int _after_collect(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1
+    cdef int _audit(self, PendingDispatch d) except -1
     cdef list _new_outputs(self, Prepared p)
-    cdef int _copy_out(self, Prepared p, InFlight* f, list outs) except -1
-    cdef object _dispatch_sync(self, program, inputs, config, list into, unsigned long long* marks)
+    cdef int _targets(self, PendingDispatch d, list outs) except -1
+    cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks)
 
 
 cdef class PendingDispatch:
     cdef Core core
     cdef Prepared prep
     cdef InFlight f
-    cdef bint consumed
+    cdef vector[Py_buffer] views
+    cdef vector[const char*] input_ptrs
+    cdef vector[char] direct
+    cdef bint any_direct
+    cdef vector[Py_buffer] out_views
+    cdef vector[Piece] out_pieces
+    cdef vector[char] out_direct
     cdef bint completed
-    cdef object gate  # a cooperative dispatch that timed out keeps its module's gate until done
+    cdef bint consumed
+    cdef bint settled
+    cdef object interrupt
+    cdef unsigned long long deadline
+    cdef unsigned long long ops[2]  # DMA operations and ring windows of the current phase
 
-    @staticmethod
-    cdef PendingDispatch _adopt(Core core, Prepared p, InFlight* f)
-    cdef int _wait(self) except -1
+    cdef void _release_views(self) noexcept
+    cdef void _release_out_views(self) noexcept
     cdef int _take(self) except -1
+    cdef int _wait(self) except -1
+    cdef int _collect(self, list outs) except -1
     cdef void _finish(self) noexcept
     cdef void _settle(self) noexcept

@@ -1,24 +1,33 @@
 # cython: language_level=3
-"""The hot path: staging, enqueue, kernel-argument packing, waits and PendingDispatch.
+"""The hot path: one owner per dispatch, one enqueue routine, waits and PendingDispatch.
 
 A dispatch looks up its prepared plan (one dict lookup keyed on program, config and input byte
 lengths), then runs in C: pool acquisitions with the GIL held (a few C operations), every driver
-call and every bulk memcpy with the GIL released, no Python object per argument or per buffer.
+call, bulk copy and wait with the GIL released, no Python object per argument or per buffer.
+
+Every dispatch, blocking or not, is owned by ONE :class:`PendingDispatch` from the moment it holds
+resources: success, driver error, timeout, Ctrl-C and a dropped handle all end in that object, which
+returns its stream, events, device slab and staging to the pools (or writes them off when the GPU
+cannot be proven done with them).
 """
 
 cimport cython
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE
+from cpython.exc cimport PyErr_CheckSignals
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport uintptr_t, uint32_t
 from libc.string cimport memcpy, memset
 from libcpp.vector cimport vector
+from posix.time cimport nanosleep, timespec
 
 cimport numpy as cnp
 from cuda.bindings cimport cydriver
 
 from ._driver cimport check_cu, bind_context, now_ns
-from ._pools cimport DevicePool, PinnedPool, StreamPool
+from ._pools cimport DevicePool, PinnedPool, StreamPool, pinned_block_size
+from ._transfer cimport (TransferEngine, Source, Piece, CopyTask, page_locked,
+                         SRC_ZERO, SRC_INPUT, SRC_PARAMS)
 from ._driver import status_name
 from .config import DispatchConfig, as_config
 from .program import Program
@@ -53,8 +62,18 @@ cdef enum:
     ROUTE_COOPERATIVE = 1
     ROUTE_SPLIT = 2
     MAX_ARGS = 256
-    UPLOAD_CHUNK = 1 << 20  # large uploads alternate host copy and DMA in chunks of this size
-    BIG_COPY = 65536  # above this, host copies run with the GIL released
+
+# Dispatches whose slab fits this many bytes keep one pinned mirror of the slab (one H2D, one D2H);
+# larger ones stream through the transfer engine's ring.
+cdef size_t _mirror_max = 1 << 20
+
+# waits: spin this long (as cuStreamSynchronize would), then sleep-poll so Ctrl-C and timeouts work
+cdef enum:
+    SPIN_NS = 2000000
+    SIGNAL_CHECK_NS = 20000000
+    W_DONE = 0
+    W_TIMEOUT = 1
+    W_INTERRUPTED = 2
 
 # telemetry counter slots (names in telemetry.COUNTERS)
 cdef enum:
@@ -76,9 +95,24 @@ cdef enum:
     T_TIMED_ENQUEUE
     T_TIMED_WAIT
     T_FAILED
-    T_LEAKED  # N_COUNTERS (19) in the .pxd
+    T_LEAKED
+    T_STAGED_H2D
+    T_DIRECT_H2D
+    T_STAGED_D2H
+    T_DIRECT_D2H
+    T_RING_CHUNKS
+    T_INTERRUPTED  # N_COUNTERS (25) in the .pxd
 
 
+def mirror_max():
+    """Slab bytes up to which a dispatch uses one pinned mirror instead of the staging ring."""
+    return _mirror_max
+
+
+def _set_mirror_max(size_t nbytes):
+    """For measurements only: move the mirror/ring boundary (affects plans made afterwards)."""
+    global _mirror_max
+    _mirror_max = nbytes
 
 
 cdef char _format_kind(const char* fmt) noexcept:
@@ -100,6 +134,59 @@ cdef char _format_kind(const char* fmt) noexcept:
     return 0
 
 
+cdef inline char _last_code(const char* fmt) noexcept:
+    while fmt[0] in b'@=<':
+        fmt += 1
+    return fmt[0]
+
+
+cdef inline bint _kind_ok(char want, Py_ssize_t want_size, const char* fmt, Py_ssize_t itemsize) noexcept:
+    cdef char got, code
+    if want == 0 or itemsize == 1:
+        return True  # untyped declaration, or raw bytes reinterpreted on purpose
+    if itemsize != want_size:
+        return False
+    got = _format_kind(fmt)
+    if got == b'x':
+        return False
+    if want == b'b':
+        # bf16 travels as raw 2-byte words: uint16 bits or a bfloat16 array ('E'); never int16 or
+        # float16 values
+        code = _last_code(fmt) if fmt != NULL else b'B'
+        return code == b'H' or code == b'E'
+    return got == want
+
+
+@cython.final
+cdef class CoopGate:
+    """Orders the cooperative launches of one module on the GPU.
+
+    They share the module's grid-barrier counter, so they must not overlap. Each one's stream waits
+    for the previous one's event: no host thread blocks, and a launch that times out or is
+    interrupted keeps the next one waiting on the GPU until it really ends.
+    """
+
+    def __init__(self, uintptr_t ctx=0):
+        self.order.last = NULL
+        self.order.recorded = False
+
+    cdef int ensure(self) except -1:
+        # the event is made at the first cooperative dispatch (the backend's context is current)
+        cdef cydriver.CUevent ev
+        if self.order.last == NULL:
+            with nogil:
+                check_cu(cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING), b"cuEventCreate")
+            self.order.last = <void*>ev
+        return 0
+
+    def close(self):
+        """Destroy the ordering event (the module is being unloaded; nothing is in flight)."""
+        if self.order.last != NULL:
+            cydriver.cuEventDestroy(<cydriver.CUevent>self.order.last)
+            self.order.last = NULL
+            self.order.recorded = False
+
+
 @cython.final
 cdef class Prepared:
     """A dispatch planned once: slab layout, launch geometry and params, as C data."""
@@ -110,22 +197,46 @@ cdef class Prepared:
 
         input_specs: (itemsize, kind) per caller input; output_specs: (numpy dtype, count).
         """
-        cdef InputCopy ic
+        cdef InputCheck ic
         cdef Segment seg
+        cdef Source src
         if len(layout.arg_offsets) + 1 > MAX_ARGS:
             from .errors import UnsupportedFeature
             raise UnsupportedFeature(
                 f"the kernel would take {len(layout.arg_offsets) + 1} arguments; at most {MAX_ARGS} are supported",
                 "pack buffers together so the program has fewer bindings",
             )
+        self.n_inputs = len(layout.inputs)
         for (index, offset, nbytes, zero_end), (itemsize, kind) in zip(layout.inputs, input_specs):
             ic.index = index
-            ic.offset = offset
-            ic.nbytes = nbytes
-            ic.zero_end = zero_end
             ic.itemsize = itemsize
             ic.kind = ord(kind) if kind else 0
-            self.inputs.push_back(ic)
+            self.checks.push_back(ic)
+        self.params_blob = layout.params_blob
+        self.params_ptr = <const char*>self.params_blob
+        self.params_len = len(self.params_blob)
+        self.upload_end = layout.upload_end
+        # the upload region as sorted runs covering [0, upload_end) exactly: inputs, their zeroed
+        # tails, the params blocks, zeroed small outputs; any gap is zeroed too
+        runs = []
+        for index, offset, nbytes, zero_end in layout.inputs:
+            runs.append((offset, nbytes, SRC_INPUT, index, 0))
+            runs.append((offset + nbytes, zero_end - offset - nbytes, SRC_ZERO, -1, 0))
+        runs.append((layout.params_offsets[0], self.params_len, SRC_PARAMS, -1, 0))
+        cursor = 0
+        for offset, nbytes, kind, index, src_offset in sorted(runs):
+            if nbytes <= 0 or offset >= self.upload_end:
+                continue
+            if offset > cursor:
+                src.offset, src.n, src.kind, src.index, src.src_offset = cursor, offset - cursor, SRC_ZERO, -1, 0
+                self.sources.push_back(src)
+            nbytes = min(nbytes, self.upload_end - offset)
+            src.offset, src.n, src.kind, src.index, src.src_offset = offset, nbytes, kind, index, src_offset
+            self.sources.push_back(src)
+            cursor = offset + nbytes
+        if cursor < self.upload_end:
+            src.offset, src.n, src.kind, src.index, src.src_offset = cursor, self.upload_end - cursor, SRC_ZERO, -1, 0
+            self.sources.push_back(src)
         for offset, nbytes in layout.readbacks:
             seg.offset = offset
             seg.nbytes = nbytes
@@ -138,19 +249,19 @@ cdef class Prepared:
             self.arg_offsets.push_back(off)
         for off in layout.params_offsets:
             self.params_offsets.push_back(off)
-        self.params_blob = layout.params_blob
-        self.params_ptr = <const char*>self.params_blob
-        self.params_len = len(self.params_blob)
-        self.params_offset0 = layout.params_offsets[0]
         self.slab_bytes = layout.slab_bytes
-        self.bucket = layout.bucket_bytes
-        # cooperative dispatches read the barrier counter back into 16 bytes past the slab image
-        self.audit_offset = layout.slab_bytes
-        from ._accounting import bucket_size
-        self.staging_bucket = bucket_size(layout.slab_bytes + 16)
-        self.upload_end = layout.upload_end
+        self.ring = layout.slab_bytes > _mirror_max
+        if self.ring:
+            # the slab is exact-size from the stream-ordered pool; staging is only the 16 bytes a
+            # cooperative launch's barrier counter is read back into
+            self.bucket = layout.slab_bytes
+            self.staging_block = 256
+            self.audit_offset = 0
+        else:
+            self.bucket = layout.bucket_bytes
+            self.staging_block = pinned_block_size(layout.slab_bytes + 16)
+            self.audit_offset = layout.slab_bytes
         self.clear_begin, self.clear_end = layout.clear
-        self.host_clear_begin, self.host_clear_end = layout.host_clear
         for k in range(3):
             self.grid[k] = launch.grid[k]
             self.block[k] = launch.block[k]
@@ -162,13 +273,16 @@ cdef class Prepared:
         self.function = <cydriver.CUfunction>function
         self.barrier = <cydriver.CUdeviceptr>barrier
         n_phases = len(layout.params_offsets)
-        # a cooperative launch runs phases - 1 grid barriers, each adding one arrival per block
-        phases = plan.program.phases if plan is not None else n_phases
-        self.barrier_ceiling = max(0, phases - 1) * route.grid_blocks
+        if self.route == ROUTE_COOPERATIVE:
+            # a cooperative launch runs phases - 1 grid barriers, each adding one arrival per block;
+            # its grid is bounded by residency, so the product is small
+            phases = plan.program.phases if plan is not None else n_phases
+            self.barrier_ceiling = max(0, phases - 1) * route.grid_blocks
         self.out_dtypes = [d for d, _ in output_specs]
         self.out_typenums = [d.num for d, _ in output_specs]
         self.out_counts = [c for _, c in output_specs]
-        self.gate = gate
+        self.coop = gate if self.route == ROUTE_COOPERATIVE and barrier else None
+        self.coop_order = &self.coop.order if self.coop is not None else NULL
         self.label = label
         self.timeout = timeout
         self.plan = plan
@@ -184,26 +298,41 @@ cdef class Prepared:
 
     @property
     def slab_bytes_(self):
-        """Bytes of the device slab (and its staging mirror)."""
+        """Bytes of the device slab."""
         return self.slab_bytes
 
     @property
     def route_kind(self):
         return self.route_name
 
+    @property
+    def staged_through_ring(self):
+        """True when the dispatch streams through the transfer engine's ring (large slabs)."""
+        return self.ring
+
+    @property
+    def gate(self):
+        return self.coop
+
     def launch_geometry(self):
         return (tuple(self.grid[k] for k in range(3)), tuple(self.block[k] for k in range(3)), self.shared_bytes)
+
+    def upload_runs(self):
+        """(offset, bytes, kind, input index) runs of the upload region, for tests."""
+        return [(s.offset, s.n, ("zero", "input", "params")[s.kind], s.index) for s in self.sources]
 
 
 @cython.final
 cdef class Core:
-    """Per-backend driver state: context, pools, prepared plans, counters."""
+    """Per-backend driver state: context, pools, transfer engine, prepared plans, counters."""
 
-    def __init__(self, uintptr_t ctx, planner, size_t device_cap, size_t pinned_cap, bint trace=False):
+    def __init__(self, uintptr_t ctx, planner, size_t device_cap, size_t pinned_cap, bint trace=False,
+                 int device=0, size_t chunk_bytes=8 << 20, int n_chunks=4, int copy_threads=8):
         self.ctx = <cydriver.CUcontext>ctx
-        self.dpool = DevicePool(device_cap)
-        self.ppool = PinnedPool(pinned_cap)
-        self.spool = StreamPool()
+        self.dpool = DevicePool(device_cap, ctx, device)
+        self.ppool = PinnedPool(pinned_cap, ctx)
+        self.spool = StreamPool(128, ctx)
+        self.xfer = TransferEngine(ctx, chunk_bytes, n_chunks, copy_threads)
         self.prepared = {}
         self.planner = planner
         self.lost = None
@@ -218,8 +347,9 @@ cdef class Core:
 
     def reset_counters(self):
         memset(self.tel, 0, sizeof(self.tel))
-        self.dpool.hits = self.dpool.misses = 0
-        self.ppool.hits = self.ppool.misses = 0
+        self.dpool.hits = self.dpool.misses = self.dpool.alloc_calls = 0
+        self.ppool.hits = self.ppool.misses = self.ppool.alloc_calls = 0
+        self.xfer.pinned_alloc_calls = 0
 
     def pool_stats(self):
         return dict(
@@ -230,10 +360,15 @@ cdef class Core:
             device_pool_cached_bytes=self.dpool.cached_bytes,
             device_pool_live_bytes=self.dpool.live_bytes,
             device_pool_allocated_bytes=self.dpool.allocated_bytes,
+            device_pool_stream_ordered_live_bytes=self.dpool.async_live_bytes,
+            device_alloc_calls=self.dpool.alloc_calls,
             pinned_pool_hits=self.ppool.hits,
             pinned_pool_misses=self.ppool.misses,
             pinned_pool_cached_bytes=self.ppool.cached_bytes,
             pinned_pool_live_bytes=self.ppool.live_bytes,
+            pinned_alloc_calls=self.ppool.alloc_calls + self.xfer.pinned_alloc_calls,
+            ring_bytes=self.xfer.ring_bytes,
+            copy_threads_live=self.xfer.live_threads,
             streams_created=self.spool.created_streams,
             streams_live=self.spool.live_streams,
             events_created=self.spool.created_events,
@@ -270,7 +405,8 @@ cdef class Core:
 
     # ---------------------------------------------------------------- lookup
     cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views):
-        """Acquire every input buffer and find (or plan) the prepared dispatch."""
+        """Acquire every input buffer and find (or plan) the prepared dispatch. On failure every
+        buffer acquired so far is released."""
         cdef Py_ssize_t n, i
         cdef Py_buffer* view
         cdef object length  # an object: PyTuple_SET_ITEM steals this reference
@@ -293,60 +429,97 @@ cdef class Core:
             try:
                 PyObject_GetBuffer(inputs[i], view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
             except Exception as exc:
-                self._release_views(views, i)
+                _release(views, i)
                 raise _input_error(program, i, inputs[i], exc) from None
             length = view.len
             Py_INCREF(length)
             PyTuple_SET_ITEM(key, i + 2, length)
         try:
             prep = self.prepared.get(key)
-        except BaseException:  # an unhashable config field
-            self._release_views(views, n)
-            raise
-        if prep is None:
-            try:
+            if prep is None:
                 prep = self.planner(program, key[2:], config)
-            except BaseException:
-                self._release_views(views, n)
-                raise
-            if len(self.prepared) >= 4096:
-                self.prepared.clear()  # bounded: distinct lengths should not grow memory forever
-            self.prepared[key] = prep
+                if len(self.prepared) >= 4096:
+                    self.prepared.clear()  # bounded: distinct lengths should not grow memory forever
+                self.prepared[key] = prep
+        except BaseException:  # a planning error, or an unhashable config field
+            _release(views, n)
+            raise
         cdef Prepared p = <Prepared>prep
-        cdef InputCopy* ic
-        for i in range(n):
-            ic = &p.inputs[i]
+        cdef InputCheck* ic
+        for i in range(<Py_ssize_t>p.checks.size()):
+            ic = &p.checks[i]
             view = &views[ic.index]
-            if ic.kind and view.itemsize != 1 and (view.itemsize != ic.itemsize or _format_kind(view.format) != ic.kind):
+            if not _kind_ok(ic.kind, ic.itemsize, view.format, view.itemsize):
                 fmt = view.format.decode() if view.format != NULL else "B"
-                self._release_views(views, n)
+                _release(views, n)
                 raise _dtype_error(program, ic.index, fmt, view.itemsize, inputs[ic.index])
         return p
 
-    cdef void _release_views(self, vector[Py_buffer]& views, Py_ssize_t n) noexcept:
-        cdef Py_ssize_t i
+    # ---------------------------------------------------------------- one owner per dispatch
+    cdef PendingDispatch _begin(self, program, inputs, config, list into, bint want_done, bint timed,
+                                unsigned long long* marks):
+        """Plan lookup, output checks and resources: from here on the returned owner holds
+        everything, and releases it on every path."""
+        cdef PendingDispatch d
+        cdef Prepared p
+        cdef size_t i, n
+        self._check_usable()
+        if config is not None and type(config) is not DispatchConfig:
+            config = as_config(config)
+        d = PendingDispatch.__new__(PendingDispatch)
+        d.core = self
+        p = self._lookup(program, inputs, config, d.views)
+        d.prep = p
+        if into is not None:
+            _check_outputs(p, into)  # before anything is acquired or runs
+        if marks != NULL:
+            marks[M_LOOKUP] = now_ns()
+        self._acquire(p, &d.f, want_done, timed)
+        self.outstanding += 1
+        if p.coop is not None:
+            p.coop.ensure()
+        n = d.views.size()
+        d.input_ptrs.resize(n)
+        d.direct.assign(n, 0)
         for i in range(n):
-            PyBuffer_Release(&views[i])
+            d.input_ptrs[i] = <const char*>d.views[i].buf
+        if p.ring:
+            self.xfer.ensure_ring()
+            with nogil:
+                for i in range(n):
+                    if page_locked(d.views[i].buf, d.views[i].len):
+                        d.direct[i] = 1
+                        d.any_direct = True
+        if p.timeout is not None:
+            d.deadline = now_ns() + _timeout_ns(p.timeout)
+        return d
 
-    # ---------------------------------------------------------------- enqueue
     cdef int _acquire(self, Prepared p, InFlight* f, bint want_done, bint timed) except -1:
+        cdef uintptr_t block = 0
         f.active = False
+        f.enqueued = False
         f.has_done = False
         f.timed = False
+        f.async_slab = p.ring and self.dpool.stream_ordered
         # any thread may dispatch: make the backend's context current before the first driver
         # call (GIL kept: this is cheaper than a GIL release and re-acquire)
         bind_context(self.ctx)
-        self.dpool.acquire(p.bucket, &f.slab)
+        self.spool.acquire_stream(&f.stream)
         try:
-            self.ppool.acquire(p.staging_bucket, <void**>&f.staging)
+            if f.async_slab:
+                self.dpool.acquire_async(p.bucket, f.stream, &f.slab)
+            else:
+                self.dpool.acquire(p.bucket, &block)
+                f.slab = <cydriver.CUdeviceptr>block
         except BaseException:
-            self.dpool.release(f.slab, p.bucket)
+            self.spool.release_stream(f.stream)
             raise
         try:
-            self.spool.acquire_stream(&f.stream)
+            self.ppool.acquire(p.staging_block, &block)
+            f.staging = <char*>block
         except BaseException:
-            self.dpool.release(f.slab, p.bucket)
-            self.ppool.release(f.staging, p.staging_bucket)
+            self._release_slab(p, f)
+            self.spool.release_stream(f.stream)
             raise
         try:
             if want_done:
@@ -363,19 +536,25 @@ cdef class Core:
         except BaseException:
             if f.has_done:
                 self.spool.release_event(f.done, False)
+            self.ppool.release(<uintptr_t>f.staging, p.staging_block)
+            self._release_slab(p, f)
             self.spool.release_stream(f.stream)
-            self.dpool.release(f.slab, p.bucket)
-            self.ppool.release(f.staging, p.staging_bucket)
             raise
         f.active = True
         return 0
+
+    cdef void _release_slab(self, Prepared p, InFlight* f) noexcept:
+        if f.async_slab:
+            self.dpool.release_async(f.slab, p.bucket, f.stream)
+        else:
+            self.dpool.release(<uintptr_t>f.slab, p.bucket)
 
     cdef void _recycle(self, Prepared p, InFlight* f) noexcept:
         if not f.active:
             return
         f.active = False
-        self.dpool.release(f.slab, p.bucket)
-        self.ppool.release(f.staging, p.staging_bucket)
+        self._release_slab(p, f)
+        self.ppool.release(<uintptr_t>f.staging, p.staging_block)
         self.spool.release_stream(f.stream)
         if f.has_done:
             self.spool.release_event(f.done, False)
@@ -388,47 +567,47 @@ cdef class Core:
         if not f.active:
             return
         f.active = False
-        self.dpool.forget(p.bucket)
-        self.ppool.forget(p.staging_bucket)
+        if f.async_slab:
+            self.dpool.forget_async(p.bucket)
+        else:
+            self.dpool.forget(p.bucket)
+        self.ppool.forget(p.staging_block)
         self.spool.live_streams -= 1
         self.spool.live_events -= (1 if f.has_done else 0) + (2 if f.timed else 0)
         self.tel[T_LEAKED] += 1
 
-    cdef int _fail(self, Prepared p, InFlight* f, cydriver.CUresult status, const char* call) except -1:
+    cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1:
         """Fail closed: synchronise the stream; recycle on success, leak on failure; raise."""
-        cdef cydriver.CUresult sync
-        with nogil:
-            sync = cydriver.cuStreamSynchronize(f.stream)
+        cdef cydriver.CUresult sync = cydriver.CUDA_SUCCESS
+        cdef InFlight* f = &d.f
+        if f.active:
+            with nogil:
+                sync = cydriver.cuStreamSynchronize(f.stream)
+            if sync == cydriver.CUDA_SUCCESS:
+                self._recycle(d.prep, f)
+            else:
+                self._leak(d.prep, f)
         self.tel[T_FAILED] += 1
-        if sync == cydriver.CUDA_SUCCESS:
-            self._recycle(p, f)
-        else:
-            self._leak(p, f)
+        d._release_views()
+        d._release_out_views()
+        d._settle()
         name = status_name(<int>status)
-        err = driver_error(name, call.decode(), code=<int>status)
+        err = driver_error(name, call.decode() if call != NULL else "?", code=<int>status)
         if name in STICKY_ERRORS:
-            self.lost = (name, call.decode())
+            self.lost = (name, call.decode() if call != NULL else "?")
         elif sync != cydriver.CUDA_SUCCESS and status_name(<int>sync) in STICKY_ERRORS:
             self.lost = (status_name(<int>sync), "cuStreamSynchronize")
         raise err
 
-    cdef int _enqueue(self, Prepared p, vector[Py_buffer]& views, InFlight* f, unsigned long long* marks) except -1:
-        cdef cydriver.CUresult status = cydriver.CUDA_SUCCESS
-        cdef const char* call = NULL
-        # the GIL is released for the whole issue so other threads enqueue meanwhile
-        with nogil:
-            status = _issue(p, views.data(), f, marks, &call)
+    cdef int _after_enqueue(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1:
+        cdef Prepared p = d.prep
+        cdef size_t i
+        cdef unsigned long long direct = 0
         if status != cydriver.CUDA_SUCCESS:
-            self._fail(p, f, status, call)
-        self._count(p)
-        return 0
-
-    cdef void _count(self, Prepared p) noexcept:
+            self._fail(d, status, call)
+        d.f.enqueued = True
         self.tel[T_DISPATCHES] += 1
         self.tel[T_H2D_BYTES] += p.tel_h2d_bytes
-        self.tel[T_H2D_OPS] += p.tel_h2d_ops
-        self.tel[T_D2H_BYTES] += p.tel_d2h_bytes
-        self.tel[T_D2H_OPS] += p.tel_d2h_ops
         self.tel[T_TRANSIENT] += p.bucket
         self.tel[T_PARAM_BYTES] += p.tel_param_bytes
         self.tel[T_LAUNCHES] += p.tel_launches
@@ -437,57 +616,72 @@ cdef class Core:
         elif p.route == ROUTE_SPLIT:
             self.tel[T_SPLIT_LAUNCHES] += p.tel_launches
         self.tel[T_MEMSETS] += p.tel_memsets
-
-    cdef int _wait(self, Prepared p, InFlight* f) except -1:
-        """Block until the dispatch is complete (GIL released), honouring the config timeout."""
-        cdef cydriver.CUresult status
-        cdef const char* call
-        self.tel[T_SYNCS] += 1
-        if p.timeout is not None:
-            return self._wait_timeout(p, f)
-        if f.has_done:
-            call = b"cuEventSynchronize"
-            with nogil:
-                status = cydriver.cuEventSynchronize(f.done)
+        if p.ring:
+            self.tel[T_H2D_OPS] += d.ops[0]
+            self.tel[T_RING_CHUNKS] += d.ops[1]
+            if d.any_direct:
+                for i in range(p.sources.size()):
+                    if p.sources[i].kind == SRC_INPUT and d.direct[p.sources[i].index]:
+                        direct += p.sources[i].n
         else:
-            call = b"cuStreamSynchronize"
-            with nogil:
-                status = cydriver.cuStreamSynchronize(f.stream)
+            self.tel[T_H2D_OPS] += p.tel_h2d_ops
+        self.tel[T_DIRECT_H2D] += direct
+        self.tel[T_STAGED_H2D] += p.tel_h2d_bytes - direct
+        d.ops[0] = d.ops[1] = 0
+        return 0
+
+    cdef int _after_wait(self, PendingDispatch d, int outcome, cydriver.CUresult status, const char* call) except -1:
+        """Turn a wait's outcome into completion or an exception; the work stays owned by ``d``
+        when it is still running (timeout, interrupt)."""
+        self.tel[T_SYNCS] += 1
+        if outcome == W_DONE:
+            if status != cydriver.CUDA_SUCCESS:
+                self._fail(d, status, call)
+            d.completed = True
+            return 0
+        d._release_out_views()
+        if not d.any_direct:
+            d._release_views()
+        if outcome == W_TIMEOUT:
+            raise _timeout_error(d.prep, d)
+        self.tel[T_INTERRUPTED] += 1
+        exc, d.interrupt = d.interrupt, None
+        try:
+            exc.pending = d
+        except Exception:
+            pass
+        raise exc
+
+    cdef int _after_collect(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1:
+        cdef Prepared p = d.prep
+        cdef size_t k
+        cdef unsigned long long direct = 0
+        d._release_out_views()
         if status != cydriver.CUDA_SUCCESS:
-            self._fail(p, f, status, call)
-        if p.route == ROUTE_COOPERATIVE and p.barrier:
-            self._audit(p, f)
+            self._fail(d, status, call)
+        if p.ring:
+            self.tel[T_D2H_OPS] += d.ops[0]
+            self.tel[T_RING_CHUNKS] += d.ops[1]
+            for k in range(d.out_direct.size()):
+                if d.out_direct[k]:
+                    direct += d.out_pieces[k].n
+        else:
+            self.tel[T_D2H_OPS] += p.tel_d2h_ops
+        self.tel[T_D2H_BYTES] += p.tel_d2h_bytes
+        self.tel[T_DIRECT_D2H] += direct
+        self.tel[T_STAGED_D2H] += p.tel_d2h_bytes - direct
+        d.ops[0] = d.ops[1] = 0
         return 0
 
-    cdef int _wait_timeout(self, Prepared p, InFlight* f) except -1:
-        import time
-        cdef cydriver.CUresult status
-        deadline = time.monotonic() + p.timeout
-        delay = 20e-6
-        while True:
-            with nogil:
-                if f.has_done:
-                    status = cydriver.cuEventQuery(f.done)
-                else:
-                    status = cydriver.cuStreamQuery(f.stream)
-            if status == cydriver.CUDA_SUCCESS:
-                break
-            if status != cydriver.CUDA_ERROR_NOT_READY:
-                self._fail(p, f, status, b"cuEventQuery")
-            if time.monotonic() >= deadline:
-                raise _Timeout()
-            time.sleep(delay)
-            delay = min(delay * 2, 2e-3)
-        if p.route == ROUTE_COOPERATIVE and p.barrier:
-            self._audit(p, f)
-        return 0
-
-    cdef int _audit(self, Prepared p, InFlight* f) except -1:
+    cdef int _audit(self, PendingDispatch d) except -1:
         cdef uint32_t counter
-        memcpy(&counter, f.staging + p.audit_offset, 4)
+        cdef Prepared p = d.prep
+        if p.coop is None:
+            return 0
+        memcpy(&counter, d.f.staging + p.audit_offset, 4)
         if counter > p.barrier_ceiling:
             self.tel[T_FAILED] += 1
-            self._recycle(p, f)
+            d._finish()
             raise DispatchFailed(
                 f"grid barrier audit failed: the counter reached {counter} arrivals, more than the "
                 f"{p.barrier_ceiling} that {p.grid[0] * p.grid[1] * p.grid[2]} blocks can produce "
@@ -510,41 +704,42 @@ cdef class Core:
             outs.append(cnp.PyArray_EMPTY(1, &dim, p.out_typenums[k], 0))
         return outs
 
-    cdef int _copy_out(self, Prepared p, InFlight* f, list outs) except -1:
-        cdef Py_ssize_t k
-        cdef Py_buffer view
-        cdef size_t total = 0
-        cdef char* dst
-        cdef const char* src
-        cdef size_t n
-        for k in range(len(outs)):
-            n = p.outputs[k].nbytes
-            if n == 0:
-                continue
-            src = f.staging + p.outputs[k].offset
+    cdef int _targets(self, PendingDispatch d, list outs) except -1:
+        """Where each output's bytes go: numpy data pointers, or buffers held until collected."""
+        cdef Prepared p = d.prep
+        cdef Py_ssize_t k, n = len(outs)
+        cdef Piece piece
+        d.out_pieces.clear()
+        d.out_direct.assign(n, 0)
+        for k in range(n):
+            piece.dev_offset = p.outputs[k].offset
+            piece.n = p.outputs[k].nbytes
             if type(outs[k]) is cnp.ndarray:
-                dst = <char*>cnp.PyArray_DATA(<cnp.ndarray>outs[k])
-                if n > BIG_COPY:
-                    with nogil:
-                        memcpy(dst, src, n)
-                else:
-                    memcpy(dst, src, n)
+                piece.host = <char*>cnp.PyArray_DATA(<cnp.ndarray>outs[k])
             else:
-                PyObject_GetBuffer(outs[k], &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+                d.out_views.resize(d.out_views.size() + 1)
                 try:
-                    with nogil:
-                        memcpy(view.buf, src, n)
-                finally:
-                    PyBuffer_Release(&view)
+                    PyObject_GetBuffer(outs[k], &d.out_views.back(), PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+                except BaseException:
+                    d.out_views.pop_back()
+                    d._release_out_views()
+                    raise
+                piece.host = <char*>d.out_views.back().buf
+            d.out_pieces.push_back(piece)
+        if p.ring:
+            with nogil:
+                for k in range(n):
+                    if page_locked(d.out_pieces[k].host, d.out_pieces[k].n):
+                        d.out_direct[k] = 1
         return 0
 
     # ---------------------------------------------------------------- entry points
     def dispatch(self, program, inputs, config=None):
         """Run and wait; return the outputs as new numpy arrays."""
-        return self._dispatch_sync(program, inputs, config, None, NULL)
+        return self._blocking(program, inputs, config, None, NULL)
 
     def dispatch_into(self, program, inputs, outputs, config=None):
-        return self._dispatch_sync(program, inputs, config, _as_output_list(outputs), NULL)
+        return self._blocking(program, inputs, config, _as_output_list(outputs), NULL)
 
     def dispatch_profiled(self, program, inputs, config=None, unsigned long long start_ns=0):
         """Like dispatch, also returning the stage durations (ns) aligned with STAGES.
@@ -555,159 +750,67 @@ cdef class Core:
         cdef unsigned long long marks[N_MARKS]
         memset(marks, 0, sizeof(marks))
         marks[M_START] = start_ns
-        outs = self._dispatch_sync(program, inputs, config, None, marks)
+        outs = self._blocking(program, inputs, config, None, marks)
         return outs, _stage_durations(marks)
 
-    cdef object _dispatch_sync(self, program, inputs, config, list into, unsigned long long* marks):
-        cdef vector[Py_buffer] views
-        cdef InFlight f
+    cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks):
+        """The blocking dispatch: ONE GIL release covers the enqueue, the wait and the copy out,
+        so other Python threads run meanwhile and this one re-takes the GIL once."""
+        cdef PendingDispatch d
         cdef Prepared p
+        cdef TransferEngine xfer
         cdef unsigned long long trace_marks[N_MARKS]
+        cdef cydriver.CUresult st, wst = cydriver.CUDA_SUCCESS, cst = cydriver.CUDA_SUCCESS
+        cdef const char* call = NULL
+        cdef const char* ccall = NULL
+        cdef int outcome = W_DONE
         if self.trace and marks == NULL:
             marks = trace_marks
             memset(marks, 0, sizeof(trace_marks))
         if marks != NULL and marks[M_START] == 0:
             marks[M_START] = now_ns()
-        self._check_usable()
-        if config is not None and type(config) is not DispatchConfig:
-            config = as_config(config)
-        p = self._lookup(program, inputs, config, views)
-        if into is not None:
-            try:
-                _check_outputs(p, into)
-            except BaseException:
-                self._release_views(views, views.size())
-                raise
+        d = self._begin(program, inputs, config, into, False, False, marks)
+        p = d.prep
+        xfer = self.xfer
+        outs = self._new_outputs(p) if into is None else into
+        self._targets(d, outs)
+        with nogil:
+            st = _issue(d, p, xfer, marks, &call)
+            if st == cydriver.CUDA_SUCCESS:
+                outcome = _wait_nogil(d, &wst)
+                _mark(marks, M_WAIT)
+                if outcome == W_DONE and wst == cydriver.CUDA_SUCCESS:
+                    cst = _collect_nogil(d, p, xfer, &ccall)
+                    _mark(marks, M_COPYOUT)
+        self._after_enqueue(d, st, call)
+        self._after_wait(d, outcome, wst, b"cuStreamQuery")
+        self._after_collect(d, cst, ccall)
+        self._audit(d)
+        d._finish()
         if marks != NULL:
-            marks[M_LOOKUP] = now_ns()
-        if p.timeout is None and not (p.route == ROUTE_COOPERATIVE and p.barrier):
-            outs = self._run_sync(p, views, into, marks)
-            if self.trace:
-                _trace(self.logger, p, marks)
-            return outs
-        gate = p.gate
-        if gate is not None:
-            gate.acquire()
-        try:
-            try:
-                self._acquire(p, &f, False, False)
-                try:
-                    self._enqueue(p, views, &f, marks)
-                finally:
-                    self._release_views(views, views.size())
-            except BaseException:
-                raise
-            try:
-                self._wait(p, &f)
-            except _Timeout:
-                pending = PendingDispatch._adopt(self, p, &f)
-                (<PendingDispatch>pending).gate = gate
-                gate = None  # the kernel still runs: its barrier counter stays ours until it ends
-                raise _timeout_error(p, pending) from None
-            if marks != NULL:
-                marks[M_WAIT] = now_ns()
-            outs = self._new_outputs(p) if into is None else into
-            self._copy_out(p, &f, outs)
-            if marks != NULL:
-                marks[M_COPYOUT] = now_ns()
-            self._recycle(p, &f)
-            if marks != NULL:
-                marks[M_RELEASE] = now_ns()
-        finally:
-            if gate is not None:
-                gate.release()
+            marks[M_RELEASE] = now_ns()
         if self.trace:
             _trace(self.logger, p, marks)
         return outs
 
-    cdef object _run_sync(self, Prepared p, vector[Py_buffer]& views, list into, unsigned long long* marks):
-        """The common blocking dispatch: ONE GIL release covers the enqueue, the wait and the copy
-        out, so other Python threads run meanwhile and this one re-takes the GIL once."""
-        cdef InFlight f
-        cdef vector[char*] dsts
-        cdef vector[Py_buffer] out_views
-        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
-        cdef cydriver.CUresult sync = cydriver.CUDA_SUCCESS
-        cdef const char* call = NULL
-        cdef Py_ssize_t k
-        try:
-            self._acquire(p, &f, False, False)
-        except BaseException:
-            self._release_views(views, views.size())
-            raise
-        try:
-            outs = self._new_outputs(p) if into is None else into
-            for k in range(len(outs)):
-                if type(outs[k]) is cnp.ndarray:
-                    dsts.push_back(<char*>cnp.PyArray_DATA(<cnp.ndarray>outs[k]))
-                else:
-                    out_views.resize(out_views.size() + 1)
-                    PyObject_GetBuffer(outs[k], &out_views.back(), PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
-                    dsts.push_back(<char*>out_views.back().buf)
-        except BaseException:
-            self._recycle(p, &f)
-            self._release_views(views, views.size())
-            self._release_views(out_views, out_views.size())
-            raise
-        with nogil:
-            st = _issue(p, views.data(), &f, marks, &call)
-            if st == cydriver.CUDA_SUCCESS:
-                sync = cydriver.cuStreamSynchronize(f.stream)
-                _mark(marks, M_WAIT)
-                if sync == cydriver.CUDA_SUCCESS:
-                    _copy_to(p, &f, dsts.data())
-                    _mark(marks, M_COPYOUT)
-        self._release_views(views, views.size())
-        self._release_views(out_views, out_views.size())
-        if st != cydriver.CUDA_SUCCESS:
-            self._fail(p, &f, st, call)
-        self._count(p)
-        self.tel[T_SYNCS] += 1
-        if sync != cydriver.CUDA_SUCCESS:
-            self._fail(p, &f, sync, b"cuStreamSynchronize")
-        self._recycle(p, &f)
-        if marks != NULL:
-            marks[M_RELEASE] = now_ns()
-        return outs
-
     def dispatch_async(self, program, inputs, config=None, bint timed=False):
-        """Enqueue and return a PendingDispatch owning everything the GPU still uses."""
-        cdef vector[Py_buffer] views
-        cdef InFlight f
+        """Enqueue and return the PendingDispatch that owns everything the GPU still uses."""
+        cdef PendingDispatch d
         cdef Prepared p
+        cdef TransferEngine xfer = self.xfer
+        cdef cydriver.CUresult st
+        cdef const char* call = NULL
         cdef unsigned long long t0 = now_ns()
-        self._check_usable()
-        if config is not None and type(config) is not DispatchConfig:
-            config = as_config(config)
-        p = self._lookup(program, inputs, config, views)
-        gate = p.gate
-        if gate is not None:
-            gate.acquire()
-        try:
-            try:
-                self._acquire(p, &f, True, timed)
-                f.t_start = t0
-                try:
-                    self._enqueue(p, views, &f, NULL)
-                finally:
-                    self._release_views(views, views.size())
-            except BaseException:
-                raise
-            f.t_enqueued = now_ns()
-            pending = PendingDispatch._adopt(self, p, &f)
-            if gate is not None:
-                # cooperative launches share the module's barrier counter: finish (and audit)
-                # before the next one may reset it
-                try:
-                    (<PendingDispatch>pending)._wait()
-                except _Timeout:
-                    (<PendingDispatch>pending).gate = gate
-                    gate = None
-                    raise _timeout_error(p, pending) from None
-        finally:
-            if gate is not None:
-                gate.release()
-        return pending
+        d = self._begin(program, inputs, config, None, True, timed, NULL)
+        p = d.prep
+        d.f.t_start = t0
+        with nogil:
+            st = _issue(d, p, xfer, NULL, &call)
+        self._after_enqueue(d, st, call)
+        d.f.t_enqueued = now_ns()
+        if not d.any_direct:
+            d._release_views()  # every input byte is in staging or on the device: the caller may reuse them
+        return d
 
     def dispatch_timed(self, program, inputs, config=None):
         cdef PendingDispatch pending = self.dispatch_async(program, inputs, config, True)
@@ -716,6 +819,14 @@ cdef class Core:
 
 class _Timeout(Exception):
     pass
+
+
+cdef unsigned long long _timeout_ns(timeout) except? 0:
+    # the config bounds timeouts; anything beyond ~292 years means "no bound"
+    t = float(timeout) * 1e9
+    if t >= 9.2e18:
+        return 0xFFFFFFFFFFFFFFFF // 2
+    return <unsigned long long>t if t > 1 else 1
 
 
 def _timeout_error(Prepared p, pending):
@@ -727,6 +838,12 @@ def _timeout_error(Prepared p, pending):
     )
     err.pending = pending
     return err
+
+
+cdef void _release(vector[Py_buffer]& views, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i
+    for i in range(n):
+        PyBuffer_Release(&views[i])
 
 
 # STAGES position of each mark after M_START, in the order the path passes them
@@ -752,16 +869,10 @@ cdef void _trace(logger, Prepared p, unsigned long long* marks) noexcept:
     try:
         stages = _stage_durations(marks)
         body = " ".join(f"{name}={ns / 1000:.1f}us" for name, ns in zip(STAGES, stages) if ns)
-        logger.info("dispatch %s route=%s (%s) %s", p.label or "", p.route_name, p.route_reason, body)
+        path = "ring" if p.ring else "mirror"
+        logger.info("dispatch %s route=%s (%s) %s %s", p.label or "", p.route_name, p.route_reason, path, body)
     except Exception:
         pass
-
-
-cdef void _copy_to(Prepared p, InFlight* f, char** dsts) noexcept nogil:
-    cdef size_t k
-    for k in range(p.outputs.size()):
-        if p.outputs[k].nbytes:
-            memcpy(dsts[k], f.staging + p.outputs[k].offset, p.outputs[k].nbytes)
 
 
 cdef inline void _mark(unsigned long long* marks, int k) noexcept nogil:
@@ -769,60 +880,125 @@ cdef inline void _mark(unsigned long long* marks, int k) noexcept nogil:
         marks[k] = now_ns()
 
 
-cdef cydriver.CUresult _issue(Prepared p, Py_buffer* views, InFlight* f, unsigned long long* marks,
+cdef int _check_signals(PendingDispatch d) noexcept with gil:
+    # Ctrl-C while waiting: keep the KeyboardInterrupt (or whatever a handler raised) on the owner
+    try:
+        PyErr_CheckSignals()
+    except BaseException as exc:
+        d.interrupt = exc
+        return 1
+    return 0
+
+
+cdef int _wait_nogil(PendingDispatch d, cydriver.CUresult* status) noexcept nogil:
+    """Wait for the dispatch's GPU work. Spins first (a short dispatch is done within microseconds,
+    as cuStreamSynchronize would spin), then sleeps between polls so a timeout or Ctrl-C (checked
+    every 20 ms on the main thread) can end the wait. Returns W_DONE (``status`` says how it went),
+    W_TIMEOUT or W_INTERRUPTED."""
+    cdef InFlight* f = &d.f
+    cdef cydriver.CUresult st
+    cdef unsigned long long t0 = now_ns(), t, next_signals = 0
+    cdef timespec nap
+    cdef long interval = 10000
+    cdef int spins
+    while True:
+        if f.has_done:
+            st = cydriver.cuEventQuery(f.done)
+        else:
+            st = cydriver.cuStreamQuery(f.stream)
+        if st != cydriver.CUDA_ERROR_NOT_READY:
+            status[0] = st
+            return W_DONE
+        t = now_ns()
+        if d.deadline and t >= d.deadline:
+            return W_TIMEOUT
+        if t - t0 < SPIN_NS:
+            for spins in range(8):
+                _relax()
+            continue
+        if t >= next_signals:
+            if _check_signals(d):
+                return W_INTERRUPTED
+            next_signals = t + SIGNAL_CHECK_NS
+        nap.tv_sec = 0
+        nap.tv_nsec = interval
+        nanosleep(&nap, NULL)
+        if interval < 200000:
+            interval *= 2
+
+
+cdef extern from *:
+    """
+    static inline void vyre_relax(void) {
+    #if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+    #elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+    #endif
+    }
+    """
+    void _relax "vyre_relax"() noexcept nogil
+
+
+cdef cydriver.CUresult _collect_nogil(PendingDispatch d, Prepared p, TransferEngine xfer,
+                                     const char** call) noexcept nogil:
+    """Bring the outputs to their targets once the GPU work is done."""
+    cdef size_t k
+    cdef Piece* piece
+    if p.ring:
+        return xfer.readback(d.f.stream, d.f.slab, d.out_pieces.data(), d.out_pieces.size(),
+                                    d.out_direct.data(), d.ops, call)
+    for k in range(d.out_pieces.size()):
+        piece = &d.out_pieces[k]
+        if piece.n:
+            memcpy(piece.host, d.f.staging + piece.dev_offset, piece.n)
+    return cydriver.CUDA_SUCCESS
+
+
+cdef cydriver.CUresult _issue(PendingDispatch d, Prepared p, TransferEngine xfer, unsigned long long* marks,
                               const char** call) noexcept nogil:
-    """Every host copy and driver call of one dispatch, in stream order. Returns the first failure."""
+    """Every host copy and driver call of one dispatch up to its completion event, in stream order.
+    The one enqueue routine of every entry point. Returns the first failure."""
+    cdef InFlight* f = &d.f
     cdef cydriver.CUresult st
     cdef size_t i, k, n_args
     cdef int it
-    cdef InputCopy* ic
+    cdef const Source* src
     cdef unsigned long long argv[MAX_ARGS]
     cdef void* argp[MAX_ARGS]
     cdef char* staging = f.staging
     cdef cydriver.CUstream s = f.stream
-    cdef size_t cs = 0, ce, chunk, lo, hi
-    cdef unsigned long long t_begin = 0, t_copy = 0, t = 0
-    # Upload: copy each input into staging (zeroing its tail), the params blocks, and the zeros of
-    # small outputs, then send [0, upload_end) up. A large upload goes in chunks so the DMA of one
-    # chunk overlaps the host copy of the next.
-    chunk = p.upload_end if p.upload_end <= 2 * UPLOAD_CHUNK else UPLOAD_CHUNK
+    cdef unsigned long long t_begin = 0, copy_ns = 0
+    cdef CoopOrder* order = p.coop_order
     if marks != NULL:
         t_begin = now_ns()
-    while cs < p.upload_end:
-        ce = cs + chunk if cs + chunk < p.upload_end else p.upload_end
-        if marks != NULL:
-            t = now_ns()
-        for i in range(p.inputs.size()):
-            ic = &p.inputs[i]
-            lo = ic.offset if ic.offset > cs else cs
-            hi = ic.offset + ic.nbytes if ic.offset + ic.nbytes < ce else ce
-            if hi > lo:
-                memcpy(staging + lo, <const char*>views[ic.index].buf + (lo - ic.offset), hi - lo)
-            lo = ic.offset + ic.nbytes if ic.offset + ic.nbytes > cs else cs
-            hi = ic.zero_end if ic.zero_end < ce else ce
-            if hi > lo:
-                memset(staging + lo, 0, hi - lo)
-        lo = p.params_offset0 if p.params_offset0 > cs else cs
-        hi = p.params_offset0 + p.params_len if p.params_offset0 + p.params_len < ce else ce
-        if hi > lo:
-            memcpy(staging + lo, p.params_ptr + (lo - p.params_offset0), hi - lo)
-        lo = p.host_clear_begin if p.host_clear_begin > cs else cs
-        hi = p.host_clear_end if p.host_clear_end < ce else ce
-        if hi > lo:
-            memset(staging + lo, 0, hi - lo)
-        if marks != NULL:
-            t_copy += now_ns() - t
-        call[0] = b"cuMemcpyHtoDAsync"
-        st = cydriver.cuMemcpyHtoDAsync(f.slab + cs, staging + cs, ce - cs, s)
-        if st != cydriver.CUDA_SUCCESS:
-            return st
-        cs = ce
+    if p.upload_end:
+        if p.ring:
+            st = xfer.upload(s, f.slab, p.sources.data(), p.sources.size(), d.input_ptrs.data(),
+                                    d.direct.data(), p.params_ptr, &copy_ns, d.ops, call)
+            if st != cydriver.CUDA_SUCCESS:
+                return st
+        else:
+            # the mirror: inputs, params and zeros into staging, then ONE upload
+            for i in range(p.sources.size()):
+                src = &p.sources[i]
+                if src.kind == SRC_INPUT:
+                    memcpy(staging + src.offset, d.input_ptrs[src.index] + src.src_offset, src.n)
+                elif src.kind == SRC_PARAMS:
+                    memcpy(staging + src.offset, p.params_ptr + src.src_offset, src.n)
+                else:
+                    memset(staging + src.offset, 0, src.n)
+            if marks != NULL:
+                copy_ns = now_ns() - t_begin
+            call[0] = b"cuMemcpyHtoDAsync"
+            st = cydriver.cuMemcpyHtoDAsync(f.slab, staging, p.upload_end, s)
+            if st != cydriver.CUDA_SUCCESS:
+                return st
     if marks != NULL:
         # copies and DMA enqueues interleave: report their sums as consecutive stages
-        t = now_ns()
-        marks[M_STAGING] = t_begin + t_copy
+        marks[M_STAGING] = t_begin + copy_ns
         marks[M_PARAMS] = marks[M_STAGING]
-        marks[M_H2D] = t
+        marks[M_H2D] = now_ns()
     if p.clear_end > p.clear_begin:
         call[0] = b"cuMemsetD8Async"
         st = cydriver.cuMemsetD8Async(f.slab + p.clear_begin, 0, p.clear_end - p.clear_begin, s)
@@ -840,44 +1016,27 @@ cdef cydriver.CUresult _issue(Prepared p, Py_buffer* views, InFlight* f, unsigne
         argv[k] = f.slab + p.arg_offsets[k]
         argp[k] = &argv[k]
     argp[n_args] = &argv[n_args]
-    # one params block per launch: a single one, or one per phase when host-split
-    for it in range(p.iterations):
-        for k in range(p.params_offsets.size()):
-            argv[n_args] = f.slab + p.params_offsets[k]
-            if p.route == ROUTE_COOPERATIVE:
-                if p.barrier:  # the grid barrier counts from zero in every launch
-                    call[0] = b"cuMemsetD32Async"
-                    st = cydriver.cuMemsetD32Async(p.barrier, 0, 1, s)
-                    if st != cydriver.CUDA_SUCCESS:
-                        return st
-                call[0] = b"cuLaunchCooperativeKernel"
-                st = cydriver.cuLaunchCooperativeKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
-                                                       p.block[0], p.block[1], p.block[2],
-                                                       p.shared_bytes, s, argp)
-            else:
-                call[0] = b"cuLaunchKernel"
-                st = cydriver.cuLaunchKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
-                                             p.block[0], p.block[1], p.block[2],
-                                             p.shared_bytes, s, argp, NULL)
-            if st != cydriver.CUDA_SUCCESS:
-                return st
+    if order != NULL:
+        order.lock()
+        st = _launch_cooperative(p, f, order, argv, argp, n_args, call)
+        order.unlock()
+    else:
+        st = _launch(p, f, argv, argp, n_args, call)
+    if st != cydriver.CUDA_SUCCESS:
+        return st
     if f.timed:
         call[0] = b"cuEventRecord"
         st = cydriver.cuEventRecord(f.t1, s)
         if st != cydriver.CUDA_SUCCESS:
             return st
     _mark(marks, M_LAUNCH)
-    for i in range(p.readbacks.size()):
-        call[0] = b"cuMemcpyDtoHAsync"
-        st = cydriver.cuMemcpyDtoHAsync(staging + p.readbacks[i].offset, f.slab + p.readbacks[i].offset,
-                                        p.readbacks[i].nbytes, s)
-        if st != cydriver.CUDA_SUCCESS:
-            return st
-    if p.route == ROUTE_COOPERATIVE and p.barrier:
-        call[0] = b"cuMemcpyDtoHAsync"
-        st = cydriver.cuMemcpyDtoHAsync(staging + p.audit_offset, p.barrier, 4, s)
-        if st != cydriver.CUDA_SUCCESS:
-            return st
+    if not p.ring:
+        for i in range(p.readbacks.size()):
+            call[0] = b"cuMemcpyDtoHAsync"
+            st = cydriver.cuMemcpyDtoHAsync(staging + p.readbacks[i].offset, f.slab + p.readbacks[i].offset,
+                                            p.readbacks[i].nbytes, s)
+            if st != cydriver.CUDA_SUCCESS:
+                return st
     _mark(marks, M_READBACK)
     if f.has_done:
         call[0] = b"cuEventRecord"
@@ -885,6 +1044,67 @@ cdef cydriver.CUresult _issue(Prepared p, Py_buffer* views, InFlight* f, unsigne
         if st != cydriver.CUDA_SUCCESS:
             return st
     _mark(marks, M_EVENT)
+    return cydriver.CUDA_SUCCESS
+
+
+cdef cydriver.CUresult _launch(Prepared p, InFlight* f, unsigned long long* argv, void** argp,
+                               size_t n_args, const char** call) noexcept nogil:
+    # one params block per launch: a single one, or one per phase when host-split
+    cdef cydriver.CUresult st
+    cdef int it
+    cdef size_t k
+    for it in range(p.iterations):
+        for k in range(p.params_offsets.size()):
+            argv[n_args] = f.slab + p.params_offsets[k]
+            if p.route == ROUTE_COOPERATIVE:
+                # forced cooperative launch of a program without a grid barrier
+                call[0] = b"cuLaunchCooperativeKernel"
+                st = cydriver.cuLaunchCooperativeKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
+                                                       p.block[0], p.block[1], p.block[2],
+                                                       p.shared_bytes, f.stream, argp)
+            else:
+                call[0] = b"cuLaunchKernel"
+                st = cydriver.cuLaunchKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
+                                             p.block[0], p.block[1], p.block[2],
+                                             p.shared_bytes, f.stream, argp, NULL)
+            if st != cydriver.CUDA_SUCCESS:
+                return st
+    return cydriver.CUDA_SUCCESS
+
+
+cdef cydriver.CUresult _launch_cooperative(Prepared p, InFlight* f, CoopOrder* order, unsigned long long* argv,
+                                           void** argp, size_t n_args, const char** call) noexcept nogil:
+    """Cooperative launches of one module, ordered on the GPU after the previous one's, with the
+    barrier reset before and the counter read back after. The caller holds ``order``."""
+    cdef cydriver.CUresult st
+    cdef int it
+    cdef cydriver.CUstream s = f.stream
+    if order.recorded:
+        call[0] = b"cuStreamWaitEvent"
+        st = cydriver.cuStreamWaitEvent(s, <cydriver.CUevent>order.last, 0)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+    argv[n_args] = f.slab + p.params_offsets[0]
+    for it in range(p.iterations):
+        call[0] = b"cuMemsetD32Async"  # the grid barrier counts from zero in every launch
+        st = cydriver.cuMemsetD32Async(p.barrier, 0, 1, s)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+        call[0] = b"cuLaunchCooperativeKernel"
+        st = cydriver.cuLaunchCooperativeKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
+                                               p.block[0], p.block[1], p.block[2],
+                                               p.shared_bytes, s, argp)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+    call[0] = b"cuMemcpyDtoHAsync"
+    st = cydriver.cuMemcpyDtoHAsync(f.staging + p.audit_offset, p.barrier, 4, s)
+    if st != cydriver.CUDA_SUCCESS:
+        return st
+    call[0] = b"cuEventRecord"
+    st = cydriver.cuEventRecord(<cydriver.CUevent>order.last, s)
+    if st != cydriver.CUDA_SUCCESS:
+        return st
+    order.recorded = True
     return cydriver.CUDA_SUCCESS
 
 
@@ -1013,31 +1233,33 @@ def _check_outputs(Prepared p, list outs):
             )
 
 
+
+
 @cython.final
+@cython.freelist(16)
 cdef class PendingDispatch:
-    """A dispatch in flight. Owns its stream, event, device slab and pinned staging until
-    ``result()``/``result_into()``/``timed_result()`` (or until dropped, which waits, then recycles).
+    """A dispatch in flight, and the one owner of everything it uses.
+
+    It holds the stream, events, device slab and staging until ``result()``, ``result_into()`` or
+    ``timed_result()`` (or until it is dropped, which waits, then recycles); page-locked inputs that
+    the GPU reads directly stay referenced until the dispatch completes. A dispatch that timed out
+    or was interrupted (Ctrl-C) reaches the caller as this object, in the exception's ``.pending``.
     """
 
     def __init__(self):
         raise TypeError("PendingDispatch is made by CudaBackend.dispatch_async(); it has no public constructor")
 
-    @staticmethod
-    cdef PendingDispatch _adopt(Core core, Prepared p, InFlight* f):
-        cdef PendingDispatch self = PendingDispatch.__new__(PendingDispatch)
-        self.core = core
-        self.prep = p
-        self.f = f[0]
-        f.active = False  # ownership moves here
-        core.outstanding += 1
-        return self
+    cdef void _release_views(self) noexcept:
+        cdef size_t i
+        for i in range(self.views.size()):
+            PyBuffer_Release(&self.views[i])
+        self.views.clear()
 
-    cdef int _wait(self) except -1:
-        if self.completed:
-            return 0
-        self.core._wait(self.prep, &self.f)
-        self.completed = True
-        return 0
+    cdef void _release_out_views(self) noexcept:
+        cdef size_t i
+        for i in range(self.out_views.size()):
+            PyBuffer_Release(&self.out_views[i])
+        self.out_views.clear()
 
     cdef int _take(self) except -1:
         if self.f.active:
@@ -1057,12 +1279,34 @@ cdef class PendingDispatch:
             )
         return 0
 
+    cdef int _wait(self) except -1:
+        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+        cdef int outcome
+        if self.completed:
+            return 0
+        if self.prep.timeout is not None:
+            self.deadline = now_ns() + _timeout_ns(self.prep.timeout)
+        with nogil:
+            outcome = _wait_nogil(self, &st)
+        self.core._after_wait(self, outcome, st, b"cuEventQuery")
+        return 0
+
+    cdef int _collect(self, list outs) except -1:
+        cdef cydriver.CUresult st
+        cdef const char* call = NULL
+        cdef Prepared p = self.prep
+        cdef TransferEngine xfer = self.core.xfer
+        self.core._targets(self, outs)
+        with nogil:
+            st = _collect_nogil(self, p, xfer, &call)
+        self.core._after_collect(self, st, call)
+        self.core._audit(self)
+        return 0
+
     def is_ready(self):
         """True once the GPU has finished (never blocks)."""
         cdef cydriver.CUresult status
-        if self.completed or self.consumed:
-            return True
-        if not self.f.active:
+        if self.completed or self.consumed or not self.f.active:
             return True
         with nogil:
             if self.f.has_done:
@@ -1073,17 +1317,14 @@ cdef class PendingDispatch:
             return True
         if status == cydriver.CUDA_ERROR_NOT_READY:
             return False
-        self.core._fail(self.prep, &self.f, status, b"cuEventQuery")
+        self.core._fail(self, status, b"cuEventQuery")
 
     def result(self):
         """Wait, then return the outputs as new numpy arrays (declaration order)."""
         self._take()
-        try:
-            self._wait()
-        except _Timeout:
-            raise _timeout_error(self.prep, self) from None
+        self._wait()
         outs = self.core._new_outputs(self.prep)
-        self.core._copy_out(self.prep, &self.f, outs)
+        self._collect(outs)
         self._finish()
         return outs
 
@@ -1092,11 +1333,8 @@ cdef class PendingDispatch:
         outputs = _as_output_list(outputs)
         self._take()
         _check_outputs(self.prep, outputs)
-        try:
-            self._wait()
-        except _Timeout:
-            raise _timeout_error(self.prep, self) from None
-        self.core._copy_out(self.prep, &self.f, outputs)
+        self._wait()
+        self._collect(outputs)
         self._finish()
         return outputs
 
@@ -1111,13 +1349,10 @@ cdef class PendingDispatch:
             )
         self._take()
         t_wait0 = now_ns()
-        try:
-            self._wait()
-        except _Timeout:
-            raise _timeout_error(self.prep, self) from None
+        self._wait()
         check_cu(cydriver.cuEventElapsedTime(&ms, self.f.t0, self.f.t1), b"cuEventElapsedTime")
         outs = self.core._new_outputs(self.prep)
-        self.core._copy_out(self.prep, &self.f, outs)
+        self._collect(outs)
         t_end = now_ns()
         wall = t_end - self.f.t_start
         enqueue = self.f.t_enqueued - self.f.t_start
@@ -1134,37 +1369,49 @@ cdef class PendingDispatch:
 
     cdef void _finish(self) noexcept:
         self.core._recycle(self.prep, &self.f)
+        self._release_views()
+        self._release_out_views()
         self._settle()
 
     cdef void _settle(self) noexcept:
-        # once per handle: the backend stops counting it, and a held gate opens
-        if not self.consumed:
+        # once per owner: the backend stops counting it
+        if not self.settled:
+            self.settled = True
             self.consumed = True
             self.core.outstanding -= 1
-        if self.gate is not None:
-            gate, self.gate = self.gate, None
-            try:
-                gate.release()
-            except Exception:
-                pass
 
     @property
     def route(self):
         return self.prep.route_name
 
+    @property
+    def done(self):
+        """True once the outputs were taken (or the dispatch failed)."""
+        return self.consumed
+
     def __dealloc__(self):
-        # Dropped un-awaited: the GPU may still read the slab and write the staging, so wait
-        # (GIL released) before recycling; if the wait fails, leak rather than recycle.
-        cdef cydriver.CUresult status
+        # Dropped un-awaited (or abandoned by an exception): the GPU may still read the slab, the
+        # staging and any page-locked input, so wait (GIL released) before recycling; if the wait
+        # fails, write the resources off rather than recycle them.
+        cdef cydriver.CUresult status = cydriver.CUDA_SUCCESS
+        cdef cydriver.CUcontext prev
+        cdef bint pushed = False
         if self.core is None:
+            self._release_views()
             return
         if self.f.active:
-            with nogil:
-                status = cydriver.cuCtxSetCurrent(self.core.ctx)
-                if status == cydriver.CUDA_SUCCESS:
-                    status = cydriver.cuStreamSynchronize(self.f.stream)
+            if self.f.enqueued:
+                with nogil:
+                    status = cydriver.cuCtxPushCurrent(self.core.ctx)
+                    if status == cydriver.CUDA_SUCCESS:
+                        pushed = True
+                        status = cydriver.cuStreamSynchronize(self.f.stream)
             if status == cydriver.CUDA_SUCCESS:
                 self.core._recycle(self.prep, &self.f)
             else:
                 self.core._leak(self.prep, &self.f)
-        self._settle()
+            if pushed:
+                cydriver.cuCtxPopCurrent(&prev)
+            self._settle()
+        self._release_views()
+        self._release_out_views()

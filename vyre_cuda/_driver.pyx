@@ -142,11 +142,15 @@ def retain_primary_context(int ordinal):
     """Retain the device's primary context (shared with CuPy, PyTorch and the runtime API)."""
     cdef cydriver.CUdevice dev
     cdef cydriver.CUcontext ctx
+    cdef cydriver.CUresult status
     init_driver()
     check_cu(cydriver.cuDeviceGet(&dev, ordinal), b"cuDeviceGet")
     with nogil:
         check_cu(cydriver.cuDevicePrimaryCtxRetain(&ctx, dev), b"cuDevicePrimaryCtxRetain")
-        check_cu(cydriver.cuCtxSetCurrent(ctx), b"cuCtxSetCurrent")
+        status = cydriver.cuCtxSetCurrent(ctx)
+        if status != cydriver.CUDA_SUCCESS:
+            cydriver.cuDevicePrimaryCtxRelease(dev)  # give the retain back before raising
+            check_cu(status, b"cuCtxSetCurrent")
     return <uintptr_t>ctx
 
 
@@ -263,3 +267,22 @@ def occupancy_blocks_per_sm(uintptr_t function, int block_threads, size_t shared
         &blocks, <cydriver.CUfunction>function, block_threads, shared_bytes),
         b"cuOccupancyMaxActiveBlocksPerMultiprocessor")
     return blocks
+
+
+def host_register(uintptr_t address, size_t nbytes):
+    """Page-lock [address, address + nbytes) for DMA (portable to every context)."""
+    cdef cydriver.CUresult status
+    with nogil:
+        status = cydriver.cuMemHostRegister(<void*>address, nbytes, cydriver.CU_MEMHOSTREGISTER_PORTABLE)
+    if status == cydriver.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+        from .errors import ValidationError
+        raise ValidationError(
+            f"the {nbytes:,}-byte buffer at 0x{address:x} overlaps memory that is already page-locked",
+            "use it as it is (page-locked memory is already DMA'd directly), or register it once",
+        )
+    check_cu(status, b"cuMemHostRegister")
+
+
+def host_unregister(uintptr_t address):
+    with nogil:
+        check_cu(cydriver.cuMemHostUnregister(<void*>address), b"cuMemHostUnregister")

@@ -1,35 +1,48 @@
+from libc.stdint cimport uintptr_t
+from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
-cdef enum:
-    N_BUCKETS = 64
 
-cdef class DevicePool:
-    cdef vector[cydriver.CUdeviceptr] free_list[N_BUCKETS]
+cdef class BlockPool:
+    """Caches freed blocks by exact block size; subclasses say how to allocate and free."""
+    cdef unordered_map[size_t, vector[uintptr_t]] free_blocks
+    cdef cydriver.CUcontext ctx
     cdef public size_t cap_bytes
     cdef public size_t cached_bytes
     cdef public size_t live_bytes
+    cdef public size_t allocated_bytes
     cdef public unsigned long long hits
     cdef public unsigned long long misses
-    cdef public unsigned long long allocated_bytes
+    cdef public unsigned long long alloc_calls
     cdef public bint closed
-    cdef int acquire(self, size_t bucket, cydriver.CUdeviceptr* out) except -1
-    cdef void release(self, cydriver.CUdeviceptr ptr, size_t bucket) noexcept
-    cdef void forget(self, size_t bucket) noexcept
+    cdef int acquire(self, size_t block, uintptr_t* out) except -1
+    cdef void release(self, uintptr_t ptr, size_t block) noexcept
+    cdef void forget(self, size_t block) noexcept
+    cdef int _alloc(self, size_t block, uintptr_t* out) except -1
+    cdef void _free(self, uintptr_t ptr) noexcept nogil
+    cdef void _free_cached(self) noexcept
 
-cdef class PinnedPool:
-    cdef vector[void*] free_list[N_BUCKETS]
-    cdef public size_t cap_bytes
-    cdef public size_t cached_bytes
-    cdef public size_t live_bytes
-    cdef public unsigned long long hits
-    cdef public unsigned long long misses
-    cdef public bint closed
-    cdef int acquire(self, size_t bucket, void** out) except -1
-    cdef void release(self, void* ptr, size_t bucket) noexcept
-    cdef void forget(self, size_t bucket) noexcept
+
+cdef class DevicePool(BlockPool):
+    cdef int device
+    cdef cydriver.CUmemoryPool mempool
+    cdef public bint stream_ordered  # the device supports cuMemAllocFromPoolAsync
+    cdef public size_t async_live_bytes
+    cdef public size_t async_high_water
+    cdef public unsigned long long async_allocs
+    cdef int _budget(self, size_t nbytes, const char* what) except -1
+    cdef int acquire_async(self, size_t nbytes, cydriver.CUstream stream, cydriver.CUdeviceptr* out) except -1
+    cdef void release_async(self, cydriver.CUdeviceptr ptr, size_t nbytes, cydriver.CUstream stream) noexcept
+    cdef void forget_async(self, size_t nbytes) noexcept
+
+
+cdef class PinnedPool(BlockPool):
+    pass
+
 
 cdef class StreamPool:
+    cdef cydriver.CUcontext ctx
     cdef vector[cydriver.CUstream] streams
     cdef vector[cydriver.CUevent] events
     cdef vector[cydriver.CUevent] timing_events
@@ -43,5 +56,7 @@ cdef class StreamPool:
     cdef void release_stream(self, cydriver.CUstream s) noexcept
     cdef int acquire_event(self, bint timing, cydriver.CUevent* out) except -1
     cdef void release_event(self, cydriver.CUevent e, bint timing) noexcept
+    cdef void _destroy_cached(self) noexcept
 
-cdef int bucket_index(size_t nbytes) noexcept nogil
+
+cdef size_t pinned_block_size(size_t nbytes) noexcept nogil

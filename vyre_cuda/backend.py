@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -32,7 +33,32 @@ __all__ = ["CudaBackend", "TimedDispatchResult", "driver_status", "reset_device"
 
 log = logging.getLogger("vyre_cuda")
 
-_KIND = {"f16": "f", "f32": "f", "f64": "f", "bf16": "", "i8": "i", "i16": "i", "i32": "i", "i64": "i"}
+# the staging ring: 4 chunks of 8 MiB (32 MiB page-locked per backend), chosen by measurement on
+# the H200 (notes/transfer-engine.md)
+DEFAULT_CHUNK_BYTES = 8 << 20
+DEFAULT_CHUNKS = 4
+
+
+def _transfer_settings(chunk_bytes, chunks, threads):
+    def whole(name, value, lo, hi, fix):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+            raise ValidationError(f"{name} must be an int in {lo:,}..{hi:,} (got {value!r})", fix)
+        return int(value)
+
+    chunk_bytes = whole("staging_chunk_bytes", chunk_bytes, 1 << 20, 1 << 30,
+                        "pass a chunk size such as 8 << 20 (a multiple of 64 KiB)")
+    if chunk_bytes % (64 << 10):
+        raise ValidationError(f"staging_chunk_bytes must be a multiple of 65,536 (got {chunk_bytes:,})",
+                              "pass a chunk size such as 8 << 20")
+    chunks = whole("staging_chunks", chunks, 2, 64, "pass staging_chunks=4 (at least 2 to overlap copy and DMA)")
+    if threads is None:
+        threads = min(8, max(0, (os.cpu_count() or 1) - 1))
+    threads = whole("copy_threads", threads, 0, 256, "pass copy_threads=None for the default, or 0..256")
+    return chunk_bytes, chunks, threads
+
+# what an input's buffer format must be for each declared dtype: float, signed, unsigned, or 'b'
+# (bf16: raw 2-byte words, uint16 bits or a bfloat16 array)
+_KIND = {"f16": "f", "f32": "f", "f64": "f", "bf16": "b", "i8": "i", "i16": "i", "i32": "i", "i64": "i"}
 
 
 def _dtype_kind(dtype) -> str:
@@ -55,14 +81,21 @@ class PlanInfo:
 class _Module:
     __slots__ = ("module", "function", "barrier", "barrier_size", "shared_optin", "gate")
 
-    def __init__(self, module, function, barrier, barrier_size):
+    def __init__(self, module, function, barrier, barrier_size, ctx):
+        from ._dispatch import CoopGate  # noqa: PLC0415
+
         self.module = module
         self.function = function
         self.barrier = barrier
         self.barrier_size = barrier_size
         self.shared_optin = DEFAULT_SHARED_LIMIT
-        # cooperative launches of one module share its barrier counter: one at a time
-        self.gate = threading.Lock()
+        # cooperative launches of one module share its barrier counter: ordered on the GPU
+        self.gate = CoopGate(ctx) if barrier else None
+
+    def unload(self):
+        if self.gate is not None:
+            self.gate.close()
+        _driver.unload_module(self.module)
 
 
 def driver_status() -> tuple:
@@ -105,7 +138,16 @@ class CudaBackend:
     device : int
         Device ordinal.
     device_pool_bytes, pinned_pool_bytes : int
-        How much freed device memory and pinned staging the pools keep cached.
+        How much freed device memory and pinned staging the pools keep cached (small dispatches;
+        large device slabs come from the driver's stream-ordered pool, which keeps what it grew to
+        until :meth:`trim`).
+    staging_chunk_bytes, staging_chunks : int
+        The staging ring that large transfers stream through: ``staging_chunks`` page-locked chunks
+        of ``staging_chunk_bytes`` each, allocated once at the first large dispatch. This is all
+        the page-locked memory large dispatches use, however large their buffers.
+    copy_threads : int or None
+        Native threads (besides the dispatching one) that split large host copies; None picks
+        ``min(8, os.cpu_count() - 1)``. 0 copies on the dispatching thread only.
 
     Examples
     --------
@@ -117,7 +159,9 @@ class CudaBackend:
     ...     assert np.array_equal(out, a + b)
     """
 
-    def __init__(self, device: int = 0, *, device_pool_bytes: int = 256 << 20, pinned_pool_bytes: int = 128 << 20):
+    def __init__(self, device: int = 0, *, device_pool_bytes: int = 256 << 20, pinned_pool_bytes: int = 128 << 20,
+                 staging_chunk_bytes: int = DEFAULT_CHUNK_BYTES, staging_chunks: int = DEFAULT_CHUNKS,
+                 copy_threads: int | None = None):
         from ._dispatch import Core  # noqa: PLC0415 (the compiled core loads at first use)
 
         if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
@@ -128,6 +172,7 @@ class CudaBackend:
                     f"{name} must be a non-negative int (got {value!r})",
                     f"pass {name}=0 to cache nothing, or a byte count such as 256 << 20",
                 )
+        chunk_bytes, chunks, threads = _transfer_settings(staging_chunk_bytes, staging_chunks, copy_threads)
         self.device = int(device)
         _driver.init_driver()
         self._caps = DeviceCaps(**_driver.device_caps(self.device))
@@ -135,7 +180,8 @@ class CudaBackend:
         self._modules: dict = {}
         self._plan_lock = threading.RLock()
         trace = os.environ.get("VYRE_CUDA_TRACE", "") not in ("", "0")
-        self._core = Core(self._ctx, self._plan, device_pool_bytes, pinned_pool_bytes, trace)
+        self._core = Core(self._ctx, self._plan, device_pool_bytes, pinned_pool_bytes, trace,
+                          self.device, chunk_bytes, chunks, threads)
         self.telemetry = Telemetry(self._core)
         self._closed = False
         # The hot entry points go straight to the core's C methods (one Python frame less per
@@ -307,15 +353,46 @@ class CudaBackend:
                     message, fix = explain_load_failure(status, compiled.kind, nvrtc_version(), self._caps.driver_version)
                     raise KernelCompileFailed(f"{exc.message}; {message}", fix, log=exc.log) from None
                 raise
-            module = _Module(*handles)
+            module = _Module(*handles, self._ctx)
             self._modules[compiled.key] = module
         return compiled, module
 
     # ------------------------------------------------------------------ lifecycle
     def trim(self) -> None:
-        """Free every cached device allocation and pinned staging buffer."""
+        """Free every cached device allocation and pinned staging buffer, and give the
+        stream-ordered pool's unused memory back to the driver (the staging ring stays)."""
+        self._check_open()
         self._core.dpool.trim()
         self._core.ppool.trim()
+
+    @contextlib.contextmanager
+    def register(self, array):
+        """Page-lock a caller-owned buffer for the ``with`` block, so dispatches DMA straight
+        from/to it (no staging copy).
+
+        Registering costs about as much as copying the buffer once (cuMemHostRegister), so it pays
+        for buffers reused across many dispatches. On exit the backend waits for its work in flight
+        (which may still read or write the buffer), then unregisters it.
+
+        >>> with backend.register(x):                              # doctest: +SKIP
+        ...     for _ in range(100):
+        ...         backend.dispatch_into(prog, [x], [out])
+        """
+        self._check_open()
+        address, nbytes = _buffer_span(array)
+        if nbytes == 0:
+            yield array
+            return
+        _driver.make_current(self._ctx)
+        _driver.host_register(address, nbytes)
+        try:
+            yield array
+        finally:
+            try:
+                _driver.make_current(self._ctx)
+                _driver.context_synchronize()
+            finally:
+                _driver.host_unregister(address)
 
     def close(self) -> None:
         """Wait for outstanding work, free pools and modules, release the context. Idempotent."""
@@ -325,6 +402,10 @@ class CudaBackend:
         core = self._core
         core.closed = True
         core.clear_prepared()
+        if core.outstanding:
+            log.warning(
+                "CudaBackend.close: %d dispatch(es) still pending; their resources are freed when "
+                "their PendingDispatch handles are dropped", core.outstanding)
         if core.lost is None:
             try:
                 _driver.make_current(self._ctx)
@@ -332,8 +413,9 @@ class CudaBackend:
                 core.dpool.close()
                 core.ppool.close()
                 core.spool.close()
+                core.xfer.close()
                 for module in self._modules.values():
-                    _driver.unload_module(module.module)
+                    module.unload()
             except BackendError as exc:
                 log.warning("CudaBackend.close: %s", exc.message)
         self._modules.clear()
@@ -354,6 +436,18 @@ class CudaBackend:
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("lost" if self.lost else "open")
         return f"CudaBackend(device={self.device}, {self._caps.name}, {state})"
+
+
+def _buffer_span(obj):
+    from ._transfer import buffer_span  # noqa: PLC0415
+
+    try:
+        return buffer_span(obj)
+    except (TypeError, ValueError, BufferError) as exc:
+        raise ValidationError(
+            f"register() needs a writable C-contiguous buffer (got {type(obj).__name__}: {exc})",
+            "pass a numpy array (numpy.ascontiguousarray(x) for a strided one)",
+        ) from None
 
 
 def _nbytes(obj, index) -> int:

@@ -27,6 +27,12 @@ COUNTERS = (
     "timed_wait_ns",
     "failed_dispatches",
     "leaked_allocations",
+    "staged_h2d_bytes",  # uploaded through staging (the mirror or the ring)
+    "direct_h2d_bytes",  # DMA'd straight from page-locked inputs
+    "staged_d2h_bytes",
+    "direct_d2h_bytes",
+    "ring_chunks",  # windows that went through the staging ring, both directions
+    "interrupted_waits",  # waits ended by Ctrl-C (the work stays owned by a PendingDispatch)
 )
 
 

@@ -1,0 +1,266 @@
+// Host side of the transfer engine: persistent copy threads and the staging ring's slot table.
+//
+// No CUDA here: the driver calls (event waits, async copies) stay in Cython over cydriver. This
+// file only splits large memcpy/memset jobs across native threads and hands out ring slots.
+#pragma once
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace vyre {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#else
+    std::this_thread::yield();
+#endif
+}
+
+// One copy of a job: src == nullptr means "zero n bytes at dst".
+struct CopyTask {
+    char* dst;
+    const char* src;
+    size_t n;
+};
+
+inline void run_task(const CopyTask& t) {
+    if (t.src) std::memcpy(t.dst, t.src, t.n);
+    else std::memset(t.dst, 0, t.n);
+}
+
+// Persistent worker threads that split one copy job at a time. A caller that finds the pool busy
+// (another thread's job) copies on its own thread instead of waiting: memory bandwidth is shared
+// anyway, and nobody queues behind a large job.
+class CopyPool {
+  public:
+    CopyPool() = default;
+    CopyPool(const CopyPool&) = delete;
+    CopyPool& operator=(const CopyPool&) = delete;
+    ~CopyPool() { stop(); }
+
+    // threads: extra threads beside the caller; min_split: bytes per participant below which
+    // a job runs inline (thread wake-ups would cost more than they save).
+    void configure(int threads, size_t min_split) {
+        threads_ = threads < 0 ? 0 : threads;
+        min_split_ = min_split ? min_split : 1;
+        pieces_.reserve(4096);
+    }
+
+    int threads() const { return threads_; }
+    int live_threads() const { return workers_ ? static_cast<int>(workers_->size()) : 0; }
+    unsigned long long parallel_jobs() const { return parallel_jobs_.load(std::memory_order_relaxed); }
+
+    // Copy every task; returns how many threads took part (1 = inline).
+    int run(const CopyTask* tasks, size_t n_tasks) {
+        size_t total = 0;
+        for (size_t i = 0; i < n_tasks; ++i) total += tasks[i].n;
+        size_t want = threads_ ? total / min_split_ : 0;
+        if (want < 2 || !job_mutex_.try_lock()) {
+            for (size_t i = 0; i < n_tasks; ++i) run_task(tasks[i]);
+            return 1;
+        }
+        std::lock_guard<std::mutex> hold(job_mutex_, std::adopt_lock);
+        if (!ensure_started()) {
+            for (size_t i = 0; i < n_tasks; ++i) run_task(tasks[i]);
+            return 1;
+        }
+        size_t participants = want < static_cast<size_t>(threads_) + 1 ? want : threads_ + 1;
+        // several pieces per participant so a slow thread does not hold the job up
+        size_t piece = total / (participants * 4);
+        if (piece < (64u << 10)) piece = 64u << 10;
+        piece = (piece + 4095) & ~static_cast<size_t>(4095);
+        pieces_.clear();
+        for (size_t i = 0; i < n_tasks; ++i) {
+            const CopyTask& t = tasks[i];
+            for (size_t off = 0; off < t.n; off += piece) {
+                size_t n = t.n - off < piece ? t.n - off : piece;
+                pieces_.push_back(CopyTask{t.dst + off, t.src ? t.src + off : nullptr, n});
+            }
+        }
+        job_.pieces = pieces_.data();
+        job_.count = pieces_.size();
+        job_.next.store(0, std::memory_order_relaxed);
+        job_.done.store(0, std::memory_order_relaxed);
+        current_.store(&job_, std::memory_order_seq_cst);
+        {
+            std::lock_guard<std::mutex> lk(wake_mutex_);
+            generation_.fetch_add(1, std::memory_order_seq_cst);
+        }
+        wake_.notify_all();
+        work(&job_);
+        while (job_.done.load(std::memory_order_acquire) < job_.count) cpu_relax();
+        // a worker that woke late may still hold &job_: wait until none does
+        current_.store(nullptr, std::memory_order_seq_cst);
+        while (active_.load(std::memory_order_seq_cst) != 0) cpu_relax();
+        parallel_jobs_.fetch_add(1, std::memory_order_relaxed);
+        return static_cast<int>(participants);
+    }
+
+    // Join every worker (idempotent). Called on close and from the destructor.
+    void stop() {
+        if (!workers_) return;
+        if (pid_ != getpid()) {  // forked child: the threads do not exist here; forget them
+            workers_ = nullptr;
+            return;
+        }
+        {
+            std::lock_guard<std::mutex> lk(wake_mutex_);
+            running_.store(false, std::memory_order_seq_cst);
+            generation_.fetch_add(1, std::memory_order_seq_cst);
+        }
+        wake_.notify_all();
+        for (auto& t : *workers_) t.join();
+        delete workers_;
+        workers_ = nullptr;
+    }
+
+  private:
+    struct Job {
+        const CopyTask* pieces = nullptr;
+        size_t count = 0;
+        std::atomic<size_t> next{0};
+        std::atomic<size_t> done{0};
+    };
+
+    static void work(Job* job) {
+        for (;;) {
+            size_t i = job->next.fetch_add(1, std::memory_order_relaxed);
+            if (i >= job->count) return;
+            run_task(job->pieces[i]);
+            job->done.fetch_add(1, std::memory_order_release);
+        }
+    }
+
+    bool ensure_started() {
+        if (workers_ && pid_ == getpid()) return true;
+        if (workers_) workers_ = nullptr;  // forked child: leak the parent's handles, start afresh
+        pid_ = getpid();
+        running_.store(true);
+        auto* ws = new std::vector<std::thread>();
+        try {
+            for (int i = 0; i < threads_; ++i) ws->emplace_back([this] { worker_main(); });
+        } catch (...) {
+            workers_ = ws;
+            stop();
+            return false;
+        }
+        workers_ = ws;
+        return true;
+    }
+
+    void worker_main() {
+        unsigned long long seen = generation_.load(std::memory_order_acquire);
+        for (;;) {
+            // spin briefly: the next window of a streaming dispatch usually arrives within
+            // microseconds, far sooner than a sleeping thread can be woken
+            auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+            while (generation_.load(std::memory_order_acquire) == seen &&
+                   std::chrono::steady_clock::now() < spin_until) {
+                for (int k = 0; k < 64; ++k) cpu_relax();
+            }
+            if (generation_.load(std::memory_order_acquire) == seen) {
+                std::unique_lock<std::mutex> lk(wake_mutex_);
+                wake_.wait(lk, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+            }
+            seen = generation_.load(std::memory_order_acquire);
+            if (!running_.load(std::memory_order_acquire)) return;
+            active_.fetch_add(1, std::memory_order_seq_cst);
+            Job* job = current_.load(std::memory_order_seq_cst);
+            if (job) work(job);
+            active_.fetch_sub(1, std::memory_order_seq_cst);
+        }
+    }
+
+    int threads_ = 0;
+    size_t min_split_ = 256u << 10;
+    int spin_us_ = 100;
+    std::vector<std::thread>* workers_ = nullptr;
+    pid_t pid_ = 0;
+    std::mutex job_mutex_;
+    std::mutex wake_mutex_;
+    std::condition_variable wake_;
+    std::atomic<bool> running_{false};
+    std::atomic<unsigned long long> generation_{0};
+    std::atomic<Job*> current_{nullptr};
+    std::atomic<int> active_{0};
+    std::atomic<unsigned long long> parallel_jobs_{0};
+    Job job_;
+    std::vector<CopyTask> pieces_;
+};
+
+// Which ring slots are free, least recently released first (its last DMA is the likeliest to be
+// done). A slot is held from acquire to release; a holder never blocks in acquire() while it holds
+// another slot it has yet to drain, so holders always make progress.
+class SlotTable {
+  public:
+    void reset(int n) {
+        std::lock_guard<std::mutex> lk(m_);
+        free_.clear();
+        for (int i = 0; i < n; ++i) free_.push_back(i);
+        size_ = n;
+    }
+    int size() const { return size_; }
+
+    int try_acquire() {
+        std::lock_guard<std::mutex> lk(m_);
+        if (free_.empty()) return -1;
+        int k = free_.front();
+        free_.pop_front();
+        return k;
+    }
+
+    int acquire() {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return !free_.empty(); });
+        int k = free_.front();
+        free_.pop_front();
+        return k;
+    }
+
+    void release(int k) {
+        {
+            std::lock_guard<std::mutex> lk(m_);
+            free_.push_back(k);
+        }
+        cv_.notify_one();
+    }
+
+    int free_count() {
+        std::lock_guard<std::mutex> lk(m_);
+        return static_cast<int>(free_.size());
+    }
+
+  private:
+    std::mutex m_;
+    std::condition_variable cv_;
+    std::deque<int> free_;
+    int size_ = 0;
+};
+
+// Cooperative launches of one module share its grid-barrier counter, so they must not overlap on
+// the GPU. Instead of a host lock held until completion, each one waits (on its stream) for the
+// previous one's event: ordering happens on the GPU and no host thread ever blocks on it.
+class CoopOrder {
+  public:
+    void lock() { m_.lock(); }
+    void unlock() { m_.unlock(); }
+    void* last = nullptr;   // CUevent recorded after the module's latest cooperative launch
+    bool recorded = false;  // whether `last` has been recorded at least once
+
+  private:
+    std::mutex m_;
+};
+
+}  // namespace vyre

@@ -1,0 +1,85 @@
+from libcpp.vector cimport vector
+from cuda.bindings cimport cydriver
+
+
+cdef extern from "_transfer.hpp" namespace "vyre" nogil:
+    cdef struct CopyTask:
+        char* dst
+        const char* src
+        size_t n
+
+    cdef cppclass CopyPool:
+        void configure(int threads, size_t min_split)
+        int threads()
+        int live_threads()
+        unsigned long long parallel_jobs()
+        int run(const CopyTask* tasks, size_t n_tasks)
+        void stop()
+
+    cdef cppclass SlotTable:
+        void reset(int n)
+        int size()
+        int try_acquire()
+        int acquire()
+        void release(int k)
+        int free_count()
+
+    cdef cppclass CoopOrder:
+        void lock()
+        void unlock()
+        void* last
+        bint recorded
+
+
+cdef enum:
+    SRC_ZERO = 0    # bytes to zero (tails, gaps, small output clears)
+    SRC_INPUT = 1   # bytes of caller input `index`, from byte `src_offset`
+    SRC_PARAMS = 2  # bytes of the params blob, from byte `src_offset`
+
+
+cdef struct Source:
+    # one run of the upload region [0, upload_end); the runs are sorted and cover it exactly
+    size_t offset
+    size_t n
+    int kind
+    int index
+    size_t src_offset
+
+
+cdef struct Piece:
+    # one contiguous device range of a readback and where its bytes go
+    size_t dev_offset
+    char* host
+    size_t n
+
+
+cdef class TransferEngine:
+    cdef cydriver.CUcontext ctx
+    cdef CopyPool pool
+    cdef SlotTable slots
+    cdef char* ring
+    cdef vector[cydriver.CUevent] events
+    cdef public size_t chunk_bytes
+    cdef public int n_chunks
+    cdef public int copy_threads
+    cdef public size_t min_split
+    cdef public size_t ring_bytes
+    cdef public unsigned long long pinned_alloc_calls
+    cdef public bint closed
+
+    cdef int ensure_ring(self) except -1
+    cdef void copy(self, CopyTask* tasks, size_t n) noexcept nogil
+    cdef cydriver.CUresult upload(self, cydriver.CUstream s, cydriver.CUdeviceptr slab,
+                                  const Source* sources, size_t n_sources, const char** input_ptrs,
+                                  const char* direct, const char* params,
+                                  unsigned long long* copy_ns, unsigned long long* ops,
+                                  const char** call) noexcept nogil
+    cdef cydriver.CUresult readback(self, cydriver.CUstream s, cydriver.CUdeviceptr slab,
+                                    const Piece* pieces, size_t n_pieces, const char* direct,
+                                    unsigned long long* ops, const char** call) noexcept nogil
+
+
+cdef bint page_locked(const void* ptr, size_t nbytes) noexcept nogil
+cdef size_t fill_tasks(const Source* sources, size_t n_sources, size_t lo, size_t hi, char* dst,
+                       const char** input_ptrs, const char* direct, const char* params,
+                       vector[CopyTask]& tasks) noexcept nogil

@@ -1,0 +1,405 @@
+# cython: language_level=3
+"""The transfer engine: large borrowed buffers cross PCIe through a fixed page-locked ring.
+
+Pageable memory cannot be DMA'd; the driver's own path for it copies through small staging
+buffers on one thread (7-8 GB/s on the H200's host), and page-locking a buffer per call costs more
+than the copy (cuMemHostRegister of 256 MiB: 16 ms). So a backend keeps a small ring of
+page-locked chunks, allocated once. An upload is cut into windows: persistent copy threads fill
+window k+1 while the DMA of window k runs; a readback DMAs window k+1 while the threads copy window
+k out. Inputs and outputs that are already page-locked (``vyre_cuda.pinned_empty`` arrays, or
+memory the caller registered) skip the ring and DMA directly.
+
+Everything here runs without the GIL. A ring slot is held only while one dispatch fills or drains
+it; a dispatch waits for a free slot only when it holds none, so every holder makes progress.
+"""
+
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE
+from libc.stdint cimport uintptr_t
+from libcpp.vector cimport vector
+from cuda.bindings cimport cydriver
+
+from ._driver cimport check_cu, bind_context, now_ns
+
+cdef enum:
+    MIN_WINDOW = 1 << 20        # below this a window's driver calls cost more than its overlap buys
+    WINDOW_ALIGN = 64 << 10
+    READBACK_DEPTH = 3          # readback windows in flight per dispatch (DMA ahead of copy-out)
+
+
+cdef inline size_t _window(size_t total, size_t chunk) noexcept nogil:
+    # about four windows per transfer so even a 4 MiB buffer overlaps copy and DMA
+    cdef size_t w = total // 4
+    if w < MIN_WINDOW:
+        w = MIN_WINDOW
+    w = (w + WINDOW_ALIGN - 1) & ~(<size_t>WINDOW_ALIGN - 1)
+    return w if w < chunk else chunk
+
+
+cdef bint page_locked(const void* ptr, size_t nbytes) noexcept nogil:
+    """Whether [ptr, ptr + nbytes) lies in one page-locked allocation the driver knows (allocated
+    with cuMemHostAlloc or registered with cuMemHostRegister). Asked per dispatch, never cached:
+    memory can be freed and reallocated between dispatches."""
+    cdef cydriver.CUpointer_attribute attrs[4]
+    cdef void* data[4]
+    cdef unsigned int memtype = 0
+    cdef cydriver.CUdeviceptr start = 0
+    cdef size_t size = 0
+    cdef unsigned long long buffer_id = 0, last_id = 0
+    cdef uintptr_t p = <uintptr_t>ptr
+    if nbytes == 0 or ptr == NULL:
+        return False
+    attrs[0] = cydriver.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+    attrs[1] = cydriver.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+    attrs[2] = cydriver.CU_POINTER_ATTRIBUTE_RANGE_SIZE
+    attrs[3] = cydriver.CU_POINTER_ATTRIBUTE_BUFFER_ID
+    data[0] = &memtype
+    data[1] = &start
+    data[2] = &size
+    data[3] = &buffer_id
+    # unknown (pageable) pointers succeed with zeroed attributes
+    if cydriver.cuPointerGetAttributes(4, attrs, data, <cydriver.CUdeviceptr>p) != cydriver.CUDA_SUCCESS:
+        return False
+    if memtype != cydriver.CU_MEMORYTYPE_HOST:
+        return False
+    if size:
+        return <uintptr_t>start <= p and p + nbytes <= <uintptr_t>start + size
+    # no range reported: the last byte must belong to the same allocation
+    memtype = 0
+    attrs[1] = cydriver.CU_POINTER_ATTRIBUTE_BUFFER_ID
+    data[1] = &last_id
+    if cydriver.cuPointerGetAttributes(2, attrs, data, <cydriver.CUdeviceptr>(p + nbytes - 1)) != cydriver.CUDA_SUCCESS:
+        return False
+    return memtype == cydriver.CU_MEMORYTYPE_HOST and buffer_id != 0 and buffer_id == last_id
+
+
+def buffer_span(obj, bint writable=True):
+    """(address, nbytes) of a C-contiguous buffer."""
+    cdef Py_buffer view
+    flags = PyBUF_C_CONTIGUOUS | (PyBUF_WRITABLE if writable else 0)
+    PyObject_GetBuffer(obj, &view, flags)
+    try:
+        return <uintptr_t>view.buf, <size_t>view.len
+    finally:
+        PyBuffer_Release(&view)
+
+
+def is_page_locked_address(uintptr_t address, size_t nbytes):
+    """Python view of :func:`page_locked` (for tests and ``vyre_cuda.is_page_locked``)."""
+    cdef bint r
+    with nogil:
+        r = page_locked(<const void*>address, nbytes)
+    return r
+
+
+cdef size_t fill_tasks(const Source* sources, size_t n_sources, size_t lo, size_t hi, char* dst,
+                       const char** input_ptrs, const char* direct, const char* params,
+                       vector[CopyTask]& tasks) noexcept nogil:
+    """Append the copies that produce bytes [lo, hi) of the upload region at ``dst`` (``dst`` holds
+    byte ``lo``), skipping inputs marked ``direct``. Returns the bytes produced."""
+    cdef size_t i, a, b, made = 0
+    cdef const Source* src
+    cdef CopyTask t
+    for i in range(n_sources):
+        src = &sources[i]
+        if src.offset >= hi:
+            break
+        a = src.offset if src.offset > lo else lo
+        b = src.offset + src.n if src.offset + src.n < hi else hi
+        if b <= a:
+            continue
+        if src.kind == SRC_INPUT and direct != NULL and direct[src.index]:
+            continue
+        t.dst = dst + (a - lo)
+        t.n = b - a
+        if src.kind == SRC_INPUT:
+            t.src = input_ptrs[src.index] + src.src_offset + (a - src.offset)
+        elif src.kind == SRC_PARAMS:
+            t.src = params + src.src_offset + (a - src.offset)
+        else:
+            t.src = NULL
+        tasks.push_back(t)
+        made += b - a
+    return made
+
+
+cdef class TransferEngine:
+    """A backend's staging ring (``n_chunks`` page-locked chunks of ``chunk_bytes``) and copy
+    threads (``copy_threads`` besides the dispatching thread). Both start at the first large
+    transfer; ``close()`` joins the threads and frees the ring."""
+
+    def __init__(self, uintptr_t ctx, size_t chunk_bytes=8 << 20, int n_chunks=4, int copy_threads=8,
+                 size_t min_split=256 << 10):
+        self.ctx = <cydriver.CUcontext>ctx
+        self.chunk_bytes = chunk_bytes
+        self.n_chunks = n_chunks
+        self.copy_threads = copy_threads
+        self.min_split = min_split
+        self.pool.configure(copy_threads, min_split)
+        self.slots.reset(n_chunks)
+
+    cdef int ensure_ring(self) except -1:
+        cdef void* ptr = NULL
+        cdef cydriver.CUevent ev
+        cdef size_t nbytes = self.chunk_bytes * <size_t>self.n_chunks
+        cdef int k
+        if self.ring != NULL:
+            return 0
+        if self.closed:
+            from .errors import ValidationError
+            raise ValidationError("this backend's transfer engine is closed", "create a new CudaBackend()")
+        with nogil:
+            bind_context(self.ctx)
+            check_cu(cydriver.cuMemHostAlloc(&ptr, nbytes, cydriver.CU_MEMHOSTALLOC_PORTABLE), b"cuMemHostAlloc")
+        self.pinned_alloc_calls += 1
+        try:
+            for k in range(self.n_chunks):
+                with nogil:
+                    check_cu(cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING), b"cuEventCreate")
+                self.events.push_back(ev)
+        except BaseException:
+            for ev in self.events:
+                cydriver.cuEventDestroy(ev)
+            self.events.clear()
+            cydriver.cuMemFreeHost(ptr)
+            raise
+        self.ring = <char*>ptr
+        self.ring_bytes = nbytes
+        return 0
+
+    cdef void copy(self, CopyTask* tasks, size_t n) noexcept nogil:
+        self.pool.run(tasks, n)
+
+    cdef cydriver.CUresult upload(self, cydriver.CUstream s, cydriver.CUdeviceptr slab,
+                                  const Source* sources, size_t n_sources, const char** input_ptrs,
+                                  const char* direct, const char* params,
+                                  unsigned long long* copy_ns, unsigned long long* ops,
+                                  const char** call) noexcept nogil:
+        """Send the upload region to ``slab`` on stream ``s``: direct inputs straight from the
+        caller's page-locked memory, everything else through the ring. Returns the first failure."""
+        cdef cydriver.CUresult st, rec
+        cdef size_t i, staged = 0, window, used, dev_end, take, pos
+        cdef const Source* src
+        cdef vector[CopyTask] tasks
+        cdef vector[Piece] pieces
+        cdef Piece piece
+        cdef CopyTask t
+        cdef int k
+        cdef char* dst
+        cdef unsigned long long t0
+        for i in range(n_sources):
+            src = &sources[i]
+            if src.kind == SRC_INPUT and direct[src.index]:
+                # first on the stream: the DMA engine starts while the threads copy the rest
+                ops[0] += 1
+                call[0] = b"cuMemcpyHtoDAsync"
+                st = cydriver.cuMemcpyHtoDAsync(slab + src.offset, input_ptrs[src.index] + src.src_offset,
+                                                src.n, s)
+                if st != cydriver.CUDA_SUCCESS:
+                    return st
+            else:
+                staged += src.n
+        if staged == 0:
+            return cydriver.CUDA_SUCCESS
+        window = _window(staged, self.chunk_bytes)
+        i = 0
+        pos = 0
+        while i < n_sources:
+            src = &sources[i]
+            if src.n == 0 or (src.kind == SRC_INPUT and direct[src.index]):
+                i += 1
+                continue
+            k = self.slots.acquire()
+            # the slot's previous DMA (any dispatch's) must be done before the host overwrites it
+            call[0] = b"cuEventSynchronize"
+            st = cydriver.cuEventSynchronize(self.events[k])
+            if st != cydriver.CUDA_SUCCESS:
+                self.slots.release(k)
+                return st
+            dst = self.ring + <size_t>k * self.chunk_bytes
+            used = 0
+            tasks.clear()
+            pieces.clear()
+            dev_end = <size_t>-1
+            while used < window and i < n_sources:
+                src = &sources[i]
+                if src.n == 0 or (src.kind == SRC_INPUT and direct[src.index]):
+                    i += 1
+                    pos = 0
+                    continue
+                take = src.n - pos
+                if take > window - used:
+                    take = window - used
+                if src.offset + pos != dev_end:
+                    piece.dev_offset = src.offset + pos
+                    piece.host = dst + used
+                    piece.n = 0
+                    pieces.push_back(piece)
+                t.dst = dst + used
+                t.n = take
+                if src.kind == SRC_INPUT:
+                    t.src = input_ptrs[src.index] + src.src_offset + pos
+                elif src.kind == SRC_PARAMS:
+                    t.src = params + src.src_offset + pos
+                else:
+                    t.src = NULL
+                tasks.push_back(t)
+                pieces.back().n += take
+                used += take
+                pos += take
+                dev_end = src.offset + pos
+                if pos == src.n:
+                    i += 1
+                    pos = 0
+            t0 = now_ns()
+            self.pool.run(tasks.data(), tasks.size())
+            copy_ns[0] += now_ns() - t0
+            st = cydriver.CUDA_SUCCESS
+            for piece in pieces:
+                call[0] = b"cuMemcpyHtoDAsync"
+                st = cydriver.cuMemcpyHtoDAsync(slab + piece.dev_offset, piece.host, piece.n, s)
+                if st != cydriver.CUDA_SUCCESS:
+                    break
+            # record even after a failed enqueue: the next holder must not overwrite a slot that a
+            # queued DMA may still read
+            rec = cydriver.cuEventRecord(self.events[k], s)
+            if rec != cydriver.CUDA_SUCCESS and st == cydriver.CUDA_SUCCESS:
+                call[0] = b"cuEventRecord"
+                st = rec
+            self.slots.release(k)
+            ops[0] += pieces.size()
+            ops[1] += 1
+            if st != cydriver.CUDA_SUCCESS:
+                return st
+        return cydriver.CUDA_SUCCESS
+
+    cdef cydriver.CUresult readback(self, cydriver.CUstream s, cydriver.CUdeviceptr slab,
+                                    const Piece* pieces, size_t n_pieces, const char* direct,
+                                    unsigned long long* ops, const char** call) noexcept nogil:
+        """Bring ``pieces`` of ``slab`` to host memory once the work queued on ``s`` is done: direct
+        pieces DMA straight into page-locked memory, the rest through the ring, copy-out of window
+        k overlapping the DMA of the windows after it. Returns when every byte has landed."""
+        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+        cdef cydriver.CUresult rec
+        cdef size_t i, staged = 0, window, used, take, pos = 0
+        cdef bint any_direct = False
+        cdef int held_slot[READBACK_DEPTH]
+        cdef vector[CopyTask] held_tasks[READBACK_DEPTH]
+        cdef int head = 0, nheld = 0, slot_index, k
+        cdef char* dst
+        cdef CopyTask t
+        for i in range(n_pieces):
+            if direct != NULL and direct[i]:
+                any_direct = True
+                ops[0] += 1
+                call[0] = b"cuMemcpyDtoHAsync"
+                st = cydriver.cuMemcpyDtoHAsync(pieces[i].host, slab + pieces[i].dev_offset, pieces[i].n, s)
+                if st != cydriver.CUDA_SUCCESS:
+                    return st
+            else:
+                staged += pieces[i].n
+        window = _window(staged, self.chunk_bytes)
+        i = 0
+        while True:
+            # keep up to READBACK_DEPTH windows in flight; block for a slot only when holding none
+            while i < n_pieces and nheld < READBACK_DEPTH and st == cydriver.CUDA_SUCCESS:
+                if pieces[i].n == 0 or (direct != NULL and direct[i]):
+                    i += 1
+                    pos = 0
+                    continue
+                k = self.slots.acquire() if nheld == 0 else self.slots.try_acquire()
+                if k < 0:
+                    break
+                # the GPU writes this slot: order after its previous DMA on the GPU, not the host
+                call[0] = b"cuStreamWaitEvent"
+                st = cydriver.cuStreamWaitEvent(s, self.events[k], 0)
+                slot_index = (head + nheld) % READBACK_DEPTH
+                held_slot[slot_index] = k
+                held_tasks[slot_index].clear()
+                nheld += 1
+                dst = self.ring + <size_t>k * self.chunk_bytes
+                used = 0
+                while st == cydriver.CUDA_SUCCESS and used < window and i < n_pieces:
+                    if pieces[i].n == 0 or (direct != NULL and direct[i]):
+                        i += 1
+                        pos = 0
+                        continue
+                    take = pieces[i].n - pos
+                    if take > window - used:
+                        take = window - used
+                    call[0] = b"cuMemcpyDtoHAsync"
+                    st = cydriver.cuMemcpyDtoHAsync(dst + used, slab + pieces[i].dev_offset + pos, take, s)
+                    ops[0] += 1
+                    t.dst = pieces[i].host + pos
+                    t.src = dst + used
+                    t.n = take
+                    held_tasks[slot_index].push_back(t)
+                    used += take
+                    pos += take
+                    if pos == pieces[i].n:
+                        i += 1
+                        pos = 0
+                rec = cydriver.cuEventRecord(self.events[k], s)
+                if rec != cydriver.CUDA_SUCCESS and st == cydriver.CUDA_SUCCESS:
+                    call[0] = b"cuEventRecord"
+                    st = rec
+                ops[1] += 1
+            if nheld == 0:
+                break
+            k = held_slot[head]
+            if st == cydriver.CUDA_SUCCESS:
+                call[0] = b"cuEventSynchronize"
+                st = cydriver.cuEventSynchronize(self.events[k])
+                if st == cydriver.CUDA_SUCCESS:
+                    self.pool.run(held_tasks[head].data(), held_tasks[head].size())
+            else:
+                # a failure: drain what is queued (best effort) before the slot goes back
+                cydriver.cuEventSynchronize(self.events[k])
+            self.slots.release(k)
+            head = (head + 1) % READBACK_DEPTH
+            nheld -= 1
+        if st == cydriver.CUDA_SUCCESS and any_direct:
+            call[0] = b"cuStreamSynchronize"
+            st = cydriver.cuStreamSynchronize(s)
+        return st
+
+    @property
+    def live_threads(self):
+        """Copy threads running now (0 before the first large transfer and after close)."""
+        return self.pool.live_threads()
+
+    @property
+    def parallel_jobs(self):
+        return self.pool.parallel_jobs()
+
+    def free_slots(self):
+        return self.slots.free_count()
+
+    def close(self):
+        """Join the copy threads and free the ring (idempotent). Call when nothing is in flight."""
+        cdef cydriver.CUevent ev
+        self.closed = True
+        with nogil:
+            self.pool.stop()
+        if self.ring != NULL:
+            with nogil:
+                bind_context(self.ctx)
+            for ev in self.events:
+                cydriver.cuEventDestroy(ev)
+            self.events.clear()
+            cydriver.cuMemFreeHost(self.ring)
+            self.ring = NULL
+            self.ring_bytes = 0
+
+    def __dealloc__(self):
+        # dropped without close(): join the threads (they never need the GIL), free the ring
+        cdef cydriver.CUcontext prev
+        cdef cydriver.CUevent ev
+        with nogil:
+            self.pool.stop()
+        if self.ring != NULL and self.ctx != NULL:
+            if cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
+                for ev in self.events:
+                    cydriver.cuEventDestroy(ev)
+                cydriver.cuMemFreeHost(self.ring)
+                cydriver.cuCtxPopCurrent(&prev)
+            self.ring = NULL
