@@ -841,9 +841,12 @@ def _timeout_error(Prepared p, pending):
 
 
 cdef void _release(vector[Py_buffer]& views, Py_ssize_t n) noexcept:
+    # release the first n (the ones acquired so far) and forget all: the owner must not release
+    # them again
     cdef Py_ssize_t i
     for i in range(n):
         PyBuffer_Release(&views[i])
+    views.clear()
 
 
 # STAGES position of each mark after M_START, in the order the path passes them
@@ -1262,13 +1265,16 @@ cdef class PendingDispatch:
         self.out_views.clear()
 
     cdef int _take(self) except -1:
-        if self.f.active:
-            with nogil:
-                bind_context(self.core.ctx)  # results may be taken on another thread
         if self.consumed:
             raise ValidationError(
                 "this PendingDispatch's result was already taken",
                 "call result(), result_into() or timed_result() once per dispatch",
+            )
+        if self.core.closed and self.f.active:
+            raise ValidationError(
+                "this dispatch's backend was closed before its result was taken; the outputs are "
+                "gone (its resources are freed when this handle is dropped)",
+                "take results before CudaBackend.close() (or leave the `with` block only after them)",
             )
         if not self.f.active:
             self.core._check_usable()
@@ -1277,6 +1283,8 @@ cdef class PendingDispatch:
                 "handle the error raised by the failing call and dispatch again",
                 status="failed", call="result",
             )
+        with nogil:
+            bind_context(self.core.ctx)  # results may be taken on another thread
         return 0
 
     cdef int _wait(self) except -1:

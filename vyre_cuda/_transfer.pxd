@@ -46,6 +46,12 @@ cdef struct Source:
     size_t src_offset
 
 
+cdef struct Cursor:
+    # progress through a list of sources or pieces: element index, bytes done within it
+    size_t i
+    size_t pos
+
+
 cdef struct Piece:
     # one contiguous device range of a readback and where its bytes go
     size_t dev_offset
@@ -80,6 +86,9 @@ cdef class TransferEngine:
 
 
 cdef bint page_locked(const void* ptr, size_t nbytes) noexcept nogil
-cdef size_t fill_tasks(const Source* sources, size_t n_sources, size_t lo, size_t hi, char* dst,
-                       const char** input_ptrs, const char* direct, const char* params,
-                       vector[CopyTask]& tasks) noexcept nogil
+cdef size_t window_bytes(size_t total, size_t chunk) noexcept nogil
+cdef bint next_upload_window(Cursor* c, const Source* sources, size_t n_sources, const char* direct,
+                             size_t window, const char** input_ptrs, const char* params,
+                             vector[Piece]& pieces, vector[CopyTask]& tasks) noexcept nogil
+cdef bint next_readback_window(Cursor* c, const Piece* pieces, size_t n_pieces, const char* direct,
+                               size_t window, vector[Piece]& dmas, vector[CopyTask]& tasks) noexcept nogil

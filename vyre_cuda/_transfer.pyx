@@ -26,15 +26,6 @@ cdef enum:
     READBACK_DEPTH = 3          # readback windows in flight per dispatch (DMA ahead of copy-out)
 
 
-cdef inline size_t _window(size_t total, size_t chunk) noexcept nogil:
-    # about four windows per transfer so even a 4 MiB buffer overlaps copy and DMA
-    cdef size_t w = total // 4
-    if w < MIN_WINDOW:
-        w = MIN_WINDOW
-    w = (w + WINDOW_ALIGN - 1) & ~(<size_t>WINDOW_ALIGN - 1)
-    return w if w < chunk else chunk
-
-
 cdef bint page_locked(const void* ptr, size_t nbytes) noexcept nogil:
     """Whether [ptr, ptr + nbytes) lies in one page-locked allocation the driver knows (allocated
     with cuMemHostAlloc or registered with cuMemHostRegister). Asked per dispatch, never cached:
@@ -91,35 +82,167 @@ def is_page_locked_address(uintptr_t address, size_t nbytes):
     return r
 
 
-cdef size_t fill_tasks(const Source* sources, size_t n_sources, size_t lo, size_t hi, char* dst,
-                       const char** input_ptrs, const char* direct, const char* params,
-                       vector[CopyTask]& tasks) noexcept nogil:
-    """Append the copies that produce bytes [lo, hi) of the upload region at ``dst`` (``dst`` holds
-    byte ``lo``), skipping inputs marked ``direct``. Returns the bytes produced."""
-    cdef size_t i, a, b, made = 0
+cdef size_t window_bytes(size_t total, size_t chunk) noexcept nogil:
+    """The window a transfer of ``total`` staged bytes is cut into: about a quarter of it, so even
+    a 4 MiB buffer overlaps copy and DMA, between MIN_WINDOW and the ring's chunk."""
+    cdef size_t w = total // 4
+    if w < MIN_WINDOW:
+        w = MIN_WINDOW
+    w = (w + WINDOW_ALIGN - 1) & ~(<size_t>WINDOW_ALIGN - 1)
+    return w if w < chunk else chunk
+
+
+cdef bint next_upload_window(Cursor* c, const Source* sources, size_t n_sources, const char* direct,
+                             size_t window, const char** input_ptrs, const char* params,
+                             vector[Piece]& pieces, vector[CopyTask]& tasks) noexcept nogil:
+    """The next ring window of an upload. Fills ``pieces`` (device range <- slot offset, stored in
+    ``host`` as an offset from NULL) and ``tasks`` (slot offset <- source bytes; a NULL source
+    zeroes). Direct inputs are skipped. Returns False when nothing is left. Pure: no driver."""
+    cdef size_t used = 0, take, dev_end = <size_t>-1
     cdef const Source* src
+    cdef Piece piece
     cdef CopyTask t
-    for i in range(n_sources):
-        src = &sources[i]
-        if src.offset >= hi:
-            break
-        a = src.offset if src.offset > lo else lo
-        b = src.offset + src.n if src.offset + src.n < hi else hi
-        if b <= a:
+    pieces.clear()
+    tasks.clear()
+    while used < window and c.i < n_sources:
+        src = &sources[c.i]
+        if src.n == 0 or (src.kind == SRC_INPUT and direct != NULL and direct[src.index]):
+            c.i += 1
+            c.pos = 0
             continue
-        if src.kind == SRC_INPUT and direct != NULL and direct[src.index]:
-            continue
-        t.dst = dst + (a - lo)
-        t.n = b - a
+        take = src.n - c.pos
+        if take > window - used:
+            take = window - used
+        if src.offset + c.pos != dev_end:
+            piece.dev_offset = src.offset + c.pos
+            piece.host = <char*>used
+            piece.n = 0
+            pieces.push_back(piece)
+        t.dst = <char*>used
+        t.n = take
         if src.kind == SRC_INPUT:
-            t.src = input_ptrs[src.index] + src.src_offset + (a - src.offset)
+            t.src = input_ptrs[src.index] + src.src_offset + c.pos
         elif src.kind == SRC_PARAMS:
-            t.src = params + src.src_offset + (a - src.offset)
+            t.src = params + src.src_offset + c.pos
         else:
             t.src = NULL
         tasks.push_back(t)
-        made += b - a
-    return made
+        pieces[pieces.size() - 1].n += take  # (indexing yields a reference; back() would copy)
+        used += take
+        c.pos += take
+        dev_end = src.offset + c.pos
+        if c.pos == src.n:
+            c.i += 1
+            c.pos = 0
+    return used != 0
+
+
+cdef bint next_readback_window(Cursor* c, const Piece* pieces, size_t n_pieces, const char* direct,
+                               size_t window, vector[Piece]& dmas, vector[CopyTask]& tasks) noexcept nogil:
+    """The next ring window of a readback: ``dmas`` (device range -> slot offset, in ``host``) and
+    ``tasks`` (slot offset, in ``src`` -> caller memory). Direct pieces are skipped. Pure."""
+    cdef size_t used = 0, take
+    cdef Piece dma
+    cdef CopyTask t
+    dmas.clear()
+    tasks.clear()
+    while used < window and c.i < n_pieces:
+        if pieces[c.i].n == 0 or (direct != NULL and direct[c.i]):
+            c.i += 1
+            c.pos = 0
+            continue
+        take = pieces[c.i].n - c.pos
+        if take > window - used:
+            take = window - used
+        dma.dev_offset = pieces[c.i].dev_offset + c.pos
+        dma.host = <char*>used
+        dma.n = take
+        dmas.push_back(dma)
+        t.dst = pieces[c.i].host + c.pos
+        t.src = <const char*>used
+        t.n = take
+        tasks.push_back(t)
+        used += take
+        c.pos += take
+        if c.pos == pieces[c.i].n:
+            c.i += 1
+            c.pos = 0
+    return used != 0
+
+
+cdef inline bint _more(Cursor* c, const Piece* pieces, size_t n_pieces, const char* direct) noexcept nogil:
+    # skip empty and direct pieces; True when staged bytes remain
+    while c.i < n_pieces and (pieces[c.i].n == 0 or (direct != NULL and direct[c.i])):
+        c.i += 1
+        c.pos = 0
+    return c.i < n_pieces
+
+
+def plan_upload_windows(list sources, list direct, size_t staged_total, size_t chunk_bytes):
+    """Pure view of the upload windowing, for property tests.
+
+    ``sources``: (offset, n, kind, index, src_offset) runs (kind 0 zero, 1 input, 2 params);
+    ``direct``: per input index. Input ``i``'s bytes are addressed as ``(i + 1) << 40`` and the
+    params blob as ``1 << 60`` so tests can check where every byte comes from. Returns the window
+    size and a list of windows, each ``(pieces, tasks)`` with pieces ``(device offset, slot
+    offset, n)`` and tasks ``(slot offset, source address or None, n)``.
+    """
+    cdef vector[Source] srcs
+    cdef vector[char] flags
+    cdef vector[const char*] ptrs
+    cdef vector[Piece] pieces
+    cdef vector[CopyTask] tasks
+    cdef Source src
+    cdef Cursor cur
+    cdef size_t window = window_bytes(staged_total, chunk_bytes)
+    for offset, n, kind, index, src_offset in sources:
+        src.offset, src.n, src.kind, src.index, src.src_offset = offset, n, kind, index, src_offset
+        srcs.push_back(src)
+    cdef char flag_c
+    for i, flag in enumerate(direct):
+        # (through a typed local: Cython 3.3 mistypes a conditional expression passed to push_back)
+        flag_c = 1 if flag else 0
+        flags.push_back(flag_c)
+        ptrs.push_back(<const char*><uintptr_t>((i + 1) << 40))
+    out = []
+    cur.i = cur.pos = 0
+    while next_upload_window(&cur, srcs.data(), srcs.size(), flags.data(), window, ptrs.data(),
+                             <const char*><uintptr_t>(1 << 60), pieces, tasks):
+        out.append((
+            [(p.dev_offset, <uintptr_t>p.host, p.n) for p in pieces],
+            [(<uintptr_t>t.dst, None if t.src == NULL else <uintptr_t>t.src, t.n) for t in tasks],
+        ))
+    return window, out
+
+
+def plan_readback_windows(list pieces, list direct, size_t chunk_bytes):
+    """Pure view of the readback windowing: ``pieces`` are (device offset, host address, n).
+    Returns the window size and windows of ``(dmas, tasks)``: dmas ``(device offset, slot offset,
+    n)``, tasks ``(host address, slot offset, n)``."""
+    cdef vector[Piece] ps
+    cdef vector[char] flags
+    cdef vector[Piece] dmas
+    cdef vector[CopyTask] tasks
+    cdef Piece piece
+    cdef Cursor cur
+    cdef size_t staged = 0
+    cdef char flag_c
+    for (dev, host, n), flag in zip(pieces, direct):
+        piece.dev_offset, piece.host, piece.n = dev, <char*><uintptr_t>host, n
+        ps.push_back(piece)
+        flag_c = 1 if flag else 0
+        flags.push_back(flag_c)
+        if not flag:
+            staged += n
+    cdef size_t window = window_bytes(staged, chunk_bytes)
+    out = []
+    cur.i = cur.pos = 0
+    while next_readback_window(&cur, ps.data(), ps.size(), flags.data(), window, dmas, tasks):
+        out.append((
+            [(d.dev_offset, <uintptr_t>d.host, d.n) for d in dmas],
+            [(<uintptr_t>t.dst, <uintptr_t>t.src, t.n) for t in tasks],
+        ))
+    return window, out
 
 
 cdef class TransferEngine:
@@ -177,14 +300,13 @@ cdef class TransferEngine:
         """Send the upload region to ``slab`` on stream ``s``: direct inputs straight from the
         caller's page-locked memory, everything else through the ring. Returns the first failure."""
         cdef cydriver.CUresult st, rec
-        cdef size_t i, staged = 0, window, used, dev_end, take, pos
+        cdef size_t i, staged = 0, window
         cdef const Source* src
         cdef vector[CopyTask] tasks
         cdef vector[Piece] pieces
-        cdef Piece piece
-        cdef CopyTask t
+        cdef Cursor cur
         cdef int k
-        cdef char* dst
+        cdef char* slot
         cdef unsigned long long t0
         for i in range(n_sources):
             src = &sources[i]
@@ -198,16 +320,10 @@ cdef class TransferEngine:
                     return st
             else:
                 staged += src.n
-        if staged == 0:
-            return cydriver.CUDA_SUCCESS
-        window = _window(staged, self.chunk_bytes)
-        i = 0
-        pos = 0
-        while i < n_sources:
-            src = &sources[i]
-            if src.n == 0 or (src.kind == SRC_INPUT and direct[src.index]):
-                i += 1
-                continue
+        window = window_bytes(staged, self.chunk_bytes)
+        cur.i = cur.pos = 0
+        while next_upload_window(&cur, sources, n_sources, direct, window, input_ptrs, params,
+                                 pieces, tasks):
             k = self.slots.acquire()
             # the slot's previous DMA (any dispatch's) must be done before the host overwrites it
             call[0] = b"cuEventSynchronize"
@@ -215,48 +331,17 @@ cdef class TransferEngine:
             if st != cydriver.CUDA_SUCCESS:
                 self.slots.release(k)
                 return st
-            dst = self.ring + <size_t>k * self.chunk_bytes
-            used = 0
-            tasks.clear()
-            pieces.clear()
-            dev_end = <size_t>-1
-            while used < window and i < n_sources:
-                src = &sources[i]
-                if src.n == 0 or (src.kind == SRC_INPUT and direct[src.index]):
-                    i += 1
-                    pos = 0
-                    continue
-                take = src.n - pos
-                if take > window - used:
-                    take = window - used
-                if src.offset + pos != dev_end:
-                    piece.dev_offset = src.offset + pos
-                    piece.host = dst + used
-                    piece.n = 0
-                    pieces.push_back(piece)
-                t.dst = dst + used
-                t.n = take
-                if src.kind == SRC_INPUT:
-                    t.src = input_ptrs[src.index] + src.src_offset + pos
-                elif src.kind == SRC_PARAMS:
-                    t.src = params + src.src_offset + pos
-                else:
-                    t.src = NULL
-                tasks.push_back(t)
-                pieces.back().n += take
-                used += take
-                pos += take
-                dev_end = src.offset + pos
-                if pos == src.n:
-                    i += 1
-                    pos = 0
+            slot = self.ring + <size_t>k * self.chunk_bytes
+            for i in range(tasks.size()):
+                tasks[i].dst = slot + <size_t>tasks[i].dst
             t0 = now_ns()
             self.pool.run(tasks.data(), tasks.size())
             copy_ns[0] += now_ns() - t0
             st = cydriver.CUDA_SUCCESS
-            for piece in pieces:
+            for i in range(pieces.size()):
                 call[0] = b"cuMemcpyHtoDAsync"
-                st = cydriver.cuMemcpyHtoDAsync(slab + piece.dev_offset, piece.host, piece.n, s)
+                st = cydriver.cuMemcpyHtoDAsync(slab + pieces[i].dev_offset, slot + <size_t>pieces[i].host,
+                                                pieces[i].n, s)
                 if st != cydriver.CUDA_SUCCESS:
                     break
             # record even after a failed enqueue: the next holder must not overwrite a slot that a
@@ -280,13 +365,14 @@ cdef class TransferEngine:
         k overlapping the DMA of the windows after it. Returns when every byte has landed."""
         cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
         cdef cydriver.CUresult rec
-        cdef size_t i, staged = 0, window, used, take, pos = 0
+        cdef size_t i, staged = 0, window
         cdef bint any_direct = False
         cdef int held_slot[READBACK_DEPTH]
         cdef vector[CopyTask] held_tasks[READBACK_DEPTH]
-        cdef int head = 0, nheld = 0, slot_index, k
-        cdef char* dst
-        cdef CopyTask t
+        cdef vector[Piece] dmas
+        cdef int head = 0, nheld = 0, index, k
+        cdef char* slot
+        cdef Cursor cur
         for i in range(n_pieces):
             if direct != NULL and direct[i]:
                 any_direct = True
@@ -297,47 +383,31 @@ cdef class TransferEngine:
                     return st
             else:
                 staged += pieces[i].n
-        window = _window(staged, self.chunk_bytes)
-        i = 0
+        window = window_bytes(staged, self.chunk_bytes)
+        cur.i = cur.pos = 0
         while True:
             # keep up to READBACK_DEPTH windows in flight; block for a slot only when holding none
-            while i < n_pieces and nheld < READBACK_DEPTH and st == cydriver.CUDA_SUCCESS:
-                if pieces[i].n == 0 or (direct != NULL and direct[i]):
-                    i += 1
-                    pos = 0
-                    continue
+            while nheld < READBACK_DEPTH and st == cydriver.CUDA_SUCCESS and _more(&cur, pieces, n_pieces, direct):
                 k = self.slots.acquire() if nheld == 0 else self.slots.try_acquire()
                 if k < 0:
                     break
+                index = (head + nheld) % READBACK_DEPTH
+                next_readback_window(&cur, pieces, n_pieces, direct, window, dmas, held_tasks[index])
+                held_slot[index] = k
+                nheld += 1
+                slot = self.ring + <size_t>k * self.chunk_bytes
                 # the GPU writes this slot: order after its previous DMA on the GPU, not the host
                 call[0] = b"cuStreamWaitEvent"
                 st = cydriver.cuStreamWaitEvent(s, self.events[k], 0)
-                slot_index = (head + nheld) % READBACK_DEPTH
-                held_slot[slot_index] = k
-                held_tasks[slot_index].clear()
-                nheld += 1
-                dst = self.ring + <size_t>k * self.chunk_bytes
-                used = 0
-                while st == cydriver.CUDA_SUCCESS and used < window and i < n_pieces:
-                    if pieces[i].n == 0 or (direct != NULL and direct[i]):
-                        i += 1
-                        pos = 0
-                        continue
-                    take = pieces[i].n - pos
-                    if take > window - used:
-                        take = window - used
+                for i in range(dmas.size()):
+                    if st != cydriver.CUDA_SUCCESS:
+                        break
                     call[0] = b"cuMemcpyDtoHAsync"
-                    st = cydriver.cuMemcpyDtoHAsync(dst + used, slab + pieces[i].dev_offset + pos, take, s)
+                    st = cydriver.cuMemcpyDtoHAsync(slot + <size_t>dmas[i].host, slab + dmas[i].dev_offset,
+                                                    dmas[i].n, s)
                     ops[0] += 1
-                    t.dst = pieces[i].host + pos
-                    t.src = dst + used
-                    t.n = take
-                    held_tasks[slot_index].push_back(t)
-                    used += take
-                    pos += take
-                    if pos == pieces[i].n:
-                        i += 1
-                        pos = 0
+                for i in range(held_tasks[index].size()):
+                    held_tasks[index][i].src = slot + <size_t>held_tasks[index][i].src
                 rec = cydriver.cuEventRecord(self.events[k], s)
                 if rec != cydriver.CUDA_SUCCESS and st == cydriver.CUDA_SUCCESS:
                     call[0] = b"cuEventRecord"
@@ -373,6 +443,11 @@ cdef class TransferEngine:
 
     def free_slots(self):
         return self.slots.free_count()
+
+    def stop_threads(self):
+        """Join the copy threads (idempotent; never needs the driver)."""
+        with nogil:
+            self.pool.stop()
 
     def close(self):
         """Join the copy threads and free the ring (idempotent). Call when nothing is in flight."""

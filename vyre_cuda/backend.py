@@ -418,6 +418,8 @@ class CudaBackend:
                     module.unload()
             except BackendError as exc:
                 log.warning("CudaBackend.close: %s", exc.message)
+        # the copy threads are joined on every path, a lost context included
+        core.xfer.stop_threads()
         self._modules.clear()
         if core.lost is not None or core.outstanding == 0:
             # a lost backend gives its context back too: the last release destroys a faulted context

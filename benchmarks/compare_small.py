@@ -1,0 +1,74 @@
+"""Small-dispatch regression check: this tree against another build of vyre_cuda, same machine,
+same run, interleaved (A B A B ...), each in its own interpreter. Prints medians and the ratio.
+
+    python benchmarks/compare_small.py --other /path/to/other/checkout [--sizes 4096,65536]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+
+CHILD = r"""
+import json, sys, time
+import numpy as np
+import vyre_cuda as vc
+from vyre_cuda import builtin_programs as bp
+nbytes, iters = int(sys.argv[1]), int(sys.argv[2])
+n = nbytes // 4
+rng = np.random.default_rng(1)
+a = rng.standard_normal(n).astype(np.float32); b = rng.standard_normal(n).astype(np.float32)
+prog = bp.vecadd_f32()
+with vc.CudaBackend(0) as g:
+    for _ in range(2000):
+        (out,) = g.dispatch(prog, [a, b])
+    assert np.array_equal(out, a + b)
+    times = []
+    pc = time.perf_counter_ns
+    for _ in range(iters):
+        t0 = pc(); g.dispatch(prog, [a, b]); times.append(pc() - t0)
+times.sort()
+print(json.dumps({"median_ns": times[len(times) // 2], "p10_ns": times[len(times) // 10], "file": vc.__file__}))
+"""
+
+
+def run(root: pathlib.Path, nbytes: int, iters: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(root))
+    out = subprocess.run([sys.executable, "-c", CHILD, str(nbytes), str(iters)], cwd="/", env=env,
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--other", required=True, type=pathlib.Path)
+    ap.add_argument("--sizes", default="4096")
+    ap.add_argument("--iterations", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    here = pathlib.Path(__file__).resolve().parents[1]
+    report = {}
+    for nbytes in (int(s) for s in args.sizes.split(",")):
+        mine, other = [], []
+        for _ in range(args.rounds):
+            mine.append(run(here, nbytes, args.iterations)["median_ns"])
+            other.append(run(args.other.resolve(), nbytes, args.iterations)["median_ns"])
+        m, o = statistics.median(mine), statistics.median(other)
+        report[nbytes] = dict(this_ns=mine, other_ns=other, ratio=m / o)
+        print(f"{nbytes:>9} B per buffer: this {m / 1e3:7.2f} us, other {o / 1e3:7.2f} us, ratio {m / o:.3f} "
+              f"(rounds this {[round(x / 1e3, 2) for x in mine]}, other {[round(x / 1e3, 2) for x in other]})")
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
