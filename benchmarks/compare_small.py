@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 CHILD = r"""
-import json, sys, time
+import json, os, sys, time
 import numpy as np
 import vyre_cuda as vc
 from vyre_cuda import builtin_programs as bp
@@ -24,6 +24,9 @@ n = nbytes // 4
 rng = np.random.default_rng(1)
 a = rng.standard_normal(n).astype(np.float32); b = rng.standard_normal(n).astype(np.float32)
 prog = bp.vecadd_f32()
+mode = os.environ.get("VYRE_CUDA_WAIT_MODE")
+if mode is not None and hasattr(vc._dispatch, "_set_wait_mode"):
+    vc._dispatch._set_wait_mode(int(mode))
 with vc.CudaBackend(0) as g:
     for _ in range(2000):
         (out,) = g.dispatch(prog, [a, b])
@@ -37,8 +40,10 @@ print(json.dumps({"median_ns": times[len(times) // 2], "p10_ns": times[len(times
 """
 
 
-def run(root: pathlib.Path, nbytes: int, iters: int) -> dict:
+def run(root: pathlib.Path, nbytes: int, iters: int, wait_mode=None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(root))
+    if wait_mode is not None:
+        env["VYRE_CUDA_WAIT_MODE"] = str(wait_mode)
     out = subprocess.run([sys.executable, "-c", CHILD, str(nbytes), str(iters)], cwd="/", env=env,
                          capture_output=True, text=True, timeout=600)
     if out.returncode:
@@ -53,16 +58,25 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out")
+    ap.add_argument("--wait-modes", default="", help="also time this tree with these wait modes (e.g. 1,2)")
     args = ap.parse_args(argv)
     here = pathlib.Path(__file__).resolve().parents[1]
     report = {}
     for nbytes in (int(s) for s in args.sizes.split(",")):
         mine, other = [], []
+        modes = [int(x) for x in args.wait_modes.split(",") if x]
+        variants = {m: [] for m in modes}
         for _ in range(args.rounds):
             mine.append(run(here, nbytes, args.iterations)["median_ns"])
             other.append(run(args.other.resolve(), nbytes, args.iterations)["median_ns"])
+            for mode in modes:
+                variants[mode].append(run(here, nbytes, args.iterations, mode)["median_ns"])
         m, o = statistics.median(mine), statistics.median(other)
-        report[nbytes] = dict(this_ns=mine, other_ns=other, ratio=m / o)
+        report[nbytes] = dict(this_ns=mine, other_ns=other, ratio=m / o,
+                              wait_modes={k: v for k, v in variants.items()})
+        for mode, values in variants.items():
+            v = statistics.median(values)
+            print(f"{nbytes:>9} B per buffer: wait mode {mode}: {v / 1e3:7.2f} us, ratio to other {v / o:.3f}")
         print(f"{nbytes:>9} B per buffer: this {m / 1e3:7.2f} us, other {o / 1e3:7.2f} us, ratio {m / o:.3f} "
               f"(rounds this {[round(x / 1e3, 2) for x in mine]}, other {[round(x / 1e3, 2) for x in other]})")
     if args.out:

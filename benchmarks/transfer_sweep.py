@@ -213,6 +213,33 @@ def mirror_boundary(report):
     report["mirror_boundary"] = rows
 
 
+def window_sweep(report):
+    """Smallest window size against mid-size buffers (dispatch_into, pageable in and out)."""
+    from vyre_cuda import _transfer
+
+    prog = bp.vecadd_f32()
+    rng = np.random.default_rng(5)
+    rows = []
+    try:
+        for nbytes in (512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20):
+            n = nbytes // 4
+            a = rng.standard_normal(n).astype(np.float32)
+            b = rng.standard_normal(n).astype(np.float32)
+            out = np.empty_like(a)
+            row = dict(bytes=nbytes, pageable_floor_us=pageable_floor(a, b, out) * 1e6)
+            for w in (256 << 10, 512 << 10, 1 << 20):
+                _transfer._set_min_window(w)
+                with vc.CudaBackend(0) as g:
+                    g.dispatch_into(prog, [a, b], [out])
+                    assert np.array_equal(out, a + b)
+                    row[f"min_window_{w >> 10}k_us"] = median_time(lambda: g.dispatch_into(prog, [a, b], [out]), 100) * 1e6
+            rows.append(row)
+            print("window", {k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()})
+    finally:
+        _transfer._set_min_window(1 << 20)
+    report["windows"] = rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="transfer-sweep.json")
@@ -223,7 +250,8 @@ def main(argv=None):
     probe_pointers(report)
     probe_allocators(report, backend)
     mirror_boundary(report)
-    shapes = [(8 * MIB, 4, 8), (4 * MIB, 4, 8), (16 * MIB, 4, 8), (8 * MIB, 8, 8), (8 * MIB, 4, 4), (8 * MIB, 4, 15), (8 * MIB, 4, 0)]
+    window_sweep(report)
+    shapes = [(8 * MIB, 4, 8), (16 * MIB, 4, 8), (8 * MIB, 4, 15)]
     sizes = [4 * MIB, 64 * MIB, 256 * MIB]
     if args.quick:
         shapes, sizes = shapes[:2], sizes[:2]

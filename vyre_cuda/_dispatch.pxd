@@ -2,7 +2,7 @@ from cpython.buffer cimport Py_buffer
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
-from ._pools cimport DevicePool, PinnedPool, StreamPool
+from ._pools cimport DevicePool, PinnedPool, HostPool, StreamPool
 from ._transfer cimport TransferEngine, Source, Piece, CoopOrder
 
 cdef enum:
@@ -86,6 +86,7 @@ cdef class Core:
     cdef cydriver.CUcontext ctx
     cdef public DevicePool dpool
     cdef public PinnedPool ppool
+    cdef public HostPool opool
     cdef public StreamPool spool
     cdef public TransferEngine xfer
     cdef dict prepared

@@ -41,6 +41,20 @@ cdef class PinnedPool(BlockPool):
     pass
 
 
+cdef class HostPool(BlockPool):
+    pass
+
+
+cdef class LentBlock:
+    cdef BlockPool pool
+    cdef uintptr_t ptr
+    cdef size_t block
+    cdef size_t nbytes
+
+
+cdef LentBlock lend_block(BlockPool pool, size_t nbytes)
+
+
 cdef class StreamPool:
     cdef cydriver.CUcontext ctx
     cdef vector[cydriver.CUstream] streams
@@ -59,4 +73,4 @@ cdef class StreamPool:
     cdef void _destroy_cached(self) noexcept
 
 
-cdef size_t pinned_block_size(size_t nbytes) noexcept nogil
+cdef size_t host_block_size(size_t nbytes) noexcept nogil

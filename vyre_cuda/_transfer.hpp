@@ -108,6 +108,17 @@ class CopyPool {
         return static_cast<int>(participants);
     }
 
+    // Wake sleeping workers ahead of a job that follows within microseconds (a dispatch about
+    // to stream through the ring), so the first window does not pay a thread wake-up.
+    void wake() {
+        if (!workers_ || pid_ != getpid()) return;
+        {
+            std::lock_guard<std::mutex> lk(wake_mutex_);
+            generation_.fetch_add(1, std::memory_order_seq_cst);
+        }
+        wake_.notify_all();
+    }
+
     // Join every worker (idempotent). Called on close and from the destructor.
     void stop() {
         if (!workers_) return;

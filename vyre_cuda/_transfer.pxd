@@ -14,6 +14,7 @@ cdef extern from "_transfer.hpp" namespace "vyre" nogil:
         int live_threads()
         unsigned long long parallel_jobs()
         int run(const CopyTask* tasks, size_t n_tasks)
+        void wake()
         void stop()
 
     cdef cppclass SlotTable:
@@ -75,6 +76,7 @@ cdef class TransferEngine:
 
     cdef int ensure_ring(self) except -1
     cdef void copy(self, CopyTask* tasks, size_t n) noexcept nogil
+    cdef void wake(self) noexcept nogil
     cdef cydriver.CUresult upload(self, cydriver.CUstream s, cydriver.CUdeviceptr slab,
                                   const Source* sources, size_t n_sources, const char** input_ptrs,
                                   const char* direct, const char* params,

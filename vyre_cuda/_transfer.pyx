@@ -21,7 +21,6 @@ from cuda.bindings cimport cydriver
 from ._driver cimport check_cu, bind_context, now_ns
 
 cdef enum:
-    MIN_WINDOW = 1 << 20        # below this a window's driver calls cost more than its overlap buys
     WINDOW_ALIGN = 64 << 10
     READBACK_DEPTH = 3          # readback windows in flight per dispatch (DMA ahead of copy-out)
 
@@ -82,12 +81,22 @@ def is_page_locked_address(uintptr_t address, size_t nbytes):
     return r
 
 
+# below this a window's driver calls cost more than its overlap buys
+cdef size_t _min_window = 1 << 20
+
+
+def _set_min_window(size_t nbytes):
+    """For measurements only: the smallest window a transfer is cut into."""
+    global _min_window
+    _min_window = nbytes
+
+
 cdef size_t window_bytes(size_t total, size_t chunk) noexcept nogil:
     """The window a transfer of ``total`` staged bytes is cut into: about a quarter of it, so even
     a 4 MiB buffer overlaps copy and DMA, between MIN_WINDOW and the ring's chunk."""
     cdef size_t w = total // 4
-    if w < MIN_WINDOW:
-        w = MIN_WINDOW
+    if w < _min_window:
+        w = _min_window
     w = (w + WINDOW_ALIGN - 1) & ~(<size_t>WINDOW_ALIGN - 1)
     return w if w < chunk else chunk
 
@@ -292,6 +301,9 @@ cdef class TransferEngine:
     cdef void copy(self, CopyTask* tasks, size_t n) noexcept nogil:
         self.pool.run(tasks, n)
 
+    cdef void wake(self) noexcept nogil:
+        self.pool.wake()
+
     cdef cydriver.CUresult upload(self, cydriver.CUstream s, cydriver.CUdeviceptr slab,
                                   const Source* sources, size_t n_sources, const char** input_ptrs,
                                   const char* direct, const char* params,
@@ -383,6 +395,8 @@ cdef class TransferEngine:
                     return st
             else:
                 staged += pieces[i].n
+        if staged:
+            self.pool.wake()  # the copy threads wake during the first window's DMA
         window = window_bytes(staged, self.chunk_bytes)
         cur.i = cur.pos = 0
         while True:

@@ -148,6 +148,9 @@ class CudaBackend:
     copy_threads : int or None
         Native threads (besides the dispatching one) that split large host copies; None picks
         ``min(8, os.cpu_count() - 1)``. 0 copies on the dispatching thread only.
+    output_cache_bytes : int
+        Host memory kept for the outputs of large dispatches once those arrays die, so the next
+        large output needs no fresh (page-faulting) memory. 0 turns the cache off.
 
     Examples
     --------
@@ -161,12 +164,13 @@ class CudaBackend:
 
     def __init__(self, device: int = 0, *, device_pool_bytes: int = 256 << 20, pinned_pool_bytes: int = 128 << 20,
                  staging_chunk_bytes: int = DEFAULT_CHUNK_BYTES, staging_chunks: int = DEFAULT_CHUNKS,
-                 copy_threads: int | None = None):
+                 copy_threads: int | None = None, output_cache_bytes: int = 1 << 30):
         from ._dispatch import Core  # noqa: PLC0415 (the compiled core loads at first use)
 
         if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
             raise ValidationError(f"device must be an int ordinal (got {device!r})", "pass device=0 or another ordinal")
-        for name, value in (("device_pool_bytes", device_pool_bytes), ("pinned_pool_bytes", pinned_pool_bytes)):
+        for name, value in (("device_pool_bytes", device_pool_bytes), ("pinned_pool_bytes", pinned_pool_bytes),
+                            ("output_cache_bytes", output_cache_bytes)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**63:
                 raise ValidationError(
                     f"{name} must be a non-negative int (got {value!r})",
@@ -181,7 +185,7 @@ class CudaBackend:
         self._plan_lock = threading.RLock()
         trace = os.environ.get("VYRE_CUDA_TRACE", "") not in ("", "0")
         self._core = Core(self._ctx, self._plan, device_pool_bytes, pinned_pool_bytes, trace,
-                          self.device, chunk_bytes, chunks, threads)
+                          self.device, chunk_bytes, chunks, threads, output_cache_bytes)
         self.telemetry = Telemetry(self._core)
         self._closed = False
         # The hot entry points go straight to the core's C methods (one Python frame less per
@@ -364,6 +368,7 @@ class CudaBackend:
         self._check_open()
         self._core.dpool.trim()
         self._core.ppool.trim()
+        self._core.opool.trim()
 
     @contextlib.contextmanager
     def register(self, array):
@@ -412,6 +417,7 @@ class CudaBackend:
                 _driver.context_synchronize()
                 core.dpool.close()
                 core.ppool.close()
+                core.opool.close()
                 core.spool.close()
                 core.xfer.close()
                 for module in self._modules.values():
