@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import hashlib
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -285,7 +285,7 @@ class BufferDecl:
             )
 
     def _validate_byte_range(self) -> None:
-        r = self.output_byte_range
+        r: Any = self.output_byte_range
         ok = isinstance(r, (tuple, list)) and len(r) == 2 and all(_is_int(x) for x in r)
         if not ok or r[0] < 0 or r[1] < r[0]:
             raise InvalidProgram(
@@ -534,11 +534,11 @@ class Program:
     """
 
     kernel: Kernel
-    buffers: tuple
+    buffers: Sequence[BufferDecl]  # stored as a tuple
     workgroup_size: tuple = (256, 1, 1)
     grid_sync: bool = False
     phases: int = 1
-    requires: tuple = ()
+    requires: Sequence[str] = ()  # stored as a tuple
     name: str = field(default="")
     launch: str | Callable[[Mapping[str, int]], int] | None = None
 

@@ -214,7 +214,7 @@ def _checked_meta(meta, key: str, entry: str):
 
 def disk_store(compiled: CompiledKernel) -> None:
     """Write the entry (blobs first, the .json that validates them last); never raises."""
-    blobs = {".ptx": compiled.ptx.encode()}
+    blobs = {".ptx": (compiled.ptx or "").encode()}
     if compiled.kind == "cubin":
         blobs[".cubin"] = compiled.image
     meta = {
@@ -361,6 +361,7 @@ def cache_info() -> dict:
         except OSError:
             continue
         entries += path.suffix == ".json"
+    info: dict[str, object]
     with _lock:
         info = {"memory_entries": len(_memory), **_stats}
     info.update(dir=str(cache_dir()), disk_enabled=disk_enabled(), disk_entries=entries, disk_bytes=size)

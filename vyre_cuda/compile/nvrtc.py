@@ -202,8 +202,8 @@ def compile_source(nvrtc, version, kernel, options, plan, key) -> CompiledKernel
     _check(nvrtc, err, "nvrtcCreateProgram")
     try:
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])
-        log = _read(nvrtc, prog, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog)
-        log = log.rstrip(b"\0").decode(errors="replace").strip()
+        raw_log = _read(nvrtc, prog, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog)
+        log = raw_log.rstrip(b"\0").decode(errors="replace").strip()
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             header = missing_header(log)
             fix = missing_header_fix(header, version[0]) if header else _SOURCE_FIX
@@ -213,9 +213,9 @@ def compile_source(nvrtc, version, kernel, options, plan, key) -> CompiledKernel
                 fix,
                 log=log,
             )
-        ptx = _read(nvrtc, prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
-        ptx = ptx.rstrip(b"\0").decode()
-        cubin = None
+        raw_ptx = _read(nvrtc, prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
+        ptx = raw_ptx.rstrip(b"\0").decode()
+        cubin = b""
         if kind == "cubin":
             cubin = _read(nvrtc, prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
     finally:

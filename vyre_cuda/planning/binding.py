@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .._accounting import checked_mul
 from ..errors import InvalidProgram, UnsupportedFeature, ValidationError
-from ..program import BindingRole
+from ..program import BindingRole, BufferDecl
 
 __all__ = ["BindingSlot", "BindingPlan", "plan_bindings", "input_spec"]
 
@@ -15,7 +15,7 @@ __all__ = ["BindingSlot", "BindingPlan", "plan_bindings", "input_spec"]
 class BindingSlot:
     """One non-workgroup binding as the dispatch sees it."""
 
-    decl: object
+    decl: BufferDecl
     role: BindingRole
     input_index: int  # index into the caller's inputs, -1 when none
     output_index: int  # index into the returned outputs, -1 when none

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import types
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -205,7 +206,7 @@ def _warn_if_undersized(program, bplan, element_count, sized_by, sizing) -> None
 def _caller_level() -> int:
     """The stacklevel of the first frame outside vyre_cuda (the caller's dispatch line)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame = frame.f_back
