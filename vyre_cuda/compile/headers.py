@@ -48,6 +48,7 @@ _STD_HEADERS = frozenset(
 _MISSING = re.compile(r'(?:could not|cannot) open source file "([^"]+)"')
 
 
+@functools.lru_cache(maxsize=1)
 def include_dir() -> str:
     """Absolute path of the folder holding ``vyre_cuda.cuh``, on NVRTC's include path.
 
