@@ -149,9 +149,10 @@ def _runtime_count(program, runtime: dict) -> int:
             f"runtime-sized inputs {first[0]!r} ({first[1]} elements) and {other[0]!r} "
             f"({other[1]} elements) differ in length; by default the runtime-sized inputs of one "
             f"program hold equal element counts ({listing})",
-            "pass inputs of equal length, or declare which binding sizes the launch with "
+            "pass inputs of equal length; give a buffer that is not indexed per element (a "
+            "uniform, a table) a static count; or declare which binding sizes the launch with "
             f"Program(..., launch={first[0]!r}) and bound-check each buffer in the kernel with "
-            "vyre_binding_count(params, binding)",
+            "vyre_in_bounds(params, binding, i)",
         )
     if isinstance(program.launch, str) and program.launch in runtime:
         return runtime[program.launch]
