@@ -105,6 +105,8 @@ def test_the_output_flag_field_is_is_output():
     # dataclasses.replace passes the field name: it must keep the flag
     assert dataclasses.replace(decl, count=8) == BufferDecl.output("o", 0, "f32", 8)
     assert dataclasses.replace(BufferDecl.read("a", 0, "u8"), count=3).is_output is False
+    assert dataclasses.replace(BufferDecl.read_write("a", 0, "u8"), is_output=True).role is R.OUTPUT
+    raises(InvalidProgram, dataclasses.replace, BufferDecl.read_write("a", 0, "u8"), output=True)  # never ignored
     assert callable(BufferDecl.output) and BufferDecl.output.__doc__
 
 

@@ -221,15 +221,19 @@ class BufferDecl:
         access: BufferAccess | str,
         dtype: Any,
         count: int = 0,
-        output: bool = False,
+        output: bool | None = None,  # None: False
         output_byte_range: tuple | None = None,
         alignment: int | None = None,
         persistent: bool = False,
         *,
         is_output: bool | None = None,  # the field's own name, so dataclasses.replace works
     ) -> None:
-        if is_output is not None:
-            output = is_output
+        if output is not None and is_output is not None and output != is_output:
+            raise InvalidProgram(
+                f"buffer {name!r}: output={output!r} and is_output={is_output!r} disagree",
+                "pass one of them (dataclasses.replace takes is_output=)",
+            )
+        output = is_output if is_output is not None else (False if output is None else output)
         values = (name, binding, access, dtype, count, output, output_byte_range, alignment, persistent)
         for f, value in zip(dataclasses.fields(self), values):
             object.__setattr__(self, f.name, value)
