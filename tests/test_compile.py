@@ -21,7 +21,8 @@ from vyre_cuda.compile import (
     nvrtc_version,
     ptx_entries,
 )
-from vyre_cuda import compile as compile_mod
+from vyre_cuda.compile import cache as cache_mod
+from vyre_cuda.compile import nvrtc as nvrtc_mod
 from vyre_cuda.errors import KernelCompileFailed, ValidationError
 from vyre_cuda.program import Kernel
 
@@ -56,7 +57,7 @@ def forbid_compiling(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("NVRTC compiled although the kernel was cached")
 
-    monkeypatch.setattr(compile_mod, "_compile", refuse)
+    monkeypatch.setattr(nvrtc_mod, "compile_source", refuse)
 
 
 # Compilation ----------------------------------------------------------------------------------
@@ -173,7 +174,7 @@ def test_missing_nvrtc_is_a_compile_failure_with_an_install_fix(monkeypatch):
     def missing():
         raise ImportError("libnvrtc.so.13: cannot open shared object file")
 
-    monkeypatch.setattr(compile_mod, "_import_nvrtc", missing)
+    monkeypatch.setattr(nvrtc_mod, "_import_nvrtc", missing)
     assert nvrtc_version() is None
     with pytest.raises(KernelCompileFailed) as info:
         compile_kernel(kernel(), arch=(9, 0))
@@ -185,7 +186,7 @@ def test_nvrtc_library_not_found_is_a_compile_failure(monkeypatch):
     def not_found():
         raise RuntimeError("Failure finding libnvrtc.so")
 
-    monkeypatch.setattr(compile_mod, "_import_nvrtc", not_found)
+    monkeypatch.setattr(nvrtc_mod, "_import_nvrtc", not_found)
     with pytest.raises(KernelCompileFailed):
         compile_kernel(kernel())
 
@@ -233,7 +234,7 @@ def test_ptx_kernel_needs_no_nvrtc(monkeypatch):
     def missing():
         raise ImportError("no NVRTC")
 
-    monkeypatch.setattr(compile_mod, "_import_nvrtc", missing)
+    monkeypatch.setattr(nvrtc_mod, "_import_nvrtc", missing)
     assert compile_kernel(Kernel.ptx(PTX)).kind == "ptx"
 
 
@@ -259,7 +260,7 @@ def test_memory_cache_hit_does_not_compile_or_touch_nvrtc(monkeypatch):
     first = compile_kernel(kernel(), arch=(9, 0))
     before = cache_info()
     forbid_compiling(monkeypatch)
-    monkeypatch.setattr(compile_mod, "_import_nvrtc", lambda: pytest.fail("NVRTC was loaded"))
+    monkeypatch.setattr(nvrtc_mod, "_import_nvrtc", lambda: pytest.fail("NVRTC was loaded"))
     again = compile_kernel(kernel(), arch=(9, 0))
     after = cache_info()
     assert again is first
@@ -280,7 +281,7 @@ def test_memory_cache_separates_arch_and_defines():
 
 def test_memory_cache_is_bounded_lru(monkeypatch):
     monkeypatch.setenv("VYRE_CUDA_DISK_CACHE", "0")
-    monkeypatch.setattr(compile_mod, "_MEMORY_CAP", 2)
+    monkeypatch.setattr(cache_mod, "MEMORY_CAP", 2)
     kernels = [kernel(SOURCE + f"// variant {i}\n") for i in range(3)]
     compile_kernel(kernels[0])
     compile_kernel(kernels[1])
@@ -371,13 +372,13 @@ def test_key_covers_options_arch_defines_and_source(monkeypatch):
 def test_key_covers_package_nvrtc_and_header_versions(monkeypatch):
     options = ("-std=c++17", "-arch=sm_90")
     k = kernel()
-    base = compile_mod._cache_key((13, 3), options, k)
-    assert compile_mod._cache_key((13, 3), options, k) == base
-    keys = {base, compile_mod._cache_key((13, 0), options, k)}
-    monkeypatch.setattr(compile_mod, "_package_version", lambda: "999.0")
-    keys.add(compile_mod._cache_key((13, 3), options, k))
-    monkeypatch.setattr(compile_mod, "_header_digest", lambda: "0" * 64)
-    keys.add(compile_mod._cache_key((13, 3), options, k))
+    base = cache_mod.cache_key((13, 3), options, k)
+    assert cache_mod.cache_key((13, 3), options, k) == base
+    keys = {base, cache_mod.cache_key((13, 0), options, k)}
+    monkeypatch.setattr(cache_mod, "_package_version", lambda: "999.0")
+    keys.add(cache_mod.cache_key((13, 3), options, k))
+    monkeypatch.setattr(cache_mod, "header_digest", lambda: "0" * 64)
+    keys.add(cache_mod.cache_key((13, 3), options, k))
     assert len(keys) == 4
 
 

@@ -67,6 +67,7 @@ def bfs(n=1000):
         grid_sync=True,
         phases=2,
         name="bfs_relax",
+        launch="dist",  # one thread per node; col_idx (runtime-sized) holds more elements
     )
 
 

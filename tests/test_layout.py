@@ -123,7 +123,7 @@ def test_phase_blocks():
 
 def test_alignment_hint():
     buffers = [BufferDecl.read("a", 0, "u8"), BufferDecl.read("b", 1, "u8", alignment=4096), BufferDecl.output("o", 2, "u8", 4, alignment=1024)]
-    _, _, _, lay = plan(buffers, (3, 5))
+    _, _, _, lay = plan(buffers, (3, 5), launch="a")  # inputs of different lengths: declared
     assert lay.arg_offsets[1] == 4096 and lay.arg_offsets[2] % 1024 == 0
 
 
@@ -138,7 +138,7 @@ def test_zero_length_buffers_get_distinct_regions():
 
 
 def test_input_tail_is_zeroed_up_to_the_next_region():
-    _, _, _, lay = plan([BufferDecl.read("a", 0, "u8"), BufferDecl.read("b", 1, "u8"), BufferDecl.output("o", 2, "u8")], (300, 7))
+    _, _, _, lay = plan([BufferDecl.read("a", 0, "u8"), BufferDecl.read("b", 1, "u8"), BufferDecl.output("o", 2, "u8")], (300, 7), launch="a")
     (_, a_off, a_len, a_zero), (_, b_off, b_len, b_zero) = lay.inputs
     assert (a_off, a_len, a_zero) == (0, 300, b_off) and b_off == 512
     assert b_zero == lay.params_offsets[0] == 768

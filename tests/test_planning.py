@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
+import warnings
 
 import pytest
 
@@ -17,12 +19,13 @@ from vyre_cuda.planning.binding import plan_bindings
 from vyre_cuda.planning.caps import DeviceCaps, check_capabilities, missing_capabilities
 from vyre_cuda.planning.launch import (
     LaunchPlan,
+    barrier_ceiling,
     params_words,
     plan_launch,
     resident_limit,
     route_grid_sync,
 )
-from vyre_cuda.program import BindingRole, BufferDecl, Kernel, Program
+from vyre_cuda.program import BindingRole, BufferDecl, Kernel, LaunchSizeWarning, Program
 
 R = BindingRole
 KERNEL = Kernel.cuda('#include "vyre_cuda.cuh"\nVYRE_KERNEL vyre_main(const vyre_u32* p) {}\n')
@@ -87,18 +90,43 @@ def test_static_input_length_is_exact():
         raises(ValidationError, plan_bindings, prog, (nbytes,))
 
 
-def test_runtime_outputs_take_the_largest_runtime_input():
+def test_runtime_outputs_take_the_runtime_input_count():
     prog = program(
         BufferDecl.read("a", 0, "u32"),
         BufferDecl.read("big_static", 1, "u8", 1000),
         BufferDecl.read("b", 2, "u16"),
         BufferDecl.output("o", 3, "f64"),
     )
-    bplan = plan_bindings(prog, (10 * 4, 1000, 25 * 2))
+    bplan = plan_bindings(prog, (25 * 4, 1000, 25 * 2))
     assert bplan.runtime_count == 25
+    assert bplan.runtime_inputs == (("a", 25), ("b", 25))
     assert [(s.decl.name, s.count, s.byte_len) for s in bplan.slots] == [
-        ("a", 10, 40), ("big_static", 1000, 1000), ("b", 25, 50), ("o", 25, 200),
+        ("a", 25, 100), ("big_static", 1000, 1000), ("b", 25, 50), ("o", 25, 200),
     ]
+
+
+def test_ragged_runtime_inputs_are_refused_by_default():
+    # vecadd with a of 1000 and b of 10 elements used to launch 1000 threads reading b[10..999]
+    err = raises(ValidationError, plan_bindings, vecadd("f32"), (1000 * 4, 10 * 4))
+    assert "'a' (1000 elements)" in err.message and "'b' (10 elements)" in err.message
+    assert "launch=" in err.fix
+    # a static input of another length is no runtime-sized input: no refusal
+    prog = program(BufferDecl.read("a", 0, "u32"), BufferDecl.read("t", 1, "u32", 7), BufferDecl.output("o", 2, "u32"))
+    assert plan_bindings(prog, (40, 28)).runtime_count == 10
+
+
+def test_a_declared_launch_binding_allows_ragged_inputs():
+    gather = [BufferDecl.read("idx", 0, "u32"), BufferDecl.read("table", 1, "f32"), BufferDecl.output("out", 2, "f32")]
+    bplan = plan_bindings(program(*gather, launch="idx"), (4 * 10, 4 * 1000))
+    assert bplan.runtime_count == 10  # runtime outputs take the launch binding's count
+    assert {s.decl.name: s.count for s in bplan.slots} == {"idx": 10, "table": 1000, "out": 10}
+    # the launch binding is the output: its length cannot be chosen between 10 and 1000
+    err = raises(ValidationError, plan_bindings, program(*gather, launch="out"), (4 * 10, 4 * 1000))
+    assert "'out'" in err.message and "'idx': 10" in err.message and "'table': 1000" in err.message
+    # a static output under a callable rule needs no runtime count
+    static = [BufferDecl.read("x", 0, "u8"), BufferDecl.read("y", 1, "u8"), BufferDecl.output("h", 2, "u32", 256)]
+    bplan = plan_bindings(program(*static, launch=lambda n: n["x"] + n["y"]), (5, 9))
+    assert [s.count for s in bplan.slots] == [5, 9, 256]
 
 
 def test_runtime_output_without_runtime_input():
@@ -121,12 +149,12 @@ def test_slots_in_binding_order_outputs_in_declaration_order():
         BufferDecl.workgroup("s_b0", 0, "u8", 8),
         BufferDecl.write_only("o_b3", 3, "u32", 1),
     )
-    bplan = plan_bindings(prog, (12, 5))
+    bplan = plan_bindings(prog, (20, 5))
     got = [(s.decl.name, s.binding, s.role, s.input_index, s.output_index, s.count) for s in bplan.slots]
     assert got == [
         ("io_b2", 2, R.INPUT_OUTPUT, 1, 1, 5),
         ("o_b3", 3, R.OUTPUT, -1, 2, 1),
-        ("in_b4", 4, R.INPUT, 0, -1, 3),
+        ("in_b4", 4, R.INPUT, 0, -1, 5),
         ("o_b9", 9, R.OUTPUT, -1, 0, 2),
     ]
     assert [s.decl.name for s in bplan.outputs] == ["o_b9", "io_b2", "o_b3"]
@@ -175,6 +203,122 @@ def test_grid_override_allows_a_multidimensional_block():
     prog = vecadd(workgroup_size=(16, 16, 1))
     _, launch = launch_of(prog, (40, 40), DispatchConfig(grid_override=(5, 5)))
     assert (launch.block, launch.grid, launch.element_count) == ((16, 16, 1), (5, 5, 1), 80)
+
+
+# ---------------------------------------------------------------- what sizes the launch
+def histogram(**kw) -> Program:
+    """atomicAdd(&h[x[i]], 1) over a runtime-sized u8 input into a 256-bin static output."""
+    return program(BufferDecl.read("x", 0, "u8"), BufferDecl.output("h", 1, "u32", 256), **kw)
+
+
+def test_histogram_sized_by_its_input():
+    for n, grid in [(1, 1), (256, 1), (257, 2), (100_000, 391)]:
+        _, launch = launch_of(histogram(launch="x"), (n,))
+        assert (launch.element_count, launch.grid) == (n, (grid, 1, 1))
+        assert launch.sized_by == "launch='x'"
+
+
+def test_histogram_by_the_default_rule_warns_once():
+    prog = histogram()
+    with pytest.warns(LaunchSizeWarning) as record:
+        _, launch = launch_of(prog, (10_000,))
+    # the documented default: the largest output, here the 256 bins
+    assert launch.element_count == 256 and launch.sized_by == "the largest output, 'h'"
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert "10000" in message and "256" in message and "launch='x'" in message
+    assert record[0].filename == __file__  # points at the caller, not into vyre_cuda
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        launch_of(prog, (20_000,))  # once per program, not once per plan
+        launch_of(histogram(launch="x"), (10_000,))  # a declared launch never warns
+        launch_of(histogram(), (200,))  # nothing is left out: no warning
+        launch_of(histogram(), (10_000,), DispatchConfig(elements=10_000))
+        launch_of(histogram(), (10_000,), DispatchConfig(grid_override=40))
+    with pytest.warns(LaunchSizeWarning):
+        launch_of(histogram(), (257,))  # another program warns for itself
+
+
+def test_launch_callable_gets_every_binding_count():
+    seen = []
+
+    def rule(counts):
+        seen.append(dict(counts))
+        return counts["x"] // 4
+
+    _, launch = launch_of(histogram(launch=rule), (1000,))
+    assert seen == [{"x": 1000, "h": 256}]
+    assert launch.element_count == 250 and launch.grid == (1, 1, 1)
+    assert "rule" in launch.sized_by
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, None, True, "10"])
+def test_launch_callable_must_return_a_count(value):
+    err = raises(InvalidProgram, launch_of, histogram(launch=lambda n: value), (10,))
+    assert repr(value) in err.message
+
+
+def test_launch_callable_errors_become_invalid_program():
+    err = raises(InvalidProgram, launch_of, histogram(launch=lambda n: n["nope"]), (10,))
+    assert "KeyError" in err.message and isinstance(err.__cause__, KeyError)
+
+
+def test_elements_override_the_program_rule():
+    for prog in (vecadd(), histogram(launch="x")):
+        lengths = (4000, 4000) if len(prog.inputs) == 2 else (1000,)
+        _, launch = launch_of(prog, lengths, DispatchConfig(elements=3000))
+        assert (launch.element_count, launch.grid) == (3000, (12, 1, 1))
+        assert launch.sized_by == "DispatchConfig(elements=3000)"
+
+
+def test_word0_under_grid_override():
+    # no declared rule: grid x block (x axis), as before
+    _, launch = launch_of(histogram(), (10_000,), DispatchConfig(grid_override=(4, 2)))
+    assert (launch.grid, launch.element_count) == ((4, 2, 1), 4 * 256)
+    # a declared rule or elements keep word 0 the element count; the grid is the override
+    _, launch = launch_of(histogram(launch="x"), (10_000,), DispatchConfig(grid_override=4))
+    assert (launch.grid, launch.element_count) == ((4, 1, 1), 10_000)
+    _, launch = launch_of(histogram(), (10_000,), DispatchConfig(grid_override=4, elements=77))
+    assert (launch.grid, launch.element_count) == ((4, 1, 1), 77)
+
+
+def test_empty_launch_binding():
+    err = raises(ValidationError, launch_of, histogram(launch="x"), (0,))
+    assert "launch='x'" in err.message
+
+
+@pytest.mark.parametrize(
+    ("launch", "needle"),
+    [("nope", "'nope'"), ("s", "workgroup"), (3, "int"), (b"x", "bytes")],
+)
+def test_launch_must_name_a_sized_binding(launch, needle):
+    err = raises(
+        InvalidProgram, program, BufferDecl.read("x", 0, "u8"), BufferDecl.workgroup("s", 1, "u8", 4), launch=launch
+    )
+    assert needle in err.message
+
+
+def test_programs_with_a_launch_rule_stay_hashable_and_pickle():
+    prog = histogram(launch="x")
+    assert hash(prog) == hash(prog) and {prog: 1}[prog] == 1
+    again = pickle.loads(pickle.dumps(prog))
+    assert again.launch == "x" and again.buffers == prog.buffers and again.kernel == prog.kernel
+    assert again.kernel.digest == prog.kernel.digest
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        prog.launch = "h"
+
+
+# ---------------------------------------------------------------- barrier ceiling
+def test_barrier_ceiling():
+    assert barrier_ceiling(4, 264, "cooperative") == 3 * 264
+    assert barrier_ceiling(1, 264, "cooperative") == 0
+    for kind in ("regular", "split"):
+        # host-split and regular launches run no device barrier, however large the grid
+        assert barrier_ceiling(4, (2**31 - 1) * 65535 * 65535, kind) == 0
+    err = raises(InvalidProgram, barrier_ceiling, 65535, 2**20, "cooperative")
+    assert "65535" in err.message and str(2**20) in err.message
+    raises(InvalidProgram, barrier_ceiling, 4, 2**64, "cooperative")  # checked, never wraps
+    assert barrier_ceiling(2, 2**32 - 1, "cooperative") == 2**32 - 1
 
 
 @pytest.mark.parametrize(("ws", "override"), [((16, 16, 1), None), ((256, 1, 1), (8, 1, 2)), ((4, 1, 1), (2, 2))])
@@ -292,7 +436,7 @@ def test_runtime_sized_binding_word_is_its_own_count():
     # Deliberate deviation from vyre (documented in the README and vyre_cuda.cuh): a runtime-sized
     # binding's word is its actual element count, so a kernel can bound-check a shorter input
     # instead of reading past it with the launch count.
-    prog = program(BufferDecl.read("a", 0, "u32"), BufferDecl.output("words", 5, "u32", 7))
+    prog = program(BufferDecl.read("a", 0, "u32"), BufferDecl.output("words", 5, "u32", 7), launch="words")
     bplan, launch = launch_of(prog, (4 * 123,))
     words = params_words(bplan, launch)
     assert words[0] == launch.element_count == 7

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+
 import numpy as np
 import pytest
 
-from vyre_cuda.config import DispatchConfig, as_config
+from vyre_cuda.config import MAX_FIXPOINT_ITERATIONS, MAX_TIMEOUT_S, DispatchConfig, as_config
 from vyre_cuda.errors import InvalidProgram, ValidationError
+from vyre_cuda.planning.binding import input_spec
 from vyre_cuda.program import (
     DTYPES,
     BindingRole,
@@ -91,6 +95,48 @@ def test_output_is_both_a_flag_and_a_constructor():
     assert BufferDecl.output("o", 0, "u8", output_byte_range=(0, 0)).output_byte_range == (0, 0)
 
 
+def test_the_output_flag_field_is_is_output():
+    # the field no longer shares its name with the BufferDecl.output constructor
+    assert [f.name for f in dataclasses.fields(BufferDecl)][5] == "is_output"
+    decl = BufferDecl("o", 0, A.READ_WRITE, "f32", 4, output=True)
+    assert decl.is_output is True and decl.output is True and decl.role is R.OUTPUT
+    assert BufferDecl("o", 0, A.READ_WRITE, "f32", 4, True).is_output is True  # positional
+    assert BufferDecl("o", 0, A.READ_WRITE, "f32", is_output=True).role is R.OUTPUT
+    # dataclasses.replace passes the field name: it must keep the flag
+    assert dataclasses.replace(decl, count=8) == BufferDecl.output("o", 0, "f32", 8)
+    assert dataclasses.replace(BufferDecl.read("a", 0, "u8"), count=3).is_output is False
+    assert dataclasses.replace(BufferDecl.read_write("a", 0, "u8"), is_output=True).role is R.OUTPUT
+    raises(InvalidProgram, dataclasses.replace, BufferDecl.read_write("a", 0, "u8"), output=True)  # never ignored
+    assert callable(BufferDecl.output) and BufferDecl.output.__doc__
+
+
+@pytest.mark.parametrize("kw", [{"output": "yes"}, {"output": 1}, {"persistent": "no"}, {"persistent": None}])
+def test_declaration_flags_must_be_bools(kw):
+    err = raises(InvalidProgram, BufferDecl, "b", 0, A.READ_WRITE, "u32", 4, **kw)
+    assert repr(next(iter(kw.values()))) in err.message
+
+
+@pytest.mark.parametrize(("dtype", "rng"), [("f32", (2, 10)), ("f32", (0, 6)), ("u16", (1, 3)), ("f64", (8, 12))])
+def test_byte_range_cutting_elements_is_refused(dtype, rng):
+    # (2, 10) on f32 used to come back as two floats built from the bytes of three elements
+    err = raises(InvalidProgram, BufferDecl.output, "o", 0, dtype, 16, output_byte_range=rng)
+    assert str(rng) in err.message and "multiples" in err.message
+
+
+@pytest.mark.parametrize(("dtype", "rng"), [("f32", (4, 12)), ("u8", (1, 3)), ("f64", (0, 0)), ("u16", (6, 6))])
+def test_byte_range_of_whole_elements(dtype, rng):
+    assert BufferDecl.output("o", 0, dtype, 16, output_byte_range=rng).output_byte_range == rng
+    assert BufferDecl.read_write("o", 0, dtype, 16, output_byte_range=rng).output_byte_range == rng
+    assert BufferDecl.write_only("o", 0, dtype, 16, output_byte_range=rng).output_byte_range == rng
+
+
+@pytest.mark.parametrize("factory", [BufferDecl.read, BufferDecl.uniform, BufferDecl.workgroup])
+def test_byte_range_on_a_buffer_never_read_back_is_refused(factory):
+    # a byte range on a read-only input used to be ignored silently
+    err = raises(InvalidProgram, factory, "a", 0, "u32", 4, output_byte_range=(0, 8))
+    assert "'a'" in err.message and "never read back" in err.message
+
+
 def test_access_given_as_a_string():
     assert BufferDecl("a", 0, "uniform", "u8").access is A.UNIFORM
     raises(InvalidProgram, BufferDecl, "a", 0, "readonly", "u8")
@@ -116,6 +162,24 @@ EXPECTED_DTYPES = {
 
 def test_the_twelve_dtypes():
     assert set(DTYPES) == set(EXPECTED_DTYPES)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("u8", "u"), ("i8", "i"), ("u16", "u"), ("i16", "i"), ("f16", "f"), ("bf16", "u"),
+     ("u32", "u"), ("i32", "i"), ("f32", "f"), ("u64", "u"), ("i64", "i"), ("f64", "f")],
+)
+def test_input_spec_kinds(name, kind):
+    # bf16 travels as raw bits: the dispatch checks its inputs as uint16 (kind "u", 2 bytes), so
+    # int16, float16 and big-endian arrays are refused; it used to skip the check (kind "")
+    decl = BufferDecl.read("a", 0, name)
+    assert input_spec(decl) == (DTYPES[name].itemsize, kind)
+
+
+def test_input_spec_matches_numpy_kinds():
+    for d in DTYPES.values():
+        if d.name != "bf16":
+            assert d.kind == d.numpy.kind
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_DTYPES))
@@ -197,7 +261,7 @@ def test_workgroup_buffer_needs_a_static_count():
 
 
 def test_numpy_integers_are_normalised():
-    decl = BufferDecl.read("a", np.int32(2), "u8", np.uint64(7), output_byte_range=(np.int64(1), np.int64(3)))
+    decl = BufferDecl.output("a", np.int32(2), "u8", np.uint64(7), output_byte_range=(np.int64(1), np.int64(3)))
     assert (decl.binding, decl.count, decl.output_byte_range) == (2, 7, (1, 3))
     assert all(type(v) is int for v in (decl.binding, decl.count, *decl.output_byte_range))
 
@@ -334,6 +398,64 @@ def test_bad_kernel(make):
     raises(InvalidProgram, make)
 
 
+@pytest.mark.parametrize(
+    ("make", "needles"),
+    [
+        (lambda: Kernel.cuda(b"__global__ void f() {} // \xff\xfe"), ("UTF-8", "0xff", "offset 26")),
+        (lambda: Kernel.cuda("__global__ void f() {} // \ud800"), ("surrogate", "U+D800", "index 26")),
+        (lambda: Kernel.cuda("__global__ void f() {}\0 more"), ("NUL", "index 22")),
+        (lambda: Kernel.ptx(".version 8.0\0.entry x"), ("NUL",)),
+        (lambda: Kernel.cuda("src", options=["-G", b"\xff"]), ("option 1", "UTF-8")),
+        (lambda: Kernel.cuda("src", options=["\udcff"]), ("option 0", "surrogate")),
+        (lambda: Kernel.cuda("src", options=3), ("int",)),
+        (lambda: Kernel.cuda("src", options=[3]), ("option 0", "int")),
+        (lambda: Kernel.cuda("src", entry="k\u00e9"), ("ASCII",)),
+    ],
+)
+def test_undecodable_or_unencodable_text_is_invalid_program(make, needles):
+    # these used to raise UnicodeDecodeError / UnicodeEncodeError / TypeError
+    err = raises(InvalidProgram, make)
+    for needle in needles:
+        assert needle in err.message
+
+
+def test_options_none_means_no_options():
+    # Kernel.cuda(src, options=None) used to raise TypeError
+    k = Kernel.cuda("src", options=None)
+    assert k.options == () and k.digest == Kernel.cuda("src").digest
+
+
+def test_ptx_trailing_nul_is_dropped():
+    assert Kernel.ptx(b".version 8.0\0").source == Kernel.ptx(".version 8.0").source == ".version 8.0"
+
+
+@pytest.mark.parametrize("attr", ["source", "entry", "options", "kind", "_digest", "new_attribute"])
+def test_kernels_are_immutable(attr):
+    # changing source after construction used to keep the old digest, so the disk cache stored
+    # the new source's cubin under the old key and served it to other processes
+    k = Kernel.cuda("src")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(k, attr, "__global__ void other() {}")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        delattr(k, attr)
+    assert (k.source, k.digest) == ("src", Kernel.cuda("src").digest)
+
+
+def test_kernels_compare_by_content_and_pickle():
+    a, b = Kernel.cuda("src", options="-G"), Kernel.cuda("src", options=("-G",))
+    assert a == b and hash(a) == hash(b) and a != Kernel.cuda("src") and a != "src"
+    again = pickle.loads(pickle.dumps(a))
+    assert again == a and (again.source, again.entry, again.options, again.digest) == (a.source, a.entry, a.options, a.digest)
+
+
+def test_program_flags_must_be_bools():
+    err = raises(InvalidProgram, program, grid_sync="no")
+    assert "'no'" in err.message
+    raises(InvalidProgram, program, grid_sync=1)
+    assert program(grid_sync=np.bool_(True)).grid_sync is True
+    raises(InvalidProgram, program, name=3)
+
+
 def test_a_single_string_option_is_not_split():
     assert Kernel.cuda("src", options="-lineinfo").options == ("-lineinfo",)
     assert Kernel.cuda("src", options=b"-G").options == ("-G",)
@@ -386,19 +508,64 @@ def test_config_bad_iterations(iterations):
 
 def test_config_iterations():
     assert DispatchConfig(fixpoint_iterations=np.int16(4)).iterations == 4
-    assert DispatchConfig(fixpoint_iterations=2**31 - 1).iterations == 2**31 - 1
+    assert DispatchConfig(fixpoint_iterations=MAX_FIXPOINT_ITERATIONS).iterations == 1_000_000
 
 
-@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), True, "1"])
+@pytest.mark.parametrize("iterations", [MAX_FIXPOINT_ITERATIONS + 1, 2**31 - 1, 10**400])
+def test_config_iterations_are_capped(iterations):
+    # 2**31 - 1 used to enqueue 2e9 launches that nothing could interrupt
+    err = raises(ValidationError, DispatchConfig, fixpoint_iterations=iterations)
+    assert "1,000,000" in err.message and "loop" in err.fix
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), True, "1", -(10**400), float("-inf"), [1]])
 def test_config_bad_timeout(timeout):
     raises(ValidationError, DispatchConfig, timeout=timeout)
+
+
+@pytest.mark.parametrize("timeout", [10**400, 2 * MAX_TIMEOUT_S, 1e300, np.float64(1e10)])
+def test_config_timeout_past_the_longest_bound_is_refused(timeout):
+    # 10**400 used to pass validation and overflow after the work was enqueued
+    err = raises(ValidationError, DispatchConfig, timeout=timeout)
+    assert "1e+09" in err.message and "float('inf')" in err.fix
+    assert len(err.message) < 200  # a 401-digit int is shortened
+
+
+@pytest.mark.parametrize(("timeout", "stored"), [(float("inf"), None), (np.inf, None), (None, None), (2, 2.0),
+                                                 (np.float32(0.5), 0.5), (MAX_TIMEOUT_S, MAX_TIMEOUT_S)])
+def test_config_timeout_is_a_float_or_none(timeout, stored):
+    got = DispatchConfig(timeout=timeout).timeout
+    assert got == stored and (got is None or type(got) is float)
+
+
+@pytest.mark.parametrize("flag", ["no", "", 1, 0, None, 1.0, np.int8(1)])
+def test_config_cooperative_must_be_a_bool(flag):
+    # cooperative="no" used to become True and force a cooperative launch of a plain vecadd
+    err = raises(ValidationError, DispatchConfig, cooperative=flag)
+    assert repr(flag) in err.message
+
+
+@pytest.mark.parametrize("flag", [True, False, np.bool_(True)])
+def test_config_cooperative_bools(flag):
+    assert DispatchConfig(cooperative=flag).cooperative is bool(flag)
+
+
+@pytest.mark.parametrize("elements", [0, -1, 2**32, 1.0, True, "5"])
+def test_config_bad_elements(elements):
+    raises(ValidationError, DispatchConfig, elements=elements)
+
+
+def test_config_elements():
+    assert DispatchConfig(elements=np.uint16(7)).elements == 7 and DispatchConfig().elements is None
+    assert DispatchConfig(elements=2**32 - 1).elements == 2**32 - 1
 
 
 def test_as_config():
     assert as_config(None) == DispatchConfig()
     c = DispatchConfig(label="x")
     assert as_config(c) is c
-    assert as_config({"grid_override": 4, "cooperative": 1}) == DispatchConfig(grid_override=(4, 1, 1), cooperative=True)
+    assert as_config({"grid_override": 4, "cooperative": True}) == DispatchConfig(grid_override=(4, 1, 1), cooperative=True)
+    raises(ValidationError, as_config, {"cooperative": 1})
     raises(ValidationError, as_config, {"grid": 4})
     raises(ValidationError, as_config, [("label", "x")])
     raises(ValidationError, as_config, "label=x")

@@ -6,7 +6,8 @@ Each function returns a new :class:`~vyre_cuda.Program`; build it once and dispa
 
 from __future__ import annotations
 
-from .program import BufferDecl, Kernel, Program
+from .errors import InvalidProgram
+from .program import DTYPES, BufferDecl, Kernel, Program, dtype_of
 
 __all__ = ["vecadd", "vecadd_f32", "block_sum_u32", "inclusive_scan_u32", "params_echo", "SELFTEST"]
 
@@ -14,27 +15,48 @@ _VECADD = r"""
 #include "vyre_cuda.cuh"
 VYRE_KERNEL vyre_main(const T* a, const T* b, T* out, const vyre_u32* params) {
   const vyre_u64 i = vyre_global_id();
-  if (i < vyre_count(params)) out[i] = a[i] + b[i];
+  // every buffer is checked against its own count, so no launch size reads past a shorter one
+  if (i < vyre_count(params) && vyre_in_bounds(params, 0, i) && vyre_in_bounds(params, 1, i) &&
+      vyre_in_bounds(params, 2, i)) {
+    out[i] = a[i] + b[i];
+  }
 }
 """
 
 _CTYPES = {
     "u8": "unsigned char", "i8": "signed char", "u16": "unsigned short", "i16": "short",
     "u32": "unsigned int", "i32": "int", "f32": "float", "u64": "unsigned long long",
-    "i64": "long long", "f64": "double", "f16": "__half",
+    "i64": "long long", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16",
 }
+_PRELUDES = {"f16": "#include <cuda_fp16.h>\n", "bf16": "#include <cuda_bf16.h>\n"}
 
 
-def vecadd(dtype: str = "f32", workgroup: int = 256) -> Program:
-    """``out[i] = a[i] + b[i]`` over runtime-sized buffers of ``dtype``."""
-    ctype = _CTYPES[dtype]
-    prelude = "#include <cuda_fp16.h>\n" if dtype == "f16" else ""
-    source = prelude + f"typedef {ctype} T;\n" + _VECADD
+def vecadd(dtype="f32", workgroup: int = 256) -> Program:
+    """``out[i] = a[i] + b[i]`` over runtime-sized buffers of ``dtype``.
+
+    ``dtype`` is any of the twelve names (``"f32"``, ``"bf16"``, ...), an alias such as
+    ``"float32"`` or ``"half"``, or a numpy dtype. f16 and bf16 need the CUDA runtime headers
+    (``pip install nvidia-cuda-runtime``).
+
+    Examples
+    --------
+    >>> vecadd("float32").name, vecadd("bf16").buffers[2].dtype
+    ('vecadd_f32', DType(bf16))
+    """
+    try:
+        d = dtype_of(dtype)
+    except InvalidProgram:
+        raise InvalidProgram(
+            f"vecadd has no element type {dtype!r}",
+            f"use one of {', '.join(DTYPES)}, an alias such as 'float32', 'half' or 'bfloat16', "
+            "or the matching numpy dtype",
+        ) from None
+    source = _PRELUDES.get(d.name, "") + f"typedef {_CTYPES[d.name]} T;\n" + _VECADD
     return Program(
         Kernel.cuda(source),
-        [BufferDecl.read("a", 0, dtype), BufferDecl.read("b", 1, dtype), BufferDecl.output("out", 2, dtype)],
+        [BufferDecl.read("a", 0, d), BufferDecl.read("b", 1, d), BufferDecl.output("out", 2, d)],
         workgroup_size=(workgroup, 1, 1),
-        name=f"vecadd_{dtype}",
+        name=f"vecadd_{d.name}",
     )
 
 
@@ -46,24 +68,34 @@ def vecadd_f32() -> Program:
 _BLOCK_SUM = r"""
 #include "vyre_cuda.cuh"
 // One partial sum per block, reduced in dynamic shared memory (the workgroup buffer `scratch`).
+// Any block size works with any scratch size: slot s sums the block's elements s, s + S, ...
 VYRE_KERNEL vyre_main(const vyre_u32* x, vyre_u32* sums, const vyre_u32* params) {
   vyre_u32* scratch = vyre_shared<vyre_u32>();
   const vyre_u32 n = vyre_binding_count(params, 0);
-  const vyre_u64 i = vyre_global_id();
-  scratch[threadIdx.x] = i < n ? x[i] : 0u;
-  __syncthreads();
-  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) scratch[threadIdx.x] += scratch[threadIdx.x + s];
-    __syncthreads();
+  const vyre_u32 slots = min(blockDim.x, vyre_binding_count(params, 2));
+  const vyre_u64 base = (vyre_u64)blockIdx.x * blockDim.x;
+  if (threadIdx.x < slots) {
+    vyre_u32 acc = 0u;
+    for (vyre_u32 t = threadIdx.x; t < blockDim.x; t += slots) {
+      if (base + t < n) acc += x[base + t];
+    }
+    scratch[threadIdx.x] = acc;
   }
-  if (threadIdx.x == 0) sums[blockIdx.x] = scratch[0];
+  __syncthreads();
+  for (vyre_u32 width = slots; width > 1u;) {
+    const vyre_u32 half = (width + 1u) / 2u;
+    if (threadIdx.x < width - half) scratch[threadIdx.x] += scratch[threadIdx.x + half];
+    __syncthreads();
+    width = half;
+  }
+  if (threadIdx.x == 0 && vyre_in_bounds(params, 1, blockIdx.x)) sums[blockIdx.x] = scratch[0];
 }
 """
 
 
 def block_sum_u32(n_blocks: int, workgroup: int = 256, scratch_elems: int | None = None) -> Program:
     """Per-block sums of a u32 input of ``n_blocks * workgroup`` elements, through a workgroup
-    buffer (``scratch_elems`` u32 of shared memory, default one per thread)."""
+    buffer (``scratch_elems`` u32 of shared memory, default one per thread; any size works)."""
     scratch = scratch_elems or workgroup
     return Program(
         Kernel.cuda(_BLOCK_SUM),
@@ -74,6 +106,7 @@ def block_sum_u32(n_blocks: int, workgroup: int = 256, scratch_elems: int | None
         ],
         workgroup_size=(workgroup, 1, 1),
         name="block_sum_u32",
+        launch="x",
     )
 
 
@@ -108,8 +141,9 @@ __device__ vyre_u32 block_scan(vyre_u32 v, vyre_u32* warp_sums) {
 
 VYRE_KERNEL vyre_main(const vyre_u32* x, vyre_u32* y, vyre_u32* tile_sums, const vyre_u32* params) {
   __shared__ vyre_u32 warp_sums[32];
-  const vyre_u32 n = vyre_binding_count(params, 0);
-  const vyre_u32 tiles = (n + blockDim.x - 1u) / blockDim.x;
+  // each buffer bounded by its own count: x and y by the shorter of the two, tiles by tile_sums
+  const vyre_u32 n = min(vyre_binding_count(params, 0), vyre_binding_count(params, 1));
+  const vyre_u32 tiles = min((n + blockDim.x - 1u) / blockDim.x, vyre_binding_count(params, 2));
   const vyre_u32 end = vyre_phase_end(params);
   for (vyre_u32 ph = vyre_phase_begin(params); ph < end; ++ph) {
     if (ph == 0) {
@@ -165,18 +199,19 @@ _PARAMS_ECHO = r"""
 // Copies the params block the kernel received into `words`, so tests can see the ABI.
 VYRE_KERNEL vyre_main(const vyre_u32* a, vyre_u32* words, const vyre_u32* params) {
   const vyre_u64 i = vyre_global_id();
-  if (i < WORDS) words[i] = params[i];
+  if (i < WORDS && vyre_in_bounds(params, 5, i)) words[i] = params[i];
 }
 """
 
 
 def params_echo(a_count: int = 0, words: int = 8) -> Program:
-    """Echo the first ``words`` params words (ABI introspection)."""
+    """Echo the first ``words`` params words (ABI introspection); the launch covers ``words``."""
     return Program(
         Kernel.cuda(f"#define WORDS {words}\n" + _PARAMS_ECHO),
         [BufferDecl.read("a", 0, "u32", a_count), BufferDecl.output("words", 5, "u32", words)],
         workgroup_size=(32, 1, 1),
         name="params_echo",
+        launch="words",
     )
 
 

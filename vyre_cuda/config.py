@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import numpy as np
 
 from .errors import ValidationError
 
-__all__ = ["DispatchConfig", "as_config"]
+__all__ = ["DispatchConfig", "as_config", "MAX_FIXPOINT_ITERATIONS", "MAX_TIMEOUT_S"]
 
 
 def _is_int(v) -> bool:
@@ -34,15 +35,74 @@ def _dims(name, value):
     return dims
 
 
+# A bound on repeated launches: the launches of one dispatch are enqueued at once and cannot be
+# interrupted, so at about 5 us a launch this caps one dispatch at seconds, not hours.
+MAX_FIXPOINT_ITERATIONS = 1_000_000
+# The longest finite timeout (about 31.7 years); float('inf') or None mean no bound.
+MAX_TIMEOUT_S = 1e9
+U32_MAX = 0xFFFFFFFF
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:12]}... ({len(text)} digits)"
+
+
+def _timeout(t):
+    if t is None:
+        return None
+    if isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating)):
+        raise ValidationError(
+            f"timeout must be a number of seconds or None (got {type(t).__name__} {t!r})",
+            "pass timeout=None to wait without bound, or seconds > 0",
+        )
+    try:
+        seconds = float(t)
+    except OverflowError:  # an int beyond the float range: refused below as too long (or negative)
+        seconds = 2 * MAX_TIMEOUT_S if t > 0 else -1.0
+    if math.isnan(seconds) or not seconds > 0:
+        raise ValidationError(
+            f"timeout must be a positive number of seconds or None (got {_show(t)})",
+            "pass timeout=None to wait without bound, or seconds > 0",
+        )
+    if math.isinf(seconds):
+        return None  # no bound
+    if seconds > MAX_TIMEOUT_S:
+        raise ValidationError(
+            f"timeout {_show(t)} s exceeds the longest finite timeout, {MAX_TIMEOUT_S:g} s",
+            "pass timeout=None (or float('inf')) to wait without bound",
+        )
+    return seconds
+
+
 @dataclass(frozen=True)
 class DispatchConfig:
     """Options of one dispatch.
 
-    ``workgroup_override``/``grid_override`` replace the program's block and the derived grid;
-    ``fixpoint_iterations`` repeats the launch (or the phase sequence) that many times;
-    ``cooperative`` forces a cooperative launch; ``label`` names the dispatch in traces;
-    ``timeout`` (seconds) bounds how long a blocking wait may take before
-    :class:`~vyre_cuda.DispatchFailed` is raised (the work is left in flight, owned by the handle).
+    Parameters
+    ----------
+    workgroup_override, grid_override : int or tuple of 1 to 3 ints, optional
+        Replace the program's block and the derived grid. Under ``grid_override`` word 0 of the
+        params block is ``grid[0] * block[0]``, unless the program names its launch binding
+        (``Program(launch=...)``) or ``elements`` is given: then it is that element count.
+    fixpoint_iterations : int, optional
+        Repeat the launch (or the phase sequence) that many times, 1 to
+        ``MAX_FIXPOINT_ITERATIONS`` (1,000,000).
+    cooperative : bool
+        Force a cooperative launch (a real bool; ``"no"`` is refused, not truthy).
+    label : str, optional
+        Names the dispatch in traces.
+    timeout : float, optional
+        Seconds a blocking wait may take before :class:`~vyre_cuda.DispatchFailed` is raised
+        (the work is left in flight, owned by the handle). None or ``float('inf')`` wait without
+        bound; finite values are at most ``MAX_TIMEOUT_S`` (1e9 s). Stored as a float.
+    elements : int, optional
+        The launch element count of this dispatch (word 0), overriding the program's rule.
+
+    Examples
+    --------
+    >>> DispatchConfig(grid_override=8, timeout=float("inf")).grid_override
+    (8, 1, 1)
     """
 
     workgroup_override: tuple | None = None
@@ -51,31 +111,43 @@ class DispatchConfig:
     cooperative: bool = False
     label: str | None = None
     timeout: float | None = None
+    elements: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "workgroup_override", _dims("workgroup_override", self.workgroup_override))
         object.__setattr__(self, "grid_override", _dims("grid_override", self.grid_override))
         it = self.fixpoint_iterations
         if it is not None:
-            if isinstance(it, bool) or not isinstance(it, (int, np.integer)) or it < 1 or it > 2**31 - 1:
+            if not _is_int(it) or not 1 <= it <= MAX_FIXPOINT_ITERATIONS:
                 raise ValidationError(
-                    f"fixpoint_iterations must be an int in 1..2147483647 or None (got {it!r})",
-                    "pass fixpoint_iterations=None for one launch, or a positive count",
+                    f"fixpoint_iterations must be an int in 1..{MAX_FIXPOINT_ITERATIONS:,} or None "
+                    f"(got {_show(it)})",
+                    "pass fixpoint_iterations=None for one launch, or a positive count; for more "
+                    "repetitions, dispatch in a loop (each dispatch can then be interrupted)",
                 )
             object.__setattr__(self, "fixpoint_iterations", int(it))
-        if self.timeout is not None:
-            t = self.timeout
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
-                raise ValidationError(
-                    f"timeout must be a positive number of seconds or None (got {t!r})",
-                    "pass timeout=None to wait without bound, or seconds > 0",
-                )
+        object.__setattr__(self, "timeout", _timeout(self.timeout))
         if self.label is not None and not isinstance(self.label, str):
             raise ValidationError(
                 f"label must be a str or None (got {type(self.label).__name__})",
                 "pass label='name-for-traces'",
             )
+        if not isinstance(self.cooperative, (bool, np.bool_)):
+            raise ValidationError(
+                f"cooperative must be True or False (got {type(self.cooperative).__name__} "
+                f"{self.cooperative!r})",
+                "pass cooperative=True to force a cooperative launch, else leave it False",
+            )
         object.__setattr__(self, "cooperative", bool(self.cooperative))
+        n = self.elements
+        if n is not None:
+            if not _is_int(n) or not 1 <= n <= U32_MAX:
+                raise ValidationError(
+                    f"elements must be an int in 1..{U32_MAX} or None (got {_show(n)})",
+                    "pass elements=None for the program's launch rule, or the element count "
+                    "the launch covers (word 0 of the params block is a u32)",
+                )
+            object.__setattr__(self, "elements", int(n))
 
     @property
     def iterations(self) -> int:

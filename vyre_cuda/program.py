@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-import hashlib
+import types
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, overload
 
 import numpy as np
 
 from .errors import InvalidProgram
+from .kernel import Kernel
 
 __all__ = [
     "DType",
@@ -17,20 +21,36 @@ __all__ = [
     "BindingRole",
     "BufferDecl",
     "Kernel",
+    "LaunchSizeWarning",
     "Program",
     "dtype_of",
 ]
 
 
+class LaunchSizeWarning(UserWarning):
+    """The implicit launch size covers fewer elements than a runtime-sized input holds.
+
+    Issued once per program. A kernel that walks every input element (a histogram, a reduction
+    into a small output) then sees only part of its input; name the binding that sizes the launch
+    with ``Program(..., launch="x")`` (which also silences this warning).
+    """
+
+
 @dataclass(frozen=True)
 class DType:
-    """An element type a buffer may hold. ``min_cc`` is the compute capability it needs."""
+    """An element type a buffer may hold.
+
+    ``min_cc`` is the compute capability it needs. ``kind`` is the buffer-protocol kind an input
+    of this type must have: ``"u"``, ``"i"`` or ``"f"`` (bf16 travels as its raw bits, so a bf16
+    input is a uint16 array: kind ``"u"``).
+    """
 
     name: str
     itemsize: int
     numpy: np.dtype
     capability: str = ""
     min_cc: tuple = (0, 0)
+    kind: str = "u"
 
     def __repr__(self) -> str:
         return f"DType({self.name})"
@@ -50,17 +70,17 @@ DTYPES: dict[str, DType] = {
     d.name: d
     for d in (
         DType("u8", 1, np.dtype(np.uint8)),
-        DType("i8", 1, np.dtype(np.int8)),
+        DType("i8", 1, np.dtype(np.int8), kind="i"),
         DType("u16", 2, np.dtype(np.uint16)),
-        DType("i16", 2, np.dtype(np.int16)),
-        DType("f16", 2, np.dtype(np.float16), "f16", (5, 3)),
-        DType("bf16", 2, _bf16_numpy(), "bf16", (8, 0)),
+        DType("i16", 2, np.dtype(np.int16), kind="i"),
+        DType("f16", 2, np.dtype(np.float16), "f16", (5, 3), kind="f"),
+        DType("bf16", 2, _bf16_numpy(), "bf16", (8, 0), kind="u"),
         DType("u32", 4, np.dtype(np.uint32)),
-        DType("i32", 4, np.dtype(np.int32)),
-        DType("f32", 4, np.dtype(np.float32)),
+        DType("i32", 4, np.dtype(np.int32), kind="i"),
+        DType("f32", 4, np.dtype(np.float32), kind="f"),
         DType("u64", 8, np.dtype(np.uint64)),
-        DType("i64", 8, np.dtype(np.int64)),
-        DType("f64", 8, np.dtype(np.float64)),
+        DType("i64", 8, np.dtype(np.int64), kind="i"),
+        DType("f64", 8, np.dtype(np.float64), kind="f"),
     )
 }
 
@@ -72,7 +92,13 @@ _ALIASES = {
 
 
 def dtype_of(value) -> DType:
-    """Resolve a dtype given as a :class:`DType`, a name ('f32', 'float32') or a numpy dtype."""
+    """Resolve a dtype given as a :class:`DType`, a name ('f32', 'float32') or a numpy dtype.
+
+    Examples
+    --------
+    >>> dtype_of("float32"), dtype_of("bf16").itemsize
+    (DType(f32), 2)
+    """
     if isinstance(value, DType):
         return value
     if isinstance(value, str):
@@ -112,14 +138,68 @@ class BindingRole(enum.Enum):
     PERSISTENT = "persistent"
 
 
-@dataclass(frozen=True)
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_flag(v) -> bool:
+    # a flag is a real bool: cooperative="no" must not become True by truthiness
+    return isinstance(v, (bool, np.bool_))
+
+
+def _output_decl(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
+    """An output with no input: cleared to zero before the launch, read back after."""
+    return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, output=True, **kw)
+
+
+class _OutputAttribute:
+    """``BufferDecl.output(...)`` builds an output declaration; ``decl.output`` reads its flag.
+
+    The flag itself is the field ``is_output``; this descriptor keeps both spellings working
+    with distinct types (a constructor on the class, a bool on an instance).
+    """
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Callable[..., BufferDecl]: ...
+
+    @overload
+    def __get__(self, obj: BufferDecl, owner: type) -> bool: ...
+
+    def __get__(self, obj, owner):
+        if obj is None:
+            return types.MethodType(_output_decl, owner)
+        return obj.is_output
+
+
+@dataclass(frozen=True, init=False)
 class BufferDecl:
     """One buffer of a program.
 
-    ``count`` is the element count; 0 means runtime-sized (taken from the input's length).
-    ``output`` marks a buffer the dispatch returns with no input. ``output_byte_range`` is a
-    ``(start, end)`` byte range of the buffer to read back. ``alignment`` is a preferred byte
-    alignment of the device allocation. ``persistent`` declares a resident buffer (refused).
+    Parameters
+    ----------
+    name : str
+        Unique name; :class:`Program` ``launch=`` and error messages refer to it.
+    binding : int
+        Binding number: the argument position, and word ``binding + 1`` of the params block.
+    access : BufferAccess or str
+    dtype : DType, str or numpy dtype
+    count : int
+        Element count; 0 means runtime-sized (taken from the input's length).
+    output : bool
+        Marks a buffer the dispatch returns with no input (the field is ``is_output``).
+    output_byte_range : (int, int), optional
+        ``(start, end)`` bytes of an output to read back; both multiples of the element size.
+    alignment : int, optional
+        Preferred byte alignment of the device allocation (a power of two up to 4096).
+    persistent : bool
+        Declares a resident buffer (refused by the borrowed-buffer dispatch).
+
+    Examples
+    --------
+    >>> BufferDecl.output("out", 2, "f32").role
+    <BindingRole.OUTPUT: 'output'>
+    >>> BufferDecl("out", 2, "read_write", "f32", output=True).is_output
+    True
     """
 
     name: str
@@ -127,12 +207,39 @@ class BufferDecl:
     access: BufferAccess
     dtype: DType
     count: int = 0
-    output: bool = False
+    is_output: bool = False
     output_byte_range: tuple | None = None
     alignment: int | None = None
     persistent: bool = False
 
-    def __post_init__(self):
+    output = _OutputAttribute()
+
+    def __init__(
+        self,
+        name: str,
+        binding: int,
+        access: BufferAccess | str,
+        dtype: Any,
+        count: int = 0,
+        output: bool | None = None,  # None: False
+        output_byte_range: tuple | None = None,
+        alignment: int | None = None,
+        persistent: bool = False,
+        *,
+        is_output: bool | None = None,  # the field's own name, so dataclasses.replace works
+    ) -> None:
+        if output is not None and is_output is not None and output != is_output:
+            raise InvalidProgram(
+                f"buffer {name!r}: output={output!r} and is_output={is_output!r} disagree",
+                "pass one of them (dataclasses.replace takes is_output=)",
+            )
+        output = is_output if is_output is not None else (False if output is None else output)
+        values = (name, binding, access, dtype, count, output, output_byte_range, alignment, persistent)
+        for f, value in zip(dataclasses.fields(self), values):
+            object.__setattr__(self, f.name, value)
+        self._validate()
+
+    def _validate(self) -> None:
         object.__setattr__(self, "dtype", dtype_of(self.dtype))
         if isinstance(self.access, str):
             try:
@@ -151,40 +258,63 @@ class BufferDecl:
             )
         for attr in ("binding", "count"):
             v = getattr(self, attr)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            if not _is_int(v) or v < 0:
                 raise InvalidProgram(
                     f"buffer {self.name!r}: {attr} must be a non-negative integer (got {v!r})",
                     f"pass {attr} as an int >= 0",
                 )
             object.__setattr__(self, attr, int(v))
+        for attr, kwarg in (("is_output", "output"), ("persistent", "persistent")):
+            v = getattr(self, attr)
+            if not _is_flag(v):
+                raise InvalidProgram(
+                    f"buffer {self.name!r}: {kwarg} must be True or False (got {v!r})",
+                    f"pass {kwarg}=True or {kwarg}=False",
+                )
+            object.__setattr__(self, attr, bool(v))
         if self.alignment is not None:
             a = self.alignment
-            if (isinstance(a, bool) or not isinstance(a, (int, np.integer)) or a <= 0
-                    or (a & (a - 1)) != 0 or a > 4096):
+            if not _is_int(a) or a <= 0 or (a & (a - 1)) != 0 or a > 4096:
                 raise InvalidProgram(
                     f"buffer {self.name!r}: alignment must be a power of two in 1..4096 (got {a!r})",
                     "pass alignment=None or a power of two such as 16, 128 or 256",
                 )
             object.__setattr__(self, "alignment", int(a))
         if self.output_byte_range is not None:
-            r = self.output_byte_range
-            ok = (
-                isinstance(r, (tuple, list))
-                and len(r) == 2
-                and all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in r)
-            )
-            if not ok or r[0] < 0 or r[1] < r[0]:
-                raise InvalidProgram(
-                    f"buffer {self.name!r}: output_byte_range must be (start, end) with "
-                    f"0 <= start <= end (got {r!r})",
-                    "pass output_byte_range=(start, end) in bytes, or None for the whole buffer",
-                )
-            object.__setattr__(self, "output_byte_range", (int(r[0]), int(r[1])))
+            self._validate_byte_range()
         if self.access is BufferAccess.WORKGROUP and self.count == 0:
             raise InvalidProgram(
                 f"workgroup buffer {self.name!r} has count 0; shared memory is sized at plan time",
                 "give workgroup buffers a static element count",
             )
+
+    def _validate_byte_range(self) -> None:
+        r: Any = self.output_byte_range
+        ok = isinstance(r, (tuple, list)) and len(r) == 2 and all(_is_int(x) for x in r)
+        if not ok or r[0] < 0 or r[1] < r[0]:
+            raise InvalidProgram(
+                f"buffer {self.name!r}: output_byte_range must be (start, end) with "
+                f"0 <= start <= end (got {r!r})",
+                "pass output_byte_range=(start, end) in bytes, or None for the whole buffer",
+            )
+        start, end = int(r[0]), int(r[1])
+        size = self.dtype.itemsize
+        if start % size or end % size:
+            # a range cutting elements would come back as values built from two elements' bytes
+            raise InvalidProgram(
+                f"buffer {self.name!r}: output_byte_range ({start}, {end}) cuts {self.dtype.name} "
+                f"elements; both ends must be multiples of the {size}-byte element",
+                f"pass ({start - start % size}, {end + (-end) % size}) (whole elements), or declare "
+                "the buffer as u8 to read raw bytes",
+            )
+        if self.role not in (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT):
+            raise InvalidProgram(
+                f"buffer {self.name!r} ({self.access.value}, role {self.role.value}) has an "
+                f"output_byte_range but is never read back",
+                "drop output_byte_range, or declare the buffer as an output "
+                "(BufferDecl.output / read_write / write_only)",
+            )
+        object.__setattr__(self, "output_byte_range", (start, end))
 
     @property
     def role(self) -> BindingRole:
@@ -193,7 +323,7 @@ class BufferDecl:
             return BindingRole.SHARED
         if self.persistent:
             return BindingRole.PERSISTENT
-        if self.output:
+        if self.is_output:
             return BindingRole.OUTPUT
         if self.access is BufferAccess.READ_ONLY or self.access is BufferAccess.UNIFORM:
             return BindingRole.INPUT
@@ -206,119 +336,67 @@ class BufferDecl:
         """Bytes of a statically sized buffer; None when runtime-sized."""
         return self.count * self.dtype.itemsize if self.count else None
 
-    # Convenience constructors -------------------------------------------------------------
+    # Convenience constructors (and ``output`` above) ---------------------------------------
     @classmethod
-    def read(cls, name, binding, dtype, count=0, **kw) -> "BufferDecl":
+    def read(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
         """An input the kernel only reads."""
         return cls(name, binding, BufferAccess.READ_ONLY, dtype, count, **kw)
 
     @classmethod
-    def uniform(cls, name, binding, dtype, count=0, **kw) -> "BufferDecl":
+    def uniform(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
         """A small read-only input (vyre's uniform); treated as an input."""
         return cls(name, binding, BufferAccess.UNIFORM, dtype, count, **kw)
 
     @classmethod
-    def read_write(cls, name, binding, dtype, count=0, **kw) -> "BufferDecl":
+    def read_write(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
         """An input the kernel updates in place; it is read back as an output."""
         return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, **kw)
 
     @classmethod
-    def write_only(cls, name, binding, dtype, count=0, **kw) -> "BufferDecl":
+    def write_only(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
+        """An output the kernel only writes; cleared to zero before the launch."""
         return cls(name, binding, BufferAccess.WRITE_ONLY, dtype, count, **kw)
 
     @classmethod
-    def workgroup(cls, name, binding, dtype, count, **kw) -> "BufferDecl":
+    def workgroup(cls, name, binding, dtype, count, **kw) -> BufferDecl:
         """Per-block shared memory; not an argument, sized into dynamic shared memory."""
         return cls(name, binding, BufferAccess.WORKGROUP, dtype, count, **kw)
-
-
-def _output_decl(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
-    """An output with no input: cleared to zero before the launch, read back after."""
-    return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, output=True, **kw)
-
-
-# `output` is both a field (the flag) and a constructor: attach the constructor after the
-# dataclass took the field's default, so instances read the flag and the class offers the factory.
-BufferDecl.output = classmethod(_output_decl)
-
-
-class Kernel:
-    """Kernel code: CUDA C++ for NVRTC (:meth:`cuda`) or PTX text (:meth:`ptx`).
-
-    Use the factories; ``Kernel(...)`` directly is not supported.
-    """
-
-    __slots__ = ("kind", "source", "entry", "options", "_digest")
-
-    def __init__(self, kind, source, entry, options=()):
-        if kind not in ("cuda", "ptx"):
-            raise InvalidProgram(
-                f"Kernel kind must be 'cuda' or 'ptx' (got {kind!r})",
-                "build kernels with Kernel.cuda(source) or Kernel.ptx(text)",
-            )
-        if isinstance(source, bytes):
-            source = source.decode()
-        if not isinstance(source, str) or not source.strip():
-            raise InvalidProgram(
-                f"{kind} kernel source must be non-empty text (got {type(source).__name__})",
-                "pass the kernel source as a str",
-            )
-        if not isinstance(entry, str) or not entry.isidentifier():
-            raise InvalidProgram(
-                f"kernel entry must be an identifier (got {entry!r})",
-                "pass entry='name_of_the_extern_C_global_function'",
-            )
-        self.kind = kind
-        self.source = source
-        self.entry = entry
-        if isinstance(options, (str, bytes)):
-            options = (options,)  # one option, not one per character
-        self.options = tuple(o.decode() if isinstance(o, bytes) else str(o) for o in options)
-        h = hashlib.sha256()
-        for part in (kind, entry, *self.options, source):
-            raw = part.encode()
-            h.update(len(raw).to_bytes(8, "little"))  # length-prefixed: no two part lists collide
-            h.update(raw)
-        self._digest = h.hexdigest()
-
-    @classmethod
-    def cuda(cls, source: str, entry: str = "vyre_main", options=()) -> "Kernel":
-        """CUDA C++ compiled by NVRTC. The entry must be ``extern "C" __global__``.
-
-        C++ forbids a ``__global__`` function named ``main``, so the default entry of CUDA
-        kernels is ``vyre_main`` (the header's ``VYRE_KERNEL`` macro declares it).
-        """
-        return cls("cuda", source, entry, options)
-
-    @classmethod
-    def ptx(cls, text: str, entry: str = "main") -> "Kernel":
-        """PTX text loaded (and JIT-compiled) by the driver."""
-        return cls("ptx", text, entry)
-
-    @property
-    def digest(self) -> str:
-        """SHA-256 over kind, entry, options and source."""
-        return self._digest
-
-    def __repr__(self) -> str:
-        return f"Kernel.{self.kind}(<{len(self.source)} chars>, entry={self.entry!r})"
 
 
 @dataclass(frozen=True, eq=False)
 class Program:
     """A kernel plus its buffer declarations and launch shape.
 
+    ``launch`` says what sizes the launch (word 0 of the params block and the grid): None for
+    the default rule (the largest output; the largest binding when the program has workgroup
+    buffers or no outputs), the name of a binding (its element count), or a callable taking
+    ``{binding name: element count}`` and returning the element count. Naming it also lets the
+    runtime-sized inputs differ in length; by default they must be equal. See the README's
+    "How the launch is sized".
+
     Programs hash by identity: dispatch caches its prepared plan per program object, so build a
-    program once and dispatch it many times.
+    program once and dispatch it many times. A program pickles when its ``launch`` does (a name,
+    or a module-level function).
+
+    Examples
+    --------
+    >>> hist = Program(
+    ...     Kernel.cuda("VYRE_KERNEL vyre_main() {}"),
+    ...     [BufferDecl.read("x", 0, "u8"), BufferDecl.output("h", 1, "u32", 256)],
+    ...     launch="x",
+    ... )
+    >>> hist.launch
+    'x'
     """
 
     kernel: Kernel
-    buffers: tuple
+    buffers: Sequence[BufferDecl]  # stored as a tuple
     workgroup_size: tuple = (256, 1, 1)
     grid_sync: bool = False
     phases: int = 1
-    requires: tuple = ()
+    requires: Sequence[str] = ()  # stored as a tuple
     name: str = field(default="")
+    launch: str | Callable[[Mapping[str, int]], int] | None = None
 
     def __post_init__(self):
         from .planning.validate import validate_program  # noqa: PLC0415 (cycle)
@@ -332,11 +410,9 @@ class Program:
                 )
             object.__setattr__(self, attr, tuple(value))
         ws = self.workgroup_size
-        if isinstance(ws, (int, np.integer)) and not isinstance(ws, bool):
+        if _is_int(ws):
             ws = (int(ws),)
-        if not isinstance(ws, (tuple, list)) or not all(
-            isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in ws
-        ):
+        if not isinstance(ws, (tuple, list)) or not all(_is_int(v) for v in ws):
             raise InvalidProgram(
                 f"workgroup_size must be an int or 1 to 3 ints (got {self.workgroup_size!r})",
                 "pass workgroup_size=(256, 1, 1) or another positive shape",
@@ -344,6 +420,8 @@ class Program:
         if 1 <= len(ws) <= 3:
             ws = tuple(int(v) for v in ws) + (1,) * (3 - len(ws))
         object.__setattr__(self, "workgroup_size", tuple(ws))
+        if _is_flag(self.grid_sync):
+            object.__setattr__(self, "grid_sync", bool(self.grid_sync))
         validate_program(self)
 
     @property

@@ -2,9 +2,12 @@
 //
 // ABI: the entry receives one `unsigned long long` device pointer per non-workgroup binding, in
 // binding-number order, then a pointer to a u32 params block:
-//   word 0            launch element count
+//   word 0            launch element count: DispatchConfig(elements=N), else the binding named
+//                     by Program(launch=...) (or its callable's value), else grid.x * block.x
+//                     under a grid_override, else the largest output (the largest binding when
+//                     the program has workgroup buffers or no outputs)
 //   word binding + 1  that binding's element count (a runtime-sized buffer's actual count,
-//                     so a kernel can bound-check a shorter input)
+//                     so a kernel can bound-check every buffer with vyre_in_bounds)
 //   VYRE_PHASE_WORD   phase_begin, then phase_end (grid-sync programs only)
 // The backend defines VYRE_PHASE_WORD (= max binding + 2) when it compiles a program's kernel.
 #pragma once
@@ -26,6 +29,12 @@ __device__ __forceinline__ vyre_u32 vyre_count(const vyre_u32* params) { return 
 
 __device__ __forceinline__ vyre_u32 vyre_binding_count(const vyre_u32* params, vyre_u32 binding) {
   return params[binding + 1u];
+}
+
+// Whether element i exists in `binding`: i < its own element count (word binding + 1). Check
+// every buffer a thread touches, so a launch larger than a buffer never reads or writes past it.
+__device__ __forceinline__ bool vyre_in_bounds(const vyre_u32* params, vyre_u32 binding, vyre_u64 i) {
+  return i < (vyre_u64)params[binding + 1u];
 }
 
 __device__ __forceinline__ vyre_u32 vyre_phase_begin(const vyre_u32* params) {

@@ -6,16 +6,16 @@ from dataclasses import dataclass
 
 from .._accounting import checked_mul
 from ..errors import InvalidProgram, UnsupportedFeature, ValidationError
-from ..program import BindingRole
+from ..program import BindingRole, BufferDecl
 
-__all__ = ["BindingSlot", "BindingPlan", "plan_bindings"]
+__all__ = ["BindingSlot", "BindingPlan", "plan_bindings", "input_spec"]
 
 
 @dataclass(frozen=True)
 class BindingSlot:
     """One non-workgroup binding as the dispatch sees it."""
 
-    decl: object
+    decl: BufferDecl
     role: BindingRole
     input_index: int  # index into the caller's inputs, -1 when none
     output_index: int  # index into the returned outputs, -1 when none
@@ -32,7 +32,8 @@ class BindingPlan:
     slots: tuple  # BindingSlot, in binding-number order
     workgroup: tuple  # workgroup BufferDecls, in binding-number order
     outputs: tuple  # BindingSlot per output, in declaration order
-    runtime_count: int  # elements of the runtime-sized inputs (max), 0 when none
+    runtime_count: int  # elements of every runtime-sized output (see _runtime_count), 0 when none
+    runtime_inputs: tuple = ()  # (name, elements) of each runtime-sized input, declaration order
 
     @property
     def max_binding(self) -> int:
@@ -60,7 +61,7 @@ def plan_bindings(program, input_lengths) -> BindingPlan:
                 "declare it as an input (BufferDecl.read) and pass its contents with each dispatch",
             )
     counts: dict[str, int] = {}
-    runtime_count = 0
+    runtime: dict[str, int] = {}  # runtime-sized inputs, declaration order
     for i, (decl, nbytes) in enumerate(zip(inputs, input_lengths)):
         size = decl.dtype.itemsize
         if nbytes % size:
@@ -78,9 +79,9 @@ def plan_bindings(program, input_lengths) -> BindingPlan:
                     f"pass exactly {decl.count} elements, or declare count=0 for a runtime-sized buffer",
                 )
         else:
-            runtime_count = max(runtime_count, count)
+            runtime[decl.name] = count
         counts[decl.name] = count
-
+    runtime_count = _runtime_count(program, runtime)
     slots = []
     outputs_by_name = {}
     out_order = [d.name for d in program.outputs]
@@ -94,7 +95,7 @@ def plan_bindings(program, input_lengths) -> BindingPlan:
         elif decl.count:
             count = decl.count
         else:
-            if not any(d.count == 0 for d in inputs):
+            if not runtime:
                 raise InvalidProgram(
                     f"output {decl.name!r} is runtime-sized (count=0) but the program has no "
                     "runtime-sized input to take its length from",
@@ -121,4 +122,60 @@ def plan_bindings(program, input_lengths) -> BindingPlan:
         workgroup=workgroup,
         outputs=tuple(outputs_by_name[n] for n in out_order),
         runtime_count=runtime_count,
+        runtime_inputs=tuple(runtime.items()),
     )
+
+
+def _runtime_count(program, runtime: dict) -> int:
+    """The element count runtime-sized outputs take, enforcing the input-length rule.
+
+    By default every runtime-sized input must hold the same number of elements: a kernel
+    indexing them with one thread index would otherwise read past the shorter ones. A program
+    that names its launch binding (``Program(launch=...)``) declares how its buffers relate, so
+    its inputs may differ; its runtime-sized outputs then take the launch binding's count when
+    that is a runtime-sized input, and are refused when nothing says which length they take.
+    """
+    if not runtime:
+        return 0
+    distinct = sorted(set(runtime.values()))
+    if len(distinct) == 1:
+        return distinct[0]
+    items = list(runtime.items())
+    first = items[0]
+    other = next(item for item in items if item[1] != first[1])
+    listing = ", ".join(f"{n!r}: {c}" for n, c in items)
+    if program.launch is None:
+        raise ValidationError(
+            f"runtime-sized inputs {first[0]!r} ({first[1]} elements) and {other[0]!r} "
+            f"({other[1]} elements) differ in length; by default the runtime-sized inputs of one "
+            f"program hold equal element counts ({listing})",
+            "pass inputs of equal length; give a buffer that is not indexed per element (a "
+            "uniform, a table) a static count; or declare which binding sizes the launch with "
+            f"Program(..., launch={first[0]!r}) and bound-check each buffer in the kernel with "
+            "vyre_in_bounds(params, binding, i)",
+        )
+    if isinstance(program.launch, str) and program.launch in runtime:
+        return runtime[program.launch]
+    runtime_outputs = [
+        d.name for d in program.buffers
+        if d.count == 0 and d.role is BindingRole.OUTPUT
+    ]
+    if runtime_outputs:
+        raise ValidationError(
+            f"runtime-sized output {runtime_outputs[0]!r} cannot take its length: the runtime-sized "
+            f"inputs differ ({listing}) and the launch rule {program.launch!r} does not name one "
+            "of them",
+            f"give {runtime_outputs[0]!r} a static count, pass inputs of equal length, or name a "
+            "runtime-sized input with Program(..., launch=...)",
+        )
+    return distinct[-1]
+
+
+def input_spec(decl) -> tuple:
+    """``(itemsize, kind)`` an input buffer of ``decl`` must have (the dispatch core checks it).
+
+    ``kind`` is the struct-format class: ``"u"``, ``"i"`` or ``"f"``; a bf16 input is its raw
+    bits, a uint16 array (kind ``"u"``), so int16, float16 and big-endian arrays are refused.
+    A 1-byte (uint8) view of any input is accepted as deliberate raw bytes.
+    """
+    return (decl.dtype.itemsize, decl.dtype.kind)

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import types
+import warnings
+import weakref
 from dataclasses import dataclass
 
+import numpy as np
+
 from .._accounting import align_up, checked_add, checked_mul
-from ..errors import CooperativeResidencyExceeded, InvalidProgram, UnsupportedFeature, ValidationError
+from ..errors import (
+    BackendError,
+    CooperativeResidencyExceeded,
+    InvalidProgram,
+    UnsupportedFeature,
+    ValidationError,
+)
+from ..program import LaunchSizeWarning
 from .caps import DeviceCaps
 
 __all__ = [
@@ -16,6 +31,7 @@ __all__ = [
     "resident_limit",
     "route_grid_sync",
     "DEFAULT_SHARED_LIMIT",
+    "barrier_ceiling",
 ]
 
 U32_MAX = 0xFFFFFFFF
@@ -29,6 +45,7 @@ class LaunchPlan:
     element_count: int
     shared_bytes: int
     shared_offsets: tuple  # (name, byte offset, bytes) per workgroup buffer
+    sized_by: str = ""  # what set element_count, for traces and messages
 
     @property
     def threads_per_block(self) -> int:
@@ -39,16 +56,57 @@ class LaunchPlan:
         return self.grid[0] * self.grid[1] * self.grid[2]
 
 
-def _element_count(bplan) -> int:
+def _default_count(bplan) -> tuple:
+    """``(elements, description, sizing binding name)`` by vyre's rule."""
     # vyre: the launch covers the largest output; with workgroup buffers (or no outputs) the
     # largest non-workgroup binding, since threads then also stage data they do not write.
     if bplan.outputs and not bplan.workgroup:
-        return max(s.count for s in bplan.outputs)
-    return max((s.count for s in bplan.slots), default=0)
+        slot = max(bplan.outputs, key=lambda s: s.count)
+        return slot.count, f"the largest output, {slot.decl.name!r}", slot.decl.name
+    if not bplan.slots:
+        return 0, "no buffer", ""
+    slot = max(bplan.slots, key=lambda s: s.count)
+    why = "workgroup buffers" if bplan.workgroup else "no outputs"
+    return slot.count, f"the largest binding, {slot.decl.name!r} (the program has {why})", slot.decl.name
+
+
+def _declared_count(program, bplan) -> tuple:
+    """Element count from ``Program.launch`` (a binding name or a callable)."""
+    rule = program.launch
+    counts = {s.decl.name: s.count for s in bplan.slots}
+    if isinstance(rule, str):
+        return counts[rule], f"launch={rule!r}"
+    try:
+        value = rule(dict(counts))
+    except BackendError:
+        raise
+    except Exception as exc:
+        raise InvalidProgram(
+            f"Program.launch callable {_name(rule)} raised {type(exc).__name__}: {exc} "
+            f"(called with {counts})",
+            "make the callable return the launch element count for every input length",
+        ) from exc
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise InvalidProgram(
+            f"Program.launch callable {_name(rule)} returned {value!r} for {counts}; it must "
+            "return a non-negative int",
+            "return the number of elements the launch covers, e.g. lambda n: n['x']",
+        )
+    return int(value), f"launch={_name(rule)}"
+
+
+def _name(rule) -> str:
+    return getattr(rule, "__qualname__", None) or repr(rule)
 
 
 def plan_launch(program, bplan, config, caps: DeviceCaps) -> LaunchPlan:
-    """Block, grid, element count and dynamic shared memory of one dispatch."""
+    """Block, grid, element count and dynamic shared memory of one dispatch.
+
+    The element count (params word 0) is, first match wins: ``config.elements``; the program's
+    ``launch`` rule; ``grid[0] * block[0]`` under ``config.grid_override``; the default rule
+    (the largest output, or the largest binding when the program has workgroup buffers or no
+    outputs). The grid is ``config.grid_override`` or ``ceil(elements / block[0])``.
+    """
     block = config.workgroup_override or program.workgroup_size
     for axis, (b, limit) in enumerate(zip(block, caps.max_block_dim)):
         if b > limit:
@@ -62,9 +120,18 @@ def plan_launch(program, bplan, config, caps: DeviceCaps) -> LaunchPlan:
             f"block {block} has {threads} threads; the device allows {caps.max_threads_per_block} per block",
             f"use at most {caps.max_threads_per_block} threads per block",
         )
+    if config.elements is not None:
+        element_count, sized_by = config.elements, f"DispatchConfig(elements={config.elements})"
+    elif program.launch is not None:
+        element_count, sized_by = _declared_count(program, bplan)
+    elif config.grid_override:
+        element_count = checked_mul(config.grid_override[0], block[0], "launch element count")
+        sized_by = "grid_override (grid x block)"
+    else:
+        element_count, sized_by, sizing = _default_count(bplan)
+        _warn_if_undersized(program, bplan, element_count, sized_by, sizing)
     if config.grid_override:
         grid = config.grid_override
-        element_count = checked_mul(grid[0], block[0], "launch element count")
     else:
         if block[1] != 1 or block[2] != 1:
             raise ValidationError(
@@ -72,16 +139,16 @@ def plan_launch(program, bplan, config, caps: DeviceCaps) -> LaunchPlan:
                 "multi-dimensional block cannot be derived from an element count",
                 "pass DispatchConfig(grid_override=(gx, gy, gz)) or use a 1-D workgroup",
             )
-        element_count = _element_count(bplan)
         if element_count == 0:
             raise ValidationError(
-                "the dispatch launches 0 elements (every buffer that sizes the launch is empty)",
+                f"the dispatch launches 0 elements (sized by {sized_by}, which is empty)",
                 "skip the dispatch for empty inputs, or pass DispatchConfig(grid_override=...)",
             )
         grid = ((element_count + block[0] - 1) // block[0], 1, 1)
     if element_count > U32_MAX:
         raise InvalidProgram(
-            f"launch element count {element_count} does not fit the u32 params word (max {U32_MAX})",
+            f"launch element count {element_count} (sized by {sized_by}) does not fit the u32 "
+            f"params word (max {U32_MAX})",
             "split the dispatch into bounded chunks",
         )
     for axis, (g, limit) in enumerate(zip(grid, caps.max_grid_dim)):
@@ -104,7 +171,71 @@ def plan_launch(program, bplan, config, caps: DeviceCaps) -> LaunchPlan:
             f"the device allows {caps.max_shared_per_block_optin} with opt-in",
             "shrink the workgroup buffers or split the work across more blocks",
         )
-    return LaunchPlan(tuple(block), tuple(grid), element_count, shared, tuple(offsets))
+    return LaunchPlan(tuple(block), tuple(grid), element_count, shared, tuple(offsets), sized_by)
+
+
+# Programs warned about already: once per program, not once per plan (a plan exists per length).
+_warned: weakref.WeakSet = weakref.WeakSet()
+_warned_lock = threading.Lock()
+
+
+def _warn_if_undersized(program, bplan, element_count, sized_by, sizing) -> None:
+    """Warn once when the implicit launch covers fewer elements than a runtime-sized input."""
+    if not bplan.runtime_inputs:
+        return
+    name, count = max(bplan.runtime_inputs, key=lambda item: item[1])
+    if count <= element_count:
+        return
+    with _warned_lock:
+        if program in _warned:
+            return
+        _warned.add(program)
+    warnings.warn(
+        LaunchSizeWarning(
+            f"program {program.name or program.kernel.entry!r} launches {element_count} elements "
+            f"(sized by {sized_by}) but its runtime-sized input {name!r} holds {count}; a kernel "
+            "that gives each input element a thread sees only part of it.\n"
+            f"Fix: pass Program(..., launch={name!r}) if each element of {name!r} needs a thread; "
+            f"if the launch is right as it is, say so with launch={sizing!r} (a declared launch "
+            "is never warned about)"
+        ),
+        stacklevel=_caller_level(),
+    )
+
+
+def _caller_level() -> int:
+    """The stacklevel of the first frame outside vyre_cuda (the caller's dispatch line)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def barrier_ceiling(phases: int, grid_blocks: int, route_kind: str) -> int:
+    """The most arrivals the grid-barrier counter can see in one launch.
+
+    Each of the ``phases - 1`` barriers of a cooperative launch adds one arrival per block; the
+    audit after the launch refuses a counter above this. Regular and split routes run no device
+    barrier: 0. The counter is a u32, so a ceiling above 2**32 - 1 is refused.
+
+    Examples
+    --------
+    >>> barrier_ceiling(4, 264, "cooperative"), barrier_ceiling(4, 2**62, "split")
+    (792, 0)
+    """
+    if route_kind != "cooperative":
+        return 0
+    ceiling = checked_mul(max(0, phases - 1), grid_blocks, "grid barrier ceiling")
+    if ceiling > U32_MAX:
+        raise InvalidProgram(
+            f"{phases} phases x {grid_blocks} blocks need {ceiling} barrier arrivals; the device's "
+            f"barrier counter is a u32 (max {U32_MAX})",
+            "use fewer blocks (grid-stride loops) or fewer phases per launch",
+        )
+    return ceiling
 
 
 def params_words(bplan, launch: LaunchPlan, phase_range=None) -> list:

@@ -59,9 +59,42 @@ def validate_program(program) -> None:
             f"phases={ph} needs grid_sync=True (phases are separated by grid barriers)",
             "pass grid_sync=True, or phases=1",
         )
+    if not isinstance(program.grid_sync, bool):
+        raise InvalidProgram(
+            f"grid_sync must be True or False (got {program.grid_sync!r})",
+            "pass grid_sync=True for a program with grid barriers, else leave it False",
+        )
+    if not isinstance(program.name, str):
+        raise InvalidProgram(
+            f"Program.name must be a str (got {type(program.name).__name__})", "pass name='my_program'"
+        )
+    _validate_launch(program)
     for req in program.requires:
         if req not in KNOWN_REQUIREMENTS:
             raise InvalidProgram(
                 f"unknown requirement {req!r} in Program.requires",
                 f"use only {', '.join(KNOWN_REQUIREMENTS)}",
             )
+
+
+def _validate_launch(program) -> None:
+    from ..program import BufferAccess  # noqa: PLC0415 (cycle)
+
+    launch = program.launch
+    if launch is None or (callable(launch) and not isinstance(launch, str)):
+        return
+    sized = [d.name for d in program.buffers if d.access is not BufferAccess.WORKGROUP]
+    if not isinstance(launch, str):
+        raise InvalidProgram(
+            f"Program.launch must be a binding name, a callable or None (got {type(launch).__name__})",
+            f"pass launch='<name>' with one of {', '.join(map(repr, sized))}, or a callable "
+            "taking {name: element count} and returning the element count",
+        )
+    if launch not in sized:
+        workgroup = any(d.name == launch for d in program.buffers)
+        why = "is a workgroup buffer (shared memory has no element count per dispatch)" if workgroup else (
+            "names no buffer of the program")
+        raise InvalidProgram(
+            f"Program.launch={launch!r} {why}",
+            f"name one of {', '.join(map(repr, sized))}",
+        )
