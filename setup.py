@@ -9,6 +9,7 @@ folder holding cuda.h and cudaProfiler.h (otherwise: the nvidia-cuda-runtime and
 nvidia-cuda-profiler-api wheels, conda, CUDA_HOME/CUDA_PATH, /usr/local/cuda).
 """
 
+import contextlib
 import os
 import re
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError, LinkError
 
 LINETRACE = os.environ.get("VYRE_CUDA_LINETRACE") == "1"
 
@@ -42,10 +44,9 @@ def header_candidates():
     except ImportError:
         locate_nvidia_header_directory = None
     for lib in ("cudart", "profiler") if locate_nvidia_header_directory else ():
-        try:
+        # AttributeError: not found (None); RuntimeError: a release that does not know this name
+        with contextlib.suppress(AttributeError, RuntimeError):
             found.append(locate_nvidia_header_directory(lib).abs_path)
-        except (AttributeError, RuntimeError):  # not found (None), or a release without this name
-            pass
     # the same places by hand, for a cuda-pathfinder that is too old or missing
     found += [os.path.join(os.environ[v], "include") for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
     found += [os.path.join(entry, "nvidia", "cu13", "include") for entry in sys.path if entry]
@@ -60,7 +61,9 @@ def cuda_include_dirs():
     try:
         bindings = version("cuda-bindings")
     except PackageNotFoundError:
-        fail("cuda-bindings is not installed", "pip install 'cuda-bindings==13.*' (or build with plain `pip install .`)")
+        fail(
+            "cuda-bindings is not installed", "pip install 'cuda-bindings==13.*' (or build with plain `pip install .`)"
+        )
     major, minor = (int(x) for x in bindings.split(".")[:2])
     needed = major * 1000 + minor * 10
     candidates = header_candidates()
@@ -82,7 +85,8 @@ def cuda_include_dirs():
             f"(CUDA_VERSION >= {needed}); found only {seen}",
             f"pip install 'nvidia-cuda-runtime=={major}.{minor}.*' 'nvidia-cuda-profiler-api=={major}.{minor}.*', "
             f"or point VYRE_CUDA_INCLUDE at a CUDA {major}.{minor}+ toolkit's include folder, or build "
-            f"against the cuda-bindings of those headers (pip install 'cuda-bindings=={newest // 1000}.{newest % 1000 // 10}.*')",
+            "against the cuda-bindings of those headers "
+            f"(pip install 'cuda-bindings=={newest // 1000}.{newest % 1000 // 10}.*')",
         )
     cuda = new_enough[0]
     return [str(cuda)] if cuda in profiler else [str(cuda), str(profiler[0])]
@@ -136,8 +140,9 @@ class BuildExt(build_ext):
                 # code over C vectors, where those checks do not apply.
             },
         )
-        for ext, done in zip(self.extensions, translated):
-            ext.sources = done.sources
+        cpp_sources = {done.name: done.sources for done in translated}
+        for ext in self.extensions:
+            ext.sources = cpp_sources[ext.name]
             ext.include_dirs += include_dirs
             ext.define_macros += macros
         super().build_extensions()
@@ -150,7 +155,7 @@ class BuildExt(build_ext):
             try:
                 objects = self.compiler.compile([str(probe)], output_dir=tmp, extra_postargs=["-std=c++17"])
                 self.compiler.link_shared_object(objects, str(Path(tmp, "probe.so")), target_lang="c++")
-            except Exception as exc:  # CompileError, or the compiler executable is missing
+            except (CompileError, LinkError) as exc:  # also raised when the executable is missing
                 cxx = (getattr(self.compiler, "compiler_cxx", None) or ["(none)"])[0]
                 fail(
                     f"no working C++17 compiler (tried {cxx} -std=c++17: {exc})",

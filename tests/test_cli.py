@@ -238,8 +238,14 @@ def test_info_json_in_a_process_without_a_device():
     root = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]  # the vyre_cuda under test
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-m", "vyre_cuda", "info", "--json"], cwd=root.parent, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vyre_cuda", "info", "--json"],
+        cwd=root.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == cli.EXIT_NO_GPU, proc.stderr
     info = json.loads(proc.stdout)
     assert info["driver_ok"] is False and info["driver"] and info["device"] is None and info["fix"]

@@ -97,7 +97,12 @@ def test_sticky_errors_map_to_device_lost(status):
 
 @pytest.mark.parametrize(
     "status",
-    ["CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_FOUND", "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "CUDA_ERROR_SOMETHING_NEW"],
+    [
+        "CUDA_ERROR_INVALID_VALUE",
+        "CUDA_ERROR_NOT_FOUND",
+        "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+        "CUDA_ERROR_SOMETHING_NEW",
+    ],
 )
 def test_other_errors_map_to_dispatch_failed(status):
     err = driver_error(status, "cuLaunchKernel")
@@ -108,7 +113,12 @@ def test_other_errors_map_to_dispatch_failed(status):
 
 
 def test_the_core_sticky_faults_are_sticky():
-    for status in ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ASSERT", "CUDA_ERROR_ILLEGAL_INSTRUCTION"):
+    for status in (
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "CUDA_ERROR_ASSERT",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    ):
         assert status in STICKY_ERRORS
     assert "CUDA_ERROR_OUT_OF_MEMORY" not in STICKY_ERRORS
 
@@ -161,14 +171,19 @@ def no_driver(monkeypatch):
 def test_explanation_is_the_drivers_text_with_our_fix(fake_driver):
     assert cu_explanation("CUDA_ERROR_ILLEGAL_ADDRESS") == "driver text for CUDA_ERROR_ILLEGAL_ADDRESS"
     err = driver_error("CUDA_ERROR_ILLEGAL_ADDRESS", "cuStreamSynchronize", code=700)
-    assert err.message == "CUDA_ERROR_ILLEGAL_ADDRESS: driver text for CUDA_ERROR_ILLEGAL_ADDRESS; raised by cuStreamSynchronize"
+    assert (
+        err.message
+        == "CUDA_ERROR_ILLEGAL_ADDRESS: driver text for CUDA_ERROR_ILLEGAL_ADDRESS; raised by cuStreamSynchronize"
+    )
     assert "reset_device" in err.fix  # the Fix line is vyre_cuda's, not the driver's
     # a name the bindings do not know never reaches the driver
     assert cu_explanation("CUDA_ERROR_UNKNOWN_TO_US") == cu_explanation("CUDA_ERROR_UNKNOWN_TO_US_2")
 
 
 def test_driver_refusing_a_code_falls_back(fake_driver, monkeypatch):
-    monkeypatch.setattr(fake_driver, "cuGetErrorString", lambda r: (fake_driver.CUresult.CUDA_ERROR_INVALID_VALUE, None))
+    monkeypatch.setattr(
+        fake_driver, "cuGetErrorString", lambda r: (fake_driver.CUresult.CUDA_ERROR_INVALID_VALUE, None)
+    )
     assert cu_explanation("CUDA_ERROR_OUT_OF_MEMORY") == E._FALLBACK_EXPLANATIONS["CUDA_ERROR_OUT_OF_MEMORY"]
 
 
@@ -216,8 +231,12 @@ def test_explanations_come_from_the_real_driver():
             pytest.fail("VYRE_CUDA_REQUIRE_GPU=1 but libcuda.so.1 cannot be loaded")
         pytest.skip("no CUDA driver library (libcuda.so.1) to ask")
     E._driver_text.cache_clear()
-    for status in ("CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_INVALID_VALUE",
-                   "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"):
+    for status in (
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_INVALID_VALUE",
+        "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+    ):
         result = getattr(driver.CUresult, status)
         err, text = driver.cuGetErrorString(result)
         assert err == driver.CUresult.CUDA_SUCCESS and text

@@ -141,8 +141,10 @@ def _cmd_selftest(args) -> int:
         print("no usable GPU: compiling and planning the built-in programs only")
         for name, program, inputs, _ in cases:
             compiled, launch, layout = _plan_offline(program, inputs)
-            print(f"  {name:20s} compiled ({len(compiled.ptx or '')} chars of PTX), grid {launch.grid} "
-                  f"block {launch.block}, slab {layout.slab_bytes:,} B: ok")
+            print(
+                f"  {name:20s} compiled ({len(compiled.ptx or '')} chars of PTX), grid {launch.grid} "
+                f"block {launch.block}, slab {layout.slab_bytes:,} B: ok"
+            )
         err = DriverUnavailable(status, "run `vyre-cuda selftest` on a machine with an NVIDIA GPU and driver")
         print(f"\nDriverUnavailable: {err}", file=sys.stderr)
         return EXIT_NO_GPU
@@ -153,7 +155,7 @@ def _cmd_selftest(args) -> int:
         print(f"device {backend.device}: {backend.caps.name}")
         for name, program, inputs, refs in cases:
             outs = backend.dispatch(program, inputs)
-            good = all(ref is None or np.array_equal(out, ref) for out, ref in zip(outs, refs))
+            good = all(ref is None or np.array_equal(out, ref) for out, ref in zip(outs, refs, strict=True))
             route = backend.plan_info(program, inputs).route.kind
             print(f"  {name:20s} {'ok' if good else 'MISMATCH'} ({route})")
             failures += not good
@@ -177,8 +179,10 @@ def _cmd_cache(args) -> int:
     for key in _DISK_KEYS:
         if key in info:
             print(f"{key}: {info.pop(key)}")
-    print("per process (counts of this command's own process, so 0 here; a program reads its own "
-          "with vyre_cuda.compile.cache_info()):")
+    print(
+        "per process (counts of this command's own process, so 0 here; a program reads its own "
+        "with vyre_cuda.compile.cache_info()):"
+    )
     for key, value in info.items():
         print(f"  {key}: {value}")
     return EXIT_OK
@@ -190,23 +194,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"vyre_cuda {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("info", help="driver, device, limits and capabilities", epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "info",
+        help="driver, device, limits and capabilities",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object (also without a GPU)")
     p.set_defaults(func=_cmd_info)
-    p = sub.add_parser("selftest", help="run the built-in programs and check them against numpy", epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "selftest",
+        help="run the built-in programs and check them against numpy",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--device", type=int, default=0)
     p.set_defaults(func=_cmd_selftest)
-    p = sub.add_parser("cache", help="show (info) or clear the kernel cache; counters other than disk_* are per process")
+    p = sub.add_parser(
+        "cache", help="show (info) or clear the kernel cache; counters other than disk_* are per process"
+    )
     p.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
     p.set_defaults(func=_cmd_cache)
     try:
         from . import profile
     except ImportError:  # pragma: no cover - profile is part of the package
-        profile = None
-    if profile is not None and hasattr(profile, "add_arguments"):
+        return parser
+    if hasattr(profile, "add_arguments"):
         p = sub.add_parser("profile", help="per-dispatch host-cost profile against the driver floor")
         profile.add_arguments(p)
         p.set_defaults(func=profile.main)

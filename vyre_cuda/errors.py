@@ -207,9 +207,10 @@ def driver_error(status: str, call: str, code: int = 0, detail: str = "") -> Dis
     if status == "CUDA_ERROR_OUT_OF_MEMORY":
         return DeviceOutOfMemory(
             message,
-            "free device memory (other processes, CudaBackend.trim()), or split the dispatch "
-            "into bounded chunks",
-            status=status, call=call, code=code,
+            "free device memory (other processes, CudaBackend.trim()), or split the dispatch into bounded chunks",
+            status=status,
+            call=call,
+            code=code,
         )
     if status in STICKY_ERRORS:
         return DeviceLost(
@@ -217,11 +218,14 @@ def driver_error(status: str, call: str, code: int = 0, detail: str = "") -> Dis
             "the CUDA context is unusable for this process; close this backend, call "
             "vyre_cuda.reset_device(device) and create a new CudaBackend (or restart the process); "
             "if a kernel faulted, fix its indexing (run it under compute-sanitizer to find the access)",
-            status=status, call=call, code=code,
+            status=status,
+            call=call,
+            code=code,
         )
     return DispatchFailed(
         message,
-        "check the arguments of the failing call; if the error persists, run with "
-        "VYRE_CUDA_TRACE=1 and report the log",
-        status=status, call=call, code=code,
+        "check the arguments of the failing call; if the error persists, run with VYRE_CUDA_TRACE=1 and report the log",
+        status=status,
+        call=call,
+        code=code,
     )
