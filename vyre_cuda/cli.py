@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default: 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object (also without a GPU)")
     p.set_defaults(func=_cmd_info)
     p = sub.add_parser(
@@ -209,10 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default: 0)")
     p.set_defaults(func=_cmd_selftest)
     p = sub.add_parser(
-        "cache", help="show (info) or clear the kernel cache; counters other than disk_* are per process"
+        "cache",
+        help="show (info) or clear the kernel cache; counters other than disk_* are per process",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
     p.set_defaults(func=_cmd_cache)
