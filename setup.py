@@ -1,82 +1,172 @@
 """Build the Cython core. Everything else lives in pyproject.toml.
 
+Every ``vyre_cuda/**/*.pyx`` becomes one C++ extension; ``build_ext`` compiles them in parallel
+(one job per core unless ``-j N`` says otherwise).
+
 Environment toggles: VYRE_CUDA_ANNOTATE=1 writes Cython HTML annotations; VYRE_CUDA_LINETRACE=1
-enables line tracing (coverage, profilers; slows the hot path); VYRE_CUDA_INCLUDE names the folder
-holding cuda.h when neither the nvidia-cuda-runtime wheel nor a CUDA toolkit provides it.
+enables line tracing (coverage, profilers; slows the hot path); VYRE_CUDA_INCLUDE names the one
+folder holding cuda.h and cudaProfiler.h (otherwise: the nvidia-cuda-runtime and
+nvidia-cuda-profiler-api wheels, conda, CUDA_HOME/CUDA_PATH, /usr/local/cuda).
 """
 
+import contextlib
 import os
+import re
 import sys
+import tempfile
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import numpy
-from Cython.Build import cythonize
-from Cython.Compiler import Options
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError, LinkError
+
+LINETRACE = os.environ.get("VYRE_CUDA_LINETRACE") == "1"
+
+
+def fail(message, fix):
+    sys.exit(f"vyre_cuda build: {message}\nFix: {fix}")
+
+
+def header_version(folder):
+    """CUDA_VERSION from folder/cuda.h, e.g. 13030 for CUDA 13.3 (0 when unreadable)."""
+    match = re.search(r"#define\s+CUDA_VERSION\s+(\d+)", (folder / "cuda.h").read_text(errors="replace"))
+    return int(match.group(1)) if match else 0
+
+
+def header_candidates():
+    """Folders that may hold cuda.h / cudaProfiler.h, most specific first."""
+    if os.environ.get("VYRE_CUDA_INCLUDE"):  # an explicit choice is the only candidate
+        return [Path(os.environ["VYRE_CUDA_INCLUDE"]).resolve()]
+    found = []
+    try:  # cuda.pathfinder (a cuda-bindings dependency) knows the wheel, conda and toolkit layouts
+        from cuda.pathfinder import locate_nvidia_header_directory
+    except ImportError:
+        locate_nvidia_header_directory = None
+    for lib in ("cudart", "profiler") if locate_nvidia_header_directory else ():
+        # AttributeError: not found (None); RuntimeError: a release that does not know this name
+        with contextlib.suppress(AttributeError, RuntimeError):
+            found.append(locate_nvidia_header_directory(lib).abs_path)
+    # the same places by hand, for a cuda-pathfinder that is too old or missing
+    found += [os.path.join(os.environ[v], "include") for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    found += [os.path.join(entry, "nvidia", "cu13", "include") for entry in sys.path if entry]
+    found.append("/usr/local/cuda/include")
+    return list(dict.fromkeys(Path(f).resolve() for f in found))
 
 
 def cuda_include_dirs():
-    # cydriver.pxd includes <cuda.h> and <cudaProfiler.h>; cuda.h must be no older than the
-    # cuda-bindings we compile against. Prefer one folder holding both (a toolkit, or the
-    # nvidia-cuda-runtime + nvidia-cuda-profiler-api wheels), else combine two.
-    candidates = []
-    if os.environ.get("VYRE_CUDA_INCLUDE"):
-        candidates.append(Path(os.environ["VYRE_CUDA_INCLUDE"]))
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            candidates.append(Path(os.environ[var]) / "include")
-    for entry in sys.path:
-        candidates.append(Path(entry) / "nvidia" / "cu13" / "include")
-    candidates.append(Path("/usr/local/cuda/include"))
+    # cydriver.pxd includes <cuda.h> and <cudaProfiler.h>, and names every type of the
+    # cuda-bindings release: a cuda.h older than that release fails deep inside g++
+    # ("CUDA_FABRIC_COPY_BATCH_OP_st does not name a type"), so check the version here.
+    try:
+        bindings = version("cuda-bindings")
+    except PackageNotFoundError:
+        fail(
+            "cuda-bindings is not installed", "pip install 'cuda-bindings==13.*' (or build with plain `pip install .`)"
+        )
+    major, minor = (int(x) for x in bindings.split(".")[:2])
+    needed = major * 1000 + minor * 10
+    candidates = header_candidates()
     with_cuda = [c for c in candidates if (c / "cuda.h").is_file()]
-    with_profiler = [c for c in candidates if (c / "cudaProfiler.h").is_file()]
-    for folder in with_cuda:
-        if folder in with_profiler:
-            return [str(folder)]
-    if with_cuda and with_profiler:
-        return [str(with_cuda[0]), str(with_profiler[0])]
-    sys.exit(
-        "vyre_cuda: cuda.h and cudaProfiler.h not found. Fix: pip install 'nvidia-cuda-runtime==13.*' "
-        "'nvidia-cuda-profiler-api==13.*' (they ship the headers), or set VYRE_CUDA_INCLUDE to a "
-        "CUDA toolkit's include folder."
-    )
+    profiler = [c for c in candidates if (c / "cudaProfiler.h").is_file()]
+    if not with_cuda or not profiler:
+        missing = " and ".join(h for h, where in (("cuda.h", with_cuda), ("cudaProfiler.h", profiler)) if not where)
+        fail(
+            f"{missing} not found (looked in: " + ", ".join(map(str, candidates)) + ")",
+            f"pip install 'nvidia-cuda-runtime=={major}.{minor}.*' 'nvidia-cuda-profiler-api=={major}.{minor}.*' "
+            "(they ship the headers), or set VYRE_CUDA_INCLUDE to a CUDA toolkit's include folder",
+        )
+    new_enough = [c for c in with_cuda if header_version(c) >= needed]
+    if not new_enough:
+        # Not always fatal: cuda-bindings 13.3 builds against the CUDA 13.0 headers, 13.5 does not.
+        # Say what to do if g++ then fails, and try the newest headers found.
+        seen = ", ".join(f"{c} (CUDA_VERSION {header_version(c)})" for c in with_cuda)
+        newest = max(header_version(c) for c in with_cuda)
+        print(
+            f"vyre_cuda build: warning: cuda-bindings {bindings} is newer than every cuda.h found ({seen}); "
+            "if g++ then reports a CUDA type that 'does not name a type', "
+            f"Fix: pip install 'nvidia-cuda-runtime=={major}.{minor}.*' 'nvidia-cuda-profiler-api=={major}.{minor}.*', "
+            f"or point VYRE_CUDA_INCLUDE at a CUDA {major}.{minor}+ toolkit's include folder, or build against "
+            f"the cuda-bindings of those headers (pip install 'cuda-bindings=={newest // 1000}.{newest % 1000 // 10}.*')",
+            file=sys.stderr,
+        )
+        new_enough = sorted(with_cuda, key=header_version, reverse=True)
+    cuda = new_enough[0]
+    return [str(cuda)] if cuda in profiler else [str(cuda), str(profiler[0])]
 
 
-linetrace = os.environ.get("VYRE_CUDA_LINETRACE") == "1"
-# vyre_cuda/ itself: the transfer engine's C++ header (_transfer.hpp)
-include_dirs = cuda_include_dirs() + [numpy.get_include(), "vyre_cuda"]
-macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
-if linetrace:
-    macros.append(("CYTHON_TRACE_NOGIL", "1"))
+def extensions():
+    # every .pyx is a module: vyre_cuda/profile/_floor.pyx -> vyre_cuda.profile._floor
+    return [
+        Extension(
+            ".".join(pyx.with_suffix("").parts),
+            [pyx.as_posix()],
+            language="c++",  # cydriver.pxd pulls in <type_traits>
+            include_dirs=["vyre_cuda"],  # the transfer engine's C++ header (_transfer.hpp)
+            extra_compile_args=["-O3", "-std=c++17", "-pthread"],  # the copy threads
+            extra_link_args=["-pthread"],
+        )
+        for pyx in sorted(Path("vyre_cuda").rglob("*.pyx"))
+    ]
 
 
-def ext(name):
-    return Extension(
-        f"vyre_cuda.{name}",
-        [f"vyre_cuda/{name}.pyx"],
-        include_dirs=include_dirs,
-        define_macros=macros,
-        language="c++",  # cydriver.pxd pulls in <type_traits>
-        extra_compile_args=["-O3", "-std=c++17", "-pthread"],
-        extra_link_args=["-pthread"],
-    )
+class BuildExt(build_ext):
+    """Check the toolchain and headers, cythonize, then compile the extensions in parallel.
+
+    All of it happens only when extensions are built, so an sdist needs no compiler or headers.
+    """
+
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:  # pip never passes -j; the extensions are independent
+            self.parallel = os.cpu_count() or 1
+
+    def build_extensions(self):
+        import numpy
+        from Cython.Build import cythonize
+        from Cython.Compiler import Options
+
+        self.check_cxx17()
+        include_dirs = cuda_include_dirs() + [numpy.get_include()]
+        macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
+        if LINETRACE:
+            macros.append(("CYTHON_TRACE_NOGIL", "1"))
+        Options.warning_errors = True
+        translated = cythonize(
+            self.extensions,
+            build_dir="build/cython",
+            nthreads=os.cpu_count() or 1,
+            annotate=os.environ.get("VYRE_CUDA_ANNOTATE") == "1",
+            compiler_directives={
+                "language_level": 3,
+                "embedsignature": True,
+                "linetrace": LINETRACE,
+                # Cython's own defaults (boundscheck, wraparound) stay on: the hot loops are cdef
+                # code over C vectors, where those checks do not apply.
+            },
+        )
+        cpp_sources = {done.name: done.sources for done in translated}
+        for ext in self.extensions:
+            ext.sources = cpp_sources[ext.name]
+            ext.include_dirs += include_dirs
+            ext.define_macros += macros
+        super().build_extensions()
+
+    def check_cxx17(self):
+        # Without this, a missing or old compiler shows up as "g++: not found" mid-build.
+        with tempfile.TemporaryDirectory() as tmp:
+            probe = Path(tmp, "probe.cpp")
+            probe.write_text("#include <type_traits>\nint main() { if constexpr (true) return 0; }\n")
+            try:
+                objects = self.compiler.compile([str(probe)], output_dir=tmp, extra_postargs=["-std=c++17"])
+                self.compiler.link_shared_object(objects, str(Path(tmp, "probe.so")), target_lang="c++")
+            except (CompileError, LinkError) as exc:  # also raised when the executable is missing
+                cxx = (getattr(self.compiler, "compiler_cxx", None) or ["(none)"])[0]
+                fail(
+                    f"no working C++17 compiler (tried {cxx} -std=c++17: {exc})",
+                    "install one (Debian/Ubuntu: apt-get install g++; Fedora/RHEL: dnf install gcc-c++; "
+                    "conda: conda install gxx), or name it with CXX=... and CC=...",
+                )
 
 
-MODULES = ["_accounting", "_driver", "_pools", "_transfer", "_dispatch"]
-if Path("vyre_cuda/_floor.pyx").is_file():
-    MODULES.append("_floor")
-
-setup(
-    ext_modules=cythonize(
-        [ext(m) for m in MODULES],
-        build_dir="build/cython",
-        annotate=os.environ.get("VYRE_CUDA_ANNOTATE") == "1",
-        compiler_directives={
-            "language_level": 3,
-            "embedsignature": True,
-            "linetrace": linetrace,
-            # Cython's own defaults (boundscheck, wraparound) stay on: the hot loops are cdef
-            # code over C vectors, where those checks do not apply.
-        },
-    ),
-)
+setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExt})

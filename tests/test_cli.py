@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
+import pathlib
+import re
+
 import pytest
 
 import vyre_cuda
 from vyre_cuda import builtin_programs, cli
 from vyre_cuda import compile as vc_compile
 from vyre_cuda.backend import driver_status
-from vyre_cuda.errors import ValidationError
+from vyre_cuda.errors import DriverUnavailable, ValidationError
+from vyre_cuda.planning.caps import DeviceCaps
+
 
 def without_gpu(monkeypatch):
     """The CLI as on a machine with no usable GPU (the real probe is tested in test_no_driver)."""
@@ -38,48 +45,137 @@ def run(capsys, *argv):
     return rc, out.splitlines(), err.splitlines()
 
 
-def cache_fields(lines) -> dict:
-    return dict(line.split(": ", 1) for line in lines)
+def cache_fields(lines) -> tuple[dict, dict]:
+    """``vyre-cuda cache info`` output as (folder fields, per-process counters)."""
+    folder, per_process, section = {}, {}, None
+    for line in lines:
+        if line.startswith("per process"):
+            section = per_process
+            continue
+        key, value = line.strip().split(": ", 1)
+        (section if section is not None else folder)[key] = value
+    return folder, per_process
 
 
-def test_selftest_compiles_and_plans_then_fails(capsys, cache, monkeypatch):
+def fake_device(monkeypatch, caps=None, error=None):
+    """The CLI as on a machine with one GPU described by ``caps`` (or whose backend raises)."""
+    from vyre_cuda import backend
+
+    class FakeBackend:
+        def __init__(self, device):
+            if error is not None:
+                raise error
+            self.caps = caps
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(backend, "driver_status", lambda: (True, "1 device(s), driver CUDA 13.0"))
+    monkeypatch.setattr(backend, "CudaBackend", FakeBackend)
+
+
+def test_exit_codes_are_distinct_and_documented(capsys):
+    codes = {cli.EXIT_OK: "success", cli.EXIT_FAILURE: "failed", cli.EXIT_USAGE: "usage", cli.EXIT_NO_GPU: "driver"}
+    assert sorted(codes) == [0, 1, 2, 3]
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    help_text = capsys.readouterr().out
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for code, word in codes.items():
+        assert re.search(rf"^  {code}  .*{word}", help_text, re.M), help_text
+        assert re.search(rf"`{code}`[^\n]*{word}", readme, re.I), f"README does not document exit status {code}"
+
+
+def test_selftest_compiles_and_plans_then_exits_no_gpu(capsys, cache, monkeypatch):
     without_gpu(monkeypatch)
     rc, out, err = run(capsys, "selftest")
-    assert rc != 0
+    assert rc == cli.EXIT_NO_GPU
     for name in builtin_programs.SELFTEST:
         (line,) = [line for line in out if line.split()[:1] == [name]]
         assert line.endswith(": ok") and "compiled (" in line
     assert err[-1].startswith("Fix: ")
     assert any(line.startswith("DriverUnavailable: ") for line in err)
     # the kernels really went through NVRTC into the cache
-    assert int(cache_fields(run(capsys, "cache", "info")[1])["disk_entries"]) == len(builtin_programs.SELFTEST)
+    folder, _ = cache_fields(run(capsys, "cache", "info")[1])
+    assert int(folder["disk_entries"]) == len(builtin_programs.SELFTEST)
 
 
 def test_info_without_a_driver(capsys, cache, monkeypatch):
     reason = without_gpu(monkeypatch)
-    rc, out, _ = run(capsys, "info")
-    assert rc != 0
+    rc, out, err = run(capsys, "info")
+    assert rc == cli.EXIT_NO_GPU
     assert f"vyre_cuda {vyre_cuda.__version__}" in out
     assert f"driver: {reason}" in out and reason
     assert f"kernel cache: {cache}" in out
+    assert err[-1].startswith("Fix: ")
+
+
+def test_info_json_without_a_driver_is_json(capsys, cache, monkeypatch):
+    reason = without_gpu(monkeypatch)
+    rc, out, err = run(capsys, "info", "--json")
+    assert rc == cli.EXIT_NO_GPU and err == []
+    info = json.loads("\n".join(out))
+    assert info["driver_ok"] is False and info["driver"] == reason
+    assert info["device"] is None and info["fix"]
+    assert info["vyre_cuda"] == vyre_cuda.__version__ and info["kernel_cache"] == str(cache)
+    nv = vc_compile.nvrtc_version()
+    assert info["nvrtc"] == (".".join(map(str, nv)) if nv else None)
+
+
+def test_info_with_a_device(capsys, cache, monkeypatch):
+    caps = DeviceCaps(name="Fake H1", cc=(9, 0), sm_count=7, total_memory=3 * 2**30, driver_version=13000)
+    fake_device(monkeypatch, caps)
+    rc, out, err = run(capsys, "info", "--json")
+    assert rc == cli.EXIT_OK and err == []
+    info = json.loads("\n".join(out))
+    assert info["driver_ok"] is True and "fix" not in info and "error" not in info
+    assert info["device"] == json.loads(json.dumps(caps.as_dict()))
+    rc, out, err = run(capsys, "info")
+    assert rc == cli.EXIT_OK and err == []
+    assert "device 0: Fake H1 (sm_90, PCI )" in out
+    assert "  multiprocessors         7" in out and "  global memory           3,221,225,472 bytes" in out
+
+
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        (ValidationError("device 7 does not exist (got 7, 1 device)", "pass --device 0"), cli.EXIT_FAILURE),
+        (DriverUnavailable("the device went away", "check nvidia-smi"), cli.EXIT_NO_GPU),
+    ],
+)
+def test_info_when_the_backend_fails(capsys, cache, monkeypatch, error, code):
+    fake_device(monkeypatch, error=error)
+    rc, out, err = run(capsys, "info", "--json", "--device", "7")
+    assert rc == code and err == []
+    info = json.loads("\n".join(out))
+    assert info["driver_ok"] is True and info["device"] is None
+    assert info["error"] == f"{type(error).__name__}: {error.message}" and info["fix"] == error.fix
+    rc, out, err = run(capsys, "info", "--device", "7")
+    assert rc == code and err == [f"{type(error).__name__}: {error.message}", f"Fix: {error.fix}"]
 
 
 def test_cache_info_and_clear(capsys, cache):
     rc, out, _ = run(capsys, "cache")
-    assert rc == 0
-    fields = cache_fields(out)
-    assert fields["dir"] == str(cache) and fields["disk_entries"] == "0"
+    assert rc == cli.EXIT_OK
+    folder, per_process = cache_fields(out)
+    assert folder["dir"] == str(cache) and folder["disk_entries"] == "0"
+    assert "compiles" in per_process and "compiles" not in folder
     vc_compile.compile_kernel(builtin_programs.vecadd("u32").kernel, arch=None)
-    assert cache_fields(run(capsys, "cache", "info")[1])["disk_entries"] == "1"
+    folder, per_process = cache_fields(run(capsys, "cache", "info")[1])
+    # in this (test) process the counters moved; `vyre-cuda cache` in a new process shows 0
+    assert folder["disk_entries"] == "1" and int(per_process["compiles"]) >= 1
     rc, out, _ = run(capsys, "cache", "clear")
-    assert rc == 0 and out == [f"removed 1 cached kernel(s) from {cache}"]
-    assert cache_fields(run(capsys, "cache", "info")[1])["disk_entries"] == "0"
+    assert rc == cli.EXIT_OK and out == [f"removed 1 cached kernel(s) from {cache}"]
+    assert cache_fields(run(capsys, "cache", "info")[1])[0]["disk_entries"] == "0"
 
 
 def test_version(capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(["--version"])
-    assert info.value.code == 0
+    assert info.value.code == cli.EXIT_OK
     assert capsys.readouterr().out.strip() == f"vyre_cuda {vyre_cuda.__version__}"
 
 
@@ -87,18 +183,25 @@ def test_version(capsys):
 def test_usage_errors(capsys, argv):
     with pytest.raises(SystemExit) as info:
         cli.main(argv)
-    assert info.value.code == 2
+    assert info.value.code == cli.EXIT_USAGE
     assert "usage: vyre-cuda" in capsys.readouterr().err
 
 
-def test_backend_errors_become_exit_code_2(capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        (ValidationError("the cache is unhappy (got 3)", "make it happy"), cli.EXIT_FAILURE),
+        (DriverUnavailable("no libcuda (got none)", "install the driver"), cli.EXIT_NO_GPU),
+    ],
+)
+def test_backend_errors_become_exit_codes(capsys, monkeypatch, error, code):
     def fail():
-        raise ValidationError("the cache is unhappy (got 3)", "make it happy")
+        raise error
 
     monkeypatch.setattr(vc_compile, "cache_info", fail)
     rc, out, err = run(capsys, "cache", "info")
-    assert rc == 2 and out == []
-    assert err == ["ValidationError: the cache is unhappy (got 3)", "Fix: make it happy"]
+    assert rc == code and out == []
+    assert err == [f"{type(error).__name__}: {error.message}", f"Fix: {error.fix}"]
 
 
 def test_selftest_cases_reference_outputs(rng):
@@ -106,3 +209,43 @@ def test_selftest_cases_reference_outputs(rng):
     assert [name for name, *_ in cases] == list(builtin_programs.SELFTEST)
     for _, program, inputs, refs in cases:
         assert len(inputs) == len(program.inputs) and len(refs) == len(program.outputs)
+
+
+@pytest.mark.gpu
+def test_info_and_selftest_on_a_gpu(capsys, cache):
+    ok, why = driver_status()
+    if not ok:
+        if os.environ.get("VYRE_CUDA_REQUIRE_GPU") == "1":
+            pytest.fail(f"VYRE_CUDA_REQUIRE_GPU=1 but no GPU is usable: {why}")
+        pytest.skip(f"no CUDA driver/device: {why}")
+    rc, out, err = run(capsys, "info", "--json")
+    assert rc == cli.EXIT_OK and err == []
+    info = json.loads("\n".join(out))
+    assert info["driver_ok"] is True and info["driver"] == why
+    assert info["device"]["sm_count"] > 0 and info["device"]["total_memory"] > 0 and info["device"]["name"]
+    rc, out, err = run(capsys, "selftest")
+    assert rc == cli.EXIT_OK, (out, err)
+    assert out[-1] == "selftest passed"
+    assert all(f"{name} " in "\n".join(out) for name in builtin_programs.SELFTEST)
+
+
+def test_info_json_in_a_process_without_a_device():
+    """The console entry in a fresh interpreter that sees no device (CUDA_VISIBLE_DEVICES=''):
+    on a GPU machine the driver loads and finds none; elsewhere the library is missing."""
+    import subprocess
+    import sys
+
+    root = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]  # the vyre_cuda under test
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "vyre_cuda", "info", "--json"],
+        cwd=root.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == cli.EXIT_NO_GPU, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["driver_ok"] is False and info["driver"] and info["device"] is None and info["fix"]

@@ -97,7 +97,12 @@ def test_sticky_errors_map_to_device_lost(status):
 
 @pytest.mark.parametrize(
     "status",
-    ["CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_FOUND", "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "CUDA_ERROR_SOMETHING_NEW"],
+    [
+        "CUDA_ERROR_INVALID_VALUE",
+        "CUDA_ERROR_NOT_FOUND",
+        "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+        "CUDA_ERROR_SOMETHING_NEW",
+    ],
 )
 def test_other_errors_map_to_dispatch_failed(status):
     err = driver_error(status, "cuLaunchKernel")
@@ -108,7 +113,12 @@ def test_other_errors_map_to_dispatch_failed(status):
 
 
 def test_the_core_sticky_faults_are_sticky():
-    for status in ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ASSERT", "CUDA_ERROR_ILLEGAL_INSTRUCTION"):
+    for status in (
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "CUDA_ERROR_ASSERT",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    ):
         assert status in STICKY_ERRORS
     assert "CUDA_ERROR_OUT_OF_MEMORY" not in STICKY_ERRORS
 
@@ -122,3 +132,114 @@ def test_driver_error_round_trips_through_pickle():
 def test_explanations():
     assert cu_explanation("CUDA_ERROR_OUT_OF_MEMORY") != cu_explanation("CUDA_ERROR_UNKNOWN_TO_US")
     assert cu_explanation("CUDA_ERROR_UNKNOWN_TO_US")  # a generic line, never empty
+
+
+# ---------------------------------------------------------------- the driver's own text
+@pytest.fixture
+def fake_driver(monkeypatch):
+    """cuda.bindings' cuGetErrorString/cuGetErrorName answering like a loaded driver would."""
+    from cuda.bindings import driver
+
+    def error_string(result):
+        return driver.CUresult.CUDA_SUCCESS, f"driver text for {result.name}".encode()
+
+    def error_name(result):
+        return driver.CUresult.CUDA_SUCCESS, f"{result.name}".encode()
+
+    monkeypatch.setattr(driver, "cuGetErrorString", error_string)
+    monkeypatch.setattr(driver, "cuGetErrorName", error_name)
+    E._driver_text.cache_clear()
+    yield driver
+    E._driver_text.cache_clear()
+
+
+@pytest.fixture
+def no_driver(monkeypatch):
+    """cuda.bindings as on a machine where libcuda.so.1 cannot be loaded."""
+    from cuda.bindings import driver
+
+    def unloadable(result):
+        raise RuntimeError("Failed to dlopen libcuda.so.1")
+
+    monkeypatch.setattr(driver, "cuGetErrorString", unloadable)
+    monkeypatch.setattr(driver, "cuGetErrorName", unloadable)
+    E._driver_text.cache_clear()
+    yield
+    E._driver_text.cache_clear()
+
+
+def test_explanation_is_the_drivers_text_with_our_fix(fake_driver):
+    assert cu_explanation("CUDA_ERROR_ILLEGAL_ADDRESS") == "driver text for CUDA_ERROR_ILLEGAL_ADDRESS"
+    err = driver_error("CUDA_ERROR_ILLEGAL_ADDRESS", "cuStreamSynchronize", code=700)
+    assert (
+        err.message
+        == "CUDA_ERROR_ILLEGAL_ADDRESS: driver text for CUDA_ERROR_ILLEGAL_ADDRESS; raised by cuStreamSynchronize"
+    )
+    assert "reset_device" in err.fix  # the Fix line is vyre_cuda's, not the driver's
+    # a name the bindings do not know never reaches the driver
+    assert cu_explanation("CUDA_ERROR_UNKNOWN_TO_US") == cu_explanation("CUDA_ERROR_UNKNOWN_TO_US_2")
+
+
+def test_driver_refusing_a_code_falls_back(fake_driver, monkeypatch):
+    monkeypatch.setattr(
+        fake_driver, "cuGetErrorString", lambda r: (fake_driver.CUresult.CUDA_ERROR_INVALID_VALUE, None)
+    )
+    assert cu_explanation("CUDA_ERROR_OUT_OF_MEMORY") == E._FALLBACK_EXPLANATIONS["CUDA_ERROR_OUT_OF_MEMORY"]
+
+
+def test_without_the_driver_library_the_builtin_table_answers(no_driver):
+    for status, text in E._FALLBACK_EXPLANATIONS.items():
+        assert cu_explanation(status) == text
+    generic = cu_explanation("CUDA_ERROR_PEER_ACCESS_UNSUPPORTED")  # a real result outside the table
+    assert generic and generic == cu_explanation("CUDA_ERROR_UNKNOWN_TO_US")
+    err = driver_error("CUDA_ERROR_OUT_OF_MEMORY", "cuMemAlloc", code=2)
+    assert err.message == "CUDA_ERROR_OUT_OF_MEMORY: out of memory; raised by cuMemAlloc"
+
+
+@pytest.mark.parametrize("driver_state", ["fake_driver", "no_driver"])
+def test_a_bare_code_is_named(driver_state, request):
+    request.getfixturevalue(driver_state)
+    assert E.cu_status_name(2) == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert E.cu_status_name(700) == "CUDA_ERROR_ILLEGAL_ADDRESS"
+    assert E.cu_status_name(123_456) == "CUresult(123456)"
+    err = driver_error("CUresult(700)", "cuEventSynchronize", code=700)
+    assert type(err) is E.DeviceLost and err.status == "CUDA_ERROR_ILLEGAL_ADDRESS"
+    assert err.message.startswith("CUDA_ERROR_ILLEGAL_ADDRESS: ")
+    err = driver_error("", "cuMemAlloc", code=2)
+    assert type(err) is E.DeviceOutOfMemory and err.status == "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+def _driver_library_loads() -> bool:
+    from cuda.bindings import driver
+
+    try:
+        driver.cuGetErrorString(driver.CUresult.CUDA_ERROR_INVALID_VALUE)
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.gpu
+def test_explanations_come_from_the_real_driver():
+    """On a machine with the NVIDIA driver: the text is exactly cuGetErrorString's."""
+    import os
+
+    from cuda.bindings import driver
+
+    if not _driver_library_loads():
+        if os.environ.get("VYRE_CUDA_REQUIRE_GPU") == "1":
+            pytest.fail("VYRE_CUDA_REQUIRE_GPU=1 but libcuda.so.1 cannot be loaded")
+        pytest.skip("no CUDA driver library (libcuda.so.1) to ask")
+    E._driver_text.cache_clear()
+    for status in (
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_INVALID_VALUE",
+        "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+    ):
+        result = getattr(driver.CUresult, status)
+        err, text = driver.cuGetErrorString(result)
+        assert err == driver.CUresult.CUDA_SUCCESS and text
+        assert cu_explanation(status) == text.decode()
+        assert E.cu_status_name(int(result)) == status
+        assert driver_error(status, "cuTest", code=int(result)).message.startswith(f"{status}: {text.decode()}; ")

@@ -77,7 +77,7 @@ def test_backend_raises_driver_unavailable_and_argument_errors_come_first():
 
 def test_console_entry_selftest():
     proc = python("-m", "vyre_cuda", "selftest")
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 3, proc.stderr  # EXIT_NO_GPU
     err = proc.stderr.splitlines()
     assert any(line.startswith("DriverUnavailable: ") for line in err), proc.stderr
     assert err[-1].startswith("Fix: ")
@@ -86,7 +86,7 @@ def test_console_entry_selftest():
 
 def test_console_entry_info():
     proc = python("-m", "vyre_cuda", "info")
-    assert proc.returncode != 0
+    assert proc.returncode == 3, proc.stderr  # EXIT_NO_GPU
     reason = child_json("import json, vyre_cuda\nprint(json.dumps(vyre_cuda.driver_status()[1]))")
     assert f"driver: {reason}" in proc.stdout.splitlines()
     assert proc.stderr.splitlines()[-1].startswith("Fix: ")

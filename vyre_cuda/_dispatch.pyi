@@ -1,12 +1,14 @@
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn, final
 
 import numpy as np
 
+from ._pools import DevicePool, PinnedPool, StreamPool
 from .telemetry import TimedDispatchResult
 
 STAGES: tuple[str, ...]
 
+@final
 class Prepared:
     gate: Any
     route_name: str
@@ -23,8 +25,10 @@ class Prepared:
     def route_kind(self) -> str: ...
     def launch_geometry(self) -> tuple[tuple[int, int, int], tuple[int, int, int], int]: ...
 
+@final
 class PendingDispatch:
     """A dispatch in flight; made by CudaBackend.dispatch_async()."""
+    def __init__(self, *args: Any, **kwargs: Any) -> NoReturn: ...
     def is_ready(self) -> bool: ...
     def result(self) -> list[np.ndarray]: ...
     def result_into(self, outputs: Sequence[Any]) -> list: ...
@@ -32,7 +36,11 @@ class PendingDispatch:
     @property
     def route(self) -> str: ...
 
+@final
 class Core:
+    dpool: DevicePool
+    ppool: PinnedPool
+    spool: StreamPool
     lost: tuple[str, str] | None
     closed: bool
     outstanding: int
@@ -42,6 +50,7 @@ class Core:
     def reset_counters(self) -> None: ...
     def pool_stats(self) -> dict[str, int]: ...
     def clear_prepared(self) -> None: ...
+    def prepared_for(self, key: Any) -> Prepared | None: ...
     def dispatch(self, program: Any, inputs: Sequence[Any], config: Any = ...) -> list[np.ndarray]: ...
     def dispatch_into(self, program: Any, inputs: Sequence[Any], outputs: Sequence[Any], config: Any = ...) -> list: ...
     def dispatch_profiled(self, program: Any, inputs: Sequence[Any], config: Any = ...,

@@ -4,6 +4,9 @@ from typing import Any, TypedDict
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
+
+__all__ = ["BLOCK_SIZE", "FLOOR_ENTRY", "FLOOR_SOURCE", "Floor", "FloorKernel", "floor_threaded", "monotonic_ns"]
 
 BLOCK_SIZE: int
 FLOOR_ENTRY: str
@@ -11,6 +14,7 @@ FLOOR_SOURCE: str
 
 def monotonic_ns() -> int: ...
 
+@disjoint_base
 class FloorKernel:
     entry: str
     def __init__(self, context_handle: int, image: bytes, entry: str = ...) -> None: ...
@@ -20,6 +24,7 @@ class FloorKernel:
     def __enter__(self) -> FloorKernel: ...
     def __exit__(self, *exc: Any) -> None: ...
 
+@disjoint_base
 class Floor:
     n: int
     def __init__(self, kernel: FloorKernel, n: int) -> None: ...

@@ -11,42 +11,86 @@ import numpy as np
 from . import __version__
 from .errors import BackendError, DriverUnavailable
 
-__all__ = ["main", "selftest_cases"]
+__all__ = ["EXIT_FAILURE", "EXIT_NO_GPU", "EXIT_OK", "EXIT_USAGE", "main", "selftest_cases"]
+
+# Exit statuses, the same for every command (README, Command line; `vyre-cuda --help`).
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the command ran and failed: a self-test mismatch, a vyre_cuda error
+EXIT_USAGE = 2  # bad arguments (argparse's own status)
+EXIT_NO_GPU = 3  # no usable CUDA driver or device
+
+EPILOG = """exit status:
+  0  success
+  1  the command failed (a self-test mismatch, a vyre_cuda error)
+  2  usage error (unknown command or option)
+  3  no usable CUDA driver or device (info and selftest still print what they can)"""
+
+NO_GPU_FIX = (
+    "run on a machine with an NVIDIA GPU and its driver (nvidia-smi must list a device); "
+    "vyre_cuda compiles and plans without one"
+)
 
 
-def _cmd_info(args) -> int:
+def _exit_code(exc: BackendError) -> int:
+    return EXIT_NO_GPU if isinstance(exc, DriverUnavailable) else EXIT_FAILURE
+
+
+def _probe(device: int):
+    """(report dict, DeviceCaps or None, exit status) for ``info``; never raises a BackendError."""
     from . import compile as vc_compile
     from .backend import CudaBackend, driver_status
 
     ok, status = driver_status()
     nv = vc_compile.nvrtc_version()
-    print(f"vyre_cuda {__version__}")
-    print(f"NVRTC: {'.'.join(map(str, nv)) if nv else 'not found'}")
-    print(f"kernel cache: {vc_compile.cache_dir()}")
-    print(f"driver: {status}")
+    info = {
+        "vyre_cuda": __version__,
+        "nvrtc": ".".join(map(str, nv)) if nv else None,
+        "kernel_cache": str(vc_compile.cache_dir()),
+        "driver_ok": ok,
+        "driver": status,  # the driver and device count, or why there is none
+        "device": None,
+    }
     if not ok:
-        print("Fix: run on a machine with an NVIDIA GPU and its driver (nvidia-smi must list a "
-              "device); vyre_cuda compiles and plans without one", file=sys.stderr)
-        return 1
-    with CudaBackend(args.device) as backend:
-        caps = backend.caps
-        info = caps.as_dict()
-        if args.json:
-            print(json.dumps(info, indent=2))
-            return 0
-        v = caps.driver_version
-        print(f"device {caps.ordinal}: {caps.name} (sm_{caps.cc[0]}{caps.cc[1]}, PCI {caps.pci_bus_id})")
-        print(f"  driver CUDA version     {v // 1000}.{v % 1000 // 10}")
-        print(f"  multiprocessors         {caps.sm_count}")
-        print(f"  global memory           {caps.total_memory:,} bytes")
-        print(f"  threads per block       {caps.max_threads_per_block} (block dims {caps.max_block_dim})")
-        print(f"  grid dims               {caps.max_grid_dim}")
-        print(f"  shared memory per block {caps.max_shared_per_block:,} B ({caps.max_shared_per_block_optin:,} B opt-in)")
-        print(f"  threads / blocks per SM {caps.max_threads_per_sm} / {caps.max_blocks_per_sm}")
-        print(f"  cooperative launch      {caps.cooperative_launch}")
-        caps_list = [r for r in ("f16", "bf16", "subgroup", "trap", "cooperative") if caps.supports(r)]
-        print(f"  capabilities            {', '.join(caps_list)}")
-    return 0
+        info["fix"] = NO_GPU_FIX
+        return info, None, EXIT_NO_GPU
+    try:
+        with CudaBackend(device) as backend:
+            caps = backend.caps
+    except BackendError as exc:  # e.g. --device names no device
+        info["error"] = f"{type(exc).__name__}: {exc.message}"
+        info["fix"] = exc.fix
+        return info, None, _exit_code(exc)
+    info["device"] = caps.as_dict()
+    return info, caps, EXIT_OK
+
+
+def _cmd_info(args) -> int:
+    info, caps, rc = _probe(args.device)
+    if args.json:  # always JSON on stdout, also without a GPU
+        print(json.dumps(info, indent=2))
+        return rc
+    print(f"vyre_cuda {info['vyre_cuda']}")
+    print(f"NVRTC: {info['nvrtc'] or 'not found'}")
+    print(f"kernel cache: {info['kernel_cache']}")
+    print(f"driver: {info['driver']}")
+    if caps is None:
+        if "error" in info:
+            print(info["error"], file=sys.stderr)
+        print(f"Fix: {info['fix']}", file=sys.stderr)
+        return rc
+    v = caps.driver_version
+    print(f"device {caps.ordinal}: {caps.name} (sm_{caps.cc[0]}{caps.cc[1]}, PCI {caps.pci_bus_id})")
+    print(f"  driver CUDA version     {v // 1000}.{v % 1000 // 10}")
+    print(f"  multiprocessors         {caps.sm_count}")
+    print(f"  global memory           {caps.total_memory:,} bytes")
+    print(f"  threads per block       {caps.max_threads_per_block} (block dims {caps.max_block_dim})")
+    print(f"  grid dims               {caps.max_grid_dim}")
+    print(f"  shared memory per block {caps.max_shared_per_block:,} B ({caps.max_shared_per_block_optin:,} B opt-in)")
+    print(f"  threads / blocks per SM {caps.max_threads_per_sm} / {caps.max_blocks_per_sm}")
+    print(f"  cooperative launch      {caps.cooperative_launch}")
+    caps_list = [r for r in ("f16", "bf16", "subgroup", "trap", "cooperative") if caps.supports(r)]
+    print(f"  capabilities            {', '.join(caps_list)}")
+    return EXIT_OK
 
 
 def selftest_cases(rng):
@@ -97,11 +141,13 @@ def _cmd_selftest(args) -> int:
         print("no usable GPU: compiling and planning the built-in programs only")
         for name, program, inputs, _ in cases:
             compiled, launch, layout = _plan_offline(program, inputs)
-            print(f"  {name:20s} compiled ({len(compiled.ptx or '')} chars of PTX), grid {launch.grid} "
-                  f"block {launch.block}, slab {layout.slab_bytes:,} B: ok")
+            print(
+                f"  {name:20s} compiled ({len(compiled.ptx or '')} chars of PTX), grid {launch.grid} "
+                f"block {launch.block}, slab {layout.slab_bytes:,} B: ok"
+            )
         err = DriverUnavailable(status, "run `vyre-cuda selftest` on a machine with an NVIDIA GPU and driver")
         print(f"\nDriverUnavailable: {err}", file=sys.stderr)
-        return 2
+        return EXIT_NO_GPU
     from .backend import CudaBackend
 
     failures = 0
@@ -109,12 +155,17 @@ def _cmd_selftest(args) -> int:
         print(f"device {backend.device}: {backend.caps.name}")
         for name, program, inputs, refs in cases:
             outs = backend.dispatch(program, inputs)
-            good = all(ref is None or np.array_equal(out, ref) for out, ref in zip(outs, refs))
+            good = all(ref is None or np.array_equal(out, ref) for out, ref in zip(outs, refs, strict=True))
             route = backend.plan_info(program, inputs).route.kind
             print(f"  {name:20s} {'ok' if good else 'MISMATCH'} ({route})")
             failures += not good
     print("selftest passed" if not failures else f"selftest FAILED: {failures} mismatch(es)")
-    return 0 if not failures else 1
+    return EXIT_OK if not failures else EXIT_FAILURE
+
+
+# cache_info() keys that describe the folder on disk; every other key counts events in the
+# process that asks, so `vyre-cuda cache` (a process of its own) shows those as 0.
+_DISK_KEYS = ("dir", "disk_enabled", "disk_entries", "disk_bytes")
 
 
 def _cmd_cache(args) -> int:
@@ -123,31 +174,56 @@ def _cmd_cache(args) -> int:
     if args.action == "clear":
         removed = vc_compile.clear_cache()
         print(f"removed {removed} cached kernel(s) from {vc_compile.cache_dir()}")
-    else:
-        for key, value in vc_compile.cache_info().items():
-            print(f"{key}: {value}")
-    return 0
+        return EXIT_OK
+    info = vc_compile.cache_info()
+    for key in _DISK_KEYS:
+        if key in info:
+            print(f"{key}: {info.pop(key)}")
+    print(
+        "per process (counts of this command's own process, so 0 here; a program reads its own "
+        "with vyre_cuda.compile.cache_info()):"
+    )
+    for key, value in info.items():
+        print(f"  {key}: {value}")
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vyre-cuda", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="vyre-cuda", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"vyre_cuda {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("info", help="driver, device, limits and capabilities")
-    p.add_argument("--device", type=int, default=0)
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser(
+        "info",
+        help="driver, device, limits and capabilities",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default: 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (also without a GPU)")
     p.set_defaults(func=_cmd_info)
-    p = sub.add_parser("selftest", help="run the built-in programs and check them against numpy")
-    p.add_argument("--device", type=int, default=0)
+    p = sub.add_parser(
+        "selftest",
+        help="run the built-in programs and check them against numpy",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default: 0)")
     p.set_defaults(func=_cmd_selftest)
-    p = sub.add_parser("cache", help="show or clear the kernel cache")
+    p = sub.add_parser(
+        "cache",
+        help="show (info) or clear the kernel cache; counters other than disk_* are per process",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
     p.set_defaults(func=_cmd_cache)
     try:
         from . import profile
     except ImportError:  # pragma: no cover - profile is part of the package
-        profile = None
-    if profile is not None and hasattr(profile, "add_arguments"):
+        return parser
+    if hasattr(profile, "add_arguments"):
         p = sub.add_parser("profile", help="per-dispatch host-cost profile against the driver floor")
         profile.add_arguments(p)
         p.set_defaults(func=profile.main)
@@ -155,13 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Run ``vyre-cuda argv...`` and return its exit status (see ``EPILOG``)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # exits with EXIT_USAGE on bad arguments
     try:
         return args.func(args)
     except BackendError as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        return _exit_code(exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,6 +6,8 @@ wrong, with the numbers involved, and ends with a ``Fix: ...`` line telling the 
 
 from __future__ import annotations
 
+import functools
+
 __all__ = [
     "BackendError",
     "InvalidProgram",
@@ -18,6 +20,8 @@ __all__ = [
     "ValidationError",
     "DriverUnavailable",
     "cu_explanation",
+    "cu_status_name",
+    "driver_error",
 ]
 
 
@@ -98,33 +102,27 @@ class DriverUnavailable(BackendError):
     """No CUDA driver or no CUDA device could be found. Raised at first use, never at import."""
 
 
-# Explanations for the CUresults a user is likely to meet; the name is always shown too.
-_CU_EXPLANATIONS = {
-    "CUDA_ERROR_INVALID_VALUE": "a driver call received an argument outside its valid range",
-    "CUDA_ERROR_OUT_OF_MEMORY": "the device could not allocate the requested memory",
+# Used only when the driver library cannot be loaded (no GPU, CI): the CUresults a user is likely
+# to meet without one. Everywhere else the text is the driver's own (cuGetErrorString).
+_FALLBACK_EXPLANATIONS = {
+    "CUDA_ERROR_INVALID_VALUE": "invalid argument",
+    "CUDA_ERROR_OUT_OF_MEMORY": "out of memory",
     "CUDA_ERROR_NOT_INITIALIZED": "the CUDA driver has not been initialised",
-    "CUDA_ERROR_DEINITIALIZED": "the CUDA driver is shutting down",
-    "CUDA_ERROR_NO_DEVICE": "no CUDA-capable device was found",
-    "CUDA_ERROR_INVALID_DEVICE": "the device ordinal does not name a CUDA device",
-    "CUDA_ERROR_INVALID_IMAGE": "the module image (PTX or cubin) is not valid for this device",
+    "CUDA_ERROR_NO_DEVICE": "no CUDA-capable device is detected",
+    "CUDA_ERROR_INVALID_DEVICE": "invalid device ordinal",
     "CUDA_ERROR_INVALID_PTX": "the driver's PTX JIT compiler rejected the PTX",
     "CUDA_ERROR_UNSUPPORTED_PTX_VERSION": "the PTX was produced by a toolkit newer than this driver",
-    "CUDA_ERROR_NO_BINARY_FOR_GPU": "the module holds no code for this GPU's architecture",
-    "CUDA_ERROR_NOT_FOUND": "a named symbol (kernel entry or global) is not in the module",
-    "CUDA_ERROR_ILLEGAL_ADDRESS": "a kernel accessed memory outside any allocation; the context is lost",
-    "CUDA_ERROR_LAUNCH_FAILED": "a kernel faulted while running; the context is lost",
-    "CUDA_ERROR_ILLEGAL_INSTRUCTION": "a kernel executed an illegal instruction; the context is lost",
-    "CUDA_ERROR_MISALIGNED_ADDRESS": "a kernel accessed misaligned memory; the context is lost",
-    "CUDA_ERROR_HARDWARE_STACK_ERROR": "a kernel overflowed its call stack; the context is lost",
-    "CUDA_ERROR_ASSERT": "a kernel's device-side assert (or __trap) fired; the context is lost",
-    "CUDA_ERROR_LAUNCH_TIMEOUT": "a kernel ran longer than the watchdog allows",
-    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": "the launch needs more registers or shared memory than a block can have",
-    "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE": "the cooperative grid is larger than the device can keep resident",
-    "CUDA_ERROR_NOT_SUPPORTED": "the device or driver does not support this operation",
-    "CUDA_ERROR_INVALID_CONTEXT": "no valid CUDA context is current",
-    "CUDA_ERROR_CONTEXT_IS_DESTROYED": "the CUDA context was destroyed",
-    "CUDA_ERROR_INVALID_HANDLE": "a stream, event, module or function handle is invalid",
+    "CUDA_ERROR_NO_BINARY_FOR_GPU": "no kernel image is available for execution on the device",
+    "CUDA_ERROR_NOT_FOUND": "named symbol not found",
+    "CUDA_ERROR_ILLEGAL_ADDRESS": "an illegal memory access was encountered",
+    "CUDA_ERROR_LAUNCH_FAILED": "unspecified launch failure",
+    "CUDA_ERROR_ASSERT": "device-side assert triggered",
+    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": "too many resources requested for launch",
+    "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE": "too many blocks in cooperative launch",
+    "CUDA_ERROR_NOT_SUPPORTED": "operation not supported",
 }
+_GENERIC = "see the CUDA driver API documentation for this result"
+
 
 # CUresults after which the context cannot be used again (sticky errors).
 STICKY_ERRORS = frozenset(
@@ -144,21 +142,75 @@ STICKY_ERRORS = frozenset(
 )
 
 
+@functools.cache
+def _driver_text(status: str) -> str | None:
+    """The driver's cuGetErrorString for a CUresult name; None when the driver cannot say."""
+    try:
+        from cuda.bindings import driver  # noqa: PLC0415 (resolved at first use, never at import)
+
+        result = getattr(driver.CUresult, status)
+        err, text = driver.cuGetErrorString(result)
+    except (ImportError, AttributeError, RuntimeError):  # no cuda-bindings, unknown name, no libcuda
+        return None
+    if err != driver.CUresult.CUDA_SUCCESS or not text:
+        return None
+    return text.decode(errors="replace")
+
+
 def cu_explanation(status: str) -> str:
-    """Human explanation of a CUresult name, or a generic line for unlisted codes."""
-    return _CU_EXPLANATIONS.get(status, "see the CUDA driver API documentation for this result")
+    """The explanation of a CUresult name, in the driver's words when the driver can be loaded.
+
+    Examples
+    --------
+    >>> cu_explanation("CUDA_ERROR_NOT_A_RESULT")
+    'see the CUDA driver API documentation for this result'
+    """
+    return _driver_text(status) or _FALLBACK_EXPLANATIONS.get(status, _GENERIC)
+
+
+def cu_status_name(code: int) -> str:
+    """The CUresult name of a status code: the driver's cuGetErrorName, else cuda-bindings' enum.
+
+    Examples
+    --------
+    >>> cu_status_name(2)
+    'CUDA_ERROR_OUT_OF_MEMORY'
+    >>> cu_status_name(123456)
+    'CUresult(123456)'
+    """
+    try:
+        from cuda.bindings import driver  # noqa: PLC0415 (resolved at first use, never at import)
+
+        result = driver.CUresult(code)
+    except (ImportError, ValueError):
+        return f"CUresult({code})"
+    try:
+        err, name = driver.cuGetErrorName(result)
+        if err == driver.CUresult.CUDA_SUCCESS and name:
+            return name.decode(errors="replace")
+    except RuntimeError:  # libcuda.so.1 cannot be loaded
+        pass
+    return result.name
 
 
 def driver_error(status: str, call: str, code: int = 0, detail: str = "") -> DispatchFailed:
-    """Build the typed error for a failed driver call (``status`` is the CUresult name)."""
+    """Build the typed error for a failed driver call.
+
+    ``status`` is the CUresult name; when only the number is known (an empty or ``CUresult(N)``
+    status), ``code`` names it. The message is ``"<name>: <the driver's explanation>; raised by
+    <call>"``; the ``Fix`` line is vyre_cuda's advice for that kind of failure.
+    """
+    if code and not status.startswith("CUDA_"):
+        status = cu_status_name(code)
     where = f" ({detail})" if detail else ""
     message = f"{status}: {cu_explanation(status)}; raised by {call}{where}"
     if status == "CUDA_ERROR_OUT_OF_MEMORY":
         return DeviceOutOfMemory(
             message,
-            "free device memory (other processes, CudaBackend.trim()), or split the dispatch "
-            "into bounded chunks",
-            status=status, call=call, code=code,
+            "free device memory (other processes, CudaBackend.trim()), or split the dispatch into bounded chunks",
+            status=status,
+            call=call,
+            code=code,
         )
     if status in STICKY_ERRORS:
         return DeviceLost(
@@ -166,11 +218,14 @@ def driver_error(status: str, call: str, code: int = 0, detail: str = "") -> Dis
             "the CUDA context is unusable for this process; close this backend, call "
             "vyre_cuda.reset_device(device) and create a new CudaBackend (or restart the process); "
             "if a kernel faulted, fix its indexing (run it under compute-sanitizer to find the access)",
-            status=status, call=call, code=code,
+            status=status,
+            call=call,
+            code=code,
         )
     return DispatchFailed(
         message,
-        "check the arguments of the failing call; if the error persists, run with "
-        "VYRE_CUDA_TRACE=1 and report the log",
-        status=status, call=call, code=code,
+        "check the arguments of the failing call; if the error persists, run with VYRE_CUDA_TRACE=1 and report the log",
+        status=status,
+        call=call,
+        code=code,
     )
