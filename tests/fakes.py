@@ -63,6 +63,8 @@ IMPLS = {
     "twice_and_sum": lambda x: [x * np.float32(2), np.array([x.astype(np.float64).sum()])],
     "inplace": lambda x: [x + np.float32(1)],
     "vecadd_f32": lambda a, b: [a + b],
+    "bench_compute": lambda x: [x + np.float32(1)],  # benchmarks/bench_multi_gpu.py, smoke run
+    "bench_scale": lambda x: [x * np.float32(2)],
 }
 
 
@@ -179,6 +181,9 @@ class FakeFactory:
         self.log_dir = str(log_dir) if log_dir else None
         self.fail_devices = tuple(fail_devices)
         self.made: list = []
+
+    def __getstate__(self):
+        return {**self.__dict__, "made": []}  # backends stay in their process
 
     def __call__(self, ordinal: int) -> FakeBackend:
         if ordinal in self.fail_devices:

@@ -83,7 +83,9 @@ def dask_mods():
 def client(dask_mods):
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None,
+    # dashboard_address=":0": a free port (None still binds the scheduler's HTTP routes to 8787,
+    # which a second cluster on the machine would find taken)
+    cluster = LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0",
                            memory_limit=0)
     client = Client(cluster)
     yield client
@@ -274,3 +276,26 @@ def test_a_worker_that_dies_mid_task_is_replaced_and_the_task_retried(dask_mods,
     client.wait_for_workers(2, timeout=TIMEOUT)
     info = client.run(vd.worker_info)
     assert len(info) == 2 and all(i["backend"] for i in info.values())  # the plugin set up the new one
+
+
+def test_the_multi_gpu_benchmark_runs_end_to_end_on_fakes(dask_mods, tmp_path, monkeypatch):
+    """A smoke run of benchmarks/bench_multi_gpu.py (every section, tiny sizes) on the numpy fake:
+    the harness, its JSON and its target rows, not a measurement."""
+    import importlib.util
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_multi_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_multi_gpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "multi.json"
+    rc = bench.main(["--quick", "--reps", "1", "--item-mib", "0.25", "--dask-gib", "0.002", "--out", str(out)],
+                    backend_factory=fakes.FakeFactory(), device_count=2)
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert {"host_memcpy", "compute", "transfer", "small", "dask", "targets"} <= set(result)
+    assert result["compute"]["results_match_one_gpu"] and result["transfer"]["correct"]
+    assert result["dask"]["correct"] and result["dask"]["worker_devices"] == [0, 1]
+    names = [t["name"] for t in result["targets"]]
+    assert len(names) == 6 and any("Dask map_blocks" in n for n in names)

@@ -425,3 +425,17 @@ def test_backend_accessor_and_program_check():
             group.imap_unordered(fakes.scale_program(), [], window=0)
         group.telemetry.reset()
         assert group.telemetry["group_items"] == 0
+
+
+def test_map_into_the_callers_arrays(rng):
+    prog = fakes.scale_program()
+    batches = _batches(rng, 10)
+    dsts = [[np.empty_like(b[0])] for b in batches]
+    group, _ = _group()
+    with group:
+        outs = group.map(prog, batches, outputs=dsts)
+        for (x,), (dst,), (out,) in zip(batches, dsts, outs):
+            assert out is dst
+            np.testing.assert_array_equal(dst, x * 2)
+        with pytest.raises(ValidationError, match="1 list"):
+            group.map(prog, batches, outputs=dsts[:1])

@@ -257,6 +257,12 @@ def _worker(state: _State, dev: _Device, stats: _ThreadStats, factory) -> None:
         job.finish(index, result, None)
 
 
+def _config(config):
+    """The config items carry: None stays None (the backends' fastest path, as a plain dispatch),
+    anything else is checked once here rather than once per item."""
+    return None if config is None else as_config(config)
+
+
 def _make_cuda_backend(options: dict, ordinal: int):
     from .backend import CudaBackend  # noqa: PLC0415 (the compiled core loads at first use)
 
@@ -776,16 +782,17 @@ class DeviceGroup:
         return len(self._devices)
 
     # ------------------------------------------------------------------ map
-    def map(self, program, batches, config=None, *, return_exceptions: bool = False) -> list:
+    def map(self, program, batches, config=None, *, outputs=None, return_exceptions: bool = False) -> list:
         """Dispatch ``program`` once per batch (a list of inputs) across the devices and wait.
 
         Returns the outputs of each batch (a list, as ``dispatch`` returns) in input order. A
-        device that finishes early takes the next batch. If an item fails, the items not yet
-        started are skipped and its error (with ``.device`` and ``.item``) is raised once the
-        running ones finish; with ``return_exceptions=True`` every item runs and a failed item's
-        error takes its place in the list.
+        device that finishes early takes the next batch. ``outputs`` (one list of arrays per
+        batch) makes each item write into the caller's arrays, as ``dispatch_into``. If an item
+        fails, the items not yet started are skipped and its error (with ``.device`` and
+        ``.item``) is raised once the running ones finish; with ``return_exceptions=True`` every
+        item runs and a failed item's error takes its place in the list.
         """
-        handle = self.map_async(program, batches, config, fail_fast=not return_exceptions)
+        handle = self.map_async(program, batches, config, outputs=outputs, fail_fast=not return_exceptions)
         try:
             return handle.result(return_exceptions=return_exceptions)
         except BaseException:
@@ -794,19 +801,28 @@ class DeviceGroup:
             handle.wait()
             raise
 
-    def map_async(self, program, batches, config=None, *, fail_fast: bool = False) -> MapHandle:
+    def map_async(self, program, batches, config=None, *, outputs=None, fail_fast: bool = False) -> MapHandle:
         """Queue one dispatch per batch and return a :class:`MapHandle` at once.
 
-        The batches' buffers must stay unchanged until the handle is done. ``fail_fast`` skips
-        the items not yet started once one fails.
+        The batches' buffers (and ``outputs``) must stay untouched until the handle is done.
+        ``fail_fast`` skips the items not yet started once one fails.
         """
         self._check_program(program)
-        cfg = as_config(config)
+        cfg = _config(config)
         batches = list(batches)
+        if outputs is None:
+            outs = [None] * len(batches)
+        else:
+            outs = list(outputs)
+            if len(outs) != len(batches):
+                raise ValidationError(
+                    f"outputs holds {len(outs)} list(s) of arrays for {len(batches)} batch(es)",
+                    "pass one list of output arrays per batch, or outputs=None for new arrays",
+                )
         job = _Job(program, cfg, [None] * len(batches), fail_fast)
         if batches:
             job.unfinished = len(batches)
-            self._state.submit([(job, i, b, None) for i, b in enumerate(batches)])
+            self._state.submit([(job, i, b, o) for i, (b, o) in enumerate(zip(batches, outs))])
         return MapHandle(job, len(batches))
 
     def imap_unordered(self, program, batches, config=None, *, return_exceptions: bool = False,
@@ -820,7 +836,7 @@ class DeviceGroup:
         and waits for the running ones.
         """
         self._check_program(program)
-        cfg = as_config(config)
+        cfg = _config(config)
         if window is None:
             window = 2 * len(self._devices) * self._threads_per_device
         if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
@@ -889,7 +905,7 @@ class DeviceGroup:
         ``chunks`` (default: two per device, none below 1 MiB) sets how many pieces the work is
         cut into; devices take the next piece when they finish one.
         """
-        cfg = as_config(config)
+        cfg = _config(config)
         plan = plan_split(program, inputs, split, cfg, devices=max(1, len(self.live_devices)),
                           align=align, chunks=chunks)
         outs = plan.allocate(outputs)
