@@ -34,13 +34,14 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 HERE = pathlib.Path(__file__).resolve().parent
-if str(HERE.parent) not in sys.path:  # run from a checkout without installing
+try:
+    import vyre_cuda as vc
+except ImportError:  # run from a checkout built in place, not installed
     sys.path.insert(0, str(HERE.parent))
-
-import numpy as np  # noqa: E402
-
-import vyre_cuda as vc  # noqa: E402
+    import vyre_cuda as vc
 from vyre_cuda import BufferDecl, Kernel, Program  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "multi_gpu.json"
@@ -289,7 +290,11 @@ def bench_dask(env: Env, n_dev: int, total_bytes: int, chunk_bytes: int, threads
                                        dashboard_address=":0", memory_limit=0)
     client = distributed.Client(cluster)
     try:
-        vd.register(client, backend_factory=env.factory) if env.factory else vd.register(client)
+        # one worker per GPU by worker name, whatever CUDA_VISIBLE_DEVICES says
+        def by_name(worker, n=n_dev):
+            return int(worker.name) % n
+
+        vd.register(client, device=by_name, backend_factory=env.factory)
         out["cluster_start_s"] = time.perf_counter() - t0
         info = client.run(vd.worker_info)
         out["worker_devices"] = sorted(i["device"] for i in info.values())

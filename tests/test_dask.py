@@ -173,6 +173,12 @@ def test_plugin_lifecycle(dask_mods, client, logs):
     assert "Fix: call vyre_cuda.dask.register(client)" in str(info.value)
 
 
+def test_a_device_chooser_travels_by_value(dask_mods, client):
+    vd = dask_mods.vd
+    vd.register(client, device=lambda worker: 7 + int(worker.name), backend_factory=fakes.FakeFactory())
+    assert sorted(i["device"] for i in client.run(vd.worker_info).values()) == [7, 8]
+
+
 def test_a_worker_that_cannot_create_its_backend_fails_registration(dask_mods, client):
     with pytest.raises(vc.DeviceLost, match="cannot create a context on device 1"):
         dask_mods.vd.register(client, backend_factory=fakes.FakeFactory(fail_devices=(1,)))

@@ -439,3 +439,21 @@ def test_map_into_the_callers_arrays(rng):
             np.testing.assert_array_equal(dst, x * 2)
         with pytest.raises(ValidationError, match="1 list"):
             group.map(prog, batches, outputs=dsts[:1])
+
+
+def test_sibling_threads_of_a_lost_device_retire(rng):
+    prog = fakes.scale_program()
+    batches = _batches(rng, 6, size=(50, 60))
+    batches[0][0][0] = fakes.FAULT
+    group, _ = _group(devices=[0], threads_per_device=3)
+    with group:
+        results = group.map(prog, batches, return_exceptions=True)
+        assert isinstance(results[0], DeviceLost) and results[0].device == 0
+        # the other items either ran before the loss was seen, or failed with it; none is stuck
+        assert all(isinstance(r, (list, DeviceLost)) for r in results)
+        deadline = time.monotonic() + 5
+        while group._state.live_threads and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert group._state.live_threads == 0
+        with pytest.raises(DeviceLost, match="every device of the group is lost"):
+            group.map(prog, batches[1:2])

@@ -119,7 +119,8 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
                 "backend_options apply to the default CudaBackend; a backend_factory makes its own",
                 "pass the options to your backend_factory instead",
             )
-        self.device = device
+        # callables travel by value (cloudpickle): a lambda or a test double defined anywhere works
+        self.device = cloudpickle.dumps(device) if callable(device) else device
         self._factory = cloudpickle.dumps(backend_factory) if backend_factory is not None else None
         self.backend_options = dict(backend_options or {})
         self.backend = None
@@ -127,7 +128,8 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
         self.programs: dict = {}
 
     def setup(self, worker):
-        self.ordinal = _worker_device(self.device, worker)
+        device = cloudpickle.loads(self.device) if isinstance(self.device, bytes) else self.device
+        self.ordinal = _worker_device(device, worker)
         if self._factory is not None:
             self.backend = cloudpickle.loads(self._factory)(self.ordinal)
         else:

@@ -246,6 +246,7 @@ def _worker(state: _State, dev: _Device, stats: _ThreadStats, factory) -> None:
                     if dev.lost is None:
                         dev.lost = exc
                         state.lost[dev.ordinal] = exc
+                        work.notify_all()  # idle sibling threads of this device retire now
             job.finish(index, None, _on_device(exc, dev.ordinal, index))
             if lost:
                 with work:
