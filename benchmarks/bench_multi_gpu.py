@@ -153,7 +153,7 @@ def host_memcpy_ceiling(block_bytes: int, rounds: int, max_threads: int) -> dict
             np.copyto(d, s)  # first touch outside the timing
         start = threading.Barrier(t + 1)
 
-        def work(s, d):
+        def work(s, d, start=start):
             start.wait()
             for _ in range(rounds):
                 np.copyto(d, s)

@@ -1,11 +1,12 @@
-"""Dask integration: one CudaBackend per worker, programs applied chunk by chunk to dask arrays.
+"""Dask integration: one CudaBackend per worker, programs applied chunk by chunk to dask arrays::
 
->>> from distributed import Client, LocalCluster
->>> import vyre_cuda.dask as vd
->>> client = Client(LocalCluster(n_workers=2))    # one worker per GPU    # doctest: +SKIP
->>> vd.register(client)                        # one backend per worker, on the worker's GPU
->>> (out,) = vd.map_blocks(prog, x, y)         # dask arrays in, dask arrays out
->>> out.compute()
+    from distributed import Client, LocalCluster
+    import vyre_cuda.dask as vd
+
+    client = Client(LocalCluster(n_workers=2))   # one worker per GPU (or dask-cuda's LocalCUDACluster)
+    vd.register(client)                          # one backend per worker, on the worker's GPU
+    (out,) = vd.map_blocks(prog, x, y)           # dask arrays in, dask arrays out
+    out.compute()
 
 Programs travel to the workers by value (pickled with each task) and each worker keeps one copy
 per program digest, so a worker plans and compiles a program once however many tasks use it (the

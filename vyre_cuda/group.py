@@ -281,7 +281,7 @@ def _resolve_devices(devices, counted: bool) -> tuple:
         from . import _driver  # noqa: PLC0415
 
         return tuple(range(_driver.device_count()))
-    if isinstance(devices, (int, np.integer)) or isinstance(devices, (str, bytes)):
+    if isinstance(devices, (int, np.integer, str, bytes)):
         raise ValidationError(
             f"devices must be a sequence of device ordinals or None (got {devices!r})",
             "pass devices=[0] for one device, devices=[0, 1] for two, or devices=None for every "
