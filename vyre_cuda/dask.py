@@ -84,7 +84,7 @@ def _worker_device(device, worker) -> int:
             from . import _driver  # noqa: PLC0415
 
             return ordinal % _driver.device_count()
-        except BackendError:
+        except (BackendError, ImportError):
             return ordinal  # no driver here: a custom backend_factory decides what it means
     return 0
 
