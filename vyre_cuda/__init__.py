@@ -34,6 +34,7 @@ __all__ = [
     "CooperativeResidencyExceeded",
     "CudaBackend",
     "DType",
+    "DeviceGroup",
     "DeviceLost",
     "DeviceOutOfMemory",
     "DispatchConfig",
@@ -60,6 +61,7 @@ __all__ = [
 # light and works even where the extension's driver cannot be found.
 _LAZY = {
     "CudaBackend": ("backend", "CudaBackend"),
+    "DeviceGroup": ("group", "DeviceGroup"),
     "TimedDispatchResult": ("backend", "TimedDispatchResult"),
     "PendingDispatch": ("_dispatch", "PendingDispatch"),
     "driver_status": ("backend", "driver_status"),
