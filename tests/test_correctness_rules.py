@@ -176,12 +176,6 @@ def test_whole_element_range_plans_the_elements(backend, rng):
 
 
 # ------------------------------------------------------------------------------ needs the lead
-@pytest.mark.xfail(
-    strict=True, raises=OverflowError,
-    reason="backend/_dispatch: Prepared must take its barrier ceiling from "
-           "planning.launch.barrier_ceiling(phases, grid_blocks, route.kind) instead of "
-           "max(0, phases - 1) * grid_blocks converted to u64 unchecked",
-)
 def test_barrier_ceiling_of_a_huge_split_grid(backend, rng):
     # (phases - 1) * grid_blocks was converted to u64 unchecked: OverflowError for this grid
     prog = Program(bp.inclusive_scan_u32().kernel, bp.inclusive_scan_u32().buffers, workgroup_size=(1, 1, 1),
@@ -195,11 +189,6 @@ def test_barrier_ceiling_of_a_huge_split_grid(backend, rng):
     assert info.route.kind == "split" and info.route.grid_blocks == (2**31 - 1) * 65535 * 65535
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="backend: pass planning.binding.input_spec(decl) per input (bf16 -> (2, 'u')) instead "
-           "of _dtype_kind, whose '' for bf16 skips the dtype and byte-order check",
-)
 @pytest.mark.parametrize("dtype", [np.int16, np.float16, ">u2"], ids=["int16", "float16", "big-endian-uint16"])
 def test_bf16_inputs_are_checked(backend, rng, dtype):
     # '>f2' and int16 arrays were accepted as bf16 and computed on as if they were its bits

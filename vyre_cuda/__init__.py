@@ -21,7 +21,7 @@ from .errors import (
     UnsupportedFeature,
     ValidationError,
 )
-from .program import BindingRole, BufferAccess, BufferDecl, DType, Kernel, Program
+from .program import BindingRole, BufferAccess, BufferDecl, DType, Kernel, LaunchSizeWarning, Program
 
 __version__ = "0.1.0"
 
@@ -43,6 +43,7 @@ __all__ = [
     "InvalidProgram",
     "Kernel",
     "KernelCompileFailed",
+    "LaunchSizeWarning",
     "PendingDispatch",
     "Program",
     "TimedDispatchResult",

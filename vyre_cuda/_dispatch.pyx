@@ -31,6 +31,7 @@ from ._transfer cimport (TransferEngine, Source, Piece, CopyTask, page_locked,
 from ._driver import status_name
 from .config import DispatchConfig, as_config
 from .program import Program
+from .planning.launch import barrier_ceiling
 from .errors import DispatchFailed, DeviceLost, ValidationError, driver_error, STICKY_ERRORS
 from .telemetry import TimedDispatchResult
 
@@ -148,27 +149,11 @@ cdef char _format_kind(const char* fmt) noexcept:
     return 0
 
 
-cdef inline char _last_code(const char* fmt) noexcept:
-    while fmt[0] in b'@=<':
-        fmt += 1
-    return fmt[0]
-
-
 cdef inline bint _kind_ok(char want, Py_ssize_t want_size, const char* fmt, Py_ssize_t itemsize) noexcept:
-    cdef char got, code
+    # want: 'f', 'i' or 'u' (bf16 is declared 'u': its raw bits as uint16), 0 for any
     if want == 0 or itemsize == 1:
         return True  # untyped declaration, or raw bytes reinterpreted on purpose
-    if itemsize != want_size:
-        return False
-    got = _format_kind(fmt)
-    if got == b'x':
-        return False
-    if want == b'b':
-        # bf16 travels as raw 2-byte words: uint16 bits or a bfloat16 array ('E'); never int16 or
-        # float16 values
-        code = _last_code(fmt) if fmt != NULL else b'B'
-        return code == b'H' or code == b'E'
-    return got == want
+    return itemsize == want_size and _format_kind(fmt) == want
 
 
 @cython.final
@@ -287,11 +272,8 @@ cdef class Prepared:
         self.function = <cydriver.CUfunction>function
         self.barrier = <cydriver.CUdeviceptr>barrier
         n_phases = len(layout.params_offsets)
-        if self.route == ROUTE_COOPERATIVE:
-            # a cooperative launch runs phases - 1 grid barriers, each adding one arrival per block;
-            # its grid is bounded by residency, so the product is small
-            phases = plan.program.phases if plan is not None else n_phases
-            self.barrier_ceiling = max(0, phases - 1) * route.grid_blocks
+        phases = plan.program.phases if plan is not None else n_phases
+        self.barrier_ceiling = barrier_ceiling(phases, route.grid_blocks, route.kind)
         self.out_dtypes = [d for d, _ in output_specs]
         self.out_typenums = [d.num for d, _ in output_specs]
         self.out_counts = [c for _, c in output_specs]
@@ -1175,6 +1157,12 @@ def _dtype_error(program, Py_ssize_t i, fmt, Py_ssize_t itemsize, obj):
             f"convert it with x.astype(x.dtype.newbyteorder('=')) before dispatch",
         )
     got = getattr(getattr(obj, "dtype", None), "name", f"format {fmt!r}, {itemsize}-byte items")
+    if decl.dtype.name == "bf16":
+        return ValidationError(
+            f"input {i} ({decl.name!r}) holds {got} but the buffer is declared bf16, which travels as "
+            "its raw bits in a uint16 array",
+            "pass the raw bits, x.view(numpy.uint16) for a bfloat16 array (astype would convert the values)",
+        )
     return ValidationError(
         f"input {i} ({decl.name!r}) holds {got} but the buffer is declared {decl.dtype.name}",
         f"convert it, e.g. x.astype(numpy.{decl.dtype.numpy.name}), or pass raw bytes (a uint8 view) "

@@ -22,7 +22,7 @@ from .errors import (
     KernelCompileFailed,
     ValidationError,
 )
-from .planning.binding import plan_bindings
+from .planning.binding import input_spec, plan_bindings
 from .planning.caps import DeviceCaps, check_capabilities
 from .planning.launch import DEFAULT_SHARED_LIMIT, Route, plan_launch, route_grid_sync
 from .planning.layout import plan_layout
@@ -55,14 +55,6 @@ def _transfer_settings(chunk_bytes, chunks, threads):
         threads = min(8, max(0, (os.cpu_count() or 1) - 1))
     threads = whole("copy_threads", threads, 0, 256, "pass copy_threads=None for the default, or 0..256")
     return chunk_bytes, chunks, threads
-
-# what an input's buffer format must be for each declared dtype: float, signed, unsigned, or 'b'
-# (bf16: raw 2-byte words, uint16 bits or a bfloat16 array)
-_KIND = {"f16": "f", "f32": "f", "f64": "f", "bf16": "b", "i8": "i", "i16": "i", "i32": "i", "i64": "i"}
-
-
-def _dtype_kind(dtype) -> str:
-    return _KIND.get(dtype.name, "u")
 
 
 @dataclass(frozen=True)
@@ -319,8 +311,7 @@ class CudaBackend:
             inputs = program.inputs
             input_specs = []
             for index, _, _, _ in layout.inputs:
-                d = inputs[index].dtype
-                input_specs.append((d.itemsize, _dtype_kind(d)))
+                input_specs.append(input_spec(inputs[index]))
             output_specs = []
             for slot, (_, nbytes) in zip(bplan.outputs, layout.outputs):
                 d = slot.decl.dtype

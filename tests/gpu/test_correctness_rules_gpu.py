@@ -167,11 +167,6 @@ def test_bf16_vecadd_on_raw_bits(backend, rng, n):
     assert np.mean(np.asarray(out).view(np.uint16) == bf16_round(va + vb)) >= 0.99
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="backend: pass planning.binding.input_spec(decl) per input (bf16 -> (2, 'u')) instead "
-           "of _dtype_kind, whose '' for bf16 skips the dtype and byte-order check",
-)
 @pytest.mark.parametrize("dtype", [np.int16, np.float16, ">u2"], ids=["int16", "float16", "big-endian"])
 def test_bf16_refuses_other_two_byte_arrays(backend, rng, dtype):
     prog = bp.vecadd("bf16")

@@ -56,6 +56,7 @@ def bfs_program(n):
         grid_sync=True,
         phases=2,
         name="bfs_relax",
+        launch="dist",  # one thread per node; col_idx (the edges) is longer on purpose
     )
 
 
