@@ -50,19 +50,21 @@ if linetrace:
 
 
 def ext(name):
+    source = Path("vyre_cuda", *name.split(".")).with_suffix(".pyx")
     return Extension(
         f"vyre_cuda.{name}",
-        [f"vyre_cuda/{name}.pyx"],
-        include_dirs=include_dirs,
+        [str(source)],
+        include_dirs=[str(source.parent)] + include_dirs,  # headers beside the .pyx
         define_macros=macros,
         language="c++",  # cydriver.pxd pulls in <type_traits>
-        extra_compile_args=["-O3", "-std=c++17"],
+        extra_compile_args=["-O3", "-std=c++17", "-pthread"],
+        extra_link_args=["-pthread"],
     )
 
 
 MODULES = ["_accounting", "_driver", "_pools", "_dispatch"]
-if Path("vyre_cuda/_floor.pyx").is_file():
-    MODULES.append("_floor")
+if Path("vyre_cuda/profile/_floor.pyx").is_file():
+    MODULES += ["profile._hostcopy", "profile._floor"]
 
 setup(
     ext_modules=cythonize(
