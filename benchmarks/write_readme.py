@@ -70,8 +70,8 @@ def _gb(value) -> str:
 def _round_trip_table(report) -> list:
     cols = [(k, h) for k, h in _ROUND_TRIP if any(k in s.systems for s in report.sizes)]
     lines = [
-        "Median time of one round trip (vecadd: 2 inputs in, 1 output out, per buffer size), "
-        "with its effective GB/s = (input + output bytes) / time:",
+        ("Median time of one round trip (vecadd: 2 inputs in, 1 output out, per buffer size), "
+         "with its effective GB/s = (input + output bytes) / time:"),
         "",
         "| per buffer | " + " | ".join(h for _, h in cols) + " |",
         "|---" * (len(cols) + 1) + "|",
@@ -88,8 +88,8 @@ def _ceiling_table(report) -> list:
     if not keys:
         return []
     lines = [
-        "GB/s per direction: vyre_cuda from numpy arrays (stage clocks: inputs / upload, output "
-        "/ readback) against the ceilings measured in the same run:",
+        ("GB/s per direction: vyre_cuda from numpy arrays (stage clocks: inputs / upload, output "
+         "/ readback) against the ceilings measured in the same run:"),
         "",
         "| per buffer | vyre_cuda H2D | vyre_cuda D2H | "
         + " | ".join(label(k).replace(" ceiling", "") for k in keys) + " |",
@@ -110,11 +110,11 @@ def render_results(report: ProfileReport, source=None) -> str:
     cc = m.get("cc") or ["?", "?"]
     release = f" ({m['driver_release']})" if m.get("driver_release") else ""
     lines = [
-        f"Measured {m.get('date', '?')} on **{m.get('device_name', '?')}** (cc {cc[0]}.{cc[1]}), "
-        f"CUDA driver {driver_text(m.get('driver_version'))}{release}, commit "
-        f"`{m.get('commit') or 'unknown'}`, vyre_cuda {m.get('vyre_cuda_version', '?')}, "
-        f"Python {m.get('python', '?')}, numpy {m.get('numpy', '?')}, cuda-bindings "
-        f"{m.get('cuda_bindings', '?')}.",
+        (f"Measured {m.get('date', '?')} on **{m.get('device_name', '?')}** (cc {cc[0]}.{cc[1]}), "
+         f"CUDA driver {driver_text(m.get('driver_version'))}{release}, commit "
+         f"`{m.get('commit') or 'unknown'}`, vyre_cuda {m.get('vyre_cuda_version', '?')}, "
+         f"Python {m.get('python', '?')}, numpy {m.get('numpy', '?')}, cuda-bindings "
+         f"{m.get('cuda_bindings', '?')}."),
     ]
     peers = {k: v for k, v in (m.get("peers") or {}).items() if v}
     if peers:

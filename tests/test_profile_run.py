@@ -195,7 +195,7 @@ def test_runtime_api_never_imports_the_floor():
     env = {"PYTHONPATH": str(pathlib.Path(vyre_cuda.__file__).resolve().parents[1]),
            "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=str(ROOT.parent))
+                          timeout=120, env=env, cwd=str(ROOT.parent), check=False)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 

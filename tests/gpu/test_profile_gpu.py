@@ -205,7 +205,7 @@ def test_run_profile_end_to_end_small_sizes(backend, tmp_path, run_python):
     from vyre_cuda._dispatch import STAGES
 
     iterations = 200
-    report, proc = _profile_child(
+    report, _ = _profile_child(
         run_python, tmp_path, "--sizes", "4KiB,4MiB", "--iterations", str(iterations),
         "--warmup", "20", "--host-threads", "4",
         "--baseline", str(ROOT / "benchmarks" / "results" / "latest.json"))

@@ -320,10 +320,9 @@ cdef class Floor:
     cdef void _drain(self) noexcept:
         # After a failure mid-loop, wait for what was enqueued (copies may target the caller's
         # memory); the result is ignored, the original error is the one reported.
-        cdef CUresult r
         if self._stream != NULL:
             with nogil:
-                r = cydriver.cuStreamSynchronize(self._stream)
+                cydriver.cuStreamSynchronize(self._stream)
 
     cdef int _ready(self) except -1:
         if self._stream == NULL:
@@ -433,14 +432,14 @@ cdef class Floor:
             )
         per_launch = np.empty(batches, dtype=np.int64)
         cdef int64_t* pv = i64_data(per_launch)
-        cdef Py_ssize_t i, j
+        cdef Py_ssize_t i, _j
         cdef unsigned long long t0, t1
         try:
             with nogil:
                 check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
                 for i in range(warmup_batches + batches):
                     t0 = now_ns()
-                    for j in range(batch_size):
+                    for _j in range(batch_size):
                         self._launch()
                     t1 = now_ns()
                     check_cu(cydriver.cuStreamSynchronize(self._stream), b"cuStreamSynchronize")

@@ -5,6 +5,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+__all__ = ["MAX_COPY_THREADS", "host_copy"]
+
 MAX_COPY_THREADS: int
 
 def host_copy(

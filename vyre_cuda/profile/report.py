@@ -55,7 +55,7 @@ class Target:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Target":
+    def from_dict(cls, d: dict) -> Target:
         return cls(d["key"], d["description"], d["value"], d["limit"], d["op"],
                    d.get("size_bytes"), d.get("unit", ""))
 
@@ -149,7 +149,7 @@ class SizeResult:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SizeResult":
+    def from_dict(cls, d: dict) -> SizeResult:
         return cls(
             nbytes=int(d["bytes"]),
             elements=int(d["elements"]),
@@ -197,7 +197,7 @@ class ThreadScaling:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ThreadScaling":
+    def from_dict(cls, d: dict) -> ThreadScaling:
         return cls(
             int(d["bytes"]), int(d["threads"]), int(d["iterations"]),
             {int(k): float(v) for k, v in d["vyre_per_s"].items()},
@@ -237,7 +237,7 @@ class ProfileReport:
         return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ProfileReport":
+    def from_dict(cls, d: dict) -> ProfileReport:
         if not isinstance(d, dict) or d.get("schema") not in _READABLE:
             schema = d.get("schema") if isinstance(d, dict) else None
             raise ValidationError(
@@ -253,7 +253,7 @@ class ProfileReport:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> "ProfileReport":
+    def from_json(cls, text: str) -> ProfileReport:
         try:
             data = json.loads(text)
         except ValueError as exc:
@@ -264,7 +264,7 @@ class ProfileReport:
         return cls.from_dict(data)
 
     @classmethod
-    def load(cls, path) -> "ProfileReport":
+    def load(cls, path) -> ProfileReport:
         """Read a stored result (``--json`` output, ``benchmarks/results/*.json``)."""
         import pathlib
 

@@ -63,7 +63,7 @@ class Summary:
         return {"n": self.n, "median_ns": self.median, "p10_ns": self.p10, "p90_ns": self.p90}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Summary":
+    def from_dict(cls, d: dict) -> Summary:
         return cls(int(d["n"]), float(d["median_ns"]), float(d["p10_ns"]), float(d["p90_ns"]))
 
 

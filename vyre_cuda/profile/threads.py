@@ -125,8 +125,8 @@ def measure_threads(backend, program, floor_module, kernel, nbytes, threads, ite
     """Dispatches per second from 1 and ``threads`` threads, floor and vyre_cuda alternating,
     ``repeats`` times; the medians."""
     n = nbytes // 4
-    vyre = {1: [], threads: []}
-    floor = {1: [], threads: []}
+    vyre: dict[int, list] = {1: [], threads: []}
+    floor: dict[int, list] = {1: [], threads: []}
     per_thread = [make_inputs(program, nbytes, rng) for _ in range(threads)]
     steps = repeats * 4
     step = 0
