@@ -555,7 +555,7 @@ def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
 
 
 def test_run_profile_without_page_locked_arrays_or_telemetry(fake_device, monkeypatch):
-    monkeypatch.delattr(vyre_cuda, "pinned_empty")
+    monkeypatch.setattr(vyre_cuda, "pinned_empty", None)  # a core without page-locked arrays
     backend = _FakeBackend()
     del backend.telemetry
     report = P.run_profile(sizes=(4096,), iterations=6, warmup=1, peers=False, threads=False,

@@ -387,7 +387,9 @@ class _SizeRun:
                 pinned = (locked_in, runners.page_locked_copies(into, backend.device))
         except BackendError as exc:
             skipped["page-locked"] = f"failed to allocate: {type(exc).__name__}: {exc}"
-        return runners.vyre_runners(backend, program, inputs, check, into, pinned), moved
+        # a user program's outputs may not suit dispatch_into (read-write buffers): skip, not fail
+        group = None if self.builtin else "dispatch_into"
+        return runners.vyre_runners(backend, program, inputs, check, into, pinned, group), moved
 
     def _peer_rows(self, a, b, expected, launch_scale, skipped, opened):
         if not self.peers:

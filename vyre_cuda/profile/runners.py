@@ -55,10 +55,11 @@ def page_locked_copies(arrays, device=0):
     return copies
 
 
-def vyre_runners(backend, program, inputs, check, into=None, pinned=None):
+def vyre_runners(backend, program, inputs, check, into=None, pinned=None, into_group=None):
     """vyre_cuda's rows: ``dispatch``, the same with stage clocks, ``dispatch_async``
-    (enqueue and total), ``dispatch_into`` numpy outputs (``into``), and ``dispatch_into``
-    with page-locked inputs and outputs (``pinned = (inputs, outputs)``, its own group).
+    (enqueue and total), ``dispatch_into`` numpy outputs (``into``; in group ``into_group``
+    when given, so that a failure skips it), and ``dispatch_into`` with page-locked inputs and
+    outputs (``pinned = (inputs, outputs)``, its own group).
 
     ``check(outputs)`` says whether a dispatch's outputs are right (None: not checked).
     """
@@ -133,7 +134,7 @@ def vyre_runners(backend, program, inputs, check, into=None, pinned=None):
     if into is not None:
         runners.append(Runner("vyre_cuda dispatch_into", into_runner("vyre.dispatch_into",
                                                                      inputs, into),
-                              verifier("vyre.dispatch_into")))
+                              verifier("vyre.dispatch_into"), group=into_group))
     if pinned is not None:
         runners.append(Runner("vyre_cuda page-locked", into_runner("vyre.pinned", *pinned),
                               verifier("vyre.pinned"), group="page-locked"))
