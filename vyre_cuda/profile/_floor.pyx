@@ -480,7 +480,10 @@ cdef class Floor:
         dst[1] = self._h_b
         src[0] = <const char*>&av[0]
         src[1] = <const char*>&bv[0]
-        return copy_passes(dst, src, self._nbytes, 2, threads, iterations, warmup)
+        cdef size_t lengths[2]
+        lengths[0] = self._nbytes
+        lengths[1] = self._nbytes
+        return copy_passes(dst, src, lengths, 2, threads, iterations, warmup)
 
     def copy_out(self, out, int threads, Py_ssize_t iterations, Py_ssize_t warmup=0):
         """Host memcpy ceiling, pinned -> pageable: the pinned output staging into ``out``
@@ -491,7 +494,7 @@ cdef class Floor:
         cdef const char* src[1]
         dst[0] = <char*>&ov[0]
         src[0] = self._h_out
-        return copy_passes(dst, src, self._nbytes, 1, threads, iterations, warmup)
+        return copy_passes(dst, src, &self._nbytes, 1, threads, iterations, warmup)
 
     # -- teardown ---------------------------------------------------------------------
     cdef void _release(self, CUresult* first, const char** first_call) noexcept nogil:

@@ -26,6 +26,7 @@ cdef extern from "_copy_team.hpp" namespace "vyre_floor" nogil:
 
 cdef enum:
     _MAX_THREADS = 256
+    _MAX_JOBS = 4
 
 MAX_COPY_THREADS = _MAX_THREADS
 
@@ -56,17 +57,16 @@ cdef int64_t* i64_data(arr) except? NULL:
     return &view[0]
 
 
-cdef object copy_passes(char** dst, const char** src, size_t length, int count, int threads,
-                        Py_ssize_t iterations, Py_ssize_t warmup):
-    # warmup + iterations passes of `count` (1 or 2) copies of `length` bytes each; returns
-    # the ns of each timed pass.
+cdef object copy_passes(char** dst, const char** src, const size_t* lengths, int count,
+                        int threads, Py_ssize_t iterations, Py_ssize_t warmup):
+    # warmup + iterations passes of `count` copies (dst[i] <- src[i], lengths[i] bytes);
+    # returns the ns of each timed pass.
     _check_threads(threads)
     check_counts(iterations, warmup)
-    if count < 1 or count > 2:
-        raise ValueError(f"copy_passes copies 1 or 2 buffers (got {count})")
-    cdef size_t lengths[2]
-    lengths[0] = length
-    lengths[1] = length
+    if count < 1 or count > _MAX_JOBS:
+        raise ValidationError(
+            f"a pass copies 1..{_MAX_JOBS} buffers (got {count})", "pass fewer buffers"
+        )
     times = np.empty(iterations, dtype=np.int64)
     cdef int64_t* tv = i64_data(times)
     cdef int status
@@ -78,8 +78,12 @@ cdef object copy_passes(char** dst, const char** src, size_t length, int count, 
 
 
 def host_copy(dst, src, int threads=1, Py_ssize_t iterations=1, Py_ssize_t warmup=0):
-    """Copy ``src`` into ``dst`` (equal byte sizes, C-contiguous) ``warmup + iterations`` times
-    with ``threads`` host threads; returns an int64 array of the ns of each timed copy.
+    """Copy ``src`` into ``dst`` ``warmup + iterations`` times with ``threads`` host threads;
+    returns an int64 array of the ns of each timed pass.
+
+    ``dst`` and ``src`` are C-contiguous buffers of equal byte size, or lists of up to 4 such
+    pairs copied in one pass (split into equal byte shares across the threads, as the floor
+    splits its two inputs).
 
     >>> out = bytearray(8)
     >>> host_copy(out, b"vyrecuda", threads=2).shape
@@ -87,22 +91,42 @@ def host_copy(dst, src, int threads=1, Py_ssize_t iterations=1, Py_ssize_t warmu
     >>> bytes(out)
     b'vyrecuda'
     """
-    cdef const unsigned char[::1] s = _byte_view(src, "src", False)
-    cdef unsigned char[::1] d = _byte_view(dst, "dst", True)
-    if s.shape[0] != d.shape[0]:
+    dsts = list(dst) if isinstance(dst, (list, tuple)) else [dst]
+    srcs = list(src) if isinstance(src, (list, tuple)) else [src]
+    if len(dsts) != len(srcs) or not 1 <= len(dsts) <= _MAX_JOBS:
         raise ValidationError(
-            f"host_copy needs equal sizes (got dst {d.shape[0]:,} bytes, src {s.shape[0]:,})",
-            "pass two buffers of the same byte size",
+            f"host_copy needs 1..{_MAX_JOBS} destination and source buffers, as many of each "
+            f"(got {len(dsts)} and {len(srcs)})",
+            "pass one buffer each, or two lists of the same length",
         )
-    if s.shape[0] == 0:
+    views = []
+    cdef char* dptr[_MAX_JOBS]
+    cdef const char* sptr[_MAX_JOBS]
+    cdef size_t lengths[_MAX_JOBS]
+    cdef const unsigned char[::1] s
+    cdef unsigned char[::1] d
+    cdef int count = 0
+    for i in range(len(dsts)):
+        s = _byte_view(srcs[i], "src", False)
+        d = _byte_view(dsts[i], "dst", True)
+        if s.shape[0] != d.shape[0]:
+            raise ValidationError(
+                f"host_copy needs equal sizes (got dst {d.shape[0]:,} bytes, src "
+                f"{s.shape[0]:,})",
+                "pass buffers of the same byte size",
+            )
+        if s.shape[0] == 0:
+            continue
+        views.append((s, d))  # keeps the exports alive for the copies
+        dptr[count] = <char*>&d[0]
+        sptr[count] = <const char*>&s[0]
+        lengths[count] = <size_t>s.shape[0]
+        count += 1
+    if count == 0:
         _check_threads(threads)
         check_counts(iterations, warmup)
         return np.zeros(iterations, dtype=np.int64)
-    cdef char* dptr[1]
-    cdef const char* sptr[1]
-    dptr[0] = <char*>&d[0]
-    sptr[0] = <const char*>&s[0]
-    return copy_passes(dptr, sptr, <size_t>s.shape[0], 1, threads, iterations, warmup)
+    return copy_passes(dptr, sptr, lengths, count, threads, iterations, warmup)
 
 
 def _byte_view(x, str name, bint writable):
