@@ -559,15 +559,41 @@ def test_json_round_trip():
     assert again.format_table() == report.format_table()
 
 
-def test_reads_the_stored_first_schema_result():
+def _first_schema_result():
+    # what `vyre-cuda profile --json` wrote before bytes, directions and telemetry were recorded
+    summary = {"n": 100, "median_ns": 18_000.0, "p10_ns": 17_000.0, "p90_ns": 19_000.0}
+    floor = dict(summary, median_ns=17_000.0)
+    return {
+        "schema": "vyre_cuda.profile/1",
+        "meta": {"date": "2026-11-29T19:31:27+00:00", "commit": "8f72b158bb97"},
+        "stage_names": list(STAGES),
+        "sizes": [{"bytes": 4096, "elements": 1024, "iterations": 100,
+                   "systems": {"vyre.dispatch": summary, "floor.pinned": floor},
+                   "stages": {}, "attributed": None, "coverage": None, "ratios": {},
+                   "skipped": {}}],
+        "threads": None,
+        "targets": [{"key": "vyre_vs_floor", "description": "4 KiB: ...", "value": 1.06,
+                     "limit": 1.15, "op": "<=", "size_bytes": 4096, "met": True}],
+    }
+
+
+def test_reads_first_schema_results_as_baselines(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(_first_schema_result()))
+    old = P.ProfileReport.load(path)
+    small = old.size(4096)
+    assert small.moved == {} and small.telemetry == {} and small.directions == {}
+    assert small.gbps("vyre.dispatch") == pytest.approx(3 * 4096 / 18_000)  # vecadd's bytes
+    assert old.targets[0].unit == "" and "4 KiB per buffer" in old.format_table()
+    t = _targets(_synthetic_report(old))[("no_regression", 4 * KIB)]
+    assert t.value == pytest.approx((18_000 / 17_100) / (18_000 / 17_000))
+
+
+def test_the_stored_benchmark_result_loads():
     stored = P.ProfileReport.load(ROOT / "benchmarks" / "results" / "latest.json")
     small = stored.size(4096)
-    assert small.median("vyre.dispatch") > 0 and small.moved == {}
-    assert small.gbps("vyre.dispatch") == pytest.approx(3 * 4096 / small.median("vyre.dispatch"))
+    assert small.median("vyre.dispatch") > 0 and small.ratio("vyre.dispatch") > 0
     assert "4 KiB per buffer" in stored.format_table()
-    # usable as the baseline of the no-regression target
-    t = _targets(_synthetic_report(stored))[("no_regression", 4 * KIB)]
-    assert t.value == pytest.approx((18_000 / 17_100) / small.ratio("vyre.dispatch"))
 
 
 def test_from_dict_and_load_refuse_other_files(tmp_path):

@@ -747,16 +747,16 @@ def test_write_readme_replaces_only_the_results_section(tmp_path, fake_device):
     wr = _load_bench("write_readme")
     readme = tmp_path / "README.md"
     readme.write_text(f"# Title\n\nhand-written\n\n{wr.BEGIN}\nold figures\n{wr.END}\n\nfooter\n")
+    stored = _stored_report()
     report = P.run_profile(sizes=(4096, 8192), iterations=4, warmup=1, peers=False,
-                           threads=True, thread_iterations=4, thread_repeats=1,
-                           baseline=_stored_report())
+                           threads=True, thread_iterations=4, thread_repeats=1, baseline=stored)
     assert wr.update_readme(readme, report, source=tmp_path / "r.json") is True
     text = readme.read_text()
     assert text.startswith("# Title\n\nhand-written\n\n" + wr.BEGIN + "\n")
     assert text.endswith(wr.END + "\n\nfooter\n")
     assert "old figures" not in text
     assert "**Fake GPU** (cc 9.0)" in text and "CUDA driver 13.0" in text
-    assert "Baseline for the no-regression target: commit `8f72b158bb97`" in text
+    assert f"Baseline for the no-regression target: commit `{stored.meta['commit']}`" in text
     assert re.search(r"\| 2 threads, 4 KiB: vyre_cuda gain / floor gain \| [0-9.]+x \| >= 0\.9 \|",
                      text), text
     assert "| per buffer | vyre_cuda, numpy | vyre_cuda `dispatch_into`, numpy |" in text
@@ -800,7 +800,8 @@ def test_bench_dispatch_writes_json_and_compares_with_its_stored_result(fake_dev
                        "--no-threads", "--sizes", "4KiB", "--host-threads", "2"]) == 0
     data = json.loads(out.read_text())
     assert data["schema"] == P.SCHEMA and data["sizes"][0]["bytes"] == 4096
-    assert data["meta"]["baseline"]["commit"] == "8f72b158bb97"  # the stored result by default
+    # the stored result is the baseline by default
+    assert data["meta"]["baseline"]["commit"] == _stored_report().meta["commit"]
     assert "4 KiB per buffer" in capsys.readouterr().out
     assert bench.main(["--out", str(out), "--iterations", "4", "--no-peers", "--no-threads",
                        "--sizes", "4KiB", "--no-baseline"]) == 0
