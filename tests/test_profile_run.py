@@ -1,34 +1,34 @@
-"""The profiling harness without a GPU: the engine, the host copies (for real), the whole run on a
-fake backend and a fake floor, the CLI and the benchmark scripts."""
+"""The profiling harness without a GPU: the engine, the host copies (for real), and the whole
+run on a fake backend and a fake floor. (The CLI and the benchmark scripts: test_profile_cli.py.)"""
 
-import argparse
-import io
-import json
 import pathlib
-import re
 import subprocess
 import sys
 import threading
-import time
 import types
 
 import numpy as np
+import profile_fakes
 import pytest
+from profile_fakes import STAGES, FakeBackend, Locked
 
 import vyre_cuda
 from vyre_cuda import profile as P
-from vyre_cuda.errors import BackendError, ValidationError
-from vyre_cuda.profile import cli as profile_cli
+from vyre_cuda.errors import ValidationError
 from vyre_cuda.profile import engine, run
 from vyre_cuda.program import BufferDecl
 
-STAGES = P.STAGE_NAMES
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KIB, MIB, GIB = 1024, 1 << 20, 1 << 30
 
 
 def _fix_line(exc):
     return str(exc).splitlines()[-1]
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    return profile_fakes.install(monkeypatch)
 
 
 # -- iteration counts ------------------------------------------------------------------------
@@ -217,110 +217,6 @@ def test_runtime_api_never_imports_the_floor():
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
-# -- progress --------------------------------------------------------------------------------
-class _Stream(io.StringIO):
-    def __init__(self, tty):
-        super().__init__()
-        self._tty = tty
-
-    def isatty(self):
-        return self._tty
-
-
-def test_progress_line_quiet_on_short_runs_then_shown():
-    stream = _Stream(tty=True)
-    line = profile_cli.ProgressLine(stream, delay=3600)
-    line("4 KiB: floor", 0.5)
-    line.done()
-    assert stream.getvalue() == ""
-    stream = _Stream(tty=True)
-    line = profile_cli.ProgressLine(stream, delay=0)
-    line("4 KiB: floor", 0.5)
-    line.done()
-    assert stream.getvalue().startswith("\r[vyre-cuda profile]  50% 4 KiB: floor")
-    assert stream.getvalue().endswith("\r")
-    stream = _Stream(tty=False)
-    line = profile_cli.ProgressLine(stream, delay=0, interval=3600)
-    line("a", 0.1)
-    line("b", 0.2)  # rate-limited when not a terminal
-    assert stream.getvalue().count("\n") == 1 and "\r" not in stream.getvalue()
-
-
-# -- CLI arguments ---------------------------------------------------------------------------
-def _parser():
-    parser = argparse.ArgumentParser(prog="vyre-cuda profile")
-    assert P.add_arguments(parser) is parser
-    return parser
-
-
-def test_cli_defaults():
-    args = _parser().parse_args([])
-    assert args.sizes == (4 * KIB, 4 * MIB, 64 * MIB, 256 * MIB, GIB)
-    assert args.iterations is None and args.warmup is None
-    assert args.json is None and args.plot is None and args.baseline is None
-    assert not args.no_peers and not args.no_threads
-    assert args.kernel is None and args.entry is None and args.buffers is None
-    assert args.device == 0 and args.host_threads is None
-    assert profile_cli.backend_options(args) == {}
-
-
-def test_cli_options():
-    args = _parser().parse_args([
-        "--sizes", "8KiB,1M,1GiB", "--iterations", "50", "--warmup", "0", "--json", "--plot",
-        "x.png", "--no-peers", "--no-threads", "--kernel", "k.cu", "--entry", "k", "--buffers",
-        "a:f32:in,o:f32:out", "--device", "1", "--baseline", "old.json", "--host-threads", "8",
-        "--staging-chunk-bytes", "8MiB", "--staging-chunks", "6", "--copy-threads", "4",
-    ])
-    assert args.sizes == (8192, 1 << 20, GIB)
-    assert (args.iterations, args.warmup, args.json, args.plot) == (50, 0, "-", "x.png")
-    assert args.no_peers and args.no_threads
-    assert (args.kernel, args.entry, args.buffers, args.device) == (
-        "k.cu", "k", "a:f32:in,o:f32:out", 1)
-    assert (args.baseline, args.host_threads) == ("old.json", 8)
-    assert profile_cli.backend_options(args) == {
-        "staging_chunk_bytes": 8 << 20, "staging_chunks": 6, "copy_threads": 4}
-    assert _parser().parse_args(["--json", "out.json"]).json == "out.json"
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [["--sizes", "4KB"], ["--sizes", ""], ["--iterations", "0"], ["--iterations", "x"],
-     ["--warmup", "-1"], ["--device", "-1"], ["--host-threads", "0"], ["--copy-threads", "0"],
-     ["--staging-chunks", "0"], ["--staging-chunk-bytes", "8MB"], ["--bogus"]],
-)
-def test_cli_rejects_bad_arguments(argv, capsys):
-    with pytest.raises(SystemExit) as err:
-        _parser().parse_args(argv)
-    assert err.value.code == 2
-    if argv[0] in ("--sizes", "--staging-chunk-bytes") and argv[1]:
-        assert "Fix:" in capsys.readouterr().err
-
-
-def test_cli_main_validation_errors(capsys, tmp_path):
-    parser = _parser()
-    assert P.main(parser.parse_args(["--buffers", "a:f32:in,o:f32:out"])) == 2
-    assert "no --kernel was given" in capsys.readouterr().err
-    assert P.main(parser.parse_args(["--kernel", str(tmp_path / "none.cu"), "--buffers",
-                                     "a:f32:in,o:f32:out"])) == 2
-    err = capsys.readouterr().err
-    assert "ValidationError" in err and "Fix:" in err
-    (tmp_path / "k.cu").write_text("// k")
-    assert P.main(parser.parse_args(["--kernel", str(tmp_path / "k.cu"), "--buffers",
-                                     "a:f32:in"])) == 2
-    assert "declares no output" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("content", [None, "{not json", '{"schema": "other"}'])
-def test_cli_bad_baseline_fails_before_the_run(fake_device, tmp_path, capsys, content):
-    path = tmp_path / "base.json"
-    if content is not None:
-        path.write_text(content)
-    args = _parser().parse_args(["--sizes", "4KiB", "--baseline", str(path), "--no-peers"])
-    assert P.main(args) == 2
-    err = capsys.readouterr().err
-    assert "ValidationError" in err and "Fix:" in err
-    assert fake_device.created == []  # no backend was opened
-
 
 def test_run_profile_validates_before_touching_the_device():
     for kwargs in ({"sizes": (4098,)}, {"sizes": (4096,), "iterations": 0},
@@ -334,186 +230,6 @@ def test_run_profile_validates_before_touching_the_device():
 
 
 # -- the whole run on a fake backend and a fake floor ----------------------------------------
-class _FakePending:
-    def __init__(self, outs):
-        self._outs = outs
-
-    def result(self):
-        return self._outs
-
-
-def _fake_add(inputs):
-    return [inputs[0] + inputs[1] if len(inputs) > 1 else inputs[0] * 2]
-
-
-class _FakeTelemetry:
-    def __init__(self, backend, with_allocations):
-        self.backend = backend
-        self.with_allocations = with_allocations
-
-    def snapshot(self):
-        b = self.backend
-        snap = {"dispatches": b.dispatches, "pinned_pool_misses": b.pinned_allocs,
-                "device_pool_misses": 0}
-        if self.with_allocations:
-            snap.update(pinned_alloc_calls=b.pinned_allocs, device_alloc_calls=0,
-                        ring_bytes=32 << 20, ring_chunks=3 * b.dispatches, copy_threads_live=4)
-        return snap
-
-
-class _FakeBackend:
-    device = 0
-    context_handle = 0x1234
-    caps = types.SimpleNamespace(cc=(9, 0), name="Fake GPU", driver_version=13000)
-
-    def __init__(self, device=0, with_allocations=True, allocate_every=0, **options):
-        self.closed = False
-        self.options = options
-        self.dispatches = 0
-        self.pinned_allocs = 0
-        self.allocate_every = allocate_every
-        self.threads_seen = set()
-        self.into_inputs = []
-        self.lock = threading.Lock()
-        self.telemetry = _FakeTelemetry(self, with_allocations)
-
-    def _count(self):
-        with self.lock:
-            self.dispatches += 1
-            if self.allocate_every and self.dispatches % self.allocate_every == 0:
-                self.pinned_allocs += 1
-            self.threads_seen.add(threading.get_ident())
-
-    def dispatch(self, program, inputs, config=None):
-        self._count()
-        return _fake_add(inputs)
-
-    def dispatch_into(self, program, inputs, outputs, config=None):
-        self._count()
-        self.into_inputs.append(type(inputs[0]))
-        for out, res in zip(outputs, _fake_add(inputs)):
-            out[...] = res
-        return outputs
-
-    def _dispatch_profiled(self, program, inputs, config=None, start_ns=0):
-        self._count()
-        t0 = time.perf_counter_ns()
-        outs = _fake_add(inputs)
-        spent = time.perf_counter_ns() - t0
-        return outs, tuple([spent // len(STAGES)] * len(STAGES))
-
-    def dispatch_async(self, program, inputs, config=None):
-        self._count()
-        return _FakePending(_fake_add(inputs))
-
-    def close(self):
-        self.closed = True
-
-
-class _Locked(np.ndarray):
-    """A page-locked array stand-in: a numpy subclass the fake backend can recognise."""
-
-
-def _fake_floor_module():
-    mod = types.ModuleType("vyre_cuda.profile._floor")
-    mod.FLOOR_ENTRY = "vecadd"
-    mod.FLOOR_SOURCE = "// fake"
-    mod.opened = []
-    mod.calls = []
-
-    class FloorKernel:
-        def __init__(self, ctx, image, entry):
-            assert ctx == _FakeBackend.context_handle and image == b"fake\0" and entry == "vecadd"
-            self.closed = False
-
-        def close(self):
-            self.closed = True
-
-    class Floor:
-        def __init__(self, kernel, n):
-            self.n = n
-            self.closed = False
-            mod.opened.append(self)
-
-        def _run(self, a, b, out, count, total, enqueue):
-            np.add(a, b, out=out)
-            return np.full(count, total, np.int64), np.full(count, enqueue, np.int64)
-
-        def full_pinned(self, a, b, out, count):
-            return self._run(a, b, out, count, 20_000, 10_000)
-
-        def full_pageable(self, a, b, out, count):
-            return self._run(a, b, out, count, 24_000, 14_000)
-
-        def launch_only(self, batches, batch_size, warmup_batches):
-            assert batch_size == engine.LAUNCH_BATCH
-            return np.full(batches, 3_500, np.int64)
-
-        def run_fixed(self, a, b, out, iterations):
-            np.add(a, b, out=out)
-            t0 = time.perf_counter_ns()
-            time.sleep(0.001 * (1 + len([f for f in mod.opened if not f.closed]) // 3))
-            return t0, time.perf_counter_ns()
-
-        def dma_h2d(self, count):
-            mod.calls.append("dma_h2d")
-            return np.full(count, 1_000, np.int64)
-
-        def dma_d2h(self, count):
-            return np.full(count, 500, np.int64)
-
-        def copy_in(self, a, b, threads, count):
-            mod.calls.append(("copy_in", threads))
-            assert a.shape == (self.n,) and b.shape == (self.n,)
-            return np.full(count, 4_000 // threads, np.int64)
-
-        def copy_out(self, out, threads, count):
-            assert out.shape == (self.n,) and out.flags.writeable
-            return np.full(count, 2_000 // threads, np.int64)
-
-        def close(self):
-            self.closed = True
-
-    mod.FloorKernel = FloorKernel
-    mod.Floor = Floor
-    return mod
-
-
-@pytest.fixture
-def fake_device(monkeypatch):
-    floor = _fake_floor_module()
-    dispatch = types.ModuleType("vyre_cuda._dispatch")
-    dispatch.STAGES = STAGES
-    builtins = types.ModuleType("vyre_cuda.builtin_programs")
-    builtins.vecadd_f32 = lambda: types.SimpleNamespace(
-        name="vecadd_f32",
-        inputs=(BufferDecl.read("a", 0, "f32"), BufferDecl.read("b", 1, "f32")),
-    )
-    monkeypatch.setitem(sys.modules, "vyre_cuda.profile._floor", floor)
-    monkeypatch.setitem(sys.modules, "vyre_cuda._dispatch", dispatch)
-    monkeypatch.setattr(P, "_floor", floor, raising=False)
-    monkeypatch.setattr(vyre_cuda, "builtin_programs", builtins, raising=False)
-    created = []
-
-    def backend_factory(device=0, **options):
-        b = _FakeBackend(device, **options)
-        created.append(b)
-        return b
-
-    def pinned_empty(shape, dtype=np.float32, *, device=0):
-        assert device == 0
-        return np.empty(shape, dtype).view(_Locked)
-
-    monkeypatch.setattr(vyre_cuda, "CudaBackend", backend_factory, raising=False)
-    monkeypatch.setattr(vyre_cuda, "pinned_empty", pinned_empty, raising=False)
-    import vyre_cuda.compile as compile_module
-
-    monkeypatch.setattr(compile_module, "compile_kernel",
-                        lambda kernel, arch=None: types.SimpleNamespace(image=b"fake\0",
-                                                                         kind="cubin"))
-    return types.SimpleNamespace(floor=floor, created=created)
-
-
 VYRE_KEYS = {"vyre.dispatch", "vyre.dispatch_profiled", "vyre.async_enqueue", "vyre.async_total",
              "vyre.dispatch_into", "vyre.pinned"}
 FLOOR_KEYS = {"floor.pinned", "floor.pinned_enqueue", "floor.pageable",
@@ -522,7 +238,7 @@ FLOOR_KEYS = {"floor.pinned", "floor.pinned_enqueue", "floor.pageable",
 
 def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
     monkeypatch.setattr(engine, "LAUNCH_ONLY_MAX", 4 * KIB)
-    backend = _FakeBackend(allocate_every=40)
+    backend = FakeBackend(allocate_every=40)
     progress = []
     report = P.run_profile(sizes="4KiB,8KiB", iterations=40, warmup=3, peers=False, threads=True,
                            progress=lambda label, f: progress.append((label, f)),
@@ -550,7 +266,7 @@ def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
     assert 0 < small.coverage <= 1.0
     assert small.moved == {"floor": (8192, 4096), "vyre": (8192, 4096)}
     # the page-locked row really got page-locked inputs; the numpy row ordinary ones
-    assert _Locked in backend.into_inputs and np.ndarray in backend.into_inputs
+    assert Locked in backend.into_inputs and np.ndarray in backend.into_inputs
     # telemetry over the timed dispatches only: 5 vyre rows x 40 samples (the async row's
     # enqueue and total come from the same dispatches)
     assert small.telemetry["dispatches"] == 5 * 40
@@ -574,7 +290,7 @@ def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
 
 def test_run_profile_without_page_locked_arrays_or_telemetry(fake_device, monkeypatch):
     monkeypatch.setattr(vyre_cuda, "pinned_empty", None)  # a core without page-locked arrays
-    backend = _FakeBackend()
+    backend = FakeBackend()
     del backend.telemetry
     report = P.run_profile(sizes=(4096,), iterations=6, warmup=1, peers=False, threads=False,
                            backend=backend, rounds=2, host_threads=1)
@@ -622,7 +338,7 @@ def test_run_profile_peers_measured_or_skipped_by_name(fake_device, monkeypatch)
     monkeypatch.setattr(run, "peer_available", lambda name: True)
     monkeypatch.setattr(run, "open_peer", open_peer)
     report = P.run_profile(sizes=(4096,), iterations=4, warmup=1, peers=True, threads=False,
-                           backend=_FakeBackend(), rounds=2)
+                           backend=FakeBackend(), rounds=2)
     s = report.size(4096)
     assert s.skipped["cuda_bindings"] == "failed to start: RuntimeError: cannot start"
     assert s.skipped["torch"].startswith("failed: WrongResult")  # its output was checked
@@ -633,7 +349,7 @@ def test_run_profile_peers_measured_or_skipped_by_name(fake_device, monkeypatch)
     assert ("cupy_vs_vyre", 4096) in t and ("torch_vs_vyre", 4096) not in t
     monkeypatch.setattr(run, "peer_available", lambda name: False)
     report = P.run_profile(sizes=(4096,), iterations=2, warmup=0, peers=True, threads=False,
-                           backend=_FakeBackend(), rounds=1)
+                           backend=FakeBackend(), rounds=1)
     assert report.size(4096).skipped == {
         "cuda_bindings": "cuda.bindings is not installed", "cupy": "cupy is not installed",
         "torch": "torch is not installed"}
@@ -644,7 +360,7 @@ def test_run_profile_user_program_skips_peers_and_targets(fake_device):
         name="scale", kernel=types.SimpleNamespace(kind="cuda", entry="scale"),
         inputs=(BufferDecl.read("x", 0, "f64"),),
     )
-    backend = _FakeBackend()
+    backend = FakeBackend()
     report = P.run_profile(sizes=(4096,), iterations=8, warmup=1, program=program, peers=True,
                            threads=False, backend=backend, rounds=2)
     s = report.size(4096)
@@ -671,7 +387,7 @@ def test_run_profile_passes_backend_options_and_compares_with_a_baseline(fake_de
 
 def test_run_profile_refuses_options_the_backend_does_not_take(fake_device, monkeypatch):
     def old_backend(device=0):
-        return _FakeBackend(device)
+        return FakeBackend(device)
 
     monkeypatch.setattr(vyre_cuda, "CudaBackend", old_backend)
     with pytest.raises(ValidationError) as err:
@@ -686,126 +402,3 @@ def test_a_missing_floor_extension_says_how_to_build_it(monkeypatch):
     with pytest.raises(vyre_cuda.UnsupportedFeature) as err:
         run.import_floor()
     assert "build_ext" in _fix_line(err.value)
-
-
-def test_cli_main_end_to_end_on_fakes(fake_device, tmp_path, capsys):
-    out = tmp_path / "r.json"
-    args = _parser().parse_args(["--sizes", "4KiB", "--iterations", "6", "--warmup", "1",
-                                 "--no-peers", "--no-threads", "--json", str(out),
-                                 "--copy-threads", "2", "--host-threads", "2"])
-    assert P.main(args) == 0
-    printed = capsys.readouterr().out
-    assert "4 KiB per buffer" in printed and "Fake GPU" in printed
-    assert "memcpy ceiling: pageable -> pinned, 2 threads" in printed
-    data = json.loads(out.read_text())
-    assert data["sizes"][0]["bytes"] == 4096
-    assert fake_device.created[0].options == {"copy_threads": 2}
-    assert fake_device.created[0].closed  # the CLI's backend is closed
-    args = _parser().parse_args(["--sizes", "4KiB", "--iterations", "4", "--no-peers",
-                                 "--no-threads", "--json"])
-    assert P.main(args) == 0
-    assert json.loads(capsys.readouterr().out)["schema"] == P.SCHEMA
-
-
-def test_backend_errors_become_exit_status(fake_device, monkeypatch, capsys):
-    def broken(device=0, **options):
-        raise vyre_cuda.DriverUnavailable("no CUDA driver was found", "install the NVIDIA driver")
-
-    monkeypatch.setattr(vyre_cuda, "CudaBackend", broken)
-    args = _parser().parse_args(["--no-peers", "--no-threads"])
-    assert P.main(args) == 1
-    assert "Fix: install the NVIDIA driver" in capsys.readouterr().err
-    assert issubclass(P.WrongResult, BackendError)
-
-
-def test_vyre_cuda_cli_exposes_profile(fake_device, capsys):
-    from vyre_cuda import cli
-
-    args = cli.build_parser().parse_args(["profile", "--sizes", "4KiB", "--no-peers"])
-    assert args.func is P.main and args.sizes == (4096,) and args.no_peers
-    assert cli.main(["profile", "--sizes", "4KiB", "--iterations", "4", "--no-peers",
-                     "--no-threads"]) == 0
-    assert "4 KiB per buffer" in capsys.readouterr().out
-
-
-# -- benchmarks/ -----------------------------------------------------------------------------
-def _load_bench(name):
-    import importlib.util
-
-    path = ROOT / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _stored_report():
-    return P.ProfileReport.load(ROOT / "benchmarks" / "results" / "latest.json")
-
-
-def test_write_readme_replaces_only_the_results_section(tmp_path, fake_device):
-    wr = _load_bench("write_readme")
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# Title\n\nhand-written\n\n{wr.BEGIN}\nold figures\n{wr.END}\n\nfooter\n")
-    stored = _stored_report()
-    report = P.run_profile(sizes=(4096, 8192), iterations=4, warmup=1, peers=False,
-                           threads=True, thread_iterations=4, thread_repeats=1, baseline=stored)
-    assert wr.update_readme(readme, report, source=tmp_path / "r.json") is True
-    text = readme.read_text()
-    assert text.startswith("# Title\n\nhand-written\n\n" + wr.BEGIN + "\n")
-    assert text.endswith(wr.END + "\n\nfooter\n")
-    assert "old figures" not in text
-    assert "**Fake GPU** (cc 9.0)" in text and "CUDA driver 13.0" in text
-    assert f"Baseline for the no-regression target: commit `{stored.meta['commit']}`" in text
-    assert re.search(r"\| 2 threads, 4 KiB: vyre_cuda gain / floor gain \| [0-9.]+x \| >= 0\.9 \|",
-                     text), text
-    assert "| per buffer | vyre_cuda, numpy | vyre_cuda `dispatch_into`, numpy |" in text
-    assert re.search(r"\| 4 KiB \| [0-9.]+ us \([0-9.]+ GB/s\) \|", text), text
-    assert "| per buffer | vyre_cuda H2D | vyre_cuda D2H | DMA: pinned -> device (inputs) |" \
-        in text
-    assert "```text\n" + report.format_table().rstrip("\n") + "\n```" in text
-    assert wr.update_readme(readme, report, source=tmp_path / "r.json") is False  # idempotent
-    readme.write_text("# no markers\n")
-    with pytest.raises(ValueError):
-        wr.update_readme(readme, report)
-
-
-def test_write_readme_main_and_check(tmp_path):
-    wr = _load_bench("write_readme")
-    result = tmp_path / "r.json"
-    result.write_text(_stored_report().to_json())
-    readme = tmp_path / "README.md"
-    readme.write_text(f"x\n{wr.BEGIN}\n{wr.END}\n")
-    assert wr.main([str(result), "--readme", str(readme), "--check"]) == 1
-    assert wr.main([str(result), "--readme", str(readme)]) == 0
-    assert wr.main([str(result), "--readme", str(readme), "--check"]) == 0
-    assert "| 4 MiB |" in readme.read_text()
-
-
-def test_repository_readme_has_the_markers_definitions_and_targets():
-    wr = _load_bench("write_readme")
-    text = (ROOT / "benchmarks" / "README.md").read_text()
-    assert text.count(wr.BEGIN) == 1 and text.count(wr.END) == 1
-    for phrase in ("25 GB/s", "45 GB/s", "0.35x", "0.5x", "1.2x", "1.05x", "1.15x", "2.5x",
-                   "0.9x", "(input + output bytes) / wall", "--baseline"):
-        assert phrase in text, phrase
-    assert not re.search(r"\bissues?\b", text, re.IGNORECASE)
-
-
-def test_bench_dispatch_writes_json_and_compares_with_its_stored_result(fake_device, tmp_path,
-                                                                       capsys):
-    bench = _load_bench("bench_dispatch")
-    out = tmp_path / "results" / "latest.json"
-    assert bench.main(["--out", str(out), "--iterations", "4", "--warmup", "1", "--no-peers",
-                       "--no-threads", "--sizes", "4KiB", "--host-threads", "2"]) == 0
-    data = json.loads(out.read_text())
-    assert data["schema"] == P.SCHEMA and data["sizes"][0]["bytes"] == 4096
-    # the stored result is the baseline by default
-    assert data["meta"]["baseline"]["commit"] == _stored_report().meta["commit"]
-    assert "4 KiB per buffer" in capsys.readouterr().out
-    assert bench.main(["--out", str(out), "--iterations", "4", "--no-peers", "--no-threads",
-                       "--sizes", "4KiB", "--no-baseline"]) == 0
-    assert "baseline" not in json.loads(out.read_text())["meta"]
-    assert set(bench.BENCHES) == {"small", "large", "bandwidth", "threads"}
-    assert bench.main(["--out", str(out), "--sizes", "4KiB", "--baseline",
-                       str(tmp_path / "none.json")]) == 1
