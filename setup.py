@@ -102,7 +102,7 @@ def extensions():
             ".".join(pyx.with_suffix("").parts),
             [pyx.as_posix()],
             language="c++",  # cydriver.pxd pulls in <type_traits>
-            include_dirs=["vyre_cuda"],  # the transfer engine's C++ header (_transfer.hpp)
+            include_dirs=[str(pyx.parent)],  # each module's own C++ header (_transfer.hpp, ...)
             extra_compile_args=["-O3", "-std=c++17", "-pthread"],  # the copy threads
             extra_link_args=["-pthread"],
         )

@@ -1,16 +1,18 @@
-"""The dispatch benchmark suite of issue 4, built on the profiling harness.
+"""The dispatch benchmark suite, built on the profiling harness (``vyre_cuda.profile``).
 
-Every ``bench_*`` function measures vyre_cuda against the C driver floor (``vyre_cuda._floor``)
-in the same run and returns a :class:`vyre_cuda.profile.ProfileReport`. ``main`` runs the whole
-suite as ONE harness run (ratios compare only within a run), prints the table, writes the JSON
-result, and with ``--readme`` regenerates the results section of ``benchmarks/README.md``.
+Every ``bench_*`` function measures vyre_cuda against the C driver floor and the transfer
+ceilings in the same run and returns a :class:`vyre_cuda.profile.ProfileReport`. ``main`` runs
+the whole suite as ONE harness run (ratios compare only within a run), prints the table, writes
+the JSON result, and with ``--readme`` regenerates the results section of
+``benchmarks/README.md``. The small sizes are compared with a stored baseline result
+(``benchmarks/results/latest.json`` by default) for the no-regression target.
 
 On a GPU machine, after building the extensions (``pip install -e .`` or ``python setup.py
 build_ext --inplace``)::
 
     python benchmarks/bench_dispatch.py --readme            # full suite, JSON + README
-    python benchmarks/bench_dispatch.py --iterations 500    # quicker
-    python benchmarks/bench_dispatch.py --only small        # one benchmark
+    python benchmarks/bench_dispatch.py --sizes 4KiB,64MiB  # some sizes
+    python benchmarks/bench_dispatch.py --only bandwidth    # one benchmark
 """
 
 from __future__ import annotations
@@ -25,47 +27,60 @@ if str(HERE.parent) not in sys.path:  # run from a checkout without installing
 
 from vyre_cuda import profile  # noqa: E402
 from vyre_cuda.errors import BackendError  # noqa: E402
+from vyre_cuda.profile import cli as profile_cli  # noqa: E402
+from vyre_cuda.profile.plot import require_matplotlib  # noqa: E402
 
 DEFAULT_OUT = HERE / "results" / "latest.json"
+DEFAULT_BASELINE = DEFAULT_OUT
 README = HERE / "README.md"
-SMALL = 4 * 1024
-LARGE = 4 * 1024 * 1024
+KIB, MIB, GIB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 
 
-def bench_small_dispatch(loops=None, backend=None, progress=None) -> profile.ProfileReport:
+def bench_small_dispatch(loops=None, backend=None, progress=None, baseline=None):
     """vecadd of 3 x 4 KiB from numpy to numpy: vyre_cuda, the floor and the peers."""
-    return profile.run_profile(sizes=(SMALL,), iterations=loops, peers=True, threads=False,
-                               backend=backend, progress=progress)
+    return profile.run_profile(sizes=(4 * KIB,), iterations=loops, threads=False,
+                               backend=backend, progress=progress, baseline=baseline)
 
 
-def bench_large_dispatch(loops=None, backend=None, progress=None) -> profile.ProfileReport:
-    """vecadd of 3 x 4 MiB: vyre_cuda against the floor's pinned and pageable paths."""
-    return profile.run_profile(sizes=(LARGE,), iterations=loops, peers=True, threads=False,
-                               backend=backend, progress=progress)
+def bench_large_dispatch(loops=None, backend=None, progress=None, baseline=None):
+    """vecadd of 3 x 4 MiB and 3 x 64 MiB: vyre_cuda against the driver's pageable path."""
+    return profile.run_profile(sizes=(4 * MIB, 64 * MIB), iterations=loops, threads=False,
+                               backend=backend, progress=progress, baseline=baseline)
 
 
-def bench_two_threads(loops=None, backend=None, progress=None) -> profile.ProfileReport:
+def bench_bandwidth(loops=None, backend=None, progress=None, baseline=None):
+    """vecadd of 3 x 256 MiB and 3 x 1 GiB: GB/s per direction against the DMA and host
+    memcpy ceilings, numpy and page-locked arrays."""
+    return profile.run_profile(sizes=(256 * MIB, 1 * GIB), iterations=loops, threads=False,
+                               backend=backend, progress=progress, baseline=baseline)
+
+
+def bench_two_threads(loops=None, backend=None, progress=None, baseline=None):
     """Throughput from 1 and 2 Python threads, vyre_cuda against the floor (4 KiB)."""
-    return profile.run_profile(sizes=(SMALL,), iterations=loops, peers=False, threads=True,
-                               backend=backend, progress=progress)
+    return profile.run_profile(sizes=(4 * KIB,), iterations=loops, peers=False, threads=True,
+                               backend=backend, progress=progress, baseline=baseline)
 
 
-def bench_suite(loops=None, sizes=(SMALL, LARGE), warmup=None, device=0, peers=True,
-                threads=True, progress=None) -> profile.ProfileReport:
+def bench_suite(loops=None, sizes=profile.DEFAULT_SIZES, warmup=None, device=0, peers=True,
+                threads=True, progress=None, baseline=None, host_threads=None,
+                backend_options=None) -> profile.ProfileReport:
     """Everything above in one harness run: the figures quoted in README.md."""
     return profile.run_profile(sizes=sizes, iterations=loops, warmup=warmup, peers=peers,
-                               threads=threads, device=device, progress=progress)
+                               threads=threads, device=device, progress=progress,
+                               baseline=baseline, host_threads=host_threads,
+                               backend_options=backend_options)
 
 
 BENCHES = {
     "small": bench_small_dispatch,
     "large": bench_large_dispatch,
+    "bandwidth": bench_bandwidth,
     "threads": bench_two_threads,
 }
 
 
 def _load_write_readme():
-    import importlib.util  # noqa: PLC0415
+    import importlib.util
 
     spec = importlib.util.spec_from_file_location("write_readme", HERE / "write_readme.py")
     module = importlib.util.module_from_spec(spec)
@@ -73,16 +88,23 @@ def _load_write_readme():
     return module
 
 
-def main(argv=None) -> int:
+def _parser():
     parser = argparse.ArgumentParser(prog="bench_dispatch.py", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT,
                         help=f"JSON result file (default {DEFAULT_OUT.relative_to(HERE.parent)})")
-    parser.add_argument("--sizes", type=profile._sizes_arg, default=(SMALL, LARGE),
-                        help="bytes per buffer (default 4KiB,4MiB)")
-    parser.add_argument("--iterations", type=int, default=None,
-                        help="timed dispatches per system and size (default: the harness's)")
-    parser.add_argument("--warmup", type=int, default=None)
-    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--sizes", type=profile_cli.sizes_arg, default=profile.DEFAULT_SIZES,
+                        help="bytes per buffer (default 4KiB,4MiB,64MiB,256MiB,1GiB)")
+    parser.add_argument("--iterations", type=profile_cli.count_arg(1), default=None,
+                        help="timed samples per system and size (default: scaled with the size)")
+    parser.add_argument("--warmup", type=profile_cli.count_arg(0), default=None)
+    parser.add_argument("--device", type=profile_cli.count_arg(0), default=0)
+    parser.add_argument("--host-threads", type=profile_cli.count_arg(1), default=None,
+                        help="threads of the N-thread host memcpy ceiling")
+    parser.add_argument("--baseline", type=pathlib.Path, default=None,
+                        help="stored result for the no-regression target (default "
+                             f"{DEFAULT_BASELINE.relative_to(HERE.parent)} when it exists)")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="compare with no stored result")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--no-threads", action="store_true")
     parser.add_argument("--only", choices=sorted(BENCHES),
@@ -91,17 +113,30 @@ def main(argv=None) -> int:
     parser.add_argument("--readme", action="store_true",
                         help="regenerate the results section of benchmarks/README.md")
     parser.add_argument("--strict", action="store_true",
-                        help="exit with status 3 when a target of issue 4 is missed")
+                        help="exit with status 3 when a target is missed")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.only and args.readme:
         parser.error("--readme quotes the whole suite; drop --only")
-    progress = profile._ProgressLine()
+    baseline = None
+    if not args.no_baseline:
+        baseline = args.baseline
+        if baseline is None and DEFAULT_BASELINE.is_file():
+            baseline = DEFAULT_BASELINE
+    progress = profile_cli.ProgressLine()
     try:
+        if args.plot is not None:
+            require_matplotlib()  # fail before a long run, not after it
         if args.only:
-            report = BENCHES[args.only](args.iterations, progress=progress)
+            report = BENCHES[args.only](args.iterations, progress=progress, baseline=baseline)
         else:
             report = bench_suite(args.iterations, args.sizes, args.warmup, args.device,
-                                 not args.no_peers, not args.no_threads, progress)
+                                 not args.no_peers, not args.no_threads, progress, baseline,
+                                 args.host_threads)
     except BackendError as exc:
         progress.done()
         print(f"bench_dispatch: {type(exc).__name__}: {exc}", file=sys.stderr)

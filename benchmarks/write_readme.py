@@ -17,7 +17,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(HERE.parent))
 
-from vyre_cuda.profile import ProfileReport, _driver_text  # noqa: E402
+from vyre_cuda.profile import ProfileReport, format_size  # noqa: E402
+from vyre_cuda.profile.systems import label, order  # noqa: E402
+from vyre_cuda.profile.table import driver_text, target_status, target_value  # noqa: E402
 
 README = HERE / "README.md"
 BEGIN = (
@@ -25,37 +27,114 @@ BEGIN = (
 )
 END = "<!-- results:end -->"
 
+# columns of the round-trip table: key, heading
+_ROUND_TRIP = (
+    ("vyre.dispatch", "vyre_cuda, numpy"),
+    ("vyre.dispatch_into", "vyre_cuda `dispatch_into`, numpy"),
+    ("vyre.pinned", "vyre_cuda, page-locked"),
+    ("floor.pinned", "floor, pinned staging"),
+    ("floor.pageable", "driver's pageable path"),
+    ("peer.cuda_bindings", "cuda.bindings"),
+    ("peer.cupy", "CuPy"),
+    ("peer.torch", "PyTorch"),
+)
+
 
 def _status(target) -> str:
-    met = target.met
-    if met is None:
-        return "reported"
-    return "met" if met else "**missed**"
+    status = target_status(target)
+    return "**missed**" if status == "MISSED" else status
+
+
+def _time(ns) -> str:
+    if ns is None:
+        return "-"
+    if ns >= 10_000_000:
+        return f"{ns / 1e6:,.0f} ms"
+    if ns >= 1_000_000:
+        return f"{ns / 1e6:,.2f} ms"
+    return f"{ns / 1e3:,.1f} us"
+
+
+def _cell(s, key) -> str:
+    ns = s.median(key)
+    if ns is None:
+        return "-"
+    gb = s.gbps(key)
+    return _time(ns) if gb is None else f"{_time(ns)} ({gb:.1f} GB/s)"
+
+
+def _gb(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _round_trip_table(report) -> list:
+    cols = [(k, h) for k, h in _ROUND_TRIP if any(k in s.systems for s in report.sizes)]
+    lines = [
+        ("Median time of one round trip (vecadd: 2 inputs in, 1 output out, per buffer size), "
+         "with its effective GB/s = (input + output bytes) / time:"),
+        "",
+        "| per buffer | " + " | ".join(h for _, h in cols) + " |",
+        "|---" * (len(cols) + 1) + "|",
+    ]
+    for s in report.sizes:
+        lines.append(f"| {format_size(s.nbytes)} | "
+                     + " | ".join(_cell(s, k) for k, _ in cols) + " |")
+    return lines
+
+
+def _ceiling_table(report) -> list:
+    keys = sorted({k for s in report.sizes for k in s.systems if k.startswith("ceiling.")},
+                  key=order)
+    if not keys:
+        return []
+    lines = [
+        ("GB/s per direction: vyre_cuda from numpy arrays (stage clocks: inputs / upload, output "
+         "/ readback) against the ceilings measured in the same run:"),
+        "",
+        "| per buffer | vyre_cuda H2D | vyre_cuda D2H | "
+        + " | ".join(label(k).replace(" ceiling", "") for k in keys) + " |",
+        "|---" * (len(keys) + 3) + "|",
+    ]
+    for s in report.sizes:
+        lines.append(
+            f"| {format_size(s.nbytes)} | {_gb(s.direction_gbps('h2d'))} | "
+            f"{_gb(s.direction_gbps('d2h'))} | " + " | ".join(_gb(s.gbps(k)) for k in keys)
+            + " |")
+    return lines
 
 
 def render_results(report: ProfileReport, source=None) -> str:
-    """The Markdown of the results section: where and when, the targets, the harness table."""
+    """The Markdown of the results section: where and when, the targets, the summary tables
+    and the harness table."""
     m = report.meta
     cc = m.get("cc") or ["?", "?"]
     release = f" ({m['driver_release']})" if m.get("driver_release") else ""
     lines = [
-        f"Measured {m.get('date', '?')} on **{m.get('device_name', '?')}** (cc {cc[0]}.{cc[1]}), "
-        f"CUDA driver {_driver_text(m.get('driver_version'))}{release}, commit "
-        f"`{m.get('commit') or 'unknown'}`, vyre_cuda {m.get('vyre_cuda_version', '?')}, "
-        f"Python {m.get('python', '?')}, numpy {m.get('numpy', '?')}, cuda-bindings "
-        f"{m.get('cuda_bindings', '?')}.",
+        (f"Measured {m.get('date', '?')} on **{m.get('device_name', '?')}** (cc {cc[0]}.{cc[1]}), "
+         f"CUDA driver {driver_text(m.get('driver_version'))}{release}, commit "
+         f"`{m.get('commit') or 'unknown'}`, vyre_cuda {m.get('vyre_cuda_version', '?')}, "
+         f"Python {m.get('python', '?')}, numpy {m.get('numpy', '?')}, cuda-bindings "
+         f"{m.get('cuda_bindings', '?')}."),
     ]
     peers = {k: v for k, v in (m.get("peers") or {}).items() if v}
     if peers:
         lines[0] += " Peers: " + ", ".join(f"{k} {v}" for k, v in sorted(peers.items())) + "."
+    base = m.get("baseline")
+    if base:
+        lines[0] += (f" Baseline for the no-regression target: commit "
+                     f"`{base.get('commit') or '?'}` ({base.get('date', '?')}).")
     if source is not None:
         lines.append(f"Source: `{_relative(source)}`.")
     if report.targets:
         lines += ["", "| target | value | limit | status |", "|---|---|---|---|"]
         for t in report.targets:
-            value = "-" if t.value is None else f"{t.value:.2f}"
-            limit = "-" if t.op == "report" else f"{t.op} {t.limit}"
-            lines.append(f"| {t.description} | {value} | {limit} | {_status(t)} |")
+            limit = "-" if t.op == "report" else f"{t.op} {t.limit:g}"
+            lines.append(f"| {t.description} | {target_value(t)} | {limit} | {_status(t)} |")
+    if report.sizes:
+        lines += [""] + _round_trip_table(report)
+        ceilings = _ceiling_table(report)
+        if ceilings:
+            lines += [""] + ceilings
     lines += ["", "```text", report.format_table().rstrip("\n"), "```"]
     return "\n".join(lines) + "\n"
 
@@ -99,7 +178,7 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="do not write; exit 1 when the README differs from the result")
     args = parser.parse_args(argv)
-    report = ProfileReport.from_json(args.result.read_text())
+    report = ProfileReport.load(args.result)
     if args.check:
         current = args.readme.read_text()
         return 0 if replace_section(current, render_results(report, args.result)) == current else 1

@@ -1,22 +1,21 @@
-"""The profiling harness without a GPU: statistics, parsing, report formats, CLI, and the run's
-orchestration on a fake backend and a fake floor."""
+"""The profiling harness without a GPU: statistics, sizes, series, the report, its targets, its
+table, its JSON and its plot. (The run itself, on fakes, and the CLI: test_profile_run.py.)"""
 
-import argparse
-import io
 import json
+import pathlib
 import re
-import sys
-import threading
-import time
-import types
 
 import numpy as np
 import pytest
 
-import vyre_cuda
 from vyre_cuda import profile as P
-from vyre_cuda.errors import BackendError, UnsupportedFeature, ValidationError
-from vyre_cuda.program import BindingRole, BufferDecl
+from vyre_cuda.errors import UnsupportedFeature, ValidationError
+from vyre_cuda.profile import engine, systems, table, targets
+from vyre_cuda.program import BindingRole
+
+KIB, MIB, GIB = 1024, 1 << 20, 1 << 30
+STAGES = P.STAGE_NAMES
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _fix_line(exc):
@@ -67,7 +66,7 @@ def test_summarize():
     assert P.Summary.from_dict(s.to_dict()) == s
 
 
-def test_ratio_gain_throughput():
+def test_ratio_gain_throughput_gbps():
     assert P.ratio(115.0, 100.0) == pytest.approx(1.15)
     assert P.ratio(None, 1.0) is None
     assert P.ratio(1.0, None) is None
@@ -78,6 +77,10 @@ def test_ratio_gain_throughput():
     assert P.throughput(1, 20_000) == pytest.approx(50_000.0)
     with pytest.raises(ValueError):
         P.throughput(1, 0)
+    # 256 MiB in 4.88 ms is 55 GB/s (10**9 bytes per second)
+    assert P.gbps(256 * MIB, 4_880_000) == pytest.approx(268_435_456 / 4_880_000)
+    assert P.gbps(1_000_000_000, 1_000_000_000) == pytest.approx(1.0)
+    assert P.gbps(None, 10) is None and P.gbps(10, None) is None and P.gbps(10, 0) is None
 
 
 # -- sizes -----------------------------------------------------------------------------------
@@ -85,15 +88,16 @@ def test_ratio_gain_throughput():
     "text, expected",
     [
         ("4096", 4096), ("4K", 4096), ("4k", 4096), ("4KiB", 4096), ("4kib", 4096),
-        ("4M", 4 << 20), ("4MiB", 4 << 20), ("1G", 1 << 30), ("12B", 12), (" 8 KiB ", 8192),
-        (4096, 4096), (np.int64(64), 64),
+        ("4M", 4 << 20), ("4MiB", 4 << 20), ("1G", GIB), ("1GiB", GIB), ("2gib", 2 * GIB),
+        ("12B", 12), (" 8 KiB ", 8192), (4096, 4096), (np.int64(64), 64),
     ],
 )
 def test_parse_size(text, expected):
     assert P.parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "K", "4KB", "4 MB", "-4K", "4.5K", "0", "0K", "four", "4T"])
+@pytest.mark.parametrize("text", ["", "K", "4KB", "4 MB", "-4K", "4.5K", "0", "0K", "four", "4T",
+                                  "1GB", True])
 def test_parse_size_errors_have_fix(text):
     with pytest.raises(ValidationError) as err:
         P.parse_size(text)
@@ -103,7 +107,7 @@ def test_parse_size_errors_have_fix(text):
 def test_parse_sizes_list_dedup_order():
     assert P.parse_sizes("4KiB,4MiB") == (4096, 4 << 20)
     assert P.parse_sizes("4MiB, 4K ,4096,") == (4 << 20, 4096)
-    assert P.parse_sizes([4096, "8K"]) == (4096, 8192)
+    assert P.parse_sizes([4096, "8K", "1GiB"]) == (4096, 8192, GIB)
     with pytest.raises(ValidationError):
         P.parse_sizes(" , ")
     with pytest.raises(ValidationError):
@@ -113,9 +117,16 @@ def test_parse_sizes_list_dedup_order():
 def test_format_size():
     assert P.format_size(4096) == "4 KiB"
     assert P.format_size(4 << 20) == "4 MiB"
+    assert P.format_size(256 << 20) == "256 MiB"
+    assert P.format_size(GIB) == "1 GiB"
+    assert P.format_size(1536 * MIB) == "1536 MiB"
     assert P.format_size(6144) == "6 KiB"
     assert P.format_size(1000) == "1000 B"
     assert P.format_size(1536 * 1024 + 4) == f"{1536 * 1024 + 4} B"
+
+
+def test_default_sizes_cover_4kib_to_1gib():
+    assert P.DEFAULT_SIZES == (4 * KIB, 4 * MIB, 64 * MIB, 256 * MIB, GIB)
 
 
 # -- buffer specs ----------------------------------------------------------------------------
@@ -133,17 +144,9 @@ def test_parse_buffer_spec_roles_and_bindings():
 @pytest.mark.parametrize(
     "spec",
     [
-        "",
-        "   ",
-        "a:f32",
-        "a:f32:in:4,out:f32:out",
-        "a:f99:in,out:f32:out",
-        "a:f32:input,out:f32:out",
-        "1a:f32:in,out:f32:out",
-        ":f32:in,out:f32:out",
-        "a:f32:in,a:f32:out",
-        "a:f32:in,b:f32:in",
-        "a:f32:in,,out:f32:out",
+        "", "   ", "a:f32", "a:f32:in:4,out:f32:out", "a:f99:in,out:f32:out",
+        "a:f32:input,out:f32:out", "1a:f32:in,out:f32:out", ":f32:in,out:f32:out",
+        "a:f32:in,a:f32:out", "a:f32:in,b:f32:in", "a:f32:in,,out:f32:out",
     ],
 )
 def test_parse_buffer_spec_errors(spec):
@@ -180,215 +183,344 @@ def test_load_user_program_errors(tmp_path):
         P.load_user_program(tmp_path / "k.cu", "k", None)
 
 
-# -- engine pieces ---------------------------------------------------------------------------
-STAGES = P.STAGE_NAMES
+# -- series ----------------------------------------------------------------------------------
+def test_series_labels_traffic_and_order():
+    assert systems.label("ceiling.copy_in.1") == "memcpy ceiling: pageable -> pinned, 1 thread"
+    assert systems.label("ceiling.copy_out.16") == (
+        "memcpy ceiling: pinned -> pageable, 16 threads")
+    assert systems.label("vyre.pinned") == "vyre_cuda dispatch_into, page-locked"
+    assert systems.label("something.new") == "something.new"
+    assert systems.copy_key("in", 8) == "ceiling.copy_in.8"
+    kinds = {k: systems.traffic_kind(k) for k in (
+        "vyre.dispatch", "floor.pageable", "ceiling.dma_h2d", "ceiling.dma_d2h",
+        "ceiling.copy_in.4", "ceiling.copy_out.4", "vyre.async_enqueue", "floor.launch_only",
+        "unknown")}
+    assert kinds == {
+        "vyre.dispatch": "full", "floor.pageable": "full", "ceiling.dma_h2d": "in",
+        "ceiling.dma_d2h": "out", "ceiling.copy_in.4": "in", "ceiling.copy_out.4": "out",
+        "vyre.async_enqueue": None, "floor.launch_only": None, "unknown": None}
+    keys = ["peer.cupy", "vyre.dispatch", "ceiling.copy_out.8", "zzz", "ceiling.copy_in.8",
+            "ceiling.copy_in.1", "floor.pinned", "ceiling.dma_h2d"]
+    assert sorted(keys, key=systems.order) == [
+        "floor.pinned", "ceiling.dma_h2d", "ceiling.copy_in.1", "ceiling.copy_in.8",
+        "ceiling.copy_out.8", "vyre.dispatch", "peer.cupy", "zzz"]
+    assert systems.reference("vyre.async_enqueue") == "floor.pinned_enqueue"
+    assert systems.reference("ceiling.dma_h2d") is None
 
 
-def test_assemble_stages_unattributed_and_coverage():
-    walls = [100, 110, 120, 130]
-    stage_rows = []
-    for _ in walls:
-        row = [0] * len(STAGES)
-        row[0], row[-1] = 40, 50  # 90 attributed per dispatch
-        stage_rows.append(tuple(row))
-    samples = {
-        "vyre.dispatch_profiled": walls,
-        "_stages": stage_rows,
-        "floor.pinned": [80, 80, 80],
-    }
-    r = P._assemble(4096, 1024, 4, samples, STAGES, {"cupy": "not installed"})
-    assert set(r.systems) == {"vyre.dispatch_profiled", "floor.pinned"}  # "_" keys are raw data
-    assert r.stages[STAGES[0]].median == 40
-    assert r.stages[STAGES[-1]].median == 50
-    assert r.stages[STAGES[1]].median == 0
-    assert r.stages[P.UNATTRIBUTED].median == pytest.approx(25.0)  # 10, 20, 30, 40
-    assert r.attributed.median == 90
-    assert r.wall == pytest.approx(115.0)
-    assert r.coverage == pytest.approx(90 / 115)
-    assert r.skipped == {"cupy": "not installed"}
-    # The sum of stage medians plus the unattributed median equals the wall median here.
-    total = sum(r.stages[n].median for n in list(STAGES) + [P.UNATTRIBUTED])
-    assert total == pytest.approx(r.wall)
-
-
-def test_assemble_rejects_misaligned_stage_data():
-    with pytest.raises(ValueError):
-        P._assemble(4096, 1024, 2, {"vyre.dispatch_profiled": [1, 2], "_stages": [(0,) * 11]},
-                    STAGES, {})
-    with pytest.raises(ValueError):
-        P._assemble(4096, 1024, 1, {"vyre.dispatch_profiled": [1], "_stages": [(0, 0)]},
-                    STAGES, {})
-
-
-class _Recorder:
-    def __init__(self, name, log, key, value=1, unit_scale=1, fail_at=None, ok=True, group=None):
-        self.calls = []
-        self.log = log
-        self.key = key
-        self.value = value
-        self.fail_at = fail_at
-        self.runner = P._Runner(name, self, (lambda: ok), unit_scale, group)
-
-    def __call__(self, count):
-        self.calls.append(count)
-        self.log.append(self.runner.name)
-        if self.fail_at is not None and len(self.calls) == self.fail_at:
-            raise RuntimeError("peer broke")
-        return {self.key: [self.value] * count}
-
-
-def test_run_rounds_interleaves_and_splits_counts():
-    log = []
-    a = _Recorder("A", log, "a", 1)
-    b = _Recorder("B", log, "b", 2)
-    c = _Recorder("C", log, "c", 3, unit_scale=10)
-    seen = []
-    samples = P._run_rounds([a.runner, b.runner, c.runner], 23, 5, 4,
-                            progress=lambda label, f: seen.append(f))
-    assert log == ["A", "B", "C"] + ["A", "B", "C"] * 4  # warm-up, then rounds in turn
-    assert a.calls == [5, 6, 6, 6, 5] and sum(a.calls[1:]) == 23
-    assert len(samples["a"]) == 23 and len(samples["b"]) == 23
-    assert c.calls[0] == 1 and all(n == 1 for n in c.calls[1:])  # ceil(6 / 10) batches
-    assert set(samples) == {"a", "b", "c"}
-    assert seen == sorted(seen) and seen[-1] == pytest.approx(1.0)
-
-
-def test_run_rounds_always_verifies_once_even_without_warmup():
-    log = []
-    a = _Recorder("A", log, "a")
-    P._run_rounds([a.runner], 3, 0, 3)
-    assert a.calls == [1, 1, 1, 1]
-
-
-def test_run_rounds_wrong_result_raises_for_vyre_and_floor():
-    bad = _Recorder("vyre", [], "v", ok=False)
-    with pytest.raises(P.WrongResult):
-        P._run_rounds([bad.runner], 4, 1, 2)
-
-
-def test_run_rounds_drops_a_failing_peer_group_only():
-    log = []
-    floor = _Recorder("floor", log, "floor.pinned")
-    full = _Recorder("peer cupy", log, "peer.cupy", fail_at=3, group="cupy")
-    launch = _Recorder("peer cupy launch", log, "peer.cupy.launch_only", group="cupy")
-    wrong = _Recorder("peer torch", log, "peer.torch", ok=False, group="torch")
-    failed = {}
-    samples = P._run_rounds([floor.runner, full.runner, launch.runner, wrong.runner], 9, 1, 3,
-                            failed=failed)
-    assert set(samples) == {"floor.pinned"}
-    assert len(samples["floor.pinned"]) == 9
-    assert failed["cupy"].startswith("failed: RuntimeError: peer broke")
-    assert failed["torch"].startswith("failed: WrongResult")
-    assert len(launch.calls) == 2  # warm-up and round 1, then dropped with its group
-
-
-def test_run_rounds_non_peer_failure_propagates():
-    broken = _Recorder("floor", [], "f", fail_at=2)
-    with pytest.raises(RuntimeError):
-        P._run_rounds([broken.runner], 4, 1, 2)
-
-
-# -- report formats --------------------------------------------------------------------------
+# -- a synthetic run -------------------------------------------------------------------------
 def _summary(median, spread=0.1, n=1000):
     return P.Summary(n, float(median), median * (1 - spread), median * (1 + spread))
 
 
-def _synthetic_report():
-    small = P.SizeResult(4096, 1024, 2000, skipped={"torch": "torch is not installed"})
-    small.systems = {
-        "floor.pinned": _summary(17_100),
-        "floor.pinned_enqueue": _summary(9_700),
-        "floor.pageable": _summary(20_700),
-        "floor.launch_only": _summary(3_500),
-        "vyre.dispatch": _summary(18_000),
-        "vyre.dispatch_profiled": _summary(18_500),
-        "vyre.async_enqueue": _summary(10_000),
-        "vyre.async_total": _summary(18_200),
-        "peer.cupy": _summary(54_300),
-        "peer.cuda_bindings": _summary(24_000),
-    }
-    per = 18_000 / len(STAGES)
-    small.stages = {name: _summary(per) for name in STAGES}
-    small.stages[P.UNATTRIBUTED] = _summary(500)
-    small.attributed = _summary(18_000)
-    large = P.SizeResult(4 << 20, 1 << 20, 476)
-    large.systems = {
-        "floor.pinned": _summary(1_350_000),
-        "floor.pinned_enqueue": _summary(700_000),
-        "floor.pageable": _summary(1_000_000),
-        "vyre.dispatch": _summary(1_300_000),
-        "vyre.dispatch_profiled": _summary(1_300_000),
-        "vyre.async_enqueue": _summary(900_000),
-    }
+def _size(nbytes, systems_ns, stages_per=None, upload=None, readback=None, telemetry=None,
+          skipped=None):
+    s = P.SizeResult(nbytes, nbytes // 4, 100, skipped=dict(skipped or {}))
+    s.systems = {k: _summary(v) for k, v in systems_ns.items()}
+    if stages_per is not None:
+        s.stages = {name: _summary(stages_per) for name in STAGES}
+        s.stages[P.UNATTRIBUTED] = _summary(stages_per / 20)
+        s.attributed = _summary(stages_per * len(STAGES))
+    if upload is not None:
+        s.directions = {"h2d": _summary(upload), "d2h": _summary(readback)}
+    s.moved = {"floor": (2 * nbytes, nbytes), "vyre": (2 * nbytes, nbytes)}
+    s.telemetry = dict(telemetry or {})
+    return s
+
+
+def _synthetic_sizes():
+    small = _size(4 * KIB, {
+        "floor.pinned": 17_100, "floor.pinned_enqueue": 9_700, "floor.pageable": 20_700,
+        "floor.launch_only": 3_500, "ceiling.dma_h2d": 6_000, "ceiling.dma_d2h": 4_000,
+        "ceiling.copy_in.1": 800, "ceiling.copy_in.16": 9_000, "ceiling.copy_out.1": 400,
+        "vyre.dispatch": 18_000, "vyre.dispatch_profiled": 18_500, "vyre.dispatch_into": 17_500,
+        "vyre.pinned": 16_000, "vyre.async_enqueue": 10_000, "vyre.async_total": 18_200,
+        "peer.cupy": 54_300, "peer.cuda_bindings": 24_000,
+    }, stages_per=18_000 / len(STAGES), upload=4_000, readback=1_000,
+        telemetry={"dispatches": 500, "pinned_alloc_calls": 0, "device_alloc_calls": 0},
+        skipped={"torch": "torch is not installed"})
+    four = _size(4 * MIB, {
+        "floor.pinned": 1_350_000, "floor.pinned_enqueue": 700_000, "floor.pageable": 1_000_000,
+        "vyre.dispatch": 450_000, "vyre.async_enqueue": 900_000,
+    }, telemetry={"dispatches": 400, "pinned_pool_misses": 4, "device_pool_misses": 0})
+    sixty_four = _size(64 * MIB, {
+        "floor.pinned": 30_000_000, "floor.pinned_enqueue": 20_000_000,
+        "floor.pageable": 23_300_000, "vyre.dispatch": 9_000_000,
+        "vyre.async_enqueue": 6_000_000,
+    })
+    big = _size(256 * MIB, {
+        "floor.pinned": 120_000_000, "floor.pinned_enqueue": 60_000_000,
+        "floor.pageable": 95_000_000, "ceiling.dma_h2d": 9_760_000,
+        "ceiling.dma_d2h": 4_880_000, "ceiling.copy_in.1": 57_000_000,
+        "ceiling.copy_in.16": 15_300_000, "ceiling.copy_out.1": 26_300_000,
+        "ceiling.copy_out.16": 5_800_000, "vyre.dispatch": 36_000_000,
+        "vyre.dispatch_profiled": 36_000_000, "vyre.pinned": 16_000_000,
+        "vyre.async_enqueue": 20_000_000,
+    }, stages_per=36_000_000 / len(STAGES), upload=20_000_000, readback=12_000_000,
+        telemetry={"dispatches": 40, "pinned_alloc_calls": 0, "device_alloc_calls": 0,
+                   "ring_bytes": 64 * MIB, "ring_chunks": 120, "copy_threads_live": 4,
+                   "staged_h2d_bytes": 40 * 512 * MIB, "direct_h2d_bytes": 512 * MIB,
+                   "staged_d2h_bytes": 40 * 256 * MIB, "direct_d2h_bytes": 0})
+    return [small, four, sixty_four, big]
+
+
+META = {
+    "date": "2026-11-30T12:00:00+00:00", "device": 0, "device_name": "NVIDIA H200",
+    "cc": [9, 0], "driver_version": 13000, "driver_release": "580.159.04",
+    "vyre_cuda_version": "0.1.0", "commit": "abc123def456", "python": "3.12.3",
+    "rounds": 5, "program": "vecadd_f32 (built-in)", "host_threads": [1, 16], "cpu_count": 16,
+}
+
+
+def _synthetic_report(baseline=None):
+    sizes = _synthetic_sizes()
     threads = P.ThreadScaling(4096, 2, 2000, vyre={1: 50_000.0, 2: 75_000.0},
                               floor={1: 58_000.0, 2: 100_000.0})
-    meta = {
-        "date": "2026-11-30T12:00:00+00:00", "device": 0, "device_name": "NVIDIA H200",
-        "cc": [9, 0], "driver_version": 13000, "driver_release": "580.159.04",
-        "vyre_cuda_version": "0.1.0", "commit": "abc123def456", "python": "3.12.3",
-        "rounds": 5, "program": "vecadd_f32 (built-in)",
-    }
-    sizes = [small, large]
-    return P.ProfileReport(meta, sizes, threads, P.evaluate_targets(sizes, threads), STAGES)
+    return P.ProfileReport(dict(META), sizes, threads,
+                           P.evaluate_targets(sizes, threads, baseline=baseline), STAGES)
 
 
-def test_evaluate_targets():
-    report = _synthetic_report()
-    t = {(x.key, x.size_bytes): x for x in report.targets}
-    small = t[("vyre_vs_floor", 4096)]
+def _baseline(vyre_small=17_000.0, floor_small=17_000.0):
+    small = _size(4 * KIB, {"vyre.dispatch": vyre_small, "floor.pinned": floor_small})
+    return P.ProfileReport(dict(META, commit="old0"), [small])
+
+
+def test_size_result_gbps_per_kind():
+    big = _synthetic_sizes()[3]
+    n = 256 * MIB
+    assert big.traffic("vyre.dispatch") == 3 * n
+    assert big.traffic("ceiling.dma_h2d") == 2 * n and big.traffic("ceiling.dma_d2h") == n
+    assert big.traffic("ceiling.copy_in.16") == 2 * n and big.traffic("ceiling.copy_out.1") == n
+    assert big.traffic("vyre.async_enqueue") is None
+    assert big.gbps("vyre.dispatch") == pytest.approx(3 * n / 36_000_000)
+    assert big.gbps("ceiling.dma_h2d") == pytest.approx(2 * n / 9_760_000)  # ~55 GB/s
+    assert big.gbps("ceiling.copy_out.16") == pytest.approx(n / 5_800_000)
+    assert big.gbps("vyre.async_enqueue") is None and big.gbps("peer.torch") is None
+    assert big.direction_gbps("h2d") == pytest.approx(2 * n / 20_000_000)
+    assert big.direction_gbps("d2h") == pytest.approx(n / 12_000_000)
+    assert _synthetic_sizes()[1].direction_gbps("h2d") is None  # no stage attribution
+
+
+def test_size_result_traffic_of_a_user_program_and_of_old_results():
+    s = _size(4 * KIB, {"vyre.dispatch": 1_000, "floor.pinned": 1_000})
+    s.moved = {"floor": (8192, 4096), "vyre": (4096, 4096)}  # one input, one output
+    assert s.traffic("vyre.dispatch") == 8192 and s.traffic("floor.pinned") == 12288
+    s.moved = {}  # results written before bytes were recorded: vecadd's
+    assert s.traffic("vyre.dispatch") == 3 * 4096
+
+
+def test_allocations_per_dispatch():
+    small, four, sixty_four, _ = _synthetic_sizes()
+    assert small.allocations_per_dispatch("pinned") == 0.0
+    assert four.allocations_per_dispatch("pinned") == pytest.approx(0.01)  # pool misses
+    assert four.allocations_per_dispatch("device") == 0.0
+    assert sixty_four.allocations_per_dispatch("pinned") is None  # no telemetry
+
+
+def _stage_row(**ns):
+    return tuple(ns.get(name, 0) for name in STAGES)
+
+
+def test_assemble_stages_unattributed_coverage_and_directions():
+    walls = [100, 110, 120, 130]
+    stage_rows = [
+        _stage_row(plan_lookup=40, staging_memcpy=k, h2d_enqueue=2 * k, readback_enqueue=3,
+                   copy_out=4 + k, release=50)
+        for k in range(4)
+    ]
+    samples = {"vyre.dispatch_profiled": walls, "_stages": stage_rows, "floor.pinned": [80] * 3}
+    r = engine.assemble(4096, 1024, 4, samples, STAGES, {"cupy": "not installed"})
+    assert set(r.systems) == {"vyre.dispatch_profiled", "floor.pinned"}  # "_" keys are raw
+    assert r.stages["plan_lookup"].median == 40
+    assert r.stages["release"].median == 50
+    assert r.stages["clears"].median == 0
+    sums = [97 + 4 * k for k in range(4)]  # 40 + 3k + 3 + 4 + k + 50
+    assert r.attributed.median == P.median(sums)
+    assert r.stages[P.UNATTRIBUTED].median == P.median([w - t for w, t in zip(walls, sums)])
+    assert r.wall == pytest.approx(115.0)
+    assert r.coverage == pytest.approx(P.median(sums) / 115)
+    # upload = staging_memcpy + h2d_enqueue, readback = readback_enqueue + copy_out, per
+    # dispatch, then the median
+    assert r.directions["h2d"].median == P.median([3 * k for k in range(4)])
+    assert r.directions["d2h"].median == P.median([7 + k for k in range(4)])
+    assert r.skipped == {"cupy": "not installed"}
+
+
+def test_assemble_rejects_misaligned_stage_data():
+    with pytest.raises(ValueError):
+        engine.assemble(4096, 1024, 2, {"vyre.dispatch_profiled": [1, 2],
+                                        "_stages": [(0,) * 11]}, STAGES, {})
+    with pytest.raises(ValueError):
+        engine.assemble(4096, 1024, 1, {"vyre.dispatch_profiled": [1], "_stages": [(0, 0)]},
+                        STAGES, {})
+
+
+def test_assemble_without_the_direction_stages_skips_directions():
+    names = ("plan_lookup", "wait")
+    r = engine.assemble(4096, 1024, 1, {"vyre.dispatch_profiled": [10],
+                                        "_stages": [(4, 5)]}, names, {})
+    assert r.directions == {} and r.attributed.median == 9
+
+
+# -- targets ---------------------------------------------------------------------------------
+def _targets(report):
+    return {(t.key, t.size_bytes): t for t in report.targets}
+
+
+def test_targets_small_sizes():
+    t = _targets(_synthetic_report(_baseline(17_000.0, 17_000.0)))
+    small = t[("vyre_vs_floor", 4 * KIB)]
     assert small.value == pytest.approx(18_000 / 17_100) and small.limit == 1.15 and small.met
-    cupy = t[("cupy_vs_vyre", 4096)]
+    # no regression: (18000 / 17100) now over (17000 / 17000) then = 1.053 > 1.05
+    reg = t[("no_regression", 4 * KIB)]
+    assert reg.value == pytest.approx((18_000 / 17_100) / 1.0) and reg.met is False
+    cupy = t[("cupy_vs_vyre", 4 * KIB)]
     assert cupy.value == pytest.approx(54_300 / 18_000) and cupy.met
-    assert ("torch_vs_vyre", 4096) not in t  # not measured, no target
-    assert t[("async_enqueue_vs_floor_enqueue", 4096)].met  # 10.0 / 9.7
-    large = t[("vyre_vs_floor", 4 << 20)]
-    assert large.value == pytest.approx(1_300_000 / 1_350_000) and large.met
-    async_large = t[("async_enqueue_vs_floor_enqueue", 4 << 20)]
-    assert async_large.value == pytest.approx(900 / 700) and async_large.met is False
-    pageable = t[("vyre_vs_floor_pageable", 4 << 20)]
-    assert pageable.op == "report" and pageable.met is None
-    assert pageable.value == pytest.approx(1.3)
+    assert ("torch_vs_vyre", 4 * KIB) not in t  # not measured, no target
+    assert ("no_regression", 4 * MIB) not in t  # small sizes only
+    ok = _targets(_synthetic_report(_baseline(18_000.0, 17_000.0)))[("no_regression", 4 * KIB)]
+    assert ok.value == pytest.approx((18_000 / 17_100) / (18_000 / 17_000)) and ok.met
+
+
+def test_no_regression_without_a_baseline_or_without_the_size():
+    t = _targets(_synthetic_report())[("no_regression", 4 * KIB)]
+    assert t.op == "report" and t.value is None and t.met is None
+    assert "--baseline" in t.description
+    other = P.ProfileReport(dict(META), [_size(8 * KIB, {"vyre.dispatch": 1.0,
+                                                         "floor.pinned": 1.0})])
+    t = _targets(_synthetic_report(other))[("no_regression", 4 * KIB)]
+    assert t.value is None and t.met is None and "has no such size" in t.description
+    assert table.target_status(t) == "n/a"
+
+
+def test_targets_against_the_drivers_pageable_path():
+    t = _targets(_synthetic_report())
+    four = t[("vyre_vs_pageable", 4 * MIB)]
+    assert four.value == pytest.approx(0.45) and four.limit == 0.5 and four.met
+    sixty_four = t[("vyre_vs_pageable", 64 * MIB)]
+    assert sixty_four.value == pytest.approx(9.0 / 23.3) and sixty_four.limit == 0.35
+    assert sixty_four.met is False
+    big = t[("vyre_vs_pageable", 256 * MIB)]
+    assert big.op == "report" and big.met is None
+    assert t[("vyre_vs_floor", 4 * MIB)].value == pytest.approx(450 / 1350)
+
+
+def test_targets_bandwidth_per_direction_and_page_locked():
+    t = _targets(_synthetic_report())
+    n = 256 * MIB
+    h2d = t[("numpy_h2d_gbps", n)]
+    assert h2d.value == pytest.approx(2 * n / 20_000_000) and h2d.limit == 25 and h2d.met
+    d2h = t[("numpy_d2h_gbps", n)]
+    assert d2h.value == pytest.approx(n / 12_000_000) and d2h.met is False  # 22.4 GB/s
+    eff = t[("numpy_effective_gbps", n)]
+    assert eff.op == "report" and eff.value == pytest.approx(3 * n / 36_000_000)
+    locked = t[("page_locked_gbps", n)]
+    assert locked.value == pytest.approx(3 * n / 16_000_000) and locked.limit == 45
+    assert locked.met is True and locked.unit == "GB/s"
+    assert not any(k == "numpy_h2d_gbps" and size < n for k, size in t)
+
+
+def test_targets_async_enqueue_allocations_and_threads():
+    t = _targets(_synthetic_report())
+    assert t[("async_enqueue_vs_floor_enqueue", 4 * KIB)].met  # 10.0 / 9.7
+    late = t[("async_enqueue_vs_floor_enqueue", 4 * MIB)]
+    assert late.value == pytest.approx(900 / 700) and late.met is False
+    assert t[("pinned_allocations_per_dispatch", 4 * KIB)].met is True
+    assert t[("pinned_allocations_per_dispatch", 4 * MIB)].met is False  # 4 misses / 400
+    assert t[("device_allocations_per_dispatch", 256 * MIB)].value == 0.0
+    assert ("pinned_allocations_per_dispatch", 64 * MIB) not in t  # no telemetry
     thread = t[("thread_gain_ratio", 4096)]
     assert thread.value == pytest.approx((75 / 50) / (100 / 58)) and thread.met is False
+
+
+def test_targets_only_for_the_builtin_vecadd():
+    report = _synthetic_report()
     assert P.evaluate_targets(report.sizes, report.threads, builtin=False) == []
 
 
-def test_size_result_ratios_and_thread_gains():
-    report = _synthetic_report()
-    small = report.size(4096)
-    assert small.ratio("vyre.dispatch") == pytest.approx(18_000 / 17_100)
-    assert small.ratio("vyre.async_enqueue") == pytest.approx(10_000 / 9_700)
-    assert small.ratio("floor.pageable") == pytest.approx(20_700 / 17_100)
-    assert small.ratio("peer.torch") is None
-    assert small.coverage == pytest.approx(18_000 / 18_500)
-    th = report.threads
-    assert th.vyre_gain == pytest.approx(1.5)
-    assert th.floor_gain == pytest.approx(100 / 58)
-    assert th.gain_ratio == pytest.approx(1.5 / (100 / 58))
-    with pytest.raises(KeyError):
-        report.size(8192)
+def test_targets_say_nothing_about_issue_numbers():
+    report = _synthetic_report(_baseline())
+    text = report.format_table()
+    assert not re.search(r"\bissues?\b", text, re.IGNORECASE)
+    assert not any(re.search(r"\bissues?\b", t.description, re.IGNORECASE)
+                   for t in report.targets)
 
 
-def test_format_table():
+def test_page_locked_target_not_measured_reads_n_a():
+    sizes = _synthetic_sizes()
+    del sizes[3].systems["vyre.pinned"]
+    t = {(x.key, x.size_bytes): x for x in P.evaluate_targets(sizes, None)}
+    locked = t[("page_locked_gbps", 256 * MIB)]
+    assert locked.value is None and locked.met is None
+    assert table.target_status(locked) == "n/a"
+
+
+# -- the table -------------------------------------------------------------------------------
+def _line(lines, start):
+    return next(line for line in lines if line.strip().startswith(start))
+
+
+def test_format_table_header_and_small_size():
     text = _synthetic_report().format_table()
     lines = text.splitlines()
     assert "NVIDIA H200" in lines[0] and "cc 9.0" in lines[0]
     assert "CUDA driver 13.0 (580.159.04)" in lines[0]
     assert "commit abc123def456" in lines[1]
-    row = next(line for line in lines if line.strip().startswith("vyre_cuda dispatch  "))
-    assert row.split()[-4:] == ["18.00", "16.20", "19.80", f"{18_000 / 17_100:.2f}x"]
-    cupy = next(line for line in lines if "CuPy RawKernel, full" in line)
-    assert cupy.split()[-2:] == [f"{54_300 / 17_100:.2f}x", f"{54_300 / 18_000:.2f}x"]
+    assert "host memcpy ceilings on 1 and 16 thread(s)" in text
+    assert "4 KiB per buffer (1,024 float32 elements for the floor, 8 KiB in + 4 KiB out" in text
+    row = _line(lines, "vyre_cuda dispatch, numpy")
+    # median, p10, p90, GB/s, x floor, x pageable
+    assert row.split()[-6:] == ["18.00", "16.20", "19.80", f"{3 * 4096 / 18_000:.2f}",
+                                f"{18_000 / 17_100:.2f}x", f"{18_000 / 20_700:.2f}x"]
+    cupy = _line(lines, "CuPy RawKernel, full")
+    assert cupy.split()[-3:] == [f"{54_300 / 17_100:.2f}x", f"{54_300 / 20_700:.2f}x",
+                                 f"{54_300 / 18_000:.2f}x"]
+    dma = _line(lines, "DMA ceiling: pinned -> device")
+    assert dma.split()[-1] == f"{8192 / 6_000:.2f}"  # GB/s, no ratio columns
     assert any("skipped torch: torch is not installed" in line for line in lines)
-    assert "4 KiB per buffer" in text and "4 MiB per buffer" in text
-    assert "1,350.00" in text  # microseconds with thousands separators
-    unattributed = next(line for line in lines if "unattributed" in line)
-    assert unattributed.split()[-4] == "0.50"
+    unattributed = _line(lines, "unattributed")
+    assert unattributed.split()[-4] == f"{18_000 / len(STAGES) / 20 / 1000:.2f}"
     assert "within 10%: yes" in text
     assert "vyre_cuda gain / floor gain: 0.87" in text
-    assert any(line.strip().startswith("[MISSED]") and "thread" in line for line in lines)
-    assert any(line.strip().startswith("[ met  ]") and "CuPy" in line for line in lines)
+    assert ("allocations in 500 timed vyre_cuda dispatches: pinned 0 (0 per dispatch), "
+            "device 0 (0 per dispatch)") in text
     assert str(_synthetic_report()) == text
+
+
+def test_format_table_large_sizes_in_ms_with_gbps():
+    text = _synthetic_report().format_table()
+    lines = text.splitlines()
+    start = lines.index(next(x for x in lines if x.startswith("256 MiB per buffer")))
+    block = lines[start:start + 40]
+    assert "median ms" in block[1]
+    row = _line(block, "vyre_cuda dispatch, numpy")
+    assert row.split()[-6:-3] == ["36.00", "32.40", "39.60"]
+    assert row.split()[-3] == f"{3 * 256 * MIB / 36e6:.2f}"
+    copy = _line(block, "memcpy ceiling: pinned -> pageable, 16 threads")
+    assert copy.split()[-1] == f"{256 * MIB / 5.8e6:.2f}"
+    per_dir = _line(block, "per direction:")
+    assert f"= H2D {2 * 256 * MIB / 20e6:.2f} GB/s" in per_dir
+    assert f"= D2H {256 * MIB / 12e6:.2f} GB/s" in per_dir
+    assert ("staging ring: 64.0 MiB pinned, 120 windows through it in the timed dispatches; "
+            "4 copy threads") in text
+    assert ("H2D staged 20,480.0 MiB, direct 512.0 MiB; D2H staged 10,240.0 MiB, direct 0.0 "
+            "MiB (all timed dispatches)") in text
+    four = lines[lines.index(next(x for x in lines if x.startswith("4 MiB per buffer"))):]
+    assert "median us" in four[1] and "1,350.00" in four[2]
+    assert ("allocations in 400 timed vyre_cuda dispatches: pinned 4 (0.01 per dispatch), "
+            "device 0 (0 per dispatch) (pool misses: the core does not count allocations)") in text
+
+
+def test_format_table_targets_block():
+    text = _synthetic_report(_baseline()).format_table()
+    lines = text.splitlines()
+    assert "targets (ratios within this run)" in lines
+    assert any(x.strip().startswith("[MISSED]") and "thread" in x for x in lines)
+    assert any(x.strip().startswith("[ met  ]") and "CuPy" in x for x in lines)
+    locked = _line(lines, "[ met  ] 256 MiB: vyre_cuda page-locked")
+    assert locked.endswith(f"{3 * 256 * MIB / 16e6:.2f} GB/s (target >= 45)")
+    assert _line(lines, "[MISSED] 64 MiB: vyre_cuda dispatch / the driver's pageable path") \
+        .endswith("(target <= 0.35)")
 
 
 def test_format_table_flags_poor_stage_coverage():
@@ -397,403 +529,132 @@ def test_format_table_flags_poor_stage_coverage():
     assert "within 10%: NO" in report.format_table()
 
 
+def test_driver_text():
+    assert table.driver_text(13000) == "13.0"
+    assert table.driver_text(12040) == "12.4"
+    assert table.driver_text([13, 0]) == "13.0"
+    assert table.driver_text(None) == "?"
+    assert table.driver_text("r580") == "r580"
+
+
+# -- JSON ------------------------------------------------------------------------------------
 def test_json_round_trip():
-    report = _synthetic_report()
+    report = _synthetic_report(_baseline())
     data = json.loads(report.to_json())
     assert data["schema"] == P.SCHEMA
-    assert data["sizes"][0]["systems"]["vyre.dispatch"]["median_ns"] == 18_000
-    assert data["sizes"][0]["ratios"]["vyre.dispatch"] == pytest.approx(18_000 / 17_100)
-    assert data["sizes"][0]["coverage"] == pytest.approx(18_000 / 18_500)
+    small = data["sizes"][0]
+    assert small["systems"]["vyre.dispatch"]["median_ns"] == 18_000
+    assert small["ratios"]["vyre.dispatch"] == pytest.approx(18_000 / 17_100)
+    assert small["coverage"] == pytest.approx(18_000 / 18_500)
+    assert small["gbps"]["vyre.dispatch"] == pytest.approx(3 * 4096 / 18_000)
+    assert "vyre.async_enqueue" not in small["gbps"]
+    assert small["moved"] == {"floor": [8192, 4096], "vyre": [8192, 4096]}
+    assert small["directions"]["h2d"]["median_ns"] == 4_000
+    assert small["telemetry"]["dispatches"] == 500
     assert data["threads"]["gain_ratio"] == pytest.approx(1.5 / (100 / 58))
     assert any(t["key"] == "thread_gain_ratio" and t["met"] is False for t in data["targets"])
+    assert any(t["unit"] == "GB/s" for t in data["targets"])
     again = P.ProfileReport.from_json(report.to_json())
     assert again.to_dict() == report.to_dict()
     assert again.format_table() == report.format_table()
 
 
-def test_from_dict_refuses_other_json():
-    with pytest.raises(ValidationError) as err:
-        P.ProfileReport.from_dict({"schema": "something else"})
-    assert _fix_line(err.value).startswith("Fix: ")
-
-
-def test_plot_writes_png_or_says_how_to_fix(tmp_path):
-    path = tmp_path / "p.png"
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        with pytest.raises(UnsupportedFeature) as err:
-            _synthetic_report().plot(path)
-        assert "matplotlib" in _fix_line(err.value)
-        assert not path.exists()
-    else:
-        _synthetic_report().plot(path)
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-# -- progress --------------------------------------------------------------------------------
-class _Stream(io.StringIO):
-    def __init__(self, tty):
-        super().__init__()
-        self._tty = tty
-
-    def isatty(self):
-        return self._tty
-
-
-def test_progress_line_quiet_on_short_runs_then_shown():
-    stream = _Stream(tty=True)
-    line = P._ProgressLine(stream, delay=3600)
-    line("4 KiB: floor", 0.5)
-    line.done()
-    assert stream.getvalue() == ""
-    stream = _Stream(tty=True)
-    line = P._ProgressLine(stream, delay=0)
-    line("4 KiB: floor", 0.5)
-    line.done()
-    assert stream.getvalue().startswith("\r[vyre-cuda profile]  50% 4 KiB: floor")
-    assert stream.getvalue().endswith("\r")
-    stream = _Stream(tty=False)
-    line = P._ProgressLine(stream, delay=0, interval=3600)
-    line("a", 0.1)
-    line("b", 0.2)  # rate-limited when not a terminal
-    assert stream.getvalue().count("\n") == 1 and "\r" not in stream.getvalue()
-
-
-# -- CLI -------------------------------------------------------------------------------------
-def _parser():
-    parser = argparse.ArgumentParser(prog="vyre-cuda profile")
-    assert P.add_arguments(parser) is parser
-    return parser
-
-
-def test_cli_defaults():
-    args = _parser().parse_args([])
-    assert args.sizes == (4096, 4 << 20)
-    assert args.iterations is None and args.warmup is None
-    assert args.json is None and args.plot is None
-    assert not args.no_peers and not args.no_threads
-    assert args.kernel is None and args.entry is None and args.buffers is None
-    assert args.device == 0
-
-
-def test_cli_options():
-    args = _parser().parse_args([
-        "--sizes", "8KiB,1M", "--iterations", "50", "--warmup", "0", "--json", "--plot", "x.png",
-        "--no-peers", "--no-threads", "--kernel", "k.cu", "--entry", "k", "--buffers",
-        "a:f32:in,o:f32:out", "--device", "1",
-    ])
-    assert args.sizes == (8192, 1 << 20)
-    assert (args.iterations, args.warmup, args.json, args.plot) == (50, 0, "-", "x.png")
-    assert args.no_peers and args.no_threads
-    assert (args.kernel, args.entry, args.buffers, args.device) == (
-        "k.cu", "k", "a:f32:in,o:f32:out", 1)
-    assert _parser().parse_args(["--json", "out.json"]).json == "out.json"
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [["--sizes", "4KB"], ["--sizes", ""], ["--iterations", "0"], ["--iterations", "x"],
-     ["--warmup", "-1"], ["--device", "-1"], ["--bogus"]],
-)
-def test_cli_rejects_bad_arguments(argv, capsys):
-    with pytest.raises(SystemExit) as err:
-        _parser().parse_args(argv)
-    assert err.value.code == 2
-    if argv[0] == "--sizes" and argv[1]:
-        assert "Fix:" in capsys.readouterr().err
-
-
-def test_cli_main_validation_errors(capsys, tmp_path):
-    parser = _parser()
-    assert P.main(parser.parse_args(["--buffers", "a:f32:in,o:f32:out"])) == 2
-    assert "no --kernel was given" in capsys.readouterr().err
-    assert P.main(parser.parse_args(["--kernel", str(tmp_path / "none.cu"), "--buffers",
-                                     "a:f32:in,o:f32:out"])) == 2
-    err = capsys.readouterr().err
-    assert "ValidationError" in err and "Fix:" in err
-    (tmp_path / "k.cu").write_text("// k")
-    assert P.main(parser.parse_args(["--kernel", str(tmp_path / "k.cu"), "--buffers",
-                                     "a:f32:in"])) == 2
-    assert "declares no output" in capsys.readouterr().err
-
-
-def test_run_profile_validates_before_touching_the_device():
-    with pytest.raises(ValidationError):
-        P.run_profile(sizes=(4098,))
-    with pytest.raises(ValidationError):
-        P.run_profile(sizes=(4096,), iterations=0)
-    with pytest.raises(ValidationError):
-        P.run_profile(sizes=(4096,), warmup=-1)
-    with pytest.raises(ValidationError):
-        P.run_profile(sizes=(4096,), iterations=True)
-
-
-# -- the whole run on a fake backend and a fake floor ----------------------------------------
-class _FakePending:
-    def __init__(self, outs):
-        self._outs = outs
-
-    def result(self):
-        return self._outs
-
-
-def _fake_add(inputs):
-    return [inputs[0] + inputs[1] if len(inputs) > 1 else inputs[0].copy()]
-
-
-class _FakeBackend:
-    device = 0
-    context_handle = 0x1234
-    caps = types.SimpleNamespace(cc=(9, 0), name="Fake GPU", driver_version=13000)
-
-    def __init__(self, device=0):
-        self.closed = False
-        self.dispatches = 0
-        self.threads_seen = set()
-        self.lock = threading.Lock()
-
-    def dispatch(self, program, inputs, config=None):
-        with self.lock:
-            self.dispatches += 1
-            self.threads_seen.add(threading.get_ident())
-        return _fake_add(inputs)
-
-    def _dispatch_profiled(self, program, inputs, config=None, start_ns=0):
-        t0 = time.perf_counter_ns()
-        outs = _fake_add(inputs)
-        spent = time.perf_counter_ns() - t0
-        stages = [spent // len(STAGES)] * len(STAGES)
-        return outs, tuple(stages)
-
-    def dispatch_async(self, program, inputs, config=None):
-        return _FakePending(_fake_add(inputs))
-
-    def close(self):
-        self.closed = True
-
-
-def _fake_floor_module():
-    mod = types.ModuleType("vyre_cuda._floor")
-    mod.FLOOR_ENTRY = "vecadd"
-    mod.FLOOR_SOURCE = "// fake"
-    mod.opened = []
-
-    class FloorKernel:
-        def __init__(self, ctx, image, entry):
-            assert ctx == _FakeBackend.context_handle and image == b"fake\0" and entry == "vecadd"
-            self.closed = False
-
-        def close(self):
-            self.closed = True
-
-    class Floor:
-        def __init__(self, kernel, n):
-            self.n = n
-            self.closed = False
-            mod.opened.append(self)
-
-        def _run(self, a, b, out, count, total, enqueue):
-            np.add(a, b, out=out)
-            return np.full(count, total, np.int64), np.full(count, enqueue, np.int64)
-
-        def full_pinned(self, a, b, out, count):
-            return self._run(a, b, out, count, 20_000, 10_000)
-
-        def full_pageable(self, a, b, out, count):
-            return self._run(a, b, out, count, 24_000, 14_000)
-
-        def launch_only(self, batches, batch_size, warmup_batches):
-            assert batch_size == P.LAUNCH_BATCH
-            return np.full(batches, 3_500, np.int64)
-
-        def close(self):
-            self.closed = True
-
-    def floor_threaded(kernel, n, threads, iterations, warmup):
-        return {"threads": threads, "iterations": iterations, "dispatches_per_s": 50_000.0 * (
-            1.0 if threads == 1 else 1.8), "outputs_ok": True}
-
-    mod.FloorKernel = FloorKernel
-    mod.Floor = Floor
-    mod.floor_threaded = floor_threaded
-    return mod
-
-
-@pytest.fixture
-def fake_device(monkeypatch):
-    floor = _fake_floor_module()
-    dispatch = types.ModuleType("vyre_cuda._dispatch")
-    dispatch.STAGES = STAGES
-    builtins = types.ModuleType("vyre_cuda.builtin_programs")
-    builtins.vecadd_f32 = lambda: types.SimpleNamespace(
-        name="vecadd_f32",
-        inputs=(BufferDecl.read("a", 0, "f32"), BufferDecl.read("b", 1, "f32")),
-    )
-    monkeypatch.setitem(sys.modules, "vyre_cuda._floor", floor)
-    monkeypatch.setitem(sys.modules, "vyre_cuda._dispatch", dispatch)
-    monkeypatch.setattr(vyre_cuda, "_floor", floor, raising=False)
-    monkeypatch.setattr(vyre_cuda, "builtin_programs", builtins, raising=False)
-    created = []
-
-    def backend_factory(device=0):
-        b = _FakeBackend(device)
-        created.append(b)
-        return b
-
-    monkeypatch.setattr(vyre_cuda, "CudaBackend", backend_factory, raising=False)
-    import vyre_cuda.compile as compile_module
-
-    monkeypatch.setattr(compile_module, "compile_kernel",
-                        lambda kernel, arch=None: types.SimpleNamespace(image=b"fake\0",
-                                                                         kind="cubin"))
-    return types.SimpleNamespace(floor=floor, created=created)
-
-
-def test_run_profile_end_to_end_on_fakes(fake_device):
-    backend = _FakeBackend()
-    progress = []
-    report = P.run_profile(sizes="4KiB,8KiB", iterations=40, warmup=3, peers=False, threads=True,
-                           progress=lambda label, f: progress.append((label, f)),
-                           backend=backend, rounds=4, thread_iterations=10, thread_repeats=1)
-    assert not backend.closed  # a caller's backend stays open
-    assert all(f.closed for f in fake_device.floor.opened)
-    assert [s.nbytes for s in report.sizes] == [4096, 8192]
-    small = report.size(4096)
-    assert small.elements == 1024 and small.iterations == 40
-    assert set(small.systems) == {
-        "vyre.dispatch", "vyre.dispatch_profiled", "vyre.async_enqueue", "vyre.async_total",
-        "floor.pinned", "floor.pinned_enqueue", "floor.pageable", "floor.pageable_enqueue",
-        "floor.launch_only",
+def _first_schema_result():
+    # what `vyre-cuda profile --json` wrote before bytes, directions and telemetry were recorded
+    summary = {"n": 100, "median_ns": 18_000.0, "p10_ns": 17_000.0, "p90_ns": 19_000.0}
+    floor = dict(summary, median_ns=17_000.0)
+    return {
+        "schema": "vyre_cuda.profile/1",
+        "meta": {"date": "2026-11-29T19:31:27+00:00", "commit": "8f72b158bb97"},
+        "stage_names": list(STAGES),
+        "sizes": [{"bytes": 4096, "elements": 1024, "iterations": 100,
+                   "systems": {"vyre.dispatch": summary, "floor.pinned": floor},
+                   "stages": {}, "attributed": None, "coverage": None, "ratios": {},
+                   "skipped": {}}],
+        "threads": None,
+        "targets": [{"key": "vyre_vs_floor", "description": "4 KiB: ...", "value": 1.06,
+                     "limit": 1.15, "op": "<=", "size_bytes": 4096, "met": True}],
     }
-    for key in ("vyre.dispatch", "vyre.dispatch_profiled", "floor.pinned", "vyre.async_total"):
-        assert small.systems[key].n == 40
-    assert small.median("floor.pinned") == 20_000
-    assert small.median("floor.launch_only") == 3_500
-    assert set(small.stages) == set(STAGES) | {P.UNATTRIBUTED}
-    assert 0 < small.coverage <= 1.0
-    assert report.threads.floor_gain == pytest.approx(1.8)
-    assert report.threads.vyre[1] > 0 and report.threads.vyre[2] > 0
-    assert len(backend.threads_seen) >= 2  # the 2-thread run really used 2 threads
-    keys = {t.key for t in report.targets}
-    assert {"vyre_vs_floor", "async_enqueue_vs_floor_enqueue", "thread_gain_ratio"} <= keys
-    assert report.meta["device_name"] == "Fake GPU" and report.meta["program"].startswith("vecadd")
-    assert report.stage_names == STAGES
-    assert progress and progress[-1][1] == pytest.approx(1.0)
-    assert [f for _, f in progress] == sorted(f for _, f in progress)
-    assert P.ProfileReport.from_json(report.to_json()).to_dict() == report.to_dict()
 
 
-def test_run_profile_peers_skip_by_name_for_user_programs(fake_device):
-    program = types.SimpleNamespace(
-        name="scale", kernel=types.SimpleNamespace(kind="cuda", entry="scale"),
-        inputs=(BufferDecl.read("x", 0, "f64"),),
-    )
-    backend = _FakeBackend()
-    report = P.run_profile(sizes=(4096,), iterations=8, warmup=1, program=program, peers=True,
-                           threads=False, backend=backend, rounds=2)
-    s = report.size(4096)
-    assert set(s.skipped) == {"cuda_bindings", "cupy", "torch"}
-    assert report.targets == [] and report.threads is None
-    assert "scale" in report.meta["program"]
+def test_reads_first_schema_results_as_baselines(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(_first_schema_result()))
+    old = P.ProfileReport.load(path)
+    small = old.size(4096)
+    assert small.moved == {} and small.telemetry == {} and small.directions == {}
+    assert small.gbps("vyre.dispatch") == pytest.approx(3 * 4096 / 18_000)  # vecadd's bytes
+    assert old.targets[0].unit == "" and "4 KiB per buffer" in old.format_table()
+    t = _targets(_synthetic_report(old))[("no_regression", 4 * KIB)]
+    assert t.value == pytest.approx((18_000 / 17_100) / (18_000 / 17_000))
 
 
-def test_cli_main_end_to_end_on_fakes(fake_device, tmp_path, capsys):
-    out = tmp_path / "r.json"
-    args = _parser().parse_args(["--sizes", "4KiB", "--iterations", "6", "--warmup", "1",
-                                 "--no-peers", "--no-threads", "--json", str(out)])
-    assert P.main(args) == 0
-    printed = capsys.readouterr().out
-    assert "4 KiB per buffer" in printed and "Fake GPU" in printed
-    data = json.loads(out.read_text())
-    assert data["sizes"][0]["bytes"] == 4096
-    assert fake_device.created and fake_device.created[0].closed  # the CLI's backend is closed
-    args = _parser().parse_args(["--sizes", "4KiB", "--iterations", "4", "--no-peers",
-                                 "--no-threads", "--json"])
-    assert P.main(args) == 0
-    assert json.loads(capsys.readouterr().out)["schema"] == P.SCHEMA
+def test_the_stored_benchmark_result_loads():
+    stored = P.ProfileReport.load(ROOT / "benchmarks" / "results" / "latest.json")
+    small = stored.size(4096)
+    assert small.median("vyre.dispatch") > 0 and small.ratio("vyre.dispatch") > 0
+    assert "4 KiB per buffer" in stored.format_table()
 
 
-def test_backend_errors_become_exit_status(fake_device, monkeypatch, capsys):
-    def broken(device=0):
-        raise vyre_cuda.DriverUnavailable("no CUDA driver was found", "install the NVIDIA driver")
-
-    monkeypatch.setattr(vyre_cuda, "CudaBackend", broken)
-    args = _parser().parse_args(["--no-peers", "--no-threads"])
-    assert P.main(args) == 1
-    assert "Fix: install the NVIDIA driver" in capsys.readouterr().err
-    assert issubclass(P.WrongResult, BackendError)
-
-
-def test_vyre_cuda_cli_exposes_profile(fake_device, capsys):
-    from vyre_cuda import cli
-
-    args = cli.build_parser().parse_args(["profile", "--sizes", "4KiB", "--no-peers"])
-    assert args.func is P.main and args.sizes == (4096,) and args.no_peers
-    assert cli.main(["profile", "--sizes", "4KiB", "--iterations", "4", "--no-peers",
-                     "--no-threads"]) == 0
-    assert "4 KiB per buffer" in capsys.readouterr().out
+def test_from_dict_and_load_refuse_other_files(tmp_path):
+    for bad in ({"schema": "something else"}, ["not", "a", "dict"]):
+        with pytest.raises(ValidationError) as err:
+            P.ProfileReport.from_dict(bad)
+        assert _fix_line(err.value).startswith("Fix: ")
+    with pytest.raises(ValidationError) as err:
+        P.ProfileReport.from_json("{not json")
+    assert _fix_line(err.value).startswith("Fix: ")
+    with pytest.raises(ValidationError) as err:
+        P.ProfileReport.load(tmp_path / "missing.json")
+    assert "missing.json" in str(err.value)
 
 
-# -- benchmarks/ -----------------------------------------------------------------------------
-def _load_bench(name):
-    import importlib.util
-    import pathlib
+# -- the plot --------------------------------------------------------------------------------
+def test_plot_has_stage_panels_and_a_bandwidth_panel_with_ceilings(tmp_path):
+    pytest.importorskip("matplotlib")
+    from vyre_cuda.profile.plot import plot_report
 
-    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_write_readme_replaces_only_the_results_section(tmp_path):
-    wr = _load_bench("write_readme")
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# Title\n\nhand-written\n\n{wr.BEGIN}\nold figures\n{wr.END}\n\nfooter\n")
-    report = _synthetic_report()
-    assert wr.update_readme(readme, report, source=tmp_path / "r.json") is True
-    text = readme.read_text()
-    assert text.startswith("# Title\n\nhand-written\n\n" + wr.BEGIN + "\n")
-    assert text.endswith(wr.END + "\n\nfooter\n")
-    assert "old figures" not in text
-    assert "2026-11-30T12:00:00+00:00" in text and "**NVIDIA H200** (cc 9.0)" in text
-    assert "CUDA driver 13.0 (580.159.04)" in text and "`abc123def456`" in text
-    assert re.search(r"\| 2 threads, 4 KiB: vyre_cuda gain / floor gain \| 0\.87 \| >= ?0\.9 \| \*\*missed\*\* \|", text), text
-    assert "```text\n" + report.format_table().rstrip("\n") + "\n```" in text
-    assert wr.update_readme(readme, report, source=tmp_path / "r.json") is False  # idempotent
-    readme.write_text("# no markers\n")
-    with pytest.raises(ValueError):
-        wr.update_readme(readme, report)
+    path = tmp_path / "p.png"
+    fig = plot_report(_synthetic_report(), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    axes = fig.get_axes()
+    assert len(axes) == 5  # one panel per size, and the bandwidth panel
+    assert [ax.get_title() for ax in axes[:4]] == [
+        "4 KiB per buffer", "4 MiB per buffer", "64 MiB per buffer", "256 MiB per buffer"]
+    bandwidth = axes[4]
+    labels = {line.get_label(): line for line in bandwidth.get_lines()}
+    assert {"vyre_cuda, numpy", "vyre_cuda, page-locked", "driver's pageable path",
+            "DMA: pinned -> device (inputs)", "memcpy: pageable -> pinned, 16 threads",
+            "vyre_cuda numpy H2D (stages)"} <= set(labels)
+    xs, ys = labels["DMA: pinned -> device (inputs)"].get_data()
+    assert list(xs) == [4 * KIB, 256 * MIB]
+    assert ys[1] == pytest.approx(2 * 256 * MIB / 9_760_000)
+    xs, _ = labels["vyre_cuda, numpy"].get_data()
+    assert list(xs) == [4 * KIB, 4 * MIB, 64 * MIB, 256 * MIB]
+    _synthetic_report().plot(tmp_path / "q.png")  # the report's own method writes the same
+    assert (tmp_path / "q.png").stat().st_size > 10_000
 
 
-def test_write_readme_main_and_check(tmp_path, capsys):
-    wr = _load_bench("write_readme")
-    result = tmp_path / "r.json"
-    result.write_text(_synthetic_report().to_json())
-    readme = tmp_path / "README.md"
-    readme.write_text(f"x\n{wr.BEGIN}\n{wr.END}\n")
-    assert wr.main([str(result), "--readme", str(readme), "--check"]) == 1
-    assert wr.main([str(result), "--readme", str(readme)]) == 0
-    assert wr.main([str(result), "--readme", str(readme), "--check"]) == 0
+def test_plot_without_matplotlib_says_how_to_fix(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    path = tmp_path / "p.png"
+    with pytest.raises(UnsupportedFeature) as err:
+        _synthetic_report().plot(path)
+    assert "matplotlib" in _fix_line(err.value)
+    assert not path.exists()
 
 
-def test_repository_readme_has_the_markers_and_targets():
-    import pathlib
-
-    wr = _load_bench("write_readme")
-    text = (pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "README.md").read_text()
-    assert text.count(wr.BEGIN) == 1 and text.count(wr.END) == 1
-    for target in ("1.15x", "2.5x", "1.2x", "<= 1.0x", "0.9x"):
-        assert target in text
-
-
-def test_bench_dispatch_writes_json_on_fakes(fake_device, tmp_path, capsys):
-    bench = _load_bench("bench_dispatch")
-    out = tmp_path / "results" / "latest.json"
-    assert bench.main(["--out", str(out), "--iterations", "4", "--warmup", "1", "--no-peers",
-                       "--no-threads", "--sizes", "4KiB"]) == 0
-    data = json.loads(out.read_text())
-    assert data["schema"] == P.SCHEMA and data["sizes"][0]["bytes"] == 4096
-    assert "4 KiB per buffer" in capsys.readouterr().out
-    assert set(bench.BENCHES) == {"small", "large", "threads"}
+def test_constants_of_the_targets():
+    assert targets.PAGEABLE_LIMITS == {4 * MIB: 0.5, 64 * MIB: 0.35}
+    assert targets.BANDWIDTH_MIN == 256 * MIB
+    assert (targets.NUMPY_GBPS, targets.PAGE_LOCKED_GBPS) == (25.0, 45.0)
+    assert (targets.ASYNC_ENQUEUE, targets.NO_REGRESSION) == (1.2, 1.05)

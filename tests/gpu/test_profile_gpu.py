@@ -3,14 +3,19 @@
 import argparse
 import importlib.util
 import json
+import pathlib
 import threading
 import time
 
 import numpy as np
 import pytest
 
+import vyre_cuda
 from vyre_cuda import profile as P
 from vyre_cuda.errors import DispatchFailed, ValidationError
+from vyre_cuda.profile import run as profile_run
+from vyre_cuda.profile import systems, table
+from vyre_cuda.profile import threads as profile_threads
 
 pytestmark = pytest.mark.gpu
 
@@ -18,7 +23,7 @@ pytestmark = pytest.mark.gpu
 class _LazyFloor:
     # Imported at first use, after the GPU probe: collection never needs the built extension.
     def __getattr__(self, name):
-        from vyre_cuda import _floor as module
+        from vyre_cuda.profile import _floor as module
 
         return getattr(module, name)
 
@@ -28,7 +33,7 @@ _floor = _LazyFloor()
 
 @pytest.fixture(scope="module")
 def floor_kernel(backend):
-    kernel, _image = P._load_floor_kernel(backend)
+    kernel, _image = profile_run.load_floor_kernel(backend)
     yield kernel
     kernel.close()
 
@@ -36,6 +41,9 @@ def floor_kernel(backend):
 def _inputs(rng, n):
     return (rng.standard_normal(n).astype(np.float32),
             rng.standard_normal(n).astype(np.float32))
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_floor_clock_is_perf_counter_clock():
@@ -95,8 +103,10 @@ def test_floor_releases_the_gil_for_its_loop(floor_kernel, rng):
 
 
 def test_floor_threaded(floor_kernel):
-    one = _floor.floor_threaded(floor_kernel, 1024, 1, 300, 20)
-    two = _floor.floor_threaded(floor_kernel, 1024, 2, 300, 20)
+    from vyre_cuda.profile import _floor as module
+
+    one = profile_threads.floor_threaded(module, floor_kernel, 1024, 1, 300, 20)
+    two = profile_threads.floor_threaded(module, floor_kernel, 1024, 2, 300, 20)
     for result, threads in ((one, 1), (two, 2)):
         assert result["threads"] == threads and result["iterations"] == 300
         assert result["outputs_ok"] is True
@@ -130,7 +140,7 @@ def test_floor_errors_are_typed(backend, floor_kernel, rng):
     assert err.value.call == "cuModuleLoadData"
     assert err.value.status.startswith("CUDA_ERROR_")
     assert str(err.value).splitlines()[-1].startswith("Fix: ")
-    _kernel, image = P._load_floor_kernel(backend)
+    _kernel, image = profile_run.load_floor_kernel(backend)
     _kernel.close()
     with pytest.raises(DispatchFailed) as err:
         _floor.FloorKernel(backend.context_handle, image, "no_such_kernel")
@@ -142,38 +152,97 @@ def test_floor_errors_are_typed(backend, floor_kernel, rng):
         _floor.Floor(closed, 16)
 
 
-def test_run_profile_end_to_end_both_sizes(backend, tmp_path, run_python):
+@pytest.mark.parametrize("n", [1, 1000, 257 * 1024 + 3, 4 << 20])
+@pytest.mark.parametrize("threads", [1, 4])
+def test_ceilings_move_the_bytes_they_time(floor_kernel, rng, n, threads):
+    # copy_in (numpy -> pinned staging) -> dma_h2d -> the kernel -> dma_d2h -> copy_out
+    # (pinned staging -> numpy) must carry a + b through every ceiling's copy.
+    a, b = _inputs(rng, n)
+    out = np.zeros(n, np.float32)
+    with _floor.Floor(floor_kernel, n) as floor:
+        t_in = floor.copy_in(a, b, threads, 3, warmup=1)
+        t_up = floor.dma_h2d(3, warmup=1)
+        floor.launch_only(1, 1, 0)
+        t_down = floor.dma_d2h(3, warmup=1)
+        t_out = floor.copy_out(out, threads, 3, warmup=1)
+        np.testing.assert_array_equal(out, a + b)
+        for t in (t_in, t_up, t_down, t_out):
+            assert t.dtype == np.int64 and t.shape == (3,) and (t > 0).all()
+        assert floor.dma_h2d(0).shape == (0,)
+        with pytest.raises(ValidationError):
+            floor.copy_in(a, b, 0, 1)
+        with pytest.raises(ValidationError):
+            floor.copy_out(out[:1] if n > 1 else np.zeros(0, np.float32), 1, 1)
+
+
+def test_ceilings_run_near_the_hardware(floor_kernel, rng):
+    # Loose floors only (any PCIe 3+ GPU passes): the H200 runs about 55 GB/s DMA each way.
+    n = 16 << 20  # 64 MiB per buffer
+    a, b = _inputs(rng, n)
+    out = np.empty(n, np.float32)
+    with _floor.Floor(floor_kernel, n) as floor:
+        up = P.gbps(2 * 4 * n, P.median(floor.dma_h2d(5, warmup=1)))
+        down = P.gbps(4 * n, P.median(floor.dma_d2h(5, warmup=1)))
+        one = P.gbps(2 * 4 * n, P.median(floor.copy_in(a, b, 1, 3, warmup=1)))
+        four = P.gbps(2 * 4 * n, P.median(floor.copy_in(a, b, 4, 3, warmup=1)))
+        back = P.gbps(4 * n, P.median(floor.copy_out(out, 4, 3, warmup=1)))
+    print(f"DMA H2D {up:.1f} GB/s, D2H {down:.1f}; memcpy in 1 thread {one:.1f}, 4 threads "
+          f"{four:.1f}; out 4 threads {back:.1f}")
+    assert up > 5 and down > 5
+    assert one > 1 and four > 1 and back > 1
+
+
+def _profile_child(run_python, tmp_path, *extra, timeout=400):
+    out = tmp_path / "profile.json"
+    # The real CLI in a plain interpreter: PyTorch's import is not robust under pytest's plugins.
+    proc = run_python(["-m", "vyre_cuda", "profile", "--json", str(out), *extra],
+                      timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return P.ProfileReport.load(out), proc
+
+
+def test_run_profile_end_to_end_small_sizes(backend, tmp_path, run_python):
     from vyre_cuda._dispatch import STAGES
 
-    iterations = 300
-    # The real CLI in a plain interpreter: PyTorch's import is not robust under pytest's plugins.
-    out = tmp_path / "profile.json"
-    proc = run_python(
-        ["-m", "vyre_cuda", "profile", "--sizes", "4KiB,4MiB", "--iterations", str(iterations),
-         "--warmup", "30", "--json", str(out)],
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = P.ProfileReport.from_json(out.read_text())
+    iterations = 200
+    report, _ = _profile_child(
+        run_python, tmp_path, "--sizes", "4KiB,4MiB", "--iterations", str(iterations),
+        "--warmup", "20", "--host-threads", "4",
+        "--baseline", str(ROOT / "benchmarks" / "results" / "latest.json"))
     assert report.stage_names == tuple(STAGES)
     assert [s.nbytes for s in report.sizes] == [4096, 4 << 20]
+    page_locked = hasattr(vyre_cuda, "pinned_empty")
     for s in report.sizes:
-        for key in ("vyre.dispatch", "vyre.dispatch_profiled", "vyre.async_enqueue",
-                    "vyre.async_total", "floor.pinned", "floor.pinned_enqueue",
-                    "floor.pageable", "floor.pageable_enqueue"):
+        keys = ["vyre.dispatch", "vyre.dispatch_profiled", "vyre.async_enqueue",
+                "vyre.async_total", "vyre.dispatch_into", "floor.pinned",
+                "floor.pinned_enqueue", "floor.pageable", "floor.pageable_enqueue",
+                "ceiling.dma_h2d", "ceiling.dma_d2h", "ceiling.copy_in.1", "ceiling.copy_in.4",
+                "ceiling.copy_out.1", "ceiling.copy_out.4"]
+        if page_locked:
+            keys.append("vyre.pinned")
+        else:
+            assert "pinned_empty" in s.skipped["page-locked"]
+        for key in keys:
             assert s.systems[key].n == iterations, key
             assert s.systems[key].median > 0, key
+            if s.traffic(key) is not None:
+                assert s.gbps(key) > 0, key
         assert s.systems["floor.launch_only"].median > 0
         assert s.median("floor.pinned_enqueue") < s.median("floor.pinned")
         assert set(s.stages) == set(STAGES) | {P.UNATTRIBUTED}
+        assert s.direction_gbps("h2d") > 0 and s.direction_gbps("d2h") > 0
+        assert s.moved == {"floor": (2 * s.nbytes, s.nbytes), "vyre": (2 * s.nbytes, s.nbytes)}
         # The acceptance check: the core's stage clocks account for the measured wall time.
         wall = s.wall
         attributed = s.attributed.median
-        assert abs(attributed - wall) <= P.STAGE_TOLERANCE * wall, (
+        assert abs(attributed - wall) <= table.STAGE_TOLERANCE * wall, (
             f"{P.format_size(s.nbytes)}: stages sum to {attributed / 1e3:.2f} us of a "
             f"{wall / 1e3:.2f} us dispatch (medians)\n{report.format_table()}")
+        # telemetry over the timed dispatches of the vyre_cuda rows only
+        assert 3 * iterations <= s.telemetry["dispatches"] <= 6 * iterations
+        assert s.allocations_per_dispatch("pinned") is not None
         for peer in P.PEERS:
-            if importlib.util.find_spec(P._PEER_MODULES[peer]) is None:
+            if importlib.util.find_spec(systems.PEER_MODULES[peer]) is None:
                 assert "not installed" in s.skipped[peer]
             elif peer == "torch" and "failed to start" in s.skipped.get(peer, ""):
                 # torch 2.11's import fails in a child of pytest on the H200 (a schema parse in
@@ -188,13 +257,19 @@ def test_run_profile_end_to_end_both_sizes(backend, tmp_path, run_python):
     assert t is not None and t.nbytes == 4096
     assert t.vyre[1] > 0 and t.vyre[2] > 0 and t.floor[1] > 0 and t.floor[2] > 0
     assert t.gain_ratio is not None
-    keys = {(x.key, x.size_bytes) for x in report.targets}
-    assert ("vyre_vs_floor", 4096) in keys and ("vyre_vs_floor", 4 << 20) in keys
-    assert ("thread_gain_ratio", 4096) in keys
+    targets = {(x.key, x.size_bytes): x for x in report.targets}
+    for key in (("vyre_vs_floor", 4096), ("vyre_vs_floor", 4 << 20), ("thread_gain_ratio", 4096),
+                ("vyre_vs_pageable", 4 << 20), ("async_enqueue_vs_floor_enqueue", 4 << 20),
+                ("pinned_allocations_per_dispatch", 4096)):
+        assert key in targets, key
+    assert targets[("no_regression", 4096)].value > 0  # compared with the stored result
+    assert report.meta["baseline"]["commit"]
     assert report.meta["device_name"] and report.meta["cc"] == list(backend.caps.cc)
+    assert report.meta["host_threads"] == [1, 4]
     assert P.ProfileReport.from_json(report.to_json()).to_dict() == report.to_dict()
     text = report.format_table()
     assert "4 KiB per buffer" in text and "4 MiB per buffer" in text
+    assert "DMA ceiling: pinned -> device (inputs)" in text and "per direction:" in text
     print(text)  # shown with -s: the figures of this run
 
 
@@ -220,6 +295,10 @@ def test_profile_cli_on_a_user_kernel(tmp_path, capsys):
     assert "scale2" in data["meta"]["program"]
     assert size["systems"]["vyre.dispatch"]["n"] == 100
     assert size["systems"]["floor.pinned"]["n"] == 100
-    assert set(size["skipped"]) == set(P.PEERS)  # peers run vecadd only
+    assert set(P.PEERS) <= set(size["skipped"])  # peers run vecadd only
+    assert set(size["skipped"]) - set(P.PEERS) <= {"page-locked"}
+    assert size["systems"]["vyre.dispatch_into"]["n"] == 100
+    assert size["moved"]["vyre"] == [4096, 4096]  # one input, one output
+    assert size["systems"]["ceiling.dma_h2d"]["median_ns"] > 0
     assert data["targets"] == []
     assert "4 KiB per buffer" in capsys.readouterr().out

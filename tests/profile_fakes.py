@@ -1,0 +1,198 @@
+"""A fake backend, a fake floor and the fixture that installs them: the profile's whole run
+without a GPU (used by test_profile_run.py and test_profile_cli.py through their
+``fake_device`` fixture)."""
+
+import sys
+import threading
+import time
+import types
+
+import numpy as np
+
+import vyre_cuda
+from vyre_cuda import profile as P
+from vyre_cuda.profile import engine
+from vyre_cuda.program import BufferDecl
+
+STAGES = P.STAGE_NAMES
+
+
+class _FakePending:
+    def __init__(self, outs):
+        self._outs = outs
+
+    def result(self):
+        return self._outs
+
+
+def _fake_add(inputs):
+    return [inputs[0] + inputs[1] if len(inputs) > 1 else inputs[0] * 2]
+
+
+class _FakeTelemetry:
+    def __init__(self, backend, with_allocations):
+        self.backend = backend
+        self.with_allocations = with_allocations
+
+    def snapshot(self):
+        b = self.backend
+        snap = {"dispatches": b.dispatches, "pinned_pool_misses": b.pinned_allocs,
+                "device_pool_misses": 0}
+        if self.with_allocations:
+            snap.update(pinned_alloc_calls=b.pinned_allocs, device_alloc_calls=0,
+                        ring_bytes=32 << 20, ring_chunks=3 * b.dispatches, copy_threads_live=4)
+        return snap
+
+
+class FakeBackend:
+    device = 0
+    context_handle = 0x1234
+    caps = types.SimpleNamespace(cc=(9, 0), name="Fake GPU", driver_version=13000)
+
+    def __init__(self, device=0, with_allocations=True, allocate_every=0, **options):
+        self.closed = False
+        self.options = options
+        self.dispatches = 0
+        self.pinned_allocs = 0
+        self.allocate_every = allocate_every
+        self.threads_seen = set()
+        self.into_inputs = []
+        self.lock = threading.Lock()
+        self.telemetry = _FakeTelemetry(self, with_allocations)
+
+    def _count(self):
+        with self.lock:
+            self.dispatches += 1
+            if self.allocate_every and self.dispatches % self.allocate_every == 0:
+                self.pinned_allocs += 1
+            self.threads_seen.add(threading.get_ident())
+
+    def dispatch(self, program, inputs, config=None):
+        self._count()
+        return _fake_add(inputs)
+
+    def dispatch_into(self, program, inputs, outputs, config=None):
+        self._count()
+        self.into_inputs.append(type(inputs[0]))
+        for out, res in zip(outputs, _fake_add(inputs)):
+            out[...] = res
+        return outputs
+
+    def _dispatch_profiled(self, program, inputs, config=None, start_ns=0):
+        self._count()
+        t0 = time.perf_counter_ns()
+        outs = _fake_add(inputs)
+        spent = time.perf_counter_ns() - t0
+        return outs, tuple([spent // len(STAGES)] * len(STAGES))
+
+    def dispatch_async(self, program, inputs, config=None):
+        self._count()
+        return _FakePending(_fake_add(inputs))
+
+    def close(self):
+        self.closed = True
+
+
+class Locked(np.ndarray):
+    """A page-locked array stand-in: a numpy subclass the fake backend can recognise."""
+
+
+def _fake_floor_module():
+    mod = types.ModuleType("vyre_cuda.profile._floor")
+    mod.FLOOR_ENTRY = "vecadd"
+    mod.FLOOR_SOURCE = "// fake"
+    mod.opened = []
+    mod.calls = []
+
+    class FloorKernel:
+        def __init__(self, ctx, image, entry):
+            assert ctx == FakeBackend.context_handle and image == b"fake\0" and entry == "vecadd"
+            self.closed = False
+
+        def close(self):
+            self.closed = True
+
+    class Floor:
+        def __init__(self, kernel, n):
+            self.n = n
+            self.closed = False
+            mod.opened.append(self)
+
+        def _run(self, a, b, out, count, total, enqueue):
+            np.add(a, b, out=out)
+            return np.full(count, total, np.int64), np.full(count, enqueue, np.int64)
+
+        def full_pinned(self, a, b, out, count):
+            return self._run(a, b, out, count, 20_000, 10_000)
+
+        def full_pageable(self, a, b, out, count):
+            return self._run(a, b, out, count, 24_000, 14_000)
+
+        def launch_only(self, batches, batch_size, warmup_batches):
+            assert batch_size == engine.LAUNCH_BATCH
+            return np.full(batches, 3_500, np.int64)
+
+        def run_fixed(self, a, b, out, iterations):
+            np.add(a, b, out=out)
+            t0 = time.perf_counter_ns()
+            time.sleep(0.001 * (1 + len([f for f in mod.opened if not f.closed]) // 3))
+            return t0, time.perf_counter_ns()
+
+        def dma_h2d(self, count):
+            mod.calls.append("dma_h2d")
+            return np.full(count, 1_000, np.int64)
+
+        def dma_d2h(self, count):
+            return np.full(count, 500, np.int64)
+
+        def copy_in(self, a, b, threads, count):
+            mod.calls.append(("copy_in", threads))
+            assert a.shape == (self.n,) and b.shape == (self.n,)
+            return np.full(count, 4_000 // threads, np.int64)
+
+        def copy_out(self, out, threads, count):
+            assert out.shape == (self.n,) and out.flags.writeable
+            return np.full(count, 2_000 // threads, np.int64)
+
+        def close(self):
+            self.closed = True
+
+    mod.FloorKernel = FloorKernel
+    mod.Floor = Floor
+    return mod
+
+
+def install(monkeypatch):
+    """Install the fakes (the floor, the core's STAGES, vecadd, CudaBackend, pinned_empty,
+    compile_kernel) for one test; returns ``namespace(floor=module, created=[backends])``."""
+    floor = _fake_floor_module()
+    dispatch = types.ModuleType("vyre_cuda._dispatch")
+    dispatch.STAGES = STAGES
+    builtins = types.ModuleType("vyre_cuda.builtin_programs")
+    builtins.vecadd_f32 = lambda: types.SimpleNamespace(
+        name="vecadd_f32",
+        inputs=(BufferDecl.read("a", 0, "f32"), BufferDecl.read("b", 1, "f32")),
+    )
+    monkeypatch.setitem(sys.modules, "vyre_cuda.profile._floor", floor)
+    monkeypatch.setitem(sys.modules, "vyre_cuda._dispatch", dispatch)
+    monkeypatch.setattr(P, "_floor", floor, raising=False)
+    monkeypatch.setattr(vyre_cuda, "builtin_programs", builtins, raising=False)
+    created = []
+
+    def backend_factory(device=0, **options):
+        b = FakeBackend(device, **options)
+        created.append(b)
+        return b
+
+    def pinned_empty(shape, dtype=np.float32, *, device=0):
+        assert device == 0
+        return np.empty(shape, dtype).view(Locked)
+
+    monkeypatch.setattr(vyre_cuda, "CudaBackend", backend_factory, raising=False)
+    monkeypatch.setattr(vyre_cuda, "pinned_empty", pinned_empty, raising=False)
+    import vyre_cuda.compile as compile_module
+
+    monkeypatch.setattr(compile_module, "compile_kernel",
+                        lambda kernel, arch=None: types.SimpleNamespace(image=b"fake\0",
+                                                                         kind="cubin"))
+    return types.SimpleNamespace(floor=floor, created=created)

@@ -1,0 +1,256 @@
+"""``vyre-cuda profile``'s arguments and main, the progress line, and the benchmark scripts, on
+a fake backend and a fake floor (no GPU)."""
+
+import argparse
+import io
+import json
+import pathlib
+import re
+
+import profile_fakes
+import pytest
+
+import vyre_cuda
+from vyre_cuda import profile as P
+from vyre_cuda.errors import BackendError
+from vyre_cuda.profile import cli as profile_cli
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+KIB, MIB, GIB = 1024, 1 << 20, 1 << 30
+
+
+def _fix_line(exc):
+    return str(exc).splitlines()[-1]
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    return profile_fakes.install(monkeypatch)
+
+
+# -- progress --------------------------------------------------------------------------------
+class _Stream(io.StringIO):
+    def __init__(self, tty):
+        super().__init__()
+        self._tty = tty
+
+    def isatty(self):
+        return self._tty
+
+
+def test_progress_line_quiet_on_short_runs_then_shown():
+    stream = _Stream(tty=True)
+    line = profile_cli.ProgressLine(stream, delay=3600)
+    line("4 KiB: floor", 0.5)
+    line.done()
+    assert stream.getvalue() == ""
+    stream = _Stream(tty=True)
+    line = profile_cli.ProgressLine(stream, delay=0)
+    line("4 KiB: floor", 0.5)
+    line.done()
+    assert stream.getvalue().startswith("\r[vyre-cuda profile]  50% 4 KiB: floor")
+    assert stream.getvalue().endswith("\r")
+    stream = _Stream(tty=False)
+    line = profile_cli.ProgressLine(stream, delay=0, interval=3600)
+    line("a", 0.1)
+    line("b", 0.2)  # rate-limited when not a terminal
+    assert stream.getvalue().count("\n") == 1 and "\r" not in stream.getvalue()
+
+
+# -- CLI arguments ---------------------------------------------------------------------------
+def _parser():
+    parser = argparse.ArgumentParser(prog="vyre-cuda profile")
+    assert P.add_arguments(parser) is parser
+    return parser
+
+
+def test_cli_defaults():
+    args = _parser().parse_args([])
+    assert args.sizes == (4 * KIB, 4 * MIB, 64 * MIB, 256 * MIB, GIB)
+    assert args.iterations is None and args.warmup is None
+    assert args.json is None and args.plot is None and args.baseline is None
+    assert not args.no_peers and not args.no_threads
+    assert args.kernel is None and args.entry is None and args.buffers is None
+    assert args.device == 0 and args.host_threads is None
+    assert profile_cli.backend_options(args) == {}
+
+
+def test_cli_options():
+    args = _parser().parse_args([
+        "--sizes", "8KiB,1M,1GiB", "--iterations", "50", "--warmup", "0", "--json", "--plot",
+        "x.png", "--no-peers", "--no-threads", "--kernel", "k.cu", "--entry", "k", "--buffers",
+        "a:f32:in,o:f32:out", "--device", "1", "--baseline", "old.json", "--host-threads", "8",
+        "--staging-chunk-bytes", "8MiB", "--staging-chunks", "6", "--copy-threads", "4",
+    ])
+    assert args.sizes == (8192, 1 << 20, GIB)
+    assert (args.iterations, args.warmup, args.json, args.plot) == (50, 0, "-", "x.png")
+    assert args.no_peers and args.no_threads
+    assert (args.kernel, args.entry, args.buffers, args.device) == (
+        "k.cu", "k", "a:f32:in,o:f32:out", 1)
+    assert (args.baseline, args.host_threads) == ("old.json", 8)
+    assert profile_cli.backend_options(args) == {
+        "staging_chunk_bytes": 8 << 20, "staging_chunks": 6, "copy_threads": 4}
+    assert _parser().parse_args(["--json", "out.json"]).json == "out.json"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--sizes", "4KB"], ["--sizes", ""], ["--iterations", "0"], ["--iterations", "x"],
+     ["--warmup", "-1"], ["--device", "-1"], ["--host-threads", "0"], ["--copy-threads", "0"],
+     ["--staging-chunks", "0"], ["--staging-chunk-bytes", "8MB"], ["--bogus"]],
+)
+def test_cli_rejects_bad_arguments(argv, capsys):
+    with pytest.raises(SystemExit) as err:
+        _parser().parse_args(argv)
+    assert err.value.code == 2
+    if argv[0] in ("--sizes", "--staging-chunk-bytes") and argv[1]:
+        assert "Fix:" in capsys.readouterr().err
+
+
+def test_cli_main_validation_errors(capsys, tmp_path):
+    parser = _parser()
+    assert P.main(parser.parse_args(["--buffers", "a:f32:in,o:f32:out"])) == 2
+    assert "no --kernel was given" in capsys.readouterr().err
+    assert P.main(parser.parse_args(["--kernel", str(tmp_path / "none.cu"), "--buffers",
+                                     "a:f32:in,o:f32:out"])) == 2
+    err = capsys.readouterr().err
+    assert "ValidationError" in err and "Fix:" in err
+    (tmp_path / "k.cu").write_text("// k")
+    assert P.main(parser.parse_args(["--kernel", str(tmp_path / "k.cu"), "--buffers",
+                                     "a:f32:in"])) == 2
+    assert "declares no output" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"schema": "other"}'])
+def test_cli_bad_baseline_fails_before_the_run(fake_device, tmp_path, capsys, content):
+    path = tmp_path / "base.json"
+    if content is not None:
+        path.write_text(content)
+    args = _parser().parse_args(["--sizes", "4KiB", "--baseline", str(path), "--no-peers"])
+    assert P.main(args) == 2
+    err = capsys.readouterr().err
+    assert "ValidationError" in err and "Fix:" in err
+    assert fake_device.created == []  # no backend was opened
+
+
+def test_cli_main_end_to_end_on_fakes(fake_device, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    args = _parser().parse_args(["--sizes", "4KiB", "--iterations", "6", "--warmup", "1",
+                                 "--no-peers", "--no-threads", "--json", str(out),
+                                 "--copy-threads", "2", "--host-threads", "2"])
+    assert P.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "4 KiB per buffer" in printed and "Fake GPU" in printed
+    assert "memcpy ceiling: pageable -> pinned, 2 threads" in printed
+    data = json.loads(out.read_text())
+    assert data["sizes"][0]["bytes"] == 4096
+    assert fake_device.created[0].options == {"copy_threads": 2}
+    assert fake_device.created[0].closed  # the CLI's backend is closed
+    args = _parser().parse_args(["--sizes", "4KiB", "--iterations", "4", "--no-peers",
+                                 "--no-threads", "--json"])
+    assert P.main(args) == 0
+    assert json.loads(capsys.readouterr().out)["schema"] == P.SCHEMA
+
+
+def test_backend_errors_become_exit_status(fake_device, monkeypatch, capsys):
+    def broken(device=0, **options):
+        raise vyre_cuda.DriverUnavailable("no CUDA driver was found", "install the NVIDIA driver")
+
+    monkeypatch.setattr(vyre_cuda, "CudaBackend", broken)
+    args = _parser().parse_args(["--no-peers", "--no-threads"])
+    assert P.main(args) == 1
+    assert "Fix: install the NVIDIA driver" in capsys.readouterr().err
+    assert issubclass(P.WrongResult, BackendError)
+
+
+def test_vyre_cuda_cli_exposes_profile(fake_device, capsys):
+    from vyre_cuda import cli
+
+    args = cli.build_parser().parse_args(["profile", "--sizes", "4KiB", "--no-peers"])
+    assert args.func is P.main and args.sizes == (4096,) and args.no_peers
+    assert cli.main(["profile", "--sizes", "4KiB", "--iterations", "4", "--no-peers",
+                     "--no-threads"]) == 0
+    assert "4 KiB per buffer" in capsys.readouterr().out
+
+
+# -- benchmarks/ -----------------------------------------------------------------------------
+def _load_bench(name):
+    import importlib.util
+
+    path = ROOT / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stored_report():
+    return P.ProfileReport.load(ROOT / "benchmarks" / "results" / "latest.json")
+
+
+def test_write_readme_replaces_only_the_results_section(tmp_path, fake_device):
+    wr = _load_bench("write_readme")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\nhand-written\n\n{wr.BEGIN}\nold figures\n{wr.END}\n\nfooter\n")
+    stored = _stored_report()
+    report = P.run_profile(sizes=(4096, 8192), iterations=4, warmup=1, peers=False,
+                           threads=True, thread_iterations=4, thread_repeats=1, baseline=stored)
+    assert wr.update_readme(readme, report, source=tmp_path / "r.json") is True
+    text = readme.read_text()
+    assert text.startswith("# Title\n\nhand-written\n\n" + wr.BEGIN + "\n")
+    assert text.endswith(wr.END + "\n\nfooter\n")
+    assert "old figures" not in text
+    assert "**Fake GPU** (cc 9.0)" in text and "CUDA driver 13.0" in text
+    assert f"Baseline for the no-regression target: commit `{stored.meta['commit']}`" in text
+    assert re.search(r"\| 2 threads, 4 KiB: vyre_cuda gain / floor gain \| [0-9.]+x \| >= 0\.9 \|",
+                     text), text
+    assert "| per buffer | vyre_cuda, numpy | vyre_cuda `dispatch_into`, numpy |" in text
+    assert re.search(r"\| 4 KiB \| [0-9.]+ us \([0-9.]+ GB/s\) \|", text), text
+    assert "| per buffer | vyre_cuda H2D | vyre_cuda D2H | DMA: pinned -> device (inputs) |" \
+        in text
+    assert "```text\n" + report.format_table().rstrip("\n") + "\n```" in text
+    assert wr.update_readme(readme, report, source=tmp_path / "r.json") is False  # idempotent
+    readme.write_text("# no markers\n")
+    with pytest.raises(ValueError):
+        wr.update_readme(readme, report)
+
+
+def test_write_readme_main_and_check(tmp_path):
+    wr = _load_bench("write_readme")
+    result = tmp_path / "r.json"
+    result.write_text(_stored_report().to_json())
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{wr.BEGIN}\n{wr.END}\n")
+    assert wr.main([str(result), "--readme", str(readme), "--check"]) == 1
+    assert wr.main([str(result), "--readme", str(readme)]) == 0
+    assert wr.main([str(result), "--readme", str(readme), "--check"]) == 0
+    assert "| 4 MiB |" in readme.read_text()
+
+
+def test_repository_readme_has_the_markers_definitions_and_targets():
+    wr = _load_bench("write_readme")
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    assert text.count(wr.BEGIN) == 1 and text.count(wr.END) == 1
+    for phrase in ("25 GB/s", "45 GB/s", "0.35x", "0.5x", "1.2x", "1.05x", "1.15x", "2.5x",
+                   "0.9x", "(input + output bytes) / wall", "--baseline"):
+        assert phrase in text, phrase
+    assert not re.search(r"\bissues?\b", text, re.IGNORECASE)
+
+
+def test_bench_dispatch_writes_json_and_compares_with_its_stored_result(fake_device, tmp_path,
+                                                                       capsys):
+    bench = _load_bench("bench_dispatch")
+    out = tmp_path / "results" / "latest.json"
+    assert bench.main(["--out", str(out), "--iterations", "4", "--warmup", "1", "--no-peers",
+                       "--no-threads", "--sizes", "4KiB", "--host-threads", "2"]) == 0
+    data = json.loads(out.read_text())
+    assert data["schema"] == P.SCHEMA and data["sizes"][0]["bytes"] == 4096
+    # the stored result is the baseline by default
+    assert data["meta"]["baseline"]["commit"] == _stored_report().meta["commit"]
+    assert "4 KiB per buffer" in capsys.readouterr().out
+    assert bench.main(["--out", str(out), "--iterations", "4", "--no-peers", "--no-threads",
+                       "--sizes", "4KiB", "--no-baseline"]) == 0
+    assert "baseline" not in json.loads(out.read_text())["meta"]
+    assert set(bench.BENCHES) == {"small", "large", "bandwidth", "threads"}
+    assert bench.main(["--out", str(out), "--sizes", "4KiB", "--baseline",
+                       str(tmp_path / "none.json")]) == 1

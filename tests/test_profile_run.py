@@ -1,0 +1,404 @@
+"""The profiling harness without a GPU: the engine, the host copies (for real), and the whole
+run on a fake backend and a fake floor. (The CLI and the benchmark scripts: test_profile_cli.py.)"""
+
+import pathlib
+import subprocess
+import sys
+import threading
+import types
+
+import numpy as np
+import profile_fakes
+import pytest
+from profile_fakes import STAGES, FakeBackend, Locked
+
+import vyre_cuda
+from vyre_cuda import profile as P
+from vyre_cuda.errors import ValidationError
+from vyre_cuda.profile import engine, run
+from vyre_cuda.program import BufferDecl
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+KIB, MIB, GIB = 1024, 1 << 20, 1 << 30
+
+
+def _fix_line(exc):
+    return str(exc).splitlines()[-1]
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    return profile_fakes.install(monkeypatch)
+
+
+# -- iteration counts ------------------------------------------------------------------------
+def test_iterations_scale_with_the_size():
+    assert engine.auto_iterations(4 * KIB) == 2000
+    assert engine.auto_iterations(4 * MIB) == 512
+    assert engine.auto_iterations(64 * MIB) == 32
+    assert engine.auto_iterations(256 * MIB) == 8
+    assert engine.auto_iterations(GIB) == 5
+    assert engine.auto_warmup(2000) == 200 and engine.auto_warmup(512) == 51
+    assert engine.auto_warmup(5) == 0  # run_rounds still runs one untimed pass
+
+
+# -- the engine ------------------------------------------------------------------------------
+class _Recorder:
+    def __init__(self, name, log, key, value=1, unit_scale=1, fail_at=None, ok=True, group=None):
+        self.calls = []
+        self.log = log
+        self.key = key
+        self.value = value
+        self.fail_at = fail_at
+        self.runner = engine.Runner(name, self, (lambda: ok), unit_scale, group)
+
+    def __call__(self, count):
+        self.calls.append(count)
+        self.log.append(self.runner.name)
+        if self.fail_at is not None and len(self.calls) == self.fail_at:
+            raise RuntimeError("peer broke")
+        return {self.key: [self.value] * count}
+
+
+def test_run_rounds_interleaves_and_splits_counts():
+    log = []
+    a = _Recorder("A", log, "a", 1)
+    b = _Recorder("B", log, "b", 2)
+    c = _Recorder("C", log, "c", 3, unit_scale=10)
+    seen = []
+    marks = []
+    samples = engine.run_rounds([a.runner, b.runner, c.runner], 23, 5, 4,
+                                progress=lambda label, f: seen.append(f),
+                                before_timed=lambda: marks.append(list(log)))
+    assert log == ["A", "B", "C"] + ["A", "B", "C"] * 4  # warm-up, then rounds in turn
+    assert marks == [["A", "B", "C"]]  # called once, between the warm-up and the rounds
+    assert a.calls == [5, 6, 6, 6, 5] and sum(a.calls[1:]) == 23
+    assert len(samples["a"]) == 23 and len(samples["b"]) == 23
+    assert c.calls[0] == 1 and all(n == 1 for n in c.calls[1:])  # ceil(6 / 10) batches
+    assert set(samples) == {"a", "b", "c"}
+    assert seen == sorted(seen) and seen[-1] == pytest.approx(1.0)
+
+
+def test_run_rounds_always_verifies_once_even_without_warmup():
+    log = []
+    a = _Recorder("A", log, "a")
+    engine.run_rounds([a.runner], 3, 0, 3)
+    assert a.calls == [1, 1, 1, 1]
+
+
+def test_run_rounds_wrong_result_raises_for_vyre_and_floor():
+    bad = _Recorder("vyre", [], "v", ok=False)
+    with pytest.raises(P.WrongResult):
+        engine.run_rounds([bad.runner], 4, 1, 2)
+
+
+def test_run_rounds_drops_a_failing_group_only():
+    log = []
+    floor = _Recorder("floor", log, "floor.pinned")
+    full = _Recorder("peer cupy", log, "peer.cupy", fail_at=3, group="cupy")
+    launch = _Recorder("peer cupy launch", log, "peer.cupy.launch_only", group="cupy")
+    wrong = _Recorder("peer torch", log, "peer.torch", ok=False, group="torch")
+    failed = {}
+    samples = engine.run_rounds([floor.runner, full.runner, launch.runner, wrong.runner], 9, 1,
+                                3, failed=failed)
+    assert set(samples) == {"floor.pinned"}
+    assert len(samples["floor.pinned"]) == 9
+    assert failed["cupy"].startswith("failed: RuntimeError: peer broke")
+    assert failed["torch"].startswith("failed: WrongResult")
+    assert len(launch.calls) == 2  # warm-up and round 1, then dropped with its group
+
+
+def test_run_rounds_non_group_failure_propagates():
+    broken = _Recorder("floor", [], "f", fail_at=2)
+    with pytest.raises(RuntimeError):
+        engine.run_rounds([broken.runner], 4, 1, 2)
+
+
+# -- host copies, for real (no GPU needed) ---------------------------------------------------
+@pytest.mark.parametrize("nbytes", [1, 63, 64, 65, 4096, 100_003, 3 << 20])
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_host_copy_copies_every_byte(rng, nbytes, threads):
+    from vyre_cuda.profile._hostcopy import host_copy
+
+    src = rng.integers(0, 256, nbytes, dtype=np.uint8)
+    dst = np.zeros(nbytes, np.uint8)
+    times = host_copy(dst, src, threads, iterations=3, warmup=1)
+    np.testing.assert_array_equal(dst, src)
+    assert times.dtype == np.int64 and times.shape == (3,) and (times > 0).all()
+
+
+@pytest.mark.parametrize("sizes", [(1, 1), (4096, 63), (100_003, 65, 7), (0, 129, 1 << 20, 5)])
+@pytest.mark.parametrize("threads", [1, 2, 5, 16])
+def test_host_copy_splits_several_buffers_across_threads(rng, sizes, threads):
+    # the floor's pageable -> pinned ceiling copies its two inputs in one pass, split into
+    # equal byte shares that straddle the buffers' boundary
+    from vyre_cuda.profile._hostcopy import host_copy
+
+    srcs = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    dsts = [np.zeros(n, np.uint8) for n in sizes]
+    times = host_copy(dsts, srcs, threads, iterations=2)
+    for d, s in zip(dsts, srcs):
+        np.testing.assert_array_equal(d, s)
+    assert times.shape == (2,) and (times > 0).all()
+
+
+def test_host_copy_takes_any_contiguous_buffer_and_times_each_pass(rng):
+    from vyre_cuda.profile._hostcopy import host_copy
+
+    src = rng.random((64, 1000), dtype=np.float32)
+    dst = bytearray(src.nbytes)
+    assert host_copy(dst, src, 4, iterations=0).shape == (0,)
+    assert bytes(dst) == bytes(src.nbytes)  # no pass ran
+    t = host_copy(dst, src, 4, iterations=5, warmup=2)
+    assert bytes(dst) == src.tobytes() and t.shape == (5,)
+    assert host_copy(bytearray(), b"", 2, iterations=2).tolist() == [0, 0]
+
+
+def test_host_copy_releases_the_gil(rng):
+    from vyre_cuda.profile._hostcopy import host_copy
+
+    src = rng.integers(0, 256, 8 << 20, dtype=np.uint8)
+    dst = np.empty_like(src)
+    done = threading.Event()
+    spins = 0
+    worker = threading.Thread(target=lambda: (host_copy(dst, src, 1, 40), done.set()))
+    worker.start()
+    while not done.is_set():
+        spins += 1
+    worker.join()
+    assert spins > 100, f"the main thread ran only {spins} steps while the copies ran"
+
+
+@pytest.mark.parametrize("threads", [0, -1, 257])
+def test_host_copy_refuses_bad_thread_counts(threads):
+    from vyre_cuda.profile._hostcopy import host_copy
+
+    with pytest.raises(ValidationError) as err:
+        host_copy(bytearray(8), b"12345678", threads)
+    assert _fix_line(err.value).startswith("Fix: ")
+
+
+def test_host_copy_refuses_bad_buffers():
+    from vyre_cuda.profile._hostcopy import host_copy
+
+    cases = [
+        (bytearray(4), b"12345678"),  # sizes differ
+        (b"12345678", b"12345678"),  # read-only destination
+    ]
+    for dst, src in cases:
+        with pytest.raises(ValidationError) as err:
+            host_copy(dst, src)
+        assert _fix_line(err.value).startswith("Fix: ")
+    with pytest.raises(ValidationError):
+        host_copy(np.zeros((4, 4), np.uint8)[:, ::2], np.zeros(8, np.uint8))  # not contiguous
+    with pytest.raises(ValidationError):
+        host_copy(bytearray(8), object())
+    with pytest.raises(ValidationError):
+        host_copy(bytearray(8), b"12345678", 1, iterations=-1)
+    for dst, src in (([bytearray(1)], [b"1", b"2"]), ([bytearray(1)] * 5, [b"1"] * 5), ([], [])):
+        with pytest.raises(ValidationError) as err:
+            host_copy(dst, src)
+        assert _fix_line(err.value).startswith("Fix: ")
+
+
+# -- nothing of the harness at import of the runtime API --------------------------------------
+def test_runtime_api_never_imports_the_floor():
+    code = (
+        "import sys, vyre_cuda, vyre_cuda.backend, vyre_cuda.cli, vyre_cuda.profile\n"
+        "vyre_cuda.cli.build_parser()\n"
+        "loaded = [m for m in sys.modules if m.endswith(('_floor', '_hostcopy'))]\n"
+        "assert not loaded, loaded\n"
+        "print('ok')\n"
+    )
+    env = {"PYTHONPATH": str(pathlib.Path(vyre_cuda.__file__).resolve().parents[1]),
+           "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=str(ROOT.parent), check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+
+def test_run_profile_validates_before_touching_the_device():
+    for kwargs in ({"sizes": (4098,)}, {"sizes": (4096,), "iterations": 0},
+                   {"sizes": (4096,), "warmup": -1}, {"sizes": (4096,), "iterations": True},
+                   {"sizes": (4096,), "host_threads": 0}, {"sizes": (4096,), "rounds": 0}):
+        with pytest.raises(ValidationError):
+            P.run_profile(**kwargs)
+    with pytest.raises(ValidationError) as err:
+        P.run_profile(sizes=(4096,), backend=object(), backend_options={"copy_threads": 2})
+    assert "copy_threads" in str(err.value)
+
+
+# -- the whole run on a fake backend and a fake floor ----------------------------------------
+VYRE_KEYS = {"vyre.dispatch", "vyre.dispatch_profiled", "vyre.async_enqueue", "vyre.async_total",
+             "vyre.dispatch_into", "vyre.pinned"}
+FLOOR_KEYS = {"floor.pinned", "floor.pinned_enqueue", "floor.pageable",
+              "floor.pageable_enqueue"}
+
+
+def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
+    monkeypatch.setattr(engine, "LAUNCH_ONLY_MAX", 4 * KIB)
+    backend = FakeBackend(allocate_every=40)
+    progress = []
+    report = P.run_profile(sizes="4KiB,8KiB", iterations=40, warmup=3, peers=False, threads=True,
+                           progress=lambda label, f: progress.append((label, f)),
+                           backend=backend, rounds=4, thread_iterations=10, thread_repeats=1,
+                           host_threads=3)
+    assert not backend.closed  # a caller's backend stays open
+    assert all(f.closed for f in fake_device.floor.opened)
+    assert [s.nbytes for s in report.sizes] == [4096, 8192]
+    small, larger = report.sizes
+    assert small.elements == 1024 and small.iterations == 40
+    ceilings = {"ceiling.dma_h2d", "ceiling.dma_d2h", "ceiling.copy_in.1", "ceiling.copy_in.3",
+                "ceiling.copy_out.1", "ceiling.copy_out.3"}
+    assert set(small.systems) == VYRE_KEYS | FLOOR_KEYS | ceilings | {"floor.launch_only"}
+    assert set(larger.systems) == VYRE_KEYS | FLOOR_KEYS | ceilings  # launch only: small sizes
+    for key in ("vyre.dispatch", "vyre.pinned", "vyre.dispatch_into", "floor.pinned",
+                "ceiling.copy_in.3", "ceiling.dma_d2h"):
+        assert small.systems[key].n == 40, key
+    assert ("copy_in", 1) in fake_device.floor.calls and ("copy_in", 3) in fake_device.floor.calls
+    assert small.median("floor.pinned") == 20_000
+    assert small.gbps("ceiling.dma_h2d") == pytest.approx(8192 / 1_000)
+    assert small.gbps("ceiling.copy_out.3") == pytest.approx(4096 / 666)
+    assert small.median("floor.launch_only") == 3_500
+    assert set(small.stages) == set(STAGES) | {P.UNATTRIBUTED}
+    assert set(small.directions) == {"h2d", "d2h"}
+    assert 0 < small.coverage <= 1.0
+    assert small.moved == {"floor": (8192, 4096), "vyre": (8192, 4096)}
+    # the page-locked row really got page-locked inputs; the numpy row ordinary ones
+    assert Locked in backend.into_inputs and np.ndarray in backend.into_inputs
+    # telemetry over the timed dispatches only: 5 vyre rows x 40 samples (the async row's
+    # enqueue and total come from the same dispatches)
+    assert small.telemetry["dispatches"] == 5 * 40
+    assert small.telemetry["pinned_alloc_calls"] == 5  # one in every 40 dispatches
+    assert small.telemetry["ring_bytes"] == 32 << 20 and small.telemetry["copy_threads_live"] == 4
+    assert small.telemetry["ring_chunks"] == 3 * 5 * 40  # a counter: its change
+    assert small.allocations_per_dispatch("pinned") == pytest.approx(5 / 200)
+    t = {(x.key, x.size_bytes): x for x in report.targets}
+    assert t[("pinned_allocations_per_dispatch", 4096)].met is False
+    assert t[("device_allocations_per_dispatch", 4096)].met is True
+    assert t[("no_regression", 4096)].op == "report"
+    assert report.threads.floor[1] > 0 and report.threads.vyre[2] > 0
+    assert len(backend.threads_seen) >= 2  # the 2-thread run really used 2 threads
+    assert report.meta["device_name"] == "Fake GPU" and report.meta["program"].startswith("vecadd")
+    assert report.meta["host_threads"] == [1, 3]
+    assert report.stage_names == STAGES
+    assert progress and progress[-1][1] == pytest.approx(1.0)
+    assert [f for _, f in progress] == sorted(f for _, f in progress)
+    assert P.ProfileReport.from_json(report.to_json()).to_dict() == report.to_dict()
+
+
+def test_run_profile_without_page_locked_arrays_or_telemetry(fake_device, monkeypatch):
+    monkeypatch.setattr(vyre_cuda, "pinned_empty", None)  # a core without page-locked arrays
+    backend = FakeBackend()
+    del backend.telemetry
+    report = P.run_profile(sizes=(4096,), iterations=6, warmup=1, peers=False, threads=False,
+                           backend=backend, rounds=2, host_threads=1)
+    s = report.size(4096)
+    assert "vyre.pinned" not in s.systems and "vyre.dispatch_into" in s.systems
+    assert "pinned_empty" in s.skipped["page-locked"]
+    assert s.telemetry == {}
+    assert not any("allocations" in t.key for t in report.targets)
+    assert {k for k in s.systems if k.startswith("ceiling.copy")} == {
+        "ceiling.copy_in.1", "ceiling.copy_out.1"}
+    assert "skipped page-locked" in report.format_table()
+
+
+class _FakePeer:
+    def __init__(self, name, a, b, expected, wrong=False):
+        self.name, self.a, self.b, self.expected = name, a, b, expected
+        self.out = None
+        self.wrong = wrong
+        self.closed = False
+
+    def full(self, count):
+        self.out = self.a + self.b + (1 if self.wrong else 0)
+        return {f"peer.{self.name}": [60_000] * count}
+
+    def launch_only(self, batches):
+        return {f"peer.{self.name}.launch_only": [8_000] * batches}
+
+    def verify(self):
+        return np.array_equal(self.out, self.expected)
+
+    def close(self):
+        self.closed = True
+
+
+def test_run_profile_peers_measured_or_skipped_by_name(fake_device, monkeypatch):
+    opened = []
+
+    def open_peer(name, backend, image, entry, source, a, b, expected):
+        if name == "cuda_bindings":
+            raise RuntimeError("cannot start\nsecond line")
+        peer = _FakePeer(name, a, b, expected, wrong=(name == "torch"))
+        opened.append(peer)
+        return peer
+
+    monkeypatch.setattr(run, "peer_available", lambda name: True)
+    monkeypatch.setattr(run, "open_peer", open_peer)
+    report = P.run_profile(sizes=(4096,), iterations=4, warmup=1, peers=True, threads=False,
+                           backend=FakeBackend(), rounds=2)
+    s = report.size(4096)
+    assert s.skipped["cuda_bindings"] == "failed to start: RuntimeError: cannot start"
+    assert s.skipped["torch"].startswith("failed: WrongResult")  # its output was checked
+    assert s.median("peer.cupy") == 60_000 and s.median("peer.cupy.launch_only") == 8_000
+    assert "peer.torch" not in s.systems
+    assert all(p.closed for p in opened)
+    t = {(x.key, x.size_bytes): x for x in report.targets}
+    assert ("cupy_vs_vyre", 4096) in t and ("torch_vs_vyre", 4096) not in t
+    monkeypatch.setattr(run, "peer_available", lambda name: False)
+    report = P.run_profile(sizes=(4096,), iterations=2, warmup=0, peers=True, threads=False,
+                           backend=FakeBackend(), rounds=1)
+    assert report.size(4096).skipped == {
+        "cuda_bindings": "cuda.bindings is not installed", "cupy": "cupy is not installed",
+        "torch": "torch is not installed"}
+
+
+def test_run_profile_user_program_skips_peers_and_targets(fake_device):
+    program = types.SimpleNamespace(
+        name="scale", kernel=types.SimpleNamespace(kind="cuda", entry="scale"),
+        inputs=(BufferDecl.read("x", 0, "f64"),),
+    )
+    backend = FakeBackend()
+    report = P.run_profile(sizes=(4096,), iterations=8, warmup=1, program=program, peers=True,
+                           threads=False, backend=backend, rounds=2)
+    s = report.size(4096)
+    assert {"cuda_bindings", "cupy", "torch"} <= set(s.skipped)
+    assert report.targets == [] and report.threads is None
+    assert "scale" in report.meta["program"]
+    assert s.moved["vyre"] == (4096, 4096)  # one f64 input, one f64 output
+    assert s.traffic("vyre.dispatch") == 8192 and s.traffic("floor.pinned") == 3 * 4096
+
+
+def test_run_profile_passes_backend_options_and_compares_with_a_baseline(fake_device, tmp_path):
+    base = P.run_profile(sizes=(4096,), iterations=4, warmup=1, peers=False, threads=False)
+    path = tmp_path / "base.json"
+    path.write_text(base.to_json())
+    report = P.run_profile(sizes=(4096,), iterations=4, warmup=1, peers=False, threads=False,
+                           backend_options={"copy_threads": 4}, baseline=str(path))
+    assert fake_device.created[-1].options == {"copy_threads": 4}
+    assert all(b.closed for b in fake_device.created)
+    assert report.meta["backend_options"] == {"copy_threads": 4}
+    assert report.meta["baseline"]["path"] == str(path)
+    t = {(x.key, x.size_bytes): x for x in report.targets}
+    assert t[("no_regression", 4096)].value is not None and t[("no_regression", 4096)].op == "<="
+
+
+def test_run_profile_refuses_options_the_backend_does_not_take(fake_device, monkeypatch):
+    def old_backend(device=0):
+        return FakeBackend(device)
+
+    monkeypatch.setattr(vyre_cuda, "CudaBackend", old_backend)
+    with pytest.raises(ValidationError) as err:
+        P.run_profile(sizes=(4096,), iterations=2, peers=False, threads=False,
+                      backend_options={"staging_chunks": 4})
+    assert "staging_chunks" in str(err.value) and _fix_line(err.value).startswith("Fix: ")
+
+
+def test_a_missing_floor_extension_says_how_to_build_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vyre_cuda.profile._floor", None)
+    monkeypatch.delattr(P, "_floor", raising=False)
+    with pytest.raises(vyre_cuda.UnsupportedFeature) as err:
+        run.import_floor()
+    assert "build_ext" in _fix_line(err.value)

@@ -1,0 +1,75 @@
+"""Where each microsecond and each byte of a dispatch goes, beside the floor and the ceilings.
+
+One :func:`run_profile` call measures, in the same process and interleaved round by round, at
+each size (bytes per buffer; vecadd moves two inputs in and one output out):
+
+* **vyre_cuda**: ``CudaBackend.dispatch`` from numpy arrays; the same with the core's stage
+  clocks on, split into stages plus the *unattributed* remainder; ``dispatch_into`` into numpy
+  arrays; ``dispatch_into`` with page-locked inputs and outputs (``vyre_cuda.pinned_empty``);
+  ``dispatch_async`` until the pending handle returns, and with ``.result()``. The backend's
+  allocation counters give the allocations per dispatch.
+* **the floor** (``vyre_cuda.profile._floor``): the same driver calls from a minimal C loop,
+  through pinned staging (and its enqueue part), the driver's own pageable path, and the host
+  time of one ``cuLaunchKernel``.
+* **the ceilings**: DMA from and to pinned memory, and host memcpy pageable -> pinned and
+  pinned -> pageable on 1 and N threads, of the same bytes.
+* **peers**, when importable: cuda.bindings Python driver calls, CuPy ``RawKernel`` and PyTorch
+  eager add; a missing peer is skipped by name.
+* **thread scaling**: throughput from 1 and 2 Python threads, vyre_cuda against the floor.
+
+Every time is a median with p10 and p90, given beside its GB/s (see
+:mod:`vyre_cuda.profile.report` for the definitions) and as a ratio to the floor of the same
+run; the targets are ratios within the run (:mod:`vyre_cuda.profile.targets`).
+
+>>> from vyre_cuda.profile import run_profile
+>>> report = run_profile(sizes=("4KiB", "64MiB"))            # doctest: +SKIP
+>>> print(report.format_table())                             # doctest: +SKIP
+>>> report.plot("profile.png")                               # doctest: +SKIP
+
+The floor extension is imported only by a run, never by ``import vyre_cuda`` or this package.
+"""
+
+from .cli import add_arguments, main
+from .engine import WrongResult
+from .report import SCHEMA, ProfileReport, SizeResult, Target, ThreadScaling
+from .run import DEFAULT_SIZES, run_profile
+from .specs import (
+    format_size,
+    load_user_program,
+    parse_buffer_spec,
+    parse_size,
+    parse_sizes,
+)
+from .stats import Summary, gain, gbps, median, percentile, ratio, summarize, throughput
+from .systems import PEERS, STAGE_NAMES, UNATTRIBUTED
+from .targets import evaluate_targets
+
+__all__ = [
+    "DEFAULT_SIZES",
+    "PEERS",
+    "SCHEMA",
+    "STAGE_NAMES",
+    "UNATTRIBUTED",
+    "ProfileReport",
+    "SizeResult",
+    "Summary",
+    "Target",
+    "ThreadScaling",
+    "WrongResult",
+    "add_arguments",
+    "evaluate_targets",
+    "format_size",
+    "gain",
+    "gbps",
+    "load_user_program",
+    "main",
+    "median",
+    "parse_buffer_spec",
+    "parse_size",
+    "parse_sizes",
+    "percentile",
+    "ratio",
+    "run_profile",
+    "summarize",
+    "throughput",
+]

@@ -1,0 +1,578 @@
+# cython: language_level=3, embedsignature=True
+"""The driver floor and the transfer ceilings: what the hardware and a minimal C loop can do.
+
+Every performance figure of :mod:`vyre_cuda.profile` is a ratio to this loop or a fraction of
+these ceilings, measured in the same run. For ``out = a + b`` on float32 buffers the floor
+issues exactly what a borrowed-buffer dispatch needs and nothing else: memcpy of the caller's
+``a`` and ``b`` into pinned staging, two ``cuMemcpyHtoDAsync``, ``cuMemsetD8Async`` of ``out``,
+``cuLaunchKernel``, ``cuMemcpyDtoHAsync``, ``cuEventRecord``, ``cuEventSynchronize`` and a
+memcpy of ``out`` into the caller's array. Device buffers, pinned staging, the stream and the
+event are allocated once, outside the timed loops.
+
+The ceilings move the same bytes: the DMA engines from and to pinned memory (no host copy), and
+the host's memcpy between pageable (numpy) and pinned memory on 1 or N threads
+(:mod:`vyre_cuda.profile._hostcopy`).
+
+This module is for measurement only; the runtime API never imports it. The clock and the driver
+error checker are the core's (``vyre_cuda._driver``): ``clock_gettime(CLOCK_MONOTONIC)``, the
+clock behind ``time.perf_counter_ns`` on Linux.
+"""
+
+from libc.stdint cimport int64_t, uintptr_t
+from libc.string cimport memcpy
+
+from cuda.bindings cimport cydriver
+from cuda.bindings.cydriver cimport (
+    CUDA_SUCCESS,
+    CUcontext,
+    CUdeviceptr,
+    CUevent,
+    CUfunction,
+    CUmodule,
+    CUresult,
+    CUstream,
+)
+
+from vyre_cuda._driver cimport check_cu, now_ns, raise_cu
+from vyre_cuda.profile._hostcopy cimport check_counts, copy_passes, i64_data
+
+import numpy as np
+
+from vyre_cuda.errors import ValidationError
+
+__all__ = [
+    "BLOCK_SIZE",
+    "FLOOR_ENTRY",
+    "FLOOR_SOURCE",
+    "Floor",
+    "FloorKernel",
+    "monotonic_ns",
+]
+
+
+cdef enum:
+    _BLOCK = 256  # threads per block, as in the H200 baseline
+
+FLOOR_ENTRY = "vecadd"
+BLOCK_SIZE = _BLOCK
+# The plain signature the floor launches: no params block, the element count by value.
+FLOOR_SOURCE = r"""
+extern "C" __global__ void vecadd(const float* a, const float* b, float* out, unsigned n) {
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        out[i] = a[i] + b[i];
+    }
+}
+"""
+
+# Staging slices start on this boundary so each copy's host side is aligned for the DMA engine.
+cdef size_t _STAGING_ALIGN = 256
+
+
+def monotonic_ns():
+    """``clock_gettime(CLOCK_MONOTONIC)`` in ns, the floor's clock (for cross-checks)."""
+    return now_ns()
+
+
+cdef inline void _note(CUresult status, const char* call, CUresult* first,
+                       const char** first_call) noexcept nogil:
+    if status != CUDA_SUCCESS and first[0] == CUDA_SUCCESS:
+        first[0] = status
+        first_call[0] = call
+
+
+cdef CUcontext _context_of(handle) except? NULL:
+    value = int(handle)
+    if value <= 0:
+        raise ValidationError(
+            f"context handle must be a non-null CUcontext address (got {handle!r})",
+            "pass backend.context_handle of an open CudaBackend",
+        )
+    return <CUcontext><uintptr_t>value
+
+
+cdef class FloorKernel:
+    """The floor's ``vecadd`` loaded into a context from a compiled image (PTX or cubin).
+
+    Parameters
+    ----------
+    context_handle : int
+        The CUcontext (as an int) to load into, e.g. ``CudaBackend.context_handle``.
+    image : bytes
+        What ``cuModuleLoadData`` accepts: cubin, fatbin or PTX text (NUL-terminated here).
+    entry : str
+        The kernel's name; it must have the signature of :data:`FLOOR_SOURCE`.
+    """
+
+    cdef CUcontext _ctx
+    cdef CUmodule _module
+    cdef CUfunction _func
+    cdef readonly str entry
+
+    def __cinit__(self):
+        self._ctx = NULL
+        self._module = NULL
+        self._func = NULL
+
+    def __init__(self, context_handle, image, str entry=FLOOR_ENTRY):
+        cdef bytes data = bytes(image)
+        cdef bytes name = entry.encode()
+        cdef const char* data_p
+        cdef const char* name_p = name
+        if not data:
+            raise ValidationError(
+                "the floor kernel image is empty (got 0 bytes)",
+                "pass the .image of vyre_cuda.compile.compile_kernel(...)",
+            )
+        if not data.endswith(b"\0"):
+            data += b"\0"  # PTX must be NUL-terminated; a trailing byte is harmless to ELF images
+        data_p = data
+        self._ctx = _context_of(context_handle)
+        self.entry = entry
+        try:
+            with nogil:
+                check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
+                check_cu(cydriver.cuModuleLoadData(&self._module, data_p), b"cuModuleLoadData")
+                check_cu(cydriver.cuModuleGetFunction(&self._func, self._module, name_p),
+                         b"cuModuleGetFunction")
+        except BaseException:
+            self._unload(False)
+            raise
+
+    @property
+    def closed(self):
+        return self._module == NULL
+
+    cdef int _unload(self, bint check) except -1:
+        cdef CUresult r1 = CUDA_SUCCESS
+        cdef CUresult r2 = CUDA_SUCCESS
+        if self._module == NULL:
+            return 0
+        with nogil:
+            r1 = cydriver.cuCtxSetCurrent(self._ctx)
+            r2 = cydriver.cuModuleUnload(self._module)
+        self._module = NULL
+        self._func = NULL
+        if check:
+            check_cu(r1, b"cuCtxSetCurrent")
+            check_cu(r2, b"cuModuleUnload")
+        return 0
+
+    def close(self):
+        """Unload the module. Close the :class:`Floor` objects using it first."""
+        self._unload(True)
+
+    def __dealloc__(self):
+        # Never raise from a finaliser: a failed unload at teardown only leaks the module.
+        cdef CUresult r
+        if self._module != NULL:
+            r = cydriver.cuCtxSetCurrent(self._ctx)
+            r = cydriver.cuModuleUnload(self._module)
+            self._module = NULL
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+cdef class Floor:
+    """One floor loop's resources: three device buffers of ``n`` float32, pinned staging for
+    them, a non-blocking stream and an event, all allocated once.
+
+    Each timed method makes the context current in the calling thread, then runs its whole
+    loop with the GIL released. Use one Floor per thread.
+
+    >>> floor = Floor(kernel, 1024)                         # doctest: +SKIP
+    >>> total_ns, enqueue_ns = floor.full_pinned(a, b, out, 1000, warmup=100)  # doctest: +SKIP
+    >>> floor.close()                                        # doctest: +SKIP
+    """
+
+    cdef FloorKernel _kernel
+    cdef CUcontext _ctx
+    cdef CUfunction _func
+    cdef CUdeviceptr _d_a
+    cdef CUdeviceptr _d_b
+    cdef CUdeviceptr _d_out
+    cdef char* _pinned
+    cdef char* _h_a
+    cdef char* _h_b
+    cdef char* _h_out
+    cdef CUstream _stream
+    cdef CUevent _event
+    cdef size_t _nbytes
+    cdef unsigned int _n
+    cdef unsigned int _grid
+    cdef void* _args[4]
+    cdef unsigned long long _span[2]  # start and end of the last timed loop
+    cdef readonly Py_ssize_t n
+
+    def __cinit__(self):
+        self._ctx = NULL
+        self._pinned = NULL
+        self._stream = NULL
+        self._event = NULL
+        self._d_a = 0
+        self._d_b = 0
+        self._d_out = 0
+
+    def __init__(self, FloorKernel kernel not None, Py_ssize_t n):
+        cdef size_t stride
+        if kernel.closed:
+            raise ValidationError(
+                "the FloorKernel is closed (its module was unloaded)",
+                "create the Floor before closing its FloorKernel",
+            )
+        if n <= 0 or n > 0x7FFFFFFF:
+            raise ValidationError(
+                f"floor element count must be in 1..2,147,483,647 (got {n:,})",
+                "pass a buffer size of at least 4 bytes and below 8 GiB",
+            )
+        self._kernel = kernel
+        self._ctx = kernel._ctx
+        self._func = kernel._func
+        self.n = n
+        self._n = <unsigned int>n
+        self._nbytes = <size_t>n * sizeof(float)
+        self._grid = <unsigned int>((n + _BLOCK - 1) // _BLOCK)
+        stride = (self._nbytes + _STAGING_ALIGN - 1) // _STAGING_ALIGN * _STAGING_ALIGN
+        self._args[0] = &self._d_a
+        self._args[1] = &self._d_b
+        self._args[2] = &self._d_out
+        self._args[3] = &self._n
+        try:
+            with nogil:
+                check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
+                check_cu(cydriver.cuMemAlloc(&self._d_a, self._nbytes), b"cuMemAlloc")
+                check_cu(cydriver.cuMemAlloc(&self._d_b, self._nbytes), b"cuMemAlloc")
+                check_cu(cydriver.cuMemAlloc(&self._d_out, self._nbytes), b"cuMemAlloc")
+                check_cu(cydriver.cuMemHostAlloc(<void**>&self._pinned, 3 * stride, 0),
+                         b"cuMemHostAlloc")
+                check_cu(cydriver.cuStreamCreate(&self._stream, cydriver.CU_STREAM_NON_BLOCKING),
+                         b"cuStreamCreate")
+                check_cu(cydriver.cuEventCreate(&self._event, cydriver.CU_EVENT_DISABLE_TIMING),
+                         b"cuEventCreate")
+        except BaseException:
+            self._release_quiet()
+            raise
+        self._h_a = self._pinned
+        self._h_b = self._pinned + stride
+        self._h_out = self._pinned + 2 * stride
+
+    @property
+    def nbytes(self):
+        """Bytes per buffer."""
+        return self._nbytes
+
+    @property
+    def closed(self):
+        return self._stream == NULL
+
+    # -- one iteration, split where the timings split -------------------------------------
+    cdef int _enqueue_pinned(self, const char* a, const char* b) except -1 nogil:
+        memcpy(self._h_a, a, self._nbytes)
+        memcpy(self._h_b, b, self._nbytes)
+        self._upload()
+        check_cu(cydriver.cuMemsetD8Async(self._d_out, 0, self._nbytes, self._stream),
+                 b"cuMemsetD8Async")
+        self._launch()
+        check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes, self._stream),
+                 b"cuMemcpyDtoHAsync")
+        check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
+        return 0
+
+    cdef int _finish_pinned(self, char* out) except -1 nogil:
+        self._sync()
+        memcpy(out, self._h_out, self._nbytes)
+        return 0
+
+    cdef int _enqueue_pageable(self, const char* a, const char* b, char* out) except -1 nogil:
+        # The driver stages pageable memory itself (and may block in the copies).
+        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_a, a, self._nbytes, self._stream),
+                 b"cuMemcpyHtoDAsync")
+        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_b, b, self._nbytes, self._stream),
+                 b"cuMemcpyHtoDAsync")
+        check_cu(cydriver.cuMemsetD8Async(self._d_out, 0, self._nbytes, self._stream),
+                 b"cuMemsetD8Async")
+        self._launch()
+        check_cu(cydriver.cuMemcpyDtoHAsync(out, self._d_out, self._nbytes, self._stream),
+                 b"cuMemcpyDtoHAsync")
+        check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
+        return 0
+
+    cdef inline int _upload(self) except -1 nogil:
+        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_a, self._h_a, self._nbytes, self._stream),
+                 b"cuMemcpyHtoDAsync")
+        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_b, self._h_b, self._nbytes, self._stream),
+                 b"cuMemcpyHtoDAsync")
+        return 0
+
+    cdef inline int _launch(self) except -1 nogil:
+        check_cu(cydriver.cuLaunchKernel(self._func, self._grid, 1, 1, _BLOCK, 1, 1, 0,
+                                         self._stream, self._args, NULL), b"cuLaunchKernel")
+        return 0
+
+    cdef inline int _sync(self) except -1 nogil:
+        check_cu(cydriver.cuEventSynchronize(self._event), b"cuEventSynchronize")
+        return 0
+
+    cdef void _drain(self) noexcept:
+        # After a failure mid-loop, wait for what was enqueued (copies may target the caller's
+        # memory); the result is ignored, the original error is the one reported.
+        if self._stream != NULL:
+            with nogil:
+                cydriver.cuStreamSynchronize(self._stream)
+
+    cdef int _ready(self) except -1:
+        if self._stream == NULL:
+            raise ValidationError("this Floor is closed", "create a new Floor")
+        return 0
+
+    cdef int _loop(self, int variant, const char* pa, const char* pb, char* po,
+                   Py_ssize_t iterations, Py_ssize_t warmup, int64_t* tv,
+                   int64_t* ev) except -1 nogil:
+        # variant 0: full through pinned staging; 1: the driver's pageable path; 2: the DMA
+        # ceiling upload (both inputs, pinned -> device); 3: the DMA ceiling readback.
+        cdef Py_ssize_t i
+        cdef unsigned long long t0, t1
+        check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
+        for i in range(warmup + iterations):
+            t0 = now_ns()
+            if i == warmup:
+                self._span[0] = t0
+            if variant == 0:
+                self._enqueue_pinned(pa, pb)
+            elif variant == 1:
+                self._enqueue_pageable(pa, pb, po)
+            elif variant == 2:
+                self._upload()
+                check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
+            else:
+                check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes,
+                                                    self._stream), b"cuMemcpyDtoHAsync")
+                check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
+            t1 = now_ns()
+            if variant == 0:
+                self._finish_pinned(po)
+            else:
+                self._sync()
+            if i >= warmup:
+                tv[i - warmup] = <int64_t>(now_ns() - t0)
+                if ev != NULL:
+                    ev[i - warmup] = <int64_t>(t1 - t0)
+        self._span[1] = now_ns()
+        if iterations == 0:
+            self._span[0] = self._span[1]
+        return 0
+
+    def _timed(self, int variant, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup,
+               bint with_enqueue):
+        self._ready()
+        check_counts(iterations, warmup)
+        cdef const char* pa = NULL
+        cdef const char* pb = NULL
+        cdef char* po = NULL
+        cdef const float[::1] av
+        cdef const float[::1] bv
+        cdef float[::1] ov
+        if a is not None:
+            a, b, out = self._views(a, b, out)
+            av = a
+            bv = b
+            ov = out
+            pa = <const char*>&av[0]
+            pb = <const char*>&bv[0]
+            po = <char*>&ov[0]
+        total = np.empty(iterations, dtype=np.int64)
+        enqueue = np.empty(iterations, dtype=np.int64) if with_enqueue else None
+        cdef int64_t* tv = i64_data(total)
+        cdef int64_t* ev = i64_data(enqueue) if with_enqueue else NULL
+        try:
+            with nogil:
+                self._loop(variant, pa, pb, po, iterations, warmup, tv, ev)
+        except BaseException:
+            self._drain()
+            raise
+        return (total, enqueue) if with_enqueue else total
+
+    def _views(self, a, b, out):
+        return (
+            _as_f32(a, "a", self.n, False),
+            _as_f32(b, "b", self.n, False),
+            _as_f32(out, "out", self.n, True),
+        )
+
+    # -- the floor ------------------------------------------------------------------------
+    def full_pinned(self, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup=0):
+        """Full dispatch through pinned staging, timed per iteration.
+
+        Returns ``(total_ns, enqueue_ns)``, int64 arrays of length ``iterations``: the whole
+        iteration (memcpy in ... memcpy out), and its enqueue part (up to and including
+        ``cuEventRecord``). ``out`` holds ``a + b`` afterwards.
+        """
+        return self._timed(0, a, b, out, iterations, warmup, True)
+
+    def full_pageable(self, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup=0):
+        """Full dispatch with H2D straight from ``a``/``b`` and D2H straight into ``out``
+        (the driver's own pageable path). Returns ``(total_ns, enqueue_ns)`` like
+        :meth:`full_pinned`."""
+        return self._timed(1, a, b, out, iterations, warmup, True)
+
+    def launch_only(self, Py_ssize_t batches, Py_ssize_t batch_size=256,
+                    Py_ssize_t warmup_batches=1):
+        """Host time per ``cuLaunchKernel`` on the preallocated buffers: ``batches`` batches of
+        ``batch_size`` launches, stream synchronized between batches (outside the timing).
+        Returns an int64 array of ns per launch, one entry per batch."""
+        self._ready()
+        check_counts(batches, warmup_batches)
+        if batch_size <= 0:
+            raise ValidationError(
+                f"batch_size must be >= 1 (got {batch_size})", "pass batch_size=256"
+            )
+        per_launch = np.empty(batches, dtype=np.int64)
+        cdef int64_t* pv = i64_data(per_launch)
+        cdef Py_ssize_t i, _j
+        cdef unsigned long long t0, t1
+        try:
+            with nogil:
+                check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
+                for i in range(warmup_batches + batches):
+                    t0 = now_ns()
+                    for _j in range(batch_size):
+                        self._launch()
+                    t1 = now_ns()
+                    check_cu(cydriver.cuStreamSynchronize(self._stream), b"cuStreamSynchronize")
+                    if i >= warmup_batches:
+                        pv[i - warmup_batches] = <int64_t>((t1 - t0 + batch_size // 2)
+                                                           // batch_size)
+        except BaseException:
+            self._drain()
+            raise
+        return per_launch
+
+    def run_fixed(self, a, b, out, Py_ssize_t iterations):
+        """``iterations`` full pinned dispatches back to back, the GIL released for the whole
+        loop. Returns ``(start_ns, end_ns)`` of the loop."""
+        self._timed(0, a, b, out, iterations, 0, False)
+        return self._span[0], self._span[1]
+
+    # -- the ceilings ---------------------------------------------------------------------
+    def dma_h2d(self, Py_ssize_t iterations, Py_ssize_t warmup=0):
+        """DMA ceiling, upload: both input buffers from pinned staging to the device (two
+        ``cuMemcpyHtoDAsync``, an event, its synchronize). Returns int64 ns per upload."""
+        return self._timed(2, None, None, None, iterations, warmup, False)
+
+    def dma_d2h(self, Py_ssize_t iterations, Py_ssize_t warmup=0):
+        """DMA ceiling, readback: the output buffer from the device into pinned staging.
+        Returns int64 ns per readback."""
+        return self._timed(3, None, None, None, iterations, warmup, False)
+
+    def copy_in(self, a, b, int threads, Py_ssize_t iterations, Py_ssize_t warmup=0):
+        """Host memcpy ceiling, pageable -> pinned: ``a`` and ``b`` into the pinned staging
+        with ``threads`` threads (started once). Returns int64 ns per pass (both buffers)."""
+        self._ready()
+        cdef const float[::1] av = _as_f32(a, "a", self.n, False)
+        cdef const float[::1] bv = _as_f32(b, "b", self.n, False)
+        cdef char* dst[2]
+        cdef const char* src[2]
+        dst[0] = self._h_a
+        dst[1] = self._h_b
+        src[0] = <const char*>&av[0]
+        src[1] = <const char*>&bv[0]
+        cdef size_t lengths[2]
+        lengths[0] = self._nbytes
+        lengths[1] = self._nbytes
+        return copy_passes(dst, src, lengths, 2, threads, iterations, warmup)
+
+    def copy_out(self, out, int threads, Py_ssize_t iterations, Py_ssize_t warmup=0):
+        """Host memcpy ceiling, pinned -> pageable: the pinned output staging into ``out``
+        with ``threads`` threads (started once). Returns int64 ns per pass."""
+        self._ready()
+        cdef float[::1] ov = _as_f32(out, "out", self.n, True)
+        cdef char* dst[1]
+        cdef const char* src[1]
+        dst[0] = <char*>&ov[0]
+        src[0] = self._h_out
+        return copy_passes(dst, src, &self._nbytes, 1, threads, iterations, warmup)
+
+    # -- teardown ---------------------------------------------------------------------
+    cdef void _release(self, CUresult* first, const char** first_call) noexcept nogil:
+        # Wait for in-flight work (it reads the staging) before freeing anything; keep going
+        # after a failure so that everything else is still freed, and remember the first one.
+        if self._ctx == NULL:
+            return
+        _note(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent", first, first_call)
+        if self._stream != NULL:
+            _note(cydriver.cuStreamSynchronize(self._stream), b"cuStreamSynchronize",
+                  first, first_call)
+        if self._event != NULL:
+            _note(cydriver.cuEventDestroy(self._event), b"cuEventDestroy", first, first_call)
+            self._event = NULL
+        if self._stream != NULL:
+            _note(cydriver.cuStreamDestroy(self._stream), b"cuStreamDestroy", first, first_call)
+            self._stream = NULL
+        if self._d_a != 0:
+            _note(cydriver.cuMemFree(self._d_a), b"cuMemFree", first, first_call)
+            self._d_a = 0
+        if self._d_b != 0:
+            _note(cydriver.cuMemFree(self._d_b), b"cuMemFree", first, first_call)
+            self._d_b = 0
+        if self._d_out != 0:
+            _note(cydriver.cuMemFree(self._d_out), b"cuMemFree", first, first_call)
+            self._d_out = 0
+        if self._pinned != NULL:
+            _note(cydriver.cuMemFreeHost(self._pinned), b"cuMemFreeHost", first, first_call)
+            self._pinned = NULL
+            self._h_a = NULL
+            self._h_b = NULL
+            self._h_out = NULL
+
+    cdef void _release_quiet(self) noexcept:
+        cdef CUresult first = CUDA_SUCCESS
+        cdef const char* first_call = NULL
+        self._release(&first, &first_call)
+
+    def close(self):
+        """Synchronize the stream, then free the event, stream, device buffers and staging.
+        Safe to call twice; raises the first driver failure after freeing everything."""
+        cdef CUresult first = CUDA_SUCCESS
+        cdef const char* first_call = NULL
+        with nogil:
+            self._release(&first, &first_call)
+        if first != CUDA_SUCCESS:
+            raise_cu(first, first_call)
+
+    def __dealloc__(self):
+        # A finaliser never raises; freeing here is the fallback for a Floor never closed.
+        self._release_quiet()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _as_f32(x, str name, Py_ssize_t n, bint writable):
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 1:
+        raise ValidationError(
+            f"floor buffer {name!r} must be a 1-D float32 numpy array "
+            f"(got {type(x).__name__} {getattr(x, 'dtype', '')} ndim={getattr(x, 'ndim', '?')})",
+            "pass np.ascontiguousarray(x, dtype=np.float32).ravel()",
+        )
+    if not x.flags.c_contiguous:
+        raise ValidationError(
+            f"floor buffer {name!r} must be C-contiguous", "pass np.ascontiguousarray(x)"
+        )
+    if x.shape[0] < n:
+        raise ValidationError(
+            f"floor buffer {name!r} holds {x.shape[0]:,} elements, the floor needs {n:,}",
+            f"pass at least {n:,} float32 elements",
+        )
+    if writable and not x.flags.writeable:
+        raise ValidationError(
+            f"floor buffer {name!r} is read-only",
+            "pass a writable array, e.g. np.empty(n, np.float32)",
+        )
+    return x

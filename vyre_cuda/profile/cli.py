@@ -1,0 +1,178 @@
+"""``vyre-cuda profile``: its options and its main."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+import sys
+import time
+
+from ..errors import BackendError, ValidationError
+from .plot import require_matplotlib
+from .run import DEFAULT_SIZES, run_profile
+from .specs import load_user_program, parse_size, parse_sizes
+
+__all__ = ["ProgressLine", "add_arguments", "backend_options", "count_arg", "main", "size_arg",
+           "sizes_arg"]
+
+
+class ProgressLine:
+    """A one-line progress display on stderr, shown only once a run has lasted a second."""
+
+    def __init__(self, stream=None, delay=1.0, interval=5.0):
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.start = time.monotonic()
+        self.delay = delay
+        self.interval = interval
+        self.last = -math.inf
+        self.shown = False
+
+    def __call__(self, label, fraction):
+        now = time.monotonic()
+        if now - self.start < self.delay:
+            return
+        if not self.tty and now - self.last < self.interval:
+            return
+        self.last = now
+        text = f"[vyre-cuda profile] {fraction:4.0%} {label}"
+        if self.tty:
+            self.stream.write("\r" + text[:110].ljust(110))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+        self.shown = True
+
+    def done(self):
+        if self.shown and self.tty:
+            self.stream.write("\r" + " " * 110 + "\r")
+            self.stream.flush()
+
+
+def sizes_arg(text):
+    """argparse type: a comma-separated list of sizes."""
+    try:
+        return parse_sizes(text)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def size_arg(text):
+    """argparse type: one size in bytes (``8MiB``)."""
+    try:
+        return parse_size(text)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def count_arg(minimum):
+    """argparse type: an integer >= ``minimum``."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {minimum} (got {text!r})\nFix: pass a whole number")
+        return value
+
+    return parse
+
+
+_BACKEND_OPTIONS = ("staging_chunk_bytes", "staging_chunks", "copy_threads")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``vyre-cuda profile`` options to ``parser``."""
+    parser.add_argument(
+        "--sizes", type=sizes_arg, default=DEFAULT_SIZES, metavar="LIST",
+        help="bytes per buffer, comma-separated, with K/KiB/M/MiB/G/GiB suffixes "
+             "(default 4KiB,4MiB,64MiB,256MiB,1GiB)")
+    parser.add_argument(
+        "--iterations", type=count_arg(1), default=None, metavar="N",
+        help="timed samples per system and size (default: 2000 at 4 KiB, fewer as the size "
+             "grows, 5 at 1 GiB)")
+    parser.add_argument(
+        "--warmup", type=count_arg(0), default=None, metavar="N",
+        help="untimed samples per system first (default: a tenth of --iterations, at most 200)")
+    parser.add_argument(
+        "--json", nargs="?", const="-", default=None, metavar="FILE",
+        help="write the result as JSON to FILE, or to stdout (instead of the table) without FILE")
+    parser.add_argument(
+        "--plot", default=None, metavar="FILE.png",
+        help="save stage bars per size and GB/s against the ceilings (needs matplotlib)")
+    parser.add_argument(
+        "--baseline", default=None, metavar="FILE.json",
+        help="a stored result (e.g. benchmarks/results/latest.json): the small sizes' "
+             "vyre_cuda / floor ratio must not grow past it by more than 5%%")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="skip cuda.bindings, CuPy and PyTorch")
+    parser.add_argument("--no-threads", action="store_true",
+                        help="skip the 2-thread scaling measurement")
+    parser.add_argument("--host-threads", type=count_arg(1), default=None, metavar="N",
+                        help="threads of the N-thread host memcpy ceiling (default: the CPUs, "
+                             "at most 16)")
+    parser.add_argument("--kernel", default=None, metavar="FILE",
+                        help="profile a user kernel (.cu CUDA C++ or .ptx) instead of vecadd")
+    parser.add_argument("--entry", default=None, metavar="NAME",
+                        help="the user kernel's entry point (default vyre_main, or main for PTX)")
+    parser.add_argument("--buffers", default=None, metavar="SPEC",
+                        help="the user kernel's buffers, e.g. 'a:f32:in,b:f32:in,out:f32:out'")
+    parser.add_argument("--device", type=count_arg(0), default=0, metavar="N",
+                        help="CUDA device ordinal (default 0)")
+    group = parser.add_argument_group("backend options (passed to CudaBackend when given)")
+    group.add_argument("--staging-chunk-bytes", type=size_arg, default=None, metavar="SIZE",
+                       help="bytes per chunk of the pinned staging ring, e.g. 8MiB")
+    group.add_argument("--staging-chunks", type=count_arg(1), default=None, metavar="N",
+                       help="chunks in the pinned staging ring")
+    group.add_argument("--copy-threads", type=count_arg(1), default=None, metavar="N",
+                       help="the backend's host copy threads")
+    return parser
+
+
+def backend_options(args) -> dict:
+    """The backend options given on the command line (only those given)."""
+    return {name: getattr(args, name) for name in _BACKEND_OPTIONS
+            if getattr(args, name, None) is not None}
+
+
+def main(args) -> int:
+    """Run ``vyre-cuda profile`` with parsed ``args``; returns the exit status (0 done, 1 the
+    device or driver failed, 2 the arguments are wrong)."""
+    try:
+        program = None
+        if args.kernel is not None:
+            program = load_user_program(args.kernel, args.entry, args.buffers)
+        elif args.buffers is not None or args.entry is not None:
+            raise ValidationError(
+                "--buffers and --entry describe a user kernel, but no --kernel was given",
+                "pass --kernel FILE with them, or drop them to profile the built-in vecadd",
+            )
+        if args.plot is not None:
+            require_matplotlib()  # fail before a long run, not after it
+        progress = ProgressLine()
+        try:
+            report = run_profile(
+                sizes=args.sizes, iterations=args.iterations, warmup=args.warmup,
+                program=program, peers=not args.no_peers, threads=not args.no_threads,
+                progress=progress, device=args.device, backend_options=backend_options(args),
+                host_threads=args.host_threads, baseline=args.baseline,
+            )
+        finally:
+            progress.done()
+        if args.json == "-":
+            sys.stdout.write(report.to_json() + "\n")
+        else:
+            sys.stdout.write(report.format_table())
+            if args.json is not None:
+                pathlib.Path(args.json).write_text(report.to_json() + "\n")
+                print(f"JSON written to {args.json}", file=sys.stderr)
+        if args.plot is not None:
+            report.plot(args.plot)
+            print(f"plot written to {args.plot}", file=sys.stderr)
+    except BackendError as exc:
+        print(f"vyre-cuda profile: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValidationError) else 1
+    return 0

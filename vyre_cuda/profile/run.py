@@ -1,0 +1,417 @@
+"""One profile run: every size, every system, the ceilings and the thread scaling, interleaved."""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import pathlib
+import platform
+import re
+import subprocess
+import warnings
+
+import numpy as np
+
+from ..errors import BackendError, UnsupportedFeature, ValidationError
+from . import engine, runners
+from .peers import open_peer, peer_available, peer_version
+from .report import ProfileReport
+from .specs import GIB, KIB, MIB, format_size, parse_sizes
+from .systems import PEER_MODULES, PEERS
+from .targets import evaluate_targets
+from .threads import measure_threads
+
+__all__ = ["DEFAULT_SIZES", "import_floor", "load_floor_kernel", "run_profile"]
+
+DEFAULT_SIZES = (4 * KIB, 4 * MIB, 64 * MIB, 256 * MIB, 1 * GIB)
+_FLOOR_LABEL = "vecadd(a, b, out, n) C loop, 256 threads per block"
+# Telemetry counters compared before and after the timed dispatches of a size, and levels read
+# after them (names the core may not have yet are skipped).
+_COUNTERS = (
+    "dispatches", "pinned_alloc_calls", "device_alloc_calls", "pinned_pool_misses",
+    "device_pool_misses", "staged_h2d_bytes", "direct_h2d_bytes", "staged_d2h_bytes",
+    "direct_d2h_bytes", "ring_chunks",
+)
+_LEVELS = ("ring_bytes", "copy_threads_live")
+
+
+def default_host_threads() -> int:
+    """Threads of the N-thread memcpy ceiling: the CPUs, at most 16."""
+    return max(1, min(16, os.cpu_count() or 1))
+
+
+def import_floor():
+    """The compiled floor (``vyre_cuda.profile._floor``), or UnsupportedFeature with a Fix."""
+    try:
+        from . import _floor
+    except ImportError as exc:
+        raise UnsupportedFeature(
+            f"the driver floor extension vyre_cuda.profile._floor is not built ({exc})",
+            "build the extensions (python setup.py build_ext --inplace, or pip install .)",
+        ) from None
+    return _floor
+
+
+def load_floor_kernel(backend):
+    """The floor's vecadd compiled for ``backend``'s device and loaded into its context:
+    ``(FloorKernel, image)``."""
+    from ..compile import compile_kernel
+    from ..program import Kernel
+
+    floor = import_floor()
+    compiled = compile_kernel(
+        Kernel.cuda(floor.FLOOR_SOURCE, entry=floor.FLOOR_ENTRY), arch=tuple(backend.caps.cc)
+    )
+    kernel = floor.FloorKernel(backend.context_handle, compiled.image, floor.FLOOR_ENTRY)
+    return kernel, compiled.image
+
+
+def _git_commit():
+    env = os.environ.get("VYRE_CUDA_COMMIT")
+    if env:
+        return env
+    root = pathlib.Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}-dirty" if head and dirty else (head or None)
+
+
+def _driver_release():
+    try:
+        text = pathlib.Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return None
+    m = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9][0-9.]+)", text)
+    return m.group(1) if m else None
+
+
+def _meta(backend, settings, started):
+    from .. import __version__
+
+    caps = backend.caps
+    try:
+        import cuda.bindings as cb
+
+        cb_version = getattr(cb, "__version__", None)
+    except ImportError:
+        cb_version = None
+    return {
+        "date": started.isoformat(timespec="seconds"),
+        "device": int(backend.device),
+        "device_name": str(getattr(caps, "name", "?")),
+        "cc": [int(v) for v in caps.cc],
+        "driver_version": getattr(caps, "driver_version", None),
+        "driver_release": _driver_release(),
+        "vyre_cuda_version": __version__,
+        "commit": _git_commit(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "cuda_bindings": cb_version,
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "floor": _FLOOR_LABEL,
+        **settings,
+    }
+
+
+def _progress_scaled(progress, lo, hi, prefix=""):
+    if progress is None:
+        return None
+
+    def inner(label, fraction):
+        progress(prefix + label, lo + (hi - lo) * min(max(fraction, 0.0), 1.0))
+
+    return inner
+
+
+def _snapshot(backend):
+    telemetry = getattr(backend, "telemetry", None)
+    return None if telemetry is None else dict(telemetry.snapshot())
+
+
+def _telemetry_delta(before, after) -> dict:
+    if not before or not after:
+        return {}
+    out = {k: int(after[k]) - int(before[k]) for k in _COUNTERS if k in before and k in after}
+    out.update({k: int(after[k]) for k in _LEVELS if k in after})
+    return out
+
+
+def _check_count(name, value, minimum):
+    if value is None:
+        return
+    if (not isinstance(value, (int, np.integer)) or isinstance(value, bool)
+            or value < minimum):
+        raise ValidationError(
+            f"{name} must be an integer >= {minimum} (got {value!r})",
+            f"pass {name} as a whole number >= {minimum}",
+        )
+
+
+def _baseline_of(baseline):
+    if baseline is None or isinstance(baseline, ProfileReport):
+        return baseline, None
+    return ProfileReport.load(baseline), str(baseline)
+
+
+def run_profile(sizes=DEFAULT_SIZES, iterations=None, warmup=None, program=None, peers=True,
+                threads=True, progress=None, *, device=0, backend=None, backend_options=None,
+                rounds=5, thread_count=2, thread_iterations=None, thread_repeats=3,
+                host_threads=None, baseline=None, seed=0) -> ProfileReport:
+    """Measure vyre_cuda, the floor, the transfer ceilings and the peers at each size, in one
+    run.
+
+    Parameters
+    ----------
+    sizes : iterable of int or str
+        Bytes per buffer (``4096``, ``"4KiB"``, ``"1GiB"``...), each a multiple of 4 (the floor
+        moves float32). Default: 4 KiB, 4 MiB, 64 MiB, 256 MiB and 1 GiB.
+    iterations : int, optional
+        Timed samples per system and size (default: scaled with the size, from 2,000 at 4 KiB
+        down to 5 at 1 GiB).
+    warmup : int, optional
+        Untimed samples per system first (default: a tenth of ``iterations``, at most 200).
+    program : vyre_cuda.Program, optional
+        A user program instead of the built-in vecadd; peers and targets are vecadd-only and
+        are skipped, and the floor stays the vecadd loop moving the same bytes per buffer.
+    peers, threads : bool
+        Measure the peers, and the thread scaling (at the smallest size).
+    progress : callable, optional
+        ``progress(label, fraction)`` with ``fraction`` in 0..1, called as the run advances.
+    device : int
+        The CUDA device of the backend created for the run (ignored when ``backend`` is given).
+    backend : vyre_cuda.CudaBackend, optional
+        Use this open backend (it stays open) instead of creating one.
+    backend_options : dict, optional
+        Keyword arguments for the ``CudaBackend`` the run creates (e.g. ``copy_threads``).
+    rounds : int
+        The timed samples of each system are split into this many interleaved rounds.
+    host_threads : int, optional
+        Threads of the N-thread host memcpy ceiling (default: the CPUs, at most 16); the
+        1-thread ceiling is always measured.
+    baseline : ProfileReport or path, optional
+        A stored result: the small sizes' vyre_cuda / floor ratio must not grow past it.
+
+    Returns
+    -------
+    ProfileReport
+    """
+    size_list = parse_sizes(sizes)
+    for nbytes in size_list:
+        if nbytes % 4:
+            raise ValidationError(
+                f"size {nbytes} bytes is not a whole number of float32 elements (4 bytes each)",
+                "pass sizes that are multiples of 4 bytes, e.g. 4KiB",
+            )
+    _check_count("iterations", iterations, 1)
+    _check_count("warmup", warmup, 0)
+    _check_count("host_threads", host_threads, 1)
+    if rounds < 1 or thread_count < 2 or thread_repeats < 1:
+        raise ValidationError(
+            f"rounds and thread_repeats must be >= 1 and thread_count >= 2 (got {rounds}, "
+            f"{thread_repeats}, {thread_count})",
+            "keep the defaults (rounds=5, thread_count=2, thread_repeats=3)",
+        )
+    if backend is not None and backend_options:
+        raise ValidationError(
+            f"backend_options {sorted(backend_options)} apply to the backend the run creates, "
+            "but a backend was passed",
+            "configure the CudaBackend you pass, or pass no backend",
+        )
+    base, base_path = _baseline_of(baseline)
+    n_threads = host_threads or default_host_threads()
+    thread_counts = (1,) if n_threads == 1 else (1, n_threads)
+    floor_module = import_floor()
+    from .._dispatch import STAGES
+
+    builtin = program is None
+    owned = backend is None
+    if owned:
+        import vyre_cuda
+
+        try:
+            backend = vyre_cuda.CudaBackend(device, **(backend_options or {}))
+        except TypeError as exc:
+            raise ValidationError(
+                f"this vyre_cuda's CudaBackend does not take the options "
+                f"{sorted(backend_options or {})} ({exc})",
+                "drop those options, or use a vyre_cuda whose CudaBackend has them",
+            ) from None
+    started = datetime.datetime.now(datetime.timezone.utc)
+    rng = np.random.default_rng(seed)
+    report_sizes = []
+    thread_result = None
+    kernel = None
+    try:
+        if builtin:
+            from .. import builtin_programs
+
+            program = builtin_programs.vecadd_f32()
+        label = "vecadd_f32 (built-in)" if builtin else (
+            f"{program.name or 'user program'} ({program.kernel.kind}, entry "
+            f"{program.kernel.entry!r})")
+        kernel, image = load_floor_kernel(backend)
+        run = _SizeRun(backend, program, builtin, kernel, image, floor_module, rounds, peers,
+                       tuple(STAGES), thread_counts, rng)
+        weights = len(size_list) + (1 if threads else 0)
+        for index, nbytes in enumerate(size_list):
+            count = iterations or engine.auto_iterations(nbytes)
+            warm = warmup if warmup is not None else engine.auto_warmup(count)
+            sub = _progress_scaled(progress, index / weights, (index + 1) / weights,
+                                   f"{format_size(nbytes)}: ")
+            report_sizes.append(run.measure(nbytes, count, warm, sub))
+        if threads:
+            nbytes = min(size_list)
+            count = thread_iterations or iterations or engine.auto_iterations(nbytes)
+            warm = warmup if warmup is not None else engine.auto_warmup(count)
+            sub = _progress_scaled(progress, (weights - 1) / weights, 1.0)
+            with engine.gc_paused():
+                thread_result = measure_threads(backend, program, floor_module, kernel, nbytes,
+                                                thread_count, count, warm, thread_repeats, rng,
+                                                sub)
+        settings = {
+            "iterations": iterations, "warmup": warmup, "rounds": rounds,
+            "program": label, "builtin_program": builtin,
+            "host_threads": list(thread_counts),
+            "backend_options": dict(backend_options or {}),
+            "peers": {name: peer_version(name) for name in PEERS if peers and builtin},
+        }
+        if base is not None:
+            settings["baseline"] = {"path": base_path, "commit": base.meta.get("commit"),
+                                    "date": base.meta.get("date")}
+        meta = _meta(backend, settings, started)
+    finally:
+        try:
+            if kernel is not None:
+                kernel.close()
+        finally:
+            if owned:
+                backend.close()
+    return ProfileReport(
+        meta=meta,
+        sizes=report_sizes,
+        threads=thread_result,
+        targets=evaluate_targets(report_sizes, thread_result, builtin, base),
+        stage_names=tuple(STAGES),
+    )
+
+
+class _SizeRun:
+    """What stays the same from one size to the next: the backend, the program, the floor."""
+
+    def __init__(self, backend, program, builtin, kernel, image, floor_module, rounds, peers,
+                 stage_names, thread_counts, rng):
+        self.backend = backend
+        self.program = program
+        self.builtin = builtin
+        self.kernel = kernel
+        self.image = image
+        self.floor_module = floor_module
+        self.rounds = rounds
+        self.peers = peers
+        self.stage_names = stage_names
+        self.thread_counts = thread_counts
+        self.rng = rng
+
+    def measure(self, nbytes, count, warm, progress):
+        n = nbytes // 4
+        a = self.rng.random(n, dtype=np.float32)
+        b = self.rng.random(n, dtype=np.float32)
+        expected = a + b
+        inputs = [a, b] if self.builtin else runners.make_inputs(self.program, nbytes, self.rng)
+        skipped = {}
+        opened = []
+        floor = self.floor_module.Floor(self.kernel, n)
+        try:
+            rows, moved = self._vyre_rows(inputs, expected, skipped)
+            if nbytes <= engine.LAUNCH_ONLY_MAX:
+                launch_scale = max(1, count // max(8, count // 64))
+            else:
+                launch_scale = None
+            rows += runners.floor_runners(floor, a, b, expected, launch_scale)
+            rows += runners.ceiling_runners(floor, a, b, self.thread_counts)
+            rows += self._peer_rows(a, b, expected, launch_scale, skipped, opened)
+            marks = {}
+            with engine.gc_paused():
+                samples = engine.run_rounds(
+                    rows, count, warm, self.rounds, progress, failed=skipped,
+                    before_timed=lambda: marks.update(before=_snapshot(self.backend)))
+            telemetry = _telemetry_delta(marks.get("before"), _snapshot(self.backend))
+        finally:
+            try:
+                for peer in reversed(opened):
+                    try:
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")
+                            peer.close()
+                    except Exception:  # noqa: BLE001, S110 (measurement is over; leak, not fail)
+                        pass
+            finally:
+                floor.close()
+        result = engine.assemble(nbytes, n, count, samples, self.stage_names, skipped)
+        result.moved = moved
+        result.telemetry = telemetry
+        del rows, samples
+        gc.collect()  # large arrays (page-locked ones included) go before the next size
+        return result
+
+    def _vyre_rows(self, inputs, expected, skipped):
+        program, backend = self.program, self.backend
+        first = backend.dispatch(program, inputs)  # the outputs' shapes and dtypes
+        into = [np.empty_like(o) for o in first]
+        moved = {
+            "floor": (2 * expected.nbytes, expected.nbytes),
+            "vyre": (sum(x.nbytes for x in inputs), sum(o.nbytes for o in first)),
+        }
+        del first
+        check = None
+        if self.builtin:
+            def check(outs):
+                return len(outs) == 1 and np.array_equal(np.asarray(outs[0]), expected)
+        pinned = None
+        try:
+            locked_in = runners.page_locked_copies(inputs, backend.device)
+            if locked_in is None:
+                skipped["page-locked"] = "this vyre_cuda has no vyre_cuda.pinned_empty"
+            else:
+                pinned = (locked_in, runners.page_locked_copies(into, backend.device))
+        except BackendError as exc:
+            skipped["page-locked"] = f"failed to allocate: {type(exc).__name__}: {exc}"
+        # a user program's outputs may not suit dispatch_into (read-write buffers): skip, not fail
+        group = None if self.builtin else "dispatch_into"
+        return runners.vyre_runners(backend, program, inputs, check, into, pinned, group), moved
+
+    def _peer_rows(self, a, b, expected, launch_scale, skipped, opened):
+        if not self.peers:
+            return []
+        if not self.builtin:
+            skipped.update({name: "peers run the built-in vecadd only" for name in PEERS})
+            return []
+        fm = self.floor_module
+        rows = []
+        for name in PEERS:
+            if not peer_available(name):
+                skipped[name] = f"{PEER_MODULES[name]} is not installed"
+                continue
+            try:
+                peer = open_peer(name, self.backend, self.image, fm.FLOOR_ENTRY,
+                                 fm.FLOOR_SOURCE, a, b, expected)
+            except Exception as exc:  # noqa: BLE001 (a broken peer must not stop the run)
+                skipped[name] = f"failed to start: {type(exc).__name__}: {exc}".splitlines()[0]
+                continue
+            opened.append(peer)
+            rows.append(engine.Runner(f"peer {name}", peer.full, peer.verify, group=name))
+            if launch_scale is not None:
+                rows.append(engine.Runner(f"peer {name} launch only", peer.launch_only,
+                                          unit_scale=launch_scale, group=name))
+        return rows

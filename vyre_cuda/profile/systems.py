@@ -1,0 +1,125 @@
+"""The measured series: their keys, labels, what each is compared with, and the bytes it moves.
+
+A series key names one measured system at one size (``vyre.dispatch``, ``floor.pageable``,
+``ceiling.copy_in.8``...). Reports store keys; labels and references come from here, so a
+stored report formats without the compiled core.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "FULL",
+    "IN",
+    "OUT",
+    "PEERS",
+    "PEER_MODULES",
+    "READBACK_STAGES",
+    "STAGE_NAMES",
+    "UNATTRIBUTED",
+    "UPLOAD_STAGES",
+    "copy_key",
+    "label",
+    "order",
+    "reference",
+    "traffic_kind",
+]
+
+# The core's stage order (vyre_cuda._dispatch.STAGES); a report carries the names it measured.
+STAGE_NAMES = (
+    "plan_lookup",
+    "staging_memcpy",
+    "h2d_enqueue",
+    "clears",
+    "params_upload",
+    "launch",
+    "readback_enqueue",
+    "event_record",
+    "wait",
+    "copy_out",
+    "release",
+)
+UNATTRIBUTED = "unattributed"
+# The stages that make up the upload and the readback of a dispatch (for GB/s per direction).
+UPLOAD_STAGES = ("staging_memcpy", "h2d_enqueue")
+READBACK_STAGES = ("readback_enqueue", "copy_out")
+
+# What a series moves per sample: the dispatch's inputs and outputs (FULL), or one direction.
+FULL, IN, OUT = "full", "in", "out"
+
+# key, label, reference key (for the "x floor" column), traffic kind
+_SYSTEMS = (
+    ("floor.pinned", "floor: pinned staging, full", "floor.pinned", FULL),
+    ("floor.pinned_enqueue", "floor: pinned, enqueue part", "floor.pinned_enqueue", None),
+    ("floor.pageable", "driver's pageable path, full", "floor.pinned", FULL),
+    ("floor.pageable_enqueue", "driver's pageable path, enqueue part", "floor.pinned_enqueue",
+     None),
+    ("floor.launch_only", "floor: launch only, per launch", "floor.launch_only", None),
+    ("ceiling.dma_h2d", "DMA ceiling: pinned -> device (inputs)", None, IN),
+    ("ceiling.dma_d2h", "DMA ceiling: device -> pinned (output)", None, OUT),
+    ("vyre.dispatch", "vyre_cuda dispatch, numpy", "floor.pinned", FULL),
+    ("vyre.dispatch_profiled", "vyre_cuda dispatch, stage clocks on", "floor.pinned", FULL),
+    ("vyre.dispatch_into", "vyre_cuda dispatch_into, numpy", "floor.pinned", FULL),
+    ("vyre.pinned", "vyre_cuda dispatch_into, page-locked", "floor.pinned", FULL),
+    ("vyre.async_enqueue", "vyre_cuda dispatch_async enqueue", "floor.pinned_enqueue", None),
+    ("vyre.async_total", "vyre_cuda dispatch_async + result()", "floor.pinned", FULL),
+    ("peer.cuda_bindings", "cuda.bindings Python calls, full", "floor.pinned", FULL),
+    ("peer.cuda_bindings.launch_only", "cuda.bindings launch only", "floor.launch_only", None),
+    ("peer.cupy", "CuPy RawKernel, full", "floor.pinned", FULL),
+    ("peer.cupy.launch_only", "CuPy RawKernel launch only", "floor.launch_only", None),
+    ("peer.torch", "PyTorch eager add, full", "floor.pinned", FULL),
+    ("peer.torch.launch_only", "PyTorch add launch only", "floor.launch_only", None),
+)
+_BY_KEY = {key: (i, lab, ref, kind) for i, (key, lab, ref, kind) in enumerate(_SYSTEMS)}
+# Host memcpy ceilings carry their thread count: ceiling.copy_in.8, ceiling.copy_out.1, ...
+_COPY_RE = re.compile(r"ceiling\.copy_(in|out)\.(\d+)\Z")
+
+PEERS = ("cuda_bindings", "cupy", "torch")
+PEER_MODULES = {"cuda_bindings": "cuda.bindings", "cupy": "cupy", "torch": "torch"}
+
+
+def copy_key(direction: str, threads: int) -> str:
+    """The key of a host memcpy ceiling: ``direction`` is ``in`` (pageable -> pinned) or
+    ``out`` (pinned -> pageable)."""
+    return f"ceiling.copy_{direction}.{int(threads)}"
+
+
+def label(key: str) -> str:
+    """The human label of a series key (the key itself when unknown)."""
+    if key in _BY_KEY:
+        return _BY_KEY[key][1]
+    m = _COPY_RE.match(key)
+    if m:
+        way = "pageable -> pinned" if m.group(1) == "in" else "pinned -> pageable"
+        threads = int(m.group(2))
+        return f"memcpy ceiling: {way}, {threads} thread{'s' if threads != 1 else ''}"
+    return key
+
+
+def reference(key: str):
+    """The key whose median the "x floor" column divides by, or None."""
+    return _BY_KEY[key][2] if key in _BY_KEY else None
+
+
+def traffic_kind(key: str):
+    """FULL (inputs in and outputs out), IN, OUT, or None for a series that moves no data
+    (enqueue parts, launch only)."""
+    if key in _BY_KEY:
+        return _BY_KEY[key][3]
+    m = _COPY_RE.match(key)
+    if m:
+        return IN if m.group(1) == "in" else OUT
+    return None
+
+
+def order(key: str) -> tuple:
+    """A sort key that lists series in table order: floor, ceilings, vyre_cuda, peers."""
+    if key in _BY_KEY:
+        index = _BY_KEY[key][0]
+        # the memcpy ceilings go right after the DMA ceilings
+        return (index if index <= _BY_KEY["ceiling.dma_d2h"][0] else index + 1000, (), key)
+    m = _COPY_RE.match(key)
+    if m:
+        return (_BY_KEY["ceiling.dma_d2h"][0] + 1, (m.group(1) == "out", int(m.group(2))), key)
+    return (10_000, (), key)

@@ -1,0 +1,154 @@
+"""Throughput from 1 and N Python threads: vyre_cuda on one backend against the floor.
+
+The floor's loop releases the GIL for its whole run, so its gain from a second thread is what
+the driver and the machine allow; vyre_cuda's gain is compared with it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from ..errors import ValidationError
+from .engine import WrongResult
+from .report import ThreadScaling
+from .runners import make_inputs
+from .stats import median, throughput
+
+__all__ = ["floor_threaded", "measure_threads"]
+
+
+def _run_together(work, threads, name):
+    """Run ``work(index, barrier)`` on ``threads`` threads; re-raise the first failure."""
+    barrier = threading.Barrier(threads)
+    errors = []
+
+    def worker(index):
+        try:
+            work(index, barrier)
+        except threading.BrokenBarrierError:
+            pass  # another thread failed; its error is reported
+        except BaseException as exc:  # noqa: BLE001 (re-raised in the caller's thread)
+            errors.append(exc)
+            barrier.abort()
+
+    pool = [threading.Thread(target=worker, args=(i,), name=f"{name}-{i}")
+            for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def floor_threaded(floor_module, kernel, n, threads, iterations, warmup=0, seed=0):
+    """``threads`` Python threads, each running its own ``Floor`` (own stream, buffers,
+    staging) for ``iterations`` full pinned dispatches with the GIL released for the loop.
+
+    Setup and warm-up happen before a barrier; the timed window runs from the earliest loop
+    start to the latest loop end. Returns a dict with ``threads``, ``iterations`` (per
+    thread), ``start_ns``/``end_ns`` (per thread), ``elapsed_ns``, ``dispatches_per_s`` and
+    ``outputs_ok`` (every thread's ``out`` equals ``a + b``).
+    """
+    if threads < 1 or iterations < 1:
+        raise ValidationError(
+            f"threads and iterations must be >= 1 (got {threads}, {iterations})",
+            "pass threads=1 or 2 and a positive iteration count",
+        )
+    rng = np.random.default_rng(seed)
+    floors = []
+    spans = [None] * threads
+    try:
+        for _ in range(threads):
+            floors.append(floor_module.Floor(kernel, n))
+        data = [(rng.random(n, dtype=np.float32), rng.random(n, dtype=np.float32),
+                 np.zeros(n, dtype=np.float32)) for _ in range(threads)]
+
+        def work(index, barrier):
+            floor = floors[index]
+            a, b, out = data[index]
+            if warmup:
+                floor.run_fixed(a, b, out, warmup)
+            barrier.wait()
+            spans[index] = floor.run_fixed(a, b, out, iterations)
+
+        _run_together(work, threads, "vyre-floor")
+        outputs_ok = all(np.array_equal(out, a + b) for a, b, out in data)
+    except BaseException:
+        for floor in floors:
+            try:
+                floor.close()
+            except Exception:  # noqa: BLE001, S110 (the first failure is the one reported)
+                pass
+        raise
+    for floor in floors:
+        floor.close()
+    start = min(s[0] for s in spans)
+    end = max(s[1] for s in spans)
+    elapsed = max(end - start, 1)
+    return {
+        "threads": threads,
+        "iterations": int(iterations),
+        "start_ns": [int(s[0]) for s in spans],
+        "end_ns": [int(s[1]) for s in spans],
+        "elapsed_ns": int(elapsed),
+        "dispatches_per_s": threads * iterations * 1e9 / elapsed,
+        "outputs_ok": bool(outputs_ok),
+    }
+
+
+def _vyre_threaded(backend, program, inputs_per_thread, iterations, warmup):
+    threads = len(inputs_per_thread)
+    spans = [None] * threads
+
+    def work(index, barrier):
+        inputs = inputs_per_thread[index]
+        dispatch = backend.dispatch
+        for _ in range(warmup):
+            dispatch(program, inputs)
+        barrier.wait()
+        t0 = time.perf_counter_ns()
+        for _ in range(iterations):
+            dispatch(program, inputs)
+        spans[index] = (t0, time.perf_counter_ns())
+
+    _run_together(work, threads, "vyre-profile")
+    elapsed = max(e for _, e in spans) - min(s for s, _ in spans)
+    return throughput(threads * iterations, max(elapsed, 1))
+
+
+def measure_threads(backend, program, floor_module, kernel, nbytes, threads, iterations, warmup,
+                    repeats, rng, progress=None) -> ThreadScaling:
+    """Dispatches per second from 1 and ``threads`` threads, floor and vyre_cuda alternating,
+    ``repeats`` times; the medians."""
+    n = nbytes // 4
+    vyre: dict[int, list] = {1: [], threads: []}
+    floor: dict[int, list] = {1: [], threads: []}
+    per_thread = [make_inputs(program, nbytes, rng) for _ in range(threads)]
+    steps = repeats * 4
+    step = 0
+    for _ in range(repeats):
+        for count in (1, threads):
+            result = floor_threaded(floor_module, kernel, n, count, iterations, warmup)
+            if not result["outputs_ok"]:
+                raise WrongResult(
+                    "the threaded floor produced a wrong result (out != a + b)",
+                    "this is a bug in vyre_cuda.profile._floor; report it",
+                )
+            floor[count].append(result["dispatches_per_s"])
+            step += 1
+            if progress:
+                progress(f"threads: floor x{count}", step / steps)
+            vyre[count].append(
+                _vyre_threaded(backend, program, per_thread[:count], iterations, warmup))
+            step += 1
+            if progress:
+                progress(f"threads: vyre_cuda x{count}", step / steps)
+    return ThreadScaling(
+        nbytes, threads, iterations,
+        vyre={k: median(v) for k, v in vyre.items()},
+        floor={k: median(v) for k, v in floor.items()},
+    )
