@@ -244,8 +244,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="transfer-sweep.json")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=["windows", "boundary", "probes"], default=None)
     args = ap.parse_args(argv)
     report = {}
+    if args.only == "windows":
+        window_sweep(report)
+        pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
+        return 0
     backend = vc.CudaBackend(0)
     probe_pointers(report)
     probe_allocators(report, backend)
