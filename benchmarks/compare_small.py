@@ -25,8 +25,9 @@ rng = np.random.default_rng(1)
 a = rng.standard_normal(n).astype(np.float32); b = rng.standard_normal(n).astype(np.float32)
 prog = bp.vecadd_f32()
 mode = os.environ.get("VYRE_CUDA_WAIT_MODE")
-if mode is not None and hasattr(vc._dispatch, "_set_wait_mode"):
-    vc._dispatch._set_wait_mode(int(mode))
+if mode is not None:
+    import vyre_cuda._dispatch as core
+    core._set_wait_mode(int(mode))
 with vc.CudaBackend(0) as g:
     for _ in range(2000):
         (out,) = g.dispatch(prog, [a, b])

@@ -220,6 +220,7 @@ def window_sweep(report):
     prog = bp.vecadd_f32()
     rng = np.random.default_rng(5)
     rows = []
+    keep = vc.CudaBackend(0)  # initialises the driver and keeps the context for the Python calls
     try:
         for nbytes in (512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20):
             n = nbytes // 4

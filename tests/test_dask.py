@@ -157,7 +157,8 @@ def test_plugin_lifecycle(dask_mods, client, logs):
     vd = dask_mods.vd
     vd.register(client, backend_factory=fakes.FakeFactory(log_dir=logs))
     info = client.run(vd.worker_info)
-    assert sorted(i["device"] for i in info.values()) == [0, 1]  # LocalCluster names 0, 1: one each
+    # LocalCluster names its workers 0 and 1: spread over the visible devices (as named without a driver)
+    assert sorted(i["device"] for i in info.values()) == sorted(k % _visible_devices() for k in (0, 1))
     assert all(i["backend"] for i in info.values())
     pids = sorted(str(i["pid"]) for i in info.values())
     assert sorted(n.split("-")[1] for n in _files(logs, "open-")) == pids
@@ -181,7 +182,19 @@ def test_a_device_chooser_travels_by_value(dask_mods, client):
 
 def test_a_worker_that_cannot_create_its_backend_fails_registration(dask_mods, client):
     with pytest.raises(vc.DeviceLost, match="cannot create a context on device 1"):
-        dask_mods.vd.register(client, backend_factory=fakes.FakeFactory(fail_devices=(1,)))
+        dask_mods.vd.register(client, device=lambda worker: int(worker.name),
+                              backend_factory=fakes.FakeFactory(fail_devices=(1,)))
+
+
+def _visible_devices() -> int:
+    """How many devices the default rule spreads over: the driver's count, or the worker names
+    themselves where no driver is found (then any count above 1 gives the same answer)."""
+    from vyre_cuda import _driver
+
+    try:
+        return _driver.device_count()
+    except vc.BackendError:
+        return 2
 
 
 def test_map_blocks_matches_numpy_and_compiles_once_per_worker(dask_mods, client, rng, logs):

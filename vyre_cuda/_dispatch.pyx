@@ -324,7 +324,7 @@ cdef class Core:
 
     def __init__(self, uintptr_t ctx, planner, size_t device_cap, size_t pinned_cap, bint trace=False,
                  int device=0, size_t chunk_bytes=8 << 20, int n_chunks=4, int copy_threads=8,
-                 size_t output_cache=1 << 30):
+                 size_t output_cache=4294967296):
         self.ctx = <cydriver.CUcontext>ctx
         self.dpool = DevicePool(device_cap, ctx, device)
         self.ppool = PinnedPool(pinned_cap, ctx)

@@ -174,12 +174,20 @@ class CopyPool {
     void worker_main() {
         unsigned long long seen = generation_.load(std::memory_order_acquire);
         for (;;) {
-            // spin briefly: the next window of a streaming dispatch usually arrives within
-            // microseconds, far sooner than a sleeping thread can be woken
-            auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
-            while (generation_.load(std::memory_order_acquire) == seen &&
-                   std::chrono::steady_clock::now() < spin_until) {
-                for (int k = 0; k < 64; ++k) cpu_relax();
+            // The next window of a streaming dispatch usually arrives within microseconds, far
+            // sooner than a sleeping thread can be woken (tens of microseconds in a VM): spin
+            // briefly, then yield (runnable, but giving the core to anyone who wants it) for a
+            // while, so back-to-back dispatches find the threads awake; only then sleep.
+            auto start = std::chrono::steady_clock::now();
+            while (generation_.load(std::memory_order_acquire) == seen) {
+                auto waited = std::chrono::steady_clock::now() - start;
+                if (waited < std::chrono::microseconds(spin_us_)) {
+                    for (int k = 0; k < 64; ++k) cpu_relax();
+                } else if (waited < std::chrono::microseconds(yield_us_)) {
+                    std::this_thread::yield();
+                } else {
+                    break;
+                }
             }
             if (generation_.load(std::memory_order_acquire) == seen) {
                 std::unique_lock<std::mutex> lk(wake_mutex_);
@@ -196,7 +204,8 @@ class CopyPool {
 
     int threads_ = 0;
     size_t min_split_ = 256u << 10;
-    int spin_us_ = 100;
+    int spin_us_ = 50;
+    int yield_us_ = 2000;
     std::vector<std::thread>* workers_ = nullptr;
     pid_t pid_ = 0;
     std::mutex job_mutex_;

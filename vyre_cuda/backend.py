@@ -156,7 +156,7 @@ class CudaBackend:
 
     def __init__(self, device: int = 0, *, device_pool_bytes: int = 256 << 20, pinned_pool_bytes: int = 128 << 20,
                  staging_chunk_bytes: int = DEFAULT_CHUNK_BYTES, staging_chunks: int = DEFAULT_CHUNKS,
-                 copy_threads: int | None = None, output_cache_bytes: int = 1 << 30):
+                 copy_threads: int | None = None, output_cache_bytes: int = 4 << 30):
         from ._dispatch import Core  # noqa: PLC0415 (the compiled core loads at first use)
 
         if isinstance(device, bool) or not isinstance(device, (int, np.integer)):

@@ -280,6 +280,7 @@ def _check_map_blocks(client, n, rng):
     return info
 
 
+@pytest.mark.filterwarnings("ignore:Sending large graph")  # the test data travels in the graph on purpose
 def test_dask_map_blocks_on_a_local_cluster(dask_cluster, rng):
     import vyre_cuda.dask as vd
 
@@ -290,6 +291,7 @@ def test_dask_map_blocks_on_a_local_cluster(dask_cluster, rng):
         assert all(i["telemetry"]["dispatches"] >= 1 for i in info.values()), info
 
 
+@pytest.mark.filterwarnings("ignore:Sending large graph")  # the test data travels in the graph on purpose
 def test_dask_map_blocks_on_dask_cuda(rng):
     pytest.importorskip("dask.array", reason="dask is not installed (pip install 'vyre-cuda[dask]')")
     dask_cuda = pytest.importorskip("dask_cuda", reason="dask-cuda is not installed")
