@@ -382,6 +382,15 @@ cdef class Core:
     def clear_prepared(self):
         self.prepared.clear()
 
+    def forget_context(self):
+        """Called once the backend's context is released after a fault: every pool drops its
+        handles without a driver call (they died with the context)."""
+        self.dpool.forget_context()
+        self.ppool.forget_context()
+        self.spool.forget_context()
+        self.xfer.forget_context()
+        self.ctx = NULL  # handles still pending write their resources off instead
+
     def prepared_for(self, key):
         return self.prepared.get(key)
 
@@ -1433,7 +1442,9 @@ cdef class PendingDispatch:
             self._release_views()
             return
         if self.f.active:
-            if self.f.enqueued:
+            if self.core.ctx == NULL:
+                status = cydriver.CUDA_ERROR_CONTEXT_IS_DESTROYED  # released after a fault
+            elif self.f.enqueued:
                 with nogil:
                     status = cydriver.cuCtxPushCurrent(self.core.ctx)
                     if status == cydriver.CUDA_SUCCESS:

@@ -119,6 +119,14 @@ cdef class BlockPool:
         self.trim()
         self.closed = True
 
+    def forget_context(self):
+        """The context is gone (released after a fault): its allocations died with it. Drop every
+        cached handle without a driver call, and never call the driver again."""
+        self.free_blocks.clear()
+        self.cached_bytes = 0
+        self.ctx = NULL
+        self.closed = True
+
     def cached_blocks(self):
         cdef size_t n = 0
         for entry in self.free_blocks:
@@ -298,6 +306,10 @@ cdef class DevicePool(BlockPool):
             with nogil:
                 cydriver.cuMemPoolDestroy(self.mempool)
             self.mempool = NULL
+
+    def forget_context(self):
+        BlockPool.forget_context(self)
+        self.mempool = NULL
 
     def __dealloc__(self):
         cdef cydriver.CUcontext prev
@@ -481,6 +493,14 @@ cdef class StreamPool:
             with nogil:
                 bind_context(self.ctx)
         self._destroy_cached()
+
+    def forget_context(self):
+        """The context is gone: its streams and events died with it; never touch them again."""
+        self.streams.clear()
+        self.events.clear()
+        self.timing_events.clear()
+        self.ctx = NULL
+        self.closed = True
 
     def __dealloc__(self):
         cdef cydriver.CUcontext prev

@@ -458,6 +458,16 @@ cdef class TransferEngine:
     def free_slots(self):
         return self.slots.free_count()
 
+    def forget_context(self):
+        """The context is gone: join the threads; the ring and its events died with it."""
+        with nogil:
+            self.pool.stop()
+        self.events.clear()
+        self.ring = NULL
+        self.ring_bytes = 0
+        self.ctx = NULL
+        self.closed = True
+
     def stop_threads(self):
         """Join the copy threads (idempotent; never needs the driver)."""
         with nogil:

@@ -424,6 +424,8 @@ class CudaBackend:
                 _driver.release_primary_context(self.device)
             except BackendError as exc:
                 log.warning("CudaBackend.close: %s", exc.message)
+            if core.lost is not None:
+                core.forget_context()  # what the pools still hold died with the context
 
     def __enter__(self):
         return self
