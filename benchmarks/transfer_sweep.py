@@ -30,7 +30,7 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
 import vyre_cuda as vc  # noqa: E402
-from vyre_cuda import _dispatch  # noqa: E402
+from vyre_cuda.planning import dispatch as planning_dispatch  # noqa: E402
 from vyre_cuda import builtin_programs as bp  # noqa: E402
 
 MIB = 1 << 20
@@ -193,7 +193,7 @@ def mirror_boundary(report):
     prog = bp.vecadd_f32()
     rng = np.random.default_rng(3)
     rows = []
-    old = _dispatch.mirror_max()
+    old = planning_dispatch.MIRROR_MAX
     try:
         for nbytes in (128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20):
             n = nbytes // 4
@@ -201,7 +201,7 @@ def mirror_boundary(report):
             b = rng.standard_normal(n).astype(np.float32)
             row = dict(bytes=nbytes)
             for name, limit in (("mirror", 1 << 40), ("ring", 0)):
-                _dispatch._set_mirror_max(limit)
+                planning_dispatch.MIRROR_MAX = limit
                 with vc.CudaBackend(0) as g:
                     (res,) = g.dispatch(prog, [a, b])
                     assert np.array_equal(res, a + b)
@@ -209,7 +209,7 @@ def mirror_boundary(report):
             rows.append(row)
             print(f"boundary {nbytes >> 10:>5} KiB/buffer: mirror {row['mirror_us']:8.1f} us, ring {row['ring_us']:8.1f} us")
     finally:
-        _dispatch._set_mirror_max(old)
+        planning_dispatch.MIRROR_MAX = old
     report["mirror_boundary"] = rows
 
 

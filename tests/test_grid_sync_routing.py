@@ -330,15 +330,16 @@ def _backend(caps):
     """A CudaBackend planning for ``caps``, with a core that never reaches the driver unless asked."""
     from vyre_cuda._dispatch import Core
     from vyre_cuda.backend import CudaBackend
+    from vyre_cuda.modules import ModuleCache
     from vyre_cuda.telemetry import Telemetry
 
     b = CudaBackend.__new__(CudaBackend)
     b.device = 0
     b._caps = caps
     b._ctx = 0
-    b._modules = {}
     b._plan_lock = threading.RLock()
     b._core = Core(0, b._plan, 1 << 20, 1 << 20, False)
+    b._modules = ModuleCache(0, caps.cc, caps.driver_version, on_evict=b._core.clear_prepared)
     b.telemetry = Telemetry(b._core)
     b._closed = False  # never closed: it holds no driver resources
     return b
@@ -359,8 +360,11 @@ def _entry_points(b, program, inputs, config):
 @pytest.mark.parametrize("caps", NO_COOP, ids=NO_COOP_IDS)
 def test_backend_refuses_grid_sync_before_touching_the_driver(monkeypatch, caps):
     from vyre_cuda import backend as backend_mod
+    from vyre_cuda import modules as modules_mod
 
     monkeypatch.setattr(backend_mod, "_driver", _NoDriver("no_driver"))
+
+    monkeypatch.setattr(modules_mod, "_driver", backend_mod._driver)  # the module cache asks the same driver
     b = _backend(caps)
     program = scan()
     x = np.arange(10_000, dtype=np.uint32)
@@ -379,9 +383,11 @@ NO_COOP_BACKEND = [pytest.param(caps, id=i) for caps, i in zip(NO_COOP, NO_COOP_
 @pytest.mark.parametrize("caps", NO_COOP_BACKEND)
 def test_backend_refuses_cooperative_config(monkeypatch, caps):
     from vyre_cuda import backend as backend_mod
+    from vyre_cuda import modules as modules_mod
 
     fake, _ = _fake_driver(occupancy=8)
     monkeypatch.setattr(backend_mod, "_driver", fake)
+    monkeypatch.setattr(modules_mod, "_driver", backend_mod._driver)  # the module cache asks the same driver
     b = _backend(caps)
     program = plain()
     x = np.arange(1000, dtype=np.uint32)
@@ -398,9 +404,11 @@ def test_backend_refuses_cooperative_config(monkeypatch, caps):
 @pytest.mark.parametrize("occupancy", [1, 8])
 def test_backend_preflight_and_plan_agree_at_the_boundary(monkeypatch, occupancy):
     from vyre_cuda import backend as backend_mod
+    from vyre_cuda import modules as modules_mod
 
     fake, calls = _fake_driver(occupancy)
     monkeypatch.setattr(backend_mod, "_driver", fake)
+    monkeypatch.setattr(modules_mod, "_driver", backend_mod._driver)  # the module cache asks the same driver
     b = _backend(H200)
     program = scan()
     x = np.arange(300_000, dtype=np.uint32)
@@ -441,9 +449,11 @@ def test_backend_preflight_and_plan_agree_at_the_boundary(monkeypatch, occupancy
 
 def test_backend_refuses_cooperative_grid_sync_without_barrier_global(monkeypatch):
     from vyre_cuda import backend as backend_mod
+    from vyre_cuda import modules as modules_mod
 
     fake, _ = _fake_driver(occupancy=8, barrier=0)
     monkeypatch.setattr(backend_mod, "_driver", fake)
+    monkeypatch.setattr(modules_mod, "_driver", backend_mod._driver)  # the module cache asks the same driver
     b = _backend(H200)
     program = scan()
     x = np.arange(10_000, dtype=np.uint32)

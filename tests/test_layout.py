@@ -9,6 +9,7 @@ import pytest
 
 from vyre_cuda._accounting import bucket_size
 from vyre_cuda._dispatch import Prepared
+from vyre_cuda.planning.dispatch import assemble_plan
 from vyre_cuda.config import DispatchConfig
 from vyre_cuda.errors import InvalidProgram, UnsupportedFeature
 from vyre_cuda.planning.binding import plan_bindings
@@ -209,7 +210,7 @@ def prepared(prog, bplan, launch, lay, route=None):
     inputs = prog.inputs
     input_specs = [(inputs[i].dtype.itemsize, "u") for i, _, _, _ in lay.inputs]
     output_specs = [(s.decl.dtype.numpy, n // s.decl.dtype.itemsize) for s, (_, n) in zip(bplan.outputs, lay.outputs)]
-    return Prepared(lay, launch, route, 1, 0, 0, input_specs, output_specs)
+    return Prepared.from_plan(assemble_plan(prog, DispatchConfig(), bplan, launch, lay, route))
 
 
 def test_prepared_launch_geometry():

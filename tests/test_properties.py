@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from vyre_cuda._accounting import bucket_size
 from vyre_cuda._dispatch import Prepared
+from vyre_cuda.planning.dispatch import assemble_plan
 from vyre_cuda.config import DispatchConfig
 from vyre_cuda.errors import BackendError
 from vyre_cuda.planning.binding import plan_bindings
@@ -160,7 +161,7 @@ def build(program, lengths, config, caps, occupancy) -> Plan:
     inputs = program.inputs
     input_specs = [(inputs[i].dtype.itemsize, "u") for i, _, _, _ in layout.inputs]
     output_specs = [(s.decl.dtype.numpy, n // s.decl.dtype.itemsize) for s, (_, n) in zip(bplan.outputs, layout.outputs)]
-    prepared = Prepared(layout, launch, route, config.iterations, 0, 0, input_specs, output_specs)
+    prepared = Prepared.from_plan(assemble_plan(program, config, bplan, launch, layout, route))
     return Plan(program, config, caps, lengths, bplan, launch, route, ranges, layout, prepared)
 
 

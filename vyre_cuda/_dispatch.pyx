@@ -25,15 +25,15 @@ cimport numpy as cnp
 from cuda.bindings cimport cydriver
 
 from ._driver cimport check_cu, bind_context, now_ns
-from ._pools cimport DevicePool, PinnedPool, HostPool, StreamPool, LentBlock, lend_block, host_block_size
+from ._pools cimport DevicePool, PinnedPool, HostPool, StreamPool, LentBlock, lend_block
 from ._transfer cimport (TransferEngine, Source, Piece, CopyTask, page_locked,
                          SRC_ZERO, SRC_INPUT, SRC_PARAMS)
 from ._driver import status_name
 from .config import DispatchConfig, as_config
 from .program import Program
-from .planning.launch import barrier_ceiling
 from .errors import DispatchFailed, DeviceLost, ValidationError, driver_error, STICKY_ERRORS
 from .telemetry import TimedDispatchResult
+from ._io_checks import as_input_list, as_output_list, check_outputs, dtype_error, input_error
 
 cnp.import_array()
 
@@ -66,11 +66,6 @@ cdef enum:
     ROUTE_COOPERATIVE = 1
     ROUTE_SPLIT = 2
     MAX_ARGS = 256
-
-# Dispatches whose slab fits this many bytes keep one pinned mirror of the slab (one H2D, one D2H);
-# larger ones stream through the transfer engine's ring. Measured on the H200: at 3 x 128 KiB the
-# mirror wins (67 vs 75 us), at 3 x 256 KiB the ring does (96 vs 111 us).
-cdef size_t _mirror_max = 512 << 10
 
 # how a blocking dispatch with no timeout waits (WAIT_POLL unless a measurement says otherwise)
 cdef int _wait_mode = 0
@@ -112,22 +107,11 @@ cdef enum:
     T_INTERRUPTED  # N_COUNTERS (25) in the .pxd
 
 
-def mirror_max():
-    """Slab bytes up to which a dispatch uses one pinned mirror instead of the staging ring."""
-    return _mirror_max
-
-
 def _set_wait_mode(int mode):
     """For measurements only: 0 polls (interruptible), 1 polls without pausing between queries,
     2 calls cuStreamSynchronize (not interruptible) when there is no timeout."""
     global _wait_mode
     _wait_mode = mode
-
-
-def _set_mirror_max(size_t nbytes):
-    """For measurements only: move the mirror/ring boundary (affects plans made afterwards)."""
-    global _mirror_max
-    _mirror_max = nbytes
 
 
 cdef char _format_kind(const char* fmt) noexcept:
@@ -188,25 +172,24 @@ cdef class CoopGate:
 
 @cython.final
 cdef class Prepared:
-    """A dispatch planned once: slab layout, launch geometry and params, as C data."""
+    """A dispatch planned once, as C data: the core's only conversion of a DispatchPlan."""
 
-    def __init__(self, layout, launch, route, int iterations, uintptr_t function, uintptr_t barrier,
-                 list input_specs, list output_specs, gate=None, label=None, timeout=None, plan=None):
-        """Build from planning objects.
+    def __init__(self):
+        raise TypeError("Prepared is made by Prepared.from_plan(plan) from a planning DispatchPlan")
 
-        input_specs: (itemsize, kind) per caller input; output_specs: (numpy dtype, count).
-        """
+    @staticmethod
+    def from_plan(plan):
+        """Convert a :class:`vyre_cuda.planning.dispatch.DispatchPlan` (every decision is the
+        plan's; nothing is decided here)."""
+        cdef Prepared self = Prepared.__new__(Prepared)
         cdef InputCheck ic
         cdef Segment seg
         cdef Source src
-        if len(layout.arg_offsets) + 1 > MAX_ARGS:
-            from .errors import UnsupportedFeature
-            raise UnsupportedFeature(
-                f"the kernel would take {len(layout.arg_offsets) + 1} arguments; at most {MAX_ARGS} are supported",
-                "pack buffers together so the program has fewer bindings",
-            )
+        layout, launch, route, config = plan.layout, plan.launch, plan.route, plan.config
+        if plan.arg_count > MAX_ARGS:  # planning refuses these; the arrays below hold MAX_ARGS
+            raise ValueError(f"{plan.arg_count} kernel arguments exceed {MAX_ARGS}")
         self.n_inputs = len(layout.inputs)
-        for (index, offset, nbytes, zero_end), (itemsize, kind) in zip(layout.inputs, input_specs):
+        for (index, offset, nbytes, zero_end), (itemsize, kind) in zip(layout.inputs, plan.input_specs):
             ic.index = index
             ic.itemsize = itemsize
             ic.kind = ord(kind) if kind else 0
@@ -249,48 +232,41 @@ cdef class Prepared:
         for off in layout.params_offsets:
             self.params_offsets.push_back(off)
         self.slab_bytes = layout.slab_bytes
-        self.ring = layout.slab_bytes > _mirror_max
-        if self.ring:
-            # the slab is exact-size from the stream-ordered pool; the only staging is where a
-            # cooperative launch's barrier counter is read back into
-            self.bucket = layout.slab_bytes
-            self.staging_block = 256 if route.kind == "cooperative" and barrier else 0
-            self.audit_offset = 0
-        else:
-            self.bucket = layout.bucket_bytes
-            self.staging_block = host_block_size(layout.slab_bytes + 16)
-            self.audit_offset = layout.slab_bytes
+        self.ring = not plan.mirror
+        self.bucket = plan.device_block
+        self.staging_block = plan.staging_block
+        self.audit_offset = plan.audit_offset
         self.clear_begin, self.clear_end = layout.clear
         for k in range(3):
             self.grid[k] = launch.grid[k]
             self.block[k] = launch.block[k]
         self.shared_bytes = launch.shared_bytes
-        self.iterations = iterations
+        self.iterations = config.iterations
         self.route = {"regular": ROUTE_REGULAR, "cooperative": ROUTE_COOPERATIVE, "split": ROUTE_SPLIT}[route.kind]
         self.route_name = route.kind
         self.route_reason = route.reason
-        self.function = <cydriver.CUfunction>function
-        self.barrier = <cydriver.CUdeviceptr>barrier
-        n_phases = len(layout.params_offsets)
-        phases = plan.program.phases if plan is not None else n_phases
-        self.barrier_ceiling = barrier_ceiling(phases, route.grid_blocks, route.kind)
-        self.out_dtypes = [d for d, _ in output_specs]
-        self.out_typenums = [d.num for d, _ in output_specs]
-        self.out_counts = [c for _, c in output_specs]
-        self.coop = gate if self.route == ROUTE_COOPERATIVE and barrier else None
+        self.function = <cydriver.CUfunction><uintptr_t>plan.function
+        self.barrier = <cydriver.CUdeviceptr>plan.barrier
+        self.barrier_ceiling = plan.barrier_ceiling
+        self.out_dtypes = [d for d, _ in plan.output_specs]
+        self.out_typenums = [d.num for d, _ in plan.output_specs]
+        self.out_counts = [c for _, c in plan.output_specs]
+        self.coop = plan.gate
         self.coop_order = &self.coop.order if self.coop is not None else NULL
-        self.label = label
-        self.timeout = timeout
+        self.label = config.label
+        self.timeout = config.timeout
         self.plan = plan
+        n_phases = len(layout.params_offsets)
         self.tel_h2d_bytes = layout.h2d_bytes
         self.tel_h2d_ops = 1 if layout.upload_end else 0
         self.tel_d2h_bytes = layout.d2h_bytes
         self.tel_d2h_ops = len(layout.readbacks)
         self.tel_param_bytes = len(layout.params_blob)
         per_iter = n_phases if self.route == ROUTE_SPLIT else 1
-        self.tel_launches = per_iter * iterations
+        self.tel_launches = per_iter * self.iterations
         self.tel_memsets = (1 if self.clear_end > self.clear_begin else 0) + (
-            iterations if self.route == ROUTE_COOPERATIVE and barrier else 0)
+            self.iterations if self.route == ROUTE_COOPERATIVE and self.barrier else 0)
+        return self
 
     @property
     def slab_bytes_(self):
@@ -428,7 +404,7 @@ cdef class Core:
                 "build one with Program(Kernel.cuda(src), [BufferDecl...])",
             )
         if type(inputs) is not list and type(inputs) is not tuple:
-            inputs = _as_input_list(inputs)
+            inputs = as_input_list(inputs)
         n = len(inputs)
         views.resize(n)
         key = PyTuple_New(n + 2)
@@ -442,7 +418,7 @@ cdef class Core:
                 PyObject_GetBuffer(inputs[i], view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
             except Exception as exc:
                 _release(views, i)
-                raise _input_error(program, i, inputs[i], exc) from None
+                raise input_error(program, i, inputs[i], exc) from None
             length = view.len
             Py_INCREF(length)
             PyTuple_SET_ITEM(key, i + 2, length)
@@ -464,7 +440,7 @@ cdef class Core:
             if not _kind_ok(ic.kind, ic.itemsize, view.format, view.itemsize):
                 fmt = view.format.decode() if view.format != NULL else "B"
                 _release(views, n)
-                raise _dtype_error(program, ic.index, fmt, view.itemsize, inputs[ic.index])
+                raise dtype_error(program, ic.index, fmt, view.itemsize, inputs[ic.index])
         return p
 
     # ---------------------------------------------------------------- one owner per dispatch
@@ -483,7 +459,7 @@ cdef class Core:
         p = self._lookup(program, inputs, config, d.views)
         d.prep = p
         if into is not None:
-            _check_outputs(p, into)  # before anything is acquired or runs
+            check_outputs(p.plan, into)  # before anything is acquired or runs
         if marks != NULL:
             marks[M_LOOKUP] = now_ns()
         self._acquire(p, &d.f, want_done, timed)
@@ -763,7 +739,7 @@ cdef class Core:
         return self._blocking(program, inputs, config, None, NULL)
 
     def dispatch_into(self, program, inputs, outputs, config=None):
-        return self._blocking(program, inputs, config, _as_output_list(outputs), NULL)
+        return self._blocking(program, inputs, config, as_output_list(outputs), NULL)
 
     def dispatch_profiled(self, program, inputs, config=None, unsigned long long start_ns=0):
         """Like dispatch, also returning the stage durations (ns) aligned with STAGES.
@@ -1139,139 +1115,6 @@ cdef cydriver.CUresult _launch_cooperative(Prepared p, InFlight* f, CoopOrder* o
     return cydriver.CUDA_SUCCESS
 
 
-def _input_error(program, Py_ssize_t i, obj, exc):
-    names = [d.name for d in getattr(program, "inputs", ())]
-    name = repr(names[i]) if i < len(names) else "(extra)"
-    try:
-        memoryview(obj)
-        is_buffer = True
-    except (TypeError, ValueError, BufferError):
-        is_buffer = False
-    if not is_buffer:
-        return ValidationError(
-            f"input {i} ({name}) is a {type(obj).__name__}, which does not expose the buffer protocol",
-            "pass a numpy array, bytes, bytearray, memoryview or another C-contiguous buffer",
-        )
-    return ValidationError(
-        f"input {i} ({name}) is not C-contiguous ({exc})",
-        "pass numpy.ascontiguousarray(x) (a strided view must be copied before upload)",
-    )
-
-
-def _dtype_error(program, Py_ssize_t i, fmt, Py_ssize_t itemsize, obj):
-    decl = program.inputs[i]
-    if fmt[:1] in (">", "!"):
-        return ValidationError(
-            f"input {i} ({decl.name!r}) is big-endian (format {fmt!r}); the GPU reads little-endian",
-            f"convert it with x.astype(x.dtype.newbyteorder('=')) before dispatch",
-        )
-    got = getattr(getattr(obj, "dtype", None), "name", f"format {fmt!r}, {itemsize}-byte items")
-    if decl.dtype.name == "bf16":
-        return ValidationError(
-            f"input {i} ({decl.name!r}) holds {got} but the buffer is declared bf16, which travels as "
-            "its raw bits in a uint16 array",
-            "pass the raw bits, x.view(numpy.uint16) for a bfloat16 array (astype would convert the values)",
-        )
-    return ValidationError(
-        f"input {i} ({decl.name!r}) holds {got} but the buffer is declared {decl.dtype.name}",
-        f"convert it, e.g. x.astype(numpy.{decl.dtype.numpy.name}), or pass raw bytes (a uint8 view) "
-        "to reinterpret deliberately",
-    )
-
-
-def _as_input_list(inputs):
-    try:
-        memoryview(inputs)
-        single = True
-    except (TypeError, ValueError, BufferError):
-        single = False
-    if single or inputs is None or isinstance(inputs, (str, dict)):
-        raise ValidationError(
-            f"inputs must be a list or tuple of buffers (got a single {type(inputs).__name__}"
-            f"{' with shape ' + str(inputs.shape) if hasattr(inputs, 'shape') else ''})",
-            "pass inputs as [array_a, array_b, ...], one buffer per input, even for one input",
-        )
-    try:
-        return list(inputs)
-    except TypeError:
-        raise ValidationError(
-            f"inputs must be a list or tuple of buffers (got {type(inputs).__name__})",
-            "pass inputs as [array_a, array_b, ...]",
-        ) from None
-
-
-def _as_output_list(outputs):
-    if isinstance(outputs, list):
-        return outputs
-    try:
-        memoryview(outputs)
-        single = True
-    except (TypeError, ValueError, BufferError):
-        single = False
-    if single or outputs is None or isinstance(outputs, (str, dict)):
-        raise ValidationError(
-            f"outputs must be a list or tuple of arrays (got {type(outputs).__name__})",
-            "pass outputs as [out_array, ...], one writable array per output",
-        )
-    try:
-        return list(outputs)
-    except TypeError:
-        raise ValidationError(
-            f"outputs must be a list or tuple of arrays (got {type(outputs).__name__})",
-            "pass outputs as [out_array, ...]",
-        ) from None
-
-
-def _check_outputs(Prepared p, list outs):
-    cdef Py_buffer view
-    cdef Py_ssize_t k
-    plan_outputs = p.plan.bindings.outputs if p.plan is not None else None
-    if len(outs) != len(p.out_counts):
-        raise ValidationError(
-            f"dispatch_into got {len(outs)} output buffer(s); the program returns {len(p.out_counts)}",
-            f"pass exactly {len(p.out_counts)} output arrays, in declaration order",
-        )
-    for k in range(len(outs)):
-        name = plan_outputs[k].decl.name if plan_outputs is not None else str(k)
-        need = p.outputs[k].nbytes
-        want = p.out_dtypes[k]
-        got_dtype = getattr(outs[k], "dtype", None)
-        if got_dtype is not None and got_dtype != want:
-            raise ValidationError(
-                f"output {k} ({name!r}) has dtype {got_dtype} but the buffer is {want}",
-                f"pass numpy.empty({need // want.itemsize}, dtype=numpy.{want.name})",
-            )
-        try:
-            PyObject_GetBuffer(outs[k], &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
-        except Exception as exc:
-            readonly = False
-            try:
-                readonly = memoryview(outs[k]).readonly
-            except TypeError:
-                raise ValidationError(
-                    f"output {k} ({name!r}) is a {type(outs[k]).__name__}, not a buffer",
-                    "pass a writable numpy array",
-                ) from None
-            if readonly:
-                raise ValidationError(
-                    f"output {k} ({name!r}) is read-only",
-                    "pass a writable array (numpy.empty(...), or set arr.flags.writeable = True on an owner)",
-                ) from None
-            raise ValidationError(
-                f"output {k} ({name!r}) is not C-contiguous ({exc})",
-                "pass a C-contiguous array (numpy.empty(...) or numpy.ascontiguousarray)",
-            ) from None
-        size = view.len
-        PyBuffer_Release(&view)
-        if <size_t>size != need:
-            raise ValidationError(
-                f"output {k} ({name!r}) holds {size} bytes; the dispatch reads back {need}",
-                f"pass an output of exactly {need} bytes ({need // want.itemsize} {want.name} elements)",
-            )
-
-
-
-
 @cython.final
 @cython.freelist(16)
 cdef class PendingDispatch:
@@ -1372,9 +1215,9 @@ cdef class PendingDispatch:
 
     def result_into(self, outputs):
         """Wait, then copy the outputs into the caller's arrays (checked) and return them."""
-        outputs = _as_output_list(outputs)
+        outputs = as_output_list(outputs)
         self._take()
-        _check_outputs(self.prep, outputs)
+        check_outputs(self.prep.plan, outputs)
         self._wait()
         self._collect(outputs)
         self._finish()

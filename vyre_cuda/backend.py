@@ -6,27 +6,19 @@ import contextlib
 import logging
 import os
 import threading
-from dataclasses import dataclass
-
 import numpy as np
 
 from . import _driver
-from .compile import compile_kernel, explain_load_failure, nvrtc_version
 from .config import DispatchConfig, as_config
 from .errors import (
     BackendError,
     CooperativeResidencyExceeded,
     DeviceLost,
-    DeviceOutOfMemory,
-    InvalidProgram,
-    KernelCompileFailed,
     ValidationError,
 )
-from .planning.binding import input_spec, plan_bindings
-from .planning.caps import DeviceCaps, check_capabilities
-from .planning.launch import DEFAULT_SHARED_LIMIT, Route, plan_launch, route_grid_sync
-from .planning.layout import plan_layout
-from .program import Program
+from .modules import ModuleCache
+from .planning.caps import DeviceCaps
+from .planning.dispatch import DispatchPlan, plan_dispatch, plan_route
 from .telemetry import Telemetry, TimedDispatchResult
 
 __all__ = ["CudaBackend", "TimedDispatchResult", "driver_status", "reset_device", "PlanInfo"]
@@ -57,37 +49,8 @@ def _transfer_settings(chunk_bytes, chunks, threads):
     return chunk_bytes, chunks, threads
 
 
-@dataclass(frozen=True)
-class PlanInfo:
-    """Everything planning decided for one (program, input lengths, config): for tests and traces."""
-
-    program: Program
-    config: DispatchConfig
-    bindings: object
-    launch: object
-    layout: object
-    route: Route
-    kernel: object  # CompiledKernel
-
-
-class _Module:
-    __slots__ = ("module", "function", "barrier", "barrier_size", "shared_optin", "gate")
-
-    def __init__(self, module, function, barrier, barrier_size, ctx):
-        from ._dispatch import CoopGate  # noqa: PLC0415
-
-        self.module = module
-        self.function = function
-        self.barrier = barrier
-        self.barrier_size = barrier_size
-        self.shared_optin = DEFAULT_SHARED_LIMIT
-        # cooperative launches of one module share its barrier counter: ordered on the GPU
-        self.gate = CoopGate(ctx) if barrier else None
-
-    def unload(self):
-        if self.gate is not None:
-            self.gate.close()
-        _driver.unload_module(self.module)
+# what plan_info() returns (the name of earlier releases)
+PlanInfo = DispatchPlan
 
 
 def driver_status() -> tuple:
@@ -173,17 +136,15 @@ class CudaBackend:
         _driver.init_driver()
         self._caps = DeviceCaps(**_driver.device_caps(self.device))
         self._ctx = _driver.retain_primary_context(self.device)
-        self._modules: dict = {}
         self._plan_lock = threading.RLock()
         trace = os.environ.get("VYRE_CUDA_TRACE", "") not in ("", "0")
         self._core = Core(self._ctx, self._plan, device_pool_bytes, pinned_pool_bytes, trace,
                           self.device, chunk_bytes, chunks, threads, output_cache_bytes)
+        # an evicted module takes the plans that point into it along
+        self._modules = ModuleCache(self._ctx, self._caps.cc, self._caps.driver_version,
+                                    on_evict=self._core.clear_prepared)
         self.telemetry = Telemetry(self._core)
         self._closed = False
-        # The hot entry points go straight to the core's C methods (one Python frame less per
-        # dispatch); the methods below document them and serve subclasses.
-        self.dispatch = self._core.dispatch
-        self._dispatch_profiled = self._core.dispatch_profiled
         log.debug("CudaBackend(device=%d): %s, cc %s", self.device, self._caps.name, self._caps.cc)
 
     # ------------------------------------------------------------------ properties
@@ -244,12 +205,13 @@ class CudaBackend:
         cfg = as_config(config)
         lengths = tuple(_nbytes(x, i) for i, x in enumerate(inputs))
         try:
-            _, _, _, _, route = self._plan_route(program, lengths, cfg)
+            with self._plan_lock:
+                route = plan_route(program, lengths, cfg, self._caps, self._modules)[-1]
         except CooperativeResidencyExceeded:
             return False  # forced cooperative over residency: it does not fit
         return route.kind == "cooperative"
 
-    def plan_info(self, program, inputs, config=None) -> PlanInfo:
+    def plan_info(self, program, inputs, config=None) -> DispatchPlan:
         """The plan a dispatch of these inputs runs with (planned now if not cached)."""
         self._check_open()
         cfg = None if config is None else as_config(config)
@@ -257,100 +219,21 @@ class CudaBackend:
         return self._plan(program, lengths, cfg).plan
 
     # ------------------------------------------------------------------ planning
-    def _check_program(self, program):
-        if not isinstance(program, Program):
-            raise ValidationError(
-                f"dispatch needs a vyre_cuda.Program (got {type(program).__name__})",
-                "build one with Program(Kernel.cuda(src), [BufferDecl...])",
-            )
-
-    def _plan_route(self, program, lengths, cfg):
-        self._check_program(program)
-        check_capabilities(program, self._caps)
-        bplan = plan_bindings(program, lengths)
-        launch = plan_launch(program, bplan, cfg, self._caps)
-        if (program.grid_sync or cfg.cooperative) and not self._caps.supports("cooperative"):
-            route_grid_sync(program, cfg, launch, self._caps, 0)  # refuses before any compile
-        _driver.make_current(self._ctx)  # planning may run on any thread
-        compiled, module = self._kernel(program, bplan)
-        if launch.shared_bytes > module.shared_optin:
-            _driver.set_max_dynamic_shared(module.function, launch.shared_bytes)
-            module.shared_optin = launch.shared_bytes
-        occupancy = 0
-        if program.grid_sync or cfg.cooperative:
-            occupancy = _driver.occupancy_blocks_per_sm(module.function, launch.threads_per_block, launch.shared_bytes)
-        route = route_grid_sync(program, cfg, launch, self._caps, occupancy)
-        return bplan, launch, compiled, module, route
-
     def _plan(self, program, lengths, config):
-        """Plan one (program, input lengths, config); the core caches the result."""
+        """Plan one (program, input lengths, config): the core's one call back on a plan miss; it
+        caches what this returns."""
+        from ._dispatch import Prepared  # noqa: PLC0415
+
         cfg = as_config(config)
         with self._plan_lock:
-            bplan, launch, compiled, module, route = self._plan_route(program, lengths, cfg)
-            if program.grid_sync and route.kind == "cooperative" and not module.barrier:
-                raise InvalidProgram(
-                    f"grid_sync program's kernel {program.kernel.entry!r} defines no _vyre_grid_barrier",
-                    'include "vyre_cuda.cuh" and call vyre_grid_sync() between phases',
-                )
-            if route.kind == "split":
-                phase_ranges = [(k, k + 1) for k in range(program.phases)]
-            elif program.grid_sync:
-                phase_ranges = [(0, program.phases)]
-            else:
-                phase_ranges = [None]
-            layout = plan_layout(bplan, launch, phase_ranges)
-            budget = self._caps.total_memory - self._caps.total_memory // 10
-            if self._caps.total_memory and layout.bucket_bytes > budget:
-                raise DeviceOutOfMemory(
-                    f"the dispatch needs {layout.bucket_bytes:,} bytes of device memory (slab of "
-                    f"{layout.slab_bytes:,} bytes) but the budget is {budget:,} bytes (90% of "
-                    f"{self._caps.total_memory:,} total)",
-                    "split the dispatch into bounded chunks",
-                    status="budget", call="plan",
-                )
-            inputs = program.inputs
-            input_specs = []
-            for index, _, _, _ in layout.inputs:
-                input_specs.append(input_spec(inputs[index]))
-            output_specs = []
-            for slot, (_, nbytes) in zip(bplan.outputs, layout.outputs):
-                d = slot.decl.dtype
-                if nbytes % d.itemsize:
-                    output_specs.append((np.dtype(np.uint8), nbytes))  # a byte range cutting elements
-                else:
-                    output_specs.append((d.numpy, nbytes // d.itemsize))
-            gate = module.gate if route.kind == "cooperative" and module.barrier else None
-            info = PlanInfo(program, cfg, bplan, launch, layout, route, compiled)
-            from ._dispatch import Prepared  # noqa: PLC0415
-
-            prepared = Prepared(
-                layout, launch, route, cfg.iterations, module.function,
-                module.barrier if route.kind == "cooperative" else 0,
-                input_specs, output_specs, gate, cfg.label, cfg.timeout, info,
-            )
-            log.info(
-                "planned %s: route=%s (%s), grid=%s block=%s shared=%d slab=%d",
-                cfg.label or program.kernel.entry, route.kind, route.reason, launch.grid, launch.block,
-                launch.shared_bytes, layout.slab_bytes,
-            )
-            return prepared
-
-    def _kernel(self, program, bplan):
-        defines = {"VYRE_PHASE_WORD": str(bplan.max_binding + 2)} if program.kernel.kind == "cuda" else None
-        compiled = compile_kernel(program.kernel, arch=self._caps.cc, defines=defines)
-        module = self._modules.get(compiled.key)
-        if module is None:
-            try:
-                handles = _driver.load_module(compiled.image, compiled.entry, True)
-            except KernelCompileFailed as exc:
-                status = getattr(exc, "status", "")
-                if status:
-                    message, fix = explain_load_failure(status, compiled.kind, nvrtc_version(), self._caps.driver_version)
-                    raise KernelCompileFailed(f"{exc.message}; {message}", fix, log=exc.log) from None
-                raise
-            module = _Module(*handles, self._ctx)
-            self._modules[compiled.key] = module
-        return compiled, module
+            plan = plan_dispatch(program, lengths, cfg, self._caps, self._modules)
+        launch, route = plan.launch, plan.route
+        log.info(
+            "planned %s: route=%s (%s), grid=%s block=%s shared=%d slab=%d (%s)",
+            cfg.label or program.kernel.entry, route.kind, route.reason, launch.grid, launch.block,
+            launch.shared_bytes, plan.layout.slab_bytes, "mirror" if plan.mirror else "ring",
+        )
+        return Prepared.from_plan(plan)
 
     # ------------------------------------------------------------------ lifecycle
     def trim(self) -> None:
@@ -411,8 +294,7 @@ class CudaBackend:
                 core.opool.close()
                 core.spool.close()
                 core.xfer.close()
-                for module in self._modules.values():
-                    module.unload()
+                self._modules.close()
             except BackendError as exc:
                 log.warning("CudaBackend.close: %s", exc.message)
         # the copy threads are joined on every path, a lost context included

@@ -1,0 +1,135 @@
+"""Cold checks of the dispatch core: what is wrong with a caller's inputs or outputs, as typed
+errors with a Fix. Nothing here runs on a dispatch that succeeds, except ``check_outputs`` for
+``dispatch_into`` / ``result_into``."""
+
+from __future__ import annotations
+
+from .errors import ValidationError
+
+__all__ = ["input_error", "dtype_error", "as_input_list", "as_output_list", "check_outputs"]
+
+
+def input_error(program, i, obj, exc):
+    names = [d.name for d in getattr(program, "inputs", ())]
+    name = repr(names[i]) if i < len(names) else "(extra)"
+    try:
+        memoryview(obj)
+        is_buffer = True
+    except (TypeError, ValueError, BufferError):
+        is_buffer = False
+    if not is_buffer:
+        return ValidationError(
+            f"input {i} ({name}) is a {type(obj).__name__}, which does not expose the buffer protocol",
+            "pass a numpy array, bytes, bytearray, memoryview or another C-contiguous buffer",
+        )
+    return ValidationError(
+        f"input {i} ({name}) is not C-contiguous ({exc})",
+        "pass numpy.ascontiguousarray(x) (a strided view must be copied before upload)",
+    )
+
+
+def dtype_error(program, i, fmt, itemsize, obj):
+    decl = program.inputs[i]
+    if fmt[:1] in (">", "!"):
+        return ValidationError(
+            f"input {i} ({decl.name!r}) is big-endian (format {fmt!r}); the GPU reads little-endian",
+            f"convert it with x.astype(x.dtype.newbyteorder('=')) before dispatch",
+        )
+    got = getattr(getattr(obj, "dtype", None), "name", f"format {fmt!r}, {itemsize}-byte items")
+    if decl.dtype.name == "bf16":
+        return ValidationError(
+            f"input {i} ({decl.name!r}) holds {got} but the buffer is declared bf16, which travels as "
+            "its raw bits in a uint16 array",
+            "pass the raw bits, x.view(numpy.uint16) for a bfloat16 array (astype would convert the values)",
+        )
+    return ValidationError(
+        f"input {i} ({decl.name!r}) holds {got} but the buffer is declared {decl.dtype.name}",
+        f"convert it, e.g. x.astype(numpy.{decl.dtype.numpy.name}), or pass raw bytes (a uint8 view) "
+        "to reinterpret deliberately",
+    )
+
+
+def as_input_list(inputs):
+    try:
+        memoryview(inputs)
+        single = True
+    except (TypeError, ValueError, BufferError):
+        single = False
+    if single or inputs is None or isinstance(inputs, (str, dict)):
+        raise ValidationError(
+            f"inputs must be a list or tuple of buffers (got a single {type(inputs).__name__}"
+            f"{' with shape ' + str(inputs.shape) if hasattr(inputs, 'shape') else ''})",
+            "pass inputs as [array_a, array_b, ...], one buffer per input, even for one input",
+        )
+    try:
+        return list(inputs)
+    except TypeError:
+        raise ValidationError(
+            f"inputs must be a list or tuple of buffers (got {type(inputs).__name__})",
+            "pass inputs as [array_a, array_b, ...]",
+        ) from None
+
+
+def as_output_list(outputs):
+    if isinstance(outputs, list):
+        return outputs
+    try:
+        memoryview(outputs)
+        single = True
+    except (TypeError, ValueError, BufferError):
+        single = False
+    if single or outputs is None or isinstance(outputs, (str, dict)):
+        raise ValidationError(
+            f"outputs must be a list or tuple of arrays (got {type(outputs).__name__})",
+            "pass outputs as [out_array, ...], one writable array per output",
+        )
+    try:
+        return list(outputs)
+    except TypeError:
+        raise ValidationError(
+            f"outputs must be a list or tuple of arrays (got {type(outputs).__name__})",
+            "pass outputs as [out_array, ...]",
+        ) from None
+
+
+def check_outputs(plan, outs):
+    """Refuse caller outputs of the wrong count, dtype, size, contiguity or writability, naming
+    the output and what it must be, before anything runs."""
+    specs = plan.output_specs
+    if len(outs) != len(specs):
+        raise ValidationError(
+            f"dispatch_into got {len(outs)} output buffer(s); the program returns {len(specs)}",
+            f"pass exactly {len(specs)} output arrays, in declaration order",
+        )
+    for k, (out, (want, _), slot, (_, need)) in enumerate(zip(outs, specs, plan.bindings.outputs, plan.layout.outputs)):
+        name = slot.decl.name
+        got_dtype = getattr(out, "dtype", None)
+        if got_dtype is not None and got_dtype != want:
+            raise ValidationError(
+                f"output {k} ({name!r}) has dtype {got_dtype} but the buffer is {want}",
+                f"pass numpy.empty({need // want.itemsize}, dtype=numpy.{want.name})",
+            )
+        try:
+            view = memoryview(out)
+        except TypeError:
+            raise ValidationError(
+                f"output {k} ({name!r}) is a {type(out).__name__}, not a buffer",
+                "pass a writable numpy array",
+            ) from None
+        with view:
+            if view.readonly:
+                raise ValidationError(
+                    f"output {k} ({name!r}) is read-only",
+                    "pass a writable array (numpy.empty(...), or set arr.flags.writeable = True on an owner)",
+                )
+            if not view.c_contiguous:
+                raise ValidationError(
+                    f"output {k} ({name!r}) is not C-contiguous (strides {view.strides})",
+                    "pass a C-contiguous array (numpy.empty(...) or numpy.ascontiguousarray)",
+                )
+            size = view.nbytes
+        if size != need:
+            raise ValidationError(
+                f"output {k} ({name!r}) holds {size} bytes; the dispatch reads back {need}",
+                f"pass an output of exactly {need} bytes ({need // want.itemsize} {want.name} elements)",
+            )

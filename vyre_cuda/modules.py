@@ -1,0 +1,116 @@
+"""Loaded kernel modules of one backend: the third cache (beside compile's and the core's plans).
+
+A :class:`ModuleCache` owns each module the backend has loaded into its context, with what belongs
+to it: the function and grid-barrier addresses, the dynamic shared memory the function was opted
+into, and the gate that orders the module's cooperative launches on the GPU. It is bounded (like
+vyre's, 2,048 modules) and unloads the least recently planned module on eviction.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from . import _driver
+from .compile import compile_kernel, explain_load_failure, nvrtc_version
+from .errors import KernelCompileFailed
+from .planning.launch import DEFAULT_SHARED_LIMIT
+
+__all__ = ["LoadedModule", "ModuleCache", "CAPACITY"]
+
+CAPACITY = 2048
+
+
+class LoadedModule:
+    """One module in the backend's context: function, barrier global, shared opt-in, gate."""
+
+    __slots__ = ("module", "function", "barrier", "barrier_size", "shared_optin", "gate")
+
+    def __init__(self, module, function, barrier, barrier_size):
+        from ._dispatch import CoopGate  # noqa: PLC0415 (the compiled core loads at first use)
+
+        self.module = module
+        self.function = function
+        self.barrier = barrier
+        self.barrier_size = barrier_size
+        self.shared_optin = DEFAULT_SHARED_LIMIT
+        # cooperative launches of one module share its barrier counter: ordered on the GPU
+        self.gate = CoopGate() if barrier else None
+
+    def ensure_shared(self, nbytes: int) -> None:
+        """Opt the function into ``nbytes`` of dynamic shared memory (above the 48 KiB default)."""
+        if nbytes > self.shared_optin:
+            _driver.set_max_dynamic_shared(self.function, nbytes)
+            self.shared_optin = nbytes
+
+    def occupancy(self, threads_per_block: int, shared_bytes: int) -> int:
+        return _driver.occupancy_blocks_per_sm(self.function, threads_per_block, shared_bytes)
+
+    def unload(self) -> None:
+        if self.gate is not None:
+            self.gate.close()
+        _driver.unload_module(self.module)
+
+
+class ModuleCache:
+    """The modules a backend has loaded, keyed by compiled-kernel key, least recently used first.
+
+    ``on_evict`` runs before a module is unloaded (the backend drops the plans that point into it,
+    and waits for the work that may still run it).
+    """
+
+    def __init__(self, ctx: int, arch, driver_version: int, capacity: int = CAPACITY, on_evict=None):
+        self._ctx = ctx
+        self._arch = arch
+        self._driver_version = driver_version
+        self._capacity = capacity
+        self._on_evict = on_evict
+        self._modules: OrderedDict = OrderedDict()
+        self._lock = threading.RLock()
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def load(self, program, bindings):
+        """(compiled kernel, :class:`LoadedModule`) for ``program``, compiled and loaded once."""
+        defines = {"VYRE_PHASE_WORD": str(bindings.max_binding + 2)} if program.kernel.kind == "cuda" else None
+        compiled = compile_kernel(program.kernel, arch=self._arch, defines=defines)
+        with self._lock:
+            _driver.make_current(self._ctx)  # planning may run on any thread
+            module = self._modules.get(compiled.key)
+            if module is not None:
+                self._modules.move_to_end(compiled.key)
+                return compiled, module
+            try:
+                handles = _driver.load_module(compiled.image, compiled.entry, True)
+            except KernelCompileFailed as exc:
+                status = getattr(exc, "status", "")
+                if status:
+                    message, fix = explain_load_failure(status, compiled.kind, nvrtc_version(), self._driver_version)
+                    raise KernelCompileFailed(f"{exc.message}; {message}", fix, log=exc.log) from None
+                raise
+            module = LoadedModule(*handles)
+            self._modules[compiled.key] = module
+            while len(self._modules) > self._capacity:
+                self._evict()
+            return compiled, module
+
+    def _evict(self) -> None:
+        _, module = self._modules.popitem(last=False)
+        if self._on_evict is not None:
+            self._on_evict()
+        _driver.make_current(self._ctx)
+        _driver.context_synchronize()  # a launch in flight may still run the module's code
+        module.unload()
+
+    def close(self) -> None:
+        """Unload every module (the backend has waited for its work)."""
+        with self._lock:
+            while self._modules:
+                _, module = self._modules.popitem(last=False)
+                module.unload()
+
+    def clear(self) -> None:
+        """Forget every module without unloading (their context is gone)."""
+        with self._lock:
+            self._modules.clear()

@@ -1,0 +1,173 @@
+"""One dispatch planned: every decision the hot path needs, in one frozen :class:`DispatchPlan`.
+
+Planning runs once per (program, input byte lengths, config); the Cython core then only converts
+the plan into C data (``Prepared.from_plan``) and replays it. Everything here is Python: bindings,
+launch, route, slab layout, the memory budget, the dtype checks the core makes on each input,
+the output arrays it makes, the barrier ceiling of a cooperative launch, how the dispatch stages
+its bytes (one pinned mirror, or the transfer engine's ring) and how many kernel arguments it
+packs. Only the kernel module (compile + load, occupancy) needs the driver; it is asked for
+through the ``modules`` object the backend passes in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._accounting import bucket_size
+from ..config import DispatchConfig
+from ..errors import DeviceOutOfMemory, InvalidProgram, UnsupportedFeature
+from ..program import Program
+from .binding import BindingPlan, input_spec, plan_bindings
+from .caps import DeviceCaps, check_capabilities
+from .launch import LaunchPlan, Route, barrier_ceiling, plan_launch, route_grid_sync
+from .layout import SlabLayout, plan_layout
+
+__all__ = ["DispatchPlan", "plan_dispatch", "plan_route", "assemble_plan", "staging_for", "MIRROR_MAX", "MAX_ARGS"]
+
+# Dispatches whose slab fits this many bytes keep one pinned mirror of the slab (one upload, one
+# readback); larger ones stream through the transfer engine's staging ring. Measured on an H200:
+# at 3 x 128 KiB the mirror wins (67 vs 75 us), at 3 x 256 KiB the ring does (96 vs 111 us).
+MIRROR_MAX = 512 << 10
+MAX_ARGS = 256  # kernel arguments the core packs (one per buffer binding + the params pointer)
+AUDIT_BLOCK = 256  # pinned bytes a ring-staged cooperative dispatch reads its barrier counter into
+
+
+@dataclass(frozen=True)
+class DispatchPlan:
+    """Everything planning decided for one (program, input lengths, config).
+
+    ``bindings``, ``launch``, ``layout``, ``route`` and ``kernel`` (the CompiledKernel) are the
+    planning stages' own results; the rest is what the core executes: the module's function and
+    grid-barrier addresses (0 when unused) and the cooperative-order gate, per-input
+    ``(itemsize, kind)`` checks, per-output ``(numpy dtype, element count)``, the barrier ceiling
+    the audit holds a cooperative launch to, the staging decision and its block sizes, and the
+    number of kernel arguments.
+    """
+
+    program: Program
+    config: DispatchConfig
+    bindings: BindingPlan
+    launch: LaunchPlan
+    layout: SlabLayout
+    route: Route
+    kernel: object
+    function: int
+    barrier: int
+    gate: object
+    input_specs: tuple
+    output_specs: tuple
+    barrier_ceiling: int
+    mirror: bool
+    device_block: int
+    staging_block: int
+    audit_offset: int
+    arg_count: int
+
+    @property
+    def iterations(self) -> int:
+        return self.config.iterations
+
+
+def staging_for(layout: SlabLayout, cooperative_audit: bool) -> tuple:
+    """(mirror, device block, staging block, audit offset) of a layout.
+
+    A small slab has one pinned mirror (its pool block rounds up to a power of two) and a cached
+    power-of-two device block; the barrier counter of a cooperative launch lands just past the
+    slab image. A large slab is exact-size from the stream-ordered device pool and streams through
+    the ring; its only staging is the counter's landing spot, when it has one.
+    """
+    if layout.slab_bytes <= MIRROR_MAX:
+        return True, layout.bucket_bytes, bucket_size(layout.slab_bytes + 16), layout.slab_bytes
+    return False, layout.slab_bytes, AUDIT_BLOCK if cooperative_audit else 0, 0
+
+
+def plan_route(program, lengths, config: DispatchConfig, caps: DeviceCaps, modules):
+    """Bindings, launch, kernel module and route; refuses what the device cannot run before any
+    compile. ``modules.load(program, bindings)`` returns (compiled kernel, loaded module)."""
+    if not isinstance(program, Program):
+        from ..errors import ValidationError
+
+        raise ValidationError(
+            f"dispatch needs a vyre_cuda.Program (got {type(program).__name__})",
+            "build one with Program(Kernel.cuda(src), [BufferDecl...])",
+        )
+    check_capabilities(program, caps)
+    bindings = plan_bindings(program, lengths)
+    launch = plan_launch(program, bindings, config, caps)
+    wants_cooperative = program.grid_sync or config.cooperative
+    if wants_cooperative and not caps.supports("cooperative"):
+        route_grid_sync(program, config, launch, caps, 0)  # refuses before any compile
+    compiled, module = modules.load(program, bindings)
+    module.ensure_shared(launch.shared_bytes)
+    occupancy = module.occupancy(launch.threads_per_block, launch.shared_bytes) if wants_cooperative else 0
+    route = route_grid_sync(program, config, launch, caps, occupancy)
+    return bindings, launch, compiled, module, route
+
+
+def _phase_ranges(program, route) -> list:
+    if route.kind == "split":
+        return [(k, k + 1) for k in range(program.phases)]  # one params block per phase
+    if program.grid_sync:
+        return [(0, program.phases)]
+    return [None]
+
+
+def plan_dispatch(program, lengths, config: DispatchConfig, caps: DeviceCaps, modules) -> DispatchPlan:
+    """Plan one dispatch of ``program`` on inputs of ``lengths`` bytes (see :class:`DispatchPlan`)."""
+    bindings, launch, compiled, module, route = plan_route(program, lengths, config, caps, modules)
+    cooperative = route.kind == "cooperative"
+    if program.grid_sync and cooperative and not module.barrier:
+        raise InvalidProgram(
+            f"grid_sync program's kernel {program.kernel.entry!r} defines no _vyre_grid_barrier",
+            'include "vyre_cuda.cuh" and call vyre_grid_sync() between phases',
+        )
+    layout = plan_layout(bindings, launch, _phase_ranges(program, route))
+    budget = caps.total_memory - caps.total_memory // 10
+    if caps.total_memory and layout.slab_bytes > budget:
+        raise DeviceOutOfMemory(
+            f"the dispatch needs {layout.slab_bytes:,} bytes of device memory but the budget is "
+            f"{budget:,} bytes (90% of {caps.total_memory:,} total)",
+            "split the dispatch into bounded chunks",
+            status="budget", call="plan",
+        )
+    barrier = module.barrier if cooperative else 0
+    return assemble_plan(program, config, bindings, launch, layout, route, compiled, module.function, barrier,
+                         module.gate if cooperative and barrier else None)
+
+
+def assemble_plan(program, config, bindings, launch, layout, route, kernel=None, function=0, barrier=0,
+                  gate=None) -> DispatchPlan:
+    """The executable decisions derived from the planning stages' results (pure)."""
+    arg_count = len(layout.arg_offsets) + 1
+    if arg_count > MAX_ARGS:
+        raise UnsupportedFeature(
+            f"the kernel would take {arg_count} arguments; at most {MAX_ARGS} are supported",
+            "pack buffers together so the program has fewer bindings",
+        )
+    inputs = program.inputs
+    input_specs = tuple(input_spec(inputs[index]) for index, _, _, _ in layout.inputs)
+    output_specs = tuple(
+        (slot.decl.dtype.numpy, nbytes // slot.decl.dtype.itemsize)  # byte ranges cover whole elements
+        for slot, (_, nbytes) in zip(bindings.outputs, layout.outputs)
+    )
+    mirror, device_block, staging_block, audit_offset = staging_for(layout, bool(route.kind == "cooperative" and barrier))
+    return DispatchPlan(
+        program=program,
+        config=config,
+        bindings=bindings,
+        launch=launch,
+        layout=layout,
+        route=route,
+        kernel=kernel,
+        function=function,
+        barrier=barrier,
+        gate=gate,
+        input_specs=input_specs,
+        output_specs=output_specs,
+        barrier_ceiling=barrier_ceiling(program.phases, route.grid_blocks, route.kind),
+        mirror=mirror,
+        device_block=device_block,
+        staging_block=staging_block,
+        audit_offset=audit_offset,
+        arg_count=arg_count,
+    )
