@@ -3,12 +3,49 @@ import os
 import numpy as np
 import pytest
 
+# VYRE_CUDA_TEST_SEED=<int> replays a failure: every `rng` fixture of the run starts from that seed.
+SEED_ENV = "VYRE_CUDA_TEST_SEED"
+
+
+class SeededGenerator(np.random.Generator):
+    """A numpy Generator that remembers its seed and shows it in its repr (and so in assertion
+    rewrites and tracebacks that print it)."""
+
+    def __init__(self, seed: int):
+        super().__init__(np.random.PCG64(seed))
+        self.seed = seed
+
+    def __repr__(self) -> str:
+        return f"SeededGenerator(seed={self.seed}; replay with {SEED_ENV}={self.seed})"
+
+    __str__ = __repr__
+
+
+def _seed() -> int:
+    fixed = os.environ.get(SEED_ENV, "").strip()
+    if fixed:
+        return int(fixed, 0)
+    return int.from_bytes(os.urandom(4), "little")
+
 
 @pytest.fixture
-def rng():
-    # fresh random data every run; the seed is printed on failure through the repr
-    seed = int.from_bytes(os.urandom(4), "little")
-    return np.random.default_rng(seed)
+def rng(request):
+    # fresh random data every run; the seed goes into the test report, and a failure prints it
+    # (pytest_runtest_makereport below) so the run can be replayed exactly
+    gen = SeededGenerator(_seed())
+    request.node.user_properties.append(("rng_seed", gen.seed))
+    return gen
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        seeds = [value for name, value in item.user_properties if name == "rng_seed"]
+        if seeds:
+            text = ", ".join(str(s) for s in seeds)
+            report.sections.append(("rng seed", f"rng seed {text}: replay with {SEED_ENV}={seeds[-1]} pytest '{item.nodeid}'"))
+    return report
 
 
 @pytest.fixture(autouse=True)
@@ -16,3 +53,13 @@ def _isolated_kernel_cache(tmp_path_factory, monkeypatch):
     # every test session compiles into its own cache folder, never the user's
     folder = tmp_path_factory.getbasetemp() / "kernel-cache"
     monkeypatch.setenv("VYRE_CUDA_CACHE_DIR", str(folder))
+
+
+@pytest.fixture(scope="session")
+def fake_libcuda(tmp_path_factory):
+    """The folder holding the fake CUDA driver (tests/fakecuda), built once per session."""
+    import fakecuda  # noqa: PLC0415
+
+    if fakecuda.compiler() is None:
+        pytest.skip("no C compiler on PATH to build the fake CUDA driver (tests/fakecuda)")
+    return fakecuda.build(tmp_path_factory.getbasetemp() / "fakecuda")
