@@ -24,14 +24,13 @@ import math
 import os
 import pathlib
 import pickle
-import sys
 from dataclasses import dataclass, replace
 from typing import Callable
 
+import fakecuda
 import numpy as np
 import pytest
 
-import fakecuda
 import vyre_cuda as vc
 from vyre_cuda import BufferAccess, BufferDecl, DispatchConfig, Kernel, Program
 from vyre_cuda import builtin_programs as bp

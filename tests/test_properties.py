@@ -1,7 +1,7 @@
 """Property tests over the real planner: ``CudaBackend._plan`` on a faked driver with H200 caps.
 
 A backend is built the normal way (``CudaBackend(0)``) with the Python-level driver entry points
-of ``vyre_cuda._driver`` replaced by :class:`PlanningDriver`: it reports an H200's attributes
+of ``vyre_cuda._driver`` replaced by ``PlanningDriver`` (tests/planning_fakes.py): it reports an H200's attributes
 (132 SMs, grid limit (2147483647, 65535, 65535), 1024 threads per block, 48 KiB shared memory or
 232448 B opted in, 2048 threads and 32 blocks per SM, cooperative launch), hands out module and
 function handles, and answers the occupancy query with a value each example draws. Kernels are
@@ -33,27 +33,29 @@ import struct
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from planning_fakes import H200, NO_COOP, plan, planning_backends
 
 import vyre_cuda
 from vyre_cuda._accounting import bucket_size
 from vyre_cuda.config import DispatchConfig
-from vyre_cuda.errors import BackendError, CooperativeResidencyExceeded, InvalidProgram, UnsupportedFeature
-from vyre_cuda.planning.caps import DeviceCaps
+from vyre_cuda.errors import (
+    BackendError,
+    CooperativeResidencyExceeded,
+    InvalidProgram,
+)
 from vyre_cuda.planning.layout import COPY_ALIGN, HOST_CLEAR_MAX, REGION_ALIGN
-from vyre_cuda.program import DTYPES, BindingRole, BufferAccess, BufferDecl, Kernel, Program
+from vyre_cuda.program import (
+    DTYPES,
+    BindingRole,
+    BufferAccess,
+    BufferDecl,
+    Kernel,
+    Program,
+)
 
 U64 = 2**64
 U32_MAX = 2**32 - 1
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
-
-H200 = DeviceCaps(
-    ordinal=0, name="fake H200", cc=(9, 0), sm_count=132, warp_size=32, max_threads_per_block=1024,
-    max_block_dim=(1024, 1024, 64), max_grid_dim=(2147483647, 65535, 65535),
-    max_shared_per_block=48 * 1024, max_shared_per_block_optin=232_448, max_threads_per_sm=2048,
-    max_blocks_per_sm=32, cooperative_launch=True, total_memory=150_754_820_096, driver_version=13000,
-)
-# a device without cooperative launch: grid-sync programs and cooperative=True must be refused
-NO_COOP = DeviceCaps(**{**H200.as_dict(), "name": "fake Hopper without cooperative launch", "cooperative_launch": False})
 
 _PTX = """
 .version 8.0
@@ -69,96 +71,11 @@ WITH_BARRIER = Kernel.ptx(_PTX.format(barrier=".visible .global .align 4 .u32 _v
 NO_BARRIER = Kernel.ptx(_PTX.format(barrier=""))
 
 
-# ---------------------------------------------------------------- the faked driver
-class PlanningDriver:
-    """The Python-level driver calls planning makes, answered for ``caps`` without a device."""
-
-    def __init__(self, caps: DeviceCaps):
-        self.caps = caps
-        self.occupancy = 8
-        self.next_handle = 0x1000
-        self.functions = {}  # function handle -> image
-        self.shared_optin = {}  # function handle -> bytes opted in
-        self.occupancy_calls = []
-
-    def _handle(self):
-        self.next_handle += 0x10
-        return self.next_handle
-
-    # the entry points the backend calls
-    def init_driver(self):
-        pass
-
-    def device_caps(self, ordinal):
-        return self.caps.as_dict()
-
-    def retain_primary_context(self, ordinal):
-        return 0xC0
-    
-    def release_primary_context(self, ordinal):
-        pass
-
-    def make_current(self, ctx):
-        assert ctx == 0xC0
-
-    def context_synchronize(self):
-        pass
-
-    def load_module(self, image, entry, want_barrier):
-        module, function = self._handle(), self._handle()
-        self.functions[function] = image
-        barrier = self._handle() if want_barrier and b"_vyre_grid_barrier" in image else 0
-        return module, function, barrier, 4 if barrier else 0
-
-    def unload_module(self, module):
-        pass
-
-    def set_max_dynamic_shared(self, function, nbytes):
-        assert function in self.functions
-        assert 0 < nbytes <= self.caps.max_shared_per_block_optin, nbytes
-        self.shared_optin[function] = nbytes
-
-    def occupancy_blocks_per_sm(self, function, threads, shared):
-        assert function in self.functions
-        self.occupancy_calls.append((threads, shared))
-        return self.occupancy
-
-
-ENTRY_POINTS = ("init_driver", "device_caps", "retain_primary_context", "release_primary_context", "make_current",
-                "context_synchronize", "load_module", "unload_module", "set_max_dynamic_shared",
-                "occupancy_blocks_per_sm")
-
-
 @pytest.fixture(scope="module")
 def planners():
     """{caps name: (backend, driver)}: real CudaBackends whose driver is a PlanningDriver."""
-    from vyre_cuda import _driver
-
-    made = {}
-    with pytest.MonkeyPatch.context() as mp:
-        for caps in (H200, NO_COOP):
-            driver = PlanningDriver(caps)
-            for name in ENTRY_POINTS:
-                mp.setattr(_driver, name, getattr(driver, name))
-            made[caps.name] = (vyre_cuda.CudaBackend(0), driver)
-        # the backends keep calling the driver module's attributes: the last driver's, so each
-        # planning call below re-points them at its own driver first
-        yield made, mp
-        for backend, _ in made.values():
-            backend.close()
-
-
-def plan(planners, caps, program, lengths, config, occupancy):
-    """CudaBackend._plan for ``caps`` with the occupancy query answering ``occupancy``."""
-    from vyre_cuda import _driver
-
-    made, mp = planners
-    backend, driver = made[caps.name]
-    for name in ENTRY_POINTS:
-        mp.setattr(_driver, name, getattr(driver, name))
-    driver.occupancy = occupancy
-    driver.occupancy_calls.clear()
-    return backend._plan(program, tuple(lengths), config), driver
+    with planning_backends() as made:
+        yield made  # (backends, monkeypatch): what planning_fakes.plan takes
 
 
 # ---------------------------------------------------------------- strategies

@@ -63,7 +63,7 @@ def build(folder: pathlib.Path) -> pathlib.Path:
     tmp = out_dir / f"libcuda.so.1.{os.getpid()}"
     cmd = [cc, "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp),
            str(SOURCE), "-lpthread"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"building the fake CUDA driver failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
     os.replace(tmp, lib)
@@ -89,7 +89,7 @@ def run_python(args, libdir: pathlib.Path, timeout: float = 300, **env) -> subpr
 
     cwd = pathlib.Path(vyre_cuda.__file__).resolve().parents[2]
     return subprocess.run([sys.executable, *args], cwd=cwd, env=child_env(libdir, **env), capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
 
 
 # ---------------------------------------------------------------------------- inside the child

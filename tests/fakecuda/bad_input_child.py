@@ -14,8 +14,8 @@ import pickle
 import sys
 
 import numpy as np
-
 import test_bad_input as cases
+
 import vyre_cuda as vc
 from fakecuda import FakeDriver, vecadd_emulation
 
