@@ -245,5 +245,5 @@ def test_generated_programs_run_end_to_end_on_the_fake_driver(fake_libcuda, tmp_
     assert res["routes"].get("regular") and res["routes"].get("cooperative"), res["routes"]
     assert res["telemetry"]["failed_dispatches"] == 0 and res["telemetry"]["leaked_allocations"] == 0
     closed = res["closed"]
-    for key in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs", "violations"):
+    for key in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs", "violations", "no_context"):
         assert closed[key] == 0, (key, closed)

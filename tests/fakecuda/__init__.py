@@ -31,6 +31,7 @@ STATS = (
     "device_allocs", "device_bytes", "host_allocs", "host_bytes", "streams", "events", "modules",
     "launches", "cooperative_launches", "htod_copies", "dtoh_copies", "memsets", "context_refs",
     "violations", "device_alloc_calls", "host_alloc_calls", "stream_creates", "event_creates", "syncs",
+    "no_context",
 )
 STATUS = {
     "CUDA_ERROR_INVALID_VALUE": 1, "CUDA_ERROR_OUT_OF_MEMORY": 2, "CUDA_ERROR_INVALID_CONTEXT": 201,

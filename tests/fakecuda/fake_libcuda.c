@@ -65,6 +65,7 @@ enum { CU_GET_PROC_ADDRESS_SUCCESS = 0, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1
 #define FAKE_DEFAULT_SHARED 49152
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct Ctx { int device; int refs; } contexts[8];
 static __thread CUcontext current_ctx = NULL;
 
 /* ------------------------------------------------------------------ bookkeeping */
@@ -82,7 +83,7 @@ static Alloc* allocs = NULL;
 enum {
   S_DEVICE_ALLOCS, S_DEVICE_BYTES, S_HOST_ALLOCS, S_HOST_BYTES, S_STREAMS, S_EVENTS, S_MODULES,
   S_LAUNCHES, S_COOP_LAUNCHES, S_HTOD, S_DTOH, S_MEMSETS, S_CTX_REFS, S_VIOLATIONS,
-  S_DEVICE_ALLOC_CALLS, S_HOST_ALLOC_CALLS, S_STREAM_CREATES, S_EVENT_CREATES, S_SYNCS, N_STATS
+  S_DEVICE_ALLOC_CALLS, S_HOST_ALLOC_CALLS, S_STREAM_CREATES, S_EVENT_CREATES, S_SYNCS, S_NO_CONTEXT, N_STATS
 };
 static long long stats[N_STATS];
 static char last_violation[512];
@@ -155,6 +156,22 @@ static CUresult injected(const char* call) {
   return CUDA_SUCCESS;
 }
 
+/* Like the real driver, memory, stream, event, module and launch calls need a current context,
+ * one that is still retained (a primary context whose last retain was released is gone). */
+static int ctx_ok(void) {
+  const struct Ctx* c = (const struct Ctx*)current_ctx;
+  return c != NULL && c->refs > 0;
+}
+
+#define NEED_CTX()                            \
+  do {                                        \
+    if (!ctx_ok()) {                          \
+      stats[S_NO_CONTEXT]++;                  \
+      pthread_mutex_unlock(&lock);            \
+      return CUDA_ERROR_INVALID_CONTEXT;      \
+    }                                         \
+  } while (0)
+
 #define INJECT(name)                          \
   do {                                        \
     CUresult _st = injected(name);            \
@@ -215,7 +232,6 @@ void fake_cuda_set_launch_hook(launch_hook_t hook) { launch_hook = hook; }
 void fake_cuda_set_occupancy(int blocks_per_sm) { occupancy_override = blocks_per_sm; }
 
 /* ------------------------------------------------------------------ driver, devices */
-static struct Ctx { int device; int refs; } contexts[8];
 
 CUresult cuInit(unsigned int flags) {
   (void)flags;
@@ -328,6 +344,7 @@ CUresult cuCtxGetCurrent(CUcontext* ctx) {
 CUresult cuCtxSynchronize(void) {
   pthread_mutex_lock(&lock);
   INJECT("cuCtxSynchronize");
+  NEED_CTX();
   pthread_mutex_unlock(&lock);
   return CUDA_SUCCESS;
 }
@@ -336,6 +353,7 @@ CUresult cuCtxSynchronize(void) {
 CUresult cuMemGetInfo(size_t* free_b, size_t* total_b) {
   pthread_mutex_lock(&lock);
   INJECT("cuMemGetInfo");
+  NEED_CTX();
   *total_b = FAKE_TOTAL_MEM;
   *free_b = FAKE_TOTAL_MEM - (size_t)stats[S_DEVICE_BYTES] - (1ull << 30);
   pthread_mutex_unlock(&lock);
@@ -353,6 +371,7 @@ static void* aligned(size_t n, unsigned char fill) {
 CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytesize) {
   pthread_mutex_lock(&lock);
   INJECT("cuMemAlloc");
+  NEED_CTX();
   stats[S_DEVICE_ALLOC_CALLS]++;
   const char* limit = getenv("FAKE_CUDA_ALLOC_LIMIT");
   if (bytesize == 0 || (limit && bytesize > strtoull(limit, NULL, 0)) || bytesize > (1ull << 34)) {
@@ -376,6 +395,7 @@ CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytesize) {
 CUresult cuMemFree(CUdeviceptr dptr) {
   pthread_mutex_lock(&lock);
   INJECT("cuMemFree");
+  NEED_CTX();
   Alloc* a = find_range((const char*)(uintptr_t)dptr, 0, KIND_DEVICE);
   if (!a || a->base != (char*)(uintptr_t)dptr || a->kind != KIND_DEVICE) {
     violation("cuMemFree of a pointer that is not a live allocation", dptr, 0);
@@ -395,6 +415,7 @@ CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
   (void)flags;
   pthread_mutex_lock(&lock);
   INJECT("cuMemHostAlloc");
+  NEED_CTX();
   stats[S_HOST_ALLOC_CALLS]++;
   char* p = (char*)aligned(bytesize, 0xAB);
   if (!p) {
@@ -412,6 +433,7 @@ CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
 CUresult cuMemFreeHost(void* p) {
   pthread_mutex_lock(&lock);
   INJECT("cuMemFreeHost");
+  NEED_CTX();
   Alloc* a = find_range((const char*)p, 0, KIND_HOST);
   if (!a || a->base != (char*)p) {
     violation("cuMemFreeHost of a pointer that is not a live allocation", (uintptr_t)p, 0);
@@ -435,6 +457,7 @@ CUresult cuStreamCreate(CUstream* s, unsigned int flags) {
   (void)flags;
   pthread_mutex_lock(&lock);
   INJECT("cuStreamCreate");
+  NEED_CTX();
   Handle* h = (Handle*)malloc(sizeof(Handle));
   h->magic = STREAM_MAGIC;
   stats[S_STREAMS]++;
@@ -449,6 +472,7 @@ static int is_stream(CUstream s) { return s != NULL && ((Handle*)s)->magic == ST
 CUresult cuStreamDestroy(CUstream s) {
   pthread_mutex_lock(&lock);
   INJECT("cuStreamDestroy");
+  NEED_CTX();
   if (!is_stream(s)) {
     pthread_mutex_unlock(&lock);
     return CUDA_ERROR_INVALID_HANDLE;
@@ -463,6 +487,7 @@ CUresult cuStreamDestroy(CUstream s) {
 CUresult cuStreamSynchronize(CUstream s) {
   pthread_mutex_lock(&lock);
   INJECT("cuStreamSynchronize");
+  NEED_CTX();
   stats[S_SYNCS]++;
   int ok = is_stream(s);
   pthread_mutex_unlock(&lock);
@@ -472,6 +497,7 @@ CUresult cuStreamSynchronize(CUstream s) {
 CUresult cuStreamQuery(CUstream s) {
   pthread_mutex_lock(&lock);
   INJECT("cuStreamQuery");
+  NEED_CTX();
   int ok = is_stream(s);
   pthread_mutex_unlock(&lock);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -481,6 +507,7 @@ CUresult cuEventCreate(CUevent* e, unsigned int flags) {
   (void)flags;
   pthread_mutex_lock(&lock);
   INJECT("cuEventCreate");
+  NEED_CTX();
   Handle* h = (Handle*)malloc(sizeof(Handle));
   h->magic = EVENT_MAGIC;
   stats[S_EVENTS]++;
@@ -495,6 +522,7 @@ static int is_event(CUevent e) { return e != NULL && ((Handle*)e)->magic == EVEN
 CUresult cuEventDestroy(CUevent e) {
   pthread_mutex_lock(&lock);
   INJECT("cuEventDestroy");
+  NEED_CTX();
   if (!is_event(e)) {
     pthread_mutex_unlock(&lock);
     return CUDA_ERROR_INVALID_HANDLE;
@@ -510,6 +538,7 @@ CUresult cuEventDestroy(CUevent e) {
   CUresult name(CUevent e) {                                              \
     pthread_mutex_lock(&lock);                                            \
     INJECT(#name);                                                        \
+    NEED_CTX();                                                           \
     int ok = is_event(e);                                                 \
     pthread_mutex_unlock(&lock);                                          \
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;                 \
@@ -520,6 +549,7 @@ EVENT_CALL(cuEventSynchronize)
 CUresult cuEventRecord(CUevent e, CUstream s) {
   pthread_mutex_lock(&lock);
   INJECT("cuEventRecord");
+  NEED_CTX();
   int ok = is_event(e) && is_stream(s);
   pthread_mutex_unlock(&lock);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -528,6 +558,7 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
 CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
   pthread_mutex_lock(&lock);
   INJECT("cuEventElapsedTime");
+  NEED_CTX();
   int ok = is_event(a) && is_event(b);
   pthread_mutex_unlock(&lock);
   *ms = 0.001f;
@@ -538,6 +569,7 @@ CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
 CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
   pthread_mutex_lock(&lock);
   INJECT("cuMemcpyHtoDAsync");
+  NEED_CTX();
   stats[S_HTOD]++;
   if (!is_stream(s) || !find_range((const char*)(uintptr_t)dst, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemcpyHtoDAsync destination", dst, n);
@@ -552,6 +584,7 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream 
 CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
   pthread_mutex_lock(&lock);
   INJECT("cuMemcpyDtoHAsync");
+  NEED_CTX();
   stats[S_DTOH]++;
   if (!is_stream(s) || !find_range((const char*)(uintptr_t)src, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemcpyDtoHAsync source", src, n);
@@ -566,6 +599,7 @@ CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream s) {
   pthread_mutex_lock(&lock);
   INJECT("cuMemsetD8Async");
+  NEED_CTX();
   stats[S_MEMSETS]++;
   if (!is_stream(s) || !find_range((const char*)(uintptr_t)dst, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemsetD8Async", dst, n);
@@ -580,6 +614,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstrea
 CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, CUstream s) {
   pthread_mutex_lock(&lock);
   INJECT("cuMemsetD32Async");
+  NEED_CTX();
   stats[S_MEMSETS]++;
   if (!is_stream(s) || (dst & 3) || !find_range((const char*)(uintptr_t)dst, 4 * n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemsetD32Async", dst, 4 * n);
@@ -631,6 +666,7 @@ static int contains(const Module* m, const char* needle) {
 CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int n, CUjit_option* options, void** values) {
   pthread_mutex_lock(&lock);
   INJECT("cuModuleLoadDataEx");
+  NEED_CTX();
   Module* m = (Module*)calloc(1, sizeof(Module));
   m->size = image_size((const unsigned char*)image);
   m->image = (char*)malloc(m->size);
@@ -658,6 +694,7 @@ CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int n,
 CUresult cuModuleUnload(CUmodule module) {
   pthread_mutex_lock(&lock);
   INJECT("cuModuleUnload");
+  NEED_CTX();
   Module* m = (Module*)module;
   if (m->barrier) {
     untrack((char*)m->barrier, KIND_GLOBAL);
@@ -673,6 +710,7 @@ CUresult cuModuleUnload(CUmodule module) {
 CUresult cuModuleGetFunction(CUfunction* f, CUmodule module, const char* name) {
   pthread_mutex_lock(&lock);
   INJECT("cuModuleGetFunction");
+  NEED_CTX();
   Module* m = (Module*)module;
   if (!contains(m, name)) {
     pthread_mutex_unlock(&lock);
@@ -699,6 +737,7 @@ CUresult cuModuleGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUmodule module, co
 CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attrib, int value) {
   pthread_mutex_lock(&lock);
   INJECT("cuFuncSetAttribute");
+  NEED_CTX();
   pthread_mutex_unlock(&lock);
   if (attrib != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) return CUDA_SUCCESS;
   if (value < 0 || value > FAKE_SHARED_OPTIN) return CUDA_ERROR_INVALID_VALUE;
@@ -721,6 +760,7 @@ static int occupancy(int threads, size_t shared) {
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n, CUfunction f, int threads, size_t shared) {
   pthread_mutex_lock(&lock);
   INJECT("cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  NEED_CTX();
   pthread_mutex_unlock(&lock);
   (void)f;
   *n = occupancy(threads, shared);
@@ -750,6 +790,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   (void)extra;
   pthread_mutex_lock(&lock);
   INJECT("cuLaunchKernel");
+  NEED_CTX();
   CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, 0);
   launch_hook_t hook = launch_hook;
   pthread_mutex_unlock(&lock);
@@ -761,6 +802,7 @@ CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsig
                                    unsigned bz, unsigned shared, CUstream s, void** params) {
   pthread_mutex_lock(&lock);
   INJECT("cuLaunchCooperativeKernel");
+  NEED_CTX();
   CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, 1);
   launch_hook_t hook = launch_hook;
   pthread_mutex_unlock(&lock);
