@@ -44,8 +44,19 @@ from vyre_cuda import BufferDecl, Kernel, Program
 from vyre_cuda.program import DTYPES
 
 __all__ = [
-    "Buf", "ProgramDesc", "generate", "cuda_source", "build_program", "make_inputs", "reference",
-    "apply_launch", "expected_words", "launch_count", "compare", "DispatchPlan", "plan_dispatch",
+    "Buf",
+    "DispatchPlan",
+    "ProgramDesc",
+    "apply_launch",
+    "build_program",
+    "compare",
+    "cuda_source",
+    "expected_words",
+    "generate",
+    "launch_count",
+    "make_inputs",
+    "plan_dispatch",
+    "reference",
 ]
 
 DTYPE_NAMES = ("u8", "i8", "u16", "i16", "f16", "bf16", "u32", "i32", "f32", "u64", "i64", "f64")

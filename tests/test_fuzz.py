@@ -7,7 +7,10 @@
    tests/planning_fakes.py) for several dispatches each; their kernels compile with NVRTC (a cubin
    for sm_90 while planning, and PTX); the params blocks are word for word what the reference model
    says the kernel reads, and the shared-memory offsets are the ones the kernel source assumes.
-3. Generated programs run end to end on the fake driver (tests/fakecuda) in a child process, each
+3. The generated CUDA source itself, compiled as C++ for the CPU against host stand-ins of the
+   device headers (tests/host_kernel.py) and run as one thread, gives the reference's results:
+   the kernel text and the numpy model agree before any GPU time is spent.
+4. Generated programs run end to end on the fake driver (tests/fakecuda) in a child process, each
    launch emulated by the reference model reading its counts and phases from the params block:
    every output element, the caller's inputs and the telemetry are checked (tests/fuzz_runner.py).
 
@@ -23,22 +26,23 @@ import os
 import pathlib
 import struct
 
+import fakecuda
+import fuzz_programs as fp
 import numpy as np
 import pytest
+from fuzz_runner import supports_launch_option
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
-
-import fakecuda
-import fuzz_programs as fp
-from fuzz_runner import supports_launch_option
 from planning_fakes import H200, plan, planning_backends
+
 from vyre_cuda import DispatchConfig, ValidationError
 from vyre_cuda.compile import compile_kernel
 from vyre_cuda.planning.layout import COPY_ALIGN
 
 FUZZ_SEED = os.environ.get("VYRE_CUDA_FUZZ_SEED", "").strip()
 CPU_PROGRAMS = int(os.environ.get("VYRE_CUDA_FUZZ_CPU_PROGRAMS", "20"))
+HOST_PROGRAMS = int(os.environ.get("VYRE_CUDA_FUZZ_HOST_PROGRAMS", "40"))
 
 
 def fuzz_settings(examples):
@@ -223,7 +227,41 @@ def test_generated_programs_plan_compile_and_match_the_model(h200_planner):
     assert seen["programs"] == CPU_PROGRAMS and seen["route regular"] and seen["route cooperative"], seen
 
 
-# ------------------------------------------------------------------ 3. end to end on the fake driver
+# ------------------------------------------------------------------ 3. the kernel text on the host
+def test_generated_kernels_compiled_for_the_host_match_the_model(tmp_path_factory):
+    import host_kernel  # noqa: PLC0415
+
+    if host_kernel.compiler() is None:
+        pytest.skip("no C++ compiler on PATH to build generated kernels for the host")
+    folder = tmp_path_factory.getbasetemp() / "host-kernels"
+    seen = collections.Counter()
+
+    @fuzz_settings(HOST_PROGRAMS)
+    @given(seed=st.integers(0, 2**32 - 1))
+    def run(seed):
+        desc = fp.generate(seed)
+        lib = host_kernel.build(desc, folder)
+        rng = np.random.default_rng(seed)
+        for j in range(4):
+            dplan = fp.plan_dispatch(desc, rng, max_runtime=20_000)
+            cfg = dplan.config()
+            if fp.launch_count(desc, dplan.runtime, cfg) == 0:
+                continue
+            inputs = fp.make_inputs(desc, rng, dplan.runtime)
+            route = "split" if desc.grid_sync and j % 2 else "cooperative"
+            got = host_kernel.run(desc, lib, inputs, dplan.runtime, cfg, route)
+            problems = fp.compare(desc, got, fp.reference(desc, inputs, dplan.runtime, cfg, route))
+            assert not problems, f"program seed {seed} {dplan} [{desc.summary()}]: {problems}"
+            seen["dispatches"] += 1
+            seen["float targets"] += any(b.dtype in fp.FLOATS for b in desc.targets)
+            seen["grid sync"] += desc.grid_sync
+            seen["tables"] += bool(desc.tables)
+
+    run()
+    assert seen["dispatches"] >= 2 * HOST_PROGRAMS and seen["float targets"] and seen["grid sync"] and seen["tables"], seen
+
+
+# ------------------------------------------------------------------ 4. end to end on the fake driver
 E2E_PROGRAMS, E2E_PER_PROGRAM, E2E_MAX_RUNTIME = 40, 25, 20_000
 
 

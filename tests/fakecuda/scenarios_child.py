@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import pathlib
 import sys
 import threading
 import traceback
@@ -212,6 +213,25 @@ def close_frees_every_allocation_module_and_the_context(fake):
     for key in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs"):
         assert after[key] == before[key], (key, before[key], after[key])
     assert after["violations"] == before["violations"] and after["no_context"] == before["no_context"]
+
+
+@scenario
+def soak_keeps_pools_counters_and_memory_flat(fake):
+    # the GPU soak (tests/gpu/test_load_gpu.py), shortened, on the host path of the fake driver
+    import contextlib  # noqa: PLC0415
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "gpu"))
+    import test_load_gpu as load  # noqa: PLC0415
+
+    class Capsys:
+        @contextlib.contextmanager
+        def disabled(self):
+            yield
+
+    backend = vecadd_backend(fake)
+    load.SOAK_DISPATCHES, load.CHECKPOINT = 20_000, 5_000
+    load.test_soak_200k_dispatches_flat_pools_and_rss(backend, np.random.default_rng(5), Capsys())
+    backend.close()
 
 
 # ------------------------------------------------------------------ known defects (xfail in the parent)

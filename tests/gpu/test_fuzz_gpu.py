@@ -21,11 +21,10 @@ import math
 import os
 
 import pytest
+from fuzz_runner import FuzzRunner
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
-
-from fuzz_runner import FuzzRunner
 
 REQUIRED = os.environ.get("VYRE_CUDA_REQUIRE_GPU") == "1"
 DISPATCHES = int(os.environ.get("VYRE_CUDA_FUZZ_DISPATCHES", "5000" if REQUIRED else "1000"))
