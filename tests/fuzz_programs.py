@@ -415,7 +415,8 @@ def cuda_source(desc: ProgramDesc) -> str:
         const = "const " if b.kind in ("read", "uniform") else ""
         params.append(f"{const}{CTYPE[b.dtype]}* {b.ident}")
     params.append("const vyre_u32* params")
-    out.append(f"VYRE_KERNEL vyre_main({', '.join(params)}) {{")
+    # 1024 threads (a block size the fuzzer uses) must fit: cap the registers per thread
+    out.append(f"VYRE_KERNEL __launch_bounds__(1024) vyre_main({', '.join(params)}) {{")
     body = []
     offsets = desc.shared_offsets()
     for g in desc.tables:

@@ -10,6 +10,7 @@
 #define VYRE_KERNEL extern "C" void
 #define __device__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
 
 #ifndef VYRE_PHASE_WORD
 #define VYRE_PHASE_WORD 0xFFFFFFFFu
