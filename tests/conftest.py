@@ -1,8 +1,19 @@
+import importlib.machinery
 import os
+import pathlib
+import sys
 import zlib
 
 import numpy as np
 import pytest
+
+# `python -m pytest` puts the current folder first on sys.path. In a checkout whose compiled core
+# is not built in place (setup.py build_ext --inplace), that folder's vyre_cuda cannot run: drop
+# it so the tests import the installed package, as plain `pytest` does.
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+_BUILT = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+if not any(f.name.endswith(_BUILT) for f in (_ROOT / "vyre_cuda").glob("_*")):
+    sys.path[:] = [p for p in sys.path if pathlib.Path(p or os.curdir).resolve() != _ROOT]
 
 # VYRE_CUDA_TEST_SEED=<int> replays a failure: every `rng` fixture of the run starts from that seed.
 SEED_ENV = "VYRE_CUDA_TEST_SEED"
@@ -45,7 +56,8 @@ def pytest_runtest_makereport(item, call):
         seeds = [value for name, value in item.user_properties if name == "rng_seed"]
         if seeds:
             text = ", ".join(str(s) for s in seeds)
-            report.sections.append(("rng seed", f"rng seed {text}: replay with {SEED_ENV}={seeds[-1]} pytest '{item.nodeid}'"))
+            replay = f"replay with {SEED_ENV}={seeds[-1]} pytest '{item.nodeid}'"
+            report.sections.append(("rng seed", f"rng seed {text}: {replay}"))
     return report
 
 
@@ -59,7 +71,7 @@ def _isolated_kernel_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def fake_libcuda(tmp_path_factory):
     """The folder holding the fake CUDA driver (tests/fakecuda), built once per session."""
-    import fakecuda  # noqa: PLC0415
+    import fakecuda
 
     if fakecuda.compiler() is None:
         pytest.skip("no C compiler on PATH to build the fake CUDA driver (tests/fakecuda)")

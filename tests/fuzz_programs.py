@@ -239,7 +239,8 @@ def generate(seed: int, *, large: bool = True, supports_launch: bool = False) ->
             dtype = str(rng.choice(TABLE_DTYPES))
             size = itemsize(dtype)
             budget = max(1, (200_000 - shared) // size - 16)
-            want = int(rng.choice([int(rng.integers(1, 64)), int(rng.integers(64, 4096)), int(rng.integers(4096, 60_000))]))
+            want = int(rng.choice([int(rng.integers(1, 64)), int(rng.integers(64, 4096)),
+                                   int(rng.integers(4096, 60_000))]))
             count = max(1, min(want // size if want > 4096 else want, budget))
             shared = -(-shared // 16) * 16 + count * size
             buffers.append(Buf(name, binding, kind, dtype, count, coef=int(rng.integers(1, 6))))
@@ -346,13 +347,21 @@ def _store(b: Buf, index: str, acc: str) -> str:
 _PRELUDE = r"""
 __device__ __forceinline__ vyre_u64 vyre_sx8(vyre_u64 x) { x &= 0xFFull; return (x ^ 0x80ull) - 0x80ull; }
 __device__ __forceinline__ vyre_u64 vyre_sx16(vyre_u64 x) { x &= 0xFFFFull; return (x ^ 0x8000ull) - 0x8000ull; }
-__device__ __forceinline__ vyre_u64 vyre_sx32(vyre_u64 x) { x &= 0xFFFFFFFFull; return (x ^ 0x80000000ull) - 0x80000000ull; }
+__device__ __forceinline__ vyre_u64 vyre_sx32(vyre_u64 x) {
+  x &= 0xFFFFFFFFull;
+  return (x ^ 0x80000000ull) - 0x80000000ull;
+}
 __device__ __forceinline__ unsigned short vyre_bf16_rne(float f) {
   const unsigned int u = __float_as_uint(f);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
   return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 """
+
+
+def _table_bits_expr(g: Buf, offset: int) -> str:
+    """Bits of workgroup table ``g`` at the element element ``i`` reads."""
+    return f"(vyre_u64)vyre_shared<{UNSIGNED_C[itemsize(g.dtype)]}>({offset}u)[(i * 13ull + 5ull) % {g.count}ull]"
 
 
 def _formula(desc: ProgramDesc, t: Buf, phase: int | None, source: Buf | None) -> list:
@@ -368,7 +377,7 @@ def _formula(desc: ProgramDesc, t: Buf, phase: int | None, source: Buf | None) -
             bits = _bits_expr(r, f"(i + {r.shift}ull) % n_{r.ident}", cached=False)
             lines.append(f"  if (n_{r.ident}) acc = acc + (double){r.coef} * {_fv(r.dtype, bits)};")
         for g in desc.tables:
-            bits = f"(vyre_u64)vyre_shared<{UNSIGNED_C[itemsize(g.dtype)]}>({offsets[g.binding]}u)[(i * 13ull + 5ull) % {g.count}ull]"
+            bits = _table_bits_expr(g, offsets[g.binding])
             lines.append(f"  acc = acc + (double){g.coef} * (double)({_ib(g.dtype, bits)} & 0xFFull);")
         lines.append("  acc = acc + (double)(i % 17ull);")
         if source is not None:
@@ -382,7 +391,7 @@ def _formula(desc: ProgramDesc, t: Buf, phase: int | None, source: Buf | None) -
             bits = _bits_expr(r, f"(i + {r.shift}ull) % n_{r.ident}", cached=False)
             lines.append(f"  if (n_{r.ident}) acc += {r.coef}ull * {_ib(r.dtype, bits)};")
         for g in desc.tables:
-            bits = f"(vyre_u64)vyre_shared<{UNSIGNED_C[itemsize(g.dtype)]}>({offsets[g.binding]}u)[(i * 13ull + 5ull) % {g.count}ull]"
+            bits = _table_bits_expr(g, offsets[g.binding])
             lines.append(f"  acc += {g.coef}ull * {_ib(g.dtype, bits)};")
         lines.append(f"  acc += i * {GOLDEN}ull;")
         if source is not None:
@@ -635,13 +644,17 @@ def apply_launch(desc: ProgramDesc, arrays: dict, counts: dict, words=None, phas
 
 
 def launch_count(desc: ProgramDesc, runtime: int, config) -> int:
-    """Word 0 of the params block, by the documented launch-sizing rule."""
+    """Word 0 of the params block, by the documented launch-sizing rule, first match wins:
+    ``DispatchConfig(elements=)``, the program's ``launch=`` binding, grid x block under
+    ``grid_override``, then the largest output (the largest binding with workgroup buffers)."""
     block = (config.workgroup_override or (desc.block, 1, 1)) if config is not None else (desc.block, 1, 1)
-    if config is not None and config.grid_override:
-        return config.grid_override[0] * block[0]
+    if config is not None and getattr(config, "elements", None) is not None:
+        return config.elements
     counts = element_counts(desc, runtime)
     if desc.launch:
         return next(counts[b.binding] for b in desc.buffers if b.name == desc.launch)
+    if config is not None and config.grid_override:
+        return config.grid_override[0] * block[0]
     outputs = [counts[b.binding] for b in desc.outputs]
     if outputs and not desc.tables:
         return max(outputs)
@@ -699,7 +712,7 @@ def compare(desc: ProgramDesc, got: list, want: list) -> list:
     problems = []
     if len(got) != len(want):
         return [f"{len(got)} outputs returned, {len(want)} expected"]
-    for b, g, w in zip(desc.outputs, got, want):
+    for b, g, w in zip(desc.outputs, got, want, strict=True):
         g = np.asarray(g)
         if g.dtype != w.dtype or g.shape != w.shape:
             problems.append(f"{b.name}: got {g.dtype}{g.shape}, expected {w.dtype}{w.shape}")
@@ -740,7 +753,7 @@ class DispatchPlan:
     cooperative: bool = False
 
     def config(self):
-        from vyre_cuda import DispatchConfig  # noqa: PLC0415
+        from vyre_cuda import DispatchConfig
 
         if self.grid is None and self.block is None and self.iterations is None and not self.cooperative:
             return None

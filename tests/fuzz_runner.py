@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import collections
 import time
+import warnings
 
 import fuzz_programs as fp
 import numpy as np
 
+import vyre_cuda
 from vyre_cuda import Program, ValidationError
+
+# where the package has it: warned (once per program) when the implicit launch covers fewer
+# elements than a runtime-sized input; the fuzzer checks exactly when it comes
+LaunchSizeWarning = getattr(vyre_cuda, "LaunchSizeWarning", None)
 
 POISON = 0xA5  # dispatch_into outputs start as this byte pattern: unwritten elements show
 SCRAMBLE = 0x5A  # async inputs are overwritten with this right after the enqueue returns
@@ -46,7 +52,7 @@ def poisoned(shapes) -> list:
 
 def emulation(desc: fp.ProgramDesc):
     """The kernel of ``desc`` as a fake-driver launch hook: counts and phases from the params block."""
-    from fakecuda import array_at  # noqa: PLC0415 (only the fake-driver child needs it)
+    from fakecuda import array_at  # only the fake-driver child needs it
 
     args = desc.args
     phase_word = desc.max_binding + 2
@@ -83,6 +89,7 @@ class FuzzRunner:
         self.entries = collections.Counter()
         self.compile_s = 0.0
         self.elements = 0
+        self.launch_warnings = 0
         self.started = time.perf_counter()
 
     # ------------------------------------------------------------------ bookkeeping
@@ -102,7 +109,8 @@ class FuzzRunner:
         return (
             f"fuzz: {self.programs} programs, {self.dispatches} dispatches, {self.mismatches} mismatches "
             f"({self.refusals} zero-size dispatches refused as expected; {self.elements:,} output elements "
-            f"checked; routes: {routes}; entries: {entries}; {elapsed:.1f} s, compile {self.compile_s:.1f} s)"
+            f"checked; {self.launch_warnings} launch-size warnings as expected; routes: {routes}; "
+            f"entries: {entries}; {elapsed:.1f} s, compile {self.compile_s:.1f} s)"
         )
 
     # ------------------------------------------------------------------ one program
@@ -112,10 +120,13 @@ class FuzzRunner:
         rng = np.random.default_rng([seed, 0xD15EA5E])
         self.programs += 1
         # compile and load once, on a dispatch that launches something
-        warm = fp.make_inputs(desc, rng, max(1, desc.min_runtime))
+        warm_runtime = max(1, desc.min_runtime)
+        warm = fp.make_inputs(desc, rng, warm_runtime)
+        self.warned, self.warn_expected = 0, self.undersized(desc, warm_runtime, None)
         t0 = time.perf_counter()
         try:
-            self.backend.plan_info(program, warm)
+            with self.watching_warnings():
+                self.backend.plan_info(program, warm)
         except Exception as exc:  # noqa: BLE001 (a generated program must plan: report it)
             self._fail(f"program seed {seed} ({desc.summary()})", [f"planning raised {type(exc).__name__}: {exc}"])
             return desc
@@ -129,7 +140,45 @@ class FuzzRunner:
             self.dispatch_once(desc, program, rng, k)
         if self.fake is not None and self.fake.stats()["violations"]:
             self._fail(f"program seed {seed}", [f"fake driver: {self.fake.last_violation()}"])
+        if LaunchSizeWarning is not None and self.warned != (1 if self.warn_expected else 0):
+            self._fail(f"program seed {seed} ({desc.summary()})",
+                       [f"{self.warned} LaunchSizeWarning(s); expected {1 if self.warn_expected else 0} "
+                        "(once per program, when the implicit launch covers less than a runtime-sized input)"])
+        self.launch_warnings += self.warned
         return desc
+
+    # ------------------------------------------------------------------ the launch-size warning
+    @staticmethod
+    def undersized(desc: fp.ProgramDesc, runtime: int, cfg) -> bool:
+        """Whether the implicit launch (no launch=, no grid_override) covers fewer elements than
+        the runtime-sized inputs hold: the case LaunchSizeWarning is for."""
+        if desc.launch or (cfg is not None and (cfg.grid_override or getattr(cfg, "elements", None) is not None)):
+            return False
+        if not any(b.count == 0 for b in desc.inputs):
+            return False
+        return fp.launch_count(desc, runtime, None) < runtime
+
+    class _Watch:
+        def __init__(self, runner):
+            self.runner = runner
+
+        def __enter__(self):
+            self.cm = warnings.catch_warnings(record=True)
+            self.caught = self.cm.__enter__()
+            warnings.simplefilter("always")
+            return self
+
+        def __exit__(self, *exc):
+            self.cm.__exit__(*exc)
+            for w in self.caught:
+                if LaunchSizeWarning is not None and issubclass(w.category, LaunchSizeWarning):
+                    self.runner.warned += 1
+                else:
+                    self.runner._fail("warning", [f"unexpected {w.category.__name__}: {w.message}"])
+            return False
+
+    def watching_warnings(self):
+        return self._Watch(self)
 
     # ------------------------------------------------------------------ one dispatch
     def _run(self, entry, program, inputs, cfg, shapes):
@@ -164,7 +213,13 @@ class FuzzRunner:
         self.dispatches += 1
         self.entries[plan.entry] += 1
         before = self._snap()
-        if fp.launch_count(desc, plan.runtime, cfg) == 0:
+        self.warn_expected |= self.undersized(desc, plan.runtime, cfg)
+        with self.watching_warnings():
+            self._dispatch_checked(desc, program, plan, cfg, inputs, originals, shapes, tag, before)
+
+    def _dispatch_checked(self, desc, program, plan, cfg, inputs, originals, shapes, tag, before) -> None:
+        if fp.launch_count(desc, plan.runtime, cfg) == 0 and not (cfg is not None and cfg.grid_override):
+            # nothing to launch (a grid_override still launches, with word 0 = 0)
             try:
                 self._run(plan.entry, program, inputs, cfg, shapes)
             except ValidationError:
@@ -194,10 +249,10 @@ class FuzzRunner:
             problems.append(f"route {route} for cooperative={plan.cooperative}")
         want = fp.reference(desc, originals, plan.runtime, cfg, route)
         problems += fp.compare(desc, outs, want)
-        if dst is not None and any(o is not d for o, d in zip(outs, dst)):
+        if dst is not None and any(o is not d for o, d in zip(outs, dst, strict=True)):
             problems.append("dispatch_into / result_into did not return the caller's arrays")
         if not plan.entry.startswith("async"):
-            for x, y in zip(inputs, originals):
+            for x, y in zip(inputs, originals, strict=True):
                 if not np.array_equal(x.view(np.uint8), y.view(np.uint8)):
                     problems.append("an input array was modified")
         # telemetry: exactly one dispatch, its bytes and its launches

@@ -60,7 +60,7 @@ def run(desc: fp.ProgramDesc, lib, inputs: list, runtime: int, config=None, rout
     """Outputs of one dispatch (declaration order, byte ranges applied), launch by launch as the
     backend issues them: one launch per phase when ``route`` is "split"."""
     counts = fp.element_counts(desc, runtime)
-    given = dict(zip((b.binding for b in desc.inputs), inputs))
+    given = dict(zip((b.binding for b in desc.inputs), inputs, strict=True))
     arrays = {}
     for b in desc.args:
         dtype = fp.numpy_dtype(b.dtype)

@@ -626,7 +626,8 @@ def test_fake_backend_counters_can_move_and_close_frees_everything(fake_refusals
     assert fake["launches"] >= 2 and fake["htod_copies"] >= 2 and fake["violations"] == 0, fake
     assert fake_refusals["_hook_errors"] == []
     closed = fake_refusals["_closed"]
-    for key in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs", "violations", "no_context"):
+    for key in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs", "violations",
+                "no_context"):
         assert closed[key] == 0, (key, closed)
 
 

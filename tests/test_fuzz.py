@@ -131,11 +131,14 @@ def test_reference_model_is_the_same_whole_or_launch_by_launch():
         cfg = DispatchConfig(fixpoint_iterations=3)
         whole = fp.reference(desc, inputs, runtime, cfg, "split")
         counts = fp.element_counts(desc, runtime)
-        given = dict(zip((b.binding for b in desc.inputs), inputs))  # inputs come in declaration order
+        given = dict(zip((b.binding for b in desc.inputs), inputs, strict=True))  # in declaration order
         arrays = {}
         for b in desc.args:
             dtype = fp.numpy_dtype(b.dtype)
-            arrays[b.binding] = np.array(given[b.binding]).view(dtype) if b.is_input else np.zeros(counts[b.binding], dtype)
+            if b.is_input:
+                arrays[b.binding] = np.array(given[b.binding]).view(dtype)
+            else:
+                arrays[b.binding] = np.zeros(counts[b.binding], dtype)
         for _ in range(3):
             for p in range(desc.phases):
                 words = fp.expected_words(desc, runtime, cfg, (p, p + 1))
@@ -214,7 +217,7 @@ def test_generated_programs_plan_compile_and_match_the_model(h200_planner):
             # word for word what the kernel reads (and the echo buffer returns)
             words = [fp.expected_words(desc, dplan.runtime, cfg, r) for r in ranges]
             blocks = _decoded_blocks(info.layout)
-            assert [b[:len(w)] for b, w in zip(blocks, words)] == words, tag
+            assert [b[:len(w)] for b, w in zip(blocks, words, strict=False)] == words, tag
             assert len(blocks) == len(words), tag
             # the shared-memory offsets the kernel source hard-codes are the planner's
             offsets = desc.shared_offsets()
@@ -229,7 +232,7 @@ def test_generated_programs_plan_compile_and_match_the_model(h200_planner):
 
 # ------------------------------------------------------------------ 3. the kernel text on the host
 def test_generated_kernels_compiled_for_the_host_match_the_model(tmp_path_factory):
-    import host_kernel  # noqa: PLC0415
+    import host_kernel
 
     if host_kernel.compiler() is None:
         pytest.skip("no C++ compiler on PATH to build generated kernels for the host")
@@ -258,7 +261,8 @@ def test_generated_kernels_compiled_for_the_host_match_the_model(tmp_path_factor
             seen["tables"] += bool(desc.tables)
 
     run()
-    assert seen["dispatches"] >= 2 * HOST_PROGRAMS and seen["float targets"] and seen["grid sync"] and seen["tables"], seen
+    assert seen["dispatches"] >= 2 * HOST_PROGRAMS, seen
+    assert seen["float targets"] and seen["grid sync"] and seen["tables"], seen
 
 
 # ------------------------------------------------------------------ 4. end to end on the fake driver
@@ -283,5 +287,6 @@ def test_generated_programs_run_end_to_end_on_the_fake_driver(fake_libcuda, tmp_
     assert res["routes"].get("regular") and res["routes"].get("cooperative"), res["routes"]
     assert res["telemetry"]["failed_dispatches"] == 0 and res["telemetry"]["leaked_allocations"] == 0
     closed = res["closed"]
-    for key in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs", "violations", "no_context"):
+    for key in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs", "violations",
+                "no_context"):
         assert closed[key] == 0, (key, closed)

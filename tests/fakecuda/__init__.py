@@ -31,7 +31,7 @@ STATS = (
     "device_allocs", "device_bytes", "host_allocs", "host_bytes", "streams", "events", "modules",
     "launches", "cooperative_launches", "htod_copies", "dtoh_copies", "memsets", "context_refs",
     "violations", "device_alloc_calls", "host_alloc_calls", "stream_creates", "event_creates", "syncs",
-    "no_context",
+    "no_context", "registered", "mempools",
 )
 STATUS = {
     "CUDA_ERROR_INVALID_VALUE": 1, "CUDA_ERROR_OUT_OF_MEMORY": 2, "CUDA_ERROR_INVALID_CONTEXT": 201,
@@ -73,7 +73,7 @@ def build(folder: pathlib.Path) -> pathlib.Path:
 
 def child_env(libdir: pathlib.Path, **extra) -> dict:
     """The environment of a child that loads the fake driver and imports the vyre_cuda under test."""
-    import vyre_cuda  # noqa: PLC0415
+    import vyre_cuda
 
     root = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONUNBUFFERED="1", FAKE_CUDA_DEVICES="1")
@@ -86,7 +86,7 @@ def child_env(libdir: pathlib.Path, **extra) -> dict:
 
 def run_python(args, libdir: pathlib.Path, timeout: float = 300, **env) -> subprocess.CompletedProcess:
     """Run ``python args...`` on the fake driver, from a folder that cannot shadow the package."""
-    import vyre_cuda  # noqa: PLC0415
+    import vyre_cuda
 
     cwd = pathlib.Path(vyre_cuda.__file__).resolve().parents[2]
     return subprocess.run([sys.executable, *args], cwd=cwd, env=child_env(libdir, **env), capture_output=True,
@@ -144,7 +144,7 @@ class FakeDriver:
     def stats(self) -> dict:
         values = (ctypes.c_longlong * len(STATS))()
         self.lib.fake_cuda_stats(values, len(STATS))
-        return dict(zip(STATS, values))
+        return dict(zip(STATS, values, strict=True))
 
     def last_violation(self) -> str:
         return self.lib.fake_cuda_last_violation().decode()

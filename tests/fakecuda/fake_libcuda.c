@@ -34,6 +34,9 @@ typedef void* CUstream;
 typedef void* CUevent;
 typedef void* CUmodule;
 typedef void* CUfunction;
+typedef void* CUmemoryPool;
+typedef int CUpointer_attribute;
+typedef int CUmemPool_attribute;
 typedef struct { char bytes[16]; } CUuuid;
 
 enum {
@@ -57,6 +60,15 @@ enum {
 enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
 enum { CU_JIT_ERROR_LOG_BUFFER = 5 };
 enum { CU_GET_PROC_ADDRESS_SUCCESS = 0, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1 };
+enum {
+  CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3,
+  CU_POINTER_ATTRIBUTE_HOST_POINTER = 4, CU_POINTER_ATTRIBUTE_BUFFER_ID = 7, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12, CU_POINTER_ATTRIBUTE_MAPPED = 13,
+};
+enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2 };
+enum { CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+       CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6, CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+       CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8 };
 
 #define FAKE_TOTAL_MEM 150754820096ull /* an H200's cuDeviceTotalMem */
 #define FAKE_SM_COUNT 132
@@ -69,21 +81,24 @@ static struct Ctx { int device; int refs; } contexts[8];
 static __thread CUcontext current_ctx = NULL;
 
 /* ------------------------------------------------------------------ bookkeeping */
-enum { KIND_DEVICE = 1, KIND_HOST = 2, KIND_GLOBAL = 3 };
+enum { KIND_DEVICE = 1, KIND_HOST = 2, KIND_GLOBAL = 3, KIND_REGISTERED = 4 };
 
 typedef struct Alloc {
   char* base;
   size_t size;
   int kind;
+  unsigned long long id;
   struct Alloc* next;
 } Alloc;
+static unsigned long long next_alloc_id = 1;
 
 static Alloc* allocs = NULL;
 
 enum {
   S_DEVICE_ALLOCS, S_DEVICE_BYTES, S_HOST_ALLOCS, S_HOST_BYTES, S_STREAMS, S_EVENTS, S_MODULES,
   S_LAUNCHES, S_COOP_LAUNCHES, S_HTOD, S_DTOH, S_MEMSETS, S_CTX_REFS, S_VIOLATIONS,
-  S_DEVICE_ALLOC_CALLS, S_HOST_ALLOC_CALLS, S_STREAM_CREATES, S_EVENT_CREATES, S_SYNCS, S_NO_CONTEXT, N_STATS
+  S_DEVICE_ALLOC_CALLS, S_HOST_ALLOC_CALLS, S_STREAM_CREATES, S_EVENT_CREATES, S_SYNCS, S_NO_CONTEXT,
+  S_REGISTERED, S_POOLS, N_STATS
 };
 static long long stats[N_STATS];
 static char last_violation[512];
@@ -115,6 +130,7 @@ static Alloc* track(char* base, size_t size, int kind) {
   a->base = base;
   a->size = size;
   a->kind = kind;
+  a->id = next_alloc_id++;
   a->next = allocs;
   allocs = a;
   return a;
@@ -336,6 +352,27 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
   return CUDA_SUCCESS;
 }
 
+#define CTX_STACK 16
+static __thread CUcontext ctx_stack[CTX_STACK];
+static __thread int ctx_depth = 0;
+
+CUresult cuCtxPushCurrent(CUcontext ctx) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuCtxPushCurrent");
+  pthread_mutex_unlock(&lock);
+  if (ctx == NULL || ctx_depth >= CTX_STACK) return CUDA_ERROR_INVALID_VALUE;
+  ctx_stack[ctx_depth++] = current_ctx;
+  current_ctx = ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent(CUcontext* pctx) {
+  if (ctx_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (pctx) *pctx = current_ctx;
+  current_ctx = ctx_stack[--ctx_depth];
+  return CUDA_SUCCESS;
+}
+
 CUresult cuCtxGetCurrent(CUcontext* ctx) {
   *ctx = current_ctx;
   return CUDA_SUCCESS;
@@ -448,6 +485,146 @@ CUresult cuMemFreeHost(void* p) {
   return CUDA_SUCCESS;
 }
 
+CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int flags) {
+  (void)flags;
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemHostRegister");
+  NEED_CTX();
+  if (p == NULL || bytesize == 0 || find_range((const char*)p, 1, KIND_REGISTERED)) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  track((char*)p, bytesize, KIND_REGISTERED);
+  stats[S_REGISTERED]++;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostUnregister(void* p) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemHostUnregister");
+  NEED_CTX();
+  if (!untrack((const char*)p, KIND_REGISTERED)) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  stats[S_REGISTERED]--;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+/* Unknown (pageable) pointers succeed with zeroed attributes, as with the real driver. */
+CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, void** data, CUdeviceptr ptr) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuPointerGetAttributes");
+  const Alloc* a = find_range((const char*)(uintptr_t)ptr, 1, 0);
+  for (unsigned int k = 0; k < n; k++) {
+    switch (attrs[k]) {
+      case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned int*)data[k] = !a ? 0u : (a->kind == KIND_HOST || a->kind == KIND_REGISTERED) ? CU_MEMORYTYPE_HOST
+                                                                                           : CU_MEMORYTYPE_DEVICE;
+        break;
+      case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long*)data[k] = a ? a->id : 0ull; break;
+      case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr*)data[k] = a ? (CUdeviceptr)(uintptr_t)a->base : 0; break;
+      case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t*)data[k] = a ? a->size : 0; break;
+      case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext*)data[k] = a ? (CUcontext)&contexts[0] : NULL; break;
+      case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      case CU_POINTER_ATTRIBUTE_HOST_POINTER: *(void**)data[k] = a ? (void*)(uintptr_t)ptr : NULL; break;
+      case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      case CU_POINTER_ATTRIBUTE_MAPPED: *(int*)data[k] = a ? (attrs[k] == CU_POINTER_ATTRIBUTE_MAPPED) : 0; break;
+      default:
+        pthread_mutex_unlock(&lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+/* Stream-ordered pool: allocations are ordinary fake device memory, freed at once. */
+typedef struct { int magic; size_t used; size_t threshold; } Pool;
+#define POOL_MAGIC 0x9001
+
+CUresult cuMemPoolCreate(CUmemoryPool* pool, const void* props) {
+  (void)props;
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemPoolCreate");
+  NEED_CTX();
+  Pool* p = (Pool*)calloc(1, sizeof(Pool));
+  p->magic = POOL_MAGIC;
+  stats[S_POOLS]++;
+  *pool = (CUmemoryPool)p;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemPoolDestroy");
+  NEED_CTX();
+  Pool* p = (Pool*)pool;
+  if (!p || p->magic != POOL_MAGIC) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  p->magic = 0;
+  free(p);
+  stats[S_POOLS]--;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+static int pool_attr_is_u64(CUmemPool_attribute attr) {
+  return attr >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && attr <= CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+}
+
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemPoolSetAttribute");
+  Pool* p = (Pool*)pool;
+  if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) p->threshold = (size_t)*(unsigned long long*)value;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemPoolGetAttribute");
+  Pool* p = (Pool*)pool;
+  if (pool_attr_is_u64(attr))
+    *(unsigned long long*)value = attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD ? p->threshold : p->used;
+  else
+    *(int*)value = 1;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+  (void)pool;
+  (void)keep;
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemPoolTrimTo");
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream s) {
+  (void)s;
+  CUresult st = cuMemAlloc(dptr, bytesize);
+  if (st == CUDA_SUCCESS) {
+    pthread_mutex_lock(&lock);
+    ((Pool*)pool)->used += bytesize;
+    pthread_mutex_unlock(&lock);
+  }
+  return st;
+}
+
+/* The pool the memory came from is not recorded: a free from a pool only releases the memory. */
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
+  (void)s;
+  return cuMemFree(dptr);
+}
+
 /* ------------------------------------------------------------------ streams and events */
 typedef struct { int magic; } Handle;
 #define STREAM_MAGIC 0x5157
@@ -549,6 +726,16 @@ EVENT_CALL(cuEventSynchronize)
 CUresult cuEventRecord(CUevent e, CUstream s) {
   pthread_mutex_lock(&lock);
   INJECT("cuEventRecord");
+  NEED_CTX();
+  int ok = is_event(e) && is_stream(s);
+  pthread_mutex_unlock(&lock);
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
+  (void)flags;
+  pthread_mutex_lock(&lock);
+  INJECT("cuStreamWaitEvent");
   NEED_CTX();
   int ok = is_event(e) && is_stream(s);
   pthread_mutex_unlock(&lock);
@@ -689,6 +876,10 @@ CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int n,
   *module = (CUmodule)m;
   pthread_mutex_unlock(&lock);
   return CUDA_SUCCESS;
+}
+
+CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  return cuModuleLoadDataEx(module, image, 0, NULL, NULL);
 }
 
 CUresult cuModuleUnload(CUmodule module) {
@@ -873,7 +1064,10 @@ static const struct { const char* name; void* fn; } TABLE[] = {
     ENTRY(cuMemsetD32Async), ENTRY(cuModuleLoadDataEx), ENTRY(cuModuleUnload), ENTRY(cuModuleGetFunction),
     ENTRY(cuModuleGetGlobal), ENTRY(cuFuncSetAttribute), ENTRY(cuOccupancyMaxActiveBlocksPerMultiprocessor),
     ENTRY(cuLaunchKernel), ENTRY(cuLaunchCooperativeKernel), ENTRY(cuGetErrorName), ENTRY(cuGetErrorString),
-    ENTRY(cuGetExportTable),
+    ENTRY(cuGetExportTable), ENTRY(cuCtxPushCurrent), ENTRY(cuCtxPopCurrent), ENTRY(cuMemHostRegister),
+    ENTRY(cuMemHostUnregister), ENTRY(cuPointerGetAttributes), ENTRY(cuMemPoolCreate), ENTRY(cuMemPoolDestroy),
+    ENTRY(cuMemPoolSetAttribute), ENTRY(cuMemPoolGetAttribute), ENTRY(cuMemPoolTrimTo),
+    ENTRY(cuMemAllocFromPoolAsync), ENTRY(cuMemFreeAsync), ENTRY(cuStreamWaitEvent), ENTRY(cuModuleLoadData),
 };
 
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,

@@ -118,9 +118,11 @@ def failed_synchronise_leaks_rather_than_recycles(fake):
     backend = vecadd_backend(fake)
     check_vecadd(backend)
     device0 = fake.stats()["device_allocs"]
-    # the wait fails, and so does the synchronise of the failure path: the slab may still be in
-    # use by the device, so it must be written off (leaked), never handed to the next dispatch
-    fake.fail("cuStreamSynchronize", "CUDA_ERROR_UNKNOWN", sticky=True)
+    # the wait fails (however the backend waits: synchronise or poll), and so does the synchronise
+    # of the failure path: the slab may still be in use by the device, so it must be written off
+    # (leaked), never handed to the next dispatch
+    for call in ("cuStreamSynchronize", "cuEventSynchronize", "cuStreamQuery", "cuEventQuery"):
+        fake.fail(call, "CUDA_ERROR_UNKNOWN", sticky=True)
     a, b = pair()
     err = raises(vc.DispatchFailed, backend.dispatch, VECADD, [a, b])
     fake.clear_failures()
@@ -218,10 +220,10 @@ def close_frees_every_allocation_module_and_the_context(fake):
 @scenario
 def soak_keeps_pools_counters_and_memory_flat(fake):
     # the GPU soak (tests/gpu/test_load_gpu.py), shortened, on the host path of the fake driver
-    import contextlib  # noqa: PLC0415
+    import contextlib
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "gpu"))
-    import test_load_gpu as load  # noqa: PLC0415
+    import test_load_gpu as load
 
     class Capsys:
         @contextlib.contextmanager
