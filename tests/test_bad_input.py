@@ -4,12 +4,13 @@ Two tables of cases, each case data rather than code:
 
 * ``STATIC_CASES``: constructors (Program, BufferDecl, Kernel, DispatchConfig), the planning
   functions on a hand-built :class:`DeviceCaps`, checked byte arithmetic and NVRTC compilation.
-* ``DISPATCH_CASES``: calls through the public :class:`CudaBackend` API. Here they run on an
-  *offline* backend whose driver entry points are replaced (no device, no context, modules are
-  fake handles), which is enough because every one of these refusals must come before anything
-  touches a device: the test also checks that no pool, stream or event moved and that the
-  caller's buffers are not left exported. tests/gpu/test_bad_input_gpu.py runs the same table on
-  a real device, where it also checks that the next dispatch is correct.
+* ``DISPATCH_CASES``: calls through the public :class:`CudaBackend` API. Here they run in a child
+  interpreter on a real backend over the fake CUDA driver (tests/fakecuda): its pools, streams and
+  events are real and have been used before the cases run, so a refusal that allocated, created
+  or copied anything would move the backend's counters or the fake driver's. The test checks that
+  none moved, that the caller's buffers are not left exported, and that the next dispatch is
+  correct and does move the counters. tests/gpu/test_bad_input_gpu.py runs the same table on a
+  real device.
 
 A case with ``bug`` set documents a known defect: it is ``xfail(strict=True)`` here and asserts
 the correct behaviour on the GPU.
@@ -17,11 +18,16 @@ the correct behaviour on the GPU.
 
 from __future__ import annotations
 
+import base64
+import json
 import math
-import sys
+import os
+import pathlib
+import pickle
 from dataclasses import dataclass, replace
 from typing import Callable
 
+import fakecuda
 import numpy as np
 import pytest
 
@@ -585,17 +591,60 @@ def test_static_refusal(case):
     assert_refusal(raised(case.call), case)
 
 
-@pytest.mark.parametrize("case", params(DISPATCH_CASES, offline_only=True))
-def test_dispatch_refusal(offline_backend, rng, case):
-    a, b = standard_inputs(rng)
-    before = pool_counts(offline_backend)
-    refs = (sys.getrefcount(a), sys.getrefcount(b))
-    err = raised(case.call, offline_backend, a, b)
-    assert_refusal(err, case)
-    assert pool_counts(offline_backend) == before
+@pytest.fixture(scope="session")
+def fake_refusals(fake_libcuda, tmp_path_factory):
+    """Every dispatch case run once in a child on the fake driver (tests/fakecuda/bad_input_child.py)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    child = pathlib.Path(fakecuda.__file__).with_name("bad_input_child.py")
+    proc = fakecuda.run_python(
+        [str(child), str(seed)], fake_libcuda, timeout=600,
+        VYRE_CUDA_CACHE_DIR=tmp_path_factory.getbasetemp() / "kernel-cache",
+    )
+    assert proc.returncode == 0, f"child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
+    records = json.loads(proc.stdout.strip().splitlines()[-1])
+    records["_seed"] = seed
+    return records
+
+
+def _error(record):
+    if record["error"] is None:
+        return None
+    blob = record["error"]["pickle"]
+    if blob is None:  # not picklable: certainly not a BackendError
+        return RuntimeError(f"{record['error']['type']}: {record['error']['text']}")
+    return pickle.loads(base64.b64decode(blob))
+
+
+def test_fake_backend_counters_can_move_and_close_frees_everything(fake_refusals):
+    warm = fake_refusals["_warm"]
+    assert warm["ok"], "vecadd on the fake driver gave a wrong result"
+    pool, fake = warm["pool"], warm["fake"]
+    # the warm-up dispatches allocated, created and copied: the counters the cases compare can move
+    assert pool["device_pool_allocated_bytes"] > 0 and pool["streams_created"] > 0, pool
+    assert pool["device_pool_misses"] > 0 and pool["pinned_pool_misses"] > 0, pool
+    assert fake["device_allocs"] > 0 and fake["host_allocs"] > 0 and fake["streams"] > 0, fake
+    assert fake["launches"] >= 2 and fake["htod_copies"] >= 2 and fake["violations"] == 0, fake
+    assert fake_refusals["_hook_errors"] == []
+    closed = fake_refusals["_closed"]
+    for key in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs", "violations",
+                "no_context"):
+        assert closed[key] == 0, (key, closed)
+
+
+@pytest.mark.parametrize("case", params(DISPATCH_CASES, offline_only=False))
+def test_dispatch_refusal(fake_refusals, case):
+    record = fake_refusals[case.id]
+    seed = fake_refusals["_seed"]
+    assert_refusal(_error(record), case)
+    # nothing was allocated, created, copied or launched for the refused call
+    assert record["pool_after"] == record["pool_before"], (seed, record)
+    assert record["fake_after"] == record["fake_before"], (seed, record["violation"], record)
     # every buffer acquired for the call was released (a leaked export pins the array)
-    assert (sys.getrefcount(a), sys.getrefcount(b)) == refs
-    assert not offline_backend.lost
+    assert record["refs"][0] == record["refs"][1], (seed, record["refs"])
+    assert not record["lost"]
+    # the backend is whole: the next dispatch is correct, and it did move the counters
+    assert record["next_ok"], (seed, record)
+    assert record["next_dispatches"] == 1 and record["next_pool_hits"] >= 1, (seed, record)
 
 
 def test_refusals_do_not_poison_the_plan_cache(offline_backend, rng):

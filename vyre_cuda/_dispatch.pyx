@@ -33,7 +33,7 @@ from .config import DispatchConfig, as_config
 from .program import Program
 from .errors import DispatchFailed, DeviceLost, ValidationError, driver_error, STICKY_ERRORS
 from .telemetry import TimedDispatchResult
-from ._io_checks import as_input_list, as_output_list, check_outputs, dtype_error, input_error
+from ._io_checks import as_input_list, as_output_list, check_outputs, dtype_error, input_error, raw_bits
 
 cnp.import_array()
 
@@ -417,8 +417,14 @@ cdef class Core:
             try:
                 PyObject_GetBuffer(inputs[i], view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
             except Exception as exc:
-                _release(views, i)
-                raise input_error(program, i, inputs[i], exc) from None
+                bits = raw_bits(inputs[i])  # bfloat16 & co. export no format: take their raw bits
+                try:
+                    if bits is None:
+                        raise
+                    PyObject_GetBuffer(bits, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                except Exception:
+                    _release(views, i)
+                    raise input_error(program, i, inputs[i], exc) from None
             length = view.len
             Py_INCREF(length)
             PyTuple_SET_ITEM(key, i + 2, length)

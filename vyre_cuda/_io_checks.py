@@ -4,9 +4,20 @@ errors with a Fix. Nothing here runs on a dispatch that succeeds, except ``check
 
 from __future__ import annotations
 
+import numpy as np
+
 from .errors import ValidationError
 
-__all__ = ["input_error", "dtype_error", "as_input_list", "as_output_list", "check_outputs"]
+__all__ = ["input_error", "dtype_error", "as_input_list", "as_output_list", "check_outputs", "raw_bits"]
+
+
+def raw_bits(obj):
+    """A numpy array of a dtype numpy cannot export in a buffer (ml_dtypes' bfloat16, float8...)
+    viewed as unsigned integers of its item size, so it travels as its raw bits; else None."""
+    dtype = getattr(obj, "dtype", None)
+    if isinstance(obj, np.ndarray) and dtype.kind == "V" and not dtype.fields and dtype.itemsize in (1, 2, 4, 8):
+        return obj.view(np.dtype(f"u{dtype.itemsize}"))
+    return None
 
 
 def input_error(program, i, obj, exc):
@@ -109,25 +120,28 @@ def check_outputs(plan, outs):
                 f"output {k} ({name!r}) has dtype {got_dtype} but the buffer is {want}",
                 f"pass numpy.empty({need // want.itemsize}, dtype=numpy.{want.name})",
             )
-        try:
-            view = memoryview(out)
-        except TypeError:
+        if isinstance(out, np.ndarray):  # (some dtypes, e.g. bfloat16, export no buffer format)
+            readonly, contiguous, size, strides = not out.flags.writeable, out.flags.c_contiguous, out.nbytes, out.strides
+        else:
+            try:
+                view = memoryview(out)
+            except TypeError:
+                raise ValidationError(
+                    f"output {k} ({name!r}) is a {type(out).__name__}, not a buffer",
+                    "pass a writable numpy array",
+                ) from None
+            with view:
+                readonly, contiguous, size, strides = view.readonly, view.c_contiguous, view.nbytes, view.strides
+        if readonly:
             raise ValidationError(
-                f"output {k} ({name!r}) is a {type(out).__name__}, not a buffer",
-                "pass a writable numpy array",
-            ) from None
-        with view:
-            if view.readonly:
-                raise ValidationError(
-                    f"output {k} ({name!r}) is read-only",
-                    "pass a writable array (numpy.empty(...), or set arr.flags.writeable = True on an owner)",
-                )
-            if not view.c_contiguous:
-                raise ValidationError(
-                    f"output {k} ({name!r}) is not C-contiguous (strides {view.strides})",
-                    "pass a C-contiguous array (numpy.empty(...) or numpy.ascontiguousarray)",
-                )
-            size = view.nbytes
+                f"output {k} ({name!r}) is read-only",
+                "pass a writable array (numpy.empty(...), or set arr.flags.writeable = True on an owner)",
+            )
+        if not contiguous:
+            raise ValidationError(
+                f"output {k} ({name!r}) is not C-contiguous (strides {strides})",
+                "pass a C-contiguous array (numpy.empty(...) or numpy.ascontiguousarray)",
+            )
         if size != need:
             raise ValidationError(
                 f"output {k} ({name!r}) holds {size} bytes; the dispatch reads back {need}",

@@ -334,8 +334,11 @@ def _buffer_span(obj):
 
 
 def _nbytes(obj, index) -> int:
+    from ._io_checks import raw_bits  # noqa: PLC0415
+
+    bits = raw_bits(obj)  # a bfloat16 (and the like) array travels as its raw bits
     try:
-        return memoryview(obj).nbytes
+        return memoryview(obj if bits is None else bits).nbytes
     except (TypeError, ValueError, BufferError):
         raise ValidationError(
             f"input {index} is a {type(obj).__name__}, which does not expose the buffer protocol",

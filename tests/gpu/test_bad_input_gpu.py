@@ -1,6 +1,6 @@
 """Bad input on a real device: typed refusals, nothing leaked, and the next dispatch is correct.
 
-The dispatch-case table lives in tests/test_bad_input.py (it runs there on an offline backend);
+The dispatch-case table lives in tests/test_bad_input.py (it runs there over the fake driver);
 here every case runs on the device, and after each refusal:
 
 * the pools, streams and events are back to their counts before the call (nothing allocated,

@@ -161,6 +161,7 @@ def assert_fix_says_reset(err: dict) -> None:
     assert "reset_device" in err["last_line"], err["message"]
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("mode", ["dispatch", "async"])
 @pytest.mark.parametrize("fault", ["illegal_address", "trap"])
 def test_kernel_fault_is_typed_sticky_and_recoverable(fault, mode, run_python):
@@ -245,6 +246,7 @@ def _timeout_error(fn):
     pytest.fail("the runaway dispatch returned before its timeout")
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("mode", ["dispatch", "dispatch_async", "dropped"])
 def test_runaway_kernel_is_reported_not_waited_on(fresh_backend, rng, mode):
     backend = fresh_backend

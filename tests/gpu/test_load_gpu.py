@@ -7,6 +7,7 @@ set, writes them to $OUT/soak.json.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -20,7 +21,17 @@ from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program
 from vyre_cuda import builtin_programs as bp
 
 SOAK_DISPATCHES = 200_000
-SOAK_RSS_LIMIT = 20 << 20
+CHECKPOINT = 50_000
+# RSS bound, measured between the first checkpoint (50,000 dispatches after a 2,000-dispatch
+# warm-up) and the end (150,000 dispatches later), so allocator warm-up (pymalloc arenas, glibc
+# heaps, numpy's small-array cache) is behind it: 4 MiB over 150,000 dispatches is 28 bytes per
+# dispatch, less than the smallest object a dispatch could leak (a Python int or float is 24-32
+# bytes, a pooled 4 KiB buffer far more), while a steady process moves by at most a few
+# allocator arenas (1 MiB each). Gross growth from the warm-up to the end is bounded at 16 MiB.
+SOAK_RSS_STEADY_LIMIT = 4 << 20
+SOAK_RSS_TOTAL_LIMIT = 16 << 20
+# Python objects tracked by the collector: a leak of one per dispatch would add 150,000
+SOAK_OBJECTS_LIMIT = 1_000
 FLAT_KEYS = (
     "device_pool_live_bytes",
     "device_pool_allocated_bytes",
@@ -32,6 +43,10 @@ FLAT_KEYS = (
     "events_live",
     "events_created",
     "leaked_allocations",
+    "failed_dispatches",
+    "device_pool_misses",
+    "pinned_pool_misses",
+    "prepared_plans",
 )
 LIVE_KEYS = ("device_pool_live_bytes", "pinned_pool_live_bytes", "streams_live", "events_live")
 
@@ -43,6 +58,15 @@ def rss_bytes() -> int:
 
 def pick(snap: dict, keys) -> dict:
     return {k: snap[k] for k in keys}
+
+
+def process_resources(backend) -> dict:
+    """Things a leak would grow besides memory: file descriptors, threads, loaded modules."""
+    return {
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": threading.active_count(),
+        "modules": len(backend._modules),
+    }
 
 
 @pytest.mark.slow
@@ -79,17 +103,27 @@ def test_soak_200k_dispatches_flat_pools_and_rss(fresh_backend, rng, capsys):
     warm = 2_000  # pools, plan cache, allocator arenas settle
     for k in range(warm):
         one(k)
+    per = backend.plan_info(prog, list(pairs[0][:2])).layout
+    gc.collect()
     snap0 = backend.telemetry.snapshot()
+    res0 = process_resources(backend)
     rss0 = rss_bytes()
     t0 = time.perf_counter()
     checkpoints = []
     for k in range(warm, warm + SOAK_DISPATCHES):
         one(k)
-        if (k - warm + 1) % 50_000 == 0:
-            checkpoints.append((k - warm + 1, rss_bytes(), pick(backend.telemetry.snapshot(), FLAT_KEYS)))
+        done = k - warm + 1
+        if done % CHECKPOINT == 0:
+            gc.collect()
+            checkpoints.append({
+                "after": done, "rss_bytes": rss_bytes(), "objects": len(gc.get_objects()),
+                **pick(backend.telemetry.snapshot(), FLAT_KEYS), **process_resources(backend),
+            })
     elapsed = time.perf_counter() - t0
     snap1 = backend.telemetry.snapshot()
     rss1 = rss_bytes()
+    first, last = checkpoints[0], checkpoints[-1]
+    grew = {key: snap1[key] - snap0[key] for key in snap1 if isinstance(snap1[key], int)}
 
     figures = {
         "dispatches": SOAK_DISPATCHES,
@@ -98,18 +132,21 @@ def test_soak_200k_dispatches_flat_pools_and_rss(fresh_backend, rng, capsys):
         "rss_before_bytes": rss0,
         "rss_after_bytes": rss1,
         "rss_growth_bytes": rss1 - rss0,
+        "rss_steady_growth_bytes": last["rss_bytes"] - first["rss_bytes"],
+        "objects_steady_growth": last["objects"] - first["objects"],
         "before": pick(snap0, FLAT_KEYS),
         "after": pick(snap1, FLAT_KEYS),
-        "device_pool_misses_during": snap1["device_pool_misses"] - snap0["device_pool_misses"],
-        "pinned_pool_misses_during": snap1["pinned_pool_misses"] - snap0["pinned_pool_misses"],
-        "failed_dispatches": snap1["failed_dispatches"],
-        "checkpoints": [{"after": c, "rss_bytes": r, **s} for c, r, s in checkpoints],
+        "counter_growth": grew,
+        "resources_before": res0,
+        "checkpoints": checkpoints,
     }
     with capsys.disabled():
         print(
             f"\nsoak: {SOAK_DISPATCHES:,} vecadd dispatches of {n} f32 in {elapsed:.2f} s "
             f"= {SOAK_DISPATCHES / elapsed:,.0f} dispatches/s; RSS {rss0 / 2**20:.1f} MiB -> "
-            f"{rss1 / 2**20:.1f} MiB ({(rss1 - rss0) / 2**20:+.2f} MiB); device pool "
+            f"{rss1 / 2**20:.1f} MiB ({(rss1 - rss0) / 2**20:+.2f} MiB; "
+            f"{figures['rss_steady_growth_bytes'] / 2**20:+.2f} MiB over the last {SOAK_DISPATCHES - CHECKPOINT:,}); "
+            f"objects {figures['objects_steady_growth']:+d}; device pool "
             f"allocated {snap1['device_pool_allocated_bytes']:,} B (live {snap1['device_pool_live_bytes']}), "
             f"pinned cached {snap1['pinned_pool_cached_bytes']:,} B (live {snap1['pinned_pool_live_bytes']}), "
             f"streams {snap1['streams_created']} created / {snap1['streams_live']} live, "
@@ -120,12 +157,28 @@ def test_soak_200k_dispatches_flat_pools_and_rss(fresh_backend, rng, capsys):
         with open(os.path.join(out_dir, "soak.json"), "w") as f:
             json.dump(figures, f, indent=1)
 
+    # zero growth: pools, streams, events, misses, failures, leaks, plans, modules, fds, threads
     assert pick(snap1, FLAT_KEYS) == pick(snap0, FLAT_KEYS), figures
-    assert figures["device_pool_misses_during"] == 0 and figures["pinned_pool_misses_during"] == 0, figures
+    for c in checkpoints:
+        assert pick(c, FLAT_KEYS) == pick(snap0, FLAT_KEYS), figures
+        assert {k: c[k] for k in res0} == res0, figures
     assert snap1["device_pool_live_bytes"] == 0 and snap1["streams_live"] == 0 and snap1["events_live"] == 0
-    assert rss1 - rss0 < SOAK_RSS_LIMIT, figures
-    for _, _, s in checkpoints:
-        assert s == pick(snap0, FLAT_KEYS), figures
+    # the work counters grew by exactly the work done: one upload, one readback, one launch and
+    # one wait per dispatch (the refused calls on the error path moved nothing)
+    exact = {
+        "dispatches": SOAK_DISPATCHES,
+        "launches": SOAK_DISPATCHES,
+        "sync_points": SOAK_DISPATCHES,
+        "h2d_bytes": SOAK_DISPATCHES * per.h2d_bytes,
+        "d2h_bytes": SOAK_DISPATCHES * per.d2h_bytes,
+        "cooperative_launches": 0,
+        "split_launches": 0,
+    }
+    assert {k: grew[k] for k in exact} == exact, figures
+    # bounded memory: see SOAK_RSS_* and SOAK_OBJECTS_LIMIT for the bounds and why
+    assert figures["rss_steady_growth_bytes"] < SOAK_RSS_STEADY_LIMIT, figures
+    assert rss1 - rss0 < SOAK_RSS_TOTAL_LIMIT, figures
+    assert figures["objects_steady_growth"] < SOAK_OBJECTS_LIMIT, figures
 
 
 # ------------------------------------------------------------------ concurrency

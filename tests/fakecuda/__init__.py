@@ -1,0 +1,192 @@
+"""A fake CUDA driver for CPU tests: build it, run a child interpreter on it, control it.
+
+``fake_libcuda.c`` is a small libcuda.so.1 whose device memory is host memory and whose stream
+operations run synchronously. A child interpreter started by :func:`run_python` loads it in place
+of the real driver (``LD_LIBRARY_PATH``), so the real :class:`vyre_cuda.CudaBackend`, its real
+pools and its real enqueue path run with no GPU: pool, stream and event counters move, copies
+are bounds-checked against live allocations, and a launch calls a Python emulation of the kernel
+when one is registered. Inside the child, :class:`FakeDriver` reads the fake's counters and
+injects driver errors.
+
+It never runs in the test process itself: that process may have the real driver loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+SOURCE = pathlib.Path(__file__).with_name("fake_libcuda.c")
+TESTS_DIR = pathlib.Path(__file__).resolve().parents[1]
+
+# fake_cuda_stats() slots, in the C enum's order
+STATS = (
+    "device_allocs", "device_bytes", "host_allocs", "host_bytes", "streams", "events", "modules",
+    "launches", "cooperative_launches", "htod_copies", "dtoh_copies", "memsets", "context_refs",
+    "violations", "device_alloc_calls", "host_alloc_calls", "stream_creates", "event_creates", "syncs",
+    "no_context", "registered", "mempools",
+)
+STATUS = {
+    "CUDA_ERROR_INVALID_VALUE": 1, "CUDA_ERROR_OUT_OF_MEMORY": 2, "CUDA_ERROR_INVALID_CONTEXT": 201,
+    "CUDA_ERROR_INVALID_HANDLE": 400, "CUDA_ERROR_NOT_READY": 600, "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
+    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": 701, "CUDA_ERROR_LAUNCH_FAILED": 719, "CUDA_ERROR_UNKNOWN": 999,
+}
+
+
+def compiler() -> str | None:
+    for name in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def build(folder: pathlib.Path) -> pathlib.Path:
+    """Compile the fake into ``folder/<source hash>/libcuda.so.1`` (once); return that folder.
+
+    Raises RuntimeError with the compiler's output when there is no compiler or it fails.
+    """
+    source = SOURCE.read_bytes()
+    out_dir = pathlib.Path(folder) / hashlib.sha256(source).hexdigest()[:16]
+    lib = out_dir / "libcuda.so.1"
+    if lib.is_file():
+        return out_dir
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH to build the fake CUDA driver")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f"libcuda.so.1.{os.getpid()}"
+    cmd = [cc, "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp),
+           str(SOURCE), "-lpthread"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the fake CUDA driver failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+    os.replace(tmp, lib)
+    return out_dir
+
+
+def child_env(libdir: pathlib.Path, **extra) -> dict:
+    """The environment of a child that loads the fake driver and imports the vyre_cuda under test."""
+    import vyre_cuda
+
+    root = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", FAKE_CUDA_DEVICES="1")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libdir), env.get("LD_LIBRARY_PATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(TESTS_DIR), env.get("PYTHONPATH")]))
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_python(args, libdir: pathlib.Path, timeout: float = 300, **env) -> subprocess.CompletedProcess:
+    """Run ``python args...`` on the fake driver, from a folder that cannot shadow the package."""
+    import vyre_cuda
+
+    cwd = pathlib.Path(vyre_cuda.__file__).resolve().parents[2]
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=child_env(libdir, **env), capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+# ---------------------------------------------------------------------------- inside the child
+_HOOK = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+    ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+)
+
+
+class Launch:
+    """One kernel launch as the emulation sees it: geometry and the argument values."""
+
+    def __init__(self, function, grid, block, shared, params, cooperative):
+        self.function = function
+        self.grid = grid
+        self.block = block
+        self.shared = shared
+        self._params = params
+        self.cooperative = bool(cooperative)
+
+    def arg(self, k: int) -> int:
+        """Argument ``k`` (a u64 device pointer: buffers in binding order, then the params block)."""
+        return ctypes.c_uint64.from_address(self._params[k]).value
+
+    def words(self, address: int, n: int) -> np.ndarray:
+        return array_at(address, np.uint32, n)
+
+
+def array_at(address: int, dtype, count: int) -> np.ndarray:
+    """A writable numpy view of ``count`` elements of fake device memory at ``address``."""
+    dtype = np.dtype(dtype)
+    if count == 0:
+        return np.empty(0, dtype)
+    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(address)
+    return np.frombuffer(raw, dtype=dtype)
+
+
+class FakeDriver:
+    """Control of the fake driver loaded in this process (a child started by run_python)."""
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        if not hasattr(self.lib, "fake_cuda_stats"):
+            raise RuntimeError("the libcuda.so.1 loaded in this process is not the fake driver")
+        self.lib.fake_cuda_last_violation.restype = ctypes.c_char_p
+        self.emulators = {}  # CUfunction handle -> callable(Launch)
+        self.hook_errors = []
+        self._hook = _HOOK(self._on_launch)
+        self.lib.fake_cuda_set_launch_hook(self._hook)
+
+    def stats(self) -> dict:
+        values = (ctypes.c_longlong * len(STATS))()
+        self.lib.fake_cuda_stats(values, len(STATS))
+        return dict(zip(STATS, values, strict=True))
+
+    def last_violation(self) -> str:
+        return self.lib.fake_cuda_last_violation().decode()
+
+    def reset_counters(self) -> None:
+        self.lib.fake_cuda_reset_counters()
+
+    def fail(self, call: str, status: str = "CUDA_ERROR_LAUNCH_FAILED", countdown: int = 1, sticky: bool = False):
+        """Make the ``countdown``-th next call of ``call`` return ``status`` (every later one too if sticky)."""
+        if self.lib.fake_cuda_fail(call.encode(), countdown, STATUS[status], int(sticky)) != 0:
+            raise RuntimeError("the fake driver holds at most 8 pending failures")
+
+    def clear_failures(self) -> None:
+        self.lib.fake_cuda_clear_failures()
+
+    def set_occupancy(self, blocks_per_sm: int) -> None:
+        """Answer every occupancy query with ``blocks_per_sm`` (-1: compute it)."""
+        self.lib.fake_cuda_set_occupancy(blocks_per_sm)
+
+    def emulate(self, backend, program, inputs, fn, config=None) -> None:
+        """Run ``fn(Launch)`` for every launch of ``program``'s kernel on ``backend``."""
+        info = backend.plan_info(program, inputs, config)
+        self.emulators[info.function] = fn
+
+    def _on_launch(self, function, gx, gy, gz, bx, by, bz, shared, params, cooperative):
+        fn = self.emulators.get(function)
+        if fn is None:
+            return 0
+        try:
+            fn(Launch(function, (gx, gy, gz), (bx, by, bz), shared, params, cooperative))
+        except BaseException as exc:  # noqa: BLE001 (a ctypes callback must not raise)
+            self.hook_errors.append(f"{type(exc).__name__}: {exc}")
+            return STATUS["CUDA_ERROR_LAUNCH_FAILED"]
+        return 0
+
+
+def vecadd_emulation(dtype):
+    """The built-in vecadd kernel (``out[i] = a[i] + b[i]`` for i < word 0) as an emulation."""
+
+    def run(launch: Launch):
+        n = int(launch.words(launch.arg(3), 1)[0])
+        a, b, out = (array_at(launch.arg(k), dtype, n) for k in range(3))
+        out[:] = a + b
+
+    return run

@@ -1,0 +1,1087 @@
+/* A fake CUDA driver (libcuda.so.1) for CPU tests: device memory is host memory, every stream
+ * operation runs synchronously, and a launch calls an optional hook instead of a kernel.
+ *
+ * cuda-bindings resolves every driver entry point through cuGetProcAddress_v2 by name, so this
+ * library exports that one function (plus cuGetProcAddress) and answers from the table at the
+ * end. Loaded in a child interpreter through LD_LIBRARY_PATH, it lets the real CudaBackend, its
+ * real pools and its real enqueue path run on a machine without a GPU, with checks a GPU does not
+ * make as cheaply: every copy and memset must lie inside one live allocation (or a module
+ * global), every free must name a live allocation, dynamic shared memory above 48 KiB needs the
+ * opt-in attribute first, and a cooperative grid must fit the occupancy answer.
+ *
+ * Test controls (exported, called through ctypes): fake_cuda_stats(), fake_cuda_fail() to make
+ * the n-th next call of one entry point return an error, fake_cuda_set_launch_hook() to run a
+ * Python emulation of the kernel, fake_cuda_set_occupancy(), fake_cuda_reset_counters().
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The few driver types and constants used here, as cuda.h defines them (stable ABI values), so
+ * that building the fake needs only a C compiler. */
+typedef int CUresult;
+typedef int CUdevice;
+typedef int CUdevice_attribute;
+typedef int CUfunction_attribute;
+typedef int CUjit_option;
+typedef int CUdriverProcAddressQueryResult;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long cuuint64_t;
+typedef void* CUcontext;
+typedef void* CUstream;
+typedef void* CUevent;
+typedef void* CUmodule;
+typedef void* CUfunction;
+typedef void* CUmemoryPool;
+typedef int CUpointer_attribute;
+typedef int CUmemPool_attribute;
+typedef struct { char bytes[16]; } CUuuid;
+
+enum {
+  CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_OUT_OF_MEMORY = 2, CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_NO_DEVICE = 100, CUDA_ERROR_INVALID_DEVICE = 101, CUDA_ERROR_INVALID_CONTEXT = 201,
+  CUDA_ERROR_INVALID_PTX = 218, CUDA_ERROR_INVALID_HANDLE = 400, CUDA_ERROR_NOT_FOUND = 500,
+  CUDA_ERROR_NOT_READY = 600, CUDA_ERROR_ILLEGAL_ADDRESS = 700, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+  CUDA_ERROR_ILLEGAL_INSTRUCTION = 715, CUDA_ERROR_LAUNCH_FAILED = 719,
+  CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720, CUDA_ERROR_NOT_SUPPORTED = 801, CUDA_ERROR_UNKNOWN = 999,
+};
+enum {
+  CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X = 2,
+  CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y = 3, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z = 4,
+  CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X = 5, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y = 6,
+  CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z = 7, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK = 8,
+  CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+  CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
+  CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR = 106,
+};
+enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
+enum { CU_JIT_ERROR_LOG_BUFFER = 5 };
+enum { CU_GET_PROC_ADDRESS_SUCCESS = 0, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1 };
+enum {
+  CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3,
+  CU_POINTER_ATTRIBUTE_HOST_POINTER = 4, CU_POINTER_ATTRIBUTE_BUFFER_ID = 7, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12, CU_POINTER_ATTRIBUTE_MAPPED = 13,
+};
+enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2 };
+enum { CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+       CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6, CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+       CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8 };
+
+#define FAKE_TOTAL_MEM 150754820096ull /* an H200's cuDeviceTotalMem */
+#define FAKE_SM_COUNT 132
+#define FAKE_SHARED_OPTIN 232448
+#define FAKE_SHARED_PER_SM 233472
+#define FAKE_DEFAULT_SHARED 49152
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct Ctx { int device; int refs; } contexts[8];
+static __thread CUcontext current_ctx = NULL;
+
+/* ------------------------------------------------------------------ bookkeeping */
+enum { KIND_DEVICE = 1, KIND_HOST = 2, KIND_GLOBAL = 3, KIND_REGISTERED = 4 };
+
+typedef struct Alloc {
+  char* base;
+  size_t size;
+  int kind;
+  unsigned long long id;
+  struct Alloc* next;
+} Alloc;
+static unsigned long long next_alloc_id = 1;
+
+static Alloc* allocs = NULL;
+
+enum {
+  S_DEVICE_ALLOCS, S_DEVICE_BYTES, S_HOST_ALLOCS, S_HOST_BYTES, S_STREAMS, S_EVENTS, S_MODULES,
+  S_LAUNCHES, S_COOP_LAUNCHES, S_HTOD, S_DTOH, S_MEMSETS, S_CTX_REFS, S_VIOLATIONS,
+  S_DEVICE_ALLOC_CALLS, S_HOST_ALLOC_CALLS, S_STREAM_CREATES, S_EVENT_CREATES, S_SYNCS, S_NO_CONTEXT,
+  S_REGISTERED, S_POOLS, N_STATS
+};
+static long long stats[N_STATS];
+static char last_violation[512];
+
+static int n_devices(void) {
+  const char* v = getenv("FAKE_CUDA_DEVICES");
+  return v ? atoi(v) : 1;
+}
+
+static void violation(const char* what, unsigned long long addr, size_t n) {
+  stats[S_VIOLATIONS]++;
+  snprintf(last_violation, sizeof(last_violation), "%s: [0x%llx, +%zu) is not inside one live allocation", what,
+           addr, n);
+  if (getenv("FAKE_CUDA_VERBOSE")) fprintf(stderr, "fake libcuda: %s\n", last_violation);
+}
+
+/* the allocation holding [p, p + n), or NULL */
+static Alloc* find_range(const char* p, size_t n, int kind) {
+  for (Alloc* a = allocs; a; a = a->next) {
+    if ((kind == 0 || a->kind == kind || (kind == KIND_DEVICE && a->kind == KIND_GLOBAL)) && p >= a->base &&
+        (size_t)(p - a->base) <= a->size && n <= a->size - (size_t)(p - a->base))
+      return a;
+  }
+  return NULL;
+}
+
+static Alloc* track(char* base, size_t size, int kind) {
+  Alloc* a = (Alloc*)malloc(sizeof(Alloc));
+  a->base = base;
+  a->size = size;
+  a->kind = kind;
+  a->id = next_alloc_id++;
+  a->next = allocs;
+  allocs = a;
+  return a;
+}
+
+static int untrack(const char* base, int kind) {
+  for (Alloc** pa = &allocs; *pa; pa = &(*pa)->next) {
+    if ((*pa)->base == base && (*pa)->kind == kind) {
+      Alloc* a = *pa;
+      *pa = a->next;
+      free(a);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ fault injection */
+typedef struct {
+  char call[64];
+  int countdown; /* 1: the next call fails */
+  CUresult status;
+  int sticky; /* keep failing once triggered */
+} Injection;
+static Injection injections[8];
+
+static CUresult injected(const char* call) {
+  for (int k = 0; k < 8; k++) {
+    Injection* in = &injections[k];
+    if (in->countdown > 0 && strcmp(in->call, call) == 0) {
+      if (--in->countdown == 0) {
+        CUresult st = in->status;
+        if (in->sticky) in->countdown = 1;
+        else in->call[0] = 0;
+        return st;
+      }
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+/* Like the real driver, memory, stream, event, module and launch calls need a current context,
+ * one that is still retained (a primary context whose last retain was released is gone). */
+static int ctx_ok(void) {
+  const struct Ctx* c = (const struct Ctx*)current_ctx;
+  return c != NULL && c->refs > 0;
+}
+
+#define NEED_CTX()                            \
+  do {                                        \
+    if (!ctx_ok()) {                          \
+      stats[S_NO_CONTEXT]++;                  \
+      pthread_mutex_unlock(&lock);            \
+      return CUDA_ERROR_INVALID_CONTEXT;      \
+    }                                         \
+  } while (0)
+
+#define INJECT(name)                          \
+  do {                                        \
+    CUresult _st = injected(name);            \
+    if (_st != CUDA_SUCCESS) {                \
+      pthread_mutex_unlock(&lock);            \
+      return _st;                             \
+    }                                         \
+  } while (0)
+
+/* ------------------------------------------------------------------ test controls */
+typedef int (*launch_hook_t)(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                             unsigned bz, unsigned shared, void** params, int cooperative);
+static launch_hook_t launch_hook = NULL;
+static int occupancy_override = -1;
+
+int fake_cuda_stats(long long* out, int n) {
+  pthread_mutex_lock(&lock);
+  for (int k = 0; k < n && k < N_STATS; k++) out[k] = stats[k];
+  pthread_mutex_unlock(&lock);
+  return N_STATS;
+}
+
+const char* fake_cuda_last_violation(void) { return last_violation; }
+
+void fake_cuda_reset_counters(void) {
+  pthread_mutex_lock(&lock);
+  stats[S_LAUNCHES] = stats[S_COOP_LAUNCHES] = stats[S_HTOD] = stats[S_DTOH] = stats[S_MEMSETS] = 0;
+  stats[S_VIOLATIONS] = stats[S_DEVICE_ALLOC_CALLS] = stats[S_HOST_ALLOC_CALLS] = 0;
+  stats[S_STREAM_CREATES] = stats[S_EVENT_CREATES] = stats[S_SYNCS] = 0;
+  last_violation[0] = 0;
+  pthread_mutex_unlock(&lock);
+}
+
+/* the countdown-th next call of `call` returns `status` (and every later one too when sticky) */
+int fake_cuda_fail(const char* call, int countdown, int status, int sticky) {
+  pthread_mutex_lock(&lock);
+  for (int k = 0; k < 8; k++) {
+    if (injections[k].countdown == 0 || strcmp(injections[k].call, call) == 0) {
+      snprintf(injections[k].call, sizeof(injections[k].call), "%s", call);
+      injections[k].countdown = countdown;
+      injections[k].status = (CUresult)status;
+      injections[k].sticky = sticky;
+      pthread_mutex_unlock(&lock);
+      return 0;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return -1;
+}
+
+void fake_cuda_clear_failures(void) {
+  pthread_mutex_lock(&lock);
+  memset(injections, 0, sizeof(injections));
+  pthread_mutex_unlock(&lock);
+}
+
+void fake_cuda_set_launch_hook(launch_hook_t hook) { launch_hook = hook; }
+void fake_cuda_set_occupancy(int blocks_per_sm) { occupancy_override = blocks_per_sm; }
+
+/* ------------------------------------------------------------------ driver, devices */
+
+CUresult cuInit(unsigned int flags) {
+  (void)flags;
+  return n_devices() > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+
+CUresult cuDriverGetVersion(int* v) {
+  *v = 13000;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int* count) {
+  *count = n_devices();
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice* dev, int ordinal) {
+  if (ordinal < 0 || ordinal >= n_devices() || ordinal >= 8) return CUDA_ERROR_INVALID_DEVICE;
+  *dev = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
+  snprintf(name, (size_t)len, "Fake H200 %d (vyre_cuda test driver)", (int)dev);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetPCIBusId(char* bus, int len, CUdevice dev) {
+  snprintf(bus, (size_t)len, "0000:%02x:00.0", (int)dev + 1);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem(size_t* bytes, CUdevice dev) {
+  (void)dev;
+  *bytes = FAKE_TOTAL_MEM;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
+  (void)dev;
+  switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = FAKE_SM_COUNT; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: *pi = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: *pi = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: *pi = 64; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: *pi = 2147483647; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: *pi = 65535; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: *pi = 65535; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *pi = FAKE_DEFAULT_SHARED; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *pi = FAKE_SHARED_OPTIN; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *pi = 2048; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: *pi = 32; break;
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: *pi = 1; break;
+    default: *pi = 0; break;
+  }
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ contexts */
+CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuDevicePrimaryCtxRetain");
+  contexts[dev].device = dev;
+  contexts[dev].refs++;
+  stats[S_CTX_REFS]++;
+  *ctx = (CUcontext)&contexts[dev];
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuDevicePrimaryCtxRelease");
+  if (contexts[dev].refs <= 0) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  contexts[dev].refs--;
+  stats[S_CTX_REFS]--;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuDevicePrimaryCtxReset");
+  stats[S_CTX_REFS] -= contexts[dev].refs;
+  contexts[dev].refs = 0;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuCtxSetCurrent");
+  pthread_mutex_unlock(&lock);
+  current_ctx = ctx;
+  return CUDA_SUCCESS;
+}
+
+#define CTX_STACK 16
+static __thread CUcontext ctx_stack[CTX_STACK];
+static __thread int ctx_depth = 0;
+
+CUresult cuCtxPushCurrent(CUcontext ctx) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuCtxPushCurrent");
+  pthread_mutex_unlock(&lock);
+  if (ctx == NULL || ctx_depth >= CTX_STACK) return CUDA_ERROR_INVALID_VALUE;
+  ctx_stack[ctx_depth++] = current_ctx;
+  current_ctx = ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent(CUcontext* pctx) {
+  if (ctx_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (pctx) *pctx = current_ctx;
+  current_ctx = ctx_stack[--ctx_depth];
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext* ctx) {
+  *ctx = current_ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSynchronize(void) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuCtxSynchronize");
+  NEED_CTX();
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ memory */
+CUresult cuMemGetInfo(size_t* free_b, size_t* total_b) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemGetInfo");
+  NEED_CTX();
+  *total_b = FAKE_TOTAL_MEM;
+  *free_b = FAKE_TOTAL_MEM - (size_t)stats[S_DEVICE_BYTES] - (1ull << 30);
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+static void* aligned(size_t n, unsigned char fill) {
+  /* round up: aligned_alloc wants a multiple of the alignment */
+  size_t rounded = (n + 255) & ~(size_t)255;
+  void* p = aligned_alloc(256, rounded ? rounded : 256);
+  if (p) memset(p, fill, rounded ? rounded : 256);
+  return p;
+}
+
+CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytesize) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemAlloc");
+  NEED_CTX();
+  stats[S_DEVICE_ALLOC_CALLS]++;
+  const char* limit = getenv("FAKE_CUDA_ALLOC_LIMIT");
+  if (bytesize == 0 || (limit && bytesize > strtoull(limit, NULL, 0)) || bytesize > (1ull << 34)) {
+    pthread_mutex_unlock(&lock);
+    return bytesize == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  /* fresh device memory holds garbage, never zeros: a missed clear shows in the results */
+  char* p = (char*)aligned(bytesize, 0xCD);
+  if (!p) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  track(p, bytesize, KIND_DEVICE);
+  stats[S_DEVICE_ALLOCS]++;
+  stats[S_DEVICE_BYTES] += (long long)bytesize;
+  *dptr = (CUdeviceptr)(uintptr_t)p;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemFree(CUdeviceptr dptr) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemFree");
+  NEED_CTX();
+  Alloc* a = find_range((const char*)(uintptr_t)dptr, 0, KIND_DEVICE);
+  if (!a || a->base != (char*)(uintptr_t)dptr || a->kind != KIND_DEVICE) {
+    violation("cuMemFree of a pointer that is not a live allocation", dptr, 0);
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  stats[S_DEVICE_ALLOCS]--;
+  stats[S_DEVICE_BYTES] -= (long long)a->size;
+  char* base = a->base;
+  untrack(base, KIND_DEVICE);
+  free(base);
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
+  (void)flags;
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemHostAlloc");
+  NEED_CTX();
+  stats[S_HOST_ALLOC_CALLS]++;
+  char* p = (char*)aligned(bytesize, 0xAB);
+  if (!p) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  track(p, bytesize, KIND_HOST);
+  stats[S_HOST_ALLOCS]++;
+  stats[S_HOST_BYTES] += (long long)bytesize;
+  *pp = p;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemFreeHost(void* p) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemFreeHost");
+  NEED_CTX();
+  Alloc* a = find_range((const char*)p, 0, KIND_HOST);
+  if (!a || a->base != (char*)p) {
+    violation("cuMemFreeHost of a pointer that is not a live allocation", (uintptr_t)p, 0);
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  stats[S_HOST_ALLOCS]--;
+  stats[S_HOST_BYTES] -= (long long)a->size;
+  untrack((char*)p, KIND_HOST);
+  free(p);
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int flags) {
+  (void)flags;
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemHostRegister");
+  NEED_CTX();
+  if (p == NULL || bytesize == 0 || find_range((const char*)p, 1, KIND_REGISTERED)) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  track((char*)p, bytesize, KIND_REGISTERED);
+  stats[S_REGISTERED]++;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostUnregister(void* p) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemHostUnregister");
+  NEED_CTX();
+  if (!untrack((const char*)p, KIND_REGISTERED)) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  stats[S_REGISTERED]--;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+/* Unknown (pageable) pointers succeed with zeroed attributes, as with the real driver. */
+CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attrs, void** data, CUdeviceptr ptr) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuPointerGetAttributes");
+  const Alloc* a = find_range((const char*)(uintptr_t)ptr, 1, 0);
+  for (unsigned int k = 0; k < n; k++) {
+    switch (attrs[k]) {
+      case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned int*)data[k] = !a ? 0u : (a->kind == KIND_HOST || a->kind == KIND_REGISTERED) ? CU_MEMORYTYPE_HOST
+                                                                                           : CU_MEMORYTYPE_DEVICE;
+        break;
+      case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long*)data[k] = a ? a->id : 0ull; break;
+      case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr*)data[k] = a ? (CUdeviceptr)(uintptr_t)a->base : 0; break;
+      case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t*)data[k] = a ? a->size : 0; break;
+      case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext*)data[k] = a ? (CUcontext)&contexts[0] : NULL; break;
+      case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      case CU_POINTER_ATTRIBUTE_HOST_POINTER: *(void**)data[k] = a ? (void*)(uintptr_t)ptr : NULL; break;
+      case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      case CU_POINTER_ATTRIBUTE_MAPPED: *(int*)data[k] = a ? (attrs[k] == CU_POINTER_ATTRIBUTE_MAPPED) : 0; break;
+      default:
+        pthread_mutex_unlock(&lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+/* Stream-ordered pool: allocations are ordinary fake device memory, freed at once. */
+typedef struct { int magic; size_t used; size_t threshold; } Pool;
+#define POOL_MAGIC 0x9001
+
+CUresult cuMemPoolCreate(CUmemoryPool* pool, const void* props) {
+  (void)props;
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemPoolCreate");
+  NEED_CTX();
+  Pool* p = (Pool*)calloc(1, sizeof(Pool));
+  p->magic = POOL_MAGIC;
+  stats[S_POOLS]++;
+  *pool = (CUmemoryPool)p;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemPoolDestroy");
+  NEED_CTX();
+  Pool* p = (Pool*)pool;
+  if (!p || p->magic != POOL_MAGIC) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  p->magic = 0;
+  free(p);
+  stats[S_POOLS]--;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+static int pool_attr_is_u64(CUmemPool_attribute attr) {
+  return attr >= CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && attr <= CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+}
+
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemPoolSetAttribute");
+  Pool* p = (Pool*)pool;
+  if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) p->threshold = (size_t)*(unsigned long long*)value;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemPoolGetAttribute");
+  Pool* p = (Pool*)pool;
+  if (pool_attr_is_u64(attr))
+    *(unsigned long long*)value = attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD ? p->threshold : p->used;
+  else
+    *(int*)value = 1;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+  (void)pool;
+  (void)keep;
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemPoolTrimTo");
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream s) {
+  (void)s;
+  CUresult st = cuMemAlloc(dptr, bytesize);
+  if (st == CUDA_SUCCESS) {
+    pthread_mutex_lock(&lock);
+    ((Pool*)pool)->used += bytesize;
+    pthread_mutex_unlock(&lock);
+  }
+  return st;
+}
+
+/* The pool the memory came from is not recorded: a free from a pool only releases the memory. */
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
+  (void)s;
+  return cuMemFree(dptr);
+}
+
+/* ------------------------------------------------------------------ streams and events */
+typedef struct { int magic; } Handle;
+#define STREAM_MAGIC 0x5157
+#define EVENT_MAGIC 0x4556
+
+CUresult cuStreamCreate(CUstream* s, unsigned int flags) {
+  (void)flags;
+  pthread_mutex_lock(&lock);
+  INJECT("cuStreamCreate");
+  NEED_CTX();
+  Handle* h = (Handle*)malloc(sizeof(Handle));
+  h->magic = STREAM_MAGIC;
+  stats[S_STREAMS]++;
+  stats[S_STREAM_CREATES]++;
+  *s = (CUstream)h;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+static int is_stream(CUstream s) { return s != NULL && ((Handle*)s)->magic == STREAM_MAGIC; }
+
+CUresult cuStreamDestroy(CUstream s) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuStreamDestroy");
+  NEED_CTX();
+  if (!is_stream(s)) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  ((Handle*)s)->magic = 0;
+  free(s);
+  stats[S_STREAMS]--;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamSynchronize(CUstream s) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuStreamSynchronize");
+  NEED_CTX();
+  stats[S_SYNCS]++;
+  int ok = is_stream(s);
+  pthread_mutex_unlock(&lock);
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuStreamQuery(CUstream s) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuStreamQuery");
+  NEED_CTX();
+  int ok = is_stream(s);
+  pthread_mutex_unlock(&lock);
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuEventCreate(CUevent* e, unsigned int flags) {
+  (void)flags;
+  pthread_mutex_lock(&lock);
+  INJECT("cuEventCreate");
+  NEED_CTX();
+  Handle* h = (Handle*)malloc(sizeof(Handle));
+  h->magic = EVENT_MAGIC;
+  stats[S_EVENTS]++;
+  stats[S_EVENT_CREATES]++;
+  *e = (CUevent)h;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+static int is_event(CUevent e) { return e != NULL && ((Handle*)e)->magic == EVENT_MAGIC; }
+
+CUresult cuEventDestroy(CUevent e) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuEventDestroy");
+  NEED_CTX();
+  if (!is_event(e)) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  ((Handle*)e)->magic = 0;
+  free(e);
+  stats[S_EVENTS]--;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+#define EVENT_CALL(name)                                                  \
+  CUresult name(CUevent e) {                                              \
+    pthread_mutex_lock(&lock);                                            \
+    INJECT(#name);                                                        \
+    NEED_CTX();                                                           \
+    int ok = is_event(e);                                                 \
+    pthread_mutex_unlock(&lock);                                          \
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;                 \
+  }
+EVENT_CALL(cuEventQuery)
+EVENT_CALL(cuEventSynchronize)
+
+CUresult cuEventRecord(CUevent e, CUstream s) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuEventRecord");
+  NEED_CTX();
+  int ok = is_event(e) && is_stream(s);
+  pthread_mutex_unlock(&lock);
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
+  (void)flags;
+  pthread_mutex_lock(&lock);
+  INJECT("cuStreamWaitEvent");
+  NEED_CTX();
+  int ok = is_event(e) && is_stream(s);
+  pthread_mutex_unlock(&lock);
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuEventElapsedTime");
+  NEED_CTX();
+  int ok = is_event(a) && is_event(b);
+  pthread_mutex_unlock(&lock);
+  *ms = 0.001f;
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* ------------------------------------------------------------------ copies and clears */
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemcpyHtoDAsync");
+  NEED_CTX();
+  stats[S_HTOD]++;
+  if (!is_stream(s) || !find_range((const char*)(uintptr_t)dst, n, KIND_DEVICE)) {
+    if (is_stream(s)) violation("cuMemcpyHtoDAsync destination", dst, n);
+    pthread_mutex_unlock(&lock);
+    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+  }
+  pthread_mutex_unlock(&lock);
+  memcpy((void*)(uintptr_t)dst, src, n);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemcpyDtoHAsync");
+  NEED_CTX();
+  stats[S_DTOH]++;
+  if (!is_stream(s) || !find_range((const char*)(uintptr_t)src, n, KIND_DEVICE)) {
+    if (is_stream(s)) violation("cuMemcpyDtoHAsync source", src, n);
+    pthread_mutex_unlock(&lock);
+    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+  }
+  pthread_mutex_unlock(&lock);
+  memcpy(dst, (const void*)(uintptr_t)src, n);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream s) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemsetD8Async");
+  NEED_CTX();
+  stats[S_MEMSETS]++;
+  if (!is_stream(s) || !find_range((const char*)(uintptr_t)dst, n, KIND_DEVICE)) {
+    if (is_stream(s)) violation("cuMemsetD8Async", dst, n);
+    pthread_mutex_unlock(&lock);
+    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+  }
+  pthread_mutex_unlock(&lock);
+  memset((void*)(uintptr_t)dst, value, n);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, CUstream s) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemsetD32Async");
+  NEED_CTX();
+  stats[S_MEMSETS]++;
+  if (!is_stream(s) || (dst & 3) || !find_range((const char*)(uintptr_t)dst, 4 * n, KIND_DEVICE)) {
+    if (is_stream(s)) violation("cuMemsetD32Async", dst, 4 * n);
+    pthread_mutex_unlock(&lock);
+    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+  }
+  pthread_mutex_unlock(&lock);
+  for (size_t k = 0; k < n; k++) ((unsigned int*)(uintptr_t)dst)[k] = value;
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ modules and launches */
+typedef struct Module {
+  char* image; /* a copy: PTX text, or the ELF bytes of a cubin */
+  size_t size;
+  unsigned int* barrier; /* the _vyre_grid_barrier global, when the image defines it */
+} Module;
+
+typedef struct Function {
+  Module* module;
+  char name[128];
+  int max_dynamic_shared;
+} Function;
+
+static size_t image_size(const unsigned char* p) {
+  if (p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F' && p[4] == 2) {
+    uint64_t shoff, phoff;
+    uint16_t shentsize, shnum, phentsize, phnum;
+    memcpy(&phoff, p + 0x20, 8);
+    memcpy(&shoff, p + 0x28, 8);
+    memcpy(&phentsize, p + 0x36, 2);
+    memcpy(&phnum, p + 0x38, 2);
+    memcpy(&shentsize, p + 0x3A, 2);
+    memcpy(&shnum, p + 0x3C, 2);
+    size_t a = (size_t)shoff + (size_t)shentsize * shnum, b = (size_t)phoff + (size_t)phentsize * phnum;
+    return a > b ? a : b;
+  }
+  return strlen((const char*)p) + 1;
+}
+
+static int contains(const Module* m, const char* needle) {
+  size_t n = strlen(needle);
+  if (n == 0 || n > m->size) return 0;
+  for (size_t k = 0; k + n <= m->size; k++)
+    if (memcmp(m->image + k, needle, n) == 0) return 1;
+  return 0;
+}
+
+CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int n, CUjit_option* options, void** values) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuModuleLoadDataEx");
+  NEED_CTX();
+  Module* m = (Module*)calloc(1, sizeof(Module));
+  m->size = image_size((const unsigned char*)image);
+  m->image = (char*)malloc(m->size);
+  memcpy(m->image, image, m->size);
+  int elf = m->size >= 4 && memcmp(m->image, "\x7f" "ELF", 4) == 0;
+  if (!elf && !contains(m, ".version")) {
+    for (unsigned k = 0; k < n; k++)
+      if (options[k] == CU_JIT_ERROR_LOG_BUFFER)
+        snprintf((char*)values[k], 128, "ptxas fatal   : fake libcuda: not PTX (no .version directive)");
+    free(m->image);
+    free(m);
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_PTX;
+  }
+  if (contains(m, "_vyre_grid_barrier")) {
+    m->barrier = (unsigned int*)aligned(16, 0xCD);
+    track((char*)m->barrier, 16, KIND_GLOBAL);
+  }
+  stats[S_MODULES]++;
+  *module = (CUmodule)m;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  return cuModuleLoadDataEx(module, image, 0, NULL, NULL);
+}
+
+CUresult cuModuleUnload(CUmodule module) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuModuleUnload");
+  NEED_CTX();
+  Module* m = (Module*)module;
+  if (m->barrier) {
+    untrack((char*)m->barrier, KIND_GLOBAL);
+    free(m->barrier);
+  }
+  free(m->image);
+  free(m);
+  stats[S_MODULES]--;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetFunction(CUfunction* f, CUmodule module, const char* name) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuModuleGetFunction");
+  NEED_CTX();
+  Module* m = (Module*)module;
+  if (!contains(m, name)) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  /* functions live as long as the process: the backend keeps their handles with the module */
+  Function* fn = (Function*)calloc(1, sizeof(Function));
+  fn->module = m;
+  snprintf(fn->name, sizeof(fn->name), "%s", name);
+  fn->max_dynamic_shared = FAKE_DEFAULT_SHARED;
+  *f = (CUfunction)fn;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUmodule module, const char* name) {
+  Module* m = (Module*)module;
+  if (strcmp(name, "_vyre_grid_barrier") != 0 || !m->barrier) return CUDA_ERROR_NOT_FOUND;
+  *dptr = (CUdeviceptr)(uintptr_t)m->barrier;
+  *bytes = 4;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attrib, int value) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuFuncSetAttribute");
+  NEED_CTX();
+  pthread_mutex_unlock(&lock);
+  if (attrib != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) return CUDA_SUCCESS;
+  if (value < 0 || value > FAKE_SHARED_OPTIN) return CUDA_ERROR_INVALID_VALUE;
+  ((Function*)f)->max_dynamic_shared = value;
+  return CUDA_SUCCESS;
+}
+
+static int occupancy(int threads, size_t shared) {
+  if (occupancy_override >= 0) return occupancy_override;
+  if (threads <= 0 || threads > 1024) return 0;
+  int blocks = 2048 / threads;
+  if (blocks > 32) blocks = 32;
+  if (shared) {
+    size_t by_shared = FAKE_SHARED_PER_SM / (shared + 1024); /* 1 KiB reserved per block */
+    if ((size_t)blocks > by_shared) blocks = (int)by_shared;
+  }
+  return blocks;
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n, CUfunction f, int threads, size_t shared) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  NEED_CTX();
+  pthread_mutex_unlock(&lock);
+  (void)f;
+  *n = occupancy(threads, shared);
+  return CUDA_SUCCESS;
+}
+
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                       unsigned shared, CUstream s, void** params, int cooperative) {
+  (void)params; /* the hook reads them */
+  Function* fn = (Function*)f;
+  unsigned long long threads = (unsigned long long)bx * by * bz;
+  if (!is_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+  if (!gx || !gy || !gz || !threads || threads > 1024 || bx > 1024 || by > 1024 || bz > 64 || gy > 65535 ||
+      gz > 65535 || gx > 2147483647u)
+    return CUDA_ERROR_INVALID_VALUE;
+  if ((int)shared > fn->max_dynamic_shared) return CUDA_ERROR_INVALID_VALUE;
+  if (cooperative &&
+      (unsigned long long)gx * gy * gz > (unsigned long long)occupancy((int)threads, shared) * FAKE_SM_COUNT)
+    return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+  stats[S_LAUNCHES]++;
+  if (cooperative) stats[S_COOP_LAUNCHES]++;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared, CUstream s, void** params, void** extra) {
+  (void)extra;
+  pthread_mutex_lock(&lock);
+  INJECT("cuLaunchKernel");
+  NEED_CTX();
+  CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, 0);
+  launch_hook_t hook = launch_hook;
+  pthread_mutex_unlock(&lock);
+  if (st == CUDA_SUCCESS && hook) st = (CUresult)hook(f, gx, gy, gz, bx, by, bz, shared, params, 0);
+  return st;
+}
+
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                   unsigned bz, unsigned shared, CUstream s, void** params) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuLaunchCooperativeKernel");
+  NEED_CTX();
+  CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, 1);
+  launch_hook_t hook = launch_hook;
+  pthread_mutex_unlock(&lock);
+  if (st == CUDA_SUCCESS && hook) st = (CUresult)hook(f, gx, gy, gz, bx, by, bz, shared, params, 1);
+  return st;
+}
+
+/* ------------------------------------------------------------------ error names */
+static const struct { CUresult status; const char* name; const char* text; } ERRORS[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_PTX, "CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
+    {CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
+     "too many blocks in cooperative launch"},
+    {CUDA_ERROR_ILLEGAL_INSTRUCTION, "CUDA_ERROR_ILLEGAL_INSTRUCTION", "an illegal instruction was encountered"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+CUresult cuGetErrorName(CUresult status, const char** name) {
+  for (size_t k = 0; k < sizeof(ERRORS) / sizeof(ERRORS[0]); k++)
+    if (ERRORS[k].status == status) {
+      *name = ERRORS[k].name;
+      return CUDA_SUCCESS;
+    }
+  *name = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorString(CUresult status, const char** text) {
+  for (size_t k = 0; k < sizeof(ERRORS) / sizeof(ERRORS[0]); k++)
+    if (ERRORS[k].status == status) {
+      *text = ERRORS[k].text;
+      return CUDA_SUCCESS;
+    }
+  *text = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* NVRTC looks this up (dlsym) in whatever libcuda.so.1 is loaded; the fake has no export tables */
+CUresult cuGetExportTable(const void** table, const CUuuid* id) {
+  (void)id;
+  *table = NULL;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* ------------------------------------------------------------------ the entry-point table */
+#define ENTRY(fn) {#fn, (void*)fn}
+static const struct { const char* name; void* fn; } TABLE[] = {
+    ENTRY(cuInit), ENTRY(cuDriverGetVersion), ENTRY(cuDeviceGetCount), ENTRY(cuDeviceGet),
+    ENTRY(cuDeviceGetName), ENTRY(cuDeviceGetPCIBusId), ENTRY(cuDeviceTotalMem), ENTRY(cuDeviceGetAttribute),
+    ENTRY(cuDevicePrimaryCtxRetain), ENTRY(cuDevicePrimaryCtxRelease), ENTRY(cuDevicePrimaryCtxReset),
+    ENTRY(cuCtxSetCurrent), ENTRY(cuCtxGetCurrent), ENTRY(cuCtxSynchronize), ENTRY(cuMemGetInfo),
+    ENTRY(cuMemAlloc), ENTRY(cuMemFree), ENTRY(cuMemHostAlloc), ENTRY(cuMemFreeHost), ENTRY(cuStreamCreate),
+    ENTRY(cuStreamDestroy), ENTRY(cuStreamSynchronize), ENTRY(cuStreamQuery), ENTRY(cuEventCreate),
+    ENTRY(cuEventDestroy), ENTRY(cuEventQuery), ENTRY(cuEventSynchronize), ENTRY(cuEventRecord),
+    ENTRY(cuEventElapsedTime), ENTRY(cuMemcpyHtoDAsync), ENTRY(cuMemcpyDtoHAsync), ENTRY(cuMemsetD8Async),
+    ENTRY(cuMemsetD32Async), ENTRY(cuModuleLoadDataEx), ENTRY(cuModuleUnload), ENTRY(cuModuleGetFunction),
+    ENTRY(cuModuleGetGlobal), ENTRY(cuFuncSetAttribute), ENTRY(cuOccupancyMaxActiveBlocksPerMultiprocessor),
+    ENTRY(cuLaunchKernel), ENTRY(cuLaunchCooperativeKernel), ENTRY(cuGetErrorName), ENTRY(cuGetErrorString),
+    ENTRY(cuGetExportTable), ENTRY(cuCtxPushCurrent), ENTRY(cuCtxPopCurrent), ENTRY(cuMemHostRegister),
+    ENTRY(cuMemHostUnregister), ENTRY(cuPointerGetAttributes), ENTRY(cuMemPoolCreate), ENTRY(cuMemPoolDestroy),
+    ENTRY(cuMemPoolSetAttribute), ENTRY(cuMemPoolGetAttribute), ENTRY(cuMemPoolTrimTo),
+    ENTRY(cuMemAllocFromPoolAsync), ENTRY(cuMemFreeAsync), ENTRY(cuStreamWaitEvent), ENTRY(cuModuleLoadData),
+};
+
+CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                          CUdriverProcAddressQueryResult* status) {
+  (void)version;
+  (void)flags;
+  for (size_t k = 0; k < sizeof(TABLE) / sizeof(TABLE[0]); k++) {
+    if (strcmp(TABLE[k].name, symbol) == 0) {
+      *pfn = TABLE[k].fn;
+      if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+      return CUDA_SUCCESS;
+    }
+  }
+  *pfn = NULL;
+  if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  return CUDA_ERROR_NOT_FOUND;
+}
