@@ -87,7 +87,8 @@ def cuda_include_dirs():
             "if g++ then reports a CUDA type that 'does not name a type', "
             f"Fix: pip install 'nvidia-cuda-runtime=={major}.{minor}.*' 'nvidia-cuda-profiler-api=={major}.{minor}.*', "
             f"or point VYRE_CUDA_INCLUDE at a CUDA {major}.{minor}+ toolkit's include folder, or build against "
-            f"the cuda-bindings of those headers (pip install 'cuda-bindings=={newest // 1000}.{newest % 1000 // 10}.*')",
+            "the cuda-bindings of those headers "
+            f"(pip install 'cuda-bindings=={newest // 1000}.{newest % 1000 // 10}.*')",
             file=sys.stderr,
         )
         new_enough = sorted(with_cuda, key=header_version, reverse=True)

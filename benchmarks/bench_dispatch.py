@@ -38,37 +38,74 @@ KIB, MIB, GIB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 
 def bench_small_dispatch(loops=None, backend=None, progress=None, baseline=None):
     """vecadd of 3 x 4 KiB from numpy to numpy: vyre_cuda, the floor and the peers."""
-    return profile.run_profile(sizes=(4 * KIB,), iterations=loops, threads=False,
-                               backend=backend, progress=progress, baseline=baseline)
+    return profile.run_profile(
+        sizes=(4 * KIB,), iterations=loops, threads=False, backend=backend, progress=progress, baseline=baseline
+    )
 
 
 def bench_large_dispatch(loops=None, backend=None, progress=None, baseline=None):
     """vecadd of 3 x 4 MiB and 3 x 64 MiB: vyre_cuda against the driver's pageable path."""
-    return profile.run_profile(sizes=(4 * MIB, 64 * MIB), iterations=loops, threads=False,
-                               backend=backend, progress=progress, baseline=baseline)
+    return profile.run_profile(
+        sizes=(4 * MIB, 64 * MIB),
+        iterations=loops,
+        threads=False,
+        backend=backend,
+        progress=progress,
+        baseline=baseline,
+    )
 
 
 def bench_bandwidth(loops=None, backend=None, progress=None, baseline=None):
     """vecadd of 3 x 256 MiB and 3 x 1 GiB: GB/s per direction against the DMA and host
     memcpy ceilings, numpy and page-locked arrays."""
-    return profile.run_profile(sizes=(256 * MIB, 1 * GIB), iterations=loops, threads=False,
-                               backend=backend, progress=progress, baseline=baseline)
+    return profile.run_profile(
+        sizes=(256 * MIB, 1 * GIB),
+        iterations=loops,
+        threads=False,
+        backend=backend,
+        progress=progress,
+        baseline=baseline,
+    )
 
 
 def bench_two_threads(loops=None, backend=None, progress=None, baseline=None):
     """Throughput from 1 and 2 Python threads, vyre_cuda against the floor (4 KiB)."""
-    return profile.run_profile(sizes=(4 * KIB,), iterations=loops, peers=False, threads=True,
-                               backend=backend, progress=progress, baseline=baseline)
+    return profile.run_profile(
+        sizes=(4 * KIB,),
+        iterations=loops,
+        peers=False,
+        threads=True,
+        backend=backend,
+        progress=progress,
+        baseline=baseline,
+    )
 
 
-def bench_suite(loops=None, sizes=profile.DEFAULT_SIZES, warmup=None, device=0, peers=True,
-                threads=True, progress=None, baseline=None, host_threads=None,
-                backend_options=None) -> profile.ProfileReport:
+def bench_suite(
+    loops=None,
+    sizes=profile.DEFAULT_SIZES,
+    warmup=None,
+    device=0,
+    peers=True,
+    threads=True,
+    progress=None,
+    baseline=None,
+    host_threads=None,
+    backend_options=None,
+) -> profile.ProfileReport:
     """Everything above in one harness run: the figures quoted in README.md."""
-    return profile.run_profile(sizes=sizes, iterations=loops, warmup=warmup, peers=peers,
-                               threads=threads, device=device, progress=progress,
-                               baseline=baseline, host_threads=host_threads,
-                               backend_options=backend_options)
+    return profile.run_profile(
+        sizes=sizes,
+        iterations=loops,
+        warmup=warmup,
+        peers=peers,
+        threads=threads,
+        device=device,
+        progress=progress,
+        baseline=baseline,
+        host_threads=host_threads,
+        backend_options=backend_options,
+    )
 
 
 BENCHES = {
@@ -90,30 +127,48 @@ def _load_write_readme():
 
 def _parser():
     parser = argparse.ArgumentParser(prog="bench_dispatch.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT,
-                        help=f"JSON result file (default {DEFAULT_OUT.relative_to(HERE.parent)})")
-    parser.add_argument("--sizes", type=profile_cli.sizes_arg, default=profile.DEFAULT_SIZES,
-                        help="bytes per buffer (default 4KiB,4MiB,64MiB,256MiB,1GiB)")
-    parser.add_argument("--iterations", type=profile_cli.count_arg(1), default=None,
-                        help="timed samples per system and size (default: scaled with the size)")
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=DEFAULT_OUT,
+        help=f"JSON result file (default {DEFAULT_OUT.relative_to(HERE.parent)})",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=profile_cli.sizes_arg,
+        default=profile.DEFAULT_SIZES,
+        help="bytes per buffer (default 4KiB,4MiB,64MiB,256MiB,1GiB)",
+    )
+    parser.add_argument(
+        "--iterations",
+        type=profile_cli.count_arg(1),
+        default=None,
+        help="timed samples per system and size (default: scaled with the size)",
+    )
     parser.add_argument("--warmup", type=profile_cli.count_arg(0), default=None)
     parser.add_argument("--device", type=profile_cli.count_arg(0), default=0)
-    parser.add_argument("--host-threads", type=profile_cli.count_arg(1), default=None,
-                        help="threads of the N-thread host memcpy ceiling")
-    parser.add_argument("--baseline", type=pathlib.Path, default=None,
-                        help="stored result for the no-regression target (default "
-                             f"{DEFAULT_BASELINE.relative_to(HERE.parent)} when it exists)")
-    parser.add_argument("--no-baseline", action="store_true",
-                        help="compare with no stored result")
+    parser.add_argument(
+        "--host-threads",
+        type=profile_cli.count_arg(1),
+        default=None,
+        help="threads of the N-thread host memcpy ceiling",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=pathlib.Path,
+        default=None,
+        help="stored result for the no-regression target (default "
+        f"{DEFAULT_BASELINE.relative_to(HERE.parent)} when it exists)",
+    )
+    parser.add_argument("--no-baseline", action="store_true", help="compare with no stored result")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--no-threads", action="store_true")
-    parser.add_argument("--only", choices=sorted(BENCHES),
-                        help="run one benchmark instead of the suite (not written to README)")
+    parser.add_argument(
+        "--only", choices=sorted(BENCHES), help="run one benchmark instead of the suite (not written to README)"
+    )
     parser.add_argument("--plot", type=pathlib.Path, default=None, help="also save a PNG plot")
-    parser.add_argument("--readme", action="store_true",
-                        help="regenerate the results section of benchmarks/README.md")
-    parser.add_argument("--strict", action="store_true",
-                        help="exit with status 3 when a target is missed")
+    parser.add_argument("--readme", action="store_true", help="regenerate the results section of benchmarks/README.md")
+    parser.add_argument("--strict", action="store_true", help="exit with status 3 when a target is missed")
     return parser
 
 
@@ -134,9 +189,17 @@ def main(argv=None) -> int:
         if args.only:
             report = BENCHES[args.only](args.iterations, progress=progress, baseline=baseline)
         else:
-            report = bench_suite(args.iterations, args.sizes, args.warmup, args.device,
-                                 not args.no_peers, not args.no_threads, progress, baseline,
-                                 args.host_threads)
+            report = bench_suite(
+                args.iterations,
+                args.sizes,
+                args.warmup,
+                args.device,
+                not args.no_peers,
+                not args.no_threads,
+                progress,
+                baseline,
+                args.host_threads,
+            )
     except BackendError as exc:
         progress.done()
         print(f"bench_dispatch: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -71,13 +71,19 @@ VYRE_KERNEL vyre_main(const float* x, float* out, const vyre_u32* p) {
 
 
 def compute_program(iters: int) -> Program:
-    return Program(Kernel.cuda(f"#define ITERS {iters}\n" + _COMPUTE_SRC),
-                   [BufferDecl.read("x", 0, "f32"), BufferDecl.output("out", 1, "f32")], name="bench_compute")
+    return Program(
+        Kernel.cuda(f"#define ITERS {iters}\n" + _COMPUTE_SRC),
+        [BufferDecl.read("x", 0, "f32"), BufferDecl.output("out", 1, "f32")],
+        name="bench_compute",
+    )
 
 
 def scale_program() -> Program:
-    return Program(Kernel.cuda(_SCALE_SRC), [BufferDecl.read("x", 0, "f32"), BufferDecl.output("out", 1, "f32")],
-                   name="bench_scale")
+    return Program(
+        Kernel.cuda(_SCALE_SRC),
+        [BufferDecl.read("x", 0, "f32"), BufferDecl.output("out", 1, "f32")],
+        name="bench_scale",
+    )
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -123,14 +129,15 @@ def interleaved(fns: dict, reps: int) -> dict:
     times = {k: [] for k in fns}
     for r in range(reps):
         order = list(fns)
-        order = order[r % len(order):] + order[:r % len(order)]
+        order = order[r % len(order) :] + order[: r % len(order)]
         for k in order:
             gc.collect()
             t0 = time.perf_counter()
             fns[k]()
             times[k].append(time.perf_counter() - t0)
-    return {k: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "reps": reps}
-            for k, v in times.items()}
+    return {
+        k: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "reps": reps} for k, v in times.items()
+    }
 
 
 def plain_loop(backend, program, batches, outputs=None):
@@ -169,8 +176,12 @@ def host_memcpy_ceiling(block_bytes: int, rounds: int, max_threads: int) -> dict
         by_threads[t] = t * rounds * block_bytes / wall / 1e9
         del srcs, dsts
     best = max(by_threads, key=by_threads.get)
-    return {"gb_per_s": by_threads[best], "threads": best, "by_threads_gb_per_s": by_threads,
-            "block_bytes": block_bytes}
+    return {
+        "gb_per_s": by_threads[best],
+        "threads": best,
+        "by_threads_gb_per_s": by_threads,
+        "block_bytes": block_bytes,
+    }
 
 
 def bench_compute(env: Env, n_dev: int, items: int, elements: int, iters: int, reps: int) -> dict:
@@ -181,14 +192,18 @@ def bench_compute(env: Env, n_dev: int, items: int, elements: int, iters: int, r
     one = env.group([0])
     every = env.group(list(range(n_dev)))
     try:
-        got = every.map(prog, batches[:n_dev * 2])
-        same = all(np.array_equal(g[0], plain_loop(backend, prog, [b])[0][0])
-                   for g, b in zip(got, batches[:n_dev * 2]))
-        res = interleaved({
-            "plain_one_gpu": lambda: plain_loop(backend, prog, batches),
-            "group_one_gpu": lambda: one.map(prog, batches),
-            "group_all_gpus": lambda: every.map(prog, batches),
-        }, reps)
+        got = every.map(prog, batches[: n_dev * 2])
+        same = all(
+            np.array_equal(g[0], plain_loop(backend, prog, [b])[0][0]) for g, b in zip(got, batches[: n_dev * 2])
+        )
+        res = interleaved(
+            {
+                "plain_one_gpu": lambda: plain_loop(backend, prog, batches),
+                "group_one_gpu": lambda: one.map(prog, batches),
+                "group_all_gpus": lambda: every.map(prog, batches),
+            },
+            reps,
+        )
         per_device = {k: v["group_items"] for k, v in every.telemetry.per_device().items()}
     finally:
         every.close()
@@ -197,16 +212,21 @@ def bench_compute(env: Env, n_dev: int, items: int, elements: int, iters: int, r
     for v in res.values():
         v["dispatches_per_s"] = items / v["median_s"]
     return {
-        "items": items, "elements": elements, "iters": iters, "devices": n_dev,
-        "results_match_one_gpu": bool(same), "items_per_device_last_pass": per_device,
+        "items": items,
+        "elements": elements,
+        "iters": iters,
+        "devices": n_dev,
+        "results_match_one_gpu": bool(same),
+        "items_per_device_last_pass": per_device,
         "runs": res,
         "scaling": res["plain_one_gpu"]["median_s"] / res["group_all_gpus"]["median_s"],
         "group_one_gpu_cost": res["group_one_gpu"]["median_s"] / res["plain_one_gpu"]["median_s"],
     }
 
 
-def bench_transfer(env: Env, n_dev: int, items: int, item_bytes: int, distinct: int, reps: int,
-                   ceiling_gb_s: float) -> dict:
+def bench_transfer(
+    env: Env, n_dev: int, items: int, item_bytes: int, distinct: int, reps: int, ceiling_gb_s: float
+) -> dict:
     prog = scale_program()
     rng = np.random.default_rng(2)
     n = item_bytes // 4
@@ -217,19 +237,22 @@ def bench_transfer(env: Env, n_dev: int, items: int, item_bytes: int, distinct: 
         d.fill(0)  # first touch outside the timing
     moved = items * item_bytes * 2
     backend = env.backend(0)
-    groups = {"group_one_gpu": env.group([0]), "group_all_gpus": env.group(list(range(n_dev))),
-              "group_all_gpus_2_threads": env.group(list(range(n_dev)), threads=2)}
+    groups = {
+        "group_one_gpu": env.group([0]),
+        "group_all_gpus": env.group(list(range(n_dev))),
+        "group_all_gpus_2_threads": env.group(list(range(n_dev)), threads=2),
+    }
     try:
         check = groups["group_all_gpus"].map(prog, batches[:2])
         correct = all(np.array_equal(c[0], 2 * b[0]) for c, b in zip(check, batches[:2]))
         del check
         fns = {"plain_one_gpu_into": lambda: plain_loop(backend, prog, batches, dsts)}
         for name, g in groups.items():
-            fns[name + "_into"] = (lambda g=g: g.map(prog, batches, outputs=dsts))
+            fns[name + "_into"] = lambda g=g: g.map(prog, batches, outputs=dsts)
         into = interleaved(fns, reps)
         fns = {"plain_one_gpu_new": lambda: plain_loop(backend, prog, batches)}
         for name, g in groups.items():
-            fns[name + "_new"] = (lambda g=g: g.map(prog, batches))
+            fns[name + "_new"] = lambda g=g: g.map(prog, batches)
         new = interleaved(fns, reps)
         correct = correct and all(np.array_equal(d[0], 2 * b[0]) for d, b in zip(dsts[:3], batches[:3]))
         pinned = {}
@@ -245,7 +268,7 @@ def bench_transfer(env: Env, n_dev: int, items: int, item_bytes: int, distinct: 
             p_outs = [p_dst[i % len(p_dst)] for i in range(items)]
             fns = {"plain_one_gpu_pinned": lambda: plain_loop(backend, prog, p_batches, p_outs)}
             for name, g in groups.items():
-                fns[name + "_pinned"] = (lambda g=g: g.map(prog, p_batches, outputs=p_outs))
+                fns[name + "_pinned"] = lambda g=g: g.map(prog, p_batches, outputs=p_outs)
             pinned = interleaved(fns, reps)
             correct = correct and bool(np.array_equal(p_dst[-1][0], 2 * p_batches[len(p_dst) - 1][0]))
             del p_src, p_dst, p_batches, p_outs
@@ -261,11 +284,18 @@ def bench_transfer(env: Env, n_dev: int, items: int, item_bytes: int, distinct: 
     best_new = max((k for k in new if k.startswith("group_all")), key=lambda k: runs[k]["gb_per_s"])
     best = max((k for k in runs if k.startswith("group_all")), key=lambda k: runs[k]["gb_per_s"])
     return {
-        "items": items, "item_bytes": item_bytes, "bytes_moved_per_pass": moved, "devices": n_dev,
-        "correct": bool(correct), "runs": runs,
-        "best_into": best_into, "best_into_of_ceiling": runs[best_into]["of_ceiling"],
-        "best_new": best_new, "best_new_of_ceiling": runs[best_new]["of_ceiling"],
-        "best": best, "best_of_ceiling": runs[best]["of_ceiling"],
+        "items": items,
+        "item_bytes": item_bytes,
+        "bytes_moved_per_pass": moved,
+        "devices": n_dev,
+        "correct": bool(correct),
+        "runs": runs,
+        "best_into": best_into,
+        "best_into_of_ceiling": runs[best_into]["of_ceiling"],
+        "best_new": best_new,
+        "best_new_of_ceiling": runs[best_new]["of_ceiling"],
+        "best": best,
+        "best_of_ceiling": runs[best]["of_ceiling"],
         "group_one_gpu_cost_into": runs["group_one_gpu_into"]["median_s"] / runs["plain_one_gpu_into"]["median_s"],
         "group_one_gpu_cost_new": runs["group_one_gpu_new"]["median_s"] / runs["plain_one_gpu_new"]["median_s"],
     }
@@ -279,19 +309,29 @@ def bench_small(env: Env, items: int, reps: int) -> dict:
     backend = env.backend(0)
     one = env.group([0])
     try:
-        res = interleaved({"plain_one_gpu": lambda: plain_loop(backend, prog, batches),
-                           "group_one_gpu": lambda: one.map(prog, batches)}, reps)
+        res = interleaved(
+            {
+                "plain_one_gpu": lambda: plain_loop(backend, prog, batches),
+                "group_one_gpu": lambda: one.map(prog, batches),
+            },
+            reps,
+        )
     finally:
         one.close()
         backend.close()
     per = {k: v["median_s"] / items * 1e6 for k, v in res.items()}
-    return {"items": items, "runs": res, "us_per_item": per,
-            "group_overhead_us_per_item": per["group_one_gpu"] - per["plain_one_gpu"],
-            "group_one_gpu_cost": res["group_one_gpu"]["median_s"] / res["plain_one_gpu"]["median_s"]}
+    return {
+        "items": items,
+        "runs": res,
+        "us_per_item": per,
+        "group_overhead_us_per_item": per["group_one_gpu"] - per["plain_one_gpu"],
+        "group_one_gpu_cost": res["group_one_gpu"]["median_s"] / res["plain_one_gpu"]["median_s"],
+    }
 
 
-def bench_dask(env: Env, n_dev: int, total_bytes: int, chunk_bytes: int, threads: int, reps: int,
-               small_tasks: int) -> dict:
+def bench_dask(
+    env: Env, n_dev: int, total_bytes: int, chunk_bytes: int, threads: int, reps: int, small_tasks: int
+) -> dict:
     try:
         import dask.array as da
         import distributed
@@ -303,11 +343,17 @@ def bench_dask(env: Env, n_dev: int, total_bytes: int, chunk_bytes: int, threads
     chunk = chunk_bytes // 4
     n = total_bytes // 4 // chunk * chunk
     chunks = n // chunk
-    out: dict = {"bytes": n * 4, "chunk_bytes": chunk * 4, "chunks": chunks, "workers": n_dev,
-                 "threads_per_worker": threads}
+    out: dict = {
+        "bytes": n * 4,
+        "chunk_bytes": chunk * 4,
+        "chunks": chunks,
+        "workers": n_dev,
+        "threads_per_worker": threads,
+    }
     t0 = time.perf_counter()
-    cluster = distributed.LocalCluster(n_workers=n_dev, threads_per_worker=threads, processes=True,
-                                       dashboard_address=":0", memory_limit=0)
+    cluster = distributed.LocalCluster(
+        n_workers=n_dev, threads_per_worker=threads, processes=True, dashboard_address=":0", memory_limit=0
+    )
     client = distributed.Client(cluster)
     try:
         # one worker per GPU by worker name, whatever CUDA_VISIBLE_DEVICES says
@@ -344,6 +390,7 @@ def bench_dask(env: Env, n_dev: int, total_bytes: int, chunk_bytes: int, threads
         sources = [np.arange(i * chunk, (i + 1) * chunk, dtype=np.float32) for i in range(min(16, chunks))]
         batches = [[sources[i % len(sources)]] for i in range(chunks)]
         with env.group(list(range(n_dev)), threads=threads) as group:
+
             def group_pass():
                 group.map(prog, batches)
 
@@ -368,7 +415,8 @@ def bench_dask(env: Env, n_dev: int, total_bytes: int, chunk_bytes: int, threads
         out["group_us_per_small_item"] = small_group["median_s"] / small_tasks * 1e6
         out["dask_task_overhead_us"] = out["dask_us_per_small_task"] - out["group_us_per_small_item"]
         out["dask_overhead_per_chunk_task_pct"] = (
-            100 * out["dask_task_overhead_us"] * 1e-6 / (group_run["median_s"] / chunks))
+            100 * out["dask_task_overhead_us"] * 1e-6 / (group_run["median_s"] / chunks)
+        )
     finally:
         client.close()
         cluster.close()
@@ -391,12 +439,21 @@ def targets(result: dict) -> list:
         add(f"compute-bound map, {n} GPUs / 1 GPU", comp["scaling"], ">=", 0.9 * n)
     tr = result.get("transfer", {})
     if tr:
-        add(f"{tr['item_bytes'] / MIB:g} MiB transfer-bound map / host memcpy ceiling (best: {tr['best']})",
-            tr["best_of_ceiling"], ">=", 0.8)
+        add(
+            f"{tr['item_bytes'] / MIB:g} MiB transfer-bound map / host memcpy ceiling (best: {tr['best']})",
+            tr["best_of_ceiling"],
+            ">=",
+            0.8,
+        )
     dk = result.get("dask", {})
     if dk and "dask_vs_group" in dk:
-        add(f"Dask map_blocks / DeviceGroup.map ({dk['bytes'] / 2**30:g} GiB of {dk['chunk_bytes'] / MIB:g} MiB chunks)",
-            dk["dask_vs_group"], ">=", 0.7)
+        add(
+            f"Dask map_blocks / DeviceGroup.map ({dk['bytes'] / 2**30:g} GiB of "
+            f"{dk['chunk_bytes'] / MIB:g} MiB chunks)",
+            dk["dask_vs_group"],
+            ">=",
+            0.7,
+        )
     if comp:
         add("one GPU: DeviceGroup / CudaBackend (compute-bound)", comp["group_one_gpu_cost"], "<=", 1.05)
     if tr:
@@ -407,8 +464,10 @@ def targets(result: dict) -> list:
 
 
 def table(result: dict) -> str:
-    lines = [f"vyre_cuda multi-GPU benchmark: {result['devices']} device(s) "
-             f"{result.get('device_names', '')}, {result['timestamp']}"]
+    lines = [
+        f"vyre_cuda multi-GPU benchmark: {result['devices']} device(s) "
+        f"{result.get('device_names', '')}, {result['timestamp']}"
+    ]
     hm = result.get("host_memcpy")
     if hm:
         per = ", ".join(f"{t}: {v:.1f}" for t, v in hm["by_threads_gb_per_s"].items())
@@ -423,30 +482,38 @@ def table(result: dict) -> str:
     if tr:
         lines.append(f"transfer-bound ({tr['items']} x {tr['item_bytes'] / MIB:g} MiB in + out):")
         for k, v in tr["runs"].items():
-            lines.append(f"  {k:<34} {v['median_s'] * 1e3:9.1f} ms  {v['gb_per_s']:7.1f} GB/s  "
-                         f"{v['of_ceiling']:5.2f}x ceiling")
+            lines.append(
+                f"  {k:<34} {v['median_s'] * 1e3:9.1f} ms  {v['gb_per_s']:7.1f} GB/s  {v['of_ceiling']:5.2f}x ceiling"
+            )
     sm = result.get("small")
     if sm:
-        lines.append(f"4 KiB dispatches: plain {sm['us_per_item']['plain_one_gpu']:.1f} us, group "
-                     f"{sm['us_per_item']['group_one_gpu']:.1f} us per item "
-                     f"(+{sm['group_overhead_us_per_item']:.1f} us)")
+        lines.append(
+            f"4 KiB dispatches: plain {sm['us_per_item']['plain_one_gpu']:.1f} us, group "
+            f"{sm['us_per_item']['group_one_gpu']:.1f} us per item "
+            f"(+{sm['group_overhead_us_per_item']:.1f} us)"
+        )
     dk = result.get("dask")
     if dk:
         if "skipped" in dk:
             lines.append(f"dask: skipped ({dk['skipped']})")
         elif "dask" in dk:
-            lines.append(f"dask ({dk['bytes'] / 2**30:g} GiB, {dk['chunks']} chunks of {dk['chunk_bytes'] / MIB:g} MiB, "
-                         f"{dk['workers']} workers x {dk['threads_per_worker']} threads, devices {dk['worker_devices']}):")
+            lines.append(
+                f"dask ({dk['bytes'] / 2**30:g} GiB, {dk['chunks']} chunks of {dk['chunk_bytes'] / MIB:g} MiB, "
+                f"{dk['workers']} workers x {dk['threads_per_worker']} threads, devices {dk['worker_devices']}):"
+            )
             lines.append(f"  map_blocks      {dk['dask']['median_s']:8.2f} s  {dk['dask']['gb_per_s']:7.1f} GB/s")
             lines.append(f"  DeviceGroup.map {dk['group']['median_s']:8.2f} s  {dk['group']['gb_per_s']:7.1f} GB/s")
-            lines.append(f"  per task: dask {dk['dask_us_per_small_task']:.0f} us vs group "
-                         f"{dk['group_us_per_small_item']:.0f} us on 4 KiB chunks: "
-                         f"{dk['dask_task_overhead_us']:.0f} us overhead "
-                         f"({dk['dask_overhead_per_chunk_task_pct']:.2f}% of a {dk['chunk_bytes'] / MIB:g} MiB task)")
+            lines.append(
+                f"  per task: dask {dk['dask_us_per_small_task']:.0f} us vs group "
+                f"{dk['group_us_per_small_item']:.0f} us on 4 KiB chunks: "
+                f"{dk['dask_task_overhead_us']:.0f} us overhead "
+                f"({dk['dask_overhead_per_chunk_task_pct']:.2f}% of a {dk['chunk_bytes'] / MIB:g} MiB task)"
+            )
     lines.append("targets:")
     for t in result["targets"]:
-        lines.append(f"  [{'met' if t['met'] else 'MISSED'}] {t['name']}: {t['value']:.3f} "
-                     f"(target {t['op']} {t['target']:.2f})")
+        lines.append(
+            f"  [{'met' if t['met'] else 'MISSED'}] {t['name']}: {t['value']:.3f} (target {t['op']} {t['target']:.2f})"
+        )
     return "\n".join(lines)
 
 
@@ -454,8 +521,12 @@ def run(args, env: Env) -> dict:
     n_dev = env.device_count()
     result = {
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "devices": n_dev, "python": platform.python_version(), "numpy": np.__version__,
-        "vyre_cuda": vc.__version__, "cpus": os.cpu_count(), "args": vars(args),
+        "devices": n_dev,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "vyre_cuda": vc.__version__,
+        "cpus": os.cpu_count(),
+        "args": vars(args),
     }
     if env.factory is None:
         names = []
@@ -473,18 +544,27 @@ def run(args, env: Env) -> dict:
         if name in only:
             t0 = time.perf_counter()
             result[name if name != "memcpy" else "host_memcpy"] = fn()
-            print(f"[{time.perf_counter() - t_start:6.1f} s] {name} done in {time.perf_counter() - t0:.1f} s",
-                  flush=True)
+            print(
+                f"[{time.perf_counter() - t_start:6.1f} s] {name} done in {time.perf_counter() - t0:.1f} s", flush=True
+            )
 
     stage("memcpy", lambda: host_memcpy_ceiling(item, 4 if quick else 16, os.cpu_count() or 1))
-    stage("compute", lambda: bench_compute(env, n_dev, 16 if quick else 64, 1 << 20,
-                                           args.compute_iters, args.reps))
+    stage("compute", lambda: bench_compute(env, n_dev, 16 if quick else 64, 1 << 20, args.compute_iters, args.reps))
     ceiling = result.get("host_memcpy", {}).get("gb_per_s") or float("nan")
     stage("transfer", lambda: bench_transfer(env, n_dev, 16 if quick else 64, item, 16, args.reps, ceiling))
     stage("small", lambda: bench_small(env, 200 if quick else 2000, args.reps))
-    stage("dask", lambda: bench_dask(env, n_dev, dask_bytes, item,
-                                     args.dask_threads, max(1, args.reps // 2) if not quick else 1,
-                                     64 if quick else 512))
+    stage(
+        "dask",
+        lambda: bench_dask(
+            env,
+            n_dev,
+            dask_bytes,
+            item,
+            args.dask_threads,
+            max(1, args.reps // 2) if not quick else 1,
+            64 if quick else 512,
+        ),
+    )
     result["elapsed_s"] = time.perf_counter() - t_start
     result["targets"] = targets(result)
     return result
@@ -497,11 +577,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a measurement")
     p.add_argument("--only", default="", help="comma list of memcpy,compute,transfer,small,dask")
     p.add_argument("--compute-iters", type=int, default=65536, help="FMA iterations per element")
-    p.add_argument("--item-mib", type=float, default=None,
-                   help="bytes per transfer-bound item and per Dask chunk (default 64; 16 with --quick)")
+    p.add_argument(
+        "--item-mib",
+        type=float,
+        default=None,
+        help="bytes per transfer-bound item and per Dask chunk (default 64; 16 with --quick)",
+    )
     p.add_argument("--dask-gib", type=float, default=None, help="size of the dask array (default 16)")
-    p.add_argument("--dask-threads", type=int, default=2, help="threads per Dask worker (and per device "
-                   "in the DeviceGroup it is compared with)")
+    p.add_argument(
+        "--dask-threads",
+        type=int,
+        default=2,
+        help="threads per Dask worker (and per device in the DeviceGroup it is compared with)",
+    )
     p.add_argument("--strict", action="store_true", help="exit 3 when a target is missed")
     return p
 

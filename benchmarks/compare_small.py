@@ -45,8 +45,14 @@ def run(root: pathlib.Path, nbytes: int, iters: int, wait_mode=None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(root))
     if wait_mode is not None:
         env["VYRE_CUDA_WAIT_MODE"] = str(wait_mode)
-    out = subprocess.run([sys.executable, "-c", CHILD, str(nbytes), str(iters)], cwd="/", env=env,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(nbytes), str(iters)],
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -73,13 +79,14 @@ def main(argv=None) -> int:
             for mode in modes:
                 variants[mode].append(run(here, nbytes, args.iterations, mode)["median_ns"])
         m, o = statistics.median(mine), statistics.median(other)
-        report[nbytes] = dict(this_ns=mine, other_ns=other, ratio=m / o,
-                              wait_modes={k: v for k, v in variants.items()})
+        report[nbytes] = dict(this_ns=mine, other_ns=other, ratio=m / o, wait_modes=dict(variants))
         for mode, values in variants.items():
             v = statistics.median(values)
             print(f"{nbytes:>9} B per buffer: wait mode {mode}: {v / 1e3:7.2f} us, ratio to other {v / o:.3f}")
-        print(f"{nbytes:>9} B per buffer: this {m / 1e3:7.2f} us, other {o / 1e3:7.2f} us, ratio {m / o:.3f} "
-              f"(rounds this {[round(x / 1e3, 2) for x in mine]}, other {[round(x / 1e3, 2) for x in other]})")
+        print(
+            f"{nbytes:>9} B per buffer: this {m / 1e3:7.2f} us, other {o / 1e3:7.2f} us, ratio {m / o:.3f} "
+            f"(rounds this {[round(x / 1e3, 2) for x in mine]}, other {[round(x / 1e3, 2) for x in other]})"
+        )
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
     return 0

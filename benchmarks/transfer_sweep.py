@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import statistics
 import sys
 import time
-import pathlib
 
 import numpy as np
 
@@ -30,8 +30,8 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
 import vyre_cuda as vc  # noqa: E402
-from vyre_cuda.planning import dispatch as planning_dispatch  # noqa: E402
 from vyre_cuda import builtin_programs as bp  # noqa: E402
+from vyre_cuda.planning import dispatch as planning_dispatch  # noqa: E402
 
 MIB = 1 << 20
 
@@ -71,10 +71,12 @@ def probe_pointers(report):
     out["registered first half"] = bool(_transfer.is_page_locked_address(addr, 2 << 20))
     out["straddles registered end"] = bool(_transfer.is_page_locked_address(addr + (1 << 20), 2 << 20))
     out["unregistered second half"] = bool(_transfer.is_page_locked_address(addr + (2 << 20), 1 << 20))
-    attrs = [cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-             cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-             cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-             cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_BUFFER_ID]
+    attrs = [
+        cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_BUFFER_ID,
+    ]
     for name, ptr in (("pinned", pinned.ctypes.data + 4096), ("registered", addr + 4096)):
         res = cu.cuPointerGetAttributes(len(attrs), attrs, ptr)
         out[f"raw attributes {name}"] = repr(res)
@@ -88,14 +90,16 @@ def probe_allocators(report, backend):
     from cuda.bindings import driver as cu
 
     rows = []
-    dev = check(cu.cuDeviceGet(0))
     props = cu.CUmemPoolProps()
     props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
     props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
     props.location.id = 0
     pool = check(cu.cuMemPoolCreate(props))
-    check(cu.cuMemPoolSetAttribute(pool, cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                                   cu.cuuint64_t(2**64 - 1)))
+    check(
+        cu.cuMemPoolSetAttribute(
+            pool, cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, cu.cuuint64_t(2**64 - 1)
+        )
+    )
     stream = check(cu.cuStreamCreate(1))
     for size in (4 << 10, 4 << 20, 64 << 20, 256 << 20, 1 << 30):
         ptr = check(cu.cuMemAlloc(size))
@@ -113,13 +117,17 @@ def probe_allocators(report, backend):
             pass
 
         n = 200 if size <= (64 << 20) else 50
-        row = dict(bytes=size,
-                   python_call_floor_us=median_time(nothing, n) * 1e6,
-                   cuMemAlloc_free_us=median_time(plain, min(n, 20)) * 1e6,
-                   stream_ordered_us=median_time(stream_ordered, n) * 1e6)
+        row = dict(
+            bytes=size,
+            python_call_floor_us=median_time(nothing, n) * 1e6,
+            cuMemAlloc_free_us=median_time(plain, min(n, 20)) * 1e6,
+            stream_ordered_us=median_time(stream_ordered, n) * 1e6,
+        )
         rows.append(row)
-        print(f"alloc {size >> 10:>8} KiB: cuMemAlloc+Free {row['cuMemAlloc_free_us']:9.1f} us, "
-              f"pool async alloc+free {row['stream_ordered_us']:7.1f} us")
+        print(
+            f"alloc {size >> 10:>8} KiB: cuMemAlloc+Free {row['cuMemAlloc_free_us']:9.1f} us, "
+            f"pool async alloc+free {row['stream_ordered_us']:7.1f} us"
+        )
     check(cu.cuStreamSynchronize(stream))
     check(cu.cuStreamDestroy(stream))
     check(cu.cuMemPoolDestroy(pool))
@@ -176,16 +184,29 @@ def sweep(report, sizes, shapes):
                 g.dispatch(prog, [a, b])
                 snap = g.telemetry.snapshot()
             gbs = 3 * nbytes / t / 1e9
-            row = dict(bytes=nbytes, chunk=chunk, chunks=chunks, threads=threads, dispatch_s=t,
-                       dispatch_into_s=t_into, page_locked_s=t_locked, pageable_floor_s=floor,
-                       effective_gbs=gbs, effective_gbs_into=3 * nbytes / t_into / 1e9,
-                       effective_gbs_page_locked=3 * nbytes / t_locked / 1e9,
-                       ratio_to_pageable=t / floor, ring_chunks=snap["ring_chunks"],
-                       pinned_alloc_calls=snap["pinned_alloc_calls"], device_alloc_calls=snap["device_alloc_calls"])
+            row = dict(
+                bytes=nbytes,
+                chunk=chunk,
+                chunks=chunks,
+                threads=threads,
+                dispatch_s=t,
+                dispatch_into_s=t_into,
+                page_locked_s=t_locked,
+                pageable_floor_s=floor,
+                effective_gbs=gbs,
+                effective_gbs_into=3 * nbytes / t_into / 1e9,
+                effective_gbs_page_locked=3 * nbytes / t_locked / 1e9,
+                ratio_to_pageable=t / floor,
+                ring_chunks=snap["ring_chunks"],
+                pinned_alloc_calls=snap["pinned_alloc_calls"],
+                device_alloc_calls=snap["device_alloc_calls"],
+            )
             rows.append(row)
-            print(f"   chunk {chunk >> 20:>2} MiB x{chunks} threads {threads:>2}: dispatch {t * 1e3:8.2f} ms "
-                  f"({gbs:5.1f} GB/s eff, {t / floor:4.2f}x pageable), into {t_into * 1e3:8.2f} ms, "
-                  f"page-locked {t_locked * 1e3:8.2f} ms ({3 * nbytes / t_locked / 1e9:5.1f} GB/s)")
+            print(
+                f"   chunk {chunk >> 20:>2} MiB x{chunks} threads {threads:>2}: dispatch {t * 1e3:8.2f} ms "
+                f"({gbs:5.1f} GB/s eff, {t / floor:4.2f}x pageable), into {t_into * 1e3:8.2f} ms, "
+                f"page-locked {t_locked * 1e3:8.2f} ms ({3 * nbytes / t_locked / 1e9:5.1f} GB/s)"
+            )
     report["sweep"] = rows
 
 
@@ -207,7 +228,10 @@ def mirror_boundary(report):
                     assert np.array_equal(res, a + b)
                     row[name + "_us"] = median_time(lambda: g.dispatch(prog, [a, b]), 200) * 1e6
             rows.append(row)
-            print(f"boundary {nbytes >> 10:>5} KiB/buffer: mirror {row['mirror_us']:8.1f} us, ring {row['ring_us']:8.1f} us")
+            print(
+                f"boundary {nbytes >> 10:>5} KiB/buffer: mirror {row['mirror_us']:8.1f} us, "
+                f"ring {row['ring_us']:8.1f} us"
+            )
     finally:
         planning_dispatch.MIRROR_MAX = old
     report["mirror_boundary"] = rows
@@ -233,11 +257,14 @@ def window_sweep(report):
                 with vc.CudaBackend(0) as g:
                     g.dispatch_into(prog, [a, b], [out])
                     assert np.array_equal(out, a + b)
-                    row[f"min_window_{w >> 10}k_us"] = median_time(lambda: g.dispatch_into(prog, [a, b], [out]), 100) * 1e6
+                    row[f"min_window_{w >> 10}k_us"] = (
+                        median_time(lambda: g.dispatch_into(prog, [a, b], [out]), 100) * 1e6
+                    )
             rows.append(row)
             print("window", {k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()})
     finally:
         _transfer._set_min_window(1 << 20)
+        keep.close()
     report["windows"] = rows
 
 

@@ -22,9 +22,7 @@ from vyre_cuda.profile.systems import label, order  # noqa: E402
 from vyre_cuda.profile.table import driver_text, target_status, target_value  # noqa: E402
 
 README = HERE / "README.md"
-BEGIN = (
-    "<!-- results:begin (written by benchmarks/write_readme.py from a result JSON; do not edit) -->"
-)
+BEGIN = "<!-- results:begin (written by benchmarks/write_readme.py from a result JSON; do not edit) -->"
 END = "<!-- results:end -->"
 
 # columns of the round-trip table: key, heading
@@ -70,36 +68,39 @@ def _gb(value) -> str:
 def _round_trip_table(report) -> list:
     cols = [(k, h) for k, h in _ROUND_TRIP if any(k in s.systems for s in report.sizes)]
     lines = [
-        ("Median time of one round trip (vecadd: 2 inputs in, 1 output out, per buffer size), "
-         "with its effective GB/s = (input + output bytes) / time:"),
+        (
+            "Median time of one round trip (vecadd: 2 inputs in, 1 output out, per buffer size), "
+            "with its effective GB/s = (input + output bytes) / time:"
+        ),
         "",
         "| per buffer | " + " | ".join(h for _, h in cols) + " |",
         "|---" * (len(cols) + 1) + "|",
     ]
     for s in report.sizes:
-        lines.append(f"| {format_size(s.nbytes)} | "
-                     + " | ".join(_cell(s, k) for k, _ in cols) + " |")
+        lines.append(f"| {format_size(s.nbytes)} | " + " | ".join(_cell(s, k) for k, _ in cols) + " |")
     return lines
 
 
 def _ceiling_table(report) -> list:
-    keys = sorted({k for s in report.sizes for k in s.systems if k.startswith("ceiling.")},
-                  key=order)
+    keys = sorted({k for s in report.sizes for k in s.systems if k.startswith("ceiling.")}, key=order)
     if not keys:
         return []
     lines = [
-        ("GB/s per direction: vyre_cuda from numpy arrays (stage clocks: inputs / upload, output "
-         "/ readback) against the ceilings measured in the same run:"),
+        (
+            "GB/s per direction: vyre_cuda from numpy arrays (stage clocks: inputs / upload, output "
+            "/ readback) against the ceilings measured in the same run:"
+        ),
         "",
         "| per buffer | vyre_cuda H2D | vyre_cuda D2H | "
-        + " | ".join(label(k).replace(" ceiling", "") for k in keys) + " |",
+        + " | ".join(label(k).replace(" ceiling", "") for k in keys)
+        + " |",
         "|---" * (len(keys) + 3) + "|",
     ]
     for s in report.sizes:
         lines.append(
             f"| {format_size(s.nbytes)} | {_gb(s.direction_gbps('h2d'))} | "
-            f"{_gb(s.direction_gbps('d2h'))} | " + " | ".join(_gb(s.gbps(k)) for k in keys)
-            + " |")
+            f"{_gb(s.direction_gbps('d2h'))} | " + " | ".join(_gb(s.gbps(k)) for k in keys) + " |"
+        )
     return lines
 
 
@@ -110,19 +111,22 @@ def render_results(report: ProfileReport, source=None) -> str:
     cc = m.get("cc") or ["?", "?"]
     release = f" ({m['driver_release']})" if m.get("driver_release") else ""
     lines = [
-        (f"Measured {m.get('date', '?')} on **{m.get('device_name', '?')}** (cc {cc[0]}.{cc[1]}), "
-         f"CUDA driver {driver_text(m.get('driver_version'))}{release}, commit "
-         f"`{m.get('commit') or 'unknown'}`, vyre_cuda {m.get('vyre_cuda_version', '?')}, "
-         f"Python {m.get('python', '?')}, numpy {m.get('numpy', '?')}, cuda-bindings "
-         f"{m.get('cuda_bindings', '?')}."),
+        (
+            f"Measured {m.get('date', '?')} on **{m.get('device_name', '?')}** (cc {cc[0]}.{cc[1]}), "
+            f"CUDA driver {driver_text(m.get('driver_version'))}{release}, commit "
+            f"`{m.get('commit') or 'unknown'}`, vyre_cuda {m.get('vyre_cuda_version', '?')}, "
+            f"Python {m.get('python', '?')}, numpy {m.get('numpy', '?')}, cuda-bindings "
+            f"{m.get('cuda_bindings', '?')}."
+        ),
     ]
     peers = {k: v for k, v in (m.get("peers") or {}).items() if v}
     if peers:
         lines[0] += " Peers: " + ", ".join(f"{k} {v}" for k, v in sorted(peers.items())) + "."
     base = m.get("baseline")
     if base:
-        lines[0] += (f" Baseline for the no-regression target: commit "
-                     f"`{base.get('commit') or '?'}` ({base.get('date', '?')}).")
+        lines[0] += (
+            f" Baseline for the no-regression target: commit `{base.get('commit') or '?'}` ({base.get('date', '?')})."
+        )
     if source is not None:
         lines.append(f"Source: `{_relative(source)}`.")
     if report.targets:
@@ -153,8 +157,7 @@ def replace_section(text: str, body: str) -> str:
     end = text.find(END)
     if start < 0 or end < 0 or end < start:
         raise ValueError(
-            "the README has no results markers; restore the two lines\n"
-            f"{BEGIN}\n{END}\nwhere the results go"
+            f"the README has no results markers; restore the two lines\n{BEGIN}\n{END}\nwhere the results go"
         )
     return text[: start + len(BEGIN)] + "\n" + body + text[end:]
 
@@ -175,8 +178,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="write_readme.py", description=__doc__.split("\n")[0])
     parser.add_argument("result", type=pathlib.Path, help="a JSON file from bench_dispatch.py")
     parser.add_argument("--readme", type=pathlib.Path, default=README)
-    parser.add_argument("--check", action="store_true",
-                        help="do not write; exit 1 when the README differs from the result")
+    parser.add_argument(
+        "--check", action="store_true", help="do not write; exit 1 when the README differs from the result"
+    )
     args = parser.parse_args(argv)
     report = ProfileReport.load(args.result)
     if args.check:

@@ -28,16 +28,21 @@ _SRC = '#include "vyre_cuda.cuh"\nVYRE_KERNEL vyre_main(const float* x, float* o
 
 def scale_program() -> Program:
     """out = 2 * x (f32, runtime-sized)."""
-    return Program(Kernel.cuda(_SRC), [BufferDecl.read("x", 0, "f32"), BufferDecl.output("out", 1, "f32")],
-                   name="scale2")
+    return Program(
+        Kernel.cuda(_SRC), [BufferDecl.read("x", 0, "f32"), BufferDecl.output("out", 1, "f32")], name="scale2"
+    )
 
 
 def axpb_program() -> Program:
     """out = coef[0] * x + y with a static 1-element coef (broadcast to every chunk)."""
     return Program(
         Kernel.cuda(_SRC + "// axpb\n"),
-        [BufferDecl.read("x", 0, "f32"), BufferDecl.read("y", 1, "f32"), BufferDecl.read("coef", 2, "f32", 1),
-         BufferDecl.output("out", 3, "f32")],
+        [
+            BufferDecl.read("x", 0, "f32"),
+            BufferDecl.read("y", 1, "f32"),
+            BufferDecl.read("coef", 2, "f32", 1),
+            BufferDecl.output("out", 3, "f32"),
+        ],
         name="axpb",
     )
 
@@ -46,8 +51,7 @@ def twice_and_sum_program() -> Program:
     """Two outputs: ``twice`` = 2 * x (runtime-sized) and ``total`` = sum(x) (static: one f64)."""
     return Program(
         Kernel.cuda(_SRC + "// twice_and_sum\n"),
-        [BufferDecl.read("x", 0, "f32"), BufferDecl.output("twice", 1, "f32"),
-         BufferDecl.output("total", 2, "f64", 1)],
+        [BufferDecl.read("x", 0, "f32"), BufferDecl.output("twice", 1, "f32"), BufferDecl.output("total", 2, "f64", 1)],
         name="twice_and_sum",
     )
 
@@ -74,8 +78,12 @@ class _Telemetry:
 
     def snapshot(self) -> dict:
         b = self._b
-        return {"dispatches": b.dispatches, "h2d_bytes": b.h2d_bytes, "d2h_bytes": b.d2h_bytes,
-                "prepared_plans": len(b.programs_seen)}
+        return {
+            "dispatches": b.dispatches,
+            "h2d_bytes": b.h2d_bytes,
+            "d2h_bytes": b.d2h_bytes,
+            "prepared_plans": len(b.programs_seen),
+        }
 
     def reset(self) -> None:
         self._b.dispatches = self._b.h2d_bytes = self._b.d2h_bytes = 0
@@ -109,17 +117,24 @@ class FakeBackend:
         if self.closed:
             raise ValidationError("this CudaBackend is closed", "create a new backend")
         if self._lost is not None:
-            raise DeviceLost("the backend's CUDA context was lost earlier (fake)", "restart",
-                             status="CUDA_ERROR_ILLEGAL_ADDRESS", call="fake")
+            raise DeviceLost(
+                "the backend's CUDA context was lost earlier (fake)",
+                "restart",
+                status="CUDA_ERROR_ILLEGAL_ADDRESS",
+                call="fake",
+            )
         decls = program.inputs
         if len(inputs) != len(decls):
-            raise ValidationError(f"program takes {len(decls)} input(s) but {len(inputs)} were passed",
-                                  f"pass exactly {len(decls)} buffer(s)")
+            raise ValidationError(
+                f"program takes {len(decls)} input(s) but {len(inputs)} were passed",
+                f"pass exactly {len(decls)} buffer(s)",
+            )
         arrays = [np.frombuffer(memoryview(x).cast("B"), d.dtype.numpy) for d, x in zip(decls, inputs)]
         for d, a in zip(decls, arrays):
             if d.count and a.size != d.count:
-                raise ValidationError(f"input {d.name!r} holds {a.size} elements, declared {d.count}",
-                                      f"pass exactly {d.count} elements")
+                raise ValidationError(
+                    f"input {d.name!r} holds {a.size} elements, declared {d.count}", f"pass exactly {d.count} elements"
+                )
         with self._lock:
             self.programs_seen.setdefault(id(program), program)
             self.threads.add(threading.get_ident())
@@ -128,9 +143,13 @@ class FakeBackend:
             raise ValidationError("input 0 holds the BAD marker (fake)", "do not pass BAD")
         if first == FAULT:
             self._lost = "fault"
-            raise DeviceLost("CUDA_ERROR_ILLEGAL_ADDRESS: a kernel accessed memory outside any "
-                             "allocation; the context is lost (fake)", "restart the process",
-                             status="CUDA_ERROR_ILLEGAL_ADDRESS", call="cuStreamSynchronize")
+            raise DeviceLost(
+                "CUDA_ERROR_ILLEGAL_ADDRESS: a kernel accessed memory outside any "
+                "allocation; the context is lost (fake)",
+                "restart the process",
+                status="CUDA_ERROR_ILLEGAL_ADDRESS",
+                call="cuStreamSynchronize",
+            )
         if first == DIE and self.log_dir is not None:
             marker = self.log_dir / "died"
             try:
@@ -162,8 +181,9 @@ class FakeBackend:
         for dst, src in zip(outputs, outs):
             dst = np.asarray(dst)
             if dst.size != src.size or dst.dtype != src.dtype:
-                raise ValidationError(f"output of {dst.size} {dst.dtype}, needs {src.size} {src.dtype}",
-                                      "pass the right size")
+                raise ValidationError(
+                    f"output of {dst.size} {dst.dtype}, needs {src.size} {src.dtype}", "pass the right size"
+                )
             dst[...] = src.reshape(dst.shape)
         return list(outputs)
 
@@ -187,8 +207,12 @@ class FakeFactory:
 
     def __call__(self, ordinal: int) -> FakeBackend:
         if ordinal in self.fail_devices:
-            raise DeviceLost(f"cannot create a context on device {ordinal} (fake)", "use another device",
-                             status="CUDA_ERROR_INVALID_DEVICE", call="cuDevicePrimaryCtxRetain")
+            raise DeviceLost(
+                f"cannot create a context on device {ordinal} (fake)",
+                "use another device",
+                status="CUDA_ERROR_INVALID_DEVICE",
+                call="cuDevicePrimaryCtxRetain",
+            )
         delay = self.delay.get(ordinal, 0.0) if isinstance(self.delay, dict) else self.delay
         backend = FakeBackend(ordinal, delay, self.log_dir)
         self.made.append(backend)

@@ -68,9 +68,18 @@ SIGNED = ("i8", "i16", "i32", "i64")
 UNSIGNED_C = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 UNSIGNED_NP = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 CTYPE = {
-    "u8": "unsigned char", "i8": "signed char", "u16": "unsigned short", "i16": "short", "f16": "__half",
-    "bf16": "unsigned short", "u32": "unsigned int", "i32": "int", "f32": "float", "u64": "unsigned long long",
-    "i64": "long long", "f64": "double",
+    "u8": "unsigned char",
+    "i8": "signed char",
+    "u16": "unsigned short",
+    "i16": "short",
+    "f16": "__half",
+    "bf16": "unsigned short",
+    "u32": "unsigned int",
+    "i32": "int",
+    "f32": "float",
+    "u64": "unsigned long long",
+    "i64": "long long",
+    "f64": "double",
 }
 GOLDEN = 0x9E3779B1
 PHASE_SALT = 0x51
@@ -189,8 +198,11 @@ class ProgramDesc:
         return target, (None if source is target else source)
 
     def summary(self) -> str:
-        parts = [f"{b.kind}:{b.name}@{b.binding}:{b.dtype}[{b.count or 'N'}]"
-                 + (f"{list(b.byte_range)}" if b.byte_range else "") for b in self.buffers]
+        parts = [
+            f"{b.kind}:{b.name}@{b.binding}:{b.dtype}[{b.count or 'N'}]"
+            + (f"{list(b.byte_range)}" if b.byte_range else "")
+            for b in self.buffers
+        ]
         sync = f" grid_sync x{self.phases}" if self.grid_sync else ""
         return f"seed={self.seed} block={self.block}{sync} min_runtime={self.min_runtime} " + " ".join(parts)
 
@@ -214,8 +226,12 @@ def generate(seed: int, *, large: bool = True, supports_launch: bool = False) ->
     grid_sync = bool(rng.random() < 0.3)
     phases = int(rng.integers(1, 5)) if grid_sync else 1
     n = int(rng.integers(1, 7))
-    kinds = [str(k) for k in rng.choice(
-        ["read", "read", "uniform", "read_write", "write_only", "output", "output", "workgroup"], size=n)]
+    kinds = [
+        str(k)
+        for k in rng.choice(
+            ["read", "read", "uniform", "read_write", "write_only", "output", "output", "workgroup"], size=n
+        )
+    ]
     if not any(k in OUTPUT_KINDS for k in kinds):
         kinds[int(rng.integers(0, n))] = str(rng.choice(OUTPUT_KINDS))
     if grid_sync and phases > 1 and sum(k in OUTPUT_KINDS for k in kinds) < 2 and rng.random() < 0.8:
@@ -239,8 +255,9 @@ def generate(seed: int, *, large: bool = True, supports_launch: bool = False) ->
             dtype = str(rng.choice(TABLE_DTYPES))
             size = itemsize(dtype)
             budget = max(1, (200_000 - shared) // size - 16)
-            want = int(rng.choice([int(rng.integers(1, 64)), int(rng.integers(64, 4096)),
-                                   int(rng.integers(4096, 60_000))]))
+            want = int(
+                rng.choice([int(rng.integers(1, 64)), int(rng.integers(64, 4096)), int(rng.integers(4096, 60_000))])
+            )
             count = max(1, min(want // size if want > 4096 else want, budget))
             shared = -(-shared // 16) * 16 + count * size
             buffers.append(Buf(name, binding, kind, dtype, count, coef=int(rng.integers(1, 6))))
@@ -251,15 +268,25 @@ def generate(seed: int, *, large: bool = True, supports_launch: bool = False) ->
             runtime_inputs |= count == 0
         else:
             count = _count(rng, True, large)
-        buffers.append(Buf(
-            name, binding, kind, dtype, count,
-            alignment=rng.choice([None, None, None, 16, 256, 4096]),
-            coef=int(rng.integers(1, 6)), shift=int(rng.integers(0, 1000)),
-            salt=int(rng.integers(1, 10)), src_coef=int(rng.integers(1, 6)),
-        ))
+        buffers.append(
+            Buf(
+                name,
+                binding,
+                kind,
+                dtype,
+                count,
+                alignment=rng.choice([None, None, None, 16, 256, 4096]),
+                coef=int(rng.integers(1, 6)),
+                shift=int(rng.integers(0, 1000)),
+                salt=int(rng.integers(1, 10)),
+                src_coef=int(rng.integers(1, 6)),
+            )
+        )
     if not runtime_inputs:  # a runtime-sized output needs a runtime-sized input to take its length from
-        buffers = [b if b.count or b.is_input or b.is_workgroup else _replace(b, count=int(rng.integers(1, 300)))
-                   for b in buffers]
+        buffers = [
+            b if b.count or b.is_input or b.is_workgroup else _replace(b, count=int(rng.integers(1, 300)))
+            for b in buffers
+        ]
     runtime_inputs = any(b.count == 0 and b.is_input for b in buffers)
     # element-aligned byte ranges on some writable buffers; on a runtime-sized one the range lies
     # in the first `min_runtime` elements, which every dispatch then provides
@@ -283,8 +310,16 @@ def generate(seed: int, *, large: bool = True, supports_launch: bool = False) ->
         named = [b for b in buffers if not b.is_workgroup and (b.count or runtime_inputs)]
         if named:
             launch = named[int(rng.integers(0, len(named)))].name
-    desc = ProgramDesc(seed, tuple(buffers), block, grid_sync, phases, min_runtime if runtime_inputs else 0, launch,
-                       name=f"fuzz_{seed}")
+    desc = ProgramDesc(
+        seed,
+        tuple(buffers),
+        block,
+        grid_sync,
+        phases,
+        min_runtime if runtime_inputs else 0,
+        launch,
+        name=f"fuzz_{seed}",
+    )
     _check_desc(desc)
     return desc
 
@@ -430,8 +465,10 @@ def cuda_source(desc: ProgramDesc) -> str:
     offsets = desc.shared_offsets()
     for g in desc.tables:
         ut = UNSIGNED_C[itemsize(g.dtype)]
-        body.append(f"for (vyre_u32 k = threadIdx.x; k < {g.count}u; k += blockDim.x) "
-                    f"vyre_shared<{ut}>({offsets[g.binding]}u)[k] = {_table_value(g)};")
+        body.append(
+            f"for (vyre_u32 k = threadIdx.x; k < {g.count}u; k += blockDim.x) "
+            f"vyre_shared<{ut}>({offsets[g.binding]}u)[k] = {_table_value(g)};"
+        )
     if desc.tables:
         body.append("__syncthreads();")
     body.append("const vyre_u64 gid = vyre_global_id(), stride = vyre_global_threads();")
@@ -441,8 +478,12 @@ def cuda_source(desc: ProgramDesc) -> str:
     echo = desc.echo
     echo_lines = []
     if echo is not None:
-        echo_lines = [(f"for (vyre_u64 k = gid; k < {desc.words}ull && k < n_{echo.ident}; k += stride) "
-                       f"{echo.ident}[k] = params[k];")]
+        echo_lines = [
+            (
+                f"for (vyre_u64 k = gid; k < {desc.words}ull && k < n_{echo.ident}; k += stride) "
+                f"{echo.ident}[k] = params[k];"
+            )
+        ]
     if desc.grid_sync:
         body.append("const vyre_u32 ph_end = vyre_phase_end(params);")
         body.append("for (vyre_u32 ph = vyre_phase_begin(params); ph < ph_end; ++ph) {")
@@ -697,7 +738,7 @@ def reference(desc: ProgramDesc, inputs: list, runtime: int, config=None, route:
         arr = arrays[b.binding]
         if b.byte_range is not None:
             size = arr.dtype.itemsize
-            arr = arr[b.byte_range[0] // size:b.byte_range[1] // size]
+            arr = arr[b.byte_range[0] // size : b.byte_range[1] // size]
         outs.append(arr)
     return outs
 
@@ -726,14 +767,18 @@ def compare(desc: ProgramDesc, got: list, want: list) -> list:
             bad = np.flatnonzero(~close)
             if bad.size:
                 k = bad[0]
-                problems.append(f"{b.name} ({dtype}): {bad.size} of {g.size} elements differ; first at {k}: "
-                                f"got {gv[k]!r}, expected {wv[k]!r}")
+                problems.append(
+                    f"{b.name} ({dtype}): {bad.size} of {g.size} elements differ; first at {k}: "
+                    f"got {gv[k]!r}, expected {wv[k]!r}"
+                )
         else:
             bad = np.flatnonzero(_bits(g) != _bits(w))
             if bad.size:
                 k = bad[0]
-                problems.append(f"{b.name} ({dtype}): {bad.size} of {g.size} elements differ; first at {k}: "
-                                f"got {g[k]!r}, expected {w[k]!r}")
+                problems.append(
+                    f"{b.name} ({dtype}): {bad.size} of {g.size} elements differ; first at {k}: "
+                    f"got {g[k]!r}, expected {w[k]!r}"
+                )
     return problems
 
 
@@ -758,8 +803,10 @@ class DispatchPlan:
         if self.grid is None and self.block is None and self.iterations is None and not self.cooperative:
             return None
         return DispatchConfig(
-            grid_override=self.grid, workgroup_override=self.block,
-            fixpoint_iterations=self.iterations, cooperative=self.cooperative,
+            grid_override=self.grid,
+            workgroup_override=self.block,
+            fixpoint_iterations=self.iterations,
+            cooperative=self.cooperative,
         )
 
 

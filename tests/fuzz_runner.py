@@ -60,8 +60,9 @@ def emulation(desc: fp.ProgramDesc):
     def run(launch):
         words = np.array(launch.words(launch.arg(len(args)), desc.words))
         counts = {b.binding: int(words[b.binding + 1]) for b in args}
-        arrays = {b.binding: array_at(launch.arg(k), fp.numpy_dtype(b.dtype), counts[b.binding])
-                  for k, b in enumerate(args)}
+        arrays = {
+            b.binding: array_at(launch.arg(k), fp.numpy_dtype(b.dtype), counts[b.binding]) for k, b in enumerate(args)
+        }
         phases = (int(words[phase_word]), int(words[phase_word + 1])) if desc.grid_sync else None
         fp.apply_launch(desc, arrays, counts, words, phases)
 
@@ -71,8 +72,15 @@ def emulation(desc: fp.ProgramDesc):
 class FuzzRunner:
     """Runs programs on one backend and keeps the tally."""
 
-    KEYS = ("dispatches", "failed_dispatches", "h2d_bytes", "d2h_bytes", "launches", "cooperative_launches",
-            "split_launches")
+    KEYS = (
+        "dispatches",
+        "failed_dispatches",
+        "h2d_bytes",
+        "d2h_bytes",
+        "launches",
+        "cooperative_launches",
+        "split_launches",
+    )
 
     def __init__(self, backend, *, fake=None, max_runtime: int = 300_000, detail_limit: int = 20):
         self.backend = backend
@@ -141,9 +149,13 @@ class FuzzRunner:
         if self.fake is not None and self.fake.stats()["violations"]:
             self._fail(f"program seed {seed}", [f"fake driver: {self.fake.last_violation()}"])
         if LaunchSizeWarning is not None and self.warned != (1 if self.warn_expected else 0):
-            self._fail(f"program seed {seed} ({desc.summary()})",
-                       [f"{self.warned} LaunchSizeWarning(s); expected {1 if self.warn_expected else 0} "
-                        "(once per program, when the implicit launch covers less than a runtime-sized input)"])
+            self._fail(
+                f"program seed {seed} ({desc.summary()})",
+                [
+                    f"{self.warned} LaunchSizeWarning(s); expected {1 if self.warn_expected else 0} "
+                    "(once per program, when the implicit launch covers less than a runtime-sized input)"
+                ],
+            )
         self.launch_warnings += self.warned
         return desc
 

@@ -30,10 +30,14 @@ def compiler() -> str | None:
 
 
 def host_wrapper(desc: fp.ProgramDesc) -> str:
-    casts = [f"({'const ' if b.kind in ('read', 'uniform') else ''}{fp.CTYPE[b.dtype]}*)args[{k}]"
-             for k, b in enumerate(desc.args)]
-    return ('extern "C" void vyre_host_run(void** args, const vyre_u32* params) '
-            f"{{ vyre_main({', '.join(casts + ['params'])}); }}\n")
+    casts = [
+        f"({'const ' if b.kind in ('read', 'uniform') else ''}{fp.CTYPE[b.dtype]}*)args[{k}]"
+        for k, b in enumerate(desc.args)
+    ]
+    return (
+        'extern "C" void vyre_host_run(void** args, const vyre_u32* params) '
+        f"{{ vyre_main({', '.join(casts + ['params'])}); }}\n"
+    )
 
 
 def build(desc: fp.ProgramDesc, folder: pathlib.Path):
@@ -45,8 +49,20 @@ def build(desc: fp.ProgramDesc, folder: pathlib.Path):
     if not lib_path.is_file():
         src = folder / f"kernel-{digest}.cpp"
         src.write_text(source)
-        cmd = [compiler(), "-O1", "-std=c++17", "-fno-strict-aliasing", "-ffp-contract=off", "-shared", "-fPIC",
-               f"-I{SHIM}", f"-DVYRE_PHASE_WORD={desc.max_binding + 2}", str(src), "-o", str(lib_path)]
+        cmd = [
+            compiler(),
+            "-O1",
+            "-std=c++17",
+            "-fno-strict-aliasing",
+            "-ffp-contract=off",
+            "-shared",
+            "-fPIC",
+            f"-I{SHIM}",
+            f"-DVYRE_PHASE_WORD={desc.max_binding + 2}",
+            str(src),
+            "-o",
+            str(lib_path),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"host compile of program seed {desc.seed} failed:\n{proc.stderr[-4000:]}")
@@ -66,8 +82,9 @@ def run(desc: fp.ProgramDesc, lib, inputs: list, runtime: int, config=None, rout
         dtype = fp.numpy_dtype(b.dtype)
         arrays[b.binding] = np.array(given[b.binding]).view(dtype) if b.is_input else np.zeros(counts[b.binding], dtype)
     spare = np.zeros(16, np.uint8)  # a valid pointer for empty buffers (never dereferenced)
-    argv = (ctypes.c_void_p * len(desc.args))(*(
-        (arrays[b.binding] if arrays[b.binding].size else spare).ctypes.data for b in desc.args))
+    argv = (ctypes.c_void_p * len(desc.args))(
+        *((arrays[b.binding] if arrays[b.binding].size else spare).ctypes.data for b in desc.args)
+    )
     if desc.grid_sync:
         ranges = [(p, p + 1) for p in range(desc.phases)] if route == "split" else [(0, desc.phases)]
     else:
@@ -81,6 +98,6 @@ def run(desc: fp.ProgramDesc, lib, inputs: list, runtime: int, config=None, rout
     for b in desc.outputs:
         arr = arrays[b.binding]
         if b.byte_range is not None:
-            arr = arr[b.byte_range[0] // arr.dtype.itemsize:b.byte_range[1] // arr.dtype.itemsize]
+            arr = arr[b.byte_range[0] // arr.dtype.itemsize : b.byte_range[1] // arr.dtype.itemsize]
         outs.append(arr.copy())
     return outs

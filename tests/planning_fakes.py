@@ -22,14 +22,26 @@ from vyre_cuda.planning.caps import DeviceCaps
 LaunchSizeWarning = getattr(vyre_cuda, "LaunchSizeWarning", None)
 
 H200 = DeviceCaps(
-    ordinal=0, name="fake H200", cc=(9, 0), sm_count=132, warp_size=32, max_threads_per_block=1024,
-    max_block_dim=(1024, 1024, 64), max_grid_dim=(2147483647, 65535, 65535),
-    max_shared_per_block=48 * 1024, max_shared_per_block_optin=232_448, max_threads_per_sm=2048,
-    max_blocks_per_sm=32, cooperative_launch=True, total_memory=150_754_820_096, driver_version=13000,
+    ordinal=0,
+    name="fake H200",
+    cc=(9, 0),
+    sm_count=132,
+    warp_size=32,
+    max_threads_per_block=1024,
+    max_block_dim=(1024, 1024, 64),
+    max_grid_dim=(2147483647, 65535, 65535),
+    max_shared_per_block=48 * 1024,
+    max_shared_per_block_optin=232_448,
+    max_threads_per_sm=2048,
+    max_blocks_per_sm=32,
+    cooperative_launch=True,
+    total_memory=150_754_820_096,
+    driver_version=13000,
 )
 # a device without cooperative launch: grid-sync programs and cooperative=True must be refused
-NO_COOP = DeviceCaps(**{**H200.as_dict(), "name": "fake Hopper without cooperative launch",
-                        "cooperative_launch": False})
+NO_COOP = DeviceCaps(
+    **{**H200.as_dict(), "name": "fake Hopper without cooperative launch", "cooperative_launch": False}
+)
 
 
 class PlanningDriver:
@@ -86,9 +98,18 @@ class PlanningDriver:
         return self.occupancy
 
 
-ENTRY_POINTS = ("init_driver", "device_caps", "retain_primary_context", "release_primary_context", "make_current",
-                "context_synchronize", "load_module", "unload_module", "set_max_dynamic_shared",
-                "occupancy_blocks_per_sm")
+ENTRY_POINTS = (
+    "init_driver",
+    "device_caps",
+    "retain_primary_context",
+    "release_primary_context",
+    "make_current",
+    "context_synchronize",
+    "load_module",
+    "unload_module",
+    "set_max_dynamic_shared",
+    "occupancy_blocks_per_sm",
+)
 
 
 @contextlib.contextmanager
@@ -124,5 +145,3 @@ def plan(planners, caps, program, lengths, config, occupancy):
         if LaunchSizeWarning is not None:
             warnings.simplefilter("ignore", LaunchSizeWarning)
         return backend._plan(program, tuple(lengths), config), driver
-
-

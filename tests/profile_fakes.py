@@ -36,11 +36,15 @@ class _FakeTelemetry:
 
     def snapshot(self):
         b = self.backend
-        snap = {"dispatches": b.dispatches, "pinned_pool_misses": b.pinned_allocs,
-                "device_pool_misses": 0}
+        snap = {"dispatches": b.dispatches, "pinned_pool_misses": b.pinned_allocs, "device_pool_misses": 0}
         if self.with_allocations:
-            snap.update(pinned_alloc_calls=b.pinned_allocs, device_alloc_calls=0,
-                        ring_bytes=32 << 20, ring_chunks=3 * b.dispatches, copy_threads_live=4)
+            snap.update(
+                pinned_alloc_calls=b.pinned_allocs,
+                device_alloc_calls=0,
+                ring_bytes=32 << 20,
+                ring_chunks=3 * b.dispatches,
+                copy_threads_live=4,
+            )
         return snap
 
 
@@ -192,7 +196,7 @@ def install(monkeypatch):
     monkeypatch.setattr(vyre_cuda, "pinned_empty", pinned_empty, raising=False)
     import vyre_cuda.compile as compile_module
 
-    monkeypatch.setattr(compile_module, "compile_kernel",
-                        lambda kernel, arch=None: types.SimpleNamespace(image=b"fake\0",
-                                                                         kind="cubin"))
+    monkeypatch.setattr(
+        compile_module, "compile_kernel", lambda kernel, arch=None: types.SimpleNamespace(image=b"fake\0", kind="cubin")
+    )
     return types.SimpleNamespace(floor=floor, created=created)

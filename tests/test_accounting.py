@@ -29,7 +29,9 @@ def test_u64_max():
     assert U64_MAX == 2**64 - 1
 
 
-@pytest.mark.parametrize(("a", "b"), [(0, 0), (1, 2), (2**64 - 2, 1), (2**64 - 1, 0), (0, 2**64 - 1), (2**63, 2**63 - 1)])
+@pytest.mark.parametrize(
+    ("a", "b"), [(0, 0), (1, 2), (2**64 - 2, 1), (2**64 - 1, 0), (0, 2**64 - 1), (2**63, 2**63 - 1)]
+)
 def test_checked_add_exact(a, b):
     assert checked_add(a, b) == a + b
 
@@ -40,7 +42,9 @@ def test_checked_add_overflow(a, b):
     assert str(a) in err.message and str(b) in err.message and "my total" in err.message
 
 
-@pytest.mark.parametrize(("a", "b"), [(0, 2**64 - 1), (1, 2**64 - 1), (2**32, 2**32 - 1), (2**32 - 1, 2**32 + 1), (3, (2**64 - 1) // 3)])
+@pytest.mark.parametrize(
+    ("a", "b"), [(0, 2**64 - 1), (1, 2**64 - 1), (2**32, 2**32 - 1), (2**32 - 1, 2**32 + 1), (3, (2**64 - 1) // 3)]
+)
 def test_checked_mul_exact(a, b):
     assert checked_mul(a, b) == a * b <= U64_MAX
 
@@ -60,8 +64,14 @@ def test_operands_outside_u64(fn, a, b):
 @pytest.mark.parametrize(
     ("value", "alignment", "result"),
     [
-        (0, 16, 0), (1, 16, 16), (16, 16, 16), (17, 256, 256), (255, 1, 255),
-        (2**64 - 1, 1, 2**64 - 1), (2**64 - 16, 16, 2**64 - 16), (2**64 - 256, 256, 2**64 - 256),
+        (0, 16, 0),
+        (1, 16, 16),
+        (16, 16, 16),
+        (17, 256, 256),
+        (255, 1, 255),
+        (2**64 - 1, 1, 2**64 - 1),
+        (2**64 - 16, 16, 2**64 - 16),
+        (2**64 - 256, 256, 2**64 - 256),
         (2**63 + 1, 2**63, None),  # rounds up to 2**64: overflow
     ],
 )

@@ -24,8 +24,8 @@ import math
 import os
 import pathlib
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import fakecuda
 import numpy as np
@@ -272,18 +272,62 @@ DISPATCH_CASES = [
     D("inputs_an_int", lambda be, a, b: be.dispatch(VECADD, 7), ValidationError),
     D("inputs_a_bare_array", lambda be, a, b: be.dispatch(VECADD, a), ValidationError, (str(N),)),
     # lengths
-    D("input_bytes_not_whole_f32", lambda be, a, b: be.dispatch(VECADD, [a, b.tobytes()[:10]]), ValidationError, ("10",)),
-    D("input_u8_not_whole_f32", lambda be, a, b: be.dispatch(VECADD, [a, b.view(np.uint8)[:3999]]), ValidationError, ("3999",)),
-    D("static_input_short", lambda be, a, b: be.dispatch(BLOCK_SUM, [np.ones(63, np.uint32)]), ValidationError, ("63", "64")),
-    D("static_input_long", lambda be, a, b: be.dispatch(BLOCK_SUM, [np.ones(65, np.uint32)]), ValidationError, ("65", "64")),
+    D(
+        "input_bytes_not_whole_f32",
+        lambda be, a, b: be.dispatch(VECADD, [a, b.tobytes()[:10]]),
+        ValidationError,
+        ("10",),
+    ),
+    D(
+        "input_u8_not_whole_f32",
+        lambda be, a, b: be.dispatch(VECADD, [a, b.view(np.uint8)[:3999]]),
+        ValidationError,
+        ("3999",),
+    ),
+    D(
+        "static_input_short",
+        lambda be, a, b: be.dispatch(BLOCK_SUM, [np.ones(63, np.uint32)]),
+        ValidationError,
+        ("63", "64"),
+    ),
+    D(
+        "static_input_long",
+        lambda be, a, b: be.dispatch(BLOCK_SUM, [np.ones(65, np.uint32)]),
+        ValidationError,
+        ("65", "64"),
+    ),
     D("inputs_zero_length", lambda be, a, b: be.dispatch(VECADD, [a[:0], b[:0]]), ValidationError, ("0",)),
     # layout and dtype of inputs
     D("input_strided_view", lambda be, a, b: be.dispatch(VECADD, [a, _strided(b)]), ValidationError),
-    D("input_fortran_order", lambda be, a, b: be.dispatch(VECADD, [np.asfortranarray(a.reshape(10, 100)), b]), ValidationError),
-    D("input_float64_for_f32", lambda be, a, b: be.dispatch(VECADD, [a[: N // 2].astype(np.float64), b]), ValidationError, ("float64", "f32")),
-    D("input_int32_for_f32", lambda be, a, b: be.dispatch(VECADD, [a, b.view(np.int32)]), ValidationError, ("int32", "f32")),
-    D("input_complex64_for_f64", lambda be, a, b: be.dispatch(VECADD_F64, [a.astype(np.complex64), b.astype(np.float64)]), ValidationError, ("complex64",)),
-    D("static_input_f32_for_u32", lambda be, a, b: be.dispatch(BLOCK_SUM, [np.ones(64, _f32)]), ValidationError, ("float32", "u32")),
+    D(
+        "input_fortran_order",
+        lambda be, a, b: be.dispatch(VECADD, [np.asfortranarray(a.reshape(10, 100)), b]),
+        ValidationError,
+    ),
+    D(
+        "input_float64_for_f32",
+        lambda be, a, b: be.dispatch(VECADD, [a[: N // 2].astype(np.float64), b]),
+        ValidationError,
+        ("float64", "f32"),
+    ),
+    D(
+        "input_int32_for_f32",
+        lambda be, a, b: be.dispatch(VECADD, [a, b.view(np.int32)]),
+        ValidationError,
+        ("int32", "f32"),
+    ),
+    D(
+        "input_complex64_for_f64",
+        lambda be, a, b: be.dispatch(VECADD_F64, [a.astype(np.complex64), b.astype(np.float64)]),
+        ValidationError,
+        ("complex64",),
+    ),
+    D(
+        "static_input_f32_for_u32",
+        lambda be, a, b: be.dispatch(BLOCK_SUM, [np.ones(64, _f32)]),
+        ValidationError,
+        ("float32", "u32"),
+    ),
     D(
         "input_big_endian_f32",
         lambda be, a, b: be.dispatch(VECADD, [a.astype(">f4"), b]),
@@ -324,36 +368,69 @@ DISPATCH_CASES = [
     D("config_an_int", lambda be, a, b: be.dispatch(VECADD, [a, b], 42), ValidationError, ("int",)),
     D("config_a_str", lambda be, a, b: be.dispatch(VECADD, [a, b], "fast"), ValidationError, ("str",)),
     D("config_a_list", lambda be, a, b: be.dispatch(VECADD, [a, b], [("timeout", 1.0)]), ValidationError, ("list",)),
-    D("config_unknown_key", lambda be, a, b: be.dispatch(VECADD, [a, b], {"workgroup": 64}), ValidationError, ("workgroup",)),
-    D("config_bad_value", lambda be, a, b: be.dispatch(VECADD, [a, b], {"workgroup_override": (0, 1, 1)}), ValidationError),
+    D(
+        "config_unknown_key",
+        lambda be, a, b: be.dispatch(VECADD, [a, b], {"workgroup": 64}),
+        ValidationError,
+        ("workgroup",),
+    ),
+    D(
+        "config_bad_value",
+        lambda be, a, b: be.dispatch(VECADD, [a, b], {"workgroup_override": (0, 1, 1)}),
+        ValidationError,
+    ),
     D(
         "config_unhashable_label",
         lambda be, a, b: be.dispatch(VECADD, [a, b], DispatchConfig(label=["run", 1])),
         ValidationError,
     ),
     # launch geometry
-    D("workgroup_2048", lambda be, a, b: be.dispatch(VECADD, [a, b], DispatchConfig(workgroup_override=(2048, 1, 1))), ValidationError, ("2048", "1024")),
+    D(
+        "workgroup_2048",
+        lambda be, a, b: be.dispatch(VECADD, [a, b], DispatchConfig(workgroup_override=(2048, 1, 1))),
+        ValidationError,
+        ("2048", "1024"),
+    ),
     D(
         "workgroup_2048_threads",
-        lambda be, a, b: be.dispatch(VECADD, [a, b], DispatchConfig(workgroup_override=(32, 32, 2), grid_override=(1, 1, 1))),
+        lambda be, a, b: be.dispatch(
+            VECADD, [a, b], DispatchConfig(workgroup_override=(32, 32, 2), grid_override=(1, 1, 1))
+        ),
         ValidationError,
         ("2048",),
     ),
     D(
         "workgroup_z_65",
-        lambda be, a, b: be.dispatch(VECADD, [a, b], DispatchConfig(workgroup_override=(1, 1, 65), grid_override=(1, 1, 1))),
+        lambda be, a, b: be.dispatch(
+            VECADD, [a, b], DispatchConfig(workgroup_override=(1, 1, 65), grid_override=(1, 1, 1))
+        ),
         ValidationError,
         ("65", "64"),
     ),
-    D("workgroup_2d_without_grid", lambda be, a, b: be.dispatch(VECADD, [a, b], DispatchConfig(workgroup_override=(16, 16, 1))), ValidationError),
-    D("grid_y_over_limit", lambda be, a, b: be.dispatch(VECADD, [a, b], DispatchConfig(grid_override=(1, 65536, 1))), ValidationError, ("65536", "65535")),
+    D(
+        "workgroup_2d_without_grid",
+        lambda be, a, b: be.dispatch(VECADD, [a, b], DispatchConfig(workgroup_override=(16, 16, 1))),
+        ValidationError,
+    ),
+    D(
+        "grid_y_over_limit",
+        lambda be, a, b: be.dispatch(VECADD, [a, b], DispatchConfig(grid_override=(1, 65536, 1))),
+        ValidationError,
+        ("65536", "65535"),
+    ),
     D(
         "grid_x_over_limit",
-        lambda be, a, b: be.dispatch(VECADD, [a, b], DispatchConfig(workgroup_override=(1, 1, 1), grid_override=(2**31, 1, 1))),
+        lambda be, a, b: be.dispatch(
+            VECADD, [a, b], DispatchConfig(workgroup_override=(1, 1, 1), grid_override=(2**31, 1, 1))
+        ),
         ValidationError,
         (str(2**31),),
     ),
-    D("grid_over_u32_elements", lambda be, a, b: be.dispatch(VECADD, [a, b], DispatchConfig(grid_override=(2**24 + 1, 1, 1))), InvalidProgram),
+    D(
+        "grid_over_u32_elements",
+        lambda be, a, b: be.dispatch(VECADD, [a, b], DispatchConfig(grid_override=(2**24 + 1, 1, 1))),
+        InvalidProgram,
+    ),
     D(
         "cooperative_over_residency",
         lambda be, a, b: be.dispatch(VECADD, [a, b], DispatchConfig(cooperative=True, grid_override=(100_000, 1, 1))),
@@ -361,31 +438,120 @@ DISPATCH_CASES = [
         ("100000",),
     ),
     # workgroup (shared) memory
-    D("shared_over_optin", lambda be, a, b: be.dispatch(BIG_SCRATCH, [np.ones(64, np.uint32)]), ValidationError, ("240000",)),
-    D("shared_two_buffers_over_optin", lambda be, a, b: be.dispatch(TWO_SCRATCH, [np.ones(64, np.uint32)]), ValidationError, ("scratch=120000", "extra=120000")),
-    D("shared_bytes_overflow_u64", lambda be, a, b: be.dispatch(HUGE_SCRATCH, [np.ones(64, np.uint32)]), InvalidProgram, ("overflows",)),
+    D(
+        "shared_over_optin",
+        lambda be, a, b: be.dispatch(BIG_SCRATCH, [np.ones(64, np.uint32)]),
+        ValidationError,
+        ("240000",),
+    ),
+    D(
+        "shared_two_buffers_over_optin",
+        lambda be, a, b: be.dispatch(TWO_SCRATCH, [np.ones(64, np.uint32)]),
+        ValidationError,
+        ("scratch=120000", "extra=120000"),
+    ),
+    D(
+        "shared_bytes_overflow_u64",
+        lambda be, a, b: be.dispatch(HUGE_SCRATCH, [np.ones(64, np.uint32)]),
+        InvalidProgram,
+        ("overflows",),
+    ),
     # features the backend refuses
     D("persistent_buffer", lambda be, a, b: be.dispatch(PERSISTENT, [a, b]), UnsupportedFeature, ("out",)),
     D("requires_collectives", lambda be, a, b: be.dispatch(COLLECTIVES, [a, b]), UnsupportedFeature, ("collectives",)),
-    D("requires_indirect_dispatch", lambda be, a, b: be.dispatch(INDIRECT, [a, b]), UnsupportedFeature, ("indirect_dispatch",)),
+    D(
+        "requires_indirect_dispatch",
+        lambda be, a, b: be.dispatch(INDIRECT, [a, b]),
+        UnsupportedFeature,
+        ("indirect_dispatch",),
+    ),
     # counts and ranges overflowing 64-bit byte arithmetic or the u32 params words
-    D("static_count_2**62_f64", lambda be, a, b: be.dispatch(_vecadd_with(BufferDecl.output("out", 2, "f64", 2**62)), [a, b]), InvalidProgram, ("overflows", str(2**62))),
-    D("static_count_2**61_f64", lambda be, a, b: be.dispatch(_vecadd_with(BufferDecl.output("out", 2, "f64", 2**61)), [a, b]), InvalidProgram, ("overflows",)),
-    D("static_count_over_u32", lambda be, a, b: be.dispatch(_vecadd_with(BufferDecl.output("out", 2, "u8", 2**32)), [a, b]), InvalidProgram, (str(2**32),)),
+    D(
+        "static_count_2**62_f64",
+        lambda be, a, b: be.dispatch(_vecadd_with(BufferDecl.output("out", 2, "f64", 2**62)), [a, b]),
+        InvalidProgram,
+        ("overflows", str(2**62)),
+    ),
+    D(
+        "static_count_2**61_f64",
+        lambda be, a, b: be.dispatch(_vecadd_with(BufferDecl.output("out", 2, "f64", 2**61)), [a, b]),
+        InvalidProgram,
+        ("overflows",),
+    ),
+    D(
+        "static_count_over_u32",
+        lambda be, a, b: be.dispatch(_vecadd_with(BufferDecl.output("out", 2, "u8", 2**32)), [a, b]),
+        InvalidProgram,
+        (str(2**32),),
+    ),
     # 200 GiB of u8 is refused by the u32 element-count word before the memory budget is asked
-    D("static_200gib_u8", lambda be, a, b: be.dispatch(_vecadd_with(BufferDecl.output("out", 2, "u8", 200 << 30)), [a, b]), InvalidProgram, (str(200 << 30),)),
-    D("output_byte_range_past_end", lambda be, a, b: be.dispatch(_vecadd_with(BufferDecl.output("out", 2, "f32", output_byte_range=(0, 4 * N + 4))), [a, b]), InvalidProgram, (str(4 * N + 4), str(4 * N))),
-    D("output_byte_range_after_end", lambda be, a, b: be.dispatch(_vecadd_with(BufferDecl.output("out", 2, "f32", output_byte_range=(4 * N + 16, 4 * N + 32))), [a, b]), InvalidProgram),
-    D("output_byte_range_2**64", lambda be, a, b: be.dispatch(_vecadd_with(BufferDecl.output("out", 2, "f32", output_byte_range=(2**64, 2**65))), [a, b]), InvalidProgram),
+    D(
+        "static_200gib_u8",
+        lambda be, a, b: be.dispatch(_vecadd_with(BufferDecl.output("out", 2, "u8", 200 << 30)), [a, b]),
+        InvalidProgram,
+        (str(200 << 30),),
+    ),
+    D(
+        "output_byte_range_past_end",
+        lambda be, a, b: be.dispatch(
+            _vecadd_with(BufferDecl.output("out", 2, "f32", output_byte_range=(0, 4 * N + 4))), [a, b]
+        ),
+        InvalidProgram,
+        (str(4 * N + 4), str(4 * N)),
+    ),
+    D(
+        "output_byte_range_after_end",
+        lambda be, a, b: be.dispatch(
+            _vecadd_with(BufferDecl.output("out", 2, "f32", output_byte_range=(4 * N + 16, 4 * N + 32))), [a, b]
+        ),
+        InvalidProgram,
+    ),
+    D(
+        "output_byte_range_2**64",
+        lambda be, a, b: be.dispatch(
+            _vecadd_with(BufferDecl.output("out", 2, "f32", output_byte_range=(2**64, 2**65))), [a, b]
+        ),
+        InvalidProgram,
+    ),
     # device memory budget: refused at planning, before any allocation
     D("device_memory_budget", lambda be, a, b: be.dispatch(BUDGET, []), DeviceOutOfMemory, ("bytes",)),
     # kernels that do not compile, lack their entry or do not load
-    D("cuda_does_not_compile", lambda be, a, b: be.dispatch(_good_program(Kernel.cuda(_BROKEN_SRC)), []), KernelCompileFailed, ("undeclared_thing",), _log_has("undeclared_thing", "error")),
-    D("cuda_missing_header", lambda be, a, b: be.dispatch(_good_program(Kernel.cuda(_MISSING_HEADER_SRC)), []), KernelCompileFailed, check=_log_has("no_such_header.cuh")),
-    D("cuda_entry_missing", lambda be, a, b: be.dispatch(_good_program(Kernel.cuda(_GOOD_SRC, entry="not_there")), []), KernelCompileFailed, ("not_there", "vyre_main")),
-    D("cuda_entry_mangled", lambda be, a, b: be.dispatch(_good_program(Kernel.cuda(_MANGLED_SRC)), []), KernelCompileFailed, ("vyre_main",)),
-    D("cuda_unknown_option", lambda be, a, b: be.dispatch(_good_program(Kernel.cuda(_GOOD_SRC, options=("--no-such-option",))), []), KernelCompileFailed),
-    D("ptx_entry_missing", lambda be, a, b: be.dispatch(_good_program(Kernel.ptx(_PTX_OTHER_ENTRY)), []), KernelCompileFailed, ("main", "other")),
+    D(
+        "cuda_does_not_compile",
+        lambda be, a, b: be.dispatch(_good_program(Kernel.cuda(_BROKEN_SRC)), []),
+        KernelCompileFailed,
+        ("undeclared_thing",),
+        _log_has("undeclared_thing", "error"),
+    ),
+    D(
+        "cuda_missing_header",
+        lambda be, a, b: be.dispatch(_good_program(Kernel.cuda(_MISSING_HEADER_SRC)), []),
+        KernelCompileFailed,
+        check=_log_has("no_such_header.cuh"),
+    ),
+    D(
+        "cuda_entry_missing",
+        lambda be, a, b: be.dispatch(_good_program(Kernel.cuda(_GOOD_SRC, entry="not_there")), []),
+        KernelCompileFailed,
+        ("not_there", "vyre_main"),
+    ),
+    D(
+        "cuda_entry_mangled",
+        lambda be, a, b: be.dispatch(_good_program(Kernel.cuda(_MANGLED_SRC)), []),
+        KernelCompileFailed,
+        ("vyre_main",),
+    ),
+    D(
+        "cuda_unknown_option",
+        lambda be, a, b: be.dispatch(_good_program(Kernel.cuda(_GOOD_SRC, options=("--no-such-option",))), []),
+        KernelCompileFailed,
+    ),
+    D(
+        "ptx_entry_missing",
+        lambda be, a, b: be.dispatch(_good_program(Kernel.ptx(_PTX_OTHER_ENTRY)), []),
+        KernelCompileFailed,
+        ("main", "other"),
+    ),
     D(
         "ptx_does_not_load",
         lambda be, a, b: be.dispatch(_good_program(Kernel.ptx(_PTX_GARBAGE)), []),
@@ -396,17 +562,56 @@ DISPATCH_CASES = [
     ),
     # dispatch_into outputs
     D("into_no_outputs", lambda be, a, b: be.dispatch_into(VECADD, [a, b], []), ValidationError, ("0", "1")),
-    D("into_two_outputs", lambda be, a, b: be.dispatch_into(VECADD, [a, b], [np.empty(N, _f32), np.empty(N, _f32)]), ValidationError, ("2", "1")),
-    D("into_float64", lambda be, a, b: be.dispatch_into(VECADD, [a, b], [np.empty(N, np.float64)]), ValidationError, ("float64", "float32")),
-    D("into_int32", lambda be, a, b: be.dispatch_into(VECADD, [a, b], [np.empty(N, np.int32)]), ValidationError, ("int32", "float32")),
-    D("into_too_small", lambda be, a, b: be.dispatch_into(VECADD, [a, b], [np.empty(N - 1, _f32)]), ValidationError, (str(4 * N - 4), str(4 * N))),
-    D("into_too_large", lambda be, a, b: be.dispatch_into(VECADD, [a, b], [np.empty(N + 1, _f32)]), ValidationError, (str(4 * N + 4), str(4 * N))),
-    D("into_read_only", lambda be, a, b: be.dispatch_into(VECADD, [a, b], [_read_only(np.empty(N, _f32))]), ValidationError, ("read-only",)),
+    D(
+        "into_two_outputs",
+        lambda be, a, b: be.dispatch_into(VECADD, [a, b], [np.empty(N, _f32), np.empty(N, _f32)]),
+        ValidationError,
+        ("2", "1"),
+    ),
+    D(
+        "into_float64",
+        lambda be, a, b: be.dispatch_into(VECADD, [a, b], [np.empty(N, np.float64)]),
+        ValidationError,
+        ("float64", "float32"),
+    ),
+    D(
+        "into_int32",
+        lambda be, a, b: be.dispatch_into(VECADD, [a, b], [np.empty(N, np.int32)]),
+        ValidationError,
+        ("int32", "float32"),
+    ),
+    D(
+        "into_too_small",
+        lambda be, a, b: be.dispatch_into(VECADD, [a, b], [np.empty(N - 1, _f32)]),
+        ValidationError,
+        (str(4 * N - 4), str(4 * N)),
+    ),
+    D(
+        "into_too_large",
+        lambda be, a, b: be.dispatch_into(VECADD, [a, b], [np.empty(N + 1, _f32)]),
+        ValidationError,
+        (str(4 * N + 4), str(4 * N)),
+    ),
+    D(
+        "into_read_only",
+        lambda be, a, b: be.dispatch_into(VECADD, [a, b], [_read_only(np.empty(N, _f32))]),
+        ValidationError,
+        ("read-only",),
+    ),
     D("into_bytes", lambda be, a, b: be.dispatch_into(VECADD, [a, b], [bytes(4 * N)]), ValidationError, ("read-only",)),
     D("into_strided", lambda be, a, b: be.dispatch_into(VECADD, [a, b], [np.empty(2 * N, _f32)[::2]]), ValidationError),
     D("into_none", lambda be, a, b: be.dispatch_into(VECADD, [a, b], [None]), ValidationError, ("NoneType",)),
-    D("into_list_of_floats", lambda be, a, b: be.dispatch_into(VECADD, [a, b], [[0.0] * N]), ValidationError, ("list",)),
-    D("into_bad_input_good_output", lambda be, a, b: be.dispatch_into(VECADD, [a, None], [np.empty(N, _f32)]), ValidationError),
+    D(
+        "into_list_of_floats",
+        lambda be, a, b: be.dispatch_into(VECADD, [a, b], [[0.0] * N]),
+        ValidationError,
+        ("list",),
+    ),
+    D(
+        "into_bad_input_good_output",
+        lambda be, a, b: be.dispatch_into(VECADD, [a, None], [np.empty(N, _f32)]),
+        ValidationError,
+    ),
     D(
         "into_outputs_none",
         lambda be, a, b: be.dispatch_into(VECADD, [a, b], None),
@@ -469,24 +674,56 @@ STATIC_CASES = [
     S("as_config_a_list", lambda: as_config([]), ValidationError),
     S("as_config_bad_value", lambda: as_config({"grid_override": (0,)}), ValidationError),
     # Program, BufferDecl, Kernel
-    S("program_duplicate_binding", lambda: Program(VECADD.kernel, [_V[0], BufferDecl.read("c", 0, "f32"), _V[2]]), InvalidProgram, ("'a'", "'c'", "0")),
-    S("program_duplicate_name", lambda: Program(VECADD.kernel, [_V[0], BufferDecl.read("a", 1, "f32"), _V[2]]), InvalidProgram, ("'a'",)),
-    S("program_workgroup_binding_clash", lambda: Program(VECADD.kernel, [*_V, BufferDecl.workgroup("s", 2, "f32", 8)]), InvalidProgram),
+    S(
+        "program_duplicate_binding",
+        lambda: Program(VECADD.kernel, [_V[0], BufferDecl.read("c", 0, "f32"), _V[2]]),
+        InvalidProgram,
+        ("'a'", "'c'", "0"),
+    ),
+    S(
+        "program_duplicate_name",
+        lambda: Program(VECADD.kernel, [_V[0], BufferDecl.read("a", 1, "f32"), _V[2]]),
+        InvalidProgram,
+        ("'a'",),
+    ),
+    S(
+        "program_workgroup_binding_clash",
+        lambda: Program(VECADD.kernel, [*_V, BufferDecl.workgroup("s", 2, "f32", 8)]),
+        InvalidProgram,
+    ),
     S("program_no_buffers", lambda: Program(VECADD.kernel, []), InvalidProgram),
     S("program_kernel_a_str", lambda: Program("vyre_main", list(_V)), InvalidProgram, ("str",)),
     S("program_buffer_a_tuple", lambda: Program(VECADD.kernel, [("a", 0, "f32")]), InvalidProgram, ("tuple",)),
     S("program_workgroup_zero", lambda: Program(VECADD.kernel, list(_V), workgroup_size=(0, 1, 1)), InvalidProgram),
     S("program_phases_without_grid_sync", lambda: Program(VECADD.kernel, list(_V), phases=2), InvalidProgram, ("2",)),
     S("program_phases_zero", lambda: Program(VECADD.kernel, list(_V), grid_sync=True, phases=0), InvalidProgram),
-    S("program_unknown_requirement", lambda: Program(VECADD.kernel, list(_V), requires=("tensor_cores",)), InvalidProgram, ("tensor_cores",)),
-    S("program_binding_over_65535", lambda: Program(VECADD.kernel, [BufferDecl.read("a", 70_000, "f32")]), InvalidProgram, ("70000",)),
+    S(
+        "program_unknown_requirement",
+        lambda: Program(VECADD.kernel, list(_V), requires=("tensor_cores",)),
+        InvalidProgram,
+        ("tensor_cores",),
+    ),
+    S(
+        "program_binding_over_65535",
+        lambda: Program(VECADD.kernel, [BufferDecl.read("a", 70_000, "f32")]),
+        InvalidProgram,
+        ("70000",),
+    ),
     S("decl_negative_count", lambda: BufferDecl.read("a", 0, "f32", -1), InvalidProgram, ("-1",)),
     S("decl_bool_binding", lambda: BufferDecl.read("a", True, "f32"), InvalidProgram),
     S("decl_str_binding", lambda: BufferDecl.read("a", "0", "f32"), InvalidProgram),
     S("decl_alignment_3", lambda: BufferDecl.read("a", 0, "f32", alignment=3), InvalidProgram, ("3",)),
     S("decl_alignment_8192", lambda: BufferDecl.read("a", 0, "f32", alignment=8192), InvalidProgram, ("8192",)),
-    S("decl_byte_range_reversed", lambda: BufferDecl.output("o", 0, "f32", 8, output_byte_range=(8, 4)), InvalidProgram),
-    S("decl_byte_range_negative", lambda: BufferDecl.output("o", 0, "f32", 8, output_byte_range=(-4, 4)), InvalidProgram),
+    S(
+        "decl_byte_range_reversed",
+        lambda: BufferDecl.output("o", 0, "f32", 8, output_byte_range=(8, 4)),
+        InvalidProgram,
+    ),
+    S(
+        "decl_byte_range_negative",
+        lambda: BufferDecl.output("o", 0, "f32", 8, output_byte_range=(-4, 4)),
+        InvalidProgram,
+    ),
     S("decl_byte_range_one_value", lambda: BufferDecl.output("o", 0, "f32", 8, output_byte_range=(4,)), InvalidProgram),
     S("decl_unknown_dtype", lambda: BufferDecl.read("a", 0, "f128"), InvalidProgram, ("f128",)),
     S("decl_complex_dtype", lambda: BufferDecl.read("a", 0, np.complex64), InvalidProgram),
@@ -502,23 +739,89 @@ STATIC_CASES = [
     S("plan_length_not_whole", lambda: _plan(VECADD, (4 * N, 4 * N + 2)), ValidationError, (str(4 * N + 2),)),
     S("plan_static_length", lambda: _plan(BLOCK_SUM, (252,)), ValidationError, ("63", "64")),
     S("plan_zero_elements", lambda: _plan(VECADD, (0, 0)), ValidationError),
-    S("plan_runtime_output_without_runtime_input", lambda: _plan(Program(VECADD.kernel, [BufferDecl.read("a", 0, "f32", 4), BufferDecl.output("out", 1, "f32")]), (16,)), InvalidProgram, ("out",)),
+    S(
+        "plan_runtime_output_without_runtime_input",
+        lambda: _plan(
+            Program(VECADD.kernel, [BufferDecl.read("a", 0, "f32", 4), BufferDecl.output("out", 1, "f32")]), (16,)
+        ),
+        InvalidProgram,
+        ("out",),
+    ),
     S("plan_persistent", lambda: _plan(PERSISTENT, (4 * N, 4 * N)), UnsupportedFeature),
-    S("plan_block_2048", lambda: _plan(VECADD, (4 * N, 4 * N), DispatchConfig(workgroup_override=2048)), ValidationError, ("2048",)),
-    S("plan_grid_y_65536", lambda: _plan(VECADD, (4 * N, 4 * N), DispatchConfig(grid_override=(1, 65536))), ValidationError, ("65536",)),
+    S(
+        "plan_block_2048",
+        lambda: _plan(VECADD, (4 * N, 4 * N), DispatchConfig(workgroup_override=2048)),
+        ValidationError,
+        ("2048",),
+    ),
+    S(
+        "plan_grid_y_65536",
+        lambda: _plan(VECADD, (4 * N, 4 * N), DispatchConfig(grid_override=(1, 65536))),
+        ValidationError,
+        ("65536",),
+    ),
     S("plan_runtime_count_over_u32", lambda: _plan(VECADD, (2**34, 2**34)), InvalidProgram, (str(2**32),)),
-    S("plan_params_word_over_u32", lambda: _plan(_vecadd_with(BufferDecl.output("out", 2, "u8", 2**33)), (4 * N, 4 * N), DispatchConfig(grid_override=1)), InvalidProgram, (str(2**33),)),
+    S(
+        "plan_params_word_over_u32",
+        lambda: _plan(
+            _vecadd_with(BufferDecl.output("out", 2, "u8", 2**33)), (4 * N, 4 * N), DispatchConfig(grid_override=1)
+        ),
+        InvalidProgram,
+        (str(2**33),),
+    ),
     S("plan_input_bytes_overflow_u64", lambda: _plan(VECADD, (2**64, 2**64)), InvalidProgram, ("overflows",)),
-    S("plan_slab_offset_overflows_u64", lambda: _plan(VECADD, (2**64 - 8, 2**64 - 8), DispatchConfig(grid_override=1)), InvalidProgram, ("overflows",)),
+    S(
+        "plan_slab_offset_overflows_u64",
+        lambda: _plan(VECADD, (2**64 - 8, 2**64 - 8), DispatchConfig(grid_override=1)),
+        InvalidProgram,
+        ("overflows",),
+    ),
     S("plan_shared_over_optin", lambda: _plan(BIG_SCRATCH, (256,)), ValidationError, ("240000", "232448")),
     S("plan_shared_overflow_u64", lambda: _plan(HUGE_SCRATCH, (256,)), InvalidProgram, ("overflows",)),
-    S("plan_byte_range_past_end", lambda: _plan(_vecadd_with(BufferDecl.output("out", 2, "f32", output_byte_range=(0, 4 * N + 4))), (4 * N, 4 * N)), InvalidProgram),
-    S("plan_bf16_on_cc75", lambda: _plan(Program(VECADD.kernel, [BufferDecl.read("a", 0, "bf16"), BufferDecl.read("b", 1, "bf16"), BufferDecl.output("out", 2, "bf16")]), (8, 8), caps=replace(CAPS, cc=(7, 5))), UnsupportedFeature, ("bf16", "7.5")),
-    S("plan_f16_on_cc50", lambda: _plan(bp.vecadd("f16"), (8, 8), caps=replace(CAPS, cc=(5, 0))), UnsupportedFeature, ("f16", "5.0")),
-    S("plan_grid_sync_without_cooperative", lambda: _plan(_SCAN, (4 * N,), caps=replace(CAPS, cooperative_launch=False)), UnsupportedFeature, ("cooperative",)),
-    S("plan_cooperative_config_without_cooperative", lambda: _plan(VECADD, (4 * N, 4 * N), DispatchConfig(cooperative=True), caps=replace(CAPS, cc=(5, 2))), UnsupportedFeature),
+    S(
+        "plan_byte_range_past_end",
+        lambda: _plan(
+            _vecadd_with(BufferDecl.output("out", 2, "f32", output_byte_range=(0, 4 * N + 4))), (4 * N, 4 * N)
+        ),
+        InvalidProgram,
+    ),
+    S(
+        "plan_bf16_on_cc75",
+        lambda: _plan(
+            Program(
+                VECADD.kernel,
+                [BufferDecl.read("a", 0, "bf16"), BufferDecl.read("b", 1, "bf16"), BufferDecl.output("out", 2, "bf16")],
+            ),
+            (8, 8),
+            caps=replace(CAPS, cc=(7, 5)),
+        ),
+        UnsupportedFeature,
+        ("bf16", "7.5"),
+    ),
+    S(
+        "plan_f16_on_cc50",
+        lambda: _plan(bp.vecadd("f16"), (8, 8), caps=replace(CAPS, cc=(5, 0))),
+        UnsupportedFeature,
+        ("f16", "5.0"),
+    ),
+    S(
+        "plan_grid_sync_without_cooperative",
+        lambda: _plan(_SCAN, (4 * N,), caps=replace(CAPS, cooperative_launch=False)),
+        UnsupportedFeature,
+        ("cooperative",),
+    ),
+    S(
+        "plan_cooperative_config_without_cooperative",
+        lambda: _plan(VECADD, (4 * N, 4 * N), DispatchConfig(cooperative=True), caps=replace(CAPS, cc=(5, 2))),
+        UnsupportedFeature,
+    ),
     S("plan_collectives", lambda: _plan(COLLECTIVES, (4 * N, 4 * N)), UnsupportedFeature, ("collectives",)),
-    S("plan_cooperative_over_residency", lambda: _plan(VECADD, (4 * N, 4 * N), DispatchConfig(cooperative=True, grid_override=5000)), CooperativeResidencyExceeded, ("5000", "1056")),
+    S(
+        "plan_cooperative_over_residency",
+        lambda: _plan(VECADD, (4 * N, 4 * N), DispatchConfig(cooperative=True, grid_override=5000)),
+        CooperativeResidencyExceeded,
+        ("5000", "1056"),
+    ),
     # checked byte arithmetic
     S("checked_add_overflow", lambda: checked_add(2**64 - 1, 1), InvalidProgram, (str(2**64 - 1),)),
     S("checked_mul_overflow", lambda: checked_mul(2**32, 2**32), InvalidProgram, (str(2**32),)),
@@ -528,15 +831,55 @@ STATIC_CASES = [
     S("align_up_not_power_of_two", lambda: align_up(5, 3), InvalidProgram, ("3",)),
     S("bucket_size_overflow", lambda: bucket_size(2**63 + 1), InvalidProgram),
     # NVRTC compilation (needs no device)
-    S("compile_syntax_error", lambda: compile_kernel(Kernel.cuda(_BROKEN_SRC), arch=(9, 0)), KernelCompileFailed, ("undeclared_thing",), _log_has("undeclared_thing", "error")),
-    S("compile_missing_header", lambda: compile_kernel(Kernel.cuda(_MISSING_HEADER_SRC), arch=(9, 0)), KernelCompileFailed, check=_log_has("no_such_header.cuh")),
-    S("compile_missing_entry", lambda: compile_kernel(Kernel.cuda(_GOOD_SRC, entry="not_there"), arch=(9, 0)), KernelCompileFailed, ("not_there", "vyre_main")),
-    S("compile_mangled_entry", lambda: compile_kernel(Kernel.cuda(_MANGLED_SRC), arch=(9, 0)), KernelCompileFailed, ("vyre_main",)),
-    S("compile_unknown_option", lambda: compile_kernel(Kernel.cuda(_GOOD_SRC, options=("--no-such-option",)), arch=(9, 0)), KernelCompileFailed),
-    S("compile_ptx_missing_entry", lambda: compile_kernel(Kernel.ptx(_PTX_OTHER_ENTRY)), KernelCompileFailed, ("main", "other")),
+    S(
+        "compile_syntax_error",
+        lambda: compile_kernel(Kernel.cuda(_BROKEN_SRC), arch=(9, 0)),
+        KernelCompileFailed,
+        ("undeclared_thing",),
+        _log_has("undeclared_thing", "error"),
+    ),
+    S(
+        "compile_missing_header",
+        lambda: compile_kernel(Kernel.cuda(_MISSING_HEADER_SRC), arch=(9, 0)),
+        KernelCompileFailed,
+        check=_log_has("no_such_header.cuh"),
+    ),
+    S(
+        "compile_missing_entry",
+        lambda: compile_kernel(Kernel.cuda(_GOOD_SRC, entry="not_there"), arch=(9, 0)),
+        KernelCompileFailed,
+        ("not_there", "vyre_main"),
+    ),
+    S(
+        "compile_mangled_entry",
+        lambda: compile_kernel(Kernel.cuda(_MANGLED_SRC), arch=(9, 0)),
+        KernelCompileFailed,
+        ("vyre_main",),
+    ),
+    S(
+        "compile_unknown_option",
+        lambda: compile_kernel(Kernel.cuda(_GOOD_SRC, options=("--no-such-option",)), arch=(9, 0)),
+        KernelCompileFailed,
+    ),
+    S(
+        "compile_ptx_missing_entry",
+        lambda: compile_kernel(Kernel.ptx(_PTX_OTHER_ENTRY)),
+        KernelCompileFailed,
+        ("main", "other"),
+    ),
     S("compile_arch_garbage", lambda: compile_kernel(Kernel.cuda(_GOOD_SRC), arch=("nine", "zero")), ValidationError),
-    S("compile_arch_too_old", lambda: compile_kernel(Kernel.cuda(_GOOD_SRC), arch=(3, 0)), KernelCompileFailed, ("3.0",)),
-    S("compile_bad_define", lambda: compile_kernel(Kernel.cuda(_GOOD_SRC), arch=(9, 0), defines={"1BAD": "x"}), ValidationError, ("1BAD",)),
+    S(
+        "compile_arch_too_old",
+        lambda: compile_kernel(Kernel.cuda(_GOOD_SRC), arch=(3, 0)),
+        KernelCompileFailed,
+        ("3.0",),
+    ),
+    S(
+        "compile_bad_define",
+        lambda: compile_kernel(Kernel.cuda(_GOOD_SRC), arch=(9, 0), defines={"1BAD": "x"}),
+        ValidationError,
+        ("1BAD",),
+    ),
     # backend arguments checked before the driver is touched
     S("backend_device_a_str", lambda: vc.CudaBackend("0"), ValidationError, ("'0'",)),
     S("backend_device_a_bool", lambda: vc.CudaBackend(True), ValidationError),
@@ -597,7 +940,9 @@ def fake_refusals(fake_libcuda, tmp_path_factory):
     seed = int.from_bytes(os.urandom(4), "little")
     child = pathlib.Path(fakecuda.__file__).with_name("bad_input_child.py")
     proc = fakecuda.run_python(
-        [str(child), str(seed)], fake_libcuda, timeout=600,
+        [str(child), str(seed)],
+        fake_libcuda,
+        timeout=600,
         VYRE_CUDA_CACHE_DIR=tmp_path_factory.getbasetemp() / "kernel-cache",
     )
     assert proc.returncode == 0, f"child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
@@ -626,8 +971,16 @@ def test_fake_backend_counters_can_move_and_close_frees_everything(fake_refusals
     assert fake["launches"] >= 2 and fake["htod_copies"] >= 2 and fake["violations"] == 0, fake
     assert fake_refusals["_hook_errors"] == []
     closed = fake_refusals["_closed"]
-    for key in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs", "violations",
-                "no_context"):
+    for key in (
+        "device_allocs",
+        "host_allocs",
+        "streams",
+        "events",
+        "modules",
+        "context_refs",
+        "violations",
+        "no_context",
+    ):
         assert closed[key] == 0, (key, closed)
 
 
@@ -654,7 +1007,9 @@ def test_refusals_do_not_poison_the_plan_cache(offline_backend, rng):
         with pytest.raises(ValidationError):
             offline_backend.dispatch(VECADD, [a, b.astype(np.float64)])
         with pytest.raises(InvalidProgram):
-            offline_backend.dispatch(_vecadd_with(BufferDecl.output("out", 2, "f32", output_byte_range=(0, 4 * N + 4))), [a, b])
+            offline_backend.dispatch(
+                _vecadd_with(BufferDecl.output("out", 2, "f32", output_byte_range=(0, 4 * N + 4))), [a, b]
+            )
     assert offline_backend.telemetry.snapshot()["dispatches"] == 0
 
 

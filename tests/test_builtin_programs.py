@@ -20,8 +20,18 @@ from vyre_cuda.program import DTYPES
 
 @pytest.mark.parametrize(
     ("dtype", "name"),
-    [("f32", "f32"), ("float32", "f32"), ("float", "f32"), (np.float32, "f32"), (np.dtype("int64"), "i64"),
-     ("half", "f16"), ("bfloat16", "bf16"), ("bf16", "bf16"), ("uint8", "u8"), ("double", "f64")],
+    [
+        ("f32", "f32"),
+        ("float32", "f32"),
+        ("float", "f32"),
+        (np.float32, "f32"),
+        (np.dtype("int64"), "i64"),
+        ("half", "f16"),
+        ("bfloat16", "bf16"),
+        ("bf16", "bf16"),
+        ("uint8", "u8"),
+        ("double", "f64"),
+    ],
 )
 def test_vecadd_accepts_names_aliases_and_numpy_dtypes(dtype, name):
     # vecadd("bf16") and vecadd("float32") used to raise KeyError
@@ -60,16 +70,16 @@ TOUCHED = {
 def test_every_builtin_checks_each_buffer_with_its_own_count(name):
     # vecadd used to check only the launch count, so a shorter b was read past its end
     prog, touched = TOUCHED[name]
-    checked = {
-        int(b) for b in re.findall(r"vyre_(?:in_bounds|binding_count)\(params, (\d+)", prog.kernel.source)
-    }
+    checked = {int(b) for b in re.findall(r"vyre_(?:in_bounds|binding_count)\(params, (\d+)", prog.kernel.source)}
     assert touched <= checked, f"{name} does not bound-check bindings {sorted(touched - checked)}"
 
 
 def test_builtin_launch_rules():
     caps = DeviceCaps()
     # params_echo and block_sum name what sizes their launch: no warning, documented word 0
-    for prog, lengths, count in ((bp.params_echo(words=7), (4 * 123,), 7),
-                                 (bp.block_sum_u32(8, workgroup=128), (4 * 1024,), 1024)):
+    for prog, lengths, count in (
+        (bp.params_echo(words=7), (4 * 123,), 7),
+        (bp.block_sum_u32(8, workgroup=128), (4 * 1024,), 1024),
+    ):
         bplan = plan_bindings(prog, lengths)
         assert plan_launch(prog, bplan, DispatchConfig(), caps).element_count == count

@@ -320,9 +320,7 @@ def test_concurrent_compiles_agree():
 def test_disk_cache_hit_in_a_fresh_memory_cache(cache, monkeypatch):
     first = compile_kernel(kernel(), arch=(9, 0))
     folder = cache / first.key[:2]
-    assert sorted(p.name for p in folder.iterdir()) == sorted(
-        f"{first.key}{s}" for s in (".cubin", ".json", ".ptx")
-    )
+    assert sorted(p.name for p in folder.iterdir()) == sorted(f"{first.key}{s}" for s in (".cubin", ".json", ".ptx"))
     clear_cache(memory=True, disk=False)
     before = cache_info()
     forbid_compiling(monkeypatch)
@@ -481,9 +479,7 @@ def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
 
 # Load failures --------------------------------------------------------------------------------
 def test_explain_unsupported_ptx_same_major_suggests_matching_nvrtc():
-    message, fix = explain_load_failure(
-        "CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "ptx", (13, 3), 13000
-    )
+    message, fix = explain_load_failure("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "ptx", (13, 3), 13000)
     assert "CUDA_ERROR_UNSUPPORTED_PTX_VERSION" in message
     assert "13.0" in message and "13.3" in message
     assert "pip install 'nvidia-cuda-nvrtc==13.0.*'" in fix
@@ -491,9 +487,7 @@ def test_explain_unsupported_ptx_same_major_suggests_matching_nvrtc():
 
 
 def test_explain_unsupported_ptx_older_driver_major_suggests_driver_update():
-    message, fix = explain_load_failure(
-        "CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "ptx", (13, 3), 12080
-    )
+    message, fix = explain_load_failure("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "ptx", (13, 3), 12080)
     assert "12.8" in message and "13.3" in message
     assert "update the NVIDIA driver" in fix and "13.3" in fix
     assert "==12.8" not in fix

@@ -14,8 +14,8 @@ import threading
 import pytest
 
 import vyre_cuda
-from vyre_cuda.compile import cache_info, clear_cache, compile_kernel, cuda_include_dirs
 from vyre_cuda.compile import cache as cache_mod
+from vyre_cuda.compile import cache_info, clear_cache, compile_kernel, cuda_include_dirs
 from vyre_cuda.compile import headers as headers_mod
 from vyre_cuda.compile import nvrtc as nvrtc_mod
 from vyre_cuda.errors import KernelCompileFailed
@@ -111,7 +111,8 @@ _CHILD = r"""
 import json, os, pathlib, sys, threading, time
 from vyre_cuda.compile import cache_info, compile_kernel
 from vyre_cuda.program import Kernel
-source, kernels, ready, index, total = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+source, kernels, ready = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
+index, total = sys.argv[4], int(sys.argv[5])
 (ready / index).touch()
 deadline = time.monotonic() + 60
 while len(list(ready.iterdir())) < total and time.monotonic() < deadline:
@@ -142,7 +143,11 @@ def test_processes_compile_each_kernel_once(cache, tmp_path):
     children = [
         subprocess.Popen(
             [sys.executable, "-c", _CHILD, SOURCE, str(kernels), str(ready), str(i), str(processes)],
-            cwd=PACKAGE_ROOT.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=PACKAGE_ROOT.parent,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for i in range(processes)
     ]
@@ -163,10 +168,17 @@ def test_file_lock_is_exclusive_and_leaves_no_file(cache):
     with cache_mod.file_lock(key) as held:
         assert held and (cache / "ab" / f"{key}.lock").is_file()
         child = subprocess.run(
-            [sys.executable, "-c", "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\n"
-             "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    print('busy')\n",
-             str(cache / "ab" / f"{key}.lock")],
-            capture_output=True, text=True, timeout=60,
+            [
+                sys.executable,
+                "-c",
+                "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\n"
+                "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+                "except BlockingIOError:\n    print('busy')\n",
+                str(cache / "ab" / f"{key}.lock"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert child.stdout.strip() == "busy"
     assert not (cache / "ab" / f"{key}.lock").exists()
@@ -289,7 +301,10 @@ def test_fp16_and_bf16_kernels_compile_with_the_found_headers():
     if not cuda_include_dirs():
         pytest.skip("no CUDA runtime headers installed (nvidia-cuda-runtime)")
     for header, ctype in (("cuda_fp16.h", "__half"), ("cuda_bf16.h", "__nv_bfloat16")):
-        src = f'#include <{header}>\n#include "vyre_cuda.cuh"\nVYRE_KERNEL vyre_main({ctype}* p) {{ p[0] = p[0] + p[1]; }}\n'
+        src = (
+            f'#include <{header}>\n#include "vyre_cuda.cuh"\n'
+            f"VYRE_KERNEL vyre_main({ctype}* p) {{ p[0] = p[0] + p[1]; }}\n"
+        )
         assert compile_kernel(Kernel.cuda(src), arch=(9, 0)).kind == "cubin"
 
 

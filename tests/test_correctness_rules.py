@@ -23,8 +23,14 @@ from vyre_cuda.errors import InvalidProgram, ValidationError
 from vyre_cuda.planning.caps import DeviceCaps
 from vyre_cuda.program import LaunchSizeWarning
 
-H200 = DeviceCaps(name="faked H200", cc=(9, 0), sm_count=132, max_grid_dim=(2**31 - 1, 65535, 65535),
-                  total_memory=150_754_820_096, driver_version=13000)
+H200 = DeviceCaps(
+    name="faked H200",
+    cc=(9, 0),
+    sm_count=132,
+    max_grid_dim=(2**31 - 1, 65535, 65535),
+    total_memory=150_754_820_096,
+    driver_version=13000,
+)
 
 HIST_SRC = r"""
 #include "vyre_cuda.cuh"
@@ -36,8 +42,12 @@ VYRE_KERNEL vyre_main(const unsigned char* x, vyre_u32* h, const vyre_u32* param
 
 
 def histogram(**kw) -> Program:
-    return Program(Kernel.cuda(HIST_SRC), [BufferDecl.read("x", 0, "u8"), BufferDecl.output("h", 1, "u32", 256)],
-                   name="histogram", **kw)
+    return Program(
+        Kernel.cuda(HIST_SRC),
+        [BufferDecl.read("x", 0, "u8"), BufferDecl.output("h", 1, "u32", 256)],
+        name="histogram",
+        **kw,
+    )
 
 
 def assert_fix(err: BaseException) -> None:
@@ -90,9 +100,12 @@ def test_ragged_vecadd_is_refused_before_any_device_work(backend, rng):
     a = rng.standard_normal(1000).astype(np.float32)
     b = rng.standard_normal(10).astype(np.float32)
     prog = bp.vecadd_f32()
-    for entry in (lambda: backend.dispatch(prog, [a, b]), lambda: backend.dispatch_async(prog, [a, b]),
-                  lambda: backend.dispatch_into(prog, [a, b], [np.empty(1000, np.float32)]),
-                  lambda: backend.plan_info(prog, [a, b])):
+    for entry in (
+        lambda: backend.dispatch(prog, [a, b]),
+        lambda: backend.dispatch_async(prog, [a, b]),
+        lambda: backend.dispatch_into(prog, [a, b], [np.empty(1000, np.float32)]),
+        lambda: backend.plan_info(prog, [a, b]),
+    ):
         err = refused(backend, ValidationError, entry)
         assert "'a' (1000 elements)" in err.message and "'b' (10 elements)" in err.message
 
@@ -168,8 +181,11 @@ def test_byte_ranges_cutting_elements_never_reach_a_dispatch():
 
 
 def test_whole_element_range_plans_the_elements(backend, rng):
-    decls = [BufferDecl.read("a", 0, "f32"), BufferDecl.read("b", 1, "f32"),
-             BufferDecl.output("out", 2, "f32", output_byte_range=(8, 40))]
+    decls = [
+        BufferDecl.read("a", 0, "f32"),
+        BufferDecl.read("b", 1, "f32"),
+        BufferDecl.output("out", 2, "f32", output_byte_range=(8, 40)),
+    ]
     a = rng.standard_normal(100).astype(np.float32)
     info = backend.plan_info(Program(bp.vecadd_f32().kernel, decls), [a, a])
     assert info.layout.outputs[0][1] == 32 and info.layout.d2h_bytes == 32
@@ -178,8 +194,13 @@ def test_whole_element_range_plans_the_elements(backend, rng):
 # ------------------------------------------------------------------------------ needs the lead
 def test_barrier_ceiling_of_a_huge_split_grid(backend, rng):
     # (phases - 1) * grid_blocks was converted to u64 unchecked: OverflowError for this grid
-    prog = Program(bp.inclusive_scan_u32().kernel, bp.inclusive_scan_u32().buffers, workgroup_size=(1, 1, 1),
-                   grid_sync=True, phases=4)
+    prog = Program(
+        bp.inclusive_scan_u32().kernel,
+        bp.inclusive_scan_u32().buffers,
+        workgroup_size=(1, 1, 1),
+        grid_sync=True,
+        phases=4,
+    )
     x = rng.integers(0, 100, 1000, dtype=np.uint32)
     cfg = DispatchConfig(grid_override=(2**31 - 1, 65535, 65535))
     lengths = (x.nbytes,)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import types
 
+import fakes
 import numpy as np
 import pytest
 
@@ -17,21 +18,31 @@ import vyre_cuda as vc
 from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program, ValidationError
 from vyre_cuda import builtin_programs as bp
 
-import fakes
-
 TIMEOUT = 60
 
 
 # ---------------------------------------------------------------------------------- pickling
 def _programs():
     return [
-        bp.vecadd("f32"), bp.vecadd("f16"), bp.inclusive_scan_u32(), bp.block_sum_u32(4, scratch_elems=512),
+        bp.vecadd("f32"),
+        bp.vecadd("f16"),
+        bp.inclusive_scan_u32(),
+        bp.block_sum_u32(4, scratch_elems=512),
         fakes.axpb_program(),
-        Program(Kernel.cuda("/* k */ extern \"C\" __global__ void k() {}", entry="k", options=("-DX=1",)),
-                [BufferDecl.uniform("u", 0, "u32", 4), BufferDecl("o", 3, "write_only", "f64", 0, alignment=256),
-                 BufferDecl.read("r", 1, "bf16")], workgroup_size=128, name="custom"),
-        Program(Kernel.ptx(".version 8.0\n.target sm_90\n", entry="main"),
-                [BufferDecl.read("a", 0, "u8"), BufferDecl.output("b", 1, "u8", 16, output_byte_range=(0, 8))]),
+        Program(
+            Kernel.cuda('/* k */ extern "C" __global__ void k() {}', entry="k", options=("-DX=1",)),
+            [
+                BufferDecl.uniform("u", 0, "u32", 4),
+                BufferDecl("o", 3, "write_only", "f64", 0, alignment=256),
+                BufferDecl.read("r", 1, "bf16"),
+            ],
+            workgroup_size=128,
+            name="custom",
+        ),
+        Program(
+            Kernel.ptx(".version 8.0\n.target sm_90\n", entry="main"),
+            [BufferDecl.read("a", 0, "u8"), BufferDecl.output("b", 1, "u8", 16, output_byte_range=(0, 8))],
+        ),
     ]
 
 
@@ -41,11 +52,20 @@ def test_programs_pickle_by_value(program):
     assert clone is not program
     assert clone.kernel.digest == program.kernel.digest
     assert (clone.kernel.kind, clone.kernel.entry, clone.kernel.options, clone.kernel.source) == (
-        program.kernel.kind, program.kernel.entry, program.kernel.options, program.kernel.source)
+        program.kernel.kind,
+        program.kernel.entry,
+        program.kernel.options,
+        program.kernel.source,
+    )
     assert clone.buffers == program.buffers
     assert [b.role for b in clone.buffers] == [b.role for b in program.buffers]
     assert (clone.workgroup_size, clone.grid_sync, clone.phases, clone.requires, clone.name) == (
-        program.workgroup_size, program.grid_sync, program.phases, program.requires, program.name)
+        program.workgroup_size,
+        program.grid_sync,
+        program.phases,
+        program.requires,
+        program.name,
+    )
     assert [d.name for d in clone.inputs] == [d.name for d in program.inputs]
 
 
@@ -59,8 +79,9 @@ def test_a_pickled_program_computes_the_same(rng):
 
 
 def test_configs_pickle():
-    cfg = DispatchConfig(workgroup_override=64, grid_override=(8, 2), fixpoint_iterations=3, cooperative=True,
-                         label="x", timeout=2.5)
+    cfg = DispatchConfig(
+        workgroup_override=64, grid_override=(8, 2), fixpoint_iterations=3, cooperative=True, label="x", timeout=2.5
+    )
     clone = pickle.loads(pickle.dumps(cfg))
     assert clone == cfg and clone.iterations == 3 and clone.grid_override == (8, 2, 1)
 
@@ -85,8 +106,7 @@ def client(dask_mods):
 
     # dashboard_address=":0": a free port (None still binds the scheduler's HTTP routes to 8787,
     # which a second cluster on the machine would find taken)
-    cluster = LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0",
-                           memory_limit=0)
+    cluster = LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0", memory_limit=0)
     client = Client(cluster)
     yield client
     client.close()
@@ -103,26 +123,30 @@ def _files(folder, prefix):
 
 
 def _compute(client, *arrays):
-    return client.gather(client.compute(list(arrays)), direct=False) if len(arrays) > 1 else \
-        client.compute(arrays[0]).result(timeout=TIMEOUT)
+    return (
+        client.gather(client.compute(list(arrays)), direct=False)
+        if len(arrays) > 1
+        else client.compute(arrays[0]).result(timeout=TIMEOUT)
+    )
 
 
 def test_import_needs_no_dask():
-    code = ("import sys\n"
-            "class Block:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name.split('.')[0] in ('dask', 'distributed'): raise ImportError('blocked ' + name)\n"
-            "sys.meta_path.insert(0, Block())\n"
-            "import vyre_cuda\n"
-            "vyre_cuda.DeviceGroup\n"
-            "try:\n"
-            "    import vyre_cuda.dask\n"
-            "except ImportError as e:\n"
-            "    print('IMPORT-ERROR', str(e).splitlines()[-1])\n")
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('dask', 'distributed'): raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import vyre_cuda\n"
+        "vyre_cuda.DeviceGroup\n"
+        "try:\n"
+        "    import vyre_cuda.dask\n"
+        "except ImportError as e:\n"
+        "    print('IMPORT-ERROR', str(e).splitlines()[-1])\n"
+    )
     root = os.path.dirname(os.path.dirname(vc.__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/",
-                         env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/", env=env)
     assert out.returncode == 0, out.stderr
     assert "IMPORT-ERROR Fix: pip install 'vyre-cuda[dask]'" in out.stdout
 
@@ -182,8 +206,9 @@ def test_a_device_chooser_travels_by_value(dask_mods, client):
 
 def test_a_worker_that_cannot_create_its_backend_fails_registration(dask_mods, client):
     with pytest.raises(vc.DeviceLost, match="cannot create a context on device 1"):
-        dask_mods.vd.register(client, device=lambda worker: int(worker.name),
-                              backend_factory=fakes.FakeFactory(fail_devices=(1,)))
+        dask_mods.vd.register(
+            client, device=lambda worker: int(worker.name), backend_factory=fakes.FakeFactory(fail_devices=(1,))
+        )
 
 
 def _visible_devices() -> int:
@@ -230,7 +255,7 @@ def test_map_blocks_static_inputs_and_outputs(dask_mods, client, rng, logs):
     assert total.shape == (4, 1) and total.chunks == ((1, 1, 1, 1), (1,)) and total.dtype == np.float64
     t, s = _compute(client, twice, total)
     np.testing.assert_array_equal(t, x_np * 2)
-    sums = [x_np[i:i + 300].astype(np.float64).sum() for i in range(0, 1000, 300)]
+    sums = [x_np[i : i + 300].astype(np.float64).sum() for i in range(0, 1000, 300)]
     np.testing.assert_allclose(s[:, 0], sums)
     assert float(_compute(client, total.sum())) == pytest.approx(x_np.astype(np.float64).sum())
 
@@ -254,9 +279,16 @@ def test_map_blocks_refusals(dask_mods):
         ((prog, x, x, object()), "buffer protocol"),
         ((bp.block_sum_u32(1), da.ones(256, chunks=256, dtype=np.uint32)), "no runtime-sized input"),
         ((bp.params_echo(0, 8), da.ones(4, chunks=2, dtype=np.uint32)), None),  # fine: static output
-        ((Program(Kernel.cuda("x"), [BufferDecl.read("a", 0, "u8"),
-                                     BufferDecl.output("b", 1, "u8", output_byte_range=(0, 4))]),
-          da.ones(8, chunks=4, dtype=np.uint8)), "byte range"),
+        (
+            (
+                Program(
+                    Kernel.cuda("x"),
+                    [BufferDecl.read("a", 0, "u8"), BufferDecl.output("b", 1, "u8", output_byte_range=(0, 4))],
+                ),
+                da.ones(8, chunks=4, dtype=np.uint8),
+            ),
+            "byte range",
+        ),
         (("prog", x), "Program"),
     ]
     for args, match in cases:
@@ -309,8 +341,11 @@ def test_the_multi_gpu_benchmark_runs_end_to_end_on_fakes(dask_mods, tmp_path, m
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "multi.json"
-    rc = bench.main(["--quick", "--reps", "1", "--item-mib", "0.25", "--dask-gib", "0.002", "--out", str(out)],
-                    backend_factory=fakes.FakeFactory(), device_count=2)
+    rc = bench.main(
+        ["--quick", "--reps", "1", "--item-mib", "0.25", "--dask-gib", "0.002", "--out", str(out)],
+        backend_factory=fakes.FakeFactory(),
+        device_count=2,
+    )
     assert rc == 0
     result = json.loads(out.read_text())
     assert {"host_memcpy", "compute", "transfer", "small", "dask", "targets"} <= set(result)

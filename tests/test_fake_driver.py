@@ -19,22 +19,24 @@ import vyre_cuda
 # The input-length and launch-sizing rules and the resource fixes of the same change landed
 # together; LaunchSizeWarning is exported from then on. Before it, the defects below are expected.
 RULES_ENFORCED = hasattr(vyre_cuda, "LaunchSizeWarning")
-FIXED_WITH_THE_RULES = {"trim_on_another_thread_frees_the_cached_memory",
-                        "failed_set_current_after_retain_gives_the_retain_back",
-                        "bf16_arrays_of_the_returned_dtype_are_accepted_as_inputs"}
+FIXED_WITH_THE_RULES = {
+    "trim_on_another_thread_frees_the_cached_memory",
+    "failed_set_current_after_retain_gives_the_retain_back",
+    "bf16_arrays_of_the_returned_dtype_are_accepted_as_inputs",
+}
 KNOWN_DEFECTS = {
-    "trim_on_another_thread_frees_the_cached_memory":
-        "CudaBackend.trim() frees without making the backend's context current and ignores each "
-        "cuMemFree result: on a thread with no current context the pool forgets its blocks and the "
-        "memory stays allocated (fix: make_current(self._ctx) first, check every free)",
-    "failed_set_current_after_retain_gives_the_retain_back":
-        "_driver.retain_primary_context keeps the retain when cuCtxSetCurrent fails (fix: release "
-        "the primary context before raising)",
-    "bf16_arrays_of_the_returned_dtype_are_accepted_as_inputs":
-        "with ml_dtypes installed, bf16 outputs are numpy bfloat16 arrays, which export no buffer "
-        "format: passing one back as an input is refused as 'does not expose the buffer protocol' "
-        "(Core._lookup asks for PyBUF_FORMAT; backend._nbytes uses memoryview). Fix: for numpy "
-        "arrays take the buffer of x.view(numpy.uint8) (or check x.dtype directly) and use x.nbytes",
+    "trim_on_another_thread_frees_the_cached_memory": "CudaBackend.trim() frees without making the backend's "
+    "context current and ignores each "
+    "cuMemFree result: on a thread with no current context the pool forgets its blocks and the "
+    "memory stays allocated (fix: make_current(self._ctx) first, check every free)",
+    "failed_set_current_after_retain_gives_the_retain_back": "_driver.retain_primary_context keeps the retain "
+    "when cuCtxSetCurrent fails (fix: release "
+    "the primary context before raising)",
+    "bf16_arrays_of_the_returned_dtype_are_accepted_as_inputs": "with ml_dtypes installed, bf16 outputs are "
+    "numpy bfloat16 arrays, which export no buffer "
+    "format: passing one back as an input is refused as 'does not expose the buffer protocol' "
+    "(Core._lookup asks for PyBUF_FORMAT; backend._nbytes uses memoryview). Fix: for numpy "
+    "arrays take the buffer of x.view(numpy.uint8) (or check x.dtype directly) and use x.nbytes",
 }
 SCENARIOS = [
     "upload_failure_is_typed_recycles_and_the_backend_goes_on",
@@ -54,8 +56,12 @@ SCENARIOS = [
 def scenario_results(fake_libcuda, tmp_path_factory):
     seed = int.from_bytes(os.urandom(4), "little")
     child = pathlib.Path(fakecuda.__file__).with_name("scenarios_child.py")
-    proc = fakecuda.run_python([str(child), str(seed)], fake_libcuda, timeout=600,
-                               VYRE_CUDA_CACHE_DIR=tmp_path_factory.getbasetemp() / "kernel-cache")
+    proc = fakecuda.run_python(
+        [str(child), str(seed)],
+        fake_libcuda,
+        timeout=600,
+        VYRE_CUDA_CACHE_DIR=tmp_path_factory.getbasetemp() / "kernel-cache",
+    )
     assert proc.returncode == 0, f"scenario child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert results.pop("_hook_errors") == []

@@ -47,8 +47,13 @@ HOST_PROGRAMS = int(os.environ.get("VYRE_CUDA_FUZZ_HOST_PROGRAMS", "40"))
 
 def fuzz_settings(examples):
     """Derandomized by default; seeded from VYRE_CUDA_FUZZ_SEED when set."""
-    config = settings(max_examples=examples, deadline=None, database=None, derandomize=not FUZZ_SEED,
-                      suppress_health_check=[HealthCheck.too_slow])
+    config = settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=not FUZZ_SEED,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 
     def wrap(fn):
         fn = config(fn)
@@ -81,17 +86,46 @@ def test_generator_covers_the_space():
             seen[b.kind] += 1
             if b.kind not in ("echo", "workgroup"):
                 seen[b.dtype] += 1
-                seen["runtime-sized" if b.count == 0 else "count 1" if b.count == 1 else
-                     "odd count" if b.count % 2 else "even count"] += 1
+                seen[
+                    "runtime-sized"
+                    if b.count == 0
+                    else "count 1"
+                    if b.count == 1
+                    else "odd count"
+                    if b.count % 2
+                    else "even count"
+                ] += 1
                 seen["large count"] += b.count > 4096
             if b.byte_range is not None:
                 seen["byte range on a runtime-sized buffer" if b.count == 0 else "byte range"] += 1
                 assert b.byte_range[0] % fp.itemsize(b.dtype) == 0 and b.byte_range[1] % fp.itemsize(b.dtype) == 0
-    for key in ("read", "uniform", "read_write", "write_only", "output", "workgroup", "echo", *fp.DTYPE_NAMES,
-                "grid sync", "no grid sync", "phases 1", "phases 2", "phases 3", "phases 4", "runtime-sized",
-                "count 1", "odd count", "large count", "byte range", "byte range on a runtime-sized buffer",
-                "min runtime", "shared over 48 KiB", "block 1", "block 1024",
-                *(f"buffers {n}" for n in range(1, 7))):
+    for key in (
+        "read",
+        "uniform",
+        "read_write",
+        "write_only",
+        "output",
+        "workgroup",
+        "echo",
+        *fp.DTYPE_NAMES,
+        "grid sync",
+        "no grid sync",
+        "phases 1",
+        "phases 2",
+        "phases 3",
+        "phases 4",
+        "runtime-sized",
+        "count 1",
+        "odd count",
+        "large count",
+        "byte range",
+        "byte range on a runtime-sized buffer",
+        "min runtime",
+        "shared over 48 KiB",
+        "block 1",
+        "block 1024",
+        *(f"buffers {n}" for n in range(1, 7)),
+    ):
         assert seen[key] >= 3, (key, seen)
 
 
@@ -112,8 +146,17 @@ def test_dispatch_plans_cover_sizes_configs_and_entry_points():
             seen["iterations"] += p.iterations is not None
             seen["cooperative"] += p.cooperative
             assert p.runtime >= desc.min_runtime
-    for key in (*fp.ENTRIES, "runtime 0", "runtime 1", "runtime odd", "runtime large", "grid", "block",
-                "iterations", "cooperative"):
+    for key in (
+        *fp.ENTRIES,
+        "runtime 0",
+        "runtime 1",
+        "runtime odd",
+        "runtime large",
+        "grid",
+        "block",
+        "iterations",
+        "cooperative",
+    ):
         assert seen[key] >= 5, (key, seen)
 
 
@@ -147,7 +190,7 @@ def test_reference_model_is_the_same_whole_or_launch_by_launch():
         for b in desc.outputs:
             arr = arrays[b.binding]
             if b.byte_range:
-                arr = arr[b.byte_range[0] // arr.dtype.itemsize:b.byte_range[1] // arr.dtype.itemsize]
+                arr = arr[b.byte_range[0] // arr.dtype.itemsize : b.byte_range[1] // arr.dtype.itemsize]
             stepwise.append(arr)
         assert fp.compare(desc, stepwise, whole) == [], desc.summary()
         checked += 1
@@ -178,7 +221,7 @@ def _decoded_blocks(layout):
     blob, n = layout.params_blob, len(layout.params_offsets)
     size = len(blob) // n
     assert size * n == len(blob) and size % COPY_ALIGN == 0
-    return [list(struct.unpack(f"<{size // 4}I", blob[k * size:(k + 1) * size])) for k in range(n)]
+    return [list(struct.unpack(f"<{size // 4}I", blob[k * size : (k + 1) * size])) for k in range(n)]
 
 
 def test_generated_programs_plan_compile_and_match_the_model(h200_planner):
@@ -217,12 +260,13 @@ def test_generated_programs_plan_compile_and_match_the_model(h200_planner):
             # word for word what the kernel reads (and the echo buffer returns)
             words = [fp.expected_words(desc, dplan.runtime, cfg, r) for r in ranges]
             blocks = _decoded_blocks(info.layout)
-            assert [b[:len(w)] for b, w in zip(blocks, words, strict=False)] == words, tag
+            assert [b[: len(w)] for b, w in zip(blocks, words, strict=False)] == words, tag
             assert len(blocks) == len(words), tag
             # the shared-memory offsets the kernel source hard-codes are the planner's
             offsets = desc.shared_offsets()
             assert [(o, n) for _, o, n in info.launch.shared_offsets] == [
-                (offsets[b.binding], b.count * fp.itemsize(b.dtype)) for b in desc.tables], tag
+                (offsets[b.binding], b.count * fp.itemsize(b.dtype)) for b in desc.tables
+            ], tag
             seen[f"route {route}"] += 1
         seen["programs"] += 1
 
@@ -273,8 +317,11 @@ def test_generated_programs_run_end_to_end_on_the_fake_driver(fake_libcuda, tmp_
     base = int(FUZZ_SEED, 0) if FUZZ_SEED else int.from_bytes(os.urandom(4), "little")
     child = pathlib.Path(fakecuda.__file__).with_name("fuzz_child.py")
     proc = fakecuda.run_python(
-        [str(child), str(base), str(E2E_PROGRAMS), str(E2E_PER_PROGRAM), str(E2E_MAX_RUNTIME)], fake_libcuda,
-        timeout=600, VYRE_CUDA_CACHE_DIR=tmp_path_factory.getbasetemp() / "kernel-cache", PYTHONWARNINGS="error",
+        [str(child), str(base), str(E2E_PROGRAMS), str(E2E_PER_PROGRAM), str(E2E_MAX_RUNTIME)],
+        fake_libcuda,
+        timeout=600,
+        VYRE_CUDA_CACHE_DIR=tmp_path_factory.getbasetemp() / "kernel-cache",
+        PYTHONWARNINGS="error",
     )
     replay = f"replay with VYRE_CUDA_FUZZ_SEED={base}"
     assert proc.returncode == 0, f"fuzz child failed ({replay}):\n{proc.stderr[-4000:]}"
@@ -287,6 +334,14 @@ def test_generated_programs_run_end_to_end_on_the_fake_driver(fake_libcuda, tmp_
     assert res["routes"].get("regular") and res["routes"].get("cooperative"), res["routes"]
     assert res["telemetry"]["failed_dispatches"] == 0 and res["telemetry"]["leaked_allocations"] == 0
     closed = res["closed"]
-    for key in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs", "violations",
-                "no_context"):
+    for key in (
+        "device_allocs",
+        "host_allocs",
+        "streams",
+        "events",
+        "modules",
+        "context_refs",
+        "violations",
+        "no_context",
+    ):
         assert closed[key] == 0, (key, closed)

@@ -79,7 +79,8 @@ def _lengths(program, n=100_000):
     return tuple(n * d.dtype.itemsize for d in program.inputs)
 
 
-def _plan(program, caps, config=DispatchConfig()):
+def _plan(program, caps, config=None):
+    config = config or DispatchConfig()
     bplan = plan_bindings(program, _lengths(program))
     return bplan, plan_launch(program, bplan, config, caps)
 
@@ -174,8 +175,11 @@ def test_resident_limit_examples(threads, occupancy, expected):
 )
 def test_resident_limit_arithmetic(sm_count, max_threads_per_sm, max_blocks_per_sm, threads, occupancy, cc, flag):
     caps = DeviceCaps(
-        cc=cc, sm_count=sm_count, max_threads_per_sm=max_threads_per_sm,
-        max_blocks_per_sm=max_blocks_per_sm, cooperative_launch=flag,
+        cc=cc,
+        sm_count=sm_count,
+        max_threads_per_sm=max_threads_per_sm,
+        max_blocks_per_sm=max_blocks_per_sm,
+        cooperative_launch=flag,
     )
     got = resident_limit(caps, threads, occupancy)
     if flag and cc >= (6, 0):
@@ -190,9 +194,16 @@ def test_resident_limit_arithmetic(sm_count, max_threads_per_sm, max_blocks_per_
 def test_boundary_routes_cooperative_at_r_split_at_r_plus_1(make, occupancy):
     program = make()
     R = resident_limit(H200, 256, occupancy)
-    assert R == occupancy * 132
-    for grid, kind in (((R,), "cooperative"), ((R + 1,), "split"), ((1,), "cooperative"), ((4 * R,), "split"),
-                       ((R // 2, 2), "cooperative"), ((R // 2 + 1, 2), "split"), ((1, 1, R), "cooperative")):
+    assert occupancy * 132 == R
+    for grid, kind in (
+        ((R,), "cooperative"),
+        ((R + 1,), "split"),
+        ((1,), "cooperative"),
+        ((4 * R,), "split"),
+        ((R // 2, 2), "cooperative"),
+        ((R // 2 + 1, 2), "split"),
+        ((1, 1, R), "cooperative"),
+    ):
         cfg = DispatchConfig(grid_override=grid)
         _, launch = _plan(program, H200, cfg)
         route = route_grid_sync(program, cfg, launch, H200, occupancy)
@@ -248,7 +259,7 @@ def _blocks(layout, bplan):
         assert step == size
     words = []
     for k in range(n_blocks):
-        raw = blob[k * size:(k + 1) * size]
+        raw = blob[k * size : (k + 1) * size]
         words.append(list(struct.unpack(f"<{size // 4}I", raw)))
     return base, words
 
@@ -267,8 +278,8 @@ def test_split_layout_has_one_params_block_per_phase(make, phases):
     assert base == phase_word
     for k, block in enumerate(words):
         assert block[:phase_word] == plain_words, k
-        assert block[phase_word:phase_word + 2] == [k, k + 1], k
-        assert not any(block[phase_word + 2:])  # padding
+        assert block[phase_word : phase_word + 2] == [k, k + 1], k
+        assert not any(block[phase_word + 2 :])  # padding
     assert all(off % COPY_ALIGN == 0 for off in split.params_offsets)
     assert split.params_offsets[-1] + len(split.params_blob) // phases <= split.upload_end
 
@@ -276,7 +287,7 @@ def test_split_layout_has_one_params_block_per_phase(make, phases):
     assert len(coop.params_offsets) == 1
     _, (block,) = _blocks(coop, bplan)
     assert block[:phase_word] == plain_words
-    assert block[phase_word:phase_word + 2] == [0, phases]
+    assert block[phase_word : phase_word + 2] == [0, phases]
 
     regular = plan_layout(bplan, launch, [None])
     _, (block,) = _blocks(regular, bplan)
@@ -320,8 +331,10 @@ def _fake_driver(occupancy, barrier=0xB000):
         calls.append(("set_max_dynamic_shared", nbytes))
 
     ns = types.SimpleNamespace(
-        load_module=load_module, occupancy_blocks_per_sm=occupancy_blocks_per_sm,
-        set_max_dynamic_shared=set_max_dynamic_shared, make_current=lambda ctx: None,
+        load_module=load_module,
+        occupancy_blocks_per_sm=occupancy_blocks_per_sm,
+        set_max_dynamic_shared=set_max_dynamic_shared,
+        make_current=lambda ctx: None,
     )
     return ns, calls
 
@@ -369,7 +382,7 @@ def test_backend_refuses_grid_sync_before_touching_the_driver(monkeypatch, caps)
     program = scan()
     x = np.arange(10_000, dtype=np.uint32)
     for cfg in (None, DispatchConfig(grid_override=(10**5,))):
-        for name, call in _entry_points(b, program, [x], cfg).items():
+        for call in _entry_points(b, program, [x], cfg).values():
             with pytest.raises(UnsupportedFeature) as exc_info:
                 call()
             _assert_names_caps(exc_info.value.message, caps)
@@ -424,14 +437,14 @@ def test_backend_preflight_and_plan_agree_at_the_boundary(monkeypatch, occupancy
     assert len(info.layout.params_offsets) == 1
     phase_word = info.bindings.max_binding + 2
     _, (block,) = _blocks(info.layout, info.bindings)
-    assert block[phase_word:phase_word + 2] == [0, 3]
+    assert block[phase_word : phase_word + 2] == [0, 3]
 
     over = DispatchConfig(grid_override=(R + 1,))
     assert b.cooperative_grid_sync_fits(program, [x], over) is False
     info = b.plan_info(program, [x], over)
     assert (info.route.kind, info.route.grid_blocks) == ("split", R + 1)
     _, words = _blocks(info.layout, info.bindings)
-    assert [w[phase_word:phase_word + 2] for w in words] == [[0, 1], [1, 2], [2, 3]]
+    assert [w[phase_word : phase_word + 2] for w in words] == [[0, 1], [1, 2], [2, 3]]
 
     # fixpoint iterations do not change the layout: the phase blocks are replayed per iteration
     again = b.plan_info(program, [x], DispatchConfig(grid_override=(R + 1,), fixpoint_iterations=7))

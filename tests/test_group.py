@@ -11,6 +11,7 @@ import pickle
 import threading
 import time
 
+import fakes
 import numpy as np
 import pytest
 
@@ -18,8 +19,6 @@ import vyre_cuda as vc
 from vyre_cuda import DeviceLost, DispatchConfig, ValidationError
 from vyre_cuda import builtin_programs as bp
 from vyre_cuda.group import DeviceGroup, plan_split
-
-import fakes
 
 
 def _group(devices=(0, 1), **kw):
@@ -230,7 +229,7 @@ def test_a_lost_device_fails_its_item_and_the_others_finish(rng):
         more[2][0][0] = fakes.FAULT
         results = group.map(prog, more, return_exceptions=True)
         assert isinstance(results[2], DeviceLost) and results[2].device == survivor
-        rest = [r for r in results[3:]]
+        rest = list(results[3:])
         assert all(isinstance(r, DeviceLost) and r.status == "group_lost" for r in rest)
         assert all(np.array_equal(results[i][0], more[i][0] * 2) for i in (0, 1))
         with pytest.raises(DeviceLost, match="every device of the group is lost") as info:
@@ -285,8 +284,7 @@ def test_dispatch_split_read_write_input_and_rows(rng):
         np.testing.assert_array_equal(out, (x + 1).reshape(-1))
         # bytes-like inputs are cut in whole elements of their declared dtype
         a = rng.random(4097, dtype=np.float32)
-        (out,) = group.dispatch_split(bp.vecadd("f32"), [a.tobytes(), bytearray(a.tobytes())], split=True,
-                                      chunks=3)
+        (out,) = group.dispatch_split(bp.vecadd("f32"), [a.tobytes(), bytearray(a.tobytes())], split=True, chunks=3)
         np.testing.assert_array_equal(out, a + a)
 
 
@@ -330,8 +328,12 @@ def test_plan_split_chunks():
 def test_dispatch_split_refusals(program, inputs, split, config, match):
     f = np.zeros(64, np.float32)
     given = {
-        "two": [f, f], "one": [f], "u32": [np.zeros(1024, np.uint32)], "axpb": [f, f, f[:1]],
-        "ragged": [f, f[:63]], "empty": [f[:0], f[:0]],
+        "two": [f, f],
+        "one": [f],
+        "u32": [np.zeros(1024, np.uint32)],
+        "axpb": [f, f, f[:1]],
+        "ragged": [f, f[:63]],
+        "empty": [f[:0], f[:0]],
     }[inputs]
     group, factory = _group()
     with group:
@@ -360,8 +362,16 @@ def test_dispatch_split_argument_checks():
 # ---------------------------------------------------------------------------------- lifecycle
 @pytest.mark.parametrize(
     "devices, match",
-    [(1, "sequence"), ("01", "sequence"), ([], "empty"), ([0, 0], "more than once"), ([-1], "non-negative"),
-     ([0.0], "non-negative int"), (None, "cannot count"), (object(), "sequence")],
+    [
+        (1, "sequence"),
+        ("01", "sequence"),
+        ([], "empty"),
+        ([0, 0], "more than once"),
+        ([-1], "non-negative"),
+        ([0.0], "non-negative int"),
+        (None, "cannot count"),
+        (object(), "sequence"),
+    ],
 )
 def test_device_list_checks(devices, match):
     with pytest.raises(ValidationError, match=match):

@@ -9,11 +9,11 @@ import pytest
 
 from vyre_cuda._accounting import bucket_size
 from vyre_cuda._dispatch import Prepared
-from vyre_cuda.planning.dispatch import assemble_plan
 from vyre_cuda.config import DispatchConfig
 from vyre_cuda.errors import InvalidProgram, UnsupportedFeature
 from vyre_cuda.planning.binding import plan_bindings
 from vyre_cuda.planning.caps import DeviceCaps
+from vyre_cuda.planning.dispatch import assemble_plan
 from vyre_cuda.planning.launch import Route, params_words, plan_launch
 from vyre_cuda.planning.layout import COPY_ALIGN, HOST_CLEAR_MAX, MERGE_GAP, REGION_ALIGN, plan_layout
 from vyre_cuda.program import BufferDecl, Kernel, Program
@@ -123,7 +123,11 @@ def test_phase_blocks():
 
 
 def test_alignment_hint():
-    buffers = [BufferDecl.read("a", 0, "u8"), BufferDecl.read("b", 1, "u8", alignment=4096), BufferDecl.output("o", 2, "u8", 4, alignment=1024)]
+    buffers = [
+        BufferDecl.read("a", 0, "u8"),
+        BufferDecl.read("b", 1, "u8", alignment=4096),
+        BufferDecl.output("o", 2, "u8", 4, alignment=1024),
+    ]
     _, _, _, lay = plan(buffers, (3, 5), launch="a")  # inputs of different lengths: declared
     assert lay.arg_offsets[1] == 4096 and lay.arg_offsets[2] % 1024 == 0
 
@@ -139,7 +143,11 @@ def test_zero_length_buffers_get_distinct_regions():
 
 
 def test_input_tail_is_zeroed_up_to_the_next_region():
-    _, _, _, lay = plan([BufferDecl.read("a", 0, "u8"), BufferDecl.read("b", 1, "u8"), BufferDecl.output("o", 2, "u8")], (300, 7), launch="a")
+    _, _, _, lay = plan(
+        [BufferDecl.read("a", 0, "u8"), BufferDecl.read("b", 1, "u8"), BufferDecl.output("o", 2, "u8")],
+        (300, 7),
+        launch="a",
+    )
     (_, a_off, a_len, a_zero), (_, b_off, b_len, b_zero) = lay.inputs
     assert (a_off, a_len, a_zero) == (0, 300, b_off) and b_off == 512
     assert b_zero == lay.params_offsets[0] == 768
@@ -207,9 +215,6 @@ def test_far_outputs_are_not_merged():
 # ---------------------------------------------------------------- Prepared (the C twin)
 def prepared(prog, bplan, launch, lay, route=None):
     route = route or Route("regular", "test", launch.grid_blocks, 0)
-    inputs = prog.inputs
-    input_specs = [(inputs[i].dtype.itemsize, "u") for i, _, _, _ in lay.inputs]
-    output_specs = [(s.decl.dtype.numpy, n // s.decl.dtype.itemsize) for s, (_, n) in zip(bplan.outputs, lay.outputs)]
     return Prepared.from_plan(assemble_plan(prog, DispatchConfig(), bplan, launch, lay, route))
 
 

@@ -24,8 +24,9 @@ def python(*args, timeout=120) -> subprocess.CompletedProcess:
     """Run a fresh interpreter on the vyre_cuda under test, from a neutral folder, with no GPU."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, *args], cwd=PACKAGE_ROOT.parent, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args], cwd=PACKAGE_ROOT.parent, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def child_json(code: str) -> dict:

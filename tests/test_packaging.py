@@ -53,7 +53,17 @@ def sdist(tmp_path_factory) -> pathlib.Path:
     out = tmp_path_factory.mktemp("sdist")
     proc = subprocess.run(
         # an sdist needs none of the build requirements (they are pinned for building the wheel)
-        [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--skip-dependency-check", "--outdir", str(out), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--sdist",
+            "--no-isolation",
+            "--skip-dependency-check",
+            "--outdir",
+            str(out),
+            str(ROOT),
+        ],
         capture_output=True,
         text=True,
         timeout=300,

@@ -69,7 +69,9 @@ def launch_of(prog, lengths, config=None, device=CAPS):
 
 
 def vecadd(dtype="u32", **kw) -> Program:
-    return program(BufferDecl.read("a", 0, dtype), BufferDecl.read("b", 1, dtype), BufferDecl.output("out", 2, dtype), **kw)
+    return program(
+        BufferDecl.read("a", 0, dtype), BufferDecl.read("b", 1, dtype), BufferDecl.output("out", 2, dtype), **kw
+    )
 
 
 # ================================================================ binding plan
@@ -101,7 +103,10 @@ def test_runtime_outputs_take_the_runtime_input_count():
     assert bplan.runtime_count == 25
     assert bplan.runtime_inputs == (("a", 25), ("b", 25))
     assert [(s.decl.name, s.count, s.byte_len) for s in bplan.slots] == [
-        ("a", 25, 100), ("big_static", 1000, 1000), ("b", 25, 50), ("o", 25, 200),
+        ("a", 25, 100),
+        ("big_static", 1000, 1000),
+        ("b", 25, 50),
+        ("o", 25, 200),
     ]
 
 
@@ -171,7 +176,11 @@ def test_grid_from_element_count():
 
 
 def test_element_count_is_the_largest_output():
-    prog = program(BufferDecl.read("a", 0, "u32", 5000), BufferDecl.output("o", 1, "u32", 300), BufferDecl.output("p", 2, "u8", 700))
+    prog = program(
+        BufferDecl.read("a", 0, "u32", 5000),
+        BufferDecl.output("o", 1, "u32", 300),
+        BufferDecl.output("p", 2, "u8", 700),
+    )
     assert launch_of(prog, (20000,))[1].element_count == 700
 
 
@@ -352,7 +361,9 @@ def test_derived_grid_limit():
     raises(ValidationError, launch_of, vecadd(), (4 * (n + 1), 4 * (n + 1)))
 
 
-@pytest.mark.parametrize(("grid", "ok"), [((1000, 10, 10), True), ((1001, 1, 1), False), ((1, 11, 1), False), ((1, 1, 11), False)])
+@pytest.mark.parametrize(
+    ("grid", "ok"), [((1000, 10, 10), True), ((1001, 1, 1), False), ((1, 11, 1), False), ((1, 1, 11), False)]
+)
 def test_grid_axis_limits(grid, ok):
     config = DispatchConfig(grid_override=grid)
     if ok:
@@ -388,7 +399,11 @@ def test_shared_memory_offsets_are_16_byte_aligned():
 
 def test_shared_memory_limit_is_the_opt_in_limit():
     def prog(n):
-        return program(BufferDecl.read("a", 0, "u32"), BufferDecl.workgroup("s", 1, "u8", n), BufferDecl.workgroup("t", 2, "u8", 600))
+        return program(
+            BufferDecl.read("a", 0, "u32"),
+            BufferDecl.workgroup("s", 1, "u8", n),
+            BufferDecl.workgroup("t", 2, "u8", 600),
+        )
 
     # 608 + 600 bytes; at the limit it plans (above 48 KiB is fine: the backend opts in)
     assert launch_of(prog(600), (64,), device=caps(max_shared_per_block_optin=1208))[1].shared_bytes == 1208
@@ -464,7 +479,13 @@ def test_every_missing_capability_in_one_message():
 
 @pytest.mark.parametrize(
     ("dtype", "cc", "ok"),
-    [("f16", (5, 0), False), ("f16", (5, 3), True), ("bf16", (7, 5), False), ("bf16", (8, 0), True), ("f32", (3, 0), True)],
+    [
+        ("f16", (5, 0), False),
+        ("f16", (5, 3), True),
+        ("bf16", (7, 5), False),
+        ("bf16", (8, 0), True),
+        ("f32", (3, 0), True),
+    ],
 )
 def test_dtype_capability_thresholds(dtype, cc, ok):
     prog = program(BufferDecl.read("a", 0, dtype), BufferDecl.output("o", 1, dtype))
@@ -529,7 +550,15 @@ def test_route_boundary(config, limit):
 def test_cooperative_config_without_grid_sync():
     route = route_grid_sync(vecadd(), DispatchConfig(cooperative=True), launch_plan(8), CAPS, 2)
     assert route.kind == "cooperative"
-    raises(CooperativeResidencyExceeded, route_grid_sync, vecadd(), DispatchConfig(cooperative=True), launch_plan(9), CAPS, 2)
+    raises(
+        CooperativeResidencyExceeded,
+        route_grid_sync,
+        vecadd(),
+        DispatchConfig(cooperative=True),
+        launch_plan(9),
+        CAPS,
+        2,
+    )
 
 
 def test_zero_occupancy_splits():
@@ -541,7 +570,9 @@ def test_zero_occupancy_splits():
 @pytest.mark.parametrize(("grid_sync", "cooperative"), [(True, False), (False, True), (True, True)])
 def test_no_cooperative_device_refuses(device, grid_sync, cooperative):
     prog = vecadd(grid_sync=grid_sync)
-    raises(UnsupportedFeature, route_grid_sync, prog, DispatchConfig(cooperative=cooperative), launch_plan(1), device, 8)
+    raises(
+        UnsupportedFeature, route_grid_sync, prog, DispatchConfig(cooperative=cooperative), launch_plan(1), device, 8
+    )
 
 
 def test_end_to_end_grid_sync_plan():

@@ -87,17 +87,27 @@ def test_ratio_gain_throughput_gbps():
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("4096", 4096), ("4K", 4096), ("4k", 4096), ("4KiB", 4096), ("4kib", 4096),
-        ("4M", 4 << 20), ("4MiB", 4 << 20), ("1G", GIB), ("1GiB", GIB), ("2gib", 2 * GIB),
-        ("12B", 12), (" 8 KiB ", 8192), (4096, 4096), (np.int64(64), 64),
+        ("4096", 4096),
+        ("4K", 4096),
+        ("4k", 4096),
+        ("4KiB", 4096),
+        ("4kib", 4096),
+        ("4M", 4 << 20),
+        ("4MiB", 4 << 20),
+        ("1G", GIB),
+        ("1GiB", GIB),
+        ("2gib", 2 * GIB),
+        ("12B", 12),
+        (" 8 KiB ", 8192),
+        (4096, 4096),
+        (np.int64(64), 64),
     ],
 )
 def test_parse_size(text, expected):
     assert P.parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "K", "4KB", "4 MB", "-4K", "4.5K", "0", "0K", "four", "4T",
-                                  "1GB", True])
+@pytest.mark.parametrize("text", ["", "K", "4KB", "4 MB", "-4K", "4.5K", "0", "0K", "four", "4T", "1GB", True])
 def test_parse_size_errors_have_fix(text):
     with pytest.raises(ValidationError) as err:
         P.parse_size(text)
@@ -135,7 +145,10 @@ def test_parse_buffer_spec_roles_and_bindings():
     assert [d.name for d in decls] == ["a", "b", "acc", "out"]
     assert [d.binding for d in decls] == [0, 1, 2, 3]
     assert [d.role for d in decls] == [
-        BindingRole.INPUT, BindingRole.INPUT, BindingRole.INPUT_OUTPUT, BindingRole.OUTPUT,
+        BindingRole.INPUT,
+        BindingRole.INPUT,
+        BindingRole.INPUT_OUTPUT,
+        BindingRole.OUTPUT,
     ]
     assert [d.dtype.name for d in decls] == ["f32", "f32", "i32", "f32"]
     assert all(d.count == 0 for d in decls)
@@ -144,9 +157,17 @@ def test_parse_buffer_spec_roles_and_bindings():
 @pytest.mark.parametrize(
     "spec",
     [
-        "", "   ", "a:f32", "a:f32:in:4,out:f32:out", "a:f99:in,out:f32:out",
-        "a:f32:input,out:f32:out", "1a:f32:in,out:f32:out", ":f32:in,out:f32:out",
-        "a:f32:in,a:f32:out", "a:f32:in,b:f32:in", "a:f32:in,,out:f32:out",
+        "",
+        "   ",
+        "a:f32",
+        "a:f32:in:4,out:f32:out",
+        "a:f99:in,out:f32:out",
+        "a:f32:input,out:f32:out",
+        "1a:f32:in,out:f32:out",
+        ":f32:in,out:f32:out",
+        "a:f32:in,a:f32:out",
+        "a:f32:in,b:f32:in",
+        "a:f32:in,,out:f32:out",
     ],
 )
 def test_parse_buffer_spec_errors(spec):
@@ -168,9 +189,7 @@ def test_load_user_program(tmp_path):
     assert [d.name for d in prog.outputs] == ["y"]
     assert prog.name == "scale"
     ptx = tmp_path / "k.ptx"
-    ptx.write_text(
-        ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry main() { ret; }\n"
-    )
+    ptx.write_text(".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry main() { ret; }\n")
     assert P.load_user_program(ptx, None, "o:u32:out").kernel.kind == "ptx"
 
 
@@ -186,24 +205,55 @@ def test_load_user_program_errors(tmp_path):
 # -- series ----------------------------------------------------------------------------------
 def test_series_labels_traffic_and_order():
     assert systems.label("ceiling.copy_in.1") == "memcpy ceiling: pageable -> pinned, 1 thread"
-    assert systems.label("ceiling.copy_out.16") == (
-        "memcpy ceiling: pinned -> pageable, 16 threads")
+    assert systems.label("ceiling.copy_out.16") == ("memcpy ceiling: pinned -> pageable, 16 threads")
     assert systems.label("vyre.pinned") == "vyre_cuda dispatch_into, page-locked"
     assert systems.label("something.new") == "something.new"
     assert systems.copy_key("in", 8) == "ceiling.copy_in.8"
-    kinds = {k: systems.traffic_kind(k) for k in (
-        "vyre.dispatch", "floor.pageable", "ceiling.dma_h2d", "ceiling.dma_d2h",
-        "ceiling.copy_in.4", "ceiling.copy_out.4", "vyre.async_enqueue", "floor.launch_only",
-        "unknown")}
+    kinds = {
+        k: systems.traffic_kind(k)
+        for k in (
+            "vyre.dispatch",
+            "floor.pageable",
+            "ceiling.dma_h2d",
+            "ceiling.dma_d2h",
+            "ceiling.copy_in.4",
+            "ceiling.copy_out.4",
+            "vyre.async_enqueue",
+            "floor.launch_only",
+            "unknown",
+        )
+    }
     assert kinds == {
-        "vyre.dispatch": "full", "floor.pageable": "full", "ceiling.dma_h2d": "in",
-        "ceiling.dma_d2h": "out", "ceiling.copy_in.4": "in", "ceiling.copy_out.4": "out",
-        "vyre.async_enqueue": None, "floor.launch_only": None, "unknown": None}
-    keys = ["peer.cupy", "vyre.dispatch", "ceiling.copy_out.8", "zzz", "ceiling.copy_in.8",
-            "ceiling.copy_in.1", "floor.pinned", "ceiling.dma_h2d"]
+        "vyre.dispatch": "full",
+        "floor.pageable": "full",
+        "ceiling.dma_h2d": "in",
+        "ceiling.dma_d2h": "out",
+        "ceiling.copy_in.4": "in",
+        "ceiling.copy_out.4": "out",
+        "vyre.async_enqueue": None,
+        "floor.launch_only": None,
+        "unknown": None,
+    }
+    keys = [
+        "peer.cupy",
+        "vyre.dispatch",
+        "ceiling.copy_out.8",
+        "zzz",
+        "ceiling.copy_in.8",
+        "ceiling.copy_in.1",
+        "floor.pinned",
+        "ceiling.dma_h2d",
+    ]
     assert sorted(keys, key=systems.order) == [
-        "floor.pinned", "ceiling.dma_h2d", "ceiling.copy_in.1", "ceiling.copy_in.8",
-        "ceiling.copy_out.8", "vyre.dispatch", "peer.cupy", "zzz"]
+        "floor.pinned",
+        "ceiling.dma_h2d",
+        "ceiling.copy_in.1",
+        "ceiling.copy_in.8",
+        "ceiling.copy_out.8",
+        "vyre.dispatch",
+        "peer.cupy",
+        "zzz",
+    ]
     assert systems.reference("vyre.async_enqueue") == "floor.pinned_enqueue"
     assert systems.reference("ceiling.dma_h2d") is None
 
@@ -213,8 +263,7 @@ def _summary(median, spread=0.1, n=1000):
     return P.Summary(n, float(median), median * (1 - spread), median * (1 + spread))
 
 
-def _size(nbytes, systems_ns, stages_per=None, upload=None, readback=None, telemetry=None,
-          skipped=None):
+def _size(nbytes, systems_ns, stages_per=None, upload=None, readback=None, telemetry=None, skipped=None):
     s = P.SizeResult(nbytes, nbytes // 4, 100, skipped=dict(skipped or {}))
     s.systems = {k: _summary(v) for k, v in systems_ns.items()}
     if stages_per is not None:
@@ -229,55 +278,111 @@ def _size(nbytes, systems_ns, stages_per=None, upload=None, readback=None, telem
 
 
 def _synthetic_sizes():
-    small = _size(4 * KIB, {
-        "floor.pinned": 17_100, "floor.pinned_enqueue": 9_700, "floor.pageable": 20_700,
-        "floor.launch_only": 3_500, "ceiling.dma_h2d": 6_000, "ceiling.dma_d2h": 4_000,
-        "ceiling.copy_in.1": 800, "ceiling.copy_in.16": 9_000, "ceiling.copy_out.1": 400,
-        "vyre.dispatch": 18_000, "vyre.dispatch_profiled": 18_500, "vyre.dispatch_into": 17_500,
-        "vyre.pinned": 16_000, "vyre.async_enqueue": 10_000, "vyre.async_total": 18_200,
-        "peer.cupy": 54_300, "peer.cuda_bindings": 24_000,
-    }, stages_per=18_000 / len(STAGES), upload=4_000, readback=1_000,
+    small = _size(
+        4 * KIB,
+        {
+            "floor.pinned": 17_100,
+            "floor.pinned_enqueue": 9_700,
+            "floor.pageable": 20_700,
+            "floor.launch_only": 3_500,
+            "ceiling.dma_h2d": 6_000,
+            "ceiling.dma_d2h": 4_000,
+            "ceiling.copy_in.1": 800,
+            "ceiling.copy_in.16": 9_000,
+            "ceiling.copy_out.1": 400,
+            "vyre.dispatch": 18_000,
+            "vyre.dispatch_profiled": 18_500,
+            "vyre.dispatch_into": 17_500,
+            "vyre.pinned": 16_000,
+            "vyre.async_enqueue": 10_000,
+            "vyre.async_total": 18_200,
+            "peer.cupy": 54_300,
+            "peer.cuda_bindings": 24_000,
+        },
+        stages_per=18_000 / len(STAGES),
+        upload=4_000,
+        readback=1_000,
         telemetry={"dispatches": 500, "pinned_alloc_calls": 0, "device_alloc_calls": 0},
-        skipped={"torch": "torch is not installed"})
-    four = _size(4 * MIB, {
-        "floor.pinned": 1_350_000, "floor.pinned_enqueue": 700_000, "floor.pageable": 1_000_000,
-        "vyre.dispatch": 450_000, "vyre.async_enqueue": 900_000,
-    }, telemetry={"dispatches": 400, "pinned_pool_misses": 4, "device_pool_misses": 0})
-    sixty_four = _size(64 * MIB, {
-        "floor.pinned": 30_000_000, "floor.pinned_enqueue": 20_000_000,
-        "floor.pageable": 23_300_000, "vyre.dispatch": 9_000_000,
-        "vyre.async_enqueue": 6_000_000,
-    })
-    big = _size(256 * MIB, {
-        "floor.pinned": 120_000_000, "floor.pinned_enqueue": 60_000_000,
-        "floor.pageable": 95_000_000, "ceiling.dma_h2d": 9_760_000,
-        "ceiling.dma_d2h": 4_880_000, "ceiling.copy_in.1": 57_000_000,
-        "ceiling.copy_in.16": 15_300_000, "ceiling.copy_out.1": 26_300_000,
-        "ceiling.copy_out.16": 5_800_000, "vyre.dispatch": 36_000_000,
-        "vyre.dispatch_profiled": 36_000_000, "vyre.pinned": 16_000_000,
-        "vyre.async_enqueue": 20_000_000,
-    }, stages_per=36_000_000 / len(STAGES), upload=20_000_000, readback=12_000_000,
-        telemetry={"dispatches": 40, "pinned_alloc_calls": 0, "device_alloc_calls": 0,
-                   "ring_bytes": 64 * MIB, "ring_chunks": 120, "copy_threads_live": 4,
-                   "staged_h2d_bytes": 40 * 512 * MIB, "direct_h2d_bytes": 512 * MIB,
-                   "staged_d2h_bytes": 40 * 256 * MIB, "direct_d2h_bytes": 0})
+        skipped={"torch": "torch is not installed"},
+    )
+    four = _size(
+        4 * MIB,
+        {
+            "floor.pinned": 1_350_000,
+            "floor.pinned_enqueue": 700_000,
+            "floor.pageable": 1_000_000,
+            "vyre.dispatch": 450_000,
+            "vyre.async_enqueue": 900_000,
+        },
+        telemetry={"dispatches": 400, "pinned_pool_misses": 4, "device_pool_misses": 0},
+    )
+    sixty_four = _size(
+        64 * MIB,
+        {
+            "floor.pinned": 30_000_000,
+            "floor.pinned_enqueue": 20_000_000,
+            "floor.pageable": 23_300_000,
+            "vyre.dispatch": 9_000_000,
+            "vyre.async_enqueue": 6_000_000,
+        },
+    )
+    big = _size(
+        256 * MIB,
+        {
+            "floor.pinned": 120_000_000,
+            "floor.pinned_enqueue": 60_000_000,
+            "floor.pageable": 95_000_000,
+            "ceiling.dma_h2d": 9_760_000,
+            "ceiling.dma_d2h": 4_880_000,
+            "ceiling.copy_in.1": 57_000_000,
+            "ceiling.copy_in.16": 15_300_000,
+            "ceiling.copy_out.1": 26_300_000,
+            "ceiling.copy_out.16": 5_800_000,
+            "vyre.dispatch": 36_000_000,
+            "vyre.dispatch_profiled": 36_000_000,
+            "vyre.pinned": 16_000_000,
+            "vyre.async_enqueue": 20_000_000,
+        },
+        stages_per=36_000_000 / len(STAGES),
+        upload=20_000_000,
+        readback=12_000_000,
+        telemetry={
+            "dispatches": 40,
+            "pinned_alloc_calls": 0,
+            "device_alloc_calls": 0,
+            "ring_bytes": 64 * MIB,
+            "ring_chunks": 120,
+            "copy_threads_live": 4,
+            "staged_h2d_bytes": 40 * 512 * MIB,
+            "direct_h2d_bytes": 512 * MIB,
+            "staged_d2h_bytes": 40 * 256 * MIB,
+            "direct_d2h_bytes": 0,
+        },
+    )
     return [small, four, sixty_four, big]
 
 
 META = {
-    "date": "2026-11-30T12:00:00+00:00", "device": 0, "device_name": "NVIDIA H200",
-    "cc": [9, 0], "driver_version": 13000, "driver_release": "580.159.04",
-    "vyre_cuda_version": "0.1.0", "commit": "abc123def456", "python": "3.12.3",
-    "rounds": 5, "program": "vecadd_f32 (built-in)", "host_threads": [1, 16], "cpu_count": 16,
+    "date": "2026-11-30T12:00:00+00:00",
+    "device": 0,
+    "device_name": "NVIDIA H200",
+    "cc": [9, 0],
+    "driver_version": 13000,
+    "driver_release": "580.159.04",
+    "vyre_cuda_version": "0.1.0",
+    "commit": "abc123def456",
+    "python": "3.12.3",
+    "rounds": 5,
+    "program": "vecadd_f32 (built-in)",
+    "host_threads": [1, 16],
+    "cpu_count": 16,
 }
 
 
 def _synthetic_report(baseline=None):
     sizes = _synthetic_sizes()
-    threads = P.ThreadScaling(4096, 2, 2000, vyre={1: 50_000.0, 2: 75_000.0},
-                              floor={1: 58_000.0, 2: 100_000.0})
-    return P.ProfileReport(dict(META), sizes, threads,
-                           P.evaluate_targets(sizes, threads, baseline=baseline), STAGES)
+    threads = P.ThreadScaling(4096, 2, 2000, vyre={1: 50_000.0, 2: 75_000.0}, floor={1: 58_000.0, 2: 100_000.0})
+    return P.ProfileReport(dict(META), sizes, threads, P.evaluate_targets(sizes, threads, baseline=baseline), STAGES)
 
 
 def _baseline(vyre_small=17_000.0, floor_small=17_000.0):
@@ -324,8 +429,7 @@ def _stage_row(**ns):
 def test_assemble_stages_unattributed_coverage_and_directions():
     walls = [100, 110, 120, 130]
     stage_rows = [
-        _stage_row(plan_lookup=40, staging_memcpy=k, h2d_enqueue=2 * k, readback_enqueue=3,
-                   copy_out=4 + k, release=50)
+        _stage_row(plan_lookup=40, staging_memcpy=k, h2d_enqueue=2 * k, readback_enqueue=3, copy_out=4 + k, release=50)
         for k in range(4)
     ]
     samples = {"vyre.dispatch_profiled": walls, "_stages": stage_rows, "floor.pinned": [80] * 3}
@@ -348,17 +452,14 @@ def test_assemble_stages_unattributed_coverage_and_directions():
 
 def test_assemble_rejects_misaligned_stage_data():
     with pytest.raises(ValueError):
-        engine.assemble(4096, 1024, 2, {"vyre.dispatch_profiled": [1, 2],
-                                        "_stages": [(0,) * 11]}, STAGES, {})
+        engine.assemble(4096, 1024, 2, {"vyre.dispatch_profiled": [1, 2], "_stages": [(0,) * 11]}, STAGES, {})
     with pytest.raises(ValueError):
-        engine.assemble(4096, 1024, 1, {"vyre.dispatch_profiled": [1], "_stages": [(0, 0)]},
-                        STAGES, {})
+        engine.assemble(4096, 1024, 1, {"vyre.dispatch_profiled": [1], "_stages": [(0, 0)]}, STAGES, {})
 
 
 def test_assemble_without_the_direction_stages_skips_directions():
     names = ("plan_lookup", "wait")
-    r = engine.assemble(4096, 1024, 1, {"vyre.dispatch_profiled": [10],
-                                        "_stages": [(4, 5)]}, names, {})
+    r = engine.assemble(4096, 1024, 1, {"vyre.dispatch_profiled": [10], "_stages": [(4, 5)]}, names, {})
     assert r.directions == {} and r.attributed.median == 9
 
 
@@ -386,8 +487,7 @@ def test_no_regression_without_a_baseline_or_without_the_size():
     t = _targets(_synthetic_report())[("no_regression", 4 * KIB)]
     assert t.op == "report" and t.value is None and t.met is None
     assert "--baseline" in t.description
-    other = P.ProfileReport(dict(META), [_size(8 * KIB, {"vyre.dispatch": 1.0,
-                                                         "floor.pinned": 1.0})])
+    other = P.ProfileReport(dict(META), [_size(8 * KIB, {"vyre.dispatch": 1.0, "floor.pinned": 1.0})])
     t = _targets(_synthetic_report(other))[("no_regression", 4 * KIB)]
     assert t.value is None and t.met is None and "has no such size" in t.description
     assert table.target_status(t) == "n/a"
@@ -442,8 +542,7 @@ def test_targets_say_nothing_about_issue_numbers():
     report = _synthetic_report(_baseline())
     text = report.format_table()
     assert not re.search(r"\bissues?\b", text, re.IGNORECASE)
-    assert not any(re.search(r"\bissues?\b", t.description, re.IGNORECASE)
-                   for t in report.targets)
+    assert not any(re.search(r"\bissues?\b", t.description, re.IGNORECASE) for t in report.targets)
 
 
 def test_page_locked_target_not_measured_reads_n_a():
@@ -470,11 +569,16 @@ def test_format_table_header_and_small_size():
     assert "4 KiB per buffer (1,024 float32 elements for the floor, 8 KiB in + 4 KiB out" in text
     row = _line(lines, "vyre_cuda dispatch, numpy")
     # median, p10, p90, GB/s, x floor, x pageable
-    assert row.split()[-6:] == ["18.00", "16.20", "19.80", f"{3 * 4096 / 18_000:.2f}",
-                                f"{18_000 / 17_100:.2f}x", f"{18_000 / 20_700:.2f}x"]
+    assert row.split()[-6:] == [
+        "18.00",
+        "16.20",
+        "19.80",
+        f"{3 * 4096 / 18_000:.2f}",
+        f"{18_000 / 17_100:.2f}x",
+        f"{18_000 / 20_700:.2f}x",
+    ]
     cupy = _line(lines, "CuPy RawKernel, full")
-    assert cupy.split()[-3:] == [f"{54_300 / 17_100:.2f}x", f"{54_300 / 20_700:.2f}x",
-                                 f"{54_300 / 18_000:.2f}x"]
+    assert cupy.split()[-3:] == [f"{54_300 / 17_100:.2f}x", f"{54_300 / 20_700:.2f}x", f"{54_300 / 18_000:.2f}x"]
     dma = _line(lines, "DMA ceiling: pinned -> device")
     assert dma.split()[-1] == f"{8192 / 6_000:.2f}"  # GB/s, no ratio columns
     assert any("skipped torch: torch is not installed" in line for line in lines)
@@ -482,8 +586,9 @@ def test_format_table_header_and_small_size():
     assert unattributed.split()[-4] == f"{18_000 / len(STAGES) / 20 / 1000:.2f}"
     assert "within 10%: yes" in text
     assert "vyre_cuda gain / floor gain: 0.87" in text
-    assert ("allocations in 500 timed vyre_cuda dispatches: pinned 0 (0 per dispatch), "
-            "device 0 (0 per dispatch)") in text
+    assert (
+        "allocations in 500 timed vyre_cuda dispatches: pinned 0 (0 per dispatch), device 0 (0 per dispatch)"
+    ) in text
     assert str(_synthetic_report()) == text
 
 
@@ -491,7 +596,7 @@ def test_format_table_large_sizes_in_ms_with_gbps():
     text = _synthetic_report().format_table()
     lines = text.splitlines()
     start = lines.index(next(x for x in lines if x.startswith("256 MiB per buffer")))
-    block = lines[start:start + 40]
+    block = lines[start : start + 40]
     assert "median ms" in block[1]
     row = _line(block, "vyre_cuda dispatch, numpy")
     assert row.split()[-6:-3] == ["36.00", "32.40", "39.60"]
@@ -501,14 +606,16 @@ def test_format_table_large_sizes_in_ms_with_gbps():
     per_dir = _line(block, "per direction:")
     assert f"= H2D {2 * 256 * MIB / 20e6:.2f} GB/s" in per_dir
     assert f"= D2H {256 * MIB / 12e6:.2f} GB/s" in per_dir
-    assert ("staging ring: 64.0 MiB pinned, 120 windows through it in the timed dispatches; "
-            "4 copy threads") in text
-    assert ("H2D staged 20,480.0 MiB, direct 512.0 MiB; D2H staged 10,240.0 MiB, direct 0.0 "
-            "MiB (all timed dispatches)") in text
-    four = lines[lines.index(next(x for x in lines if x.startswith("4 MiB per buffer"))):]
+    assert ("staging ring: 64.0 MiB pinned, 120 windows through it in the timed dispatches; 4 copy threads") in text
+    assert (
+        "H2D staged 20,480.0 MiB, direct 512.0 MiB; D2H staged 10,240.0 MiB, direct 0.0 MiB (all timed dispatches)"
+    ) in text
+    four = lines[lines.index(next(x for x in lines if x.startswith("4 MiB per buffer"))) :]
     assert "median us" in four[1] and "1,350.00" in four[2]
-    assert ("allocations in 400 timed vyre_cuda dispatches: pinned 4 (0.01 per dispatch), "
-            "device 0 (0 per dispatch) (pool misses: the core does not count allocations)") in text
+    assert (
+        "allocations in 400 timed vyre_cuda dispatches: pinned 4 (0.01 per dispatch), "
+        "device 0 (0 per dispatch) (pool misses: the core does not count allocations)"
+    ) in text
 
 
 def test_format_table_targets_block():
@@ -519,8 +626,7 @@ def test_format_table_targets_block():
     assert any(x.strip().startswith("[ met  ]") and "CuPy" in x for x in lines)
     locked = _line(lines, "[ met  ] 256 MiB: vyre_cuda page-locked")
     assert locked.endswith(f"{3 * 256 * MIB / 16e6:.2f} GB/s (target >= 45)")
-    assert _line(lines, "[MISSED] 64 MiB: vyre_cuda dispatch / the driver's pageable path") \
-        .endswith("(target <= 0.35)")
+    assert _line(lines, "[MISSED] 64 MiB: vyre_cuda dispatch / the driver's pageable path").endswith("(target <= 0.35)")
 
 
 def test_format_table_flags_poor_stage_coverage():
@@ -567,13 +673,31 @@ def _first_schema_result():
         "schema": "vyre_cuda.profile/1",
         "meta": {"date": "2026-11-29T19:31:27+00:00", "commit": "8f72b158bb97"},
         "stage_names": list(STAGES),
-        "sizes": [{"bytes": 4096, "elements": 1024, "iterations": 100,
-                   "systems": {"vyre.dispatch": summary, "floor.pinned": floor},
-                   "stages": {}, "attributed": None, "coverage": None, "ratios": {},
-                   "skipped": {}}],
+        "sizes": [
+            {
+                "bytes": 4096,
+                "elements": 1024,
+                "iterations": 100,
+                "systems": {"vyre.dispatch": summary, "floor.pinned": floor},
+                "stages": {},
+                "attributed": None,
+                "coverage": None,
+                "ratios": {},
+                "skipped": {},
+            }
+        ],
         "threads": None,
-        "targets": [{"key": "vyre_vs_floor", "description": "4 KiB: ...", "value": 1.06,
-                     "limit": 1.15, "op": "<=", "size_bytes": 4096, "met": True}],
+        "targets": [
+            {
+                "key": "vyre_vs_floor",
+                "description": "4 KiB: ...",
+                "value": 1.06,
+                "limit": 1.15,
+                "op": "<=",
+                "size_bytes": 4096,
+                "met": True,
+            }
+        ],
     }
 
 
@@ -620,12 +744,21 @@ def test_plot_has_stage_panels_and_a_bandwidth_panel_with_ceilings(tmp_path):
     axes = fig.get_axes()
     assert len(axes) == 5  # one panel per size, and the bandwidth panel
     assert [ax.get_title() for ax in axes[:4]] == [
-        "4 KiB per buffer", "4 MiB per buffer", "64 MiB per buffer", "256 MiB per buffer"]
+        "4 KiB per buffer",
+        "4 MiB per buffer",
+        "64 MiB per buffer",
+        "256 MiB per buffer",
+    ]
     bandwidth = axes[4]
     labels = {line.get_label(): line for line in bandwidth.get_lines()}
-    assert {"vyre_cuda, numpy", "vyre_cuda, page-locked", "driver's pageable path",
-            "DMA: pinned -> device (inputs)", "memcpy: pageable -> pinned, 16 threads",
-            "vyre_cuda numpy H2D (stages)"} <= set(labels)
+    assert {
+        "vyre_cuda, numpy",
+        "vyre_cuda, page-locked",
+        "driver's pageable path",
+        "DMA: pinned -> device (inputs)",
+        "memcpy: pageable -> pinned, 16 threads",
+        "vyre_cuda numpy H2D (stages)",
+    } <= set(labels)
     xs, ys = labels["DMA: pinned -> device (inputs)"].get_data()
     assert list(xs) == [4 * KIB, 256 * MIB]
     assert ys[1] == pytest.approx(2 * 256 * MIB / 9_760_000)

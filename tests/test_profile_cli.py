@@ -76,28 +76,63 @@ def test_cli_defaults():
 
 
 def test_cli_options():
-    args = _parser().parse_args([
-        "--sizes", "8KiB,1M,1GiB", "--iterations", "50", "--warmup", "0", "--json", "--plot",
-        "x.png", "--no-peers", "--no-threads", "--kernel", "k.cu", "--entry", "k", "--buffers",
-        "a:f32:in,o:f32:out", "--device", "1", "--baseline", "old.json", "--host-threads", "8",
-        "--staging-chunk-bytes", "8MiB", "--staging-chunks", "6", "--copy-threads", "4",
-    ])
+    args = _parser().parse_args(
+        [
+            "--sizes",
+            "8KiB,1M,1GiB",
+            "--iterations",
+            "50",
+            "--warmup",
+            "0",
+            "--json",
+            "--plot",
+            "x.png",
+            "--no-peers",
+            "--no-threads",
+            "--kernel",
+            "k.cu",
+            "--entry",
+            "k",
+            "--buffers",
+            "a:f32:in,o:f32:out",
+            "--device",
+            "1",
+            "--baseline",
+            "old.json",
+            "--host-threads",
+            "8",
+            "--staging-chunk-bytes",
+            "8MiB",
+            "--staging-chunks",
+            "6",
+            "--copy-threads",
+            "4",
+        ]
+    )
     assert args.sizes == (8192, 1 << 20, GIB)
     assert (args.iterations, args.warmup, args.json, args.plot) == (50, 0, "-", "x.png")
     assert args.no_peers and args.no_threads
-    assert (args.kernel, args.entry, args.buffers, args.device) == (
-        "k.cu", "k", "a:f32:in,o:f32:out", 1)
+    assert (args.kernel, args.entry, args.buffers, args.device) == ("k.cu", "k", "a:f32:in,o:f32:out", 1)
     assert (args.baseline, args.host_threads) == ("old.json", 8)
-    assert profile_cli.backend_options(args) == {
-        "staging_chunk_bytes": 8 << 20, "staging_chunks": 6, "copy_threads": 4}
+    assert profile_cli.backend_options(args) == {"staging_chunk_bytes": 8 << 20, "staging_chunks": 6, "copy_threads": 4}
     assert _parser().parse_args(["--json", "out.json"]).json == "out.json"
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["--sizes", "4KB"], ["--sizes", ""], ["--iterations", "0"], ["--iterations", "x"],
-     ["--warmup", "-1"], ["--device", "-1"], ["--host-threads", "0"], ["--copy-threads", "0"],
-     ["--staging-chunks", "0"], ["--staging-chunk-bytes", "8MB"], ["--bogus"]],
+    [
+        ["--sizes", "4KB"],
+        ["--sizes", ""],
+        ["--iterations", "0"],
+        ["--iterations", "x"],
+        ["--warmup", "-1"],
+        ["--device", "-1"],
+        ["--host-threads", "0"],
+        ["--copy-threads", "0"],
+        ["--staging-chunks", "0"],
+        ["--staging-chunk-bytes", "8MB"],
+        ["--bogus"],
+    ],
 )
 def test_cli_rejects_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit) as err:
@@ -111,13 +146,11 @@ def test_cli_main_validation_errors(capsys, tmp_path):
     parser = _parser()
     assert P.main(parser.parse_args(["--buffers", "a:f32:in,o:f32:out"])) == 2
     assert "no --kernel was given" in capsys.readouterr().err
-    assert P.main(parser.parse_args(["--kernel", str(tmp_path / "none.cu"), "--buffers",
-                                     "a:f32:in,o:f32:out"])) == 2
+    assert P.main(parser.parse_args(["--kernel", str(tmp_path / "none.cu"), "--buffers", "a:f32:in,o:f32:out"])) == 2
     err = capsys.readouterr().err
     assert "ValidationError" in err and "Fix:" in err
     (tmp_path / "k.cu").write_text("// k")
-    assert P.main(parser.parse_args(["--kernel", str(tmp_path / "k.cu"), "--buffers",
-                                     "a:f32:in"])) == 2
+    assert P.main(parser.parse_args(["--kernel", str(tmp_path / "k.cu"), "--buffers", "a:f32:in"])) == 2
     assert "declares no output" in capsys.readouterr().err
 
 
@@ -135,9 +168,24 @@ def test_cli_bad_baseline_fails_before_the_run(fake_device, tmp_path, capsys, co
 
 def test_cli_main_end_to_end_on_fakes(fake_device, tmp_path, capsys):
     out = tmp_path / "r.json"
-    args = _parser().parse_args(["--sizes", "4KiB", "--iterations", "6", "--warmup", "1",
-                                 "--no-peers", "--no-threads", "--json", str(out),
-                                 "--copy-threads", "2", "--host-threads", "2"])
+    args = _parser().parse_args(
+        [
+            "--sizes",
+            "4KiB",
+            "--iterations",
+            "6",
+            "--warmup",
+            "1",
+            "--no-peers",
+            "--no-threads",
+            "--json",
+            str(out),
+            "--copy-threads",
+            "2",
+            "--host-threads",
+            "2",
+        ]
+    )
     assert P.main(args) == 0
     printed = capsys.readouterr().out
     assert "4 KiB per buffer" in printed and "Fake GPU" in printed
@@ -146,8 +194,7 @@ def test_cli_main_end_to_end_on_fakes(fake_device, tmp_path, capsys):
     assert data["sizes"][0]["bytes"] == 4096
     assert fake_device.created[0].options == {"copy_threads": 2}
     assert fake_device.created[0].closed  # the CLI's backend is closed
-    args = _parser().parse_args(["--sizes", "4KiB", "--iterations", "4", "--no-peers",
-                                 "--no-threads", "--json"])
+    args = _parser().parse_args(["--sizes", "4KiB", "--iterations", "4", "--no-peers", "--no-threads", "--json"])
     assert P.main(args) == 0
     assert json.loads(capsys.readouterr().out)["schema"] == P.SCHEMA
 
@@ -168,8 +215,7 @@ def test_vyre_cuda_cli_exposes_profile(fake_device, capsys):
 
     args = cli.build_parser().parse_args(["profile", "--sizes", "4KiB", "--no-peers"])
     assert args.func is P.main and args.sizes == (4096,) and args.no_peers
-    assert cli.main(["profile", "--sizes", "4KiB", "--iterations", "4", "--no-peers",
-                     "--no-threads"]) == 0
+    assert cli.main(["profile", "--sizes", "4KiB", "--iterations", "4", "--no-peers", "--no-threads"]) == 0
     assert "4 KiB per buffer" in capsys.readouterr().out
 
 
@@ -193,8 +239,16 @@ def test_write_readme_replaces_only_the_results_section(tmp_path, fake_device):
     readme = tmp_path / "README.md"
     readme.write_text(f"# Title\n\nhand-written\n\n{wr.BEGIN}\nold figures\n{wr.END}\n\nfooter\n")
     stored = _stored_report()
-    report = P.run_profile(sizes=(4096, 8192), iterations=4, warmup=1, peers=False,
-                           threads=True, thread_iterations=4, thread_repeats=1, baseline=stored)
+    report = P.run_profile(
+        sizes=(4096, 8192),
+        iterations=4,
+        warmup=1,
+        peers=False,
+        threads=True,
+        thread_iterations=4,
+        thread_repeats=1,
+        baseline=stored,
+    )
     assert wr.update_readme(readme, report, source=tmp_path / "r.json") is True
     text = readme.read_text()
     assert text.startswith("# Title\n\nhand-written\n\n" + wr.BEGIN + "\n")
@@ -202,12 +256,10 @@ def test_write_readme_replaces_only_the_results_section(tmp_path, fake_device):
     assert "old figures" not in text
     assert "**Fake GPU** (cc 9.0)" in text and "CUDA driver 13.0" in text
     assert f"Baseline for the no-regression target: commit `{stored.meta['commit']}`" in text
-    assert re.search(r"\| 2 threads, 4 KiB: vyre_cuda gain / floor gain \| [0-9.]+x \| >= ?0\.9 \|",
-                     text), text
+    assert re.search(r"\| 2 threads, 4 KiB: vyre_cuda gain / floor gain \| [0-9.]+x \| >= ?0\.9 \|", text), text
     assert "| per buffer | vyre_cuda, numpy | vyre_cuda `dispatch_into`, numpy |" in text
     assert re.search(r"\| 4 KiB \| [0-9.]+ us \([0-9.]+ GB/s\) \|", text), text
-    assert "| per buffer | vyre_cuda H2D | vyre_cuda D2H | DMA: pinned -> device (inputs) |" \
-        in text
+    assert "| per buffer | vyre_cuda H2D | vyre_cuda D2H | DMA: pinned -> device (inputs) |" in text
     assert "```text\n" + report.format_table().rstrip("\n") + "\n```" in text
     assert wr.update_readme(readme, report, source=tmp_path / "r.json") is False  # idempotent
     readme.write_text("# no markers\n")
@@ -231,26 +283,56 @@ def test_repository_readme_has_the_markers_definitions_and_targets():
     wr = _load_bench("write_readme")
     text = (ROOT / "benchmarks" / "README.md").read_text()
     assert text.count(wr.BEGIN) == 1 and text.count(wr.END) == 1
-    for phrase in ("25 GB/s", "45 GB/s", "0.35x", "0.5x", "1.2x", "1.05x", "1.15x", "2.5x",
-                   "0.9x", "(input + output bytes) / wall", "--baseline"):
+    for phrase in (
+        "25 GB/s",
+        "45 GB/s",
+        "0.35x",
+        "0.5x",
+        "1.2x",
+        "1.05x",
+        "1.15x",
+        "2.5x",
+        "0.9x",
+        "(input + output bytes) / wall",
+        "--baseline",
+    ):
         assert phrase in text, phrase
     assert not re.search(r"\bissues?\b", text, re.IGNORECASE)
 
 
-def test_bench_dispatch_writes_json_and_compares_with_its_stored_result(fake_device, tmp_path,
-                                                                       capsys):
+def test_bench_dispatch_writes_json_and_compares_with_its_stored_result(fake_device, tmp_path, capsys):
     bench = _load_bench("bench_dispatch")
     out = tmp_path / "results" / "latest.json"
-    assert bench.main(["--out", str(out), "--iterations", "4", "--warmup", "1", "--no-peers",
-                       "--no-threads", "--sizes", "4KiB", "--host-threads", "2"]) == 0
+    assert (
+        bench.main(
+            [
+                "--out",
+                str(out),
+                "--iterations",
+                "4",
+                "--warmup",
+                "1",
+                "--no-peers",
+                "--no-threads",
+                "--sizes",
+                "4KiB",
+                "--host-threads",
+                "2",
+            ]
+        )
+        == 0
+    )
     data = json.loads(out.read_text())
     assert data["schema"] == P.SCHEMA and data["sizes"][0]["bytes"] == 4096
     # the stored result is the baseline by default
     assert data["meta"]["baseline"]["commit"] == _stored_report().meta["commit"]
     assert "4 KiB per buffer" in capsys.readouterr().out
-    assert bench.main(["--out", str(out), "--iterations", "4", "--no-peers", "--no-threads",
-                       "--sizes", "4KiB", "--no-baseline"]) == 0
+    assert (
+        bench.main(
+            ["--out", str(out), "--iterations", "4", "--no-peers", "--no-threads", "--sizes", "4KiB", "--no-baseline"]
+        )
+        == 0
+    )
     assert "baseline" not in json.loads(out.read_text())["meta"]
     assert set(bench.BENCHES) == {"small", "large", "bandwidth", "threads"}
-    assert bench.main(["--out", str(out), "--sizes", "4KiB", "--baseline",
-                       str(tmp_path / "none.json")]) == 1
+    assert bench.main(["--out", str(out), "--sizes", "4KiB", "--baseline", str(tmp_path / "none.json")]) == 1

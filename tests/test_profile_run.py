@@ -67,9 +67,14 @@ def test_run_rounds_interleaves_and_splits_counts():
     c = _Recorder("C", log, "c", 3, unit_scale=10)
     seen = []
     marks = []
-    samples = engine.run_rounds([a.runner, b.runner, c.runner], 23, 5, 4,
-                                progress=lambda label, f: seen.append(f),
-                                before_timed=lambda: marks.append(list(log)))
+    samples = engine.run_rounds(
+        [a.runner, b.runner, c.runner],
+        23,
+        5,
+        4,
+        progress=lambda label, f: seen.append(f),
+        before_timed=lambda: marks.append(list(log)),
+    )
     assert log == ["A", "B", "C"] + ["A", "B", "C"] * 4  # warm-up, then rounds in turn
     assert marks == [["A", "B", "C"]]  # called once, between the warm-up and the rounds
     assert a.calls == [5, 6, 6, 6, 5] and sum(a.calls[1:]) == 23
@@ -99,8 +104,7 @@ def test_run_rounds_drops_a_failing_group_only():
     launch = _Recorder("peer cupy launch", log, "peer.cupy.launch_only", group="cupy")
     wrong = _Recorder("peer torch", log, "peer.torch", ok=False, group="torch")
     failed = {}
-    samples = engine.run_rounds([floor.runner, full.runner, launch.runner, wrong.runner], 9, 1,
-                                3, failed=failed)
+    samples = engine.run_rounds([floor.runner, full.runner, launch.runner, wrong.runner], 9, 1, 3, failed=failed)
     assert set(samples) == {"floor.pinned"}
     assert len(samples["floor.pinned"]) == 9
     assert failed["cupy"].startswith("failed: RuntimeError: peer broke")
@@ -210,18 +214,32 @@ def test_runtime_api_never_imports_the_floor():
         "assert not loaded, loaded\n"
         "print('ok')\n"
     )
-    env = {"PYTHONPATH": str(pathlib.Path(vyre_cuda.__file__).resolve().parents[1]),
-           "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=str(ROOT.parent), check=False)
+    env = {
+        "PYTHONPATH": str(pathlib.Path(vyre_cuda.__file__).resolve().parents[1]),
+        "CUDA_VISIBLE_DEVICES": "",
+        "PATH": "/usr/bin:/bin",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=str(ROOT.parent),
+        check=False,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
-
 def test_run_profile_validates_before_touching_the_device():
-    for kwargs in ({"sizes": (4098,)}, {"sizes": (4096,), "iterations": 0},
-                   {"sizes": (4096,), "warmup": -1}, {"sizes": (4096,), "iterations": True},
-                   {"sizes": (4096,), "host_threads": 0}, {"sizes": (4096,), "rounds": 0}):
+    for kwargs in (
+        {"sizes": (4098,)},
+        {"sizes": (4096,), "iterations": 0},
+        {"sizes": (4096,), "warmup": -1},
+        {"sizes": (4096,), "iterations": True},
+        {"sizes": (4096,), "host_threads": 0},
+        {"sizes": (4096,), "rounds": 0},
+    ):
         with pytest.raises(ValidationError):
             P.run_profile(**kwargs)
     with pytest.raises(ValidationError) as err:
@@ -230,31 +248,57 @@ def test_run_profile_validates_before_touching_the_device():
 
 
 # -- the whole run on a fake backend and a fake floor ----------------------------------------
-VYRE_KEYS = {"vyre.dispatch", "vyre.dispatch_profiled", "vyre.async_enqueue", "vyre.async_total",
-             "vyre.dispatch_into", "vyre.pinned"}
-FLOOR_KEYS = {"floor.pinned", "floor.pinned_enqueue", "floor.pageable",
-              "floor.pageable_enqueue"}
+VYRE_KEYS = {
+    "vyre.dispatch",
+    "vyre.dispatch_profiled",
+    "vyre.async_enqueue",
+    "vyre.async_total",
+    "vyre.dispatch_into",
+    "vyre.pinned",
+}
+FLOOR_KEYS = {"floor.pinned", "floor.pinned_enqueue", "floor.pageable", "floor.pageable_enqueue"}
 
 
 def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
     monkeypatch.setattr(engine, "LAUNCH_ONLY_MAX", 4 * KIB)
     backend = FakeBackend(allocate_every=40)
     progress = []
-    report = P.run_profile(sizes="4KiB,8KiB", iterations=40, warmup=3, peers=False, threads=True,
-                           progress=lambda label, f: progress.append((label, f)),
-                           backend=backend, rounds=4, thread_iterations=10, thread_repeats=1,
-                           host_threads=3)
+    report = P.run_profile(
+        sizes="4KiB,8KiB",
+        iterations=40,
+        warmup=3,
+        peers=False,
+        threads=True,
+        progress=lambda label, f: progress.append((label, f)),
+        backend=backend,
+        rounds=4,
+        thread_iterations=10,
+        thread_repeats=1,
+        host_threads=3,
+    )
     assert not backend.closed  # a caller's backend stays open
     assert all(f.closed for f in fake_device.floor.opened)
     assert [s.nbytes for s in report.sizes] == [4096, 8192]
     small, larger = report.sizes
     assert small.elements == 1024 and small.iterations == 40
-    ceilings = {"ceiling.dma_h2d", "ceiling.dma_d2h", "ceiling.copy_in.1", "ceiling.copy_in.3",
-                "ceiling.copy_out.1", "ceiling.copy_out.3"}
+    ceilings = {
+        "ceiling.dma_h2d",
+        "ceiling.dma_d2h",
+        "ceiling.copy_in.1",
+        "ceiling.copy_in.3",
+        "ceiling.copy_out.1",
+        "ceiling.copy_out.3",
+    }
     assert set(small.systems) == VYRE_KEYS | FLOOR_KEYS | ceilings | {"floor.launch_only"}
     assert set(larger.systems) == VYRE_KEYS | FLOOR_KEYS | ceilings  # launch only: small sizes
-    for key in ("vyre.dispatch", "vyre.pinned", "vyre.dispatch_into", "floor.pinned",
-                "ceiling.copy_in.3", "ceiling.dma_d2h"):
+    for key in (
+        "vyre.dispatch",
+        "vyre.pinned",
+        "vyre.dispatch_into",
+        "floor.pinned",
+        "ceiling.copy_in.3",
+        "ceiling.dma_d2h",
+    ):
         assert small.systems[key].n == 40, key
     assert ("copy_in", 1) in fake_device.floor.calls and ("copy_in", 3) in fake_device.floor.calls
     assert small.median("floor.pinned") == 20_000
@@ -292,15 +336,15 @@ def test_run_profile_without_page_locked_arrays_or_telemetry(fake_device, monkey
     monkeypatch.setattr(vyre_cuda, "pinned_empty", None)  # a core without page-locked arrays
     backend = FakeBackend()
     del backend.telemetry
-    report = P.run_profile(sizes=(4096,), iterations=6, warmup=1, peers=False, threads=False,
-                           backend=backend, rounds=2, host_threads=1)
+    report = P.run_profile(
+        sizes=(4096,), iterations=6, warmup=1, peers=False, threads=False, backend=backend, rounds=2, host_threads=1
+    )
     s = report.size(4096)
     assert "vyre.pinned" not in s.systems and "vyre.dispatch_into" in s.systems
     assert "pinned_empty" in s.skipped["page-locked"]
     assert s.telemetry == {}
     assert not any("allocations" in t.key for t in report.targets)
-    assert {k for k in s.systems if k.startswith("ceiling.copy")} == {
-        "ceiling.copy_in.1", "ceiling.copy_out.1"}
+    assert {k for k in s.systems if k.startswith("ceiling.copy")} == {"ceiling.copy_in.1", "ceiling.copy_out.1"}
     assert "skipped page-locked" in report.format_table()
 
 
@@ -337,8 +381,9 @@ def test_run_profile_peers_measured_or_skipped_by_name(fake_device, monkeypatch)
 
     monkeypatch.setattr(run, "peer_available", lambda name: True)
     monkeypatch.setattr(run, "open_peer", open_peer)
-    report = P.run_profile(sizes=(4096,), iterations=4, warmup=1, peers=True, threads=False,
-                           backend=FakeBackend(), rounds=2)
+    report = P.run_profile(
+        sizes=(4096,), iterations=4, warmup=1, peers=True, threads=False, backend=FakeBackend(), rounds=2
+    )
     s = report.size(4096)
     assert s.skipped["cuda_bindings"] == "failed to start: RuntimeError: cannot start"
     assert s.skipped["torch"].startswith("failed: WrongResult")  # its output was checked
@@ -348,21 +393,26 @@ def test_run_profile_peers_measured_or_skipped_by_name(fake_device, monkeypatch)
     t = {(x.key, x.size_bytes): x for x in report.targets}
     assert ("cupy_vs_vyre", 4096) in t and ("torch_vs_vyre", 4096) not in t
     monkeypatch.setattr(run, "peer_available", lambda name: False)
-    report = P.run_profile(sizes=(4096,), iterations=2, warmup=0, peers=True, threads=False,
-                           backend=FakeBackend(), rounds=1)
+    report = P.run_profile(
+        sizes=(4096,), iterations=2, warmup=0, peers=True, threads=False, backend=FakeBackend(), rounds=1
+    )
     assert report.size(4096).skipped == {
-        "cuda_bindings": "cuda.bindings is not installed", "cupy": "cupy is not installed",
-        "torch": "torch is not installed"}
+        "cuda_bindings": "cuda.bindings is not installed",
+        "cupy": "cupy is not installed",
+        "torch": "torch is not installed",
+    }
 
 
 def test_run_profile_user_program_skips_peers_and_targets(fake_device):
     program = types.SimpleNamespace(
-        name="scale", kernel=types.SimpleNamespace(kind="cuda", entry="scale"),
+        name="scale",
+        kernel=types.SimpleNamespace(kind="cuda", entry="scale"),
         inputs=(BufferDecl.read("x", 0, "f64"),),
     )
     backend = FakeBackend()
-    report = P.run_profile(sizes=(4096,), iterations=8, warmup=1, program=program, peers=True,
-                           threads=False, backend=backend, rounds=2)
+    report = P.run_profile(
+        sizes=(4096,), iterations=8, warmup=1, program=program, peers=True, threads=False, backend=backend, rounds=2
+    )
     s = report.size(4096)
     assert {"cuda_bindings", "cupy", "torch"} <= set(s.skipped)
     assert report.targets == [] and report.threads is None
@@ -375,8 +425,15 @@ def test_run_profile_passes_backend_options_and_compares_with_a_baseline(fake_de
     base = P.run_profile(sizes=(4096,), iterations=4, warmup=1, peers=False, threads=False)
     path = tmp_path / "base.json"
     path.write_text(base.to_json())
-    report = P.run_profile(sizes=(4096,), iterations=4, warmup=1, peers=False, threads=False,
-                           backend_options={"copy_threads": 4}, baseline=str(path))
+    report = P.run_profile(
+        sizes=(4096,),
+        iterations=4,
+        warmup=1,
+        peers=False,
+        threads=False,
+        backend_options={"copy_threads": 4},
+        baseline=str(path),
+    )
     assert fake_device.created[-1].options == {"copy_threads": 4}
     assert all(b.closed for b in fake_device.created)
     assert report.meta["backend_options"] == {"copy_threads": 4}
@@ -391,8 +448,7 @@ def test_run_profile_refuses_options_the_backend_does_not_take(fake_device, monk
 
     monkeypatch.setattr(vyre_cuda, "CudaBackend", old_backend)
     with pytest.raises(ValidationError) as err:
-        P.run_profile(sizes=(4096,), iterations=2, peers=False, threads=False,
-                      backend_options={"staging_chunks": 4})
+        P.run_profile(sizes=(4096,), iterations=2, peers=False, threads=False, backend_options={"staging_chunks": 4})
     assert "staging_chunks" in str(err.value) and _fix_line(err.value).startswith("Fix: ")
 
 

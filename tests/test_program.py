@@ -154,9 +154,18 @@ def test_runtime_sized_has_no_static_length():
 
 # ---------------------------------------------------------------- dtypes
 EXPECTED_DTYPES = {
-    "u8": (1, np.uint8), "i8": (1, np.int8), "u16": (2, np.uint16), "i16": (2, np.int16),
-    "f16": (2, np.float16), "bf16": (2, None), "u32": (4, np.uint32), "i32": (4, np.int32),
-    "f32": (4, np.float32), "u64": (8, np.uint64), "i64": (8, np.int64), "f64": (8, np.float64),
+    "u8": (1, np.uint8),
+    "i8": (1, np.int8),
+    "u16": (2, np.uint16),
+    "i16": (2, np.int16),
+    "f16": (2, np.float16),
+    "bf16": (2, None),
+    "u32": (4, np.uint32),
+    "i32": (4, np.int32),
+    "f32": (4, np.float32),
+    "u64": (8, np.uint64),
+    "i64": (8, np.int64),
+    "f64": (8, np.float64),
 }
 
 
@@ -166,8 +175,20 @@ def test_the_twelve_dtypes():
 
 @pytest.mark.parametrize(
     ("name", "kind"),
-    [("u8", "u"), ("i8", "i"), ("u16", "u"), ("i16", "i"), ("f16", "f"), ("bf16", "u"),
-     ("u32", "u"), ("i32", "i"), ("f32", "f"), ("u64", "u"), ("i64", "i"), ("f64", "f")],
+    [
+        ("u8", "u"),
+        ("i8", "i"),
+        ("u16", "u"),
+        ("i16", "i"),
+        ("f16", "f"),
+        ("bf16", "u"),
+        ("u32", "u"),
+        ("i32", "i"),
+        ("f32", "f"),
+        ("u64", "u"),
+        ("i64", "i"),
+        ("f64", "f"),
+    ],
 )
 def test_input_spec_kinds(name, kind):
     # bf16 travels as raw bits: the dispatch checks its inputs as uint16 (kind "u", 2 bytes), so
@@ -202,7 +223,9 @@ def test_bf16_without_numpy_type_never_shadows_u16():
     assert DTYPES["f16"].capability == "f16" and DTYPES["f16"].min_cc == (5, 3)
 
 
-@pytest.mark.parametrize(("alias", "name"), [("half", "f16"), ("float", "f32"), ("double", "f64"), ("bfloat16", "bf16")])
+@pytest.mark.parametrize(
+    ("alias", "name"), [("half", "f16"), ("float", "f32"), ("double", "f64"), ("bfloat16", "bf16")]
+)
 def test_dtype_aliases(alias, name):
     assert dtype_of(alias) is DTYPES[name]
 
@@ -325,7 +348,14 @@ def test_short_workgroup_size_is_padded(ws, padded):
 
 
 @pytest.mark.parametrize(
-    "kw", [{"workgroup_size": None}, {"workgroup_size": 1.5}, {"workgroup_size": "256"}, {"requires": None}, {"requires": "f16"}]
+    "kw",
+    [
+        {"workgroup_size": None},
+        {"workgroup_size": 1.5},
+        {"workgroup_size": "256"},
+        {"requires": None},
+        {"requires": "f16"},
+    ],
 )
 def test_wrong_types_raise_invalid_program(kw):
     raises(InvalidProgram, program, **kw)
@@ -445,7 +475,12 @@ def test_kernels_compare_by_content_and_pickle():
     a, b = Kernel.cuda("src", options="-G"), Kernel.cuda("src", options=("-G",))
     assert a == b and hash(a) == hash(b) and a != Kernel.cuda("src") and a != "src"
     again = pickle.loads(pickle.dumps(a))
-    assert again == a and (again.source, again.entry, again.options, again.digest) == (a.source, a.entry, a.options, a.digest)
+    assert again == a and (again.source, again.entry, again.options, again.digest) == (
+        a.source,
+        a.entry,
+        a.options,
+        a.digest,
+    )
 
 
 def test_program_flags_must_be_bools():
@@ -484,7 +519,9 @@ def test_config_defaults():
     assert (c.workgroup_override, c.grid_override, c.iterations, c.cooperative, c.label) == (None, None, 1, False, None)
 
 
-@pytest.mark.parametrize(("value", "dims"), [(64, (64, 1, 1)), ((8, 8), (8, 8, 1)), ([2, 3, 4], (2, 3, 4)), (np.int32(5), (5, 1, 1))])
+@pytest.mark.parametrize(
+    ("value", "dims"), [(64, (64, 1, 1)), ((8, 8), (8, 8, 1)), ([2, 3, 4], (2, 3, 4)), (np.int32(5), (5, 1, 1))]
+)
 def test_config_dims_are_padded(value, dims):
     c = DispatchConfig(workgroup_override=value, grid_override=value)
     assert c.workgroup_override == dims and c.grid_override == dims
@@ -531,8 +568,17 @@ def test_config_timeout_past_the_longest_bound_is_refused(timeout):
     assert len(err.message) < 200  # a 401-digit int is shortened
 
 
-@pytest.mark.parametrize(("timeout", "stored"), [(float("inf"), None), (np.inf, None), (None, None), (2, 2.0),
-                                                 (np.float32(0.5), 0.5), (MAX_TIMEOUT_S, MAX_TIMEOUT_S)])
+@pytest.mark.parametrize(
+    ("timeout", "stored"),
+    [
+        (float("inf"), None),
+        (np.inf, None),
+        (None, None),
+        (2, 2.0),
+        (np.float32(0.5), 0.5),
+        (MAX_TIMEOUT_S, MAX_TIMEOUT_S),
+    ],
+)
 def test_config_timeout_is_a_float_or_none(timeout, stored):
     got = DispatchConfig(timeout=timeout).timeout
     assert got == stored and (got is None or type(got) is float)
@@ -564,7 +610,9 @@ def test_as_config():
     assert as_config(None) == DispatchConfig()
     c = DispatchConfig(label="x")
     assert as_config(c) is c
-    assert as_config({"grid_override": 4, "cooperative": True}) == DispatchConfig(grid_override=(4, 1, 1), cooperative=True)
+    assert as_config({"grid_override": 4, "cooperative": True}) == DispatchConfig(
+        grid_override=(4, 1, 1), cooperative=True
+    )
     raises(ValidationError, as_config, {"cooperative": 1})
     raises(ValidationError, as_config, {"grid": 4})
     raises(ValidationError, as_config, [("label", "x")])

@@ -95,8 +95,17 @@ def percent(draw) -> int:
 
 
 HUGE = [2**31, 2**32 - 1, 2**32, 2**40, 2**61 - 1, 2**61, 2**63, U64 - 1, U64, U64 + 1]
-KINDS = ["read"] * 3 + ["uniform", "read_write", "read_write", "output", "output", "write_only", "workgroup",
-                        "raw", "raw"]
+KINDS = ["read"] * 3 + [
+    "uniform",
+    "read_write",
+    "read_write",
+    "output",
+    "output",
+    "write_only",
+    "workgroup",
+    "raw",
+    "raw",
+]
 
 
 @st.composite
@@ -105,12 +114,14 @@ def decls(draw, index, fault):
     kind = draw(mostly(st.sampled_from(KINDS), st.just("persistent"), fault // 5))
     # unique names and bindings (sparse), unless a fault makes them duplicate, empty or too large
     name = draw(mostly(st.just(f"b{index}"), st.sampled_from(["dup", ""]), fault))
-    binding = draw(mostly(st.integers(3 * index, 3 * index + 2),
-                          st.one_of(st.integers(0, 10), st.integers(65530, 65540)), fault))
+    binding = draw(
+        mostly(st.integers(3 * index, 3 * index + 2), st.one_of(st.integers(0, 10), st.integers(65530, 65540)), fault)
+    )
     dtype = draw(st.sampled_from(sorted(DTYPES)))
     size = DTYPES[dtype].itemsize
-    count = draw(mostly(st.one_of(st.just(0), st.integers(1, 300), st.integers(1, 1 << 20)),
-                        st.sampled_from(HUGE), fault))
+    count = draw(
+        mostly(st.one_of(st.just(0), st.integers(1, 300), st.integers(1, 1 << 20)), st.sampled_from(HUGE), fault)
+    )
     if kind == "workgroup":
         count = draw(mostly(st.integers(1, 60_000 // size), st.just(count), fault))
     # byte ranges start and end on element boundaries inside the buffer, unless a fault says
@@ -130,8 +141,13 @@ def decls(draw, index, fault):
     )
     alignment = draw(mostly(st.sampled_from([None, None, 1, 16, 256, 4096]), st.just(3), fault // 3))
     if kind == "raw":  # any access with the output flag (workgroup with count 0 only as a fault)
-        access = draw(mostly(st.sampled_from([a for a in BufferAccess if a is not BufferAccess.WORKGROUP]),
-                             st.just(BufferAccess.WORKGROUP), fault))
+        access = draw(
+            mostly(
+                st.sampled_from([a for a in BufferAccess if a is not BufferAccess.WORKGROUP]),
+                st.just(BufferAccess.WORKGROUP),
+                fault,
+            )
+        )
         flag = draw(st.booleans())
         read_back = flag or access in (BufferAccess.READ_WRITE, BufferAccess.WRITE_ONLY)
     else:
@@ -164,16 +180,22 @@ def programs(draw):
     try:
         buffers = [draw(decls(i, fault)) for i in range(n)]
         runtime_outputs = [b for b in buffers if b.count == 0 and b.role is BindingRole.OUTPUT]
-        if runtime_outputs and not any(b.count == 0 and b.role in (BindingRole.INPUT, BindingRole.INPUT_OUTPUT)
-                                       for b in buffers) and percent(draw) >= fault:
+        if (
+            runtime_outputs
+            and not any(b.count == 0 and b.role in (BindingRole.INPUT, BindingRole.INPUT_OUTPUT) for b in buffers)
+            and percent(draw) >= fault
+        ):
             # a runtime-sized output takes its length from a runtime-sized input: give it one
             buffers.append(BufferDecl.read("rt", 65000, draw(st.sampled_from(sorted(DTYPES)))))
         grid_sync = draw(mostly(st.just(False), st.just(True), 35))
         return Program(
             draw(mostly(st.just(WITH_BARRIER), st.just(NO_BARRIER), 10)),
             buffers,
-            workgroup_size=draw(mostly(st.sampled_from([(256, 1, 1), (32, 1, 1), (1, 1, 1), (1024, 1, 1), 64, 96]),
-                                       st.just((16, 16, 1)), 5)),
+            workgroup_size=draw(
+                mostly(
+                    st.sampled_from([(256, 1, 1), (32, 1, 1), (1, 1, 1), (1024, 1, 1), 64, 96]), st.just((16, 16, 1)), 5
+                )
+            ),
             grid_sync=grid_sync,
             phases=draw(st.integers(1, 4)) if grid_sync else draw(mostly(st.just(1), st.just(2), fault // 5)),
             requires=draw(mostly(st.just(()), st.sampled_from([("f16",), ("bf16", "subgroup"), ("collectives",)]))),
@@ -200,11 +222,16 @@ def input_lengths(draw, program):
     return lengths
 
 
-dims = mostly(st.integers(1, 1024),
-              st.one_of(st.integers(1025, 2048), st.tuples(st.integers(1, 64), st.integers(1, 8), st.integers(1, 2))),
-              15)
-grids = mostly(st.one_of(st.integers(1, 3000), st.tuples(st.integers(1, 64), st.integers(1, 8), st.integers(1, 2))),
-               st.sampled_from([(2**24, 1, 1), (2**31 - 1,), (1, 65536), (8, 1, 65535)]), 10)
+dims = mostly(
+    st.integers(1, 1024),
+    st.one_of(st.integers(1025, 2048), st.tuples(st.integers(1, 64), st.integers(1, 8), st.integers(1, 2))),
+    15,
+)
+grids = mostly(
+    st.one_of(st.integers(1, 3000), st.tuples(st.integers(1, 64), st.integers(1, 8), st.integers(1, 2))),
+    st.sampled_from([(2**24, 1, 1), (2**31 - 1,), (1, 65536), (8, 1, 65535)]),
+    10,
+)
 
 
 @st.composite
@@ -247,8 +274,9 @@ def check_bindings(info, lengths):
     assert bindings == sorted(bindings) and len(set(bindings)) == len(bindings)
     assert {s.decl.name for s in slots} == {d.name for d in program.buffers if d.role is not BindingRole.SHARED}
     assert [s.decl.name for s in bplan.outputs] == [d.name for d in program.outputs]
-    assert [d.name for d in bplan.workgroup] == [d.name for d in sorted(program.buffers, key=lambda d: d.binding)
-                                                 if d.role is BindingRole.SHARED]
+    assert [d.name for d in bplan.workgroup] == [
+        d.name for d in sorted(program.buffers, key=lambda d: d.binding) if d.role is BindingRole.SHARED
+    ]
     runtime = {lengths[i] // d.dtype.itemsize for i, d in enumerate(program.inputs) if d.count == 0}
     for slot in slots:
         assert slot.byte_len == slot.count * slot.decl.dtype.itemsize < U64
@@ -490,8 +518,12 @@ def valid_cases(draw):
         buffers = [b for b in buffers if b.access is not BufferAccess.WORKGROUP or b.name == "big"]
     grid_sync = draw(st.booleans())
     program = Program(
-        WITH_BARRIER, buffers, workgroup_size=draw(st.sampled_from([32, 128, 256, 1024])), grid_sync=grid_sync,
-        phases=draw(st.integers(1, 4)) if grid_sync else 1, **_launch_kw(draw, buffers),
+        WITH_BARRIER,
+        buffers,
+        workgroup_size=draw(st.sampled_from([32, 128, 256, 1024])),
+        grid_sync=grid_sync,
+        phases=draw(st.integers(1, 4)) if grid_sync else 1,
+        **_launch_kw(draw, buffers),
     )
     runtime = draw(st.integers(1, 3000))
     lengths = [(d.count or runtime) * d.dtype.itemsize for d in program.inputs]
@@ -531,8 +563,9 @@ def test_valid_programs_plan_and_satisfy_the_invariants(planners):
 @pytest.mark.parametrize("forced", [False, True])
 def test_h200_residency_boundary_through_the_backend(planners, blocks, forced):
     # 256 threads, occupancy 8: 8 x 132 = 1056 co-resident blocks
-    program = Program(WITH_BARRIER, [BufferDecl.read("x", 0, "u32"), BufferDecl.output("y", 1, "u32")],
-                      grid_sync=True, phases=3)
+    program = Program(
+        WITH_BARRIER, [BufferDecl.read("x", 0, "u32"), BufferDecl.output("y", 1, "u32")], grid_sync=True, phases=3
+    )
     config = DispatchConfig(grid_override=(blocks,), cooperative=forced)
     if blocks * 256 > U32_MAX:  # the launch count word is u32: refused before routing
         with pytest.raises(InvalidProgram):
@@ -553,9 +586,10 @@ def test_h200_residency_boundary_through_the_backend(planners, blocks, forced):
 # (strict: a tree that enforces them without exporting the warning makes these tests fail).
 RULES_ENFORCED = hasattr(vyre_cuda, "LaunchSizeWarning")
 RULE_PENDING = pytest.mark.xfail(
-    not RULES_ENFORCED, strict=True,
+    not RULES_ENFORCED,
+    strict=True,
     reason="planner rule not enforced in this tree (runtime-sized input lengths / byte-range alignment / "
-           "barrier ceiling)",
+    "barrier ceiling)",
 )
 
 
@@ -566,8 +600,10 @@ def test_ragged_runtime_inputs_are_refused_naming_both_lengths(planners, n, m, d
     # vecadd's shape: two runtime-sized inputs must hold equal element counts
     if n == m:
         m = n + 1
-    program = Program(WITH_BARRIER, [BufferDecl.read("a", 0, dtype), BufferDecl.read("b", 1, dtype),
-                                     BufferDecl.output("out", 2, dtype)])
+    program = Program(
+        WITH_BARRIER,
+        [BufferDecl.read("a", 0, dtype), BufferDecl.read("b", 1, dtype), BufferDecl.output("out", 2, dtype)],
+    )
     size = DTYPES[dtype].itemsize
     with pytest.raises(vyre_cuda.ValidationError) as exc_info:
         plan(planners, H200, program, [n * size, m * size], DispatchConfig(), 8)
@@ -576,8 +612,11 @@ def test_ragged_runtime_inputs_are_refused_naming_both_lengths(planners, n, m, d
 
 @RULE_PENDING
 @settings(SETTINGS, max_examples=60)
-@given(dtype=st.sampled_from([d for d in sorted(DTYPES) if DTYPES[d].itemsize > 1]), start=st.integers(0, 64),
-       length=st.integers(1, 16))
+@given(
+    dtype=st.sampled_from([d for d in sorted(DTYPES) if DTYPES[d].itemsize > 1]),
+    start=st.integers(0, 64),
+    length=st.integers(1, 16),
+)
 def test_byte_ranges_off_element_boundaries_are_refused(planners, dtype, start, length):
     size = DTYPES[dtype].itemsize
     if start % size == 0 and length % size == 0:
@@ -594,8 +633,9 @@ def test_byte_ranges_off_element_boundaries_are_refused(planners, dtype, start, 
 @RULE_PENDING
 def test_largest_grid_with_phases_plans_or_refuses_with_a_backend_error(planners):
     # grid x block fits the u32 launch word, the grid's block count does not fit the barrier audit
-    program = Program(WITH_BARRIER, [BufferDecl.read("x", 0, "u32"), BufferDecl.output("y", 1, "u32")],
-                      grid_sync=True, phases=4)
+    program = Program(
+        WITH_BARRIER, [BufferDecl.read("x", 0, "u32"), BufferDecl.output("y", 1, "u32")], grid_sync=True, phases=4
+    )
     config = DispatchConfig(grid_override=(2**31 - 1, 65535, 65535), workgroup_override=1)
     try:
         prepared, driver = plan(planners, H200, program, [4000], config, 8)

@@ -9,12 +9,12 @@ import shutil
 import subprocess
 import sys
 
-FAILING = '''
+FAILING = """
 def test_draws(rng):
     value = int(rng.integers(0, 2**62))
     print("VALUE", value)
     assert value < 0, rng
-'''
+"""
 
 
 def _run(folder, seed=None):
@@ -23,7 +23,12 @@ def _run(folder, seed=None):
         env["VYRE_CUDA_TEST_SEED"] = seed
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_draws.py"],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=120, check=False,
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 

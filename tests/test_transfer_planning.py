@@ -28,8 +28,13 @@ def upload_regions(draw):
     runs = []
     offset = 0
     for i in range(n_inputs):
-        n = draw(st.one_of(st.integers(0, 64), st.integers(0, 5 * MIB), st.sampled_from(
-            [MIB - 1, MIB, MIB + 1, 2 * MIB, 4 * MIB - 16, 8 * MIB, 8 * MIB + 1])))
+        n = draw(
+            st.one_of(
+                st.integers(0, 64),
+                st.integers(0, 5 * MIB),
+                st.sampled_from([MIB - 1, MIB, MIB + 1, 2 * MIB, 4 * MIB - 16, 8 * MIB, 8 * MIB + 1]),
+            )
+        )
         runs.append((offset, n, 1, i, 0))
         tail = draw(st.integers(0, 255))
         runs.append((offset + n, tail, 0, -1, 0))
@@ -94,7 +99,9 @@ def test_upload_windows_cover_every_staged_byte_once(region, chunk):
         for dev, n, src in sorted(segments, key=lambda s: s[0]):
             if out:
                 pdev, pn, psrc = out[-1]
-                if pdev + pn == dev and ((psrc is None and src is None) or (psrc is not None and src is not None and psrc + pn == src)):
+                if pdev + pn == dev and (
+                    (psrc is None and src is None) or (psrc is not None and src is not None and psrc + pn == src)
+                ):
                     out[-1] = (pdev, pn + n, psrc)
                     continue
             out.append((dev, n, src))
@@ -105,8 +112,13 @@ def test_upload_windows_cover_every_staged_byte_once(region, chunk):
 
 @settings(max_examples=300, deadline=None)
 @given(
-    sizes=st.lists(st.one_of(st.integers(0, 100), st.integers(0, 6 * MIB),
-                             st.sampled_from([MIB - 1, MIB, MIB + 1, 3 * MIB, 8 * MIB + 3])), min_size=1, max_size=6),
+    sizes=st.lists(
+        st.one_of(
+            st.integers(0, 100), st.integers(0, 6 * MIB), st.sampled_from([MIB - 1, MIB, MIB + 1, 3 * MIB, 8 * MIB + 3])
+        ),
+        min_size=1,
+        max_size=6,
+    ),
     chunk=st.sampled_from([MIB, 4 * MIB, 8 * MIB]),
     data=st.data(),
 )
@@ -181,24 +193,24 @@ def test_fuzzed_windows_reassemble_real_bytes():
         total = offset + 64
         device = np.full(total, 0xEE, np.uint8)
         expected = np.zeros(total, np.uint8)
-        for i, (off, n, kind, index, _) in enumerate(r for r in runs if r[2] == 1):
-            expected[off:off + n] = inputs[index]
+        for off, n, _, index, _ in (r for r in runs if r[2] == 1):
+            expected[off : off + n] = inputs[index]
             if direct[index]:
-                device[off:off + n] = inputs[index]  # the direct DMA
-        expected[offset:offset + 64] = params
+                device[off : off + n] = inputs[index]  # the direct DMA
+        expected[offset : offset + 64] = params
         staged = _staged_bytes(runs, direct)
         window, windows = _transfer.plan_upload_windows(runs, direct, staged, MIB)
         for pieces, tasks in windows:
             slot = np.zeros(window, np.uint8)
             for dst, src, n in tasks:
                 if src is None:
-                    slot[dst:dst + n] = 0
+                    slot[dst : dst + n] = 0
                 elif src >= PARAMS_BASE:
                     k = src - PARAMS_BASE
-                    slot[dst:dst + n] = params[k:k + n]
+                    slot[dst : dst + n] = params[k : k + n]
                 else:
                     index, k = (src >> 40) - 1, src & ((1 << 40) - 1)
-                    slot[dst:dst + n] = inputs[index][k:k + n]
+                    slot[dst : dst + n] = inputs[index][k : k + n]
             for dev, off, n in pieces:
-                device[dev:dev + n] = slot[off:off + n]
+                device[dev : dev + n] = slot[off : off + n]
         np.testing.assert_array_equal(device, expected)

@@ -80,7 +80,7 @@ def __getattr__(name):
         module_name, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'vyre_cuda' has no attribute {name!r}") from None
-    import importlib
+    import importlib  # noqa: PLC0415 (only a lazy name's first use pays for it)
 
     module = importlib.import_module(f".{module_name}", __name__)
     value = module if attr is None else getattr(module, attr)

@@ -25,9 +25,8 @@ cimport numpy as cnp
 from cuda.bindings cimport cydriver
 
 from ._driver cimport check_cu, bind_context, now_ns
-from ._pools cimport DevicePool, PinnedPool, HostPool, StreamPool, LentBlock, lend_block
-from ._transfer cimport (TransferEngine, Source, Piece, CopyTask, page_locked,
-                         SRC_ZERO, SRC_INPUT, SRC_PARAMS)
+from ._pools cimport DevicePool, PinnedPool, HostPool, StreamPool, lend_block
+from ._transfer cimport TransferEngine, Source, Piece, page_locked, SRC_ZERO, SRC_INPUT, SRC_PARAMS
 from ._driver import status_name
 from .config import DispatchConfig, as_config
 from .program import Program
@@ -909,7 +908,7 @@ cdef int _wait_nogil(PendingDispatch d, cydriver.CUresult* status) noexcept nogi
     cdef unsigned long long t0 = now_ns(), t, next_signals = 0
     cdef timespec nap
     cdef long interval = 10000
-    cdef int spins
+    cdef int _spin
     if _wait_mode == 2 and not d.deadline:
         status[0] = cydriver.cuEventSynchronize(f.done) if f.has_done else cydriver.cuStreamSynchronize(f.stream)
         return W_DONE
@@ -926,7 +925,7 @@ cdef int _wait_nogil(PendingDispatch d, cydriver.CUresult* status) noexcept nogi
             return W_TIMEOUT
         if t - t0 < SPIN_NS:
             if _wait_mode == 0:
-                for spins in range(8):
+                for _spin in range(8):
                     _relax()
             continue
         if t >= next_signals:
@@ -954,13 +953,13 @@ cdef extern from *:
 
 
 cdef cydriver.CUresult _collect_nogil(PendingDispatch d, Prepared p, TransferEngine xfer,
-                                     const char** call) noexcept nogil:
+                                      const char** call) noexcept nogil:
     """Bring the outputs to their targets once the GPU work is done."""
     cdef size_t k
     cdef Piece* piece
     if p.ring:
         return xfer.readback(d.f.stream, d.f.slab, d.out_pieces.data(), d.out_pieces.size(),
-                                    d.out_direct.data(), d.ops, call)
+                             d.out_direct.data(), d.ops, call)
     for k in range(d.out_pieces.size()):
         piece = &d.out_pieces[k]
         if piece.n:
@@ -975,7 +974,6 @@ cdef cydriver.CUresult _issue(PendingDispatch d, Prepared p, TransferEngine xfer
     cdef InFlight* f = &d.f
     cdef cydriver.CUresult st
     cdef size_t i, k, n_args
-    cdef int it
     cdef const Source* src
     cdef unsigned long long argv[MAX_ARGS]
     cdef void* argp[MAX_ARGS]
@@ -988,7 +986,7 @@ cdef cydriver.CUresult _issue(PendingDispatch d, Prepared p, TransferEngine xfer
     if p.upload_end:
         if p.ring:
             st = xfer.upload(s, f.slab, p.sources.data(), p.sources.size(), d.input_ptrs.data(),
-                                    d.direct.data(), p.params_ptr, &copy_ns, d.ops, call)
+                             d.direct.data(), p.params_ptr, &copy_ns, d.ops, call)
             if st != cydriver.CUDA_SUCCESS:
                 return st
         else:
@@ -1064,17 +1062,17 @@ cdef cydriver.CUresult _launch(Prepared p, InFlight* f, unsigned long long* argv
                                size_t n_args, const char** call) noexcept nogil:
     # one params block per launch: a single one, or one per phase when host-split
     cdef cydriver.CUresult st
-    cdef int it
+    cdef int _it
     cdef size_t k
-    for it in range(p.iterations):
+    for _it in range(p.iterations):
         for k in range(p.params_offsets.size()):
             argv[n_args] = f.slab + p.params_offsets[k]
             if p.route == ROUTE_COOPERATIVE:
                 # forced cooperative launch of a program without a grid barrier
                 call[0] = b"cuLaunchCooperativeKernel"
                 st = cydriver.cuLaunchCooperativeKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
-                                                       p.block[0], p.block[1], p.block[2],
-                                                       p.shared_bytes, f.stream, argp)
+                                                        p.block[0], p.block[1], p.block[2],
+                                                        p.shared_bytes, f.stream, argp)
             else:
                 call[0] = b"cuLaunchKernel"
                 st = cydriver.cuLaunchKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
@@ -1090,7 +1088,7 @@ cdef cydriver.CUresult _launch_cooperative(Prepared p, InFlight* f, CoopOrder* o
     """Cooperative launches of one module, ordered on the GPU after the previous one's, with the
     barrier reset before and the counter read back after. The caller holds ``order``."""
     cdef cydriver.CUresult st
-    cdef int it
+    cdef int _it
     cdef cydriver.CUstream s = f.stream
     if order.recorded:
         call[0] = b"cuStreamWaitEvent"
@@ -1098,15 +1096,15 @@ cdef cydriver.CUresult _launch_cooperative(Prepared p, InFlight* f, CoopOrder* o
         if st != cydriver.CUDA_SUCCESS:
             return st
     argv[n_args] = f.slab + p.params_offsets[0]
-    for it in range(p.iterations):
+    for _it in range(p.iterations):
         call[0] = b"cuMemsetD32Async"  # the grid barrier counts from zero in every launch
         st = cydriver.cuMemsetD32Async(p.barrier, 0, 1, s)
         if st != cydriver.CUDA_SUCCESS:
             return st
         call[0] = b"cuLaunchCooperativeKernel"
         st = cydriver.cuLaunchCooperativeKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
-                                               p.block[0], p.block[1], p.block[2],
-                                               p.shared_bytes, s, argp)
+                                                p.block[0], p.block[1], p.block[2],
+                                                p.shared_bytes, s, argp)
         if st != cydriver.CUDA_SUCCESS:
             return st
     call[0] = b"cuMemcpyDtoHAsync"

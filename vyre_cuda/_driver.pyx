@@ -257,8 +257,8 @@ def unload_module(uintptr_t module):
 
 def set_max_dynamic_shared(uintptr_t function, int nbytes):
     check_cu(cydriver.cuFuncSetAttribute(<cydriver.CUfunction>function,
-                                        cydriver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                        nbytes), b"cuFuncSetAttribute")
+                                         cydriver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                         nbytes), b"cuFuncSetAttribute")
 
 
 def occupancy_blocks_per_sm(uintptr_t function, int block_threads, size_t shared_bytes):

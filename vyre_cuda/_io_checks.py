@@ -44,7 +44,7 @@ def dtype_error(program, i, fmt, itemsize, obj):
     if fmt[:1] in (">", "!"):
         return ValidationError(
             f"input {i} ({decl.name!r}) is big-endian (format {fmt!r}); the GPU reads little-endian",
-            f"convert it with x.astype(x.dtype.newbyteorder('=')) before dispatch",
+            "convert it with x.astype(x.dtype.newbyteorder('=')) before dispatch",
         )
     got = getattr(getattr(obj, "dtype", None), "name", f"format {fmt!r}, {itemsize}-byte items")
     if decl.dtype.name == "bf16":
@@ -121,7 +121,12 @@ def check_outputs(plan, outs):
                 f"pass numpy.empty({need // want.itemsize}, dtype=numpy.{want.name})",
             )
         if isinstance(out, np.ndarray):  # (some dtypes, e.g. bfloat16, export no buffer format)
-            readonly, contiguous, size, strides = not out.flags.writeable, out.flags.c_contiguous, out.nbytes, out.strides
+            readonly, contiguous, size, strides = (
+                not out.flags.writeable,
+                out.flags.c_contiguous,
+                out.nbytes,
+                out.strides,
+            )
         else:
             try:
                 view = memoryview(out)

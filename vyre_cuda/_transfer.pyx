@@ -273,7 +273,7 @@ cdef class TransferEngine:
         cdef void* ptr = NULL
         cdef cydriver.CUevent ev
         cdef size_t nbytes = self.chunk_bytes * <size_t>self.n_chunks
-        cdef int k
+        cdef int _k
         if self.ring != NULL:
             return 0
         if self.closed:
@@ -284,7 +284,7 @@ cdef class TransferEngine:
             check_cu(cydriver.cuMemHostAlloc(&ptr, nbytes, cydriver.CU_MEMHOSTALLOC_PORTABLE), b"cuMemHostAlloc")
         self.pinned_alloc_calls += 1
         try:
-            for k in range(self.n_chunks):
+            for _k in range(self.n_chunks):
                 with nogil:
                     check_cu(cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING), b"cuEventCreate")
                 self.events.push_back(ev)

@@ -6,10 +6,11 @@ import contextlib
 import logging
 import os
 import threading
+
 import numpy as np
 
 from . import _driver
-from .config import DispatchConfig, as_config
+from .config import as_config
 from .errors import (
     BackendError,
     CooperativeResidencyExceeded,
@@ -37,11 +38,14 @@ def _transfer_settings(chunk_bytes, chunks, threads):
             raise ValidationError(f"{name} must be an int in {lo:,}..{hi:,} (got {value!r})", fix)
         return int(value)
 
-    chunk_bytes = whole("staging_chunk_bytes", chunk_bytes, 1 << 20, 1 << 30,
-                        "pass a chunk size such as 8 << 20 (a multiple of 64 KiB)")
+    chunk_bytes = whole(
+        "staging_chunk_bytes", chunk_bytes, 1 << 20, 1 << 30, "pass a chunk size such as 8 << 20 (a multiple of 64 KiB)"
+    )
     if chunk_bytes % (64 << 10):
-        raise ValidationError(f"staging_chunk_bytes must be a multiple of 65,536 (got {chunk_bytes:,})",
-                              "pass a chunk size such as 8 << 20")
+        raise ValidationError(
+            f"staging_chunk_bytes must be a multiple of 65,536 (got {chunk_bytes:,})",
+            "pass a chunk size such as 8 << 20",
+        )
     chunks = whole("staging_chunks", chunks, 2, 64, "pass staging_chunks=4 (at least 2 to overlap copy and DMA)")
     if threads is None:
         threads = min(8, max(0, (os.cpu_count() or 1) - 1))
@@ -81,7 +85,9 @@ def reset_device(device: int = 0) -> None:
             f"{exc.message}; the driver keeps this fault for the life of the process, so no new "
             "context can be made on the device",
             "restart the process (run work that may fault in a subprocess to keep the parent usable)",
-            status=exc.status, call=exc.call, code=exc.code,
+            status=exc.status,
+            call=exc.call,
+            code=exc.code,
         ) from None
 
 
@@ -117,15 +123,26 @@ class CudaBackend:
     ...     assert np.array_equal(out, a + b)
     """
 
-    def __init__(self, device: int = 0, *, device_pool_bytes: int = 256 << 20, pinned_pool_bytes: int = 128 << 20,
-                 staging_chunk_bytes: int = DEFAULT_CHUNK_BYTES, staging_chunks: int = DEFAULT_CHUNKS,
-                 copy_threads: int | None = None, output_cache_bytes: int = 4 << 30):
+    def __init__(
+        self,
+        device: int = 0,
+        *,
+        device_pool_bytes: int = 256 << 20,
+        pinned_pool_bytes: int = 128 << 20,
+        staging_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        staging_chunks: int = DEFAULT_CHUNKS,
+        copy_threads: int | None = None,
+        output_cache_bytes: int = 4 << 30,
+    ):
         from ._dispatch import Core  # noqa: PLC0415 (the compiled core loads at first use)
 
         if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
             raise ValidationError(f"device must be an int ordinal (got {device!r})", "pass device=0 or another ordinal")
-        for name, value in (("device_pool_bytes", device_pool_bytes), ("pinned_pool_bytes", pinned_pool_bytes),
-                            ("output_cache_bytes", output_cache_bytes)):
+        for name, value in (
+            ("device_pool_bytes", device_pool_bytes),
+            ("pinned_pool_bytes", pinned_pool_bytes),
+            ("output_cache_bytes", output_cache_bytes),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**63:
                 raise ValidationError(
                     f"{name} must be a non-negative int (got {value!r})",
@@ -138,11 +155,22 @@ class CudaBackend:
         self._ctx = _driver.retain_primary_context(self.device)
         self._plan_lock = threading.RLock()
         trace = os.environ.get("VYRE_CUDA_TRACE", "") not in ("", "0")
-        self._core = Core(self._ctx, self._plan, device_pool_bytes, pinned_pool_bytes, trace,
-                          self.device, chunk_bytes, chunks, threads, output_cache_bytes)
+        self._core = Core(
+            self._ctx,
+            self._plan,
+            device_pool_bytes,
+            pinned_pool_bytes,
+            trace,
+            self.device,
+            chunk_bytes,
+            chunks,
+            threads,
+            output_cache_bytes,
+        )
         # an evicted module takes the plans that point into it along
-        self._modules = ModuleCache(self._ctx, self._caps.cc, self._caps.driver_version,
-                                    on_evict=self._core.clear_prepared)
+        self._modules = ModuleCache(
+            self._ctx, self._caps.cc, self._caps.driver_version, on_evict=self._core.clear_prepared
+        )
         self.telemetry = Telemetry(self._core)
         self._closed = False
         log.debug("CudaBackend(device=%d): %s, cc %s", self.device, self._caps.name, self._caps.cc)
@@ -230,8 +258,14 @@ class CudaBackend:
         launch, route = plan.launch, plan.route
         log.info(
             "planned %s: route=%s (%s), grid=%s block=%s shared=%d slab=%d (%s)",
-            cfg.label or program.kernel.entry, route.kind, route.reason, launch.grid, launch.block,
-            launch.shared_bytes, plan.layout.slab_bytes, "mirror" if plan.mirror else "ring",
+            cfg.label or program.kernel.entry,
+            route.kind,
+            route.reason,
+            launch.grid,
+            launch.block,
+            launch.shared_bytes,
+            plan.layout.slab_bytes,
+            "mirror" if plan.mirror else "ring",
         )
         return Prepared.from_plan(plan)
 
@@ -284,7 +318,9 @@ class CudaBackend:
         if core.outstanding:
             log.warning(
                 "CudaBackend.close: %d dispatch(es) still pending; their resources are freed when "
-                "their PendingDispatch handles are dropped", core.outstanding)
+                "their PendingDispatch handles are dropped",
+                core.outstanding,
+            )
         if core.lost is None:
             try:
                 _driver.make_current(self._ctx)

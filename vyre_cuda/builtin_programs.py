@@ -24,9 +24,18 @@ VYRE_KERNEL vyre_main(const T* a, const T* b, T* out, const vyre_u32* params) {
 """
 
 _CTYPES = {
-    "u8": "unsigned char", "i8": "signed char", "u16": "unsigned short", "i16": "short",
-    "u32": "unsigned int", "i32": "int", "f32": "float", "u64": "unsigned long long",
-    "i64": "long long", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16",
+    "u8": "unsigned char",
+    "i8": "signed char",
+    "u16": "unsigned short",
+    "i16": "short",
+    "u32": "unsigned int",
+    "i32": "int",
+    "f32": "float",
+    "u64": "unsigned long long",
+    "i64": "long long",
+    "f64": "double",
+    "f16": "__half",
+    "bf16": "__nv_bfloat16",
 }
 _PRELUDES = {"f16": "#include <cuda_fp16.h>\n", "bf16": "#include <cuda_bf16.h>\n"}
 

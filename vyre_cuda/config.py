@@ -120,8 +120,7 @@ class DispatchConfig:
         if it is not None:
             if not _is_int(it) or not 1 <= it <= MAX_FIXPOINT_ITERATIONS:
                 raise ValidationError(
-                    f"fixpoint_iterations must be an int in 1..{MAX_FIXPOINT_ITERATIONS:,} or None "
-                    f"(got {_show(it)})",
+                    f"fixpoint_iterations must be an int in 1..{MAX_FIXPOINT_ITERATIONS:,} or None (got {_show(it)})",
                     "pass fixpoint_iterations=None for one launch, or a positive count; for more "
                     "repetitions, dispatch in a loop (each dispatch can then be interrupted)",
                 )
@@ -134,8 +133,7 @@ class DispatchConfig:
             )
         if not isinstance(self.cooperative, (bool, np.bool_)):
             raise ValidationError(
-                f"cooperative must be True or False (got {type(self.cooperative).__name__} "
-                f"{self.cooperative!r})",
+                f"cooperative must be True or False (got {type(self.cooperative).__name__} {self.cooperative!r})",
                 "pass cooperative=True to force a cooperative launch, else leave it False",
             )
         object.__setattr__(self, "cooperative", bool(self.cooperative))

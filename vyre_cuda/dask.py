@@ -59,8 +59,15 @@ def program_key(program: Program) -> str:
     """A digest of everything that defines a program (kernel digest, buffers, launch shape):
     equal programs built in different processes get the same key."""
     h = hashlib.sha256()
-    for part in (program.kernel.digest, repr(program.buffers), repr(program.workgroup_size),
-                 repr(program.grid_sync), repr(program.phases), repr(program.requires), program.name):
+    for part in (
+        program.kernel.digest,
+        repr(program.buffers),
+        repr(program.workgroup_size),
+        repr(program.grid_sync),
+        repr(program.phases),
+        repr(program.requires),
+        program.name,
+    ):
         raw = str(part).encode()
         h.update(len(raw).to_bytes(8, "little"))
         h.update(raw)
@@ -109,8 +116,11 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
     name = PLUGIN_NAME
 
     def __init__(self, device=None, backend_factory=None, backend_options=None):
-        if device is not None and not callable(device) and (
-                isinstance(device, bool) or not isinstance(device, (int, np.integer)) or device < 0):
+        if (
+            device is not None
+            and not callable(device)
+            and (isinstance(device, bool) or not isinstance(device, (int, np.integer)) or device < 0)
+        ):
             raise ValidationError(
                 f"device must be None, a non-negative int or a callable (got {device!r})",
                 "pass device=None to use each worker's GPU, or an ordinal",
@@ -301,8 +311,9 @@ def map_blocks(program, *arrays, config=None, name: str | None = None) -> list:
             "wrap the input with dask.array.from_array(x, chunks=...), or call submit() for one dispatch",
         )
     if reference.ndim == 0:
-        raise ValidationError("the runtime-sized inputs are 0-d; there is nothing to chunk",
-                              "pass arrays with at least one dimension")
+        raise ValidationError(
+            "the runtime-sized inputs are 0-d; there is nothing to chunk", "pass arrays with at least one dimension"
+        )
     out_ind = tuple(f"d{k}" for k in range(reference.ndim))
     arginds = []
     for i, (decl, value) in enumerate(zip(decls, arrays)):
@@ -347,8 +358,13 @@ def map_blocks(program, *arrays, config=None, name: str | None = None) -> list:
     token = tokenize(key, cfg, *[a.name if isinstance(a, da.Array) else a for a in arrays])
     metas = tuple(np.empty((0,) * reference.ndim, d.dtype.numpy) for d in program.outputs)
     tmp = da.blockwise(
-        partial(_run_block, key, program, cfg, layout), out_ind, *arginds,
-        name=f"vyre-{label}-{token}", concatenate=True, meta=metas, align_arrays=True,
+        partial(_run_block, key, program, cfg, layout),
+        out_ind,
+        *arginds,
+        name=f"vyre-{label}-{token}",
+        concatenate=True,
+        meta=metas,
+        align_arrays=True,
     )
     keys = list(flatten(tmp.__dask_keys__()))
     numblocks = tuple(len(c) for c in tmp.chunks)
@@ -373,8 +389,6 @@ def _nbytes(value, index, decl) -> int:
         return memoryview(value).nbytes
     except (TypeError, ValueError, BufferError):
         raise ValidationError(
-            f"input {index} ({decl.name!r}) is a {type(value).__name__}, which does not expose the "
-            "buffer protocol",
+            f"input {index} ({decl.name!r}) is a {type(value).__name__}, which does not expose the buffer protocol",
             "pass a numpy array, bytes or a dask array",
         ) from None
-

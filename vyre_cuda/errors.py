@@ -7,6 +7,7 @@ wrong, with the numbers involved, and ends with a ``Fix: ...`` line telling the 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 __all__ = [
     "BackendError",
@@ -31,6 +32,12 @@ class BackendError(Exception):
     ``message`` says what went wrong; ``fix`` says what to do and becomes the final
     ``Fix: ...`` line of ``str(error)``.
     """
+
+    # set where they apply: the device ordinal and item index of a DeviceGroup failure, and the
+    # PendingDispatch that still owns the work of a dispatch that timed out
+    device: int | None = None
+    item: int | None = None
+    pending: Any = None
 
     def __init__(self, message: str, fix: str):
         self.message = message

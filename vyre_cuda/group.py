@@ -9,17 +9,21 @@ stops pulling, so the items it has not started go to the others.
 from __future__ import annotations
 
 import collections
+import logging
 import math
 import threading
 import time
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .config import as_config
 from .errors import BackendError, DeviceLost, DispatchFailed, ValidationError
 from .program import BindingRole, Program
+
+log = logging.getLogger("vyre_cuda")
 
 __all__ = ["DeviceGroup", "MapHandle", "GroupTelemetry", "SplitPlan", "plan_split"]
 
@@ -48,8 +52,8 @@ def _on_device(exc: BaseException, ordinal: int, index: int | None = None) -> Ba
         return err
     # not a vyre_cuda error (a bug in a custom backend, MemoryError, ...): annotate it in place
     try:
-        exc.device = ordinal
-        exc.item = index
+        setattr(exc, "device", ordinal)  # noqa: B010 (any exception type: no declared attribute)
+        setattr(exc, "item", index)  # noqa: B010
     except AttributeError:
         pass
     if hasattr(exc, "add_note"):
@@ -69,14 +73,16 @@ def _cancelled(index: int) -> _Cancelled:
 
 
 def _all_lost(lost: dict) -> DeviceLost:
-    listing = ", ".join(
-        f"device {d} ({getattr(e, 'status', '') or type(e).__name__})" for d, e in sorted(lost.items())
-    ) or "none reported"
+    listing = (
+        ", ".join(f"device {d} ({getattr(e, 'status', '') or type(e).__name__})" for d, e in sorted(lost.items()))
+        or "none reported"
+    )
     return DeviceLost(
         f"every device of the group is lost: {listing}; no device is left to run the item",
         "close the group and run the work in a new process (a kernel fault keeps a device "
         "unusable for the life of the process); fix the kernel that faulted first",
-        status="group_lost", call="DeviceGroup",
+        status="group_lost",
+        call="DeviceGroup",
     )
 
 
@@ -84,8 +90,19 @@ def _all_lost(lost: dict) -> DeviceLost:
 class _Job:
     """The items of one submission: their results, errors and completion."""
 
-    __slots__ = ("program", "config", "results", "errors", "unfinished", "cond", "cancelled",
-                 "fail_fast", "streaming", "completed", "first_failure")
+    __slots__ = (
+        "program",
+        "config",
+        "results",
+        "errors",
+        "unfinished",
+        "cond",
+        "cancelled",
+        "fail_fast",
+        "streaming",
+        "completed",
+        "first_failure",
+    )
 
     def __init__(self, program, config, results, fail_fast: bool, streaming: bool = False):
         self.program = program
@@ -97,8 +114,8 @@ class _Job:
         self.cancelled = False
         self.fail_fast = fail_fast
         self.streaming = streaming
-        self.completed = collections.deque()  # indices in completion order (streaming only)
-        self.first_failure = None  # lowest index whose item failed (cancellations excluded)
+        self.completed: collections.deque[int] = collections.deque()  # completion order (streaming only)
+        self.first_failure: int | None = None  # lowest index whose item failed (cancellations excluded)
 
     def finish(self, index: int, outputs, error) -> None:
         with self.cond:
@@ -138,12 +155,12 @@ class _Device:
 
     def __init__(self, ordinal: int):
         self.ordinal = ordinal
-        self.backend = None
-        self.telemetry = None
+        self.backend: Any = None
+        self.telemetry: Any = None
         self.stats: list = []  # one _ThreadStats per thread: no shared counter to race on
-        self.lost = None  # the error that retired the device
+        self.lost: BaseException | None = None  # the error that retired the device
         self.ready = threading.Event()
-        self.error = None  # why its backend could not be created
+        self.error: BaseException | None = None  # why its backend could not be created
 
 
 class _State:
@@ -194,8 +211,8 @@ class _State:
             if backend is not None:
                 try:
                     backend.close()
-                except Exception:  # noqa: BLE001 (closing must reach every backend)
-                    pass
+                except Exception as exc:  # noqa: BLE001 (closing must reach every backend)
+                    log.warning("DeviceGroup.close: device %s: %s", dev.ordinal, exc)
 
 
 def _start(state: _State, dev: _Device, factory) -> bool:
@@ -274,8 +291,7 @@ def _resolve_devices(devices, counted: bool) -> tuple:
     if devices is None:
         if not counted:
             raise ValidationError(
-                "devices=None means every visible CUDA device, which a custom backend_factory "
-                "cannot count",
+                "devices=None means every visible CUDA device, which a custom backend_factory cannot count",
                 "pass the ordinals explicitly, e.g. DeviceGroup([0, 1], backend_factory=...)",
             )
         from . import _driver  # noqa: PLC0415
@@ -284,8 +300,7 @@ def _resolve_devices(devices, counted: bool) -> tuple:
     if isinstance(devices, (int, np.integer, str, bytes)):
         raise ValidationError(
             f"devices must be a sequence of device ordinals or None (got {devices!r})",
-            "pass devices=[0] for one device, devices=[0, 1] for two, or devices=None for every "
-            "visible device",
+            "pass devices=[0] for one device, devices=[0, 1] for two, or devices=None for every visible device",
         )
     try:
         ordinals = list(devices)
@@ -368,7 +383,8 @@ class MapHandle:
             raise DispatchFailed(
                 f"{job.unfinished} of {self._size} items were still running after {timeout} s",
                 "wait longer (result(timeout=None) waits without bound), or cancel() the rest",
-                status="timeout", call="MapHandle.result",
+                status="timeout",
+                call="MapHandle.result",
             )
         if return_exceptions:
             return [job.errors.get(i, job.results[i]) for i in range(self._size)]
@@ -453,14 +469,17 @@ class SplitPlan:
 
     def chunk_outputs(self, arrays, k: int) -> list:
         lo, hi = self.bounds[k]
-        return [arr[lo * per_row:hi * per_row] for arr, (_, _, per_row) in zip(arrays, self.outputs)]
+        return [arr[lo * per_row : hi * per_row] for arr, (_, _, per_row) in zip(arrays, self.outputs)]
 
     def allocate(self, outputs=None) -> list:
         """New flat output arrays, or the caller's (checked: dtype, size, contiguity, writability)."""
         if outputs is None:
             return [np.empty(self.rows * per_row, dtype) for _, dtype, per_row in self.outputs]
-        if isinstance(outputs, np.ndarray) or not isinstance(outputs, (list, tuple)) \
-                or len(outputs) != len(self.outputs):
+        if (
+            isinstance(outputs, np.ndarray)
+            or not isinstance(outputs, (list, tuple))
+            or len(outputs) != len(self.outputs)
+        ):
             names = ", ".join(repr(n) for n, _, _ in self.outputs)
             raise ValidationError(
                 f"outputs must be a list of {len(self.outputs)} array(s) ({names}), got "
@@ -470,15 +489,22 @@ class SplitPlan:
         flat = []
         for (name, dtype, per_row), arr in zip(self.outputs, outputs):
             want = self.rows * per_row
-            ok = (isinstance(arr, np.ndarray) and arr.dtype == dtype and arr.size == want
-                  and arr.flags.c_contiguous and arr.flags.writeable)
+            ok = (
+                isinstance(arr, np.ndarray)
+                and arr.dtype == dtype
+                and arr.size == want
+                and arr.flags.c_contiguous
+                and arr.flags.writeable
+            )
             if not ok:
-                got = (f"{arr.dtype} array of {arr.size} elements (contiguous={arr.flags.c_contiguous}, "
-                       f"writeable={arr.flags.writeable})" if isinstance(arr, np.ndarray)
-                       else type(arr).__name__)
+                got = (
+                    f"{arr.dtype} array of {arr.size} elements (contiguous={arr.flags.c_contiguous}, "
+                    f"writeable={arr.flags.writeable})"
+                    if isinstance(arr, np.ndarray)
+                    else type(arr).__name__
+                )
                 raise ValidationError(
-                    f"output {name!r} must be a writeable C-contiguous {dtype} array of {want} "
-                    f"elements (got {got})",
+                    f"output {name!r} must be a writeable C-contiguous {dtype} array of {want} elements (got {got})",
                     f"pass np.empty({want}, np.{dtype}) or outputs=None",
                 )
             flat.append(arr.reshape(-1))
@@ -490,8 +516,9 @@ def _split_refusal(program, what: str, fix: str) -> ValidationError:
     return ValidationError(f"dispatch_split cannot split program {label!r}: {what}", fix)
 
 
-def plan_split(program, inputs, split, config=None, *, devices: int = 1, align: int = 1,
-               chunks: int | None = None) -> SplitPlan:
+def plan_split(
+    program, inputs, split, config=None, *, devices: int = 1, align: int = 1, chunks: int | None = None
+) -> SplitPlan:
     """Plan a :meth:`DeviceGroup.dispatch_split` (pure: no device needed).
 
     ``split`` declares the program elementwise along runtime-sized bindings: ``True`` for every
@@ -508,27 +535,30 @@ def plan_split(program, inputs, split, config=None, *, devices: int = 1, align: 
     cfg = as_config(config)
     if split is None or split is False:
         raise _split_refusal(
-            program, "it is not declared elementwise",
+            program,
+            "it is not declared elementwise",
             "pass split=True when element i of every output depends only on element i (row i) of "
             "the runtime-sized inputs, or split=['x', ...] naming the inputs to cut; otherwise "
             "dispatch it on one device, or give map() independent inputs",
         )
     if program.grid_sync or cfg.cooperative:
         raise _split_refusal(
-            program, "it synchronises the whole grid (grid_sync=True or cooperative=True), so its "
-            "chunks are not independent",
+            program,
+            "it synchronises the whole grid (grid_sync=True or cooperative=True), so its chunks are not independent",
             "dispatch it on one device (CudaBackend.dispatch), or run independent inputs with map()",
         )
     for decl in program.outputs:
         if decl.count:
             raise _split_refusal(
-                program, f"output {decl.name!r} has a static size (count={decl.count}); every chunk "
+                program,
+                f"output {decl.name!r} has a static size (count={decl.count}); every chunk "
                 "would write the whole buffer, which cannot be joined",
                 f"declare {decl.name!r} runtime-sized (count=0), or dispatch on one device",
             )
         if decl.output_byte_range is not None:
             raise _split_refusal(
-                program, f"output {decl.name!r} reads back a byte range {decl.output_byte_range}, "
+                program,
+                f"output {decl.name!r} reads back a byte range {decl.output_byte_range}, "
                 "which cannot be joined across chunks",
                 f"drop output_byte_range from {decl.name!r}, or dispatch on one device",
             )
@@ -536,8 +566,10 @@ def plan_split(program, inputs, split, config=None, *, devices: int = 1, align: 
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValidationError(f"{name} must be an int >= 1 (got {value!r})", f"pass {name}=1 or more")
     if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1):
-        raise ValidationError(f"chunks must be an int >= 1 or None (got {chunks!r})",
-                              "pass chunks=None to let the group choose, or a positive count")
+        raise ValidationError(
+            f"chunks must be an int >= 1 or None (got {chunks!r})",
+            "pass chunks=None to let the group choose, or a positive count",
+        )
     decls = program.inputs
     if isinstance(inputs, (str, bytes, np.ndarray)) or not hasattr(inputs, "__len__"):
         raise ValidationError(
@@ -554,9 +586,9 @@ def plan_split(program, inputs, split, config=None, *, devices: int = 1, align: 
     if split is True:
         chosen = {d.name for d in runtime}
     else:
-        names = (split,) if isinstance(split, str) else tuple(split)
+        chosen_names: tuple = (split,) if isinstance(split, str) else tuple(split)
         known = {d.name: d for d in program.buffers}
-        for name in names:
+        for name in chosen_names:
             if name not in known:
                 raise ValidationError(
                     f"split names {name!r}, which is not a buffer of the program "
@@ -565,33 +597,38 @@ def plan_split(program, inputs, split, config=None, *, devices: int = 1, align: 
                 )
             if known[name].count:
                 raise _split_refusal(
-                    program, f"split names {name!r}, which has a static size (count={known[name].count})",
+                    program,
+                    f"split names {name!r}, which has a static size (count={known[name].count})",
                     f"leave {name!r} out of split (a static input goes whole to every chunk), or "
                     "declare it runtime-sized (count=0)",
                 )
-        chosen = {n for n in names if n in {d.name for d in decls}}
+        chosen = {n for n in chosen_names if n in {d.name for d in decls}}
     if not chosen:
-        raise _split_refusal(program, "split names no runtime-sized input to cut",
-                             "pass split=True, or name at least one runtime-sized input")
+        raise _split_refusal(
+            program,
+            "split names no runtime-sized input to cut",
+            "pass split=True, or name at least one runtime-sized input",
+        )
     pure_outputs = [d for d in program.outputs if d.role is BindingRole.OUTPUT]
     for d in runtime:
         if d.name in chosen:
             continue
         if d.role is BindingRole.INPUT_OUTPUT:
             raise _split_refusal(
-                program, f"input {d.name!r} is read back (read-write) but is not in split",
+                program,
+                f"input {d.name!r} is read back (read-write) but is not in split",
                 f"add {d.name!r} to split",
             )
         if pure_outputs:
             raise _split_refusal(
-                program, f"runtime-sized input {d.name!r} is not in split, but it would size the "
+                program,
+                f"runtime-sized input {d.name!r} is not in split, but it would size the "
                 f"runtime-sized output(s) {', '.join(repr(o.name) for o in pure_outputs)} of every chunk",
-                f"add {d.name!r} to split, or declare it with a static count to pass it whole to "
-                "every chunk",
+                f"add {d.name!r} to split, or declare it with a static count to pass it whole to every chunk",
             )
 
     views = []
-    rows = None
+    rows: int | None = None
     per_row: dict = {}
     for i, (decl, value) in enumerate(zip(decls, inputs)):
         if decl.name not in chosen:
@@ -615,6 +652,7 @@ def plan_split(program, inputs, split, config=None, *, devices: int = 1, align: 
         rows = arr.shape[0]
         per_row[decl.name] = row_bytes // decl.dtype.itemsize
         views.append(("split", arr))
+    assert rows is not None  # chosen is not empty: at least one input was cut
     if rows == 0:
         raise ValidationError(
             "the split inputs are empty (0 rows)",
@@ -649,8 +687,7 @@ def _as_rows(value, decl, index: int) -> np.ndarray:
             view = memoryview(value).cast("B")
         except (TypeError, ValueError, BufferError):
             raise ValidationError(
-                f"input {index} ({decl.name!r}) is a {type(value).__name__}, which is not a "
-                "C-contiguous buffer",
+                f"input {index} ({decl.name!r}) is a {type(value).__name__}, which is not a C-contiguous buffer",
                 "pass a numpy array, bytes, bytearray, memoryview or another C-contiguous buffer",
             ) from None
         if view.nbytes % decl.dtype.itemsize:
@@ -703,8 +740,11 @@ class DeviceGroup:
     """
 
     def __init__(self, devices=None, *, backend_factory=None, backend_options=None, threads_per_device: int = 1):
-        if isinstance(threads_per_device, bool) or not isinstance(threads_per_device, (int, np.integer)) \
-                or not 1 <= threads_per_device <= 64:
+        if (
+            isinstance(threads_per_device, bool)
+            or not isinstance(threads_per_device, (int, np.integer))
+            or not 1 <= threads_per_device <= 64
+        ):
             raise ValidationError(
                 f"threads_per_device must be an int in 1..64 (got {threads_per_device!r})",
                 "pass threads_per_device=1 (or 2 to overlap transfers of consecutive items)",
@@ -738,8 +778,10 @@ class DeviceGroup:
                 stats = _ThreadStats()
                 dev.stats.append(stats)
                 t = threading.Thread(
-                    target=_worker, args=(state, dev, stats, factory if k == 0 else None),
-                    name=f"vyre-cuda-device{dev.ordinal}-{k}", daemon=True,
+                    target=_worker,
+                    args=(state, dev, stats, factory if k == 0 else None),
+                    name=f"vyre-cuda-device{dev.ordinal}-{k}",
+                    daemon=True,
                 )
                 state.threads.append(t)
                 t.start()
@@ -748,7 +790,7 @@ class DeviceGroup:
         failed = [dev for dev in self._devices if dev.error is not None]
         if failed:
             state.shutdown()
-            raise _on_device(failed[0].error, failed[0].ordinal)
+            raise _on_device(failed[0].error, failed[0].ordinal)  # type: ignore[arg-type]  # not None here
         self.telemetry = GroupTelemetry(self._devices)
         self._finalizer = weakref.finalize(self, state.shutdown)
 
@@ -776,8 +818,9 @@ class DeviceGroup:
         for dev in self._devices:
             if dev.ordinal == ordinal:
                 return dev.backend
-        raise ValidationError(f"device {ordinal} is not in this group (devices {self.devices})",
-                              f"pass one of {self.devices}")
+        raise ValidationError(
+            f"device {ordinal} is not in this group (devices {self.devices})", f"pass one of {self.devices}"
+        )
 
     def __len__(self) -> int:
         return len(self._devices)
@@ -826,8 +869,9 @@ class DeviceGroup:
             self._state.submit([(job, i, b, o) for i, (b, o) in enumerate(zip(batches, outs))])
         return MapHandle(job, len(batches))
 
-    def imap_unordered(self, program, batches, config=None, *, return_exceptions: bool = False,
-                       window: int | None = None):
+    def imap_unordered(
+        self, program, batches, config=None, *, return_exceptions: bool = False, window: int | None = None
+    ):
         """Iterate ``(index, outputs)`` over the batches in the order they complete.
 
         ``batches`` may be a generator: at most ``window`` batches (default twice the group's
@@ -852,7 +896,7 @@ class DeviceGroup:
         try:
             while True:
                 if not exhausted and not job.cancelled and outstanding < window:
-                    new = []
+                    new: list = []
                     while outstanding + len(new) < window:
                         try:
                             batch = next(batches)
@@ -892,8 +936,9 @@ class DeviceGroup:
             job.wait()
 
     # ------------------------------------------------------------------ split
-    def dispatch_split(self, program, inputs, config=None, *, split=None, align: int = 1,
-                       chunks: int | None = None, outputs=None) -> list:
+    def dispatch_split(
+        self, program, inputs, config=None, *, split=None, align: int = 1, chunks: int | None = None, outputs=None
+    ) -> list:
         """One dispatch cut into chunks that run on every device at once, outputs joined.
 
         The caller declares the program elementwise with ``split``: ``True`` cuts every
@@ -907,8 +952,9 @@ class DeviceGroup:
         cut into; devices take the next piece when they finish one.
         """
         cfg = _config(config)
-        plan = plan_split(program, inputs, split, cfg, devices=max(1, len(self.live_devices)),
-                          align=align, chunks=chunks)
+        plan = plan_split(
+            program, inputs, split, cfg, devices=max(1, len(self.live_devices)), align=align, chunks=chunks
+        )
         outs = plan.allocate(outputs)
         job = _Job(program, cfg, [None] * len(plan.bounds), fail_fast=True)
         items = [(job, k, plan.chunk_inputs(k), plan.chunk_outputs(outs, k)) for k in range(len(plan.bounds))]

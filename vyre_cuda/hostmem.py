@@ -20,6 +20,9 @@ import threading
 
 import numpy as np
 
+from . import _driver
+from ._pools import PinnedPool, lend_pinned
+from ._transfer import buffer_span, is_page_locked_address
 from .errors import ValidationError
 
 __all__ = ["pinned_empty", "pinned_zeros", "pinned_like", "is_page_locked", "pinned_pool_stats", "trim_pinned_pool"]
@@ -32,9 +35,6 @@ _lock = threading.Lock()
 
 
 def _pool(device: int):
-    from . import _driver
-    from ._pools import PinnedPool
-
     with _lock:
         pool = _pools.get(device)
         if pool is None:
@@ -51,15 +51,17 @@ def _shape_and_dtype(shape, dtype):
     except TypeError as exc:
         raise ValidationError(f"dtype {dtype!r} is not a numpy dtype ({exc})", "pass e.g. numpy.float32") from None
     if dt.hasobject:
-        raise ValidationError(f"dtype {dt} holds Python objects, which cannot live in page-locked memory",
-                              "use a numeric dtype")
+        raise ValidationError(
+            f"dtype {dt} holds Python objects, which cannot live in page-locked memory", "use a numeric dtype"
+        )
     if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
         shape = (int(shape),)
     try:
         shape = tuple(int(s) for s in shape)
     except TypeError:
-        raise ValidationError(f"shape must be an int or a tuple of ints (got {shape!r})",
-                              "pass e.g. (1024, 1024)") from None
+        raise ValidationError(
+            f"shape must be an int or a tuple of ints (got {shape!r})", "pass e.g. (1024, 1024)"
+        ) from None
     if any(s < 0 for s in shape):
         raise ValidationError(f"shape {shape} has a negative dimension", "pass non-negative dimensions")
     return shape, dt
@@ -71,13 +73,12 @@ def pinned_empty(shape, dtype=np.float32, *, device: int = 0) -> np.ndarray:
     ``device`` names the GPU whose driver context allocates the memory; the memory is portable, so
     every device DMAs from it directly.
     """
-    from ._pools import lend_pinned
-
     shape, dt = _shape_and_dtype(shape, dtype)
     nbytes = math.prod(shape) * dt.itemsize
     block = lend_pinned(_pool(device), nbytes)
     # the array keeps the block alive through its base; the block returns to the pool at the end
-    return np.frombuffer(block, dtype=dt, count=math.prod(shape)).reshape(shape)
+    # (numpy's stubs do not know the compiled block exports a buffer)
+    return np.frombuffer(block, dtype=dt, count=math.prod(shape)).reshape(shape)  # type: ignore[call-overload]
 
 
 def pinned_zeros(shape, dtype=np.float32, *, device: int = 0) -> np.ndarray:
@@ -101,9 +102,6 @@ def is_page_locked(a) -> bool:
     """Whether all of ``a``'s bytes are page-locked memory the driver knows (so dispatches DMA it
     directly): arrays from :func:`pinned_empty`, memory registered with ``CudaBackend.register``,
     CuPy's or torch's pinned buffers."""
-    from . import _driver
-    from ._transfer import buffer_span, is_page_locked_address
-
     try:
         address, nbytes = buffer_span(a, False)
     except (TypeError, ValueError, BufferError):
@@ -117,8 +115,13 @@ def pinned_pool_stats(device: int = 0) -> dict:
     pool = _pools.get(device)
     if pool is None:
         return dict(live_bytes=0, cached_bytes=0, allocated_bytes=0, alloc_calls=0, hits=0)
-    return dict(live_bytes=pool.live_bytes, cached_bytes=pool.cached_bytes,
-                allocated_bytes=pool.allocated_bytes, alloc_calls=pool.alloc_calls, hits=pool.hits)
+    return dict(
+        live_bytes=pool.live_bytes,
+        cached_bytes=pool.cached_bytes,
+        allocated_bytes=pool.allocated_bytes,
+        alloc_calls=pool.alloc_calls,
+        hits=pool.hits,
+    )
 
 
 def trim_pinned_pool(device: int = 0) -> None:

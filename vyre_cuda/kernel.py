@@ -17,8 +17,7 @@ def _text(value, what: str) -> str:
             value = bytes(value).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise InvalidProgram(
-                f"{what} is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start} "
-                "cannot be decoded",
+                f"{what} is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start} cannot be decoded",
                 "pass the text as a str, or bytes in UTF-8 (decode other encodings first)",
             ) from None
     if not isinstance(value, str):
@@ -110,8 +109,13 @@ class Kernel:
             h.update(len(raw).to_bytes(8, "little"))  # length-prefixed: no two part lists collide
             h.update(raw)
         # every field is final before the digest is taken from it, and none can change after
-        for name, value in (("kind", kind), ("source", source), ("entry", entry),
-                            ("options", options), ("_digest", h.hexdigest())):
+        for name, value in (
+            ("kind", kind),
+            ("source", source),
+            ("entry", entry),
+            ("options", options),
+            ("_digest", h.hexdigest()),
+        ):
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name, value):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import types
@@ -85,9 +86,21 @@ DTYPES: dict[str, DType] = {
 }
 
 _ALIASES = {
-    "uint8": "u8", "int8": "i8", "uint16": "u16", "int16": "i16", "float16": "f16",
-    "half": "f16", "bfloat16": "bf16", "uint32": "u32", "int32": "i32", "float32": "f32",
-    "float": "f32", "uint64": "u64", "int64": "i64", "float64": "f64", "double": "f64",
+    "uint8": "u8",
+    "int8": "i8",
+    "uint16": "u16",
+    "int16": "i16",
+    "float16": "f16",
+    "half": "f16",
+    "bfloat16": "bf16",
+    "uint32": "u32",
+    "int32": "i32",
+    "float32": "f32",
+    "float": "f32",
+    "uint64": "u64",
+    "int64": "i64",
+    "float64": "f64",
+    "double": "f64",
 }
 
 
@@ -242,10 +255,8 @@ class BufferDecl:
     def _validate(self) -> None:
         object.__setattr__(self, "dtype", dtype_of(self.dtype))
         if isinstance(self.access, str):
-            try:
+            with contextlib.suppress(ValueError):  # an unknown name is refused just below
                 object.__setattr__(self, "access", BufferAccess(self.access))
-            except ValueError:
-                pass
         if not isinstance(self.access, BufferAccess):
             raise InvalidProgram(
                 f"buffer {self.name!r}: unknown access {self.access!r}",
@@ -293,8 +304,7 @@ class BufferDecl:
         ok = isinstance(r, (tuple, list)) and len(r) == 2 and all(_is_int(x) for x in r)
         if not ok or r[0] < 0 or r[1] < r[0]:
             raise InvalidProgram(
-                f"buffer {self.name!r}: output_byte_range must be (start, end) with "
-                f"0 <= start <= end (got {r!r})",
+                f"buffer {self.name!r}: output_byte_range must be (start, end) with 0 <= start <= end (got {r!r})",
                 "pass output_byte_range=(start, end) in bytes, or None for the whole buffer",
             )
         start, end = int(r[0]), int(r[1])
@@ -427,13 +437,9 @@ class Program:
     @property
     def inputs(self) -> tuple:
         """Declarations that take a caller's input, in declaration order."""
-        return tuple(
-            b for b in self.buffers if b.role in (BindingRole.INPUT, BindingRole.INPUT_OUTPUT)
-        )
+        return tuple(b for b in self.buffers if b.role in (BindingRole.INPUT, BindingRole.INPUT_OUTPUT))
 
     @property
     def outputs(self) -> tuple:
         """Declarations read back, in declaration order."""
-        return tuple(
-            b for b in self.buffers if b.role in (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT)
-        )
+        return tuple(b for b in self.buffers if b.role in (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT))

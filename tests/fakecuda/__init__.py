@@ -28,15 +28,39 @@ TESTS_DIR = pathlib.Path(__file__).resolve().parents[1]
 
 # fake_cuda_stats() slots, in the C enum's order
 STATS = (
-    "device_allocs", "device_bytes", "host_allocs", "host_bytes", "streams", "events", "modules",
-    "launches", "cooperative_launches", "htod_copies", "dtoh_copies", "memsets", "context_refs",
-    "violations", "device_alloc_calls", "host_alloc_calls", "stream_creates", "event_creates", "syncs",
-    "no_context", "registered", "mempools",
+    "device_allocs",
+    "device_bytes",
+    "host_allocs",
+    "host_bytes",
+    "streams",
+    "events",
+    "modules",
+    "launches",
+    "cooperative_launches",
+    "htod_copies",
+    "dtoh_copies",
+    "memsets",
+    "context_refs",
+    "violations",
+    "device_alloc_calls",
+    "host_alloc_calls",
+    "stream_creates",
+    "event_creates",
+    "syncs",
+    "no_context",
+    "registered",
+    "mempools",
 )
 STATUS = {
-    "CUDA_ERROR_INVALID_VALUE": 1, "CUDA_ERROR_OUT_OF_MEMORY": 2, "CUDA_ERROR_INVALID_CONTEXT": 201,
-    "CUDA_ERROR_INVALID_HANDLE": 400, "CUDA_ERROR_NOT_READY": 600, "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
-    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": 701, "CUDA_ERROR_LAUNCH_FAILED": 719, "CUDA_ERROR_UNKNOWN": 999,
+    "CUDA_ERROR_INVALID_VALUE": 1,
+    "CUDA_ERROR_OUT_OF_MEMORY": 2,
+    "CUDA_ERROR_INVALID_CONTEXT": 201,
+    "CUDA_ERROR_INVALID_HANDLE": 400,
+    "CUDA_ERROR_NOT_READY": 600,
+    "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
+    "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": 701,
+    "CUDA_ERROR_LAUNCH_FAILED": 719,
+    "CUDA_ERROR_UNKNOWN": 999,
 }
 
 
@@ -62,8 +86,19 @@ def build(folder: pathlib.Path) -> pathlib.Path:
         raise RuntimeError("no C compiler (cc, gcc or clang) on PATH to build the fake CUDA driver")
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f"libcuda.so.1.{os.getpid()}"
-    cmd = [cc, "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp),
-           str(SOURCE), "-lpthread"]
+    cmd = [
+        cc,
+        "-O1",
+        "-Wall",
+        "-Werror",
+        "-shared",
+        "-fPIC",
+        "-Wl,-soname,libcuda.so.1",
+        "-o",
+        str(tmp),
+        str(SOURCE),
+        "-lpthread",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"building the fake CUDA driver failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
@@ -89,14 +124,30 @@ def run_python(args, libdir: pathlib.Path, timeout: float = 300, **env) -> subpr
     import vyre_cuda
 
     cwd = pathlib.Path(vyre_cuda.__file__).resolve().parents[2]
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=child_env(libdir, **env), capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=child_env(libdir, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 # ---------------------------------------------------------------------------- inside the child
 _HOOK = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-    ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_void_p,
+    ctypes.c_uint,
+    ctypes.c_uint,
+    ctypes.c_uint,
+    ctypes.c_uint,
+    ctypes.c_uint,
+    ctypes.c_uint,
+    ctypes.c_uint,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.c_int,
 )
 
 

@@ -21,9 +21,22 @@ from fakecuda import FakeDriver, vecadd_emulation
 
 # fake-driver counters a refusal must leave as they were (module loads may happen while planning)
 FAKE_KEYS = (
-    "device_allocs", "device_bytes", "host_allocs", "host_bytes", "streams", "events", "launches",
-    "cooperative_launches", "htod_copies", "dtoh_copies", "memsets", "device_alloc_calls",
-    "host_alloc_calls", "stream_creates", "event_creates", "violations",
+    "device_allocs",
+    "device_bytes",
+    "host_allocs",
+    "host_bytes",
+    "streams",
+    "events",
+    "launches",
+    "cooperative_launches",
+    "htod_copies",
+    "dtoh_copies",
+    "memsets",
+    "device_alloc_calls",
+    "host_alloc_calls",
+    "stream_creates",
+    "event_creates",
+    "violations",
 )
 
 
@@ -55,11 +68,13 @@ def main(seed: int) -> None:
 
     warm = good_dispatch() and good_dispatch()
     snap = backend.telemetry.snapshot()
-    records = {"_warm": {
-        "ok": warm,
-        "pool": pick(snap, cases.POOL_KEYS),
-        "fake": fake.stats(),
-    }}
+    records = {
+        "_warm": {
+            "ok": warm,
+            "pool": pick(snap, cases.POOL_KEYS),
+            "fake": fake.stats(),
+        }
+    }
     for case in cases.DISPATCH_CASES:
         before = pick(backend.telemetry.snapshot(), cases.POOL_KEYS)
         fake_before = pick(fake.stats(), FAKE_KEYS)

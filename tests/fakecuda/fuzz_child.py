@@ -23,18 +23,22 @@ def main(base: int, programs: int, per_program: int, max_runtime: int) -> None:
         runner.run_program(base + k, per_program)
     snap = backend.telemetry.snapshot()
     backend.close()
-    print(json.dumps({
-        "summary": runner.summary(),
-        "programs": runner.programs,
-        "dispatches": runner.dispatches,
-        "mismatches": runner.mismatches,
-        "details": runner.details,
-        "routes": dict(runner.routes),
-        "entries": dict(runner.entries),
-        "hook_errors": fake.hook_errors,
-        "telemetry": snap,
-        "closed": fake.stats(),
-    }))
+    print(
+        json.dumps(
+            {
+                "summary": runner.summary(),
+                "programs": runner.programs,
+                "dispatches": runner.dispatches,
+                "mismatches": runner.mismatches,
+                "details": runner.details,
+                "routes": dict(runner.routes),
+                "entries": dict(runner.entries),
+                "hook_errors": fake.hook_errors,
+                "telemetry": snap,
+                "closed": fake.stats(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -152,8 +152,12 @@ def out_of_memory_is_device_out_of_memory_and_allocates_nothing(fake):
 
 @scenario
 def stream_and_event_creation_failures_release_what_was_taken(fake):
-    for call, entry in (("cuStreamCreate", "dispatch"), ("cuEventCreate", "dispatch_async"),
-                        ("cuEventCreate", "dispatch_timed"), ("cuMemHostAlloc", "dispatch")):
+    for call, entry in (
+        ("cuStreamCreate", "dispatch"),
+        ("cuEventCreate", "dispatch_async"),
+        ("cuEventCreate", "dispatch_timed"),
+        ("cuMemHostAlloc", "dispatch"),
+    ):
         backend = vecadd_backend(fake)
         fake.fail(call, "CUDA_ERROR_INVALID_VALUE")
         a, b = pair()
@@ -269,8 +273,10 @@ def bf16_arrays_of_the_returned_dtype_are_accepted_as_inputs(fake):
         import ml_dtypes  # noqa: F401
     except ImportError:
         raise Skip("ml_dtypes is not installed: bf16 arrays are uint16 here") from None
-    program = Program(bp.vecadd("u16").kernel, [BufferDecl.read("a", 0, "bf16"), BufferDecl.read("b", 1, "bf16"),
-                                                 BufferDecl.output("out", 2, "bf16")])
+    program = Program(
+        bp.vecadd("u16").kernel,
+        [BufferDecl.read("a", 0, "bf16"), BufferDecl.read("b", 1, "bf16"), BufferDecl.output("out", 2, "bf16")],
+    )
     bits = RNG.integers(0, 0x7F00, 64, dtype=np.uint16)
     backend = vc.CudaBackend(0)
     fake.emulate(backend, program, [bits, bits], vecadd_emulation(np.uint16))
@@ -294,8 +300,11 @@ def main():
         except Skip as why:
             results[name] = {"ok": True, "error": "", "skipped": str(why)}
         except BaseException as exc:  # noqa: BLE001 (reported to the parent)
-            results[name] = {"ok": False, "skipped": None,
-                             "error": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-3000:]}
+            results[name] = {
+                "ok": False,
+                "skipped": None,
+                "error": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-3000:],
+            }
     results["_hook_errors"] = fake.hook_errors
     print(json.dumps(results))
 

@@ -67,5 +67,6 @@ def _run_python(args, timeout):
     root = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, *args], cwd=root.parent, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args], cwd=root.parent, env=env, capture_output=True, text=True, timeout=timeout
+    )

@@ -182,7 +182,7 @@ def test_timed_result_without_timing_events(backend, rng):
         pytest.param(lambda: [np.empty(N - 1, np.float32)], id="too_small"),
         pytest.param(lambda: [np.empty(N, np.float64)], id="float64"),
         pytest.param(lambda: [None], id="none"),
-        pytest.param(lambda: [], id="no_outputs"),
+        pytest.param(list, id="no_outputs"),
     ],
 )
 def test_bad_result_into_keeps_the_dispatch(backend, rng, outputs):
@@ -256,8 +256,16 @@ def test_backend_pool_sizes(rng, kw):
 def test_budget_refusal_allocates_nothing(fresh_backend, rng):
     snap0 = fresh_backend.telemetry.snapshot()
     err = cases.raised(lambda: fresh_backend.dispatch(cases.BUDGET, []))
-    cases.assert_refusal(err, cases.Case("budget", None, vc.DeviceOutOfMemory, (f"{fresh_backend.caps.total_memory:,}",)))
+    cases.assert_refusal(
+        err, cases.Case("budget", None, vc.DeviceOutOfMemory, (f"{fresh_backend.caps.total_memory:,}",))
+    )
     snap1 = fresh_backend.telemetry.snapshot()
-    for key in ("device_pool_allocated_bytes", "device_pool_misses", "pinned_pool_misses", "pinned_pool_cached_bytes", "streams_created"):
+    for key in (
+        "device_pool_allocated_bytes",
+        "device_pool_misses",
+        "pinned_pool_misses",
+        "pinned_pool_cached_bytes",
+        "streams_created",
+    ):
         assert snap1[key] == snap0[key] == 0, key
     assert_vecadd_still_works(fresh_backend, rng)

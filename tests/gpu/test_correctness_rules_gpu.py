@@ -29,8 +29,12 @@ VYRE_KERNEL vyre_main(const unsigned char* x, vyre_u32* h, const vyre_u32* param
 
 def histogram(**kw) -> Program:
     """atomicAdd(&h[x[i]], 1) over a runtime-sized u8 input into a 256-bin static output."""
-    return Program(Kernel.cuda(HIST_SRC), [BufferDecl.read("x", 0, "u8"), BufferDecl.output("h", 1, "u32", 256)],
-                   name="histogram", **kw)
+    return Program(
+        Kernel.cuda(HIST_SRC),
+        [BufferDecl.read("x", 0, "u8"), BufferDecl.output("h", 1, "u32", 256)],
+        name="histogram",
+        **kw,
+    )
 
 
 HIST_X = histogram(launch="x")
@@ -180,8 +184,11 @@ def test_bf16_refuses_other_two_byte_arrays(backend, rng, dtype):
 
 # ------------------------------------------------------------------------------ byte ranges, timeout
 def test_whole_element_byte_range_in_dispatch_and_dispatch_into(backend, rng):
-    decls = [BufferDecl.read("a", 0, "f32"), BufferDecl.read("b", 1, "f32"),
-             BufferDecl.output("out", 2, "f32", output_byte_range=(8, 40))]
+    decls = [
+        BufferDecl.read("a", 0, "f32"),
+        BufferDecl.read("b", 1, "f32"),
+        BufferDecl.output("out", 2, "f32", output_byte_range=(8, 40)),
+    ]
     prog = Program(bp.vecadd_f32().kernel, decls)
     a, b = f32(rng, 100), f32(rng, 100)
     (out,) = backend.dispatch(prog, [a, b])

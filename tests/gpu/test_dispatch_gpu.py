@@ -266,7 +266,7 @@ def test_two_backends_with_cupy_and_torch(run_python):
     proc = run_python(["-c", _INTEROP], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert results == {k: True for k in results} and len(results) == 7, results
+    assert results == dict.fromkeys(results, True) and len(results) == 7, results
 
 
 def test_threads_share_a_backend(backend, rng):

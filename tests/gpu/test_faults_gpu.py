@@ -147,13 +147,17 @@ def run_child(*args, timeout=120) -> dict:
     try:
         proc = subprocess.run(
             [sys.executable, "-c", FAULT_SCRIPT, *args],
-            capture_output=True, text=True, timeout=timeout, env=env, cwd=PACKAGE_ROOT.parent,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=PACKAGE_ROOT.parent,
         )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the fault scenario {args} hung for {timeout} s:\n{exc.stdout}\n{exc.stderr}")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("VYRE_RESULT ")]
     assert proc.returncode == 0 and lines, f"child failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return json.loads(lines[-1][len("VYRE_RESULT "):])
+    return json.loads(lines[-1][len("VYRE_RESULT ") :])
 
 
 def assert_fix_says_reset(err: dict) -> None:

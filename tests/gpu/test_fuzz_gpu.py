@@ -52,8 +52,13 @@ def test_fuzz_generated_programs_match_numpy(fresh_backend, capsys):
     else:
         done = set()
 
-        @settings(max_examples=PROGRAMS, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=PROGRAMS,
+            deadline=None,
+            database=None,
+            phases=[Phase.explicit, Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
         @hypothesis_seed(SEED)
         @given(program_seed=st.integers(0, 2**32 - 1))
         def run(program_seed):

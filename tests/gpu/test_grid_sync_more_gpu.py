@@ -24,9 +24,21 @@ SCAN_BLOCK = 256
 
 # counters that move when anything is enqueued (or a plan is cached)
 ENQUEUE_COUNTERS = (
-    "dispatches", "launches", "cooperative_launches", "split_launches", "h2d_ops", "d2h_ops",
-    "memset_ops", "param_upload_bytes", "transient_alloc_bytes", "failed_dispatches",
-    "device_pool_hits", "device_pool_misses", "pinned_pool_hits", "pinned_pool_misses", "prepared_plans",
+    "dispatches",
+    "launches",
+    "cooperative_launches",
+    "split_launches",
+    "h2d_ops",
+    "d2h_ops",
+    "memset_ops",
+    "param_upload_bytes",
+    "transient_alloc_bytes",
+    "failed_dispatches",
+    "device_pool_hits",
+    "device_pool_misses",
+    "pinned_pool_hits",
+    "pinned_pool_misses",
+    "prepared_plans",
 )
 
 
@@ -40,7 +52,7 @@ def _delta(before, after, *names):
 
 
 # ----------------------------------------------------------------------------- BFS helpers
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bfs_program(n):
     """The 2-phase BFS relaxation of tests/gpu/kernels/bfs.cu for graphs of ``n`` nodes."""
     return Program(
@@ -76,7 +88,7 @@ def python_bfs(row_ptr, col_idx, source=0):
     while queue:
         v = queue.popleft()
         dv = dist[v] + 1
-        for u in ci[rp[v]:rp[v + 1]]:
+        for u in ci[rp[v] : rp[v + 1]]:
             if dist[u] == INF:
                 dist[u] = dv
                 queue.append(u)
@@ -284,7 +296,13 @@ def test_residency_boundary_preflight_and_route_agree(backend, rng, capsys, kind
     before = tel.snapshot()
     case.check(backend.dispatch(case.prog, case.inputs, at), f"grid {R} (cooperative)")
     d = _delta(before, tel.snapshot(), "cooperative_launches", "split_launches", "launches", "memset_ops", "dispatches")
-    assert d == {"cooperative_launches": it, "split_launches": 0, "launches": it, "memset_ops": clears + it, "dispatches": 1}
+    assert d == {
+        "cooperative_launches": it,
+        "split_launches": 0,
+        "launches": it,
+        "memset_ops": clears + it,
+        "dispatches": 1,
+    }
     counts["R"] = d
 
     # R + 1 blocks: does not fit, host split, each phase its own launch, no barrier resets
@@ -295,7 +313,13 @@ def test_residency_boundary_preflight_and_route_agree(backend, rng, capsys, kind
     before = tel.snapshot()
     case.check(backend.dispatch(case.prog, case.inputs, over), f"grid {R + 1} (split)")
     d = _delta(before, tel.snapshot(), "cooperative_launches", "split_launches", "launches", "memset_ops", "dispatches")
-    assert d == {"cooperative_launches": 0, "split_launches": ph * it, "launches": ph * it, "memset_ops": clears, "dispatches": 1}
+    assert d == {
+        "cooperative_launches": 0,
+        "split_launches": ph * it,
+        "launches": ph * it,
+        "memset_ops": clears,
+        "dispatches": 1,
+    }
     counts["R+1"] = d
 
     # forced cooperative at R runs; at R + 1 it is refused before anything is enqueued
@@ -308,7 +332,8 @@ def test_residency_boundary_preflight_and_route_agree(backend, rng, capsys, kind
         "dispatch": lambda: backend.dispatch(case.prog, case.inputs, forced_over),
         "dispatch_async": lambda: backend.dispatch_async(case.prog, case.inputs, forced_over),
         "dispatch_into": lambda: backend.dispatch_into(
-            case.prog, case.inputs, [np.empty_like(e) for e in case.expected], forced_over),
+            case.prog, case.inputs, [np.empty_like(e) for e in case.expected], forced_over
+        ),
         "dispatch_timed": lambda: backend.dispatch_timed(case.prog, case.inputs, forced_over),
         "plan_info": lambda: backend.plan_info(case.prog, case.inputs, forced_over),
     }
@@ -394,8 +419,14 @@ def test_concurrent_cooperative_dispatches_of_one_module(backend, rng, capsys):
     assert not errors, errors
     assert done == [per_thread] * threads_n
     total = threads_n * per_thread
-    d = _delta(before, backend.telemetry.snapshot(), "dispatches", "cooperative_launches", "split_launches",
-               "failed_dispatches")
+    d = _delta(
+        before,
+        backend.telemetry.snapshot(),
+        "dispatches",
+        "cooperative_launches",
+        "split_launches",
+        "failed_dispatches",
+    )
     assert d == {"dispatches": total, "cooperative_launches": total, "split_launches": 0, "failed_dispatches": 0}
     _report(capsys, f"concurrency: {threads_n} threads x {per_thread} cooperative scans of one module -> {d}")
 

@@ -28,8 +28,12 @@ VYRE_KERNEL vyre_main(const float* x, const float* y, const float* coef, float* 
   if (i < vyre_count(p)) out[i] = coef[0] * x[i] + y[i];
 }
 """),
-    [BufferDecl.read("x", 0, "f32"), BufferDecl.read("y", 1, "f32"), BufferDecl.read("coef", 2, "f32", 1),
-     BufferDecl.output("out", 3, "f32")],
+    [
+        BufferDecl.read("x", 0, "f32"),
+        BufferDecl.read("y", 1, "f32"),
+        BufferDecl.read("coef", 2, "f32", 1),
+        BufferDecl.output("out", 3, "f32"),
+    ],
     name="saxpy_static_coef",
 )
 
@@ -205,7 +209,7 @@ def test_a_fault_on_one_device_fails_its_item_and_the_others_finish(run_python):
     proc = run_python(["-c", FAULT_SCRIPT], timeout=300)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("VYRE_RESULT ")]
     assert proc.returncode == 0 and lines, f"child failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    res = json.loads(lines[-1][len("VYRE_RESULT "):])
+    res = json.loads(lines[-1][len("VYRE_RESULT ") :])
     print(json.dumps(res, indent=1))
     n, items = res["devices"], res["items"]
     faulty = items[9]
@@ -243,8 +247,9 @@ def dask_cluster(_gpu_required):
     pytest.importorskip("dask.array", reason="dask is not installed (pip install 'vyre-cuda[dask]')")
     distributed = pytest.importorskip("distributed", reason="distributed is not installed")
     n = _count()
-    cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                       dashboard_address=":0", memory_limit=0)
+    cluster = distributed.LocalCluster(
+        n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0", memory_limit=0
+    )
     client = distributed.Client(cluster)
     yield client, n
     client.close()
@@ -300,8 +305,10 @@ def test_dask_map_blocks_on_dask_cuda(rng):
     import vyre_cuda.dask as vd
 
     n = _count()
-    with dask_cuda.LocalCUDACluster(n_workers=n, dashboard_address=":0", memory_limit=0) as cluster, \
-            distributed.Client(cluster) as client:
+    with (
+        dask_cuda.LocalCUDACluster(n_workers=n, dashboard_address=":0", memory_limit=0) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         vd.register(client)
         info = client.run(vd.worker_info)
         # dask-cuda lists each worker's own GPU first in CUDA_VISIBLE_DEVICES: device 0 there
@@ -311,5 +318,7 @@ def test_dask_map_blocks_on_dask_cuda(rng):
         x_np, y_np = _pair(rng, 4 << 20)
         import dask.array as da
 
-        (out,) = vd.map_blocks(bp.vecadd("f32"), da.from_array(x_np, chunks=1 << 20), da.from_array(y_np, chunks=1 << 20))
+        (out,) = vd.map_blocks(
+            bp.vecadd("f32"), da.from_array(x_np, chunks=1 << 20), da.from_array(y_np, chunks=1 << 20)
+        )
         np.testing.assert_array_equal(out.compute(), x_np + y_np)

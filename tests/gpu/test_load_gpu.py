@@ -115,10 +115,15 @@ def test_soak_200k_dispatches_flat_pools_and_rss(fresh_backend, rng, capsys):
         done = k - warm + 1
         if done % CHECKPOINT == 0:
             gc.collect()
-            checkpoints.append({
-                "after": done, "rss_bytes": rss_bytes(), "objects": len(gc.get_objects()),
-                **pick(backend.telemetry.snapshot(), FLAT_KEYS), **process_resources(backend),
-            })
+            checkpoints.append(
+                {
+                    "after": done,
+                    "rss_bytes": rss_bytes(),
+                    "objects": len(gc.get_objects()),
+                    **pick(backend.telemetry.snapshot(), FLAT_KEYS),
+                    **process_resources(backend),
+                }
+            )
     elapsed = time.perf_counter() - t0
     snap1 = backend.telemetry.snapshot()
     rss1 = rss_bytes()

@@ -39,8 +39,7 @@ def floor_kernel(backend):
 
 
 def _inputs(rng, n):
-    return (rng.standard_normal(n).astype(np.float32),
-            rng.standard_normal(n).astype(np.float32))
+    return (rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32))
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -114,8 +113,7 @@ def test_floor_threaded(floor_kernel):
         assert len(result["start_ns"]) == threads
     s, e = two["start_ns"], two["end_ns"]
     assert s[0] < e[1] and s[1] < e[0], "the two floor loops did not overlap in time"
-    assert two["dispatches_per_s"] == pytest.approx(
-        600 * 1e9 / (max(e) - min(s)), rel=1e-9)
+    assert two["dispatches_per_s"] == pytest.approx(600 * 1e9 / (max(e) - min(s)), rel=1e-9)
 
 
 def test_floor_errors_are_typed(backend, floor_kernel, rng):
@@ -186,8 +184,10 @@ def test_ceilings_run_near_the_hardware(floor_kernel, rng):
         one = P.gbps(2 * 4 * n, P.median(floor.copy_in(a, b, 1, 3, warmup=1)))
         four = P.gbps(2 * 4 * n, P.median(floor.copy_in(a, b, 4, 3, warmup=1)))
         back = P.gbps(4 * n, P.median(floor.copy_out(out, 4, 3, warmup=1)))
-    print(f"DMA H2D {up:.1f} GB/s, D2H {down:.1f}; memcpy in 1 thread {one:.1f}, 4 threads "
-          f"{four:.1f}; out 4 threads {back:.1f}")
+    print(
+        f"DMA H2D {up:.1f} GB/s, D2H {down:.1f}; memcpy in 1 thread {one:.1f}, 4 threads "
+        f"{four:.1f}; out 4 threads {back:.1f}"
+    )
     assert up > 5 and down > 5
     assert one > 1 and four > 1 and back > 1
 
@@ -195,8 +195,7 @@ def test_ceilings_run_near_the_hardware(floor_kernel, rng):
 def _profile_child(run_python, tmp_path, *extra, timeout=400):
     out = tmp_path / "profile.json"
     # The real CLI in a plain interpreter: PyTorch's import is not robust under pytest's plugins.
-    proc = run_python(["-m", "vyre_cuda", "profile", "--json", str(out), *extra],
-                      timeout=timeout)
+    proc = run_python(["-m", "vyre_cuda", "profile", "--json", str(out), *extra], timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return P.ProfileReport.load(out), proc
 
@@ -206,18 +205,40 @@ def test_run_profile_end_to_end_small_sizes(backend, tmp_path, run_python):
 
     iterations = 200
     report, _ = _profile_child(
-        run_python, tmp_path, "--sizes", "4KiB,4MiB", "--iterations", str(iterations),
-        "--warmup", "20", "--host-threads", "4",
-        "--baseline", str(ROOT / "benchmarks" / "results" / "latest.json"))
+        run_python,
+        tmp_path,
+        "--sizes",
+        "4KiB,4MiB",
+        "--iterations",
+        str(iterations),
+        "--warmup",
+        "20",
+        "--host-threads",
+        "4",
+        "--baseline",
+        str(ROOT / "benchmarks" / "results" / "latest.json"),
+    )
     assert report.stage_names == tuple(STAGES)
     assert [s.nbytes for s in report.sizes] == [4096, 4 << 20]
     page_locked = hasattr(vyre_cuda, "pinned_empty")
     for s in report.sizes:
-        keys = ["vyre.dispatch", "vyre.dispatch_profiled", "vyre.async_enqueue",
-                "vyre.async_total", "vyre.dispatch_into", "floor.pinned",
-                "floor.pinned_enqueue", "floor.pageable", "floor.pageable_enqueue",
-                "ceiling.dma_h2d", "ceiling.dma_d2h", "ceiling.copy_in.1", "ceiling.copy_in.4",
-                "ceiling.copy_out.1", "ceiling.copy_out.4"]
+        keys = [
+            "vyre.dispatch",
+            "vyre.dispatch_profiled",
+            "vyre.async_enqueue",
+            "vyre.async_total",
+            "vyre.dispatch_into",
+            "floor.pinned",
+            "floor.pinned_enqueue",
+            "floor.pageable",
+            "floor.pageable_enqueue",
+            "ceiling.dma_h2d",
+            "ceiling.dma_d2h",
+            "ceiling.copy_in.1",
+            "ceiling.copy_in.4",
+            "ceiling.copy_out.1",
+            "ceiling.copy_out.4",
+        ]
         if page_locked:
             keys.append("vyre.pinned")
         else:
@@ -237,7 +258,8 @@ def test_run_profile_end_to_end_small_sizes(backend, tmp_path, run_python):
         attributed = s.attributed.median
         assert abs(attributed - wall) <= table.STAGE_TOLERANCE * wall, (
             f"{P.format_size(s.nbytes)}: stages sum to {attributed / 1e3:.2f} us of a "
-            f"{wall / 1e3:.2f} us dispatch (medians)\n{report.format_table()}")
+            f"{wall / 1e3:.2f} us dispatch (medians)\n{report.format_table()}"
+        )
         # telemetry over the timed dispatches of the vyre_cuda rows only
         assert 3 * iterations <= s.telemetry["dispatches"] <= 6 * iterations
         assert s.allocations_per_dispatch("pinned") is not None
@@ -258,9 +280,14 @@ def test_run_profile_end_to_end_small_sizes(backend, tmp_path, run_python):
     assert t.vyre[1] > 0 and t.vyre[2] > 0 and t.floor[1] > 0 and t.floor[2] > 0
     assert t.gain_ratio is not None
     targets = {(x.key, x.size_bytes): x for x in report.targets}
-    for key in (("vyre_vs_floor", 4096), ("vyre_vs_floor", 4 << 20), ("thread_gain_ratio", 4096),
-                ("vyre_vs_pageable", 4 << 20), ("async_enqueue_vs_floor_enqueue", 4 << 20),
-                ("pinned_allocations_per_dispatch", 4096)):
+    for key in (
+        ("vyre_vs_floor", 4096),
+        ("vyre_vs_floor", 4 << 20),
+        ("thread_gain_ratio", 4096),
+        ("vyre_vs_pageable", 4 << 20),
+        ("async_enqueue_vs_floor_enqueue", 4 << 20),
+        ("pinned_allocations_per_dispatch", 4096),
+    ):
         assert key in targets, key
     assert targets[("no_regression", 4096)].value > 0  # compared with the stored result
     assert report.meta["baseline"]["commit"]
@@ -284,11 +311,25 @@ def test_profile_cli_on_a_user_kernel(tmp_path, capsys):
     )
     out = tmp_path / "profile.json"
     parser = P.add_arguments(argparse.ArgumentParser())
-    args = parser.parse_args([
-        "--kernel", str(src), "--entry", "scale2", "--buffers", "x:f32:in,y:f32:out",
-        "--sizes", "4KiB", "--iterations", "100", "--warmup", "10", "--no-threads",
-        "--json", str(out),
-    ])
+    args = parser.parse_args(
+        [
+            "--kernel",
+            str(src),
+            "--entry",
+            "scale2",
+            "--buffers",
+            "x:f32:in,y:f32:out",
+            "--sizes",
+            "4KiB",
+            "--iterations",
+            "100",
+            "--warmup",
+            "10",
+            "--no-threads",
+            "--json",
+            str(out),
+        ]
+    )
     assert P.main(args) == 0, capsys.readouterr().err
     data = json.loads(out.read_text())
     size = data["sizes"][0]

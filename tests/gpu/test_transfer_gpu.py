@@ -28,21 +28,27 @@ HEAD = '#include "vyre_cuda.cuh"\n'
 
 # out[i] = a[i] ^ 0x5A: every byte transformed, so a misplaced or stale byte shows
 XOR_U8 = Program(
-    Kernel.cuda(HEAD + r"""
+    Kernel.cuda(
+        HEAD
+        + r"""
 VYRE_KERNEL vyre_main(const unsigned char* a, unsigned char* out, const vyre_u32* p) {
   const vyre_u64 i = vyre_global_id();
   if (i < vyre_binding_count(p, 0)) out[i] = a[i] ^ 0x5Au;
-}"""),
+}"""
+    ),
     [BufferDecl.read("a", 0, "u8"), BufferDecl.output("out", 1, "u8")],
 )
 
 # x[i] = 3 * x[i] + y[i] in place (an in-out buffer beside a plain input)
 AXPY_RW = Program(
-    Kernel.cuda(HEAD + r"""
+    Kernel.cuda(
+        HEAD
+        + r"""
 VYRE_KERNEL vyre_main(unsigned int* x, const unsigned int* y, const vyre_u32* p) {
   const vyre_u64 i = vyre_global_id();
   if (i < vyre_binding_count(p, 0)) x[i] = 3u * x[i] + y[i];
-}"""),
+}"""
+    ),
     [BufferDecl.read_write("x", 0, "u32"), BufferDecl.read("y", 1, "u32")],
 )
 
@@ -50,13 +56,18 @@ VYRE_KERNEL vyre_main(unsigned int* x, const unsigned int* y, const vyre_u32* p)
 def _ranged(n_out: int, start: int, end: int) -> Program:
     # out = a * 2 + 1 over a static-size output; only out[start:end) (bytes) comes back
     return Program(
-        Kernel.cuda(HEAD + r"""
+        Kernel.cuda(
+            HEAD
+            + r"""
 VYRE_KERNEL vyre_main(const unsigned int* a, unsigned int* out, const vyre_u32* p) {
   const vyre_u64 i = vyre_global_id();
   if (i < vyre_binding_count(p, 1)) out[i] = 2u * a[i] + 1u;
-}"""),
-        [BufferDecl.read("a", 0, "u32", count=n_out),
-         BufferDecl.output("out", 1, "u32", count=n_out, output_byte_range=(start, end))],
+}"""
+        ),
+        [
+            BufferDecl.read("a", 0, "u32", count=n_out),
+            BufferDecl.output("out", 1, "u32", count=n_out, output_byte_range=(start, end)),
+        ],
     )
 
 
@@ -102,17 +113,19 @@ def test_ring_read_write_buffer_and_second_input(small_ring, rng, n):
     np.testing.assert_array_equal(out, (3 * x.astype(np.uint64) + y).astype(np.uint32))
 
 
-@pytest.mark.parametrize("start,end", [(0, 4 * (MIB // 4)), (4 * 1000, 4 * (MIB // 2 + 3)), (4 * (MIB // 4), 4 * (3 * MIB // 4))])
+@pytest.mark.parametrize(
+    "start,end", [(0, 4 * (MIB // 4)), (4 * 1000, 4 * (MIB // 2 + 3)), (4 * (MIB // 4), 4 * (3 * MIB // 4))]
+)
 def test_output_byte_range_through_the_ring(small_ring, rng, start, end):
     n = 3 * MIB // 4 + 7  # 3 MiB of u32: the slab streams through the 1 MiB ring
     prog = _ranged(n, start, end)
     a = rng.integers(0, 2**31, n, dtype=np.uint32)
     (out,) = small_ring.dispatch(prog, [a])
     full = (2 * a.astype(np.uint64) + 1).astype(np.uint32)
-    np.testing.assert_array_equal(out, full[start // 4:end // 4])
+    np.testing.assert_array_equal(out, full[start // 4 : end // 4])
     dst = np.full((end - start) // 4, 0xDEADBEEF, np.uint32)
     small_ring.dispatch_into(prog, [a], [dst])
-    np.testing.assert_array_equal(dst, full[start // 4:end // 4])
+    np.testing.assert_array_equal(dst, full[start // 4 : end // 4])
 
 
 def test_large_outputs_are_recycled_host_memory(small_ring, rng):
@@ -184,9 +197,8 @@ def test_register_makes_a_caller_buffer_direct(small_ring, rng):
         (out,) = small_ring.dispatch(prog, [a, b])
         np.testing.assert_array_equal(out, a + b)
         assert small_ring.telemetry.snapshot()["direct_h2d_bytes"] == a.nbytes
-        with pytest.raises(vc.ValidationError, match="already page-locked"):
-            with small_ring.register(a[10:]):
-                pass
+        with pytest.raises(vc.ValidationError, match="already page-locked"), small_ring.register(a[10:]):
+            pass
     assert not vc.is_page_locked(a)
     (out,) = small_ring.dispatch(prog, [a, b])
     np.testing.assert_array_equal(out, a + b)
@@ -215,7 +227,9 @@ def test_page_locked_input_freed_while_in_flight(rng):
 def test_more_dispatches_in_flight_than_ring_chunks(small_ring, rng):
     prog = bp.vecadd_f32()
     n = 2 * MIB // 4 + 3
-    batches = [(rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)) for _ in range(12)]
+    batches = [
+        (rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)) for _ in range(12)
+    ]
     before = live(small_ring)
     pending = [small_ring.dispatch_async(prog, [a, b]) for a, b in batches]
     for (a, b), p in zip(batches, pending):
@@ -367,8 +381,10 @@ a = np.random.default_rng().standard_normal(4 << 20).astype(np.float32)
 (out,) = g.dispatch(bp.vecadd_f32(), [a, a])
 ok = bool(np.array_equal(out, a + a))
 started = threads() - base
-bad = Program(Kernel.cuda('#include "vyre_cuda.cuh"\nVYRE_KERNEL vyre_main(const float* a, float* out, const vyre_u32* p) {\n'
-                          '  const vyre_u64 i = vyre_global_id(); if (i == 0) __trap(); if (i < vyre_count(p)) out[i] = a[i];\n}'),
+bad = Program(Kernel.cuda('#include "vyre_cuda.cuh"\n'
+                          'VYRE_KERNEL vyre_main(const float* a, float* out, const vyre_u32* p) {\n'
+                          '  const vyre_u64 i = vyre_global_id(); if (i == 0) __trap();\n'
+                          '  if (i < vyre_count(p)) out[i] = a[i];\n}'),
               [BufferDecl.read("a", 0, "f32"), BufferDecl.output("out", 1, "f32")])
 try:
     g.dispatch(bad, [a])
@@ -390,7 +406,9 @@ def test_copy_threads_joined_after_a_fault(run_python):
 
 
 SPIN = Program(
-    Kernel.cuda(HEAD + r"""
+    Kernel.cuda(
+        HEAD
+        + r"""
 VYRE_KERNEL vyre_main(const float* a, float* out, const vyre_u32* p) {
   const vyre_u64 i = vyre_global_id();
   if (i < vyre_count(p)) {
@@ -398,7 +416,8 @@ VYRE_KERNEL vyre_main(const float* a, float* out, const vyre_u32* p) {
     while (clock64() - start < 2500000000ll) { }  // about 1.3-1.8 s at H200 clocks
     out[i] = 2.0f * a[i];
   }
-}"""),
+}"""
+    ),
     [BufferDecl.read("a", 0, "f32"), BufferDecl.output("out", 1, "f32")],
 )
 
@@ -475,11 +494,14 @@ def test_failed_acquire_releases_the_input_exports(fresh_backend):
     small = bytearray(np.arange(1024, dtype=np.uint32).tobytes())
     n_out = (4 << 30) // 4  # a 4 GiB static output
     prog = Program(
-        Kernel.cuda(HEAD + r"""
+        Kernel.cuda(
+            HEAD
+            + r"""
 VYRE_KERNEL vyre_main(const unsigned int* a, unsigned int* out, const vyre_u32* p) {
   const vyre_u64 i = vyre_global_id();
   if (i < vyre_binding_count(p, 0)) out[i] = a[i];
-}"""),
+}"""
+        ),
         [BufferDecl.read("a", 0, "u32"), BufferDecl.output("out", 1, "u32", count=n_out)],
     )
     before = live(g)

@@ -149,7 +149,10 @@ def cache_dir() -> pathlib.Path:
 
 def disk_enabled() -> bool:
     return os.environ.get("VYRE_CUDA_DISK_CACHE", "1").strip().lower() not in (
-        "0", "false", "no", "off",
+        "0",
+        "false",
+        "no",
+        "off",
     )
 
 
@@ -178,9 +181,7 @@ def disk_load(key: str, entry: str) -> CompiledKernel | None:
         ptx = blobs[".ptx"].decode()
         image = blobs[".cubin"] if kind == "cubin" else ptx.encode() + b"\0"
         arch = tuple(meta["arch"]) if meta["arch"] is not None else None
-        return CompiledKernel(
-            kind, image, ptx, entry, key, arch, tuple(meta["nvrtc_version"]), meta["log"]
-        )
+        return CompiledKernel(kind, image, ptx, entry, key, arch, tuple(meta["nvrtc_version"]), meta["log"])
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
@@ -243,7 +244,9 @@ def disk_store(compiled: CompiledKernel) -> None:
         _log.warning(
             "vyre_cuda: could not write kernel cache entry %s in %s (%s); the kernel is "
             "compiled but will be recompiled in the next process",
-            compiled.key, folder, exc,
+            compiled.key,
+            folder,
+            exc,
         )
 
 
@@ -303,8 +306,9 @@ def _lock_file(fcntl, path: pathlib.Path, key: str):
             os.close(fd)
             if time.monotonic() >= deadline:
                 _log.warning(
-                    "vyre_cuda: another process has compiled kernel %s for over %.0f s; "
-                    "compiling it here too", key, LOCK_WAIT_S,
+                    "vyre_cuda: another process has compiled kernel %s for over %.0f s; compiling it here too",
+                    key,
+                    LOCK_WAIT_S,
                 )
                 return None
             time.sleep(delay)

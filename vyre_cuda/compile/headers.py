@@ -29,21 +29,87 @@ _PATHFINDER_LIBS = ("cudart", "cccl")
 
 # Headers of the CUDA runtime wheel that kernels include (the rest is reached through these).
 _RUNTIME_HEADERS = frozenset(
-    """builtin_types.h channel_descriptor.h cooperative_groups.h cuComplex.h cuda_awbarrier.h
-    cuda_awbarrier_primitives.h cuda_bf16.h cuda_bf16.hpp cuda_device_runtime_api.h cuda_fp16.h
-    cuda_fp16.hpp cuda_fp4.h cuda_fp4.hpp cuda_fp6.h cuda_fp6.hpp cuda_fp8.h cuda_fp8.hpp
-    cuda_occupancy.h cuda_pipeline.h cuda_pipeline_primitives.h cuda_runtime.h cuda_runtime_api.h
-    cuda_tf32.h device_atomic_functions.h device_functions.h device_launch_parameters.h
-    device_types.h driver_types.h host_defines.h library_types.h math_constants.h
-    math_functions.h mma.h sm_20_atomic_functions.h sm_20_intrinsics.h sm_30_intrinsics.h
-    sm_32_atomic_functions.h sm_32_intrinsics.h sm_35_atomic_functions.h sm_35_intrinsics.h
-    sm_60_atomic_functions.h sm_61_intrinsics.h surface_types.h texture_types.h
-    vector_functions.h vector_types.h""".split()
+    [
+        "builtin_types.h",
+        "channel_descriptor.h",
+        "cooperative_groups.h",
+        "cuComplex.h",
+        "cuda_awbarrier.h",
+        "cuda_awbarrier_primitives.h",
+        "cuda_bf16.h",
+        "cuda_bf16.hpp",
+        "cuda_device_runtime_api.h",
+        "cuda_fp16.h",
+        "cuda_fp16.hpp",
+        "cuda_fp4.h",
+        "cuda_fp4.hpp",
+        "cuda_fp6.h",
+        "cuda_fp6.hpp",
+        "cuda_fp8.h",
+        "cuda_fp8.hpp",
+        "cuda_occupancy.h",
+        "cuda_pipeline.h",
+        "cuda_pipeline_primitives.h",
+        "cuda_runtime.h",
+        "cuda_runtime_api.h",
+        "cuda_tf32.h",
+        "device_atomic_functions.h",
+        "device_functions.h",
+        "device_launch_parameters.h",
+        "device_types.h",
+        "driver_types.h",
+        "host_defines.h",
+        "library_types.h",
+        "math_constants.h",
+        "math_functions.h",
+        "mma.h",
+        "sm_20_atomic_functions.h",
+        "sm_20_intrinsics.h",
+        "sm_30_intrinsics.h",
+        "sm_32_atomic_functions.h",
+        "sm_32_intrinsics.h",
+        "sm_35_atomic_functions.h",
+        "sm_35_intrinsics.h",
+        "sm_60_atomic_functions.h",
+        "sm_61_intrinsics.h",
+        "surface_types.h",
+        "texture_types.h",
+        "vector_functions.h",
+        "vector_types.h",
+    ]
 )
 _STD_HEADERS = frozenset(
-    """assert.h float.h limits.h math.h stddef.h stdint.h stdio.h stdlib.h string.h algorithm
-    array atomic cassert cfloat climits cmath cstddef cstdint cstdio cstdlib cstring functional
-    iostream limits memory tuple type_traits utility vector""".split()
+    [
+        "assert.h",
+        "float.h",
+        "limits.h",
+        "math.h",
+        "stddef.h",
+        "stdint.h",
+        "stdio.h",
+        "stdlib.h",
+        "string.h",
+        "algorithm",
+        "array",
+        "atomic",
+        "cassert",
+        "cfloat",
+        "climits",
+        "cmath",
+        "cstddef",
+        "cstdint",
+        "cstdio",
+        "cstdlib",
+        "cstring",
+        "functional",
+        "iostream",
+        "limits",
+        "memory",
+        "tuple",
+        "type_traits",
+        "utility",
+        "vector",
+    ]
 )
 _MISSING = re.compile(r'(?:could not|cannot) open source file "([^"]+)"')
 
@@ -150,8 +216,8 @@ def missing_header_fix(header: str, nvrtc_major: int | None) -> str:
 
     Examples
     --------
-    >>> missing_header_fix("cuda_fp16.h", 13)
-    "pip install 'nvidia-cuda-runtime==13.*' (it provides cuda_fp16.h; or cuda-toolkit[cudart]), or install a CUDA toolkit"
+    >>> missing_header_fix("cuda_fp16.h", 13).split(" (")[0]
+    "pip install 'nvidia-cuda-runtime==13.*'"
     """
     series = f"=={nvrtc_major}.*" if nvrtc_major else ""
     name = header.replace("\\", "/")
@@ -159,8 +225,7 @@ def missing_header_fix(header: str, nvrtc_major: int | None) -> str:
 
     def package(wheel, extra):
         return (
-            f"pip install '{wheel}{series}' (it provides {name}; or cuda-toolkit[{extra}]), or "
-            "install a CUDA toolkit"
+            f"pip install '{wheel}{series}' (it provides {name}; or cuda-toolkit[{extra}]), or install a CUDA toolkit"
         )
 
     if name in _RUNTIME_HEADERS or name.startswith("cooperative_groups/"):

@@ -33,9 +33,7 @@ _GENERIC_ARCH = 75
 _NVRTC_FIX = "pip install 'nvidia-cuda-nvrtc>=13,<14' (or install a CUDA toolkit)"
 _SOURCE_FIX = "correct the CUDA source; the full NVRTC log is in the exception's .log attribute"
 
-_PTX_ENTRY = re.compile(
-    r"^[ \t]*(?:\.(?:visible|weak|extern)\s+)*\.entry\s+([A-Za-z_$%][\w$]*)", re.MULTILINE
-)
+_PTX_ENTRY = re.compile(r"^[ \t]*(?:\.(?:visible|weak|extern)\s+)*\.entry\s+([A-Za-z_$%][\w$]*)", re.MULTILINE)
 _DEFINE_NAME = re.compile(r"[A-Za-z_]\w*\Z")
 
 
@@ -196,9 +194,7 @@ def compile_options(kernel, arch_option: str, define_opts: tuple) -> tuple:
 def compile_source(nvrtc, version, kernel, options, plan, key) -> CompiledKernel:
     """Compile ``kernel`` with NVRTC; the PTX and (for a cubin plan) the cubin of one program."""
     target_name, kind, arch = plan
-    err, prog = nvrtc.nvrtcCreateProgram(
-        kernel.source.encode(), f"{kernel.entry}.cu".encode(), 0, [], []
-    )
+    err, prog = nvrtc.nvrtcCreateProgram(kernel.source.encode(), f"{kernel.entry}.cu".encode(), 0, [], [])
     _check(nvrtc, err, "nvrtcCreateProgram")
     try:
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])
@@ -224,9 +220,8 @@ def compile_source(nvrtc, version, kernel, options, plan, key) -> CompiledKernel
     entries = ptx_entries(ptx)
     if kernel.entry not in entries:
         raise KernelCompileFailed(
-            f"kernel entry {kernel.entry!r} is not in the compiled module "
-            f"(entries present: {_listing(entries)})",
-            f"declare the entry as `VYRE_KERNEL {kernel.entry}(...)` (extern \"C\" __global__, "
+            f"kernel entry {kernel.entry!r} is not in the compiled module (entries present: {_listing(entries)})",
+            f'declare the entry as `VYRE_KERNEL {kernel.entry}(...)` (extern "C" __global__, '
             f"so its name is not mangled), or pass entry=<one of the entries present> to "
             f"Kernel.cuda",
             log=log,
@@ -241,8 +236,7 @@ def pass_through(kernel) -> CompiledKernel:
     entries = ptx_entries(text)
     if kernel.entry not in entries:
         raise KernelCompileFailed(
-            f"PTX kernel entry {kernel.entry!r} is not defined in the PTX "
-            f"(entries present: {_listing(entries)})",
+            f"PTX kernel entry {kernel.entry!r} is not defined in the PTX (entries present: {_listing(entries)})",
             f"pass entry=<one of the entries present> to Kernel.ptx, or define "
             f"`.visible .entry {kernel.entry}(...)` in the PTX",
         )

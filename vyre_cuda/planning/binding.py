@@ -114,9 +114,7 @@ def plan_bindings(program, input_lengths) -> BindingPlan:
         slots.append(slot)
         if slot.output_index >= 0:
             outputs_by_name[decl.name] = slot
-    workgroup = tuple(
-        sorted((d for d in program.buffers if d.role is BindingRole.SHARED), key=lambda d: d.binding)
-    )
+    workgroup = tuple(sorted((d for d in program.buffers if d.role is BindingRole.SHARED), key=lambda d: d.binding))
     return BindingPlan(
         slots=tuple(slots),
         workgroup=workgroup,
@@ -156,10 +154,7 @@ def _runtime_count(program, runtime: dict) -> int:
         )
     if isinstance(program.launch, str) and program.launch in runtime:
         return runtime[program.launch]
-    runtime_outputs = [
-        d.name for d in program.buffers
-        if d.count == 0 and d.role is BindingRole.OUTPUT
-    ]
+    runtime_outputs = [d.name for d in program.buffers if d.count == 0 and d.role is BindingRole.OUTPUT]
     if runtime_outputs:
         raise ValidationError(
             f"runtime-sized output {runtime_outputs[0]!r} cannot take its length: the runtime-sized "

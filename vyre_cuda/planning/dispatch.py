@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .._accounting import bucket_size
 from ..config import DispatchConfig
-from ..errors import DeviceOutOfMemory, InvalidProgram, UnsupportedFeature
+from ..errors import DeviceOutOfMemory, InvalidProgram, UnsupportedFeature, ValidationError
 from ..program import Program
 from .binding import BindingPlan, input_spec, plan_bindings
 from .caps import DeviceCaps, check_capabilities
@@ -85,8 +85,6 @@ def plan_route(program, lengths, config: DispatchConfig, caps: DeviceCaps, modul
     """Bindings, launch, kernel module and route; refuses what the device cannot run before any
     compile. ``modules.load(program, bindings)`` returns (compiled kernel, loaded module)."""
     if not isinstance(program, Program):
-        from ..errors import ValidationError
-
         raise ValidationError(
             f"dispatch needs a vyre_cuda.Program (got {type(program).__name__})",
             "build one with Program(Kernel.cuda(src), [BufferDecl...])",
@@ -128,15 +126,27 @@ def plan_dispatch(program, lengths, config: DispatchConfig, caps: DeviceCaps, mo
             f"the dispatch needs {layout.slab_bytes:,} bytes of device memory but the budget is "
             f"{budget:,} bytes (90% of {caps.total_memory:,} total)",
             "split the dispatch into bounded chunks",
-            status="budget", call="plan",
+            status="budget",
+            call="plan",
         )
     barrier = module.barrier if cooperative else 0
-    return assemble_plan(program, config, bindings, launch, layout, route, compiled, module.function, barrier,
-                         module.gate if cooperative and barrier else None)
+    return assemble_plan(
+        program,
+        config,
+        bindings,
+        launch,
+        layout,
+        route,
+        compiled,
+        module.function,
+        barrier,
+        module.gate if cooperative and barrier else None,
+    )
 
 
-def assemble_plan(program, config, bindings, launch, layout, route, kernel=None, function=0, barrier=0,
-                  gate=None) -> DispatchPlan:
+def assemble_plan(
+    program, config, bindings, launch, layout, route, kernel=None, function=0, barrier=0, gate=None
+) -> DispatchPlan:
     """The executable decisions derived from the planning stages' results (pure)."""
     arg_count = len(layout.arg_offsets) + 1
     if arg_count > MAX_ARGS:
@@ -150,7 +160,9 @@ def assemble_plan(program, config, bindings, launch, layout, route, kernel=None,
         (slot.decl.dtype.numpy, nbytes // slot.decl.dtype.itemsize)  # byte ranges cover whole elements
         for slot, (_, nbytes) in zip(bindings.outputs, layout.outputs)
     )
-    mirror, device_block, staging_block, audit_offset = staging_for(layout, bool(route.kind == "cooperative" and barrier))
+    mirror, device_block, staging_block, audit_offset = staging_for(
+        layout, bool(route.kind == "cooperative" and barrier)
+    )
     return DispatchPlan(
         program=program,
         config=config,

@@ -82,14 +82,12 @@ def _declared_count(program, bplan) -> tuple:
         raise
     except Exception as exc:
         raise InvalidProgram(
-            f"Program.launch callable {_name(rule)} raised {type(exc).__name__}: {exc} "
-            f"(called with {counts})",
+            f"Program.launch callable {_name(rule)} raised {type(exc).__name__}: {exc} (called with {counts})",
             "make the callable return the launch element count for every input length",
         ) from exc
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise InvalidProgram(
-            f"Program.launch callable {_name(rule)} returned {value!r} for {counts}; it must "
-            "return a non-negative int",
+            f"Program.launch callable {_name(rule)} returned {value!r} for {counts}; it must return a non-negative int",
             "return the number of elements the launch covers, e.g. lambda n: n['x']",
         )
     return int(value), f"launch={_name(rule)}"

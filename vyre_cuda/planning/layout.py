@@ -80,9 +80,7 @@ def plan_layout(bplan, launch, phase_ranges=(None,)) -> SlabLayout:
     blocks = [params_words(bplan, launch, pr) for pr in phase_ranges]
     for words in blocks:
         if any(w > 0xFFFFFFFF for w in words):
-            raise InvalidProgram(
-                f"a params word exceeds u32 ({max(words)})", "split the dispatch into bounded chunks"
-            )
+            raise InvalidProgram(f"a params word exceeds u32 ({max(words)})", "split the dispatch into bounded chunks")
     block_bytes = align_up(4 * len(blocks[0]), COPY_ALIGN, "params block")
     params_offsets = []
     params_start = align_up(offset, REGION_ALIGN, "params offset")

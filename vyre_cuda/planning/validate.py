@@ -33,9 +33,7 @@ def validate_program(program) -> None:
                 "give every buffer its own binding number",
             )
         if decl.name in names:
-            raise InvalidProgram(
-                f"two buffers are named {decl.name!r}", "give every buffer a unique name"
-            )
+            raise InvalidProgram(f"two buffers are named {decl.name!r}", "give every buffer a unique name")
         bindings[decl.binding] = decl.name
         names.add(decl.name)
         if decl.binding > 65535:
@@ -52,7 +50,8 @@ def validate_program(program) -> None:
     ph = program.phases
     if isinstance(ph, bool) or not isinstance(ph, int) or ph < 1 or ph > 65535:
         raise InvalidProgram(
-            f"phases must be an int in 1..65535 (got {ph!r})", "pass phases=1, or the phase count of a grid_sync program"
+            f"phases must be an int in 1..65535 (got {ph!r})",
+            "pass phases=1, or the phase count of a grid_sync program",
         )
     if ph > 1 and not program.grid_sync:
         raise InvalidProgram(
@@ -92,8 +91,11 @@ def _validate_launch(program) -> None:
         )
     if launch not in sized:
         workgroup = any(d.name == launch for d in program.buffers)
-        why = "is a workgroup buffer (shared memory has no element count per dispatch)" if workgroup else (
-            "names no buffer of the program")
+        why = (
+            "is a workgroup buffer (shared memory has no element count per dispatch)"
+            if workgroup
+            else ("names no buffer of the program")
+        )
         raise InvalidProgram(
             f"Program.launch={launch!r} {why}",
             f"name one of {', '.join(map(repr, sized))}",

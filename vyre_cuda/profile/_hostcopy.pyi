@@ -9,6 +9,4 @@ __all__ = ["MAX_COPY_THREADS", "host_copy"]
 
 MAX_COPY_THREADS: int
 
-def host_copy(
-    dst: Any, src: Any, threads: int = 1, iterations: int = 1, warmup: int = 0
-) -> npt.NDArray[np.int64]: ...
+def host_copy(dst: Any, src: Any, threads: int = 1, iterations: int = 1, warmup: int = 0) -> npt.NDArray[np.int64]: ...

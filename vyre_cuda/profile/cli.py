@@ -13,8 +13,7 @@ from .plot import require_matplotlib
 from .run import DEFAULT_SIZES, run_profile
 from .specs import load_user_program, parse_size, parse_sizes
 
-__all__ = ["ProgressLine", "add_arguments", "backend_options", "count_arg", "main", "size_arg",
-           "sizes_arg"]
+__all__ = ["ProgressLine", "add_arguments", "backend_options", "count_arg", "main", "size_arg", "sizes_arg"]
 
 
 class ProgressLine:
@@ -68,6 +67,7 @@ def size_arg(text):
 
 def count_arg(minimum):
     """argparse type: an integer >= ``minimum``."""
+
     def parse(text):
         try:
             value = int(text)
@@ -75,7 +75,8 @@ def count_arg(minimum):
             value = None
         if value is None or value < minimum:
             raise argparse.ArgumentTypeError(
-                f"expected an integer >= {minimum} (got {text!r})\nFix: pass a whole number")
+                f"expected an integer >= {minimum} (got {text!r})\nFix: pass a whole number"
+            )
         return value
 
     return parse
@@ -87,55 +88,92 @@ _BACKEND_OPTIONS = ("staging_chunk_bytes", "staging_chunks", "copy_threads")
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``vyre-cuda profile`` options to ``parser``."""
     parser.add_argument(
-        "--sizes", type=sizes_arg, default=DEFAULT_SIZES, metavar="LIST",
-        help="bytes per buffer, comma-separated, with K/KiB/M/MiB/G/GiB suffixes "
-             "(default 4KiB,4MiB,64MiB,256MiB,1GiB)")
+        "--sizes",
+        type=sizes_arg,
+        default=DEFAULT_SIZES,
+        metavar="LIST",
+        help="bytes per buffer, comma-separated, with K/KiB/M/MiB/G/GiB suffixes (default 4KiB,4MiB,64MiB,256MiB,1GiB)",
+    )
     parser.add_argument(
-        "--iterations", type=count_arg(1), default=None, metavar="N",
-        help="timed samples per system and size (default: 2000 at 4 KiB, fewer as the size "
-             "grows, 5 at 1 GiB)")
+        "--iterations",
+        type=count_arg(1),
+        default=None,
+        metavar="N",
+        help="timed samples per system and size (default: 2000 at 4 KiB, fewer as the size grows, 5 at 1 GiB)",
+    )
     parser.add_argument(
-        "--warmup", type=count_arg(0), default=None, metavar="N",
-        help="untimed samples per system first (default: a tenth of --iterations, at most 200)")
+        "--warmup",
+        type=count_arg(0),
+        default=None,
+        metavar="N",
+        help="untimed samples per system first (default: a tenth of --iterations, at most 200)",
+    )
     parser.add_argument(
-        "--json", nargs="?", const="-", default=None, metavar="FILE",
-        help="write the result as JSON to FILE, or to stdout (instead of the table) without FILE")
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE",
+        help="write the result as JSON to FILE, or to stdout (instead of the table) without FILE",
+    )
     parser.add_argument(
-        "--plot", default=None, metavar="FILE.png",
-        help="save stage bars per size and GB/s against the ceilings (needs matplotlib)")
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="save stage bars per size and GB/s against the ceilings (needs matplotlib)",
+    )
     parser.add_argument(
-        "--baseline", default=None, metavar="FILE.json",
+        "--baseline",
+        default=None,
+        metavar="FILE.json",
         help="a stored result (e.g. benchmarks/results/latest.json): the small sizes' "
-             "vyre_cuda / floor ratio must not grow past it by more than 5%%")
-    parser.add_argument("--no-peers", action="store_true",
-                        help="skip cuda.bindings, CuPy and PyTorch")
-    parser.add_argument("--no-threads", action="store_true",
-                        help="skip the 2-thread scaling measurement")
-    parser.add_argument("--host-threads", type=count_arg(1), default=None, metavar="N",
-                        help="threads of the N-thread host memcpy ceiling (default: the CPUs, "
-                             "at most 16)")
-    parser.add_argument("--kernel", default=None, metavar="FILE",
-                        help="profile a user kernel (.cu CUDA C++ or .ptx) instead of vecadd")
-    parser.add_argument("--entry", default=None, metavar="NAME",
-                        help="the user kernel's entry point (default vyre_main, or main for PTX)")
-    parser.add_argument("--buffers", default=None, metavar="SPEC",
-                        help="the user kernel's buffers, e.g. 'a:f32:in,b:f32:in,out:f32:out'")
-    parser.add_argument("--device", type=count_arg(0), default=0, metavar="N",
-                        help="CUDA device ordinal (default 0)")
+        "vyre_cuda / floor ratio must not grow past it by more than 5%%",
+    )
+    parser.add_argument("--no-peers", action="store_true", help="skip cuda.bindings, CuPy and PyTorch")
+    parser.add_argument("--no-threads", action="store_true", help="skip the 2-thread scaling measurement")
+    parser.add_argument(
+        "--host-threads",
+        type=count_arg(1),
+        default=None,
+        metavar="N",
+        help="threads of the N-thread host memcpy ceiling (default: the CPUs, at most 16)",
+    )
+    parser.add_argument(
+        "--kernel", default=None, metavar="FILE", help="profile a user kernel (.cu CUDA C++ or .ptx) instead of vecadd"
+    )
+    parser.add_argument(
+        "--entry",
+        default=None,
+        metavar="NAME",
+        help="the user kernel's entry point (default vyre_main, or main for PTX)",
+    )
+    parser.add_argument(
+        "--buffers",
+        default=None,
+        metavar="SPEC",
+        help="the user kernel's buffers, e.g. 'a:f32:in,b:f32:in,out:f32:out'",
+    )
+    parser.add_argument("--device", type=count_arg(0), default=0, metavar="N", help="CUDA device ordinal (default 0)")
     group = parser.add_argument_group("backend options (passed to CudaBackend when given)")
-    group.add_argument("--staging-chunk-bytes", type=size_arg, default=None, metavar="SIZE",
-                       help="bytes per chunk of the pinned staging ring, e.g. 8MiB")
-    group.add_argument("--staging-chunks", type=count_arg(1), default=None, metavar="N",
-                       help="chunks in the pinned staging ring")
-    group.add_argument("--copy-threads", type=count_arg(1), default=None, metavar="N",
-                       help="the backend's host copy threads")
+    group.add_argument(
+        "--staging-chunk-bytes",
+        type=size_arg,
+        default=None,
+        metavar="SIZE",
+        help="bytes per chunk of the pinned staging ring, e.g. 8MiB",
+    )
+    group.add_argument(
+        "--staging-chunks", type=count_arg(1), default=None, metavar="N", help="chunks in the pinned staging ring"
+    )
+    group.add_argument(
+        "--copy-threads", type=count_arg(1), default=None, metavar="N", help="the backend's host copy threads"
+    )
     return parser
 
 
 def backend_options(args) -> dict:
     """The backend options given on the command line (only those given)."""
-    return {name: getattr(args, name) for name in _BACKEND_OPTIONS
-            if getattr(args, name, None) is not None}
+    return {name: getattr(args, name) for name in _BACKEND_OPTIONS if getattr(args, name, None) is not None}
 
 
 def main(args) -> int:
@@ -155,10 +193,17 @@ def main(args) -> int:
         progress = ProgressLine()
         try:
             report = run_profile(
-                sizes=args.sizes, iterations=args.iterations, warmup=args.warmup,
-                program=program, peers=not args.no_peers, threads=not args.no_threads,
-                progress=progress, device=args.device, backend_options=backend_options(args),
-                host_threads=args.host_threads, baseline=args.baseline,
+                sizes=args.sizes,
+                iterations=args.iterations,
+                warmup=args.warmup,
+                program=program,
+                peers=not args.no_peers,
+                threads=not args.no_threads,
+                progress=progress,
+                device=args.device,
+                backend_options=backend_options(args),
+                host_threads=args.host_threads,
+                baseline=args.baseline,
             )
         finally:
             progress.done()

@@ -79,8 +79,7 @@ class WrongResult(BackendError):
     """A measured system's output differs from the expected result (raised by the harness)."""
 
 
-def run_rounds(runners, count, warmup, rounds, progress=None, label="", failed=None,
-               before_timed=None):
+def run_rounds(runners, count, warmup, rounds, progress=None, label="", failed=None, before_timed=None):
     """Warm every runner, then ``rounds`` rounds in which each runner takes its share of
     ``count``. ``before_timed()`` is called between the warm-up and the first round.
 
@@ -179,8 +178,7 @@ def assemble(nbytes, elements, iterations, samples, stage_names, skipped) -> Siz
         sums = [sum(row) for row in stages]
         result.attributed = summarize(sums)
         result.stages[systems.UNATTRIBUTED] = summarize([w - t for w, t in zip(walls, sums)])
-        for direction, wanted in (("h2d", systems.UPLOAD_STAGES),
-                                  ("d2h", systems.READBACK_STAGES)):
+        for direction, wanted in (("h2d", systems.UPLOAD_STAGES), ("d2h", systems.READBACK_STAGES)):
             per = _stage_sums(stages, list(stage_names), wanted)
             if per is not None:
                 result.directions[direction] = summarize(per)

@@ -44,14 +44,13 @@ class _CudaBindingsPeer:
         try:
             self._check(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
             self.module = self._check(cu.cuModuleLoadData(image), "cuModuleLoadData")
-            self.func = self._check(cu.cuModuleGetFunction(self.module, entry.encode()),
-                                    "cuModuleGetFunction")
+            self.func = self._check(cu.cuModuleGetFunction(self.module, entry.encode()), "cuModuleGetFunction")
             for _ in range(3):
                 self.mem.append(self._check(cu.cuMemAlloc(self.nbytes), "cuMemAlloc"))
             self.stream = self._check(
-                cu.cuStreamCreate(int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)), "cuStreamCreate")
-            self.event = self._check(
-                cu.cuEventCreate(int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)), "cuEventCreate")
+                cu.cuStreamCreate(int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)), "cuStreamCreate"
+            )
+            self.event = self._check(cu.cuEventCreate(int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)), "cuEventCreate")
         except BaseException:
             self.close()
             raise
@@ -65,8 +64,7 @@ class _CudaBindingsPeer:
     def _check(self, result, call):
         if result[0] != self.ok:
             status = result[0]
-            raise driver_error(getattr(status, "name", str(status)), call, int(status),
-                               "cuda.bindings peer")
+            raise driver_error(getattr(status, "name", str(status)), call, int(status), "cuda.bindings peer")
         return result[1] if len(result) > 1 else None
 
     def full(self, count):
@@ -75,8 +73,7 @@ class _CudaBindingsPeer:
         d2h, record, sync = cu.cuMemcpyDtoHAsync, cu.cuEventRecord, cu.cuEventSynchronize
         d_a, d_b, d_out, stream, event = self.d_a, self.d_b, self.d_out, self.stream, self.event
         a_p, b_p, o_p = self.a.ctypes.data, self.b.ctypes.data, self.out.ctypes.data
-        nbytes, grid, params, ok, func = (self.nbytes, self.grid, self.params_addr, self.ok,
-                                          self.func)
+        nbytes, grid, params, ok, func = (self.nbytes, self.grid, self.params_addr, self.ok, self.func)
         pc = time.perf_counter_ns
         self._check(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
         walls = []
@@ -94,17 +91,25 @@ class _CudaBindingsPeer:
             t1 = pc()
             walls.append(t1 - t0)
             # Checked outside the timing: the peer is measured at its best.
-            for item, call in zip(r, ("cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync",
-                                      "cuMemsetD8Async", "cuLaunchKernel", "cuMemcpyDtoHAsync",
-                                      "cuEventRecord", "cuEventSynchronize")):
+            for item, call in zip(
+                r,
+                (
+                    "cuMemcpyHtoDAsync",
+                    "cuMemcpyHtoDAsync",
+                    "cuMemsetD8Async",
+                    "cuLaunchKernel",
+                    "cuMemcpyDtoHAsync",
+                    "cuEventRecord",
+                    "cuEventSynchronize",
+                ),
+            ):
                 if item[0] != ok:
                     self._check(item, call)
         return {"peer.cuda_bindings": walls}
 
     def launch_only(self, batches):
         cu = self.cu
-        launch, func, grid, stream, params = (cu.cuLaunchKernel, self.func, self.grid,
-                                              self.stream, self.params_addr)
+        launch, func, grid, stream, params = (cu.cuLaunchKernel, self.func, self.grid, self.stream, self.params_addr)
         pc = time.perf_counter_ns
         self._check(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
         per = []
@@ -161,8 +166,7 @@ class _CupyPeer:
         self.d_out = cp.zeros(a.shape[0], cp.float32)
 
     def full(self, count):
-        cp, kernel, a, b, n, grid, block = (self.cp, self.kernel, self.a, self.b, self.n,
-                                            self.grid, self.block)
+        cp, kernel, a, b, n, grid, block = (self.cp, self.kernel, self.a, self.b, self.n, self.grid, self.block)
         self.device.use()
         pc = time.perf_counter_ns
         walls = []
@@ -282,4 +286,3 @@ def peer_version(name):
     """The peer library's version, when it was imported."""
     mod = sys.modules.get(PEER_MODULES[name])
     return getattr(mod, "__version__", None) if mod is not None else None
-

@@ -82,9 +82,9 @@ def _stage_panel(ax, report, s, palette, legend):
         enq = s.median("floor.pinned_enqueue")
         enq = total if enq is None else enq / scale
         legend.setdefault("floor enqueue part", ax.bar(x, enq, color=palette[-2], width=0.7))
-        legend.setdefault("floor wait + copy-out",
-                          ax.bar(x, max(total - enq, 0.0), bottom=enq, color=palette[-1],
-                                 width=0.7))
+        legend.setdefault(
+            "floor wait + copy-out", ax.bar(x, max(total - enq, 0.0), bottom=enq, color=palette[-1], width=0.7)
+        )
         labels.append("floor\npinned")
         x += 1
     for key, label in _BARS:
@@ -123,18 +123,21 @@ def _bandwidth_panel(ax, report):
         if points:
             ax.plot(*zip(*points), marker=marker, label=label, linewidth=1.2)
     # vyre_cuda's numpy row per direction, in the numpy row's colour
-    for direction, label, marker in (("h2d", "vyre_cuda numpy H2D (stages)", ">"),
-                                     ("d2h", "vyre_cuda numpy D2H (stages)", "<")):
-        points = [(s.nbytes, s.direction_gbps(direction)) for s in report.sizes
-                  if s.direction_gbps(direction) is not None]
+    for direction, label, marker in (
+        ("h2d", "vyre_cuda numpy H2D (stages)", ">"),
+        ("d2h", "vyre_cuda numpy D2H (stages)", "<"),
+    ):
+        points = [
+            (s.nbytes, s.direction_gbps(direction)) for s in report.sizes if s.direction_gbps(direction) is not None
+        ]
         if points:
-            ax.plot(*zip(*points), marker=marker, linestyle=":", color="tab:blue", label=label,
-                    linewidth=1.0)
+            ax.plot(*zip(*points), marker=marker, linestyle=":", color="tab:blue", label=label, linewidth=1.0)
     for key in _ceiling_series(report):
         points = [(s.nbytes, s.gbps(key)) for s in report.sizes if s.gbps(key) is not None]
         if points:
-            ax.plot(*zip(*points), linewidth=1.1, label=systems.label(key).replace(" ceiling", ""),
-                    **_ceiling_style(key))
+            ax.plot(
+                *zip(*points), linewidth=1.1, label=systems.label(key).replace(" ceiling", ""), **_ceiling_style(key)
+            )
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes)
     ax.set_xticklabels([format_size(n) for n in sizes], fontsize=8)
@@ -159,8 +162,7 @@ def plot_report(report, path):
     for i, s in enumerate(report.sizes):
         _stage_panel(fig.add_subplot(grid[0, i]), report, s, palette, legend)
     if legend:
-        fig.legend(list(legend.values()), list(legend.keys()), loc="upper right", fontsize=7,
-                   ncol=1)
+        fig.legend(list(legend.values()), list(legend.keys()), loc="upper right", fontsize=7, ncol=1)
     if report.sizes:
         _bandwidth_panel(fig.add_subplot(grid[1, :]), report)
     m = report.meta

@@ -49,15 +49,19 @@ class Target:
 
     def to_dict(self) -> dict:
         return {
-            "key": self.key, "description": self.description, "value": self.value,
-            "limit": self.limit, "op": self.op, "size_bytes": self.size_bytes,
-            "unit": self.unit, "met": self.met,
+            "key": self.key,
+            "description": self.description,
+            "value": self.value,
+            "limit": self.limit,
+            "op": self.op,
+            "size_bytes": self.size_bytes,
+            "unit": self.unit,
+            "met": self.met,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> Target:
-        return cls(d["key"], d["description"], d["value"], d["limit"], d["op"],
-                   d.get("size_bytes"), d.get("unit", ""))
+        return cls(d["key"], d["description"], d["value"], d["limit"], d["op"], d.get("size_bytes"), d.get("unit", ""))
 
 
 @dataclass
@@ -189,17 +193,22 @@ class ThreadScaling:
 
     def to_dict(self) -> dict:
         return {
-            "bytes": self.nbytes, "threads": self.threads, "iterations": self.iterations,
+            "bytes": self.nbytes,
+            "threads": self.threads,
+            "iterations": self.iterations,
             "vyre_per_s": {str(k): v for k, v in self.vyre.items()},
             "floor_per_s": {str(k): v for k, v in self.floor.items()},
-            "vyre_gain": self.vyre_gain, "floor_gain": self.floor_gain,
+            "vyre_gain": self.vyre_gain,
+            "floor_gain": self.floor_gain,
             "gain_ratio": self.gain_ratio,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> ThreadScaling:
         return cls(
-            int(d["bytes"]), int(d["threads"]), int(d["iterations"]),
+            int(d["bytes"]),
+            int(d["threads"]),
+            int(d["iterations"]),
             {int(k): float(v) for k, v in d["vyre_per_s"].items()},
             {int(k): float(v) for k, v in d["floor_per_s"].items()},
         )

@@ -29,9 +29,16 @@ _FLOOR_LABEL = "vecadd(a, b, out, n) C loop, 256 threads per block"
 # Telemetry counters compared before and after the timed dispatches of a size, and levels read
 # after them (names the core may not have yet are skipped).
 _COUNTERS = (
-    "dispatches", "pinned_alloc_calls", "device_alloc_calls", "pinned_pool_misses",
-    "device_pool_misses", "staged_h2d_bytes", "direct_h2d_bytes", "staged_d2h_bytes",
-    "direct_d2h_bytes", "ring_chunks",
+    "dispatches",
+    "pinned_alloc_calls",
+    "device_alloc_calls",
+    "pinned_pool_misses",
+    "device_pool_misses",
+    "staged_h2d_bytes",
+    "direct_h2d_bytes",
+    "staged_d2h_bytes",
+    "direct_d2h_bytes",
+    "ring_chunks",
 )
 _LEVELS = ("ring_bytes", "copy_threads_live")
 
@@ -60,9 +67,7 @@ def load_floor_kernel(backend):
     from ..program import Kernel
 
     floor = import_floor()
-    compiled = compile_kernel(
-        Kernel.cuda(floor.FLOOR_SOURCE, entry=floor.FLOOR_ENTRY), arch=tuple(backend.caps.cc)
-    )
+    compiled = compile_kernel(Kernel.cuda(floor.FLOOR_SOURCE, entry=floor.FLOOR_ENTRY), arch=tuple(backend.caps.cc))
     kernel = floor.FloorKernel(backend.context_handle, compiled.image, floor.FLOOR_ENTRY)
     return kernel, compiled.image
 
@@ -75,11 +80,17 @@ def _git_commit():
     try:
         head = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True, text=True, timeout=5, check=True,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5, check=True,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
@@ -150,8 +161,7 @@ def _telemetry_delta(before, after) -> dict:
 def _check_count(name, value, minimum):
     if value is None:
         return
-    if (not isinstance(value, (int, np.integer)) or isinstance(value, bool)
-            or value < minimum):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
         raise ValidationError(
             f"{name} must be an integer >= {minimum} (got {value!r})",
             f"pass {name} as a whole number >= {minimum}",
@@ -164,10 +174,26 @@ def _baseline_of(baseline):
     return ProfileReport.load(baseline), str(baseline)
 
 
-def run_profile(sizes=DEFAULT_SIZES, iterations=None, warmup=None, program=None, peers=True,
-                threads=True, progress=None, *, device=0, backend=None, backend_options=None,
-                rounds=5, thread_count=2, thread_iterations=None, thread_repeats=3,
-                host_threads=None, baseline=None, seed=0) -> ProfileReport:
+def run_profile(
+    sizes=DEFAULT_SIZES,
+    iterations=None,
+    warmup=None,
+    program=None,
+    peers=True,
+    threads=True,
+    progress=None,
+    *,
+    device=0,
+    backend=None,
+    backend_options=None,
+    rounds=5,
+    thread_count=2,
+    thread_iterations=None,
+    thread_repeats=3,
+    host_threads=None,
+    baseline=None,
+    seed=0,
+) -> ProfileReport:
     """Measure vyre_cuda, the floor, the transfer ceilings and the peers at each size, in one
     run.
 
@@ -224,8 +250,7 @@ def run_profile(sizes=DEFAULT_SIZES, iterations=None, warmup=None, program=None,
         )
     if backend is not None and backend_options:
         raise ValidationError(
-            f"backend_options {sorted(backend_options)} apply to the backend the run creates, "
-            "but a backend was passed",
+            f"backend_options {sorted(backend_options)} apply to the backend the run creates, but a backend was passed",
             "configure the CudaBackend you pass, or pass no backend",
         )
     base, base_path = _baseline_of(baseline)
@@ -243,8 +268,7 @@ def run_profile(sizes=DEFAULT_SIZES, iterations=None, warmup=None, program=None,
             backend = vyre_cuda.CudaBackend(device, **(backend_options or {}))
         except TypeError as exc:
             raise ValidationError(
-                f"this vyre_cuda's CudaBackend does not take the options "
-                f"{sorted(backend_options or {})} ({exc})",
+                f"this vyre_cuda's CudaBackend does not take the options {sorted(backend_options or {})} ({exc})",
                 "drop those options, or use a vyre_cuda whose CudaBackend has them",
             ) from None
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -257,18 +281,20 @@ def run_profile(sizes=DEFAULT_SIZES, iterations=None, warmup=None, program=None,
             from .. import builtin_programs
 
             program = builtin_programs.vecadd_f32()
-        label = "vecadd_f32 (built-in)" if builtin else (
-            f"{program.name or 'user program'} ({program.kernel.kind}, entry "
-            f"{program.kernel.entry!r})")
+        label = (
+            "vecadd_f32 (built-in)"
+            if builtin
+            else (f"{program.name or 'user program'} ({program.kernel.kind}, entry {program.kernel.entry!r})")
+        )
         kernel, image = load_floor_kernel(backend)
-        run = _SizeRun(backend, program, builtin, kernel, image, floor_module, rounds, peers,
-                       tuple(STAGES), thread_counts, rng)
+        run = _SizeRun(
+            backend, program, builtin, kernel, image, floor_module, rounds, peers, tuple(STAGES), thread_counts, rng
+        )
         weights = len(size_list) + (1 if threads else 0)
         for index, nbytes in enumerate(size_list):
             count = iterations or engine.auto_iterations(nbytes)
             warm = warmup if warmup is not None else engine.auto_warmup(count)
-            sub = _progress_scaled(progress, index / weights, (index + 1) / weights,
-                                   f"{format_size(nbytes)}: ")
+            sub = _progress_scaled(progress, index / weights, (index + 1) / weights, f"{format_size(nbytes)}: ")
             report_sizes.append(run.measure(nbytes, count, warm, sub))
         if threads:
             nbytes = min(size_list)
@@ -276,19 +302,21 @@ def run_profile(sizes=DEFAULT_SIZES, iterations=None, warmup=None, program=None,
             warm = warmup if warmup is not None else engine.auto_warmup(count)
             sub = _progress_scaled(progress, (weights - 1) / weights, 1.0)
             with engine.gc_paused():
-                thread_result = measure_threads(backend, program, floor_module, kernel, nbytes,
-                                                thread_count, count, warm, thread_repeats, rng,
-                                                sub)
+                thread_result = measure_threads(
+                    backend, program, floor_module, kernel, nbytes, thread_count, count, warm, thread_repeats, rng, sub
+                )
         settings = {
-            "iterations": iterations, "warmup": warmup, "rounds": rounds,
-            "program": label, "builtin_program": builtin,
+            "iterations": iterations,
+            "warmup": warmup,
+            "rounds": rounds,
+            "program": label,
+            "builtin_program": builtin,
             "host_threads": list(thread_counts),
             "backend_options": dict(backend_options or {}),
             "peers": {name: peer_version(name) for name in PEERS if peers and builtin},
         }
         if base is not None:
-            settings["baseline"] = {"path": base_path, "commit": base.meta.get("commit"),
-                                    "date": base.meta.get("date")}
+            settings["baseline"] = {"path": base_path, "commit": base.meta.get("commit"), "date": base.meta.get("date")}
         meta = _meta(backend, settings, started)
     finally:
         try:
@@ -309,8 +337,9 @@ def run_profile(sizes=DEFAULT_SIZES, iterations=None, warmup=None, program=None,
 class _SizeRun:
     """What stays the same from one size to the next: the backend, the program, the floor."""
 
-    def __init__(self, backend, program, builtin, kernel, image, floor_module, rounds, peers,
-                 stage_names, thread_counts, rng):
+    def __init__(
+        self, backend, program, builtin, kernel, image, floor_module, rounds, peers, stage_names, thread_counts, rng
+    ):
         self.backend = backend
         self.program = program
         self.builtin = builtin
@@ -334,18 +363,21 @@ class _SizeRun:
         floor = self.floor_module.Floor(self.kernel, n)
         try:
             rows, moved = self._vyre_rows(inputs, expected, skipped)
-            if nbytes <= engine.LAUNCH_ONLY_MAX:
-                launch_scale = max(1, count // max(8, count // 64))
-            else:
-                launch_scale = None
+            launch_scale = max(1, count // max(8, count // 64)) if nbytes <= engine.LAUNCH_ONLY_MAX else None
             rows += runners.floor_runners(floor, a, b, expected, launch_scale)
             rows += runners.ceiling_runners(floor, a, b, self.thread_counts)
             rows += self._peer_rows(a, b, expected, launch_scale, skipped, opened)
             marks = {}
             with engine.gc_paused():
                 samples = engine.run_rounds(
-                    rows, count, warm, self.rounds, progress, failed=skipped,
-                    before_timed=lambda: marks.update(before=_snapshot(self.backend)))
+                    rows,
+                    count,
+                    warm,
+                    self.rounds,
+                    progress,
+                    failed=skipped,
+                    before_timed=lambda: marks.update(before=_snapshot(self.backend)),
+                )
             telemetry = _telemetry_delta(marks.get("before"), _snapshot(self.backend))
         finally:
             try:
@@ -376,8 +408,10 @@ class _SizeRun:
         del first
         check = None
         if self.builtin:
+
             def check(outs):
                 return len(outs) == 1 and np.array_equal(np.asarray(outs[0]), expected)
+
         pinned = None
         try:
             locked_in = runners.page_locked_copies(inputs, backend.device)
@@ -395,7 +429,7 @@ class _SizeRun:
         if not self.peers:
             return []
         if not self.builtin:
-            skipped.update({name: "peers run the built-in vecadd only" for name in PEERS})
+            skipped.update(dict.fromkeys(PEERS, "peers run the built-in vecadd only"))
             return []
         fm = self.floor_module
         rows = []
@@ -404,14 +438,14 @@ class _SizeRun:
                 skipped[name] = f"{PEER_MODULES[name]} is not installed"
                 continue
             try:
-                peer = open_peer(name, self.backend, self.image, fm.FLOOR_ENTRY,
-                                 fm.FLOOR_SOURCE, a, b, expected)
+                peer = open_peer(name, self.backend, self.image, fm.FLOOR_ENTRY, fm.FLOOR_SOURCE, a, b, expected)
             except Exception as exc:  # noqa: BLE001 (a broken peer must not stop the run)
                 skipped[name] = f"failed to start: {type(exc).__name__}: {exc}".splitlines()[0]
                 continue
             opened.append(peer)
             rows.append(engine.Runner(f"peer {name}", peer.full, peer.verify, group=name))
             if launch_scale is not None:
-                rows.append(engine.Runner(f"peer {name} launch only", peer.launch_only,
-                                          unit_scale=launch_scale, group=name))
+                rows.append(
+                    engine.Runner(f"peer {name} launch only", peer.launch_only, unit_scale=launch_scale, group=name)
+                )
         return rows

@@ -132,12 +132,23 @@ def vyre_runners(backend, program, inputs, check, into=None, pinned=None, into_g
         Runner("vyre_cuda dispatch_async", run_async, verifier("async")),
     ]
     if into is not None:
-        runners.append(Runner("vyre_cuda dispatch_into", into_runner("vyre.dispatch_into",
-                                                                     inputs, into),
-                              verifier("vyre.dispatch_into"), group=into_group))
+        runners.append(
+            Runner(
+                "vyre_cuda dispatch_into",
+                into_runner("vyre.dispatch_into", inputs, into),
+                verifier("vyre.dispatch_into"),
+                group=into_group,
+            )
+        )
     if pinned is not None:
-        runners.append(Runner("vyre_cuda page-locked", into_runner("vyre.pinned", *pinned),
-                              verifier("vyre.pinned"), group="page-locked"))
+        runners.append(
+            Runner(
+                "vyre_cuda page-locked",
+                into_runner("vyre.pinned", *pinned),
+                verifier("vyre.pinned"),
+                group="page-locked",
+            )
+        )
     return runners
 
 
@@ -187,6 +198,5 @@ def ceiling_runners(floor, a, b, thread_counts):
         return run
 
     runners = [Runner("DMA ceilings", dma)]
-    runners += [Runner(f"memcpy ceilings, {t} thread{'s' if t != 1 else ''}", copies(t))
-                for t in thread_counts]
+    runners += [Runner(f"memcpy ceilings, {t} thread{'s' if t != 1 else ''}", copies(t)) for t in thread_counts]
     return runners

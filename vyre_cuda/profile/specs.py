@@ -25,8 +25,7 @@ KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
 _SIZE_RE = re.compile(r"\s*(\d+)\s*([A-Za-z]*)\s*\Z")
-_SUFFIXES = {"": 1, "b": 1, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB, "g": GIB,
-             "gib": GIB}
+_SUFFIXES = {"": 1, "b": 1, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}
 
 
 def parse_size(text) -> int:
@@ -45,9 +44,7 @@ def parse_size(text) -> int:
             )
         value = int(m.group(1)) * _SUFFIXES[suffix]
     if value <= 0:
-        raise ValidationError(
-            f"a buffer size must be at least 1 byte (got {value})", "pass a positive size"
-        )
+        raise ValidationError(f"a buffer size must be at least 1 byte (got {value})", "pass a positive size")
     return value
 
 
@@ -62,9 +59,7 @@ def parse_sizes(text) -> tuple:
         if size not in sizes:
             sizes.append(size)
     if not sizes:
-        raise ValidationError(
-            f"no sizes given (got {text!r})", "pass sizes like --sizes 4KiB,4MiB"
-        )
+        raise ValidationError(f"no sizes given (got {text!r})", "pass sizes like --sizes 4KiB,4MiB")
     return tuple(sizes)
 
 
@@ -108,9 +103,7 @@ def parse_buffer_spec(spec: str) -> tuple:
             )
         name, dtype, role = fields
         if not name.isidentifier():
-            raise ValidationError(
-                f"buffer name {name!r} in {entry.strip()!r} is not an identifier", _SPEC_FIX
-            )
+            raise ValidationError(f"buffer name {name!r} in {entry.strip()!r} is not an identifier", _SPEC_FIX)
         if name in seen:
             raise ValidationError(f"buffer name {name!r} appears twice in the spec", _SPEC_FIX)
         seen.add(name)
@@ -122,9 +115,7 @@ def parse_buffer_spec(spec: str) -> tuple:
                 f"use one of {', '.join(DTYPES)}",
             ) from None
         if role not in _ROLES:
-            raise ValidationError(
-                f"buffer {name!r} has an unknown role (got {role!r})", _SPEC_FIX
-            )
+            raise ValidationError(f"buffer {name!r} has an unknown role (got {role!r})", _SPEC_FIX)
         roles.append(role)
         if role == "in":
             decls.append(BufferDecl.read(name, binding, dt))
@@ -133,9 +124,7 @@ def parse_buffer_spec(spec: str) -> tuple:
         else:
             decls.append(BufferDecl.read_write(name, binding, dt))
     if "out" not in roles and "inout" not in roles:
-        raise ValidationError(
-            f"the buffer spec {spec!r} declares no output", _SPEC_FIX + "; mark results out"
-        )
+        raise ValidationError(f"the buffer spec {spec!r} declares no output", _SPEC_FIX + "; mark results out")
     return tuple(decls)
 
 
@@ -143,9 +132,7 @@ def load_user_program(path, entry=None, buffers=None, workgroup_size=256):
     """A :class:`~vyre_cuda.Program` from a CUDA (``.cu``, ...) or PTX (``.ptx``) file and a
     buffer spec (see :func:`parse_buffer_spec`). ``entry`` defaults to the kernel kind's."""
     if buffers is None:
-        raise ValidationError(
-            "a user kernel needs a buffer spec", "pass --buffers, e.g. 'a:f32:in,out:f32:out'"
-        )
+        raise ValidationError("a user kernel needs a buffer spec", "pass --buffers, e.g. 'a:f32:in,out:f32:out'")
     decls = parse_buffer_spec(buffers)
     p = pathlib.Path(path)
     try:
@@ -160,5 +147,3 @@ def load_user_program(path, entry=None, buffers=None, workgroup_size=256):
     else:
         kernel = Kernel.cuda(text, entry) if entry else Kernel.cuda(text)
     return Program(kernel, decls, workgroup_size=workgroup_size, name=p.stem)
-
-

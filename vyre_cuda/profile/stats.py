@@ -92,8 +92,6 @@ def gain(one_thread, two_threads):
     return ratio(two_threads, one_thread)
 
 
-
-
 def gbps(nbytes, ns):
     """Bandwidth in GB/s (10**9 bytes per second) of ``nbytes`` moved in ``ns`` nanoseconds;
     None when either is missing or ``ns`` is not > 0."""

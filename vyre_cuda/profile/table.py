@@ -53,23 +53,30 @@ def header_lines(report) -> list:
     cc_text = f", cc {cc[0]}.{cc[1]}" if cc else ""
     release = f" ({m['driver_release']})" if m.get("driver_release") else ""
     lines = [
-        (f"vyre_cuda profile: {m.get('device_name', '?')} (device {m.get('device', '?')}"
-         f"{cc_text}), CUDA driver {driver_text(m.get('driver_version'))}{release}"),
-        (f"{m.get('date', '?')}, commit {m.get('commit') or 'unknown'}, vyre_cuda "
-         f"{m.get('vyre_cuda_version', '?')}, Python {m.get('python', '?')}"),
-        (f"program: {m.get('program', '?')}; floor: {m.get('floor', 'vecadd C loop')}, same "
-         f"run; {m.get('rounds', '?')} interleaved rounds"),
+        (
+            f"vyre_cuda profile: {m.get('device_name', '?')} (device {m.get('device', '?')}"
+            f"{cc_text}), CUDA driver {driver_text(m.get('driver_version'))}{release}"
+        ),
+        (
+            f"{m.get('date', '?')}, commit {m.get('commit') or 'unknown'}, vyre_cuda "
+            f"{m.get('vyre_cuda_version', '?')}, Python {m.get('python', '?')}"
+        ),
+        (
+            f"program: {m.get('program', '?')}; floor: {m.get('floor', 'vecadd C loop')}, same "
+            f"run; {m.get('rounds', '?')} interleaved rounds"
+        ),
     ]
     if m.get("host_threads"):
-        lines.append(f"host memcpy ceilings on {' and '.join(map(str, m['host_threads']))} "
-                     f"thread(s); {m.get('cpu_count', '?')} CPUs")
+        lines.append(
+            f"host memcpy ceilings on {' and '.join(map(str, m['host_threads']))} "
+            f"thread(s); {m.get('cpu_count', '?')} CPUs"
+        )
     options = m.get("backend_options") or {}
     if options:
         lines.append("backend: " + ", ".join(f"{k}={v}" for k, v in sorted(options.items())))
     base = m.get("baseline")
     if base:
-        lines.append(f"baseline: {base.get('path', '?')} (commit {base.get('commit') or '?'}, "
-                     f"{base.get('date', '?')})")
+        lines.append(f"baseline: {base.get('path', '?')} (commit {base.get('commit') or '?'}, {base.get('date', '?')})")
     return lines
 
 
@@ -79,11 +86,15 @@ def size_lines(report, s) -> list:
     unit = _Unit([s.systems[k].median for k in keys])
     u = unit.name
     lines = [
-        (f"{format_size(s.nbytes)} per buffer ({s.elements:,} float32 elements for the floor, "
-         f"{format_size(n_in)} in + {format_size(n_out)} out; {s.iterations:,} samples per "
-         "system)"),
-        (f"  {'system':<{_LABEL_WIDTH}}{'median ' + u:>12}{'p10 ' + u:>11}{'p90 ' + u:>11}"
-         f"{'GB/s':>8}{'x floor':>9}{'x pageable':>11}{'x vyre':>8}"),
+        (
+            f"{format_size(s.nbytes)} per buffer ({s.elements:,} float32 elements for the floor, "
+            f"{format_size(n_in)} in + {format_size(n_out)} out; {s.iterations:,} samples per "
+            "system)"
+        ),
+        (
+            f"  {'system':<{_LABEL_WIDTH}}{'median ' + u:>12}{'p10 ' + u:>11}{'p90 ' + u:>11}"
+            f"{'GB/s':>8}{'x floor':>9}{'x pageable':>11}{'x vyre':>8}"
+        ),
     ]
     vyre = s.median("vyre.dispatch")
     for key in keys:
@@ -110,8 +121,10 @@ def _stage_lines(report, s, unit) -> list:
     wall = s.wall
     u = unit.name
     lines = [
-        (f"  {'stages of a vyre_cuda dispatch':<{_LABEL_WIDTH}}{'median ' + u:>12}"
-         f"{'p10 ' + u:>11}{'p90 ' + u:>11}{'share':>8}")
+        (
+            f"  {'stages of a vyre_cuda dispatch':<{_LABEL_WIDTH}}{'median ' + u:>12}"
+            f"{'p10 ' + u:>11}{'p90 ' + u:>11}{'share':>8}"
+        )
     ]
     for name in list(report.stage_names) + [systems.UNATTRIBUTED]:
         sm = s.stages.get(name)
@@ -151,20 +164,21 @@ def _telemetry_lines(s) -> list:
         calls = t.get(f"{kind}_alloc_calls", t.get(f"{kind}_pool_misses"))
         if calls is not None:
             parts.append(f"{kind} {calls:,} ({s.allocations_per_dispatch(kind):.3g} per dispatch)")
-    text = (f"  allocations in {t['dispatches']:,} timed vyre_cuda dispatches: "
-            + (", ".join(parts) or "not counted by this core")
-            + ("" if counted or not parts else " (pool misses: the core does not count "
-               "allocations)"))
+    text = (
+        f"  allocations in {t['dispatches']:,} timed vyre_cuda dispatches: "
+        + (", ".join(parts) or "not counted by this core")
+        + ("" if counted or not parts else " (pool misses: the core does not count allocations)")
+    )
     lines = [text]
-    moved = [(k, t.get(k)) for k in ("staged_h2d_bytes", "direct_h2d_bytes", "staged_d2h_bytes",
-                                     "direct_d2h_bytes")]
+    moved = [(k, t.get(k)) for k in ("staged_h2d_bytes", "direct_h2d_bytes", "staged_d2h_bytes", "direct_d2h_bytes")]
     if all(v is not None for _, v in moved):
         v = dict(moved)
         lines.append(
             f"  H2D staged {v['staged_h2d_bytes'] / MIB:,.1f} MiB, direct "
             f"{v['direct_h2d_bytes'] / MIB:,.1f} MiB; D2H staged "
             f"{v['staged_d2h_bytes'] / MIB:,.1f} MiB, direct {v['direct_d2h_bytes'] / MIB:,.1f} "
-            "MiB (all timed dispatches)")
+            "MiB (all timed dispatches)"
+        )
     if t.get("ring_bytes") is not None:
         text = f"  staging ring: {t['ring_bytes'] / MIB:,.1f} MiB pinned"
         if t.get("ring_chunks") is not None:
@@ -184,15 +198,11 @@ def thread_lines(report) -> list:
         return "-" if v is None else f"{v:,.0f}"
 
     return [
-        (f"{t.threads} Python threads, {format_size(t.nbytes)} per buffer, "
-         f"{t.iterations:,} dispatches per thread"),
+        (f"{t.threads} Python threads, {format_size(t.nbytes)} per buffer, {t.iterations:,} dispatches per thread"),
         f"  {'':<20}{'1 thread /s':>14}{f'{t.threads} threads /s':>16}{'gain':>8}",
-        (f"  {'floor':<20}{per_s(t.floor.get(1)):>14}{per_s(t.floor.get(t.threads)):>16}"
-         f"{_x(t.floor_gain):>8}"),
-        (f"  {'vyre_cuda':<20}{per_s(t.vyre.get(1)):>14}{per_s(t.vyre.get(t.threads)):>16}"
-         f"{_x(t.vyre_gain):>8}"),
-        "  vyre_cuda gain / floor gain: "
-        + ("-" if t.gain_ratio is None else f"{t.gain_ratio:.2f}"),
+        (f"  {'floor':<20}{per_s(t.floor.get(1)):>14}{per_s(t.floor.get(t.threads)):>16}{_x(t.floor_gain):>8}"),
+        (f"  {'vyre_cuda':<20}{per_s(t.vyre.get(1)):>14}{per_s(t.vyre.get(t.threads)):>16}{_x(t.vyre_gain):>8}"),
+        "  vyre_cuda gain / floor gain: " + ("-" if t.gain_ratio is None else f"{t.gain_ratio:.2f}"),
     ]
 
 

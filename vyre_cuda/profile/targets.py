@@ -52,23 +52,41 @@ def evaluate_targets(sizes, threads, builtin: bool = True, baseline=None) -> lis
         out += _large(s)
         out += _bandwidth(s)
         label = format_size(s.nbytes)
-        out.append(Target(
-            "async_enqueue_vs_floor_enqueue",
-            f"{label}: vyre_cuda dispatch_async enqueue / floor enqueue part",
-            s.ratio("vyre.async_enqueue", "floor.pinned_enqueue"), ASYNC_ENQUEUE, "<=",
-            s.nbytes, "x"))
+        out.append(
+            Target(
+                "async_enqueue_vs_floor_enqueue",
+                f"{label}: vyre_cuda dispatch_async enqueue / floor enqueue part",
+                s.ratio("vyre.async_enqueue", "floor.pinned_enqueue"),
+                ASYNC_ENQUEUE,
+                "<=",
+                s.nbytes,
+                "x",
+            )
+        )
         if s.telemetry.get("dispatches"):
             for kind in ("pinned", "device"):
-                out.append(Target(
-                    f"{kind}_allocations_per_dispatch",
-                    f"{label}: {kind} allocations per timed vyre_cuda dispatch",
-                    s.allocations_per_dispatch(kind), 0.0, "<=", s.nbytes))
+                out.append(
+                    Target(
+                        f"{kind}_allocations_per_dispatch",
+                        f"{label}: {kind} allocations per timed vyre_cuda dispatch",
+                        s.allocations_per_dispatch(kind),
+                        0.0,
+                        "<=",
+                        s.nbytes,
+                    )
+                )
     if threads is not None:
-        out.append(Target(
-            "thread_gain_ratio",
-            f"{threads.threads} threads, {format_size(threads.nbytes)}: "
-            "vyre_cuda gain / floor gain",
-            threads.gain_ratio, THREAD_GAIN, ">=", threads.nbytes, "x"))
+        out.append(
+            Target(
+                "thread_gain_ratio",
+                f"{threads.threads} threads, {format_size(threads.nbytes)}: vyre_cuda gain / floor gain",
+                threads.gain_ratio,
+                THREAD_GAIN,
+                ">=",
+                threads.nbytes,
+                "x",
+            )
+        )
     return out
 
 
@@ -77,25 +95,57 @@ def _small(s, base, have_baseline) -> list:
         return []
     label = format_size(s.nbytes)
     now = s.ratio("vyre.dispatch", "floor.pinned")
-    out = [Target("vyre_vs_floor", f"{label}: vyre_cuda dispatch / floor (pinned staging)",
-                  now, SMALL_VS_FLOOR, "<=", s.nbytes, "x")]
+    out = [
+        Target(
+            "vyre_vs_floor",
+            f"{label}: vyre_cuda dispatch / floor (pinned staging)",
+            now,
+            SMALL_VS_FLOOR,
+            "<=",
+            s.nbytes,
+            "x",
+        )
+    ]
     then = None if base is None else base.ratio("vyre.dispatch", "floor.pinned")
     if have_baseline:
         what = "" if base is not None else " (the baseline has no such size)"
-        out.append(Target(
-            "no_regression",
-            f"{label}: (vyre_cuda / floor) now over the baseline's{what}",
-            ratio(now, then), NO_REGRESSION, "<=", s.nbytes, "x"))
+        out.append(
+            Target(
+                "no_regression",
+                f"{label}: (vyre_cuda / floor) now over the baseline's{what}",
+                ratio(now, then),
+                NO_REGRESSION,
+                "<=",
+                s.nbytes,
+                "x",
+            )
+        )
     else:
-        out.append(Target(
-            "no_regression",
-            f"{label}: (vyre_cuda / floor) now over a baseline's (pass --baseline FILE)",
-            None, None, "report", s.nbytes, "x"))
+        out.append(
+            Target(
+                "no_regression",
+                f"{label}: (vyre_cuda / floor) now over a baseline's (pass --baseline FILE)",
+                None,
+                None,
+                "report",
+                s.nbytes,
+                "x",
+            )
+        )
     for peer, name in (("cupy", "CuPy"), ("torch", "PyTorch")):
         value = ratio(s.median(f"peer.{peer}"), s.median("vyre.dispatch"))
         if value is not None:
-            out.append(Target(f"{peer}_vs_vyre", f"{label}: {name} / vyre_cuda dispatch", value,
-                              PEER_ADVANTAGE, ">=", s.nbytes, "x"))
+            out.append(
+                Target(
+                    f"{peer}_vs_vyre",
+                    f"{label}: {name} / vyre_cuda dispatch",
+                    value,
+                    PEER_ADVANTAGE,
+                    ">=",
+                    s.nbytes,
+                    "x",
+                )
+            )
     return out
 
 
@@ -105,11 +155,24 @@ def _large(s) -> list:
     label = format_size(s.nbytes)
     limit = PAGEABLE_LIMITS.get(s.nbytes)
     return [
-        Target("vyre_vs_floor", f"{label}: vyre_cuda dispatch / floor (pinned staging)",
-               s.ratio("vyre.dispatch", "floor.pinned"), LARGE_VS_FLOOR, "<=", s.nbytes, "x"),
-        Target("vyre_vs_pageable", f"{label}: vyre_cuda dispatch / the driver's pageable path",
-               s.ratio("vyre.dispatch", "floor.pageable"), limit,
-               "report" if limit is None else "<=", s.nbytes, "x"),
+        Target(
+            "vyre_vs_floor",
+            f"{label}: vyre_cuda dispatch / floor (pinned staging)",
+            s.ratio("vyre.dispatch", "floor.pinned"),
+            LARGE_VS_FLOOR,
+            "<=",
+            s.nbytes,
+            "x",
+        ),
+        Target(
+            "vyre_vs_pageable",
+            f"{label}: vyre_cuda dispatch / the driver's pageable path",
+            s.ratio("vyre.dispatch", "floor.pageable"),
+            limit,
+            "report" if limit is None else "<=",
+            s.nbytes,
+            "x",
+        ),
     ]
 
 
@@ -118,14 +181,40 @@ def _bandwidth(s) -> list:
         return []
     label = format_size(s.nbytes)
     return [
-        Target("numpy_h2d_gbps", f"{label}: vyre_cuda numpy, H2D (inputs / upload stages)",
-               s.direction_gbps("h2d"), NUMPY_GBPS, ">=", s.nbytes, "GB/s"),
-        Target("numpy_d2h_gbps", f"{label}: vyre_cuda numpy, D2H (output / readback stages)",
-               s.direction_gbps("d2h"), NUMPY_GBPS, ">=", s.nbytes, "GB/s"),
-        Target("numpy_effective_gbps",
-               f"{label}: vyre_cuda numpy, effective ((in + out) / wall)",
-               s.gbps("vyre.dispatch"), None, "report", s.nbytes, "GB/s"),
-        Target("page_locked_gbps",
-               f"{label}: vyre_cuda page-locked, effective ((in + out) / wall)",
-               s.gbps("vyre.pinned"), PAGE_LOCKED_GBPS, ">=", s.nbytes, "GB/s"),
+        Target(
+            "numpy_h2d_gbps",
+            f"{label}: vyre_cuda numpy, H2D (inputs / upload stages)",
+            s.direction_gbps("h2d"),
+            NUMPY_GBPS,
+            ">=",
+            s.nbytes,
+            "GB/s",
+        ),
+        Target(
+            "numpy_d2h_gbps",
+            f"{label}: vyre_cuda numpy, D2H (output / readback stages)",
+            s.direction_gbps("d2h"),
+            NUMPY_GBPS,
+            ">=",
+            s.nbytes,
+            "GB/s",
+        ),
+        Target(
+            "numpy_effective_gbps",
+            f"{label}: vyre_cuda numpy, effective ((in + out) / wall)",
+            s.gbps("vyre.dispatch"),
+            None,
+            "report",
+            s.nbytes,
+            "GB/s",
+        ),
+        Target(
+            "page_locked_gbps",
+            f"{label}: vyre_cuda page-locked, effective ((in + out) / wall)",
+            s.gbps("vyre.pinned"),
+            PAGE_LOCKED_GBPS,
+            ">=",
+            s.nbytes,
+            "GB/s",
+        ),
     ]

@@ -6,6 +6,7 @@ the driver and the machine allow; vyre_cuda's gain is compared with it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -34,8 +35,7 @@ def _run_together(work, threads, name):
             errors.append(exc)
             barrier.abort()
 
-    pool = [threading.Thread(target=worker, args=(i,), name=f"{name}-{i}")
-            for i in range(threads)]
+    pool = [threading.Thread(target=worker, args=(i,), name=f"{name}-{i}") for i in range(threads)]
     for t in pool:
         t.start()
     for t in pool:
@@ -64,8 +64,10 @@ def floor_threaded(floor_module, kernel, n, threads, iterations, warmup=0, seed=
     try:
         for _ in range(threads):
             floors.append(floor_module.Floor(kernel, n))
-        data = [(rng.random(n, dtype=np.float32), rng.random(n, dtype=np.float32),
-                 np.zeros(n, dtype=np.float32)) for _ in range(threads)]
+        data = [
+            (rng.random(n, dtype=np.float32), rng.random(n, dtype=np.float32), np.zeros(n, dtype=np.float32))
+            for _ in range(threads)
+        ]
 
         def work(index, barrier):
             floor = floors[index]
@@ -79,10 +81,8 @@ def floor_threaded(floor_module, kernel, n, threads, iterations, warmup=0, seed=
         outputs_ok = all(np.array_equal(out, a + b) for a, b, out in data)
     except BaseException:
         for floor in floors:
-            try:
+            with contextlib.suppress(Exception):  # the first failure is the one reported
                 floor.close()
-            except Exception:  # noqa: BLE001, S110 (the first failure is the one reported)
-                pass
         raise
     for floor in floors:
         floor.close()
@@ -120,8 +120,9 @@ def _vyre_threaded(backend, program, inputs_per_thread, iterations, warmup):
     return throughput(threads * iterations, max(elapsed, 1))
 
 
-def measure_threads(backend, program, floor_module, kernel, nbytes, threads, iterations, warmup,
-                    repeats, rng, progress=None) -> ThreadScaling:
+def measure_threads(
+    backend, program, floor_module, kernel, nbytes, threads, iterations, warmup, repeats, rng, progress=None
+) -> ThreadScaling:
     """Dispatches per second from 1 and ``threads`` threads, floor and vyre_cuda alternating,
     ``repeats`` times; the medians."""
     n = nbytes // 4
@@ -142,13 +143,14 @@ def measure_threads(backend, program, floor_module, kernel, nbytes, threads, ite
             step += 1
             if progress:
                 progress(f"threads: floor x{count}", step / steps)
-            vyre[count].append(
-                _vyre_threaded(backend, program, per_thread[:count], iterations, warmup))
+            vyre[count].append(_vyre_threaded(backend, program, per_thread[:count], iterations, warmup))
             step += 1
             if progress:
                 progress(f"threads: vyre_cuda x{count}", step / steps)
     return ThreadScaling(
-        nbytes, threads, iterations,
+        nbytes,
+        threads,
+        iterations,
         vyre={k: median(v) for k, v in vyre.items()},
         floor={k: median(v) for k, v in floor.items()},
     )
