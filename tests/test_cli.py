@@ -133,6 +133,7 @@ def test_info_with_a_device(capsys, cache, monkeypatch):
     info = json.loads("\n".join(out))
     assert info["driver_ok"] is True and "fix" not in info and "error" not in info
     assert info["device"] == json.loads(json.dumps(caps.as_dict()))
+    assert "Fake H1 (sm_90, 3 GiB)" in info["devices"]
     rc, out, err = run(capsys, "info")
     assert rc == cli.EXIT_OK and err == []
     assert "device 0: Fake H1 (sm_90, PCI )" in out

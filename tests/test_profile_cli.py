@@ -336,3 +336,23 @@ def test_bench_dispatch_writes_json_and_compares_with_its_stored_result(fake_dev
     assert "baseline" not in json.loads(out.read_text())["meta"]
     assert set(bench.BENCHES) == {"small", "large", "bandwidth", "threads"}
     assert bench.main(["--out", str(out), "--sizes", "4KiB", "--baseline", str(tmp_path / "none.json")]) == 1
+
+
+def test_devices_option_parses_ordinals():
+    from vyre_cuda.profile.devices import format_device_scaling, parse_devices
+
+    assert parse_devices("0,1") == (0, 1) and parse_devices("3") == (3,)
+    for bad in ("", "0,0", "-1", "a,b"):
+        with pytest.raises(vyre_cuda.errors.ValidationError, match="--devices"):
+            parse_devices(bad)
+    row = dict(
+        devices=[0, 1],
+        bytes_per_buffer=64 << 20,
+        items=32,
+        passes=3,
+        scaling=1.9,
+        first_device=dict(seconds=0.4, dispatches_per_s=80.0, gbps=16.0),
+        all_devices=dict(seconds=0.21, dispatches_per_s=152.0, gbps=30.4),
+    )
+    text = format_device_scaling(row)
+    assert "scaling 1.90x" in text and "64 MiB per buffer" in text and "device 0 alone" in text

@@ -9,6 +9,12 @@ Every dispatch, blocking or not, is owned by ONE :class:`PendingDispatch` from t
 resources: success, driver error, timeout, Ctrl-C and a dropped handle all end in that object, which
 returns its stream, events, device slab and staging to the pools (or writes them off when the GPU
 cannot be proven done with them).
+
+Why one module of this size: the enqueue routine, the waits, the owner and the core's bookkeeping
+pass C structs and typed objects to each other in ``nogil`` code; split across modules they would
+need cross-module cdef calls on the hot path and one more indirection per call. What is not hot
+lives elsewhere: the transfer engine (_transfer), pools (_pools), the cold input/output checks
+(_io_checks.py) and every planning decision (planning/).
 """
 
 cimport cython

@@ -20,8 +20,8 @@ cdef class BlockPool:
     cdef void release(self, uintptr_t ptr, size_t block) noexcept
     cdef void forget(self, size_t block) noexcept
     cdef int _alloc(self, size_t block, uintptr_t* out) except -1
-    cdef void _free(self, uintptr_t ptr) noexcept nogil
-    cdef void _free_cached(self) noexcept
+    cdef cydriver.CUresult _free(self, uintptr_t ptr) noexcept nogil
+    cdef cydriver.CUresult _free_cached(self) noexcept
 
 
 cdef class DevicePool(BlockPool):

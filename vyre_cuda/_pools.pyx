@@ -92,28 +92,34 @@ cdef class BlockPool:
     cdef int _alloc(self, size_t block, uintptr_t* out) except -1:
         raise NotImplementedError
 
-    cdef void _free(self, uintptr_t ptr) noexcept nogil:
-        pass
+    cdef cydriver.CUresult _free(self, uintptr_t ptr) noexcept nogil:
+        return cydriver.CUDA_SUCCESS
 
-    cdef void _free_cached(self) noexcept:
+    cdef cydriver.CUresult _free_cached(self) noexcept:
+        """Free every cached block; the first failure is returned (the others are still tried)."""
         cdef uintptr_t ptr
         cdef size_t block
+        cdef cydriver.CUresult st, first = cydriver.CUDA_SUCCESS
         for entry in self.free_blocks:
             block = entry.first
             for ptr in entry.second:
                 with nogil:
-                    self._free(ptr)
+                    st = self._free(ptr)
+                if st != cydriver.CUDA_SUCCESS and first == cydriver.CUDA_SUCCESS:
+                    first = st
                 self.cached_bytes -= block
                 self.allocated_bytes -= block
         self.free_blocks.clear()
+        return first
 
     def trim(self):
-        """Free every cached block (the context is made current first)."""
+        """Free every cached block (the pool's context is made current first); a failed free
+        raises the driver's error after every block was tried."""
         if self.free_blocks.empty():
             return
         with nogil:
             bind_context(self.ctx)
-        self._free_cached()
+        check_cu(self._free_cached(), b"trim (free a cached block)")
 
     def close(self):
         self.trim()
@@ -203,8 +209,8 @@ cdef class DevicePool(BlockPool):
         out[0] = <uintptr_t>ptr
         return 0
 
-    cdef void _free(self, uintptr_t ptr) noexcept nogil:
-        cydriver.cuMemFree(<cydriver.CUdeviceptr>ptr)
+    cdef cydriver.CUresult _free(self, uintptr_t ptr) noexcept nogil:
+        return cydriver.cuMemFree(<cydriver.CUdeviceptr>ptr)
 
     cdef int acquire_async(self, size_t nbytes, cydriver.CUstream stream, cydriver.CUdeviceptr* out) except -1:
         """A stream-ordered slab of exactly ``nbytes``, usable in ``stream`` order."""
@@ -293,7 +299,7 @@ cdef class DevicePool(BlockPool):
             return
         with nogil:
             bind_context(self.ctx)
-        self._free_cached()
+        check_cu(self._free_cached(), b"trim (free a cached block)")
         if self.mempool != NULL:
             with nogil:
                 check_cu(cydriver.cuMemPoolTrimTo(self.mempool, 0), b"cuMemPoolTrimTo")
@@ -345,8 +351,8 @@ cdef class PinnedPool(BlockPool):
         out[0] = <uintptr_t>ptr
         return 0
 
-    cdef void _free(self, uintptr_t ptr) noexcept nogil:
-        cydriver.cuMemFreeHost(<void*>ptr)
+    cdef cydriver.CUresult _free(self, uintptr_t ptr) noexcept nogil:
+        return cydriver.cuMemFreeHost(<void*>ptr)
 
 
 cdef class HostPool(BlockPool):
@@ -369,8 +375,9 @@ cdef class HostPool(BlockPool):
         out[0] = <uintptr_t>ptr
         return 0
 
-    cdef void _free(self, uintptr_t ptr) noexcept nogil:
+    cdef cydriver.CUresult _free(self, uintptr_t ptr) noexcept nogil:
         free(<void*>ptr)
+        return cydriver.CUDA_SUCCESS
 
 
 cdef class LentBlock:

@@ -61,6 +61,7 @@ def _probe(device: int):
         info["fix"] = exc.fix
         return info, None, _exit_code(exc)
     info["device"] = caps.as_dict()
+    info["devices"] = _device_list(caps)
     return info, caps, EXIT_OK
 
 
@@ -90,7 +91,23 @@ def _cmd_info(args) -> int:
     print(f"  cooperative launch      {caps.cooperative_launch}")
     caps_list = [r for r in ("f16", "bf16", "subgroup", "trap", "cooperative") if caps.supports(r)]
     print(f"  capabilities            {', '.join(caps_list)}")
+    print(f"visible devices: {info['devices']}")
     return EXIT_OK
+
+
+def _device_list(caps) -> str:
+    """One entry per visible device: ordinal, name, compute capability, memory (the probed device
+    alone when the others cannot be asked)."""
+    from . import _driver
+
+    def entry(k, name, cc, total):
+        return f"{k} {name} (sm_{cc[0]}{cc[1]}, {total / 2**30:.0f} GiB)"
+
+    try:
+        described = [_driver.device_caps(k) for k in range(_driver.device_count())]
+    except (BackendError, RuntimeError):
+        return entry(caps.ordinal, caps.name, caps.cc, caps.total_memory)
+    return "; ".join(entry(k, c["name"], c["cc"], c["total_memory"]) for k, c in enumerate(described))
 
 
 def selftest_cases(rng):

@@ -4,6 +4,10 @@ A blocking dispatch releases the GIL for its whole duration, so one Python threa
 every GPU busy. The threads are created once, with the group, and pull work items from one shared
 queue: a device that finishes early takes the next item (work stealing), and a device that is lost
 stops pulling, so the items it has not started go to the others.
+
+Why one module of this size: the queue, the per-device threads, the job records they complete and
+the error annotation share one lock and one state object; the pure split planning (plan_split) is
+the part that could stand alone, and is kept here beside dispatch_split, its only user.
 """
 
 from __future__ import annotations

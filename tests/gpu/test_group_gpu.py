@@ -205,6 +205,7 @@ print("VYRE_RESULT " + json.dumps(res), flush=True)
 '''
 
 
+@pytest.mark.faults
 def test_a_fault_on_one_device_fails_its_item_and_the_others_finish(run_python):
     proc = run_python(["-c", FAULT_SCRIPT], timeout=300)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("VYRE_RESULT ")]

@@ -343,3 +343,15 @@ def test_profile_cli_on_a_user_kernel(tmp_path, capsys):
     assert size["systems"]["ceiling.dma_h2d"]["median_ns"] > 0
     assert data["targets"] == []
     assert "4 KiB per buffer" in capsys.readouterr().out
+
+
+def test_device_scaling_row_on_the_visible_devices():
+    from vyre_cuda import _driver
+    from vyre_cuda.profile.devices import measure_device_scaling
+
+    devices = tuple(range(min(2, _driver.device_count())))
+    row = measure_device_scaling(devices, nbytes=4 << 20, items=8, passes=2)
+    assert row["devices"] == list(devices) and row["items"] == 8
+    for key in ("first_device", "all_devices"):
+        assert row[key]["seconds"] > 0 and row[key]["gbps"] > 0
+    assert row["scaling"] > 0.5  # one device: about 1; two: up to about 2

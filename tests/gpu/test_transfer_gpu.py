@@ -396,6 +396,7 @@ print(json.dumps({"ok": ok, "started": started, "error": err, "after_close": min
 """
 
 
+@pytest.mark.faults
 def test_copy_threads_joined_after_a_fault(run_python):
     proc = run_python(["-c", _FAULT_JOIN], timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -422,6 +423,7 @@ VYRE_KERNEL vyre_main(const float* a, float* out, const vyre_u32* p) {
 )
 
 
+@pytest.mark.faults  # spins for seconds on purpose
 @pytest.mark.parametrize("entry", ["dispatch", "result"])
 def test_ctrl_c_while_waiting_leaves_the_work_owned(fresh_backend, rng, entry):
     a = rng.standard_normal(1024).astype(np.float32)
@@ -449,6 +451,7 @@ def test_ctrl_c_while_waiting_leaves_the_work_owned(fresh_backend, rng, entry):
     np.testing.assert_array_equal(out, a + a)
 
 
+@pytest.mark.faults  # spins past its timeout on purpose
 def test_timeout_on_the_ring_path_keeps_the_work_owned(small_ring, rng):
     n = 3 * MIB // 4
     a = rng.standard_normal(n).astype(np.float32)

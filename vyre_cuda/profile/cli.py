@@ -57,6 +57,15 @@ def sizes_arg(text):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def devices_arg(text):
+    from .devices import parse_devices
+
+    try:
+        return parse_devices(text)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
 def size_arg(text):
     """argparse type: one size in bytes (``8MiB``)."""
     try:
@@ -87,6 +96,14 @@ _BACKEND_OPTIONS = ("staging_chunk_bytes", "staging_chunks", "copy_threads")
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``vyre-cuda profile`` options to ``parser``."""
+    parser.add_argument(
+        "--devices",
+        type=devices_arg,
+        default=None,
+        metavar="LIST",
+        help="also measure multi-GPU scaling: DeviceGroup.map over these device ordinals (e.g. 0,1) "
+        "against the first of them alone",
+    )
     parser.add_argument(
         "--sizes",
         type=sizes_arg,
@@ -207,10 +224,18 @@ def main(args) -> int:
             )
         finally:
             progress.done()
+        if getattr(args, "devices", None):
+            from .devices import measure_device_scaling
+
+            report.meta["device_scaling"] = measure_device_scaling(args.devices)
         if args.json == "-":
             sys.stdout.write(report.to_json() + "\n")
         else:
             sys.stdout.write(report.format_table())
+            if "device_scaling" in report.meta:
+                from .devices import format_device_scaling
+
+                sys.stdout.write(format_device_scaling(report.meta["device_scaling"]))
             if args.json is not None:
                 pathlib.Path(args.json).write_text(report.to_json() + "\n")
                 print(f"JSON written to {args.json}", file=sys.stderr)
