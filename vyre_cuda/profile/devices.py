@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ def measure_device_scaling(devices, nbytes: int = 64 << 20, items: int = 32, pas
     n = max(1, nbytes // 4)
     batches = [[rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)] for _ in range(4)]
     work = [batches[k % len(batches)] for k in range(items)]
-    result = dict(devices=list(devices), bytes_per_buffer=n * 4, items=items, passes=passes)
+    result: dict[str, Any] = dict(devices=list(devices), bytes_per_buffer=n * 4, items=items, passes=passes)
     for label, group_devices in (("first_device", devices[:1]), ("all_devices", devices)):
         with DeviceGroup(list(group_devices)) as group:
             outs = group.map(program, work[: len(batches)])  # warm-up: plans, pools, the ring
