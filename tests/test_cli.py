@@ -75,6 +75,11 @@ def fake_device(monkeypatch, caps=None, error=None):
 
     monkeypatch.setattr(backend, "driver_status", lambda: (True, "1 device(s), driver CUDA 13.0"))
     monkeypatch.setattr(backend, "CudaBackend", FakeBackend)
+    if caps is not None:  # the device list asks the driver module directly
+        from vyre_cuda import _driver
+
+        monkeypatch.setattr(_driver, "device_count", lambda: 1)
+        monkeypatch.setattr(_driver, "device_caps", lambda ordinal: caps.as_dict())
 
 
 def test_exit_codes_are_distinct_and_documented(capsys):

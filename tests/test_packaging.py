@@ -29,7 +29,8 @@ def source_files() -> set[str]:
     """Every file of the source tree a build or a test run needs, relative to the root."""
     try:
         listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-        files = set(listed.split())
+        # only what is really there: a copy of a tree may carry a git index older than its files
+        files = {f for f in listed.split() if (ROOT / f).is_file()}
     except (OSError, subprocess.CalledProcessError):  # an unpacked sdist: no git
         files = {p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*") if p.is_file()}
     package = {

@@ -64,6 +64,17 @@ class CopyPool {
 
     // Copy every task; returns how many threads took part (1 = inline).
     int run(const CopyTask* tasks, size_t n_tasks) {
+        int participants = start(tasks, n_tasks);
+        finish(participants);
+        return participants;
+    }
+
+    // Publish a copy job and return at once, so the caller can issue driver calls while the
+    // workers copy; finish() then takes part in what is left and waits. Returns how many threads
+    // take part: 1 means the job already ran inline (too small to split, or another thread's job
+    // holds the pool) and finish(1) does nothing. Between start and finish the caller must not
+    // start another job.
+    int start(const CopyTask* tasks, size_t n_tasks) {
         size_t total = 0;
         for (size_t i = 0; i < n_tasks; ++i) total += tasks[i].n;
         size_t want = threads_ ? total / min_split_ : 0;
@@ -71,15 +82,15 @@ class CopyPool {
             for (size_t i = 0; i < n_tasks; ++i) run_task(tasks[i]);
             return 1;
         }
-        std::lock_guard<std::mutex> hold(job_mutex_, std::adopt_lock);
         if (!ensure_started()) {
+            job_mutex_.unlock();
             for (size_t i = 0; i < n_tasks; ++i) run_task(tasks[i]);
             return 1;
         }
         size_t participants = want < static_cast<size_t>(threads_) + 1 ? want : threads_ + 1;
         // several pieces per participant so a slow thread does not hold the job up
         size_t piece = total / (participants * 4);
-        if (piece < (64u << 10)) piece = 64u << 10;
+        if (piece < (32u << 10)) piece = 32u << 10;
         piece = (piece + 4095) & ~static_cast<size_t>(4095);
         pieces_.clear();
         for (size_t i = 0; i < n_tasks; ++i) {
@@ -99,13 +110,18 @@ class CopyPool {
             generation_.fetch_add(1, std::memory_order_seq_cst);
         }
         wake_.notify_all();
+        return static_cast<int>(participants);  // >= 2: want >= 2
+    }
+
+    void finish(int started) {
+        if (started <= 1) return;
         work(&job_);
         while (job_.done.load(std::memory_order_acquire) < job_.count) cpu_relax();
         // a worker that woke late may still hold &job_: wait until none does
         current_.store(nullptr, std::memory_order_seq_cst);
         while (active_.load(std::memory_order_seq_cst) != 0) cpu_relax();
         parallel_jobs_.fetch_add(1, std::memory_order_relaxed);
-        return static_cast<int>(participants);
+        job_mutex_.unlock();
     }
 
     // Wake sleeping workers ahead of a job that follows within microseconds (a dispatch about

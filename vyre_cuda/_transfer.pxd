@@ -14,6 +14,8 @@ cdef extern from "_transfer.hpp" namespace "vyre" nogil:
         int live_threads()
         unsigned long long parallel_jobs()
         int run(const CopyTask* tasks, size_t n_tasks)
+        int start(const CopyTask* tasks, size_t n_tasks)
+        void finish(int started)
         void wake()
         void stop()
 
@@ -82,6 +84,14 @@ cdef class TransferEngine:
                                   const char* direct, const char* params,
                                   unsigned long long* copy_ns, unsigned long long* ops,
                                   const char** call) noexcept nogil
+    cdef cydriver.CUresult _claim(self, int k, vector[CopyTask]& tasks, const char** call) noexcept nogil
+    cdef cydriver.CUresult _send(self, int k, vector[Piece]& pieces, cydriver.CUdeviceptr slab,
+                                 cydriver.CUstream s, unsigned long long* ops, const char** call) noexcept nogil
+    cdef cydriver.CUresult _queue_readback(self, Cursor* cur, const Piece* pieces, size_t n_pieces,
+                                           const char* direct, size_t window, bint may_block,
+                                           cydriver.CUstream s, cydriver.CUdeviceptr slab,
+                                           int* held_slot, vector[CopyTask]* held_tasks, int head,
+                                           int* nheld, unsigned long long* ops, const char** call) noexcept nogil
     cdef cydriver.CUresult readback(self, cydriver.CUstream s, cydriver.CUdeviceptr slab,
                                     const Piece* pieces, size_t n_pieces, const char* direct,
                                     unsigned long long* ops, const char** call) noexcept nogil

@@ -82,7 +82,7 @@ def is_page_locked_address(uintptr_t address, size_t nbytes):
 
 
 # below this a window's driver calls cost more than its overlap buys
-cdef size_t _min_window = 1 << 20
+cdef size_t _min_window = 512 << 10
 
 
 def _set_min_window(size_t nbytes):
@@ -92,9 +92,9 @@ def _set_min_window(size_t nbytes):
 
 
 cdef size_t window_bytes(size_t total, size_t chunk) noexcept nogil:
-    """The window a transfer of ``total`` staged bytes is cut into: about a quarter of it, so even
-    a 4 MiB buffer overlaps copy and DMA, between MIN_WINDOW and the ring's chunk."""
-    cdef size_t w = total // 4
+    """The window a transfer of ``total`` staged bytes is cut into: about an eighth of it, so even
+    a 4 MiB buffer overlaps copy and DMA with a short tail, between 512 KiB and the ring's chunk."""
+    cdef size_t w = total // 8
     if w < _min_window:
         w = _min_window
     w = (w + WINDOW_ALIGN - 1) & ~(<size_t>WINDOW_ALIGN - 1)
@@ -260,7 +260,7 @@ cdef class TransferEngine:
     transfer; ``close()`` joins the threads and frees the ring."""
 
     def __init__(self, uintptr_t ctx, size_t chunk_bytes=8 << 20, int n_chunks=4, int copy_threads=8,
-                 size_t min_split=256 << 10):
+                 size_t min_split=64 << 10):
         self.ctx = <cydriver.CUcontext>ctx
         self.chunk_bytes = chunk_bytes
         self.n_chunks = n_chunks
@@ -310,15 +310,16 @@ cdef class TransferEngine:
                                   unsigned long long* copy_ns, unsigned long long* ops,
                                   const char** call) noexcept nogil:
         """Send the upload region to ``slab`` on stream ``s``: direct inputs straight from the
-        caller's page-locked memory, everything else through the ring. Returns the first failure."""
-        cdef cydriver.CUresult st, rec
+        caller's page-locked memory, everything else through the ring. While the copy threads
+        fill window k+1, this thread enqueues the DMA of window k. Returns the first failure."""
+        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
         cdef size_t i, staged = 0, window
         cdef const Source* src
-        cdef vector[CopyTask] tasks
-        cdef vector[Piece] pieces
+        cdef vector[CopyTask] tasks[2]
+        cdef vector[Piece] pieces[2]
         cdef Cursor cur
-        cdef int k
-        cdef char* slot
+        cdef int k, k_next, started, idx = 0, nxt
+        cdef bint more
         cdef unsigned long long t0
         for i in range(n_sources):
             src = &sources[i]
@@ -334,56 +335,140 @@ cdef class TransferEngine:
                 staged += src.n
         window = window_bytes(staged, self.chunk_bytes)
         cur.i = cur.pos = 0
-        while next_upload_window(&cur, sources, n_sources, direct, window, input_ptrs, params,
-                                 pieces, tasks):
-            k = self.slots.acquire()
-            # the slot's previous DMA (any dispatch's) must be done before the host overwrites it
-            call[0] = b"cuEventSynchronize"
-            st = cydriver.cuEventSynchronize(self.events[k])
-            if st != cydriver.CUDA_SUCCESS:
-                self.slots.release(k)
-                return st
-            slot = self.ring + <size_t>k * self.chunk_bytes
-            for i in range(tasks.size()):
-                tasks[i].dst = slot + <size_t>tasks[i].dst
-            t0 = now_ns()
-            self.pool.run(tasks.data(), tasks.size())
+        if not next_upload_window(&cur, sources, n_sources, direct, window, input_ptrs, params,
+                                  pieces[0], tasks[0]):
+            return cydriver.CUDA_SUCCESS
+        k = self.slots.acquire()
+        st = self._claim(k, tasks[0], call)
+        if st != cydriver.CUDA_SUCCESS:
+            self.slots.release(k)
+            return st
+        t0 = now_ns()
+        started = self.pool.start(tasks[0].data(), tasks[0].size())
+        while True:
+            nxt = 1 - idx
+            # prepare the next window while the threads copy this one
+            more = next_upload_window(&cur, sources, n_sources, direct, window, input_ptrs, params,
+                                      pieces[nxt], tasks[nxt])
+            k_next = self.slots.try_acquire() if more else -1  # never block while holding a slot
+            if k_next >= 0:
+                st = self._claim(k_next, tasks[nxt], call)
+            self.pool.finish(started)
             copy_ns[0] += now_ns() - t0
-            st = cydriver.CUDA_SUCCESS
-            for i in range(pieces.size()):
-                call[0] = b"cuMemcpyHtoDAsync"
-                st = cydriver.cuMemcpyHtoDAsync(slab + pieces[i].dev_offset, slot + <size_t>pieces[i].host,
-                                                pieces[i].n, s)
+            if k_next >= 0 and st == cydriver.CUDA_SUCCESS:
+                t0 = now_ns()
+                started = self.pool.start(tasks[nxt].data(), tasks[nxt].size())
+            else:
+                started = 1
+            if st == cydriver.CUDA_SUCCESS:
+                st = self._send(k, pieces[idx], slab, s, ops, call)
+            else:
+                self._send(k, pieces[idx], slab, s, ops, call)  # (the slot's event is recorded)
+            self.slots.release(k)
+            if st != cydriver.CUDA_SUCCESS or not more:
+                self.pool.finish(started)
+                if k_next >= 0:
+                    self.slots.release(k_next)
+                return st
+            if k_next < 0:
+                k_next = self.slots.acquire()  # this thread holds no slot now
+                st = self._claim(k_next, tasks[nxt], call)
+                if st != cydriver.CUDA_SUCCESS:
+                    self.slots.release(k_next)
+                    return st
+                t0 = now_ns()
+                started = self.pool.start(tasks[nxt].data(), tasks[nxt].size())
+            k = k_next
+            idx = nxt
+
+    cdef cydriver.CUresult _claim(self, int k, vector[CopyTask]& tasks, const char** call) noexcept nogil:
+        """Make slot ``k`` writable by the host (its previous DMA, any dispatch's, is done) and
+        point ``tasks`` (slot offsets) at it."""
+        cdef size_t i
+        cdef char* slot = self.ring + <size_t>k * self.chunk_bytes
+        call[0] = b"cuEventSynchronize"
+        cdef cydriver.CUresult st = cydriver.cuEventSynchronize(self.events[k])
+        for i in range(tasks.size()):
+            tasks[i].dst = slot + <size_t>tasks[i].dst
+        return st
+
+    cdef cydriver.CUresult _send(self, int k, vector[Piece]& pieces, cydriver.CUdeviceptr slab,
+                                 cydriver.CUstream s, unsigned long long* ops, const char** call) noexcept nogil:
+        """Enqueue the DMA of slot ``k``'s pieces and record the slot's event after it."""
+        cdef size_t i
+        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS, rec
+        cdef char* slot = self.ring + <size_t>k * self.chunk_bytes
+        for i in range(pieces.size()):
+            call[0] = b"cuMemcpyHtoDAsync"
+            st = cydriver.cuMemcpyHtoDAsync(slab + pieces[i].dev_offset, slot + <size_t>pieces[i].host,
+                                            pieces[i].n, s)
+            if st != cydriver.CUDA_SUCCESS:
+                break
+        # record even after a failed enqueue: the next holder must not overwrite a slot that a
+        # queued DMA may still read
+        rec = cydriver.cuEventRecord(self.events[k], s)
+        if rec != cydriver.CUDA_SUCCESS and st == cydriver.CUDA_SUCCESS:
+            call[0] = b"cuEventRecord"
+            st = rec
+        ops[0] += pieces.size()
+        ops[1] += 1
+        return st
+
+    cdef cydriver.CUresult _queue_readback(self, Cursor* cur, const Piece* pieces, size_t n_pieces,
+                                           const char* direct, size_t window, bint may_block,
+                                           cydriver.CUstream s, cydriver.CUdeviceptr slab,
+                                           int* held_slot, vector[CopyTask]* held_tasks, int head,
+                                           int* nheld, unsigned long long* ops, const char** call) noexcept nogil:
+        """Queue readback windows (D2H into ring slots) until READBACK_DEPTH are held or nothing
+        is left; blocks for a slot only when ``may_block`` and none is held."""
+        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS, rec
+        cdef vector[Piece] dmas
+        cdef int k, index
+        cdef size_t i
+        cdef char* slot
+        while nheld[0] < READBACK_DEPTH and _more(cur, pieces, n_pieces, direct):
+            k = self.slots.acquire() if (may_block and nheld[0] == 0) else self.slots.try_acquire()
+            if k < 0:
+                break
+            index = (head + nheld[0]) % READBACK_DEPTH
+            next_readback_window(cur, pieces, n_pieces, direct, window, dmas, held_tasks[index])
+            held_slot[index] = k
+            nheld[0] += 1
+            slot = self.ring + <size_t>k * self.chunk_bytes
+            # the GPU writes this slot: order after its previous DMA on the GPU, not the host
+            call[0] = b"cuStreamWaitEvent"
+            st = cydriver.cuStreamWaitEvent(s, self.events[k], 0)
+            for i in range(dmas.size()):
                 if st != cydriver.CUDA_SUCCESS:
                     break
-            # record even after a failed enqueue: the next holder must not overwrite a slot that a
-            # queued DMA may still read
+                call[0] = b"cuMemcpyDtoHAsync"
+                st = cydriver.cuMemcpyDtoHAsync(slot + <size_t>dmas[i].host, slab + dmas[i].dev_offset,
+                                                dmas[i].n, s)
+                ops[0] += 1
+            for i in range(held_tasks[index].size()):
+                held_tasks[index][i].src = slot + <size_t>held_tasks[index][i].src
             rec = cydriver.cuEventRecord(self.events[k], s)
             if rec != cydriver.CUDA_SUCCESS and st == cydriver.CUDA_SUCCESS:
                 call[0] = b"cuEventRecord"
                 st = rec
-            self.slots.release(k)
-            ops[0] += pieces.size()
             ops[1] += 1
             if st != cydriver.CUDA_SUCCESS:
-                return st
-        return cydriver.CUDA_SUCCESS
+                break
+        return st
 
     cdef cydriver.CUresult readback(self, cydriver.CUstream s, cydriver.CUdeviceptr slab,
                                     const Piece* pieces, size_t n_pieces, const char* direct,
                                     unsigned long long* ops, const char** call) noexcept nogil:
         """Bring ``pieces`` of ``slab`` to host memory once the work queued on ``s`` is done: direct
-        pieces DMA straight into page-locked memory, the rest through the ring, copy-out of window
-        k overlapping the DMA of the windows after it. Returns when every byte has landed."""
+        pieces DMA straight into page-locked memory, the rest through the ring; while the threads
+        copy window k out, this thread queues the DMA of the windows after it. Returns when every
+        byte has landed."""
         cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
-        cdef cydriver.CUresult rec
         cdef size_t i, staged = 0, window
         cdef bint any_direct = False
         cdef int held_slot[READBACK_DEPTH]
         cdef vector[CopyTask] held_tasks[READBACK_DEPTH]
-        cdef vector[Piece] dmas
-        cdef int head = 0, nheld = 0, index, k
-        cdef char* slot
+        cdef int head = 0, nheld = 0, k, started
         cdef Cursor cur
         for i in range(n_pieces):
             if direct != NULL and direct[i]:
@@ -400,41 +485,21 @@ cdef class TransferEngine:
         window = window_bytes(staged, self.chunk_bytes)
         cur.i = cur.pos = 0
         while True:
-            # keep up to READBACK_DEPTH windows in flight; block for a slot only when holding none
-            while nheld < READBACK_DEPTH and st == cydriver.CUDA_SUCCESS and _more(&cur, pieces, n_pieces, direct):
-                k = self.slots.acquire() if nheld == 0 else self.slots.try_acquire()
-                if k < 0:
-                    break
-                index = (head + nheld) % READBACK_DEPTH
-                next_readback_window(&cur, pieces, n_pieces, direct, window, dmas, held_tasks[index])
-                held_slot[index] = k
-                nheld += 1
-                slot = self.ring + <size_t>k * self.chunk_bytes
-                # the GPU writes this slot: order after its previous DMA on the GPU, not the host
-                call[0] = b"cuStreamWaitEvent"
-                st = cydriver.cuStreamWaitEvent(s, self.events[k], 0)
-                for i in range(dmas.size()):
-                    if st != cydriver.CUDA_SUCCESS:
-                        break
-                    call[0] = b"cuMemcpyDtoHAsync"
-                    st = cydriver.cuMemcpyDtoHAsync(slot + <size_t>dmas[i].host, slab + dmas[i].dev_offset,
-                                                    dmas[i].n, s)
-                    ops[0] += 1
-                for i in range(held_tasks[index].size()):
-                    held_tasks[index][i].src = slot + <size_t>held_tasks[index][i].src
-                rec = cydriver.cuEventRecord(self.events[k], s)
-                if rec != cydriver.CUDA_SUCCESS and st == cydriver.CUDA_SUCCESS:
-                    call[0] = b"cuEventRecord"
-                    st = rec
-                ops[1] += 1
+            if st == cydriver.CUDA_SUCCESS:
+                st = self._queue_readback(&cur, pieces, n_pieces, direct, window, True, s, slab,
+                                          held_slot, held_tasks, head, &nheld, ops, call)
             if nheld == 0:
                 break
             k = held_slot[head]
             if st == cydriver.CUDA_SUCCESS:
                 call[0] = b"cuEventSynchronize"
                 st = cydriver.cuEventSynchronize(self.events[k])
-                if st == cydriver.CUDA_SUCCESS:
-                    self.pool.run(held_tasks[head].data(), held_tasks[head].size())
+            if st == cydriver.CUDA_SUCCESS:
+                started = self.pool.start(held_tasks[head].data(), held_tasks[head].size())
+                # keep the DMA engine busy with the next windows while this one is copied out
+                st = self._queue_readback(&cur, pieces, n_pieces, direct, window, False, s, slab,
+                                          held_slot, held_tasks, head, &nheld, ops, call)
+                self.pool.finish(started)
             else:
                 # a failure: drain what is queued (best effort) before the slot goes back
                 cydriver.cuEventSynchronize(self.events[k])
