@@ -77,7 +77,6 @@ cdef class TransferEngine:
     cdef public bint closed
 
     cdef int ensure_ring(self) except -1
-    cdef void copy(self, CopyTask* tasks, size_t n) noexcept nogil
     cdef void wake(self) noexcept nogil
     cdef cydriver.CUresult upload(self, cydriver.CUstream s, cydriver.CUdeviceptr slab,
                                   const Source* sources, size_t n_sources, const char** input_ptrs,

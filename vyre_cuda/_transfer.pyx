@@ -298,9 +298,6 @@ cdef class TransferEngine:
         self.ring_bytes = nbytes
         return 0
 
-    cdef void copy(self, CopyTask* tasks, size_t n) noexcept nogil:
-        self.pool.run(tasks, n)
-
     cdef void wake(self) noexcept nogil:
         self.pool.wake()
 
