@@ -20,6 +20,8 @@ import numpy as np
 import vyre_cuda as vc
 from vyre_cuda import builtin_programs as bp
 nbytes, iters = int(sys.argv[1]), int(sys.argv[2])
+if os.environ.get("VYRE_BENCH_CPU"):
+    os.sched_setaffinity(0, {int(os.environ["VYRE_BENCH_CPU"])})
 n = nbytes // 4
 rng = np.random.default_rng(1)
 a = rng.standard_normal(n).astype(np.float32); b = rng.standard_normal(n).astype(np.float32)
@@ -41,8 +43,10 @@ print(json.dumps({"median_ns": times[len(times) // 2], "p10_ns": times[len(times
 """
 
 
-def run(root: pathlib.Path, nbytes: int, iters: int, wait_mode=None) -> dict:
+def run(root: pathlib.Path, nbytes: int, iters: int, wait_mode=None, cpu=None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(root))
+    if cpu is not None:
+        env["VYRE_BENCH_CPU"] = str(cpu)
     if wait_mode is not None:
         env["VYRE_CUDA_WAIT_MODE"] = str(wait_mode)
     out = subprocess.run(
@@ -65,6 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out")
+    ap.add_argument("--cpu", type=int, default=None, help="pin every child to this CPU (same core for both builds)")
     ap.add_argument("--wait-modes", default="", help="also time this tree with these wait modes (e.g. 1,2)")
     args = ap.parse_args(argv)
     here = pathlib.Path(__file__).resolve().parents[1]
@@ -73,18 +78,27 @@ def main(argv=None) -> int:
         mine, other = [], []
         modes = [int(x) for x in args.wait_modes.split(",") if x]
         variants = {m: [] for m in modes}
-        for _ in range(args.rounds):
-            mine.append(run(here, nbytes, args.iterations)["median_ns"])
-            other.append(run(args.other.resolve(), nbytes, args.iterations)["median_ns"])
+        for r in range(args.rounds):
+            # alternate which build goes first, so neither always runs on a warmer machine
+            first_mine = r % 2 == 0
+            if first_mine:
+                mine.append(run(here, nbytes, args.iterations, cpu=args.cpu)["median_ns"])
+            other.append(run(args.other.resolve(), nbytes, args.iterations, cpu=args.cpu)["median_ns"])
+            if not first_mine:
+                mine.append(run(here, nbytes, args.iterations, cpu=args.cpu)["median_ns"])
             for mode in modes:
-                variants[mode].append(run(here, nbytes, args.iterations, mode)["median_ns"])
+                variants[mode].append(run(here, nbytes, args.iterations, mode, cpu=args.cpu)["median_ns"])
         m, o = statistics.median(mine), statistics.median(other)
-        report[nbytes] = dict(this_ns=mine, other_ns=other, ratio=m / o, wait_modes=dict(variants))
+        paired = statistics.median(a / b for a, b in zip(mine, other))
+        report[nbytes] = dict(
+            this_ns=mine, other_ns=other, ratio=m / o, paired_ratio=paired, cpu=args.cpu, wait_modes=dict(variants)
+        )
         for mode, values in variants.items():
             v = statistics.median(values)
             print(f"{nbytes:>9} B per buffer: wait mode {mode}: {v / 1e3:7.2f} us, ratio to other {v / o:.3f}")
         print(
-            f"{nbytes:>9} B per buffer: this {m / 1e3:7.2f} us, other {o / 1e3:7.2f} us, ratio {m / o:.3f} "
+            f"{nbytes:>9} B per buffer: this {m / 1e3:7.2f} us, other {o / 1e3:7.2f} us, ratio {m / o:.3f}, "
+            f"median of paired rounds {paired:.3f}, cpu {args.cpu} "
             f"(rounds this {[round(x / 1e3, 2) for x in mine]}, other {[round(x / 1e3, 2) for x in other]})"
         )
     if args.out:

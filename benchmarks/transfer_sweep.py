@@ -263,18 +263,94 @@ def window_sweep(report):
             rows.append(row)
             print("window", {k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()})
     finally:
-        _transfer._set_min_window(1 << 20)
+        _transfer._set_min_window(512 << 10)
         keep.close()
     report["windows"] = rows
+
+
+def streaming_sweep(report, sizes=(4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)):
+    """Staging copies with plain memcpy or non-temporal stores, copy threads and the readback
+    window, against the driver's pageable path measured before and after each size."""
+    from vyre_cuda import _dispatch, _transfer
+
+    prog = bp.vecadd_f32()
+    rng = np.random.default_rng(11)
+    rows = []
+    stages = list(_dispatch.STAGES)
+    keep = vc.CudaBackend(0)
+    try:
+        for nbytes in sizes:
+            n = nbytes // 4
+            a = rng.standard_normal(n).astype(np.float32)
+            b = rng.standard_normal(n).astype(np.float32)
+            out = np.empty_like(a)
+            ref = a + b
+            reps = 200 if nbytes <= 4 * MIB else (40 if nbytes <= 64 * MIB else 10)
+            floor0 = pageable_floor(a, b, out)
+            configs = []
+            for threads in (8, 15):
+                for up, rb in ((0, 0), (1, 0), (0, 1), (1, 1)):
+                    for rbw in (512 << 10, 1 << 20) if nbytes <= 16 * MIB else (512 << 10,):
+                        configs.append((threads, up, rb, rbw))
+            for threads, up, rb, rbw in configs:
+                _transfer._set_min_window(512 << 10, rbw)
+                with vc.CudaBackend(0, copy_threads=threads) as g:
+                    g._core.xfer.stream_upload_max = (1 << 40) if up else 0
+                    g._core.xfer.stream_readback_max = (1 << 40) if rb else 0
+                    (res,) = g.dispatch(prog, [a, b])
+                    assert np.array_equal(res, ref)
+                    t = median_time(lambda: g.dispatch(prog, [a, b]), reps)
+                    t_into = median_time(lambda: g.dispatch_into(prog, [a, b], [out]), reps)
+                    assert np.array_equal(out, ref)
+                    per = [g._dispatch_profiled(prog, [a, b])[1] for _ in range(min(reps, 50))]
+                    st_med = {name: statistics.median(p[k] for p in per) / 1e3 for k, name in enumerate(stages)}
+                rows.append(
+                    dict(
+                        bytes=nbytes,
+                        threads=threads,
+                        stream_upload=up,
+                        stream_readback=rb,
+                        min_readback_window=rbw,
+                        dispatch_us=t * 1e6,
+                        dispatch_into_us=t_into * 1e6,
+                        stages_us=st_med,
+                    )
+                )
+                print(
+                    f"{nbytes >> 20:>4} MiB thr {threads:>2} nt_up {up} nt_rb {rb} rbw {rbw >> 10:>5}K: "
+                    f"dispatch {t * 1e6:9.1f} us into {t_into * 1e6:9.1f} us | copy-in "
+                    f"{st_med['staging_memcpy']:7.1f} wait {st_med['wait']:6.1f} copy-out {st_med['copy_out']:7.1f}"
+                )
+            floor1 = pageable_floor(a, b, out)
+            floor = statistics.median([floor0, floor1])
+            for row in rows:
+                if row["bytes"] == nbytes:
+                    row["pageable_floor_us"] = floor * 1e6
+                    row["ratio_to_pageable"] = row["dispatch_us"] / (floor * 1e6)
+            best = min((r for r in rows if r["bytes"] == nbytes), key=lambda r: r["dispatch_us"])
+            print(
+                f"{nbytes >> 20:>4} MiB driver pageable {floor0 * 1e6:.1f} / {floor1 * 1e6:.1f} us; best "
+                f"{best['dispatch_us']:.1f} us = {best['ratio_to_pageable']:.3f}x (thr {best['threads']} "
+                f"nt_up {best['stream_upload']} nt_rb {best['stream_readback']} "
+                f"rbw {best['min_readback_window'] >> 10}K)"
+            )
+    finally:
+        _transfer._set_min_window(512 << 10, 1 << 20)
+        keep.close()
+    report["streaming"] = rows
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="transfer-sweep.json")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=["windows", "boundary", "probes"], default=None)
+    ap.add_argument("--only", choices=["windows", "boundary", "probes", "streaming"], default=None)
     args = ap.parse_args(argv)
     report = {}
+    if args.only == "streaming":
+        streaming_sweep(report)
+        pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
+        return 0
     if args.only == "windows":
         window_sweep(report)
         pathlib.Path(args.out).write_text(json.dumps(report, indent=1))

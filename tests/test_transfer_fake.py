@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import fakecuda
+import pytest
 
 CHILD = r"""
 import json, sys, threading
@@ -23,6 +24,8 @@ rng = np.random.default_rng(int(sys.argv[1]))
 results = {"checked": 0, "errors": []}
 # a small ring (1 MiB chunks, 2 of them) so every size below crosses windows and reuses slots
 g = vc.CudaBackend(0, staging_chunk_bytes=MIB, staging_chunks=2, copy_threads=3)
+# both copy kinds: plain memcpy, and non-temporal stores (odd sizes exercise their head and tail)
+g._core.xfer.stream_upload_max = g._core.xfer.stream_readback_max = (1 << 40) if sys.argv[2] == "1" else 0
 sizes = [MIB // 4 - 1, MIB // 4, MIB // 4 + 1, 2 * MIB // 4 + 7, 3 * MIB // 4 - 5, 5 * MIB // 4 + 3]
 for n in sizes:
     a = rng.standard_normal(n).astype(np.float32)
@@ -65,9 +68,10 @@ print(json.dumps(results))
 """
 
 
-def test_ring_transfers_are_exact_on_the_fake_driver(fake_libcuda, rng):
+@pytest.mark.parametrize("streaming", [False, True], ids=["memcpy", "streaming-stores"])
+def test_ring_transfers_are_exact_on_the_fake_driver(fake_libcuda, rng, streaming):
     seed = int(rng.integers(0, 2**31))
-    proc = fakecuda.run_python(["-c", CHILD, str(seed)], fake_libcuda, timeout=300)
+    proc = fakecuda.run_python(["-c", CHILD, str(seed), "1" if streaming else "0"], fake_libcuda, timeout=300)
     assert proc.returncode == 0, f"child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["errors"] == [] and res["hook_errors"] == [], res

@@ -214,3 +214,23 @@ def test_fuzzed_windows_reassemble_real_bytes():
             for dev, off, n in pieces:
                 device[dev : dev + n] = slot[off : off + n]
         np.testing.assert_array_equal(device, expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(0, 20000),
+    dst_off=st.integers(0, 130),
+    src_off=st.integers(0, 130),
+    zero=st.booleans(),
+)
+def test_streaming_copy_writes_exactly_its_range(n, dst_off, src_off, zero):
+    # non-temporal copies align the destination to a cache line, stream whole lines, then copy
+    # the tail: every byte of the range is written, none outside it
+    rng = np.random.default_rng(n * 131 + dst_off)
+    src = rng.integers(0, 256, n + src_off, dtype=np.uint8)
+    dst = rng.integers(0, 256, n + dst_off + 64, dtype=np.uint8)
+    before = dst.copy()
+    _transfer._stream_copy(dst, None if zero else src, dst_off, src_off, n)
+    want = before.copy()
+    want[dst_off : dst_off + n] = 0 if zero else src[src_off : src_off + n]
+    np.testing.assert_array_equal(dst, want)

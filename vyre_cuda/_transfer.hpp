@@ -16,6 +16,11 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <emmintrin.h>
+#define VYRE_HAVE_STREAMING_STORES 1
+#endif
+
 namespace vyre {
 
 inline void cpu_relax() {
@@ -35,8 +40,58 @@ struct CopyTask {
     size_t n;
 };
 
-inline void run_task(const CopyTask& t) {
-    if (t.src) std::memcpy(t.dst, t.src, t.n);
+// Copy (src != nullptr) or zero n bytes with non-temporal stores: the destination's cache lines
+// are written without being read first (no read-for-ownership) and without evicting the caller's
+// working set. A large staging copy moves 2 bytes of memory traffic per byte instead of 3. Ends
+// with a store fence, so the bytes are visible to the DMA engine (and to any thread that
+// synchronises with this one) once it returns.
+inline void stream_copy(char* dst, const char* src, size_t n) {
+#ifdef VYRE_HAVE_STREAMING_STORES
+    if (n < 4096) {
+        if (src) std::memcpy(dst, src, n);
+        else std::memset(dst, 0, n);
+        return;
+    }
+    size_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
+    if (src) std::memcpy(dst, src, head);
+    else std::memset(dst, 0, head);
+    dst += head;
+    if (src) src += head;
+    n -= head;
+    size_t lines = n / 64;
+    __m128i* d = reinterpret_cast<__m128i*>(dst);
+    if (src) {
+        const __m128i* s = reinterpret_cast<const __m128i*>(src);
+        for (size_t i = 0; i < lines; ++i, d += 4, s += 4) {
+            __m128i a = _mm_loadu_si128(s), b = _mm_loadu_si128(s + 1);
+            __m128i c = _mm_loadu_si128(s + 2), e = _mm_loadu_si128(s + 3);
+            _mm_stream_si128(d, a);
+            _mm_stream_si128(d + 1, b);
+            _mm_stream_si128(d + 2, c);
+            _mm_stream_si128(d + 3, e);
+        }
+    } else {
+        const __m128i z = _mm_setzero_si128();
+        for (size_t i = 0; i < lines; ++i, d += 4) {
+            _mm_stream_si128(d, z);
+            _mm_stream_si128(d + 1, z);
+            _mm_stream_si128(d + 2, z);
+            _mm_stream_si128(d + 3, z);
+        }
+    }
+    size_t done = lines * 64;
+    if (src) std::memcpy(dst + done, src + done, n - done);
+    else std::memset(dst + done, 0, n - done);
+    _mm_sfence();
+#else
+    if (src) std::memcpy(dst, src, n);
+    else std::memset(dst, 0, n);
+#endif
+}
+
+inline void run_task(const CopyTask& t, bool streaming = false) {
+    if (streaming) stream_copy(t.dst, t.src, t.n);
+    else if (t.src) std::memcpy(t.dst, t.src, t.n);
     else std::memset(t.dst, 0, t.n);
 }
 
@@ -63,8 +118,8 @@ class CopyPool {
     unsigned long long parallel_jobs() const { return parallel_jobs_.load(std::memory_order_relaxed); }
 
     // Copy every task; returns how many threads took part (1 = inline).
-    int run(const CopyTask* tasks, size_t n_tasks) {
-        int participants = start(tasks, n_tasks);
+    int run(const CopyTask* tasks, size_t n_tasks, bool streaming = false) {
+        int participants = start(tasks, n_tasks, streaming);
         finish(participants);
         return participants;
     }
@@ -73,18 +128,18 @@ class CopyPool {
     // workers copy; finish() then takes part in what is left and waits. Returns how many threads
     // take part: 1 means the job already ran inline (too small to split, or another thread's job
     // holds the pool) and finish(1) does nothing. Between start and finish the caller must not
-    // start another job.
-    int start(const CopyTask* tasks, size_t n_tasks) {
+    // start another job. streaming: copy with non-temporal stores (see stream_copy).
+    int start(const CopyTask* tasks, size_t n_tasks, bool streaming = false) {
         size_t total = 0;
         for (size_t i = 0; i < n_tasks; ++i) total += tasks[i].n;
         size_t want = threads_ ? total / min_split_ : 0;
         if (want < 2 || !job_mutex_.try_lock()) {
-            for (size_t i = 0; i < n_tasks; ++i) run_task(tasks[i]);
+            for (size_t i = 0; i < n_tasks; ++i) run_task(tasks[i], streaming);
             return 1;
         }
         if (!ensure_started()) {
             job_mutex_.unlock();
-            for (size_t i = 0; i < n_tasks; ++i) run_task(tasks[i]);
+            for (size_t i = 0; i < n_tasks; ++i) run_task(tasks[i], streaming);
             return 1;
         }
         size_t participants = want < static_cast<size_t>(threads_) + 1 ? want : threads_ + 1;
@@ -102,6 +157,7 @@ class CopyPool {
         }
         job_.pieces = pieces_.data();
         job_.count = pieces_.size();
+        job_.streaming = streaming;
         job_.next.store(0, std::memory_order_relaxed);
         job_.done.store(0, std::memory_order_relaxed);
         current_.store(&job_, std::memory_order_seq_cst);
@@ -159,13 +215,14 @@ class CopyPool {
         size_t count = 0;
         std::atomic<size_t> next{0};
         std::atomic<size_t> done{0};
+        bool streaming = false;
     };
 
     static void work(Job* job) {
         for (;;) {
             size_t i = job->next.fetch_add(1, std::memory_order_relaxed);
             if (i >= job->count) return;
-            run_task(job->pieces[i]);
+            run_task(job->pieces[i], job->streaming);
             job->done.fetch_add(1, std::memory_order_release);
         }
     }

@@ -8,13 +8,15 @@ cdef extern from "_transfer.hpp" namespace "vyre" nogil:
         const char* src
         size_t n
 
+    void stream_copy(char* dst, const char* src, size_t n)
+
     cdef cppclass CopyPool:
         void configure(int threads, size_t min_split)
         int threads()
         int live_threads()
         unsigned long long parallel_jobs()
-        int run(const CopyTask* tasks, size_t n_tasks)
-        int start(const CopyTask* tasks, size_t n_tasks)
+        int run(const CopyTask* tasks, size_t n_tasks, bint streaming)
+        int start(const CopyTask* tasks, size_t n_tasks, bint streaming)
         void finish(int started)
         void wake()
         void stop()
@@ -75,6 +77,9 @@ cdef class TransferEngine:
     cdef public size_t ring_bytes
     cdef public unsigned long long pinned_alloc_calls
     cdef public bint closed
+    # staged transfers up to this many bytes copy with non-temporal stores (see _transfer.hpp)
+    cdef public size_t stream_upload_max
+    cdef public size_t stream_readback_max
 
     cdef int ensure_ring(self) except -1
     cdef void wake(self) noexcept nogil
@@ -98,6 +103,7 @@ cdef class TransferEngine:
 
 cdef bint page_locked(const void* ptr, size_t nbytes) noexcept nogil
 cdef size_t window_bytes(size_t total, size_t chunk) noexcept nogil
+cdef size_t readback_window_bytes(size_t total, size_t chunk) noexcept nogil
 cdef bint next_upload_window(Cursor* c, const Source* sources, size_t n_sources, const char* direct,
                              size_t window, const char** input_ptrs, const char* params,
                              vector[Piece]& pieces, vector[CopyTask]& tasks) noexcept nogil

@@ -73,6 +73,29 @@ def buffer_span(obj, bint writable=True):
         PyBuffer_Release(&view)
 
 
+def _stream_copy(dst, src, size_t dst_offset, size_t src_offset, size_t nbytes):
+    """For tests: ``stream_copy`` of ``nbytes`` from ``src[src_offset:]`` (zeros when ``src`` is
+    None) to ``dst[dst_offset:]``, bounds checked."""
+    cdef Py_buffer d, s
+    cdef const char* sp = NULL
+    PyObject_GetBuffer(dst, &d, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+    try:
+        if dst_offset + nbytes > <size_t>d.len:
+            raise ValueError("destination range out of bounds")
+        if src is not None:
+            PyObject_GetBuffer(src, &s, PyBUF_C_CONTIGUOUS)
+            try:
+                if src_offset + nbytes > <size_t>s.len:
+                    raise ValueError("source range out of bounds")
+                stream_copy(<char*>d.buf + dst_offset, <const char*>s.buf + src_offset, nbytes)
+            finally:
+                PyBuffer_Release(&s)
+        else:
+            stream_copy(<char*>d.buf + dst_offset, sp, nbytes)
+    finally:
+        PyBuffer_Release(&d)
+
+
 def is_page_locked_address(uintptr_t address, size_t nbytes):
     """Python view of :func:`page_locked` (for tests and ``vyre_cuda.is_page_locked``)."""
     cdef bint r
@@ -83,20 +106,33 @@ def is_page_locked_address(uintptr_t address, size_t nbytes):
 
 # below this a window's driver calls cost more than its overlap buys
 cdef size_t _min_window = 512 << 10
+cdef size_t _min_readback_window = 1 << 20  # 4 MiB readbacks: 140 -> 104 us against 512 KiB
 
 
-def _set_min_window(size_t nbytes):
-    """For measurements only: the smallest window a transfer is cut into."""
-    global _min_window
+def _set_min_window(size_t nbytes, size_t readback=0):
+    """For measurements only: the smallest window an upload (and a readback, when ``readback``
+    is given) is cut into."""
+    global _min_window, _min_readback_window
     _min_window = nbytes
+    if readback:
+        _min_readback_window = readback
 
 
 cdef size_t window_bytes(size_t total, size_t chunk) noexcept nogil:
-    """The window a transfer of ``total`` staged bytes is cut into: about an eighth of it, so even
+    """The window an upload of ``total`` staged bytes is cut into: about an eighth of it, so even
     a 4 MiB buffer overlaps copy and DMA with a short tail, between 512 KiB and the ring's chunk."""
+    return _window(total, chunk, _min_window)
+
+
+cdef size_t readback_window_bytes(size_t total, size_t chunk) noexcept nogil:
+    """The window a readback of ``total`` staged bytes is cut into (its own minimum)."""
+    return _window(total, chunk, _min_readback_window)
+
+
+cdef inline size_t _window(size_t total, size_t chunk, size_t minimum) noexcept nogil:
     cdef size_t w = total // 8
-    if w < _min_window:
-        w = _min_window
+    if w < minimum:
+        w = minimum
     w = (w + WINDOW_ALIGN - 1) & ~(<size_t>WINDOW_ALIGN - 1)
     return w if w < chunk else chunk
 
@@ -243,7 +279,7 @@ def plan_readback_windows(list pieces, list direct, size_t chunk_bytes):
         flags.push_back(flag_c)
         if not flag:
             staged += n
-    cdef size_t window = window_bytes(staged, chunk_bytes)
+    cdef size_t window = readback_window_bytes(staged, chunk_bytes)
     out = []
     cur.i = cur.pos = 0
     while next_readback_window(&cur, ps.data(), ps.size(), flags.data(), window, dmas, tasks):
@@ -268,6 +304,11 @@ cdef class TransferEngine:
         self.min_split = min_split
         self.pool.configure(copy_threads, min_split)
         self.slots.reset(n_chunks)
+        # Measured on the H200 (notes/transfer-engine.md): non-temporal stores into the ring cut the
+        # host copy of an 8 MiB upload by a third (241 -> 154 us) and help up to 32 MiB uploads,
+        # but slow 128-512 MiB uploads by 25-50%; on readback they made no measurable difference.
+        self.stream_upload_max = 32 << 20
+        self.stream_readback_max = 0
 
     cdef int ensure_ring(self) except -1:
         cdef void* ptr = NULL
@@ -316,7 +357,7 @@ cdef class TransferEngine:
         cdef vector[Piece] pieces[2]
         cdef Cursor cur
         cdef int k, k_next, started, idx = 0, nxt
-        cdef bint more
+        cdef bint more, streaming
         cdef unsigned long long t0
         for i in range(n_sources):
             src = &sources[i]
@@ -331,6 +372,7 @@ cdef class TransferEngine:
             else:
                 staged += src.n
         window = window_bytes(staged, self.chunk_bytes)
+        streaming = staged <= self.stream_upload_max
         cur.i = cur.pos = 0
         if not next_upload_window(&cur, sources, n_sources, direct, window, input_ptrs, params,
                                   pieces[0], tasks[0]):
@@ -341,7 +383,7 @@ cdef class TransferEngine:
             self.slots.release(k)
             return st
         t0 = now_ns()
-        started = self.pool.start(tasks[0].data(), tasks[0].size())
+        started = self.pool.start(tasks[0].data(), tasks[0].size(), streaming)
         while True:
             nxt = 1 - idx
             # prepare the next window while the threads copy this one
@@ -354,7 +396,7 @@ cdef class TransferEngine:
             copy_ns[0] += now_ns() - t0
             if k_next >= 0 and st == cydriver.CUDA_SUCCESS:
                 t0 = now_ns()
-                started = self.pool.start(tasks[nxt].data(), tasks[nxt].size())
+                started = self.pool.start(tasks[nxt].data(), tasks[nxt].size(), streaming)
             else:
                 started = 1
             if st == cydriver.CUDA_SUCCESS:
@@ -374,7 +416,7 @@ cdef class TransferEngine:
                     self.slots.release(k_next)
                     return st
                 t0 = now_ns()
-                started = self.pool.start(tasks[nxt].data(), tasks[nxt].size())
+                started = self.pool.start(tasks[nxt].data(), tasks[nxt].size(), streaming)
             k = k_next
             idx = nxt
 
@@ -466,6 +508,7 @@ cdef class TransferEngine:
         cdef int held_slot[READBACK_DEPTH]
         cdef vector[CopyTask] held_tasks[READBACK_DEPTH]
         cdef int head = 0, nheld = 0, k, started
+        cdef bint streaming
         cdef Cursor cur
         for i in range(n_pieces):
             if direct != NULL and direct[i]:
@@ -479,7 +522,8 @@ cdef class TransferEngine:
                 staged += pieces[i].n
         if staged:
             self.pool.wake()  # the copy threads wake during the first window's DMA
-        window = window_bytes(staged, self.chunk_bytes)
+        window = readback_window_bytes(staged, self.chunk_bytes)
+        streaming = staged <= self.stream_readback_max
         cur.i = cur.pos = 0
         while True:
             if st == cydriver.CUDA_SUCCESS:
@@ -492,7 +536,7 @@ cdef class TransferEngine:
                 call[0] = b"cuEventSynchronize"
                 st = cydriver.cuEventSynchronize(self.events[k])
             if st == cydriver.CUDA_SUCCESS:
-                started = self.pool.start(held_tasks[head].data(), held_tasks[head].size())
+                started = self.pool.start(held_tasks[head].data(), held_tasks[head].size(), streaming)
                 # keep the DMA engine busy with the next windows while this one is copied out
                 st = self._queue_readback(&cur, pieces, n_pieces, direct, window, False, s, slab,
                                           held_slot, held_tasks, head, &nheld, ops, call)
