@@ -21,6 +21,7 @@ from .modules import ModuleCache
 from .planning.caps import DeviceCaps
 from .planning.dispatch import DispatchPlan, plan_dispatch, plan_route
 from .telemetry import Telemetry, TimedDispatchResult
+from .tracing import trace_flags
 
 __all__ = ["CudaBackend", "TimedDispatchResult", "driver_status", "reset_device", "PlanInfo"]
 
@@ -112,6 +113,10 @@ class CudaBackend:
     output_cache_bytes : int
         Host memory kept for the outputs of large dispatches once those arrays die, so the next
         large output needs no fresh (page-faulting) memory. 0 turns the cache off.
+    trace : bool, str or None
+        ``"nvtx"``: NVTX ranges per dispatch and per stage (Nsight Systems); ``"log"``: one log
+        line per blocking dispatch with its stage times; ``True``: both; None reads
+        ``VYRE_CUDA_TRACE`` (see :mod:`vyre_cuda.tracing`). Off costs nothing.
 
     Examples
     --------
@@ -133,6 +138,7 @@ class CudaBackend:
         staging_chunks: int = DEFAULT_CHUNKS,
         copy_threads: int | None = None,
         output_cache_bytes: int = 4 << 30,
+        trace: bool | str | None = None,
     ):
         from ._dispatch import Core  # noqa: PLC0415 (the compiled core loads at first use)
 
@@ -149,12 +155,12 @@ class CudaBackend:
                     f"pass {name}=0 to cache nothing, or a byte count such as 256 << 20",
                 )
         chunk_bytes, chunks, threads = _transfer_settings(staging_chunk_bytes, staging_chunks, copy_threads)
+        trace = trace_flags(trace)  # before the context is retained: a bad value leaks nothing
         self.device = int(device)
         _driver.init_driver()
         self._caps = DeviceCaps(**_driver.device_caps(self.device))
         self._ctx = _driver.retain_primary_context(self.device)
         self._plan_lock = threading.RLock()
-        trace = os.environ.get("VYRE_CUDA_TRACE", "") not in ("", "0")
         self._core = Core(
             self._ctx,
             self._plan,
