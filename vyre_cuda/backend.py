@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
 
 import numpy as np
 
-from . import _driver
+from . import _driver, tuning
 from .config import as_config
 from .errors import (
     BackendError,
@@ -261,6 +262,8 @@ class CudaBackend:
         cfg = as_config(config)
         with self._plan_lock:
             plan = plan_dispatch(program, lengths, cfg, self._caps, self._modules)
+        if cfg.autotune:
+            plan = self._tuned(program, lengths, cfg, plan)
         launch, route = plan.launch, plan.route
         log.info(
             "planned %s: route=%s (%s), grid=%s block=%s shared=%d slab=%d (%s)",
@@ -274,6 +277,35 @@ class CudaBackend:
             "mirror" if plan.mirror else "ring",
         )
         return Prepared.from_plan(plan)
+
+    def _tuned(self, program, lengths, cfg, plan):
+        """The plan of an ``autotune=True`` dispatch: at the cached (or now measured) width."""
+        base = dataclasses.replace(cfg, autotune=False)
+        block, reason = tuning.planned_width(self, program, lengths, base, plan)
+        if block is not None and block != plan.launch.block[0]:
+            with self._plan_lock:
+                plan = plan_dispatch(
+                    program, lengths, dataclasses.replace(base, workgroup_override=(block, 1, 1)), self._caps, self._modules
+                )
+        # the plan keeps the caller's config (label, timeout, iterations are the same)
+        return dataclasses.replace(
+            plan, config=cfg, tuned_block=None if block is None else (block, 1, 1), tuning=reason
+        )
+
+    def tune(self, program, inputs, config=None, candidates=tuning.CANDIDATES, *, repeats=tuning.REPEATS, force=False):
+        """Measure ``program``'s block widths on ``inputs`` and cache the fastest (opt-in autotune).
+
+        Each candidate the device and the kernel allow runs once (its outputs must equal those of
+        the declared width), then ``repeats`` times timed with device events; the median decides.
+        The winner is stored in the tuning cache (beside the kernel cache) for this program,
+        device and size class, and ``DispatchConfig(autotune=True)`` dispatches launch with it.
+        A cached entry is returned without measuring unless ``force``. See :mod:`vyre_cuda.tuning`.
+
+        >>> result = backend.tune(prog, [a, b])                    # doctest: +SKIP
+        >>> backend.dispatch(prog, [a, b], DispatchConfig(autotune=True))  # doctest: +SKIP
+        """
+        self._check_open()
+        return tuning.tune(self, program, inputs, config, candidates, repeats=repeats, force=force)
 
     # ------------------------------------------------------------------ lifecycle
     def trim(self) -> None:
