@@ -152,8 +152,11 @@ class BuildExt(build_ext):
             for ext in self.extensions:
                 ext.libraries = [*ext.libraries, "dl"]  # NVTX dlopens the tool (glibc < 2.34: libdl)
         else:
-            print("vyre_cuda build: NVTX header (nvtx3/nvToolsExt.h) not found; traced dispatches count their "
-                  "ranges but emit none (set VYRE_CUDA_NVTX_INCLUDE to a CUDA include folder)", file=sys.stderr)
+            print(
+                "vyre_cuda build: NVTX header (nvtx3/nvToolsExt.h) not found; traced dispatches count their "
+                "ranges but emit none (set VYRE_CUDA_NVTX_INCLUDE to a CUDA include folder)",
+                file=sys.stderr,
+            )
         if LINETRACE:
             macros.append(("CYTHON_TRACE_NOGIL", "1"))
         Options.warning_errors = True

@@ -141,7 +141,11 @@ g.close()
 
 h = vc.CudaBackend(0, trace=False)
 fake.emulate(h, prog, [a, b], vecadd_emulation(np.float32))
-counted("untraced", lambda: (h.dispatch(prog, [a, b]), h.dispatch_timed(prog, [a, b]), h.dispatch_async(prog, [a, b]).result()))
+def untraced():
+    h.dispatch(prog, [a, b])
+    h.dispatch_timed(prog, [a, b])
+    h.dispatch_async(prog, [a, b]).result()
+counted("untraced", untraced)
 h.close()
 res["hook_errors"] = fake.hook_errors
 print(json.dumps(res))
@@ -163,7 +167,15 @@ def traced(fake_libcuda, tmp_path_factory):
 
 
 def blocking(**extra):
-    return {**STAGES, **dict.fromkeys(tracing.BLOCKING_STAGES, 1), "dispatch": 1, "pops": 9, "starts": 0, "ends": 0, **extra}
+    return {
+        **STAGES,
+        **dict.fromkeys(tracing.BLOCKING_STAGES, 1),
+        "dispatch": 1,
+        "pops": 9,
+        "starts": 0,
+        "ends": 0,
+        **extra,
+    }
 
 
 def asynchronous(**extra):

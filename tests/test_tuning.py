@@ -27,7 +27,13 @@ def cache_folder(tmp_path, monkeypatch):
 
 
 def entry(block=512):
-    return {"block": block, "baseline": 256, "size_class": 1024, "timings_ns": {"256": 2000, "512": 1000}, "rejected": {}}
+    return {
+        "block": block,
+        "baseline": 256,
+        "size_class": 1024,
+        "timings_ns": {"256": 2000, "512": 1000},
+        "rejected": {},
+    }
 
 
 def test_size_classes_are_powers_of_two():

@@ -156,7 +156,7 @@ class CudaBackend:
                     f"pass {name}=0 to cache nothing, or a byte count such as 256 << 20",
                 )
         chunk_bytes, chunks, threads = _transfer_settings(staging_chunk_bytes, staging_chunks, copy_threads)
-        trace = trace_flags(trace)  # before the context is retained: a bad value leaks nothing
+        trace_bits = trace_flags(trace)  # before the context is retained: a bad value leaks nothing
         self.device = int(device)
         _driver.init_driver()
         self._caps = DeviceCaps(**_driver.device_caps(self.device))
@@ -167,7 +167,7 @@ class CudaBackend:
             self._plan,
             device_pool_bytes,
             pinned_pool_bytes,
-            trace,
+            trace_bits,
             self.device,
             chunk_bytes,
             chunks,
@@ -285,7 +285,11 @@ class CudaBackend:
         if block is not None and block != plan.launch.block[0]:
             with self._plan_lock:
                 plan = plan_dispatch(
-                    program, lengths, dataclasses.replace(base, workgroup_override=(block, 1, 1)), self._caps, self._modules
+                    program,
+                    lengths,
+                    dataclasses.replace(base, workgroup_override=(block, 1, 1)),
+                    self._caps,
+                    self._modules,
                 )
         # the plan keeps the caller's config (label, timeout, iterations are the same)
         return dataclasses.replace(

@@ -213,7 +213,10 @@ def tune_cases(n: int, rng) -> dict:
     blocks = max(1, n // 256)
     return {
         "vecadd_f32": lambda: (bp.vecadd("f32"), [rng.random(n, dtype=np.float32) for _ in range(2)]),
-        "vecadd_f16": lambda: (bp.vecadd("f16"), [rng.random(n, dtype=np.float32).astype(np.float16) for _ in range(2)]),
+        "vecadd_f16": lambda: (
+            bp.vecadd("f16"),
+            [rng.random(n, dtype=np.float32).astype(np.float16) for _ in range(2)],
+        ),
         "vecadd_i64": lambda: (bp.vecadd("i64"), [rng.integers(-(2**40), 2**40, n, dtype=np.int64) for _ in range(2)]),
         # its per-block sums depend on the width: every other width is rejected, the declared one stays
         "block_sum_u32": lambda: (bp.block_sum_u32(blocks), [rng.integers(0, 1000, blocks * 256, dtype=np.uint32)]),
@@ -224,7 +227,9 @@ def _widths(text: str) -> tuple:
     try:
         widths = tuple(int(w) for w in text.split(",") if w.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated block widths such as 64,128,256 (got {text!r})") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated block widths such as 64,128,256 (got {text!r})"
+        ) from None
     if not widths or any(w <= 0 for w in widths):
         raise argparse.ArgumentTypeError(f"expected positive block widths (got {text!r})")
     return widths
@@ -265,7 +270,9 @@ def _cmd_tune(args) -> int:
             print(f"  block {width:5d}  {result.timings_ns[width] / 1000:10.1f} us{base}{mark}")
         else:
             print(f"  block {width:5d}  skipped: {result.rejected[width]}")
-    print(f"winner: block {result.block} ({result.speedup:.2f}x the declared {result.baseline}); cached in {tune_dir()}")
+    print(
+        f"winner: block {result.block} ({result.speedup:.2f}x the declared {result.baseline}); cached in {tune_dir()}"
+    )
     return EXIT_OK
 
 
@@ -309,7 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("program", nargs="?", default="vecadd_f32", choices=sorted(tune_cases(1, None)))
     p.add_argument("--elements", type=_positive, default=1 << 22, help="input elements (default: 4194304)")
     p.add_argument(
-        "--candidates", type=_widths, default=(64, 128, 256, 512, 1024), help="block widths (default: 64,128,256,512,1024)"
+        "--candidates",
+        type=_widths,
+        default=(64, 128, 256, 512, 1024),
+        help="block widths (default: 64,128,256,512,1024)",
     )
     p.add_argument("--repeats", type=_positive, default=5, help="timed runs per width (default: 5)")
     p.add_argument("--force", action="store_true", help="measure again even when a cached winner exists")
