@@ -147,14 +147,16 @@ class BuildExt(build_ext):
         macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
         nvtx = nvtx_include_dir()
         if nvtx:
-            include_dirs.append(nvtx)
             macros.append(("VYRE_CUDA_NVTX", "1"))
             for ext in self.extensions:
+                # searched after every other folder: a toolkit folder found only for nvtx3/ must not
+                # shadow the cuda.h chosen above
+                ext.extra_compile_args = [*ext.extra_compile_args, "-idirafter", nvtx]
                 ext.libraries = [*ext.libraries, "dl"]  # NVTX dlopens the tool (glibc < 2.34: libdl)
         else:
             print(
-                "vyre_cuda build: NVTX header (nvtx3/nvToolsExt.h) not found; traced dispatches count their "
-                "ranges but emit none (set VYRE_CUDA_NVTX_INCLUDE to a CUDA include folder)",
+                "vyre_cuda build: NVTX left out (VYRE_CUDA_NVTX=0, or nvtx3/nvToolsExt.h not found); traced "
+                "dispatches count their ranges but emit none (set VYRE_CUDA_NVTX_INCLUDE to a CUDA include folder)",
                 file=sys.stderr,
             )
         if LINETRACE:

@@ -309,7 +309,10 @@ class CudaBackend:
         >>> backend.dispatch(prog, [a, b], DispatchConfig(autotune=True))  # doctest: +SKIP
         """
         self._check_open()
-        return tuning.tune(self, program, inputs, config, candidates, repeats=repeats, force=force)
+        result = tuning.tune(self, program, inputs, config, candidates, repeats=repeats, force=force)
+        if not result.cached:
+            self._core.clear_prepared()  # autotune plans made before this measurement replan
+        return result
 
     # ------------------------------------------------------------------ lifecycle
     def trim(self) -> None:

@@ -2,6 +2,7 @@
 for blocking, ring-staged, async and timed dispatches, with correct outputs; when Nsight Systems
 (`nsys`) is installed, a profiled child process shows the named ranges in its report."""
 
+import contextlib
 import os
 import pathlib
 import shutil
@@ -91,8 +92,12 @@ def test_nsight_systems_sees_the_ranges_when_installed(tmp_path, run_python):
         capture_output=True,
         timeout=600,
     )
+    # range names are inline (NVTX_EVENTS.text) or interned (StringIds) depending on the nsys release
+    texts = set()
     with sqlite3.connect(db) as con:
-        texts = {row[0] for row in con.execute("SELECT text FROM NVTX_EVENTS WHERE text IS NOT NULL")}
-        texts |= {row[0] for row in con.execute("SELECT value FROM StringIds")}
+        for query in ("SELECT text FROM NVTX_EVENTS WHERE text IS NOT NULL", "SELECT value FROM StringIds"):
+            with contextlib.suppress(sqlite3.OperationalError):  # a table or column this release lacks
+                texts |= {row[0] for row in con.execute(query)}
+    assert texts, "the nsys report holds no NVTX text at all"
     for name in ("nsys-probe", "vecadd_f32", *tracing.BLOCKING_STAGES, *tracing.ASYNC_STAGES):
         assert name in texts, f"{name!r} is not among the NVTX texts of the nsys report"
