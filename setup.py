@@ -7,6 +7,9 @@ Environment toggles: VYRE_CUDA_ANNOTATE=1 writes Cython HTML annotations; VYRE_C
 enables line tracing (coverage, profilers; slows the hot path); VYRE_CUDA_INCLUDE names the one
 folder holding cuda.h and cudaProfiler.h (otherwise: the nvidia-cuda-runtime and
 nvidia-cuda-profiler-api wheels, conda, CUDA_HOME/CUDA_PATH, /usr/local/cuda).
+NVTX (ranges of traced dispatches) is compiled in when <nvtx3/nvToolsExt.h> is found there, in
+VYRE_CUDA_NVTX_INCLUDE or in /usr/local/cuda/include; VYRE_CUDA_NVTX=0 leaves it out. Without it
+the build still works and traced dispatches only count their ranges.
 """
 
 import contextlib
@@ -96,6 +99,18 @@ def cuda_include_dirs():
     return [str(cuda)] if cuda in profiler else [str(cuda), str(profiler[0])]
 
 
+def nvtx_include_dir():
+    """The folder holding nvtx3/nvToolsExt.h (header-only NVTX 3), or None."""
+    if os.environ.get("VYRE_CUDA_NVTX", "1") == "0":
+        return None
+    found = [os.environ["VYRE_CUDA_NVTX_INCLUDE"]] if os.environ.get("VYRE_CUDA_NVTX_INCLUDE") else []
+    found += [str(c) for c in header_candidates()] + ["/usr/local/cuda/include"]
+    for folder in found:
+        if Path(folder, "nvtx3", "nvToolsExt.h").is_file():
+            return str(Path(folder).resolve())
+    return None
+
+
 def extensions():
     # every .pyx is a module: vyre_cuda/profile/_floor.pyx -> vyre_cuda.profile._floor
     return [
@@ -130,6 +145,20 @@ class BuildExt(build_ext):
         self.check_cxx17()
         include_dirs = cuda_include_dirs() + [numpy.get_include()]
         macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
+        nvtx = nvtx_include_dir()
+        if nvtx:
+            macros.append(("VYRE_CUDA_NVTX", "1"))
+            for ext in self.extensions:
+                # searched after every other folder: a toolkit folder found only for nvtx3/ must not
+                # shadow the cuda.h chosen above
+                ext.extra_compile_args = [*ext.extra_compile_args, "-idirafter", nvtx]
+                ext.libraries = [*ext.libraries, "dl"]  # NVTX dlopens the tool (glibc < 2.34: libdl)
+        else:
+            print(
+                "vyre_cuda build: NVTX left out (VYRE_CUDA_NVTX=0, or nvtx3/nvToolsExt.h not found); traced "
+                "dispatches count their ranges but emit none (set VYRE_CUDA_NVTX_INCLUDE to a CUDA include folder)",
+                file=sys.stderr,
+            )
         if LINETRACE:
             macros.append(("CYTHON_TRACE_NOGIL", "1"))
         Options.warning_errors = True

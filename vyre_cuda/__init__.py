@@ -56,6 +56,8 @@ __all__ = [
     "pinned_like",
     "pinned_zeros",
     "reset_device",
+    "tracing",
+    "tuning",
 ]
 
 # The backend pulls in the compiled core; load it on first use so `import vyre_cuda` stays
@@ -68,6 +70,8 @@ _LAZY = {
     "driver_status": ("backend", "driver_status"),
     "reset_device": ("backend", "reset_device"),
     "builtin_programs": ("builtin_programs", None),
+    "tracing": ("tracing", None),
+    "tuning": ("tuning", None),
     "pinned_empty": ("hostmem", "pinned_empty"),
     "pinned_zeros": ("hostmem", "pinned_zeros"),
     "pinned_like": ("hostmem", "pinned_like"),

@@ -95,7 +95,7 @@ cdef class Core:
     cdef public object lost
     cdef public bint closed
     cdef public int outstanding
-    cdef public bint trace
+    cdef public int trace  # TRACE_LOG | TRACE_NVTX bits; 0: untraced (the hot path's one test)
     cdef object logger
 
     cdef int _check_usable(self) except -1
@@ -114,6 +114,7 @@ cdef class Core:
     cdef list _new_outputs(self, Prepared p)
     cdef int _targets(self, PendingDispatch d, list outs) except -1
     cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks)
+    cdef PendingDispatch _async(self, program, inputs, config, bint timed)
 
 
 cdef class PendingDispatch:
@@ -133,6 +134,9 @@ cdef class PendingDispatch:
     cdef object interrupt
     cdef unsigned long long deadline
     cdef unsigned long long ops[2]  # DMA operations and ring windows of the current phase
+    cdef bint traced  # enqueued with NVTX tracing: result() opens a range
+    cdef bint nvtx_started  # its NVTX start/end range is open (ended when it settles)
+    cdef unsigned long long nvtx_range
 
     cdef void _release_views(self) noexcept
     cdef void _release_out_views(self) noexcept
@@ -141,3 +145,6 @@ cdef class PendingDispatch:
     cdef int _collect(self, list outs) except -1
     cdef void _finish(self) noexcept
     cdef void _settle(self) noexcept
+    cdef object _result(self)
+    cdef object _result_into(self, outputs)
+    cdef object _timed_result(self)

@@ -8,7 +8,11 @@ from ._transfer import TransferEngine
 from .telemetry import TimedDispatchResult
 
 STAGES: tuple[str, ...]
+NVTX_STAGES: tuple[str, ...]
 
+def nvtx_available() -> bool: ...
+def nvtx_counts() -> dict[str, int]: ...
+def nvtx_reset() -> None: ...
 def _set_wait_mode(mode: int) -> None: ...
 
 @final
@@ -60,14 +64,14 @@ class Core:
     lost: tuple[str, str] | None
     closed: bool
     outstanding: int
-    trace: bool
+    trace: int
     def __init__(
         self,
         ctx: int,
         planner: Any,
         device_cap: int,
         pinned_cap: int,
-        trace: bool = ...,
+        trace: int = ...,
         device: int = ...,
         chunk_bytes: int = ...,
         n_chunks: int = ...,

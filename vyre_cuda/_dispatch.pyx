@@ -65,6 +65,44 @@ cdef enum:
 
 from numpy import frombuffer as _frombuffer
 
+# NVTX ranges of traced dispatches: see _nvtx.hpp (why the C header, what each range covers)
+cdef extern from "_nvtx.hpp" nogil:
+    enum:
+        VYRE_NVTX_STAGES
+        VYRE_NVTX_SLOTS
+    int vyre_nvtx_available() noexcept
+    int vyre_nvtx_stage_open() noexcept
+    void vyre_nvtx_push(const char* message, int slot) noexcept
+    void vyre_nvtx_pop() noexcept
+    void vyre_nvtx_stage(int stage) noexcept
+    unsigned long long vyre_nvtx_start(const char* message) noexcept
+    void vyre_nvtx_end(unsigned long long id) noexcept
+    unsigned long long vyre_nvtx_counter(int slot) noexcept
+    void vyre_nvtx_reset() noexcept
+
+# Core.trace bits (0: untraced; the hot path tests only that)
+cdef enum:
+    TRACE_LOG = 1  # one log line per blocking dispatch with its stage microseconds
+    TRACE_NVTX = 2  # NVTX ranges per dispatch and per stage
+
+# NVTX stage ranges, in _nvtx.hpp's name order
+cdef enum:
+    S_LOOKUP = 0
+    S_UPLOAD
+    S_LAUNCH
+    S_READBACK
+    S_EVENT
+    S_WAIT
+    S_COPYOUT
+    S_RELEASE
+    S_ENQUEUE
+    S_RESULT
+
+NVTX_STAGES = (
+    "plan_lookup", "upload", "launch", "readback_enqueue", "event_record", "wait", "copy_out",
+    "release", "enqueue", "result",
+)
+
 cdef enum:
     OUTPUT_CACHE_MIN = 1 << 20  # outputs from this size up come from the recycled host pool
     ROUTE_REGULAR = 0
@@ -303,7 +341,7 @@ cdef class Prepared:
 cdef class Core:
     """Per-backend driver state: context, pools, transfer engine, prepared plans, counters."""
 
-    def __init__(self, uintptr_t ctx, planner, size_t device_cap, size_t pinned_cap, bint trace=False,
+    def __init__(self, uintptr_t ctx, planner, size_t device_cap, size_t pinned_cap, int trace=0,
                  int device=0, size_t chunk_bytes=8 << 20, int n_chunks=4, int copy_threads=8,
                  size_t output_cache=4294967296):
         self.ctx = <cydriver.CUcontext>ctx
@@ -775,13 +813,18 @@ cdef class Core:
         cdef const char* call = NULL
         cdef const char* ccall = NULL
         cdef int outcome = W_DONE
-        if self.trace and marks == NULL:
-            marks = trace_marks
-            memset(marks, 0, sizeof(trace_marks))
+        if self.trace:
+            if self.trace & TRACE_NVTX and not vyre_nvtx_stage_open():
+                return _nvtx_blocking(self, program, inputs, config, into, marks)
+            if marks == NULL:
+                marks = trace_marks
+                memset(marks, 0, sizeof(trace_marks))
         if marks != NULL and marks[M_START] == 0:
             marks[M_START] = now_ns()
         d = self._begin(program, inputs, config, into, False, False, marks)
         p = d.prep
+        if marks != NULL and vyre_nvtx_stage_open():
+            vyre_nvtx_stage(S_UPLOAD)
         xfer = self.xfer
         outs = self._new_outputs(p) if into is None else into
         self._targets(d, outs)
@@ -800,12 +843,17 @@ cdef class Core:
         d._finish()
         if marks != NULL:
             marks[M_RELEASE] = now_ns()
-        if self.trace:
+        if self.trace & TRACE_LOG:
             _trace(self.logger, p, marks)
         return outs
 
     def dispatch_async(self, program, inputs, config=None, bint timed=False):
         """Enqueue and return the PendingDispatch that owns everything the GPU still uses."""
+        if self.trace & TRACE_NVTX:
+            return _nvtx_async(self, program, inputs, config, timed)
+        return self._async(program, inputs, config, timed)
+
+    cdef PendingDispatch _async(self, program, inputs, config, bint timed):
         cdef PendingDispatch d
         cdef Prepared p
         cdef TransferEngine xfer = self.xfer
@@ -826,6 +874,73 @@ cdef class Core:
     def dispatch_timed(self, program, inputs, config=None):
         cdef PendingDispatch pending = self.dispatch_async(program, inputs, config, True)
         return pending.timed_result()
+
+
+def _nvtx_label(program, config):
+    # the dispatch range's name: DispatchConfig.label, else the program's name, else its entry
+    label = None
+    if config is not None:
+        label = config.get("label") if type(config) is dict else getattr(config, "label", None)
+    if not label:
+        label = getattr(program, "name", None) or getattr(getattr(program, "kernel", None), "entry", None)
+    return str(label or "dispatch").encode("utf-8", "replace")
+
+
+cdef object _nvtx_blocking(Core core, program, inputs, config, list into, unsigned long long* marks):
+    """A blocking dispatch inside one NVTX range named by its label, with one nested range per
+    stage; every range is closed on every path (error, timeout, Ctrl-C)."""
+    cdef bytes label = _nvtx_label(program, config)
+    vyre_nvtx_push(label, VYRE_NVTX_STAGES)
+    vyre_nvtx_stage(S_LOOKUP)
+    try:
+        return core._blocking(program, inputs, config, into, marks)
+    finally:
+        vyre_nvtx_stage(-1)
+        vyre_nvtx_pop()
+
+
+cdef PendingDispatch _nvtx_async(Core core, program, inputs, config, bint timed):
+    """An async dispatch: a start/end range from here until its result is taken (or it fails or
+    is dropped; it may end on another thread), with an "enqueue" range nested here."""
+    cdef bytes label = _nvtx_label(program, config)
+    cdef PendingDispatch d
+    cdef unsigned long long rid = vyre_nvtx_start(label)
+    vyre_nvtx_push(b"enqueue", S_ENQUEUE)
+    try:
+        d = core._async(program, inputs, config, timed)
+    except BaseException:
+        vyre_nvtx_end(rid)
+        raise
+    finally:
+        vyre_nvtx_pop()
+    d.traced = True
+    if d.settled:  # cannot happen today (enqueue failures raise); keep the range balanced anyway
+        vyre_nvtx_end(rid)
+    else:
+        d.nvtx_range = rid
+        d.nvtx_started = True
+    return d
+
+
+def nvtx_available():
+    """True when this build calls NVTX (the header was found); else ranges are only counted."""
+    return bool(vyre_nvtx_available())
+
+
+def nvtx_counts():
+    """NVTX calls made by traced dispatches in this process: pushes per stage range name, and
+    ``dispatch`` (label ranges of blocking dispatches), ``pops``, ``starts`` and ``ends``."""
+    counts = {name: vyre_nvtx_counter(k) for k, name in enumerate(NVTX_STAGES)}
+    counts["dispatch"] = vyre_nvtx_counter(VYRE_NVTX_STAGES)
+    counts["pops"] = vyre_nvtx_counter(VYRE_NVTX_STAGES + 1)
+    counts["starts"] = vyre_nvtx_counter(VYRE_NVTX_STAGES + 2)
+    counts["ends"] = vyre_nvtx_counter(VYRE_NVTX_STAGES + 3)
+    return counts
+
+
+def nvtx_reset():
+    """Zero the counts of :func:`nvtx_counts` (tests)."""
+    vyre_nvtx_reset()
 
 
 class _Timeout(Exception):
@@ -892,6 +1007,13 @@ cdef void _trace(logger, Prepared p, unsigned long long* marks) noexcept:
 cdef inline void _mark(unsigned long long* marks, int k) noexcept nogil:
     if marks != NULL:
         marks[k] = now_ns()
+        if vyre_nvtx_stage_open():  # an NVTX-traced blocking dispatch: the next stage's range
+            vyre_nvtx_stage(_NVTX_AFTER_MARK[k])
+
+
+# the NVTX stage range each stage mark opens (-1: none); the upload range opens after the lookup
+cdef int _NVTX_AFTER_MARK[N_MARKS]
+_NVTX_AFTER_MARK[:] = [-1, -1, -1, -1, -1, S_LAUNCH, S_READBACK, S_EVENT, S_WAIT, S_COPYOUT, S_RELEASE, -1]
 
 
 cdef int _check_signals(PendingDispatch d) noexcept with gil:
@@ -1216,6 +1338,15 @@ cdef class PendingDispatch:
 
     def result(self):
         """Wait, then return the outputs as new numpy arrays (declaration order)."""
+        if self.traced:
+            vyre_nvtx_push(b"result", S_RESULT)
+            try:
+                return self._result()
+            finally:
+                vyre_nvtx_pop()
+        return self._result()
+
+    cdef object _result(self):
         self._take()
         self._wait()
         outs = self.core._new_outputs(self.prep)
@@ -1225,6 +1356,15 @@ cdef class PendingDispatch:
 
     def result_into(self, outputs):
         """Wait, then copy the outputs into the caller's arrays (checked) and return them."""
+        if self.traced:
+            vyre_nvtx_push(b"result", S_RESULT)
+            try:
+                return self._result_into(outputs)
+            finally:
+                vyre_nvtx_pop()
+        return self._result_into(outputs)
+
+    cdef object _result_into(self, outputs):
         outputs = as_output_list(outputs)
         self._take()
         check_outputs(self.prep.plan, outputs)
@@ -1235,6 +1375,15 @@ cdef class PendingDispatch:
 
     def timed_result(self):
         """Wait; return TimedDispatchResult(outputs, wall_ns, device_ns, enqueue_ns, wait_ns)."""
+        if self.traced:
+            vyre_nvtx_push(b"result", S_RESULT)
+            try:
+                return self._timed_result()
+            finally:
+                vyre_nvtx_pop()
+        return self._timed_result()
+
+    cdef object _timed_result(self):
         cdef float ms = 0
         cdef unsigned long long t_wait0
         if not self.f.timed and not self.consumed:
@@ -1269,6 +1418,9 @@ cdef class PendingDispatch:
         self._settle()
 
     cdef void _settle(self) noexcept:
+        if self.nvtx_started:  # a traced async dispatch's range ends with it (any path)
+            self.nvtx_started = False
+            vyre_nvtx_end(self.nvtx_range)
         # once per owner: the backend stops counting it
         if not self.settled:
             self.settled = True
@@ -1310,5 +1462,8 @@ cdef class PendingDispatch:
             if pushed:
                 cydriver.cuCtxPopCurrent(&prev)
             self._settle()
+        if self.nvtx_started:
+            self.nvtx_started = False
+            vyre_nvtx_end(self.nvtx_range)
         self._release_views()
         self._release_out_views()

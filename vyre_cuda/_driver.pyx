@@ -286,3 +286,13 @@ def host_register(uintptr_t address, size_t nbytes):
 def host_unregister(uintptr_t address):
     with nogil:
         check_cu(cydriver.cuMemHostUnregister(<void*>address), b"cuMemHostUnregister")
+
+
+def function_max_threads(uintptr_t function):
+    """The most threads per block this kernel can launch with (its registers and shared memory
+    can lower it below the device's limit): CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK."""
+    cdef int value = 0
+    with nogil:
+        check_cu(cydriver.cuFuncGetAttribute(&value, cydriver.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                                             <cydriver.CUfunction>function), b"cuFuncGetAttribute")
+    return value

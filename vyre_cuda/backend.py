@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
 
 import numpy as np
 
-from . import _driver
+from . import _driver, tuning
 from .config import as_config
 from .errors import (
     BackendError,
@@ -21,6 +22,7 @@ from .modules import ModuleCache
 from .planning.caps import DeviceCaps
 from .planning.dispatch import DispatchPlan, plan_dispatch, plan_route
 from .telemetry import Telemetry, TimedDispatchResult
+from .tracing import trace_flags
 
 __all__ = ["CudaBackend", "TimedDispatchResult", "driver_status", "reset_device", "PlanInfo"]
 
@@ -112,6 +114,10 @@ class CudaBackend:
     output_cache_bytes : int
         Host memory kept for the outputs of large dispatches once those arrays die, so the next
         large output needs no fresh (page-faulting) memory. 0 turns the cache off.
+    trace : bool, str or None
+        ``"nvtx"``: NVTX ranges per dispatch and per stage (Nsight Systems); ``"log"``: one log
+        line per blocking dispatch with its stage times; ``True``: both; None reads
+        ``VYRE_CUDA_TRACE`` (see :mod:`vyre_cuda.tracing`). Off costs nothing.
 
     Examples
     --------
@@ -133,6 +139,7 @@ class CudaBackend:
         staging_chunks: int = DEFAULT_CHUNKS,
         copy_threads: int | None = None,
         output_cache_bytes: int = 4 << 30,
+        trace: bool | str | None = None,
     ):
         from ._dispatch import Core  # noqa: PLC0415 (the compiled core loads at first use)
 
@@ -149,18 +156,18 @@ class CudaBackend:
                     f"pass {name}=0 to cache nothing, or a byte count such as 256 << 20",
                 )
         chunk_bytes, chunks, threads = _transfer_settings(staging_chunk_bytes, staging_chunks, copy_threads)
+        trace_bits = trace_flags(trace)  # before the context is retained: a bad value leaks nothing
         self.device = int(device)
         _driver.init_driver()
         self._caps = DeviceCaps(**_driver.device_caps(self.device))
         self._ctx = _driver.retain_primary_context(self.device)
         self._plan_lock = threading.RLock()
-        trace = os.environ.get("VYRE_CUDA_TRACE", "") not in ("", "0")
         self._core = Core(
             self._ctx,
             self._plan,
             device_pool_bytes,
             pinned_pool_bytes,
-            trace,
+            trace_bits,
             self.device,
             chunk_bytes,
             chunks,
@@ -255,6 +262,8 @@ class CudaBackend:
         cfg = as_config(config)
         with self._plan_lock:
             plan = plan_dispatch(program, lengths, cfg, self._caps, self._modules)
+        if cfg.autotune:
+            plan = self._tuned(program, lengths, cfg, plan)
         launch, route = plan.launch, plan.route
         log.info(
             "planned %s: route=%s (%s), grid=%s block=%s shared=%d slab=%d (%s)",
@@ -268,6 +277,42 @@ class CudaBackend:
             "mirror" if plan.mirror else "ring",
         )
         return Prepared.from_plan(plan)
+
+    def _tuned(self, program, lengths, cfg, plan):
+        """The plan of an ``autotune=True`` dispatch: at the cached (or now measured) width."""
+        base = dataclasses.replace(cfg, autotune=False)
+        block, reason = tuning.planned_width(self, program, lengths, base, plan)
+        if block is not None and block != plan.launch.block[0]:
+            with self._plan_lock:
+                plan = plan_dispatch(
+                    program,
+                    lengths,
+                    dataclasses.replace(base, workgroup_override=(block, 1, 1)),
+                    self._caps,
+                    self._modules,
+                )
+        # the plan keeps the caller's config (label, timeout, iterations are the same)
+        return dataclasses.replace(
+            plan, config=cfg, tuned_block=None if block is None else (block, 1, 1), tuning=reason
+        )
+
+    def tune(self, program, inputs, config=None, candidates=tuning.CANDIDATES, *, repeats=tuning.REPEATS, force=False):
+        """Measure ``program``'s block widths on ``inputs`` and cache the fastest (opt-in autotune).
+
+        Each candidate the device and the kernel allow runs once (its outputs must equal those of
+        the declared width), then ``repeats`` times timed with device events; the median decides.
+        The winner is stored in the tuning cache (beside the kernel cache) for this program,
+        device and size class, and ``DispatchConfig(autotune=True)`` dispatches launch with it.
+        A cached entry is returned without measuring unless ``force``. See :mod:`vyre_cuda.tuning`.
+
+        >>> result = backend.tune(prog, [a, b])                    # doctest: +SKIP
+        >>> backend.dispatch(prog, [a, b], DispatchConfig(autotune=True))  # doctest: +SKIP
+        """
+        self._check_open()
+        result = tuning.tune(self, program, inputs, config, candidates, repeats=repeats, force=force)
+        if not result.cached:
+            self._core.clear_prepared()  # autotune plans made before this measurement replan
+        return result
 
     # ------------------------------------------------------------------ lifecycle
     def trim(self) -> None:

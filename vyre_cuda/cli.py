@@ -1,8 +1,9 @@
-"""Command line: ``vyre-cuda info | selftest | profile | cache``."""
+"""Command line: ``vyre-cuda info | selftest | profile | cache | tune``."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -205,6 +206,76 @@ def _cmd_cache(args) -> int:
     return EXIT_OK
 
 
+def tune_cases(n: int, rng) -> dict:
+    """Built-in programs ``vyre-cuda tune`` measures: name -> (program, inputs of about n elements)."""
+    from . import builtin_programs as bp
+
+    blocks = max(1, n // 256)
+    return {
+        "vecadd_f32": lambda: (bp.vecadd("f32"), [rng.random(n, dtype=np.float32) for _ in range(2)]),
+        "vecadd_f16": lambda: (
+            bp.vecadd("f16"),
+            [rng.random(n, dtype=np.float32).astype(np.float16) for _ in range(2)],
+        ),
+        "vecadd_i64": lambda: (bp.vecadd("i64"), [rng.integers(-(2**40), 2**40, n, dtype=np.int64) for _ in range(2)]),
+        # its per-block sums depend on the width: every other width is rejected, the declared one stays
+        "block_sum_u32": lambda: (bp.block_sum_u32(blocks), [rng.integers(0, 1000, blocks * 256, dtype=np.uint32)]),
+    }
+
+
+def _widths(text: str) -> tuple:
+    try:
+        widths = tuple(int(w) for w in text.split(",") if w.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated block widths such as 64,128,256 (got {text!r})"
+        ) from None
+    if not widths or any(w <= 0 for w in widths):
+        raise argparse.ArgumentTypeError(f"expected positive block widths (got {text!r})")
+    return widths
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer (got {text!r})")
+    return value
+
+
+def _cmd_tune(args) -> int:
+    from .backend import CudaBackend, driver_status
+    from .tuning import tune_dir
+
+    ok, status = driver_status()
+    if not ok:
+        err = DriverUnavailable(status, NO_GPU_FIX)
+        print(f"DriverUnavailable: {err}", file=sys.stderr)
+        return EXIT_NO_GPU
+    program, inputs = tune_cases(args.elements, np.random.default_rng())[args.program]()
+    with CudaBackend(args.device) as backend:
+        result = backend.tune(program, inputs, candidates=args.candidates, repeats=args.repeats, force=args.force)
+        device = backend.caps.name
+    if args.json:
+        print(json.dumps({"program": args.program, "device": device, **dataclasses.asdict(result)}, default=str))
+        return EXIT_OK
+    how = "from the tuning cache (--force measures again)" if result.cached else "measured"
+    print(f"{args.program} on {device}, size class {result.size_class:,} elements: {how}")
+    for width in sorted({*result.timings_ns, *result.rejected}):
+        if width in result.timings_ns:
+            mark = "  <- fastest" if width == result.block else ""
+            base = "  (declared)" if width == result.baseline else ""
+            print(f"  block {width:5d}  {result.timings_ns[width] / 1000:10.1f} us{base}{mark}")
+        else:
+            print(f"  block {width:5d}  skipped: {result.rejected[width]}")
+    print(
+        f"winner: block {result.block} ({result.speedup:.2f}x the declared {result.baseline}); cached in {tune_dir()}"
+    )
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vyre-cuda", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -236,6 +307,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
     p.set_defaults(func=_cmd_cache)
+    p = sub.add_parser(
+        "tune",
+        help="measure a built-in program's block widths and cache the fastest (DispatchConfig(autotune=True))",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("program", nargs="?", default="vecadd_f32", choices=sorted(tune_cases(1, None)))
+    p.add_argument("--elements", type=_positive, default=1 << 22, help="input elements (default: 4194304)")
+    p.add_argument(
+        "--candidates",
+        type=_widths,
+        default=(64, 128, 256, 512, 1024),
+        help="block widths (default: 64,128,256,512,1024)",
+    )
+    p.add_argument("--repeats", type=_positive, default=5, help="timed runs per width (default: 5)")
+    p.add_argument("--force", action="store_true", help="measure again even when a cached winner exists")
+    p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default: 0)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=_cmd_tune)
     try:
         from . import profile
     except ImportError:  # pragma: no cover - profile is part of the package

@@ -98,6 +98,11 @@ class DispatchConfig:
         bound; finite values are at most ``MAX_TIMEOUT_S`` (1e9 s). Stored as a float.
     elements : int, optional
         The launch element count of this dispatch (word 0), overriding the program's rule.
+    autotune : bool
+        Launch with the block width measured fastest for this program, device and size class
+        (:meth:`CudaBackend.tune`): read from the tuning cache, measured once on zero-filled
+        inputs when absent. Off by default; never applied with ``workgroup_override``,
+        ``grid_override``, a multi-dimensional block or a grid-sync / cooperative launch.
 
     Examples
     --------
@@ -112,6 +117,7 @@ class DispatchConfig:
     label: str | None = None
     timeout: float | None = None
     elements: int | None = None
+    autotune: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "workgroup_override", _dims("workgroup_override", self.workgroup_override))
@@ -137,6 +143,12 @@ class DispatchConfig:
                 "pass cooperative=True to force a cooperative launch, else leave it False",
             )
         object.__setattr__(self, "cooperative", bool(self.cooperative))
+        if not isinstance(self.autotune, (bool, np.bool_)):
+            raise ValidationError(
+                f"autotune must be True or False (got {type(self.autotune).__name__} {self.autotune!r})",
+                "pass autotune=True to launch with the measured fastest block width, else leave it False",
+            )
+        object.__setattr__(self, "autotune", bool(self.autotune))
         n = self.elements
         if n is not None:
             if not _is_int(n) or not 1 <= n <= U32_MAX:

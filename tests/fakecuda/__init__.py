@@ -215,6 +215,15 @@ class FakeDriver:
         """Answer every occupancy query with ``blocks_per_sm`` (-1: compute it)."""
         self.lib.fake_cuda_set_occupancy(blocks_per_sm)
 
+    def set_kernel_max_threads(self, n: int) -> None:
+        """What cuFuncGetAttribute(MAX_THREADS_PER_BLOCK) answers for every kernel."""
+        self.lib.fake_cuda_set_kernel_max_threads(n)
+
+    def set_block_time(self, block: int, ms: float) -> None:
+        """Make the timed interval around a launch of ``block`` threads (x) read ``ms``."""
+        if self.lib.fake_cuda_set_block_time(block, ctypes.c_float(ms)) != 0:
+            raise RuntimeError("the fake driver holds at most 16 block times")
+
     def emulate(self, backend, program, inputs, fn, config=None) -> None:
         """Run ``fn(Launch)`` for every launch of ``program``'s kernel on ``backend``."""
         info = backend.plan_info(program, inputs, config)

@@ -57,7 +57,7 @@ enum {
   CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
   CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR = 106,
 };
-enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
+enum { CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
 enum { CU_JIT_ERROR_LOG_BUFFER = 5 };
 enum { CU_GET_PROC_ADDRESS_SUCCESS = 0, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1 };
 enum {
@@ -246,6 +246,24 @@ void fake_cuda_clear_failures(void) {
 
 void fake_cuda_set_launch_hook(launch_hook_t hook) { launch_hook = hook; }
 void fake_cuda_set_occupancy(int blocks_per_sm) { occupancy_override = blocks_per_sm; }
+
+/* launch-width measurements: what cuFuncGetAttribute reports as a kernel's own thread limit, and
+   the "device time" cuEventElapsedTime reports for a launch of a given block width (the last
+   launch's; 0.001 ms when none is set) */
+static int kernel_max_threads = 1024;
+static int last_block_x = 0;
+static struct { int block; float ms; } block_times[16];
+void fake_cuda_set_kernel_max_threads(int n) { kernel_max_threads = n; }
+int fake_cuda_set_block_time(int block, float ms) {
+  for (int k = 0; k < 16; k++) {
+    if (block_times[k].block == 0 || block_times[k].block == block) {
+      block_times[k].block = block;
+      block_times[k].ms = ms;
+      return 0;
+    }
+  }
+  return -1;
+}
 
 /* ------------------------------------------------------------------ driver, devices */
 
@@ -749,6 +767,8 @@ CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
   int ok = is_event(a) && is_event(b);
   pthread_mutex_unlock(&lock);
   *ms = 0.001f;
+  for (int k = 0; k < 16 && block_times[k].block; k++)
+    if (block_times[k].block == last_block_x) *ms = block_times[k].ms;
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
@@ -948,6 +968,17 @@ static int occupancy(int threads, size_t shared) {
   return blocks;
 }
 
+CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attrib, CUfunction f) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuFuncGetAttribute");
+  NEED_CTX();
+  pthread_mutex_unlock(&lock);
+  (void)f;
+  if (attrib != CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK) return CUDA_ERROR_NOT_SUPPORTED;
+  *value = kernel_max_threads;
+  return CUDA_SUCCESS;
+}
+
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n, CUfunction f, int threads, size_t shared) {
   pthread_mutex_lock(&lock);
   INJECT("cuOccupancyMaxActiveBlocksPerMultiprocessor");
@@ -983,6 +1014,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   INJECT("cuLaunchKernel");
   NEED_CTX();
   CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, 0);
+  last_block_x = (int)bx;
   launch_hook_t hook = launch_hook;
   pthread_mutex_unlock(&lock);
   if (st == CUDA_SUCCESS && hook) st = (CUresult)hook(f, gx, gy, gz, bx, by, bz, shared, params, 0);
@@ -1062,7 +1094,7 @@ static const struct { const char* name; void* fn; } TABLE[] = {
     ENTRY(cuEventDestroy), ENTRY(cuEventQuery), ENTRY(cuEventSynchronize), ENTRY(cuEventRecord),
     ENTRY(cuEventElapsedTime), ENTRY(cuMemcpyHtoDAsync), ENTRY(cuMemcpyDtoHAsync), ENTRY(cuMemsetD8Async),
     ENTRY(cuMemsetD32Async), ENTRY(cuModuleLoadDataEx), ENTRY(cuModuleUnload), ENTRY(cuModuleGetFunction),
-    ENTRY(cuModuleGetGlobal), ENTRY(cuFuncSetAttribute), ENTRY(cuOccupancyMaxActiveBlocksPerMultiprocessor),
+    ENTRY(cuModuleGetGlobal), ENTRY(cuFuncSetAttribute), ENTRY(cuFuncGetAttribute), ENTRY(cuOccupancyMaxActiveBlocksPerMultiprocessor),
     ENTRY(cuLaunchKernel), ENTRY(cuLaunchCooperativeKernel), ENTRY(cuGetErrorName), ENTRY(cuGetErrorString),
     ENTRY(cuGetExportTable), ENTRY(cuCtxPushCurrent), ENTRY(cuCtxPopCurrent), ENTRY(cuMemHostRegister),
     ENTRY(cuMemHostUnregister), ENTRY(cuPointerGetAttributes), ENTRY(cuMemPoolCreate), ENTRY(cuMemPoolDestroy),

@@ -41,7 +41,9 @@ class DispatchPlan:
     grid-barrier addresses (0 when unused) and the cooperative-order gate, per-input
     ``(itemsize, kind)`` checks, per-output ``(numpy dtype, element count)``, the barrier ceiling
     the audit holds a cooperative launch to, the staging decision and its block sizes, and the
-    number of kernel arguments.
+    number of kernel arguments. ``tuned_block`` is the block a ``DispatchConfig(autotune=True)``
+    plan launches with (None when not tuned) and ``tuning`` says where it came from or why the
+    width was not tuned (empty without ``autotune``).
     """
 
     program: Program
@@ -62,6 +64,8 @@ class DispatchPlan:
     staging_block: int
     audit_offset: int
     arg_count: int
+    tuned_block: tuple | None = None
+    tuning: str = ""
 
     @property
     def iterations(self) -> int:

@@ -1,0 +1,370 @@
+"""Opt-in launch-width autotune: measure a few block widths once, keep the fastest on disk.
+
+The width a program declares (``Program(workgroup_size=...)``) is a guess; the fastest one depends
+on the kernel, the device and the size. :func:`tune` (``CudaBackend.tune``, ``vyre-cuda tune``)
+runs the program at each candidate width that the device and the kernel allow, checks that every
+candidate gives the same output bytes as the declared width, times each with device events
+(``dispatch_timed``: the median of a few runs after a warm-up), and stores the winner in the
+tuning cache. ``DispatchConfig(autotune=True)`` then plans with that width; without the flag
+nothing changes, whatever the cache holds.
+
+Why the outputs are compared: kernels read the launch element count from params word 0 and the
+grid is ``ceil(elements / block)``, so any width covers every element; a kernel that assumes its
+declared width (a ``__shared__ float s[256]`` reduction) gives different bytes at another width,
+and that width is rejected rather than cached. Kernels whose output is not bit-reproducible run
+to run (float atomics) see every other width rejected and keep their own.
+
+What is never tuned: an explicit ``workgroup_override`` (the caller chose), a ``grid_override``
+(the grid would no longer follow the width), a multi-dimensional block (no grid is derived from
+it), and grid-sync / cooperative launches (their co-residency, hence their route, depends on the
+width; keeping their width keeps the route the router proved).
+
+The cache: one JSON file per key in ``<kernel cache>/tuning/<key>.json``, written atomically. The key
+covers what changes the winner: the kernel digest, the program's buffers, width, phases and launch
+rule, the device name and compute capability, the size class (the launch element count rounded up
+to a power of two) and the package version. A file that does not parse or does not match its key
+is ignored with a warning (the next tune overwrites it); nothing here raises on a bad cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+
+from .compile import cache as _cache
+from .config import DispatchConfig, as_config
+from .errors import BackendError, DeviceLost, ValidationError
+
+__all__ = [
+    "CANDIDATES",
+    "REPEATS",
+    "TuneResult",
+    "candidate_widths",
+    "load",
+    "size_class",
+    "stats",
+    "store",
+    "tune",
+    "tune_dir",
+    "tune_key",
+    "untunable",
+]
+
+CANDIDATES = (64, 128, 256, 512, 1024)
+REPEATS = 5  # timed runs per candidate after one warm-up; the median is kept
+FORMAT = 1  # the cache entry layout; a change makes older entries miss
+_MAX_ENTRY_BYTES = 1 << 20
+
+_log = logging.getLogger("vyre_cuda")
+_lock = threading.Lock()
+_memory: dict = {}  # key -> entry, so planning reads each file at most once per process
+_stats = {"tunes_measured": 0, "timed_dispatches": 0, "cache_hits": 0, "corrupt_entries": 0}
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """The outcome of :func:`tune`.
+
+    ``block`` is the winning width; ``timings_ns`` the median device nanoseconds per measured width;
+    ``rejected`` why each other candidate was not measured or not kept; ``baseline`` the program's
+    declared width; ``cached`` True when read from the tuning cache (nothing was measured).
+    """
+
+    block: int
+    key: str
+    size_class: int
+    baseline: int
+    timings_ns: dict
+    rejected: dict
+    cached: bool
+
+    @property
+    def speedup(self) -> float:
+        """Baseline median time over the winner's (1.0 when either was not measured)."""
+        base, best = self.timings_ns.get(self.baseline), self.timings_ns.get(self.block)
+        return base / best if base and best else 1.0
+
+
+def stats() -> dict:
+    """Counters of this process: tunes that measured, timed dispatches they ran, cache hits
+    (tunes and plans answered from the cache) and corrupt entries ignored."""
+    with _lock:
+        return dict(_stats)
+
+
+def _count(name: str, n: int = 1) -> None:
+    with _lock:
+        _stats[name] += n
+
+
+def size_class(elements: int) -> int:
+    """The launch element count rounded up to a power of two: one tuning entry per class.
+
+    >>> size_class(1000), size_class(1024), size_class(1025), size_class(0)
+    (1024, 1024, 2048, 1)
+    """
+    return 1 << max(0, int(elements) - 1).bit_length()
+
+
+def untunable(program, config: DispatchConfig) -> str | None:
+    """Why a dispatch's width is not tuned, or None when it may be."""
+    if config.workgroup_override is not None:
+        return f"workgroup_override={config.workgroup_override} is explicit"
+    if config.grid_override is not None:
+        return f"grid_override={config.grid_override} fixes the grid"
+    if program.grid_sync or config.cooperative:
+        return "grid-sync and cooperative launches keep their width (co-residency depends on it)"
+    if tuple(program.workgroup_size[1:]) != (1, 1):
+        return f"workgroup_size {program.workgroup_size} is multi-dimensional"
+    return None
+
+
+def candidate_widths(candidates, caps, kernel_max: int, baseline: int) -> tuple:
+    """``(widths, rejected)``: the candidates (plus the baseline) the device and kernel allow,
+    ascending, and ``{width: reason}`` for the others."""
+    if isinstance(candidates, (int, str)) or not candidates:
+        raise ValidationError(
+            f"candidates must be a non-empty sequence of block widths (got {candidates!r})",
+            "pass candidates=(64, 128, 256, 512, 1024) or a subset",
+        )
+    widths, rejected = [], {}
+    for width in (*candidates, baseline):
+        if isinstance(width, bool) or not isinstance(width, int) or width <= 0:
+            raise ValidationError(
+                f"block width candidates must be positive ints (got {width!r} in {tuple(candidates)!r})",
+                "pass candidates=(64, 128, 256, 512, 1024) or a subset",
+            )
+        limits = (
+            (caps.max_threads_per_block, "threads per block on this device"),
+            (caps.max_block_dim[0], "block x dimension on this device"),
+            (kernel_max, "threads per block for this kernel (its registers and shared memory)"),
+        )
+        over = [f"over the {limit} {what}" for limit, what in limits if width > limit]
+        if over:
+            rejected[width] = "; ".join(over)
+        elif width % caps.warp_size:
+            rejected[width] = f"not a multiple of the warp size {caps.warp_size}"
+        elif width not in widths:
+            widths.append(width)
+    if baseline not in widths:  # the declared width always runs: it is the reference
+        rejected.pop(baseline, None)
+        widths.append(baseline)
+    return tuple(sorted(widths)), rejected
+
+
+def _launch_rule(rule) -> str:
+    if rule is None or isinstance(rule, str):
+        return repr(rule)
+    return f"{getattr(rule, '__module__', '')}.{getattr(rule, '__qualname__', repr(rule))}"
+
+
+def tune_key(program, caps, sizes: int) -> str:
+    """The tuning cache key of ``program`` on a device of ``caps`` at size class ``sizes``."""
+    material = {
+        "format": FORMAT,
+        "vyre_cuda": _cache._package_version(),
+        "kernel": program.kernel.digest,
+        "workgroup_size": list(program.workgroup_size),
+        "phases": program.phases,
+        "launch": _launch_rule(program.launch),
+        "buffers": [
+            [d.name, d.binding, str(d.access), d.dtype.name, d.count, bool(d.output), repr(d.output_byte_range)]
+            for d in program.buffers
+        ],
+        "device": [caps.name, list(caps.cc)],
+        "size_class": sizes,
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def tune_dir():
+    """Folder of the tuning cache: ``tuning/`` inside the kernel cache folder."""
+    return _cache.cache_dir() / "tuning"
+
+
+def _path(key: str):
+    return tune_dir() / f"{key}.json"
+
+
+def load(key: str) -> dict | None:
+    """The cached entry of ``key`` (``block``, ``timings_ns``, ...), or None. A corrupt or
+    mismatched file is ignored with a warning."""
+    with _lock:
+        hit = _memory.get(key)
+    if hit is not None or not _cache.disk_enabled():
+        return hit
+    path = _path(key)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_MAX_ENTRY_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _log.warning("tuning cache: cannot read %s (%s); tuning again", path, exc)
+        return None
+    try:
+        if len(data) > _MAX_ENTRY_BYTES:
+            raise ValueError(f"{len(data)} bytes is not an entry of this cache")
+        entry = json.loads(data)
+        _check_entry(entry, key)
+    except (ValueError, TypeError, KeyError) as exc:
+        _count("corrupt_entries")
+        _log.warning("tuning cache: ignoring %s (%s); the next tune rewrites it", path, exc)
+        return None
+    with _lock:
+        _memory[key] = entry
+    return entry
+
+
+def _check_entry(entry, key: str) -> None:
+    if not isinstance(entry, dict):
+        raise ValueError("not a JSON object")
+    if entry.get("format") != FORMAT or entry.get("key") != key:
+        raise ValueError("format or key does not match")
+    block = entry["block"]
+    if isinstance(block, bool) or not isinstance(block, int) or not 0 < block <= 1 << 16:
+        raise ValueError(f"block {block!r} is not a width")
+    if not isinstance(entry.get("timings_ns"), dict) or not isinstance(entry.get("rejected"), dict):
+        raise ValueError("timings or rejections missing")
+
+
+def store(key: str, entry: dict) -> None:
+    """Keep ``entry`` for ``key`` (memory, and disk unless VYRE_CUDA_DISK_CACHE=0); a folder that
+    cannot be written only loses the disk copy (logged)."""
+    entry = {**entry, "format": FORMAT, "key": key}
+    _check_entry(entry, key)
+    with _lock:
+        _memory[key] = entry
+    if not _cache.disk_enabled():
+        return
+    try:
+        tune_dir().mkdir(parents=True, exist_ok=True)
+        _cache._atomic_write(_path(key), json.dumps(entry, sort_keys=True, indent=1).encode())
+    except OSError as exc:
+        _log.warning("tuning cache: cannot write %s (%s); the winner is kept for this process only", _path(key), exc)
+
+
+def forget_memory() -> None:
+    """Drop the in-process copies (tests; a cleared disk cache is read again)."""
+    with _lock:
+        _memory.clear()
+
+
+def _same(outputs, reference) -> bool:
+    return len(outputs) == len(reference) and all(
+        a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+        for a, b in zip(outputs, reference, strict=True)
+    )
+
+
+def _result(entry: dict, key: str, cached: bool) -> TuneResult:
+    return TuneResult(
+        block=entry["block"],
+        key=key,
+        size_class=entry.get("size_class", 0),
+        baseline=entry.get("baseline", entry["block"]),
+        timings_ns={int(w): ns for w, ns in entry["timings_ns"].items()},
+        rejected={int(w): why for w, why in entry["rejected"].items()},
+        cached=cached,
+    )
+
+
+def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeats: int = REPEATS, force=False):
+    """Measure ``program``'s candidate block widths on ``inputs`` and cache the fastest.
+
+    Returns a :class:`TuneResult`. With a cached entry for this program, device and size class it
+    measures nothing unless ``force``. Refuses (ValidationError) a dispatch whose width is never
+    tuned (see :func:`untunable`).
+    """
+    from . import _driver  # noqa: PLC0415 (the compiled driver module loads at first use)
+
+    cfg = dataclasses.replace(as_config(config), autotune=False)
+    why = untunable(program, cfg)
+    if why is not None:
+        raise ValidationError(
+            f"this dispatch's block width is not tuned: {why}",
+            "tune without workgroup_override / grid_override, and only programs without grid sync "
+            "with a 1-D workgroup_size",
+        )
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= 1000:
+        raise ValidationError(f"repeats must be an int in 1..1000 (got {repeats!r})", "pass repeats=5")
+    plan = backend.plan_info(program, inputs, cfg)
+    caps = backend.caps
+    sizes = size_class(plan.launch.element_count)
+    key = tune_key(program, caps, sizes)
+    if not force:
+        entry = load(key)
+        if entry is not None:
+            _count("cache_hits")
+            return _result(entry, key, cached=True)
+    baseline = plan.launch.block[0]
+    _driver.make_current(backend.context_handle)  # planning may have run on another thread
+    kernel_max = _driver.function_max_threads(plan.function)
+    widths, rejected = candidate_widths(tuple(candidates), caps, kernel_max, baseline)
+    reference = backend.dispatch(program, inputs, cfg)
+    timings = {}
+    for width in widths:
+        wcfg = dataclasses.replace(cfg, workgroup_override=(width, 1, 1))
+        try:
+            warm = backend.dispatch_timed(program, inputs, wcfg)  # plans, loads, checks the output
+        except DeviceLost:
+            raise
+        except BackendError as exc:  # e.g. out of resources at this width: not a candidate
+            rejected[width] = f"{type(exc).__name__}: {exc.message}"
+            continue
+        if not _same(warm.outputs, reference):
+            rejected[width] = f"its outputs differ from those of the declared width {baseline}"
+            continue
+        samples = [backend.dispatch_timed(program, inputs, wcfg).device_ns for _ in range(repeats)]
+        _count("timed_dispatches", repeats + 1)
+        timings[width] = int(statistics.median(samples))
+    # fastest first; on a tie the declared width, then the narrower one
+    winner = min(timings, key=lambda w: (timings[w], w != baseline, w)) if timings else baseline
+    entry = {
+        "block": winner,
+        "baseline": baseline,
+        "size_class": sizes,
+        "elements": plan.launch.element_count,
+        "timings_ns": {str(w): ns for w, ns in timings.items()},
+        "rejected": {str(w): why for w, why in rejected.items()},
+        "device": caps.name,
+        "cc": list(caps.cc),
+        "program": program.name or program.kernel.entry,
+        "measured_at": time.time(),
+    }
+    store(key, entry)
+    _count("tunes_measured")
+    _log.info(
+        "tuned %s at %d elements (class %d): block %d (declared %d) %s",
+        entry["program"],
+        plan.launch.element_count,
+        sizes,
+        winner,
+        baseline,
+        " ".join(f"{w}={ns / 1000:.1f}us" for w, ns in sorted(timings.items())),
+    )
+    return _result(entry, key, cached=False)
+
+
+def planned_width(backend, program, lengths, config, base_plan) -> tuple:
+    """``(block width or None, reason)`` for a plan under ``autotune=True``: the cached winner,
+    else measured now on zero-filled inputs of ``lengths`` bytes."""
+    import numpy as np  # noqa: PLC0415
+
+    why = untunable(program, config)
+    if why is not None:
+        return None, f"not tuned: {why}"
+    key = tune_key(program, backend.caps, size_class(base_plan.launch.element_count))
+    entry = load(key)
+    if entry is not None:
+        _count("cache_hits")
+        return entry["block"], f"block {entry['block']} from the tuning cache (key {key[:12]})"
+    zeros = [np.zeros(n, np.uint8) for n in lengths]  # any dtype check passes raw bytes
+    result = tune(backend, program, zeros, config, force=True)
+    return result.block, f"block {result.block} measured now on zero-filled inputs (key {key[:12]})"
