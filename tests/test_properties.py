@@ -458,7 +458,9 @@ def expect_refusal(exc):
 def test_every_outcome_is_a_valid_plan_or_a_backend_error(planners):
     seen = collections.Counter()
 
-    @SETTINGS
+    # derandomized: the route coverage asserted below must not depend on one run's luck (a random
+    # run drew no host-split plan about once in a few hundred)
+    @settings(SETTINGS, derandomize=True)
     @given(data=st.data(), config=configs(), caps=st.sampled_from([H200] * 5 + [NO_COOP]), occupancy=occupancies)
     def run(data, config, caps, occupancy):
         seen["examples"] += 1
