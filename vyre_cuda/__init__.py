@@ -34,6 +34,7 @@ __all__ = [
     "CooperativeResidencyExceeded",
     "CudaBackend",
     "DType",
+    "DeviceArray",
     "DeviceGroup",
     "DeviceLost",
     "DeviceOutOfMemory",
@@ -62,6 +63,7 @@ __all__ = [
 # light and works even where the extension's driver cannot be found.
 _LAZY = {
     "CudaBackend": ("backend", "CudaBackend"),
+    "DeviceArray": ("_devarray", "DeviceArray"),
     "DeviceGroup": ("group", "DeviceGroup"),
     "TimedDispatchResult": ("backend", "TimedDispatchResult"),
     "PendingDispatch": ("_dispatch", "PendingDispatch"),

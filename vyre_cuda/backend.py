@@ -247,14 +247,14 @@ class CudaBackend:
         return self._plan(program, lengths, cfg).plan
 
     # ------------------------------------------------------------------ planning
-    def _plan(self, program, lengths, config):
+    def _plan(self, program, lengths, config, device_inputs=frozenset()):
         """Plan one (program, input lengths, config): the core's one call back on a plan miss; it
-        caches what this returns."""
+        caches what this returns. ``device_inputs``: indices of the inputs in device memory."""
         from ._dispatch import Prepared  # noqa: PLC0415
 
         cfg = as_config(config)
         with self._plan_lock:
-            plan = plan_dispatch(program, lengths, cfg, self._caps, self._modules)
+            plan = plan_dispatch(program, lengths, cfg, self._caps, self._modules, device_inputs)
         launch, route = plan.launch, plan.route
         log.info(
             "planned %s: route=%s (%s), grid=%s block=%s shared=%d slab=%d (%s)",
