@@ -14,7 +14,7 @@ legacy ``DLManagedTensor`` (capsule ``"dltensor"``) and the versioned ``DLManage
 """
 
 from cpython.pycapsule cimport (PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer)
-from cpython.ref cimport Py_INCREF, Py_DECREF, PyObject
+from cpython.ref cimport Py_INCREF, Py_DECREF
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 

@@ -174,7 +174,7 @@ def _view(obj, what, device, stream):
         return _from_dlpack(obj, what, device, stream)
     try:
         cai = obj.__cuda_array_interface__
-    except Exception:  # e.g. torch raises on a CPU tensor; not a device array then
+    except Exception:  # noqa: BLE001 (torch raises RuntimeError on a CPU tensor: not a device array)
         cai = None
     if cai is not None:
         return _from_cai(obj, cai, what, device, stream)

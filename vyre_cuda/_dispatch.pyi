@@ -61,6 +61,7 @@ class Core:
     closed: bool
     outstanding: int
     trace: bool
+    device: int
     def __init__(
         self,
         ctx: int,

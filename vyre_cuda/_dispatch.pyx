@@ -1207,7 +1207,7 @@ cdef cydriver.CUresult _issue(PendingDispatch d, Prepared p, TransferEngine xfer
 
 
 cdef cydriver.CUresult _device_args(PendingDispatch d, Prepared p, unsigned long long* argv,
-                                   const char** call) noexcept nogil:
+                                    const char** call) noexcept nogil:
     """Device inputs: a read-only one's argument is the caller's pointer; a read-write one is
     copied device-to-device into its slab region (the caller's array is never modified)."""
     cdef size_t i
@@ -1405,7 +1405,8 @@ cdef class PendingDispatch:
         """Wait, then copy the outputs into the caller's arrays (checked) and return them."""
         outputs = as_output_list(outputs)
         self._take()
-        check_outputs(self.prep.plan, outputs, self.core.device, <uintptr_t>self.prep.ext_stream if self.prep.ext else None)
+        stream = <uintptr_t>self.prep.ext_stream if self.prep.ext else None
+        check_outputs(self.prep.plan, outputs, self.core.device, stream)
         self._wait()
         self._collect(outputs)
         self._finish()
