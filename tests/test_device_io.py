@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from planning_fakes import H200
 
 import vyre_cuda as vc
 from vyre_cuda import builtin_programs as bp
@@ -17,8 +18,6 @@ from vyre_cuda.config import stream_handle
 from vyre_cuda.planning.binding import plan_bindings
 from vyre_cuda.planning.launch import plan_launch
 from vyre_cuda.planning.layout import plan_layout
-
-from planning_fakes import H200
 
 
 class _CudaDL:
