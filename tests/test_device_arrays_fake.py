@@ -82,6 +82,9 @@ for n in (5, 1000, 200_000):  # the mirror and the ring
     check(f"n={n} mixed", out, (a + b) + b)
     if g.telemetry.snapshot()["h2d_bytes"] - h2d >= 2 * 4 * n:
         res["errors"].append(f"n={n}: the device input was uploaded")
+    info = g.plan_info(prog, [da, b])
+    if info.layout.device_args != ((0, 0, -1, 4 * n),):
+        res["errors"].append(f"plan_info of a device input: {info.layout.device_args}")
     (out,) = g.dispatch(prog, [CAI(da), DL(da)])  # CAI and DLPack inputs
     check(f"n={n} CAI + DLPack", out, (a + b) * 2)
     dst = g.dispatch(prog, [a, a], DEV)[0]

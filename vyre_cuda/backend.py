@@ -231,7 +231,7 @@ class CudaBackend:
         """Whether the dispatch would run as one cooperative launch (the router's own answer)."""
         self._check_open()
         cfg = as_config(config)
-        lengths = tuple(_nbytes(x, i) for i, x in enumerate(inputs))
+        lengths, _ = self._lengths(program, inputs, cfg)
         try:
             with self._plan_lock:
                 route = plan_route(program, lengths, cfg, self._caps, self._modules)[-1]
@@ -243,8 +243,26 @@ class CudaBackend:
         """The plan a dispatch of these inputs runs with (planned now if not cached)."""
         self._check_open()
         cfg = None if config is None else as_config(config)
-        lengths = tuple(_nbytes(x, i) for i, x in enumerate(inputs))
-        return self._plan(program, lengths, cfg).plan
+        lengths, on_device = self._lengths(program, inputs, as_config(cfg))
+        return self._plan(program, lengths, cfg, on_device).plan
+
+    def _lengths(self, program, inputs, cfg):
+        """(byte lengths, indices of device inputs) of ``inputs``, as a dispatch would see them."""
+        from ._device_io import device_input  # noqa: PLC0415
+
+        lengths, on_device = [], set()
+        for i, x in enumerate(inputs):
+            try:
+                lengths.append(_nbytes(x, i))
+                continue
+            except ValidationError:
+                view = device_input(program, i, x, self.device, cfg.stream)
+                if view is None:
+                    raise
+            lengths.append(view.nbytes)
+            if not isinstance(view, np.ndarray):  # (a CPU DLPack tensor is a host input)
+                on_device.add(i)
+        return tuple(lengths), frozenset(on_device)
 
     # ------------------------------------------------------------------ planning
     def _plan(self, program, lengths, config, device_inputs=frozenset()):
