@@ -92,6 +92,8 @@ for n in (5, 1000, 200_000):  # the mirror and the ring
     check(f"n={n} dispatch_into device", dst.numpy(), b + (a + b))
     g.dispatch_into(prog, [a, b], [CAI(dst)])
     check(f"n={n} dispatch_into CAI", dst.numpy(), a + b)
+    g.dispatch_into(prog, [dst, b], [dst])  # the output aliases an input: read first, then written
+    check(f"n={n} aliased output", dst.numpy(), (a + b) + b)
     before = sys.getrefcount(da)
     pending = g.dispatch_async(prog, [da, a])
     held = sys.getrefcount(da) > before  # the pending dispatch keeps the device input alive
@@ -164,7 +166,7 @@ def test_device_arrays_and_streams_on_the_fake_driver(fake_libcuda, rng):
     assert proc.returncode == 0, f"child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["errors"] == [] and res["hook_errors"] == [], res
-    assert res["checked"] == 3 * 11 + 3
+    assert res["checked"] == 3 * 12 + 3
     assert res["dtod"] >= 1  # the read-write device input went device-to-device
     assert res["live"] == [0, 0, 0, 0]
     refusals = res["refusals"]

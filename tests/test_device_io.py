@@ -188,3 +188,24 @@ def test_layout_of_a_read_write_device_input():
     ((arg, index, offset, nbytes),) = lay.device_args
     assert (arg, index, nbytes) == (0, 0, 1000) and offset >= lay.upload_end  # a private copy, not uploaded
     assert lay.arg_offsets[0] == offset and lay.outputs[0] == (offset, 1000)
+
+
+class _StridedView:
+    """The attributes of cuda.core's StridedMemoryView (strides in elements)."""
+
+    def __init__(self, ptr, shape, dtype, strides=None, device_id=0, readonly=False):
+        self.ptr, self.shape, self.dtype, self.strides = ptr, shape, np.dtype(dtype), strides
+        self.device_id, self.is_device_accessible, self.readonly = device_id, device_id >= 0, readonly
+
+
+def test_cuda_core_strided_memory_view():
+    prog = bp.vecadd_f32()
+    view = device_input(prog, 0, _StridedView(0x1000, (64,), np.float32), 0, None)
+    assert (view.ptr, view.nbytes, view.wait) == (0x1000, 256, None)
+    with pytest.raises(vc.ValidationError, match=r"strided[\s\S]*Fix:"):
+        device_input(prog, 0, _StridedView(0x1000, (8, 8), np.float32, strides=(16, 1)), 0, None)
+    with pytest.raises(vc.ValidationError, match=r"device 2, but this backend runs on device 0"):
+        device_input(prog, 0, _StridedView(0x1000, (64,), np.float32, device_id=2), 0, None)
+    with pytest.raises(vc.ValidationError, match=r"float64 but the buffer is declared f32"):
+        device_input(prog, 0, _StridedView(0x1000, (64,), np.float64), 0, None)
+    assert device_input(prog, 0, _StridedView(0x1000, (64,), np.float32, device_id=-1), 0, None) is None

@@ -178,7 +178,25 @@ def _view(obj, what, device, stream):
         cai = None
     if cai is not None:
         return _from_cai(obj, cai, what, device, stream)
+    if all(hasattr(obj, a) for a in ("ptr", "shape", "dtype", "device_id", "is_device_accessible")):
+        return _from_strided_view(obj, what, device)
     return None
+
+
+def _from_strided_view(view, what, device):
+    # cuda.core's StridedMemoryView: made with the consumer's stream, so already ordered; strides
+    # in elements; device_id -1 for host memory
+    dtype = np.dtype(view.dtype)
+    shape = tuple(int(x) for x in view.shape)
+    if not view.is_device_accessible or view.device_id < 0:
+        return None  # host memory: its exporting object takes the host path, or is refused there
+    _check_ordinal(what, int(view.device_id), device)
+    strides = None if view.strides is None else tuple(int(x) * dtype.itemsize for x in view.strides)
+    _check_contiguous(what, shape, strides, dtype.itemsize)
+    kind = {"b": "u", "V": "u"}.get(dtype.kind, dtype.kind) if dtype.kind in "biufV" else ""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return DeviceView(int(view.ptr), nbytes, bool(getattr(view, "readonly", False)), None, view, kind,
+                      dtype.itemsize, str(dtype))  # fmt: skip
 
 
 def device_input(program, i, obj, device, stream):
