@@ -475,6 +475,7 @@ cdef class Core:
         tensor (its numpy view), or a device array. Returns its key entry; raises a typed error."""
         bits = raw_bits(obj)  # bfloat16 & co. export no format: take their raw bits
         if bits is None:
+            bind_context(self.ctx)  # the pointer queries of the device checks want our context
             dv = device_input(program, i, obj, self.device, getattr(config, "stream", None))
             if dv is None:
                 raise input_error(program, i, obj, exc) from None

@@ -256,6 +256,7 @@ class CudaBackend:
                 lengths.append(_nbytes(x, i))
                 continue
             except ValidationError:
+                _driver.make_current(self._ctx)  # (the device checks query pointers)
                 view = device_input(program, i, x, self.device, cfg.stream)
                 if view is None:
                     raise
