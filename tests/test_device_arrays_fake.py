@@ -149,6 +149,16 @@ refused("readonly_output", lambda: g.dispatch_into(prog, [a, a], [CAI(x, readonl
 refused("output_size", lambda: g.dispatch_into(prog, [a[:10], a[:10]], [x]))
 refused("cai_stream_zero", lambda: g.dispatch(prog, [CAI(x, stream=0), a]))
 refused("stream_object", lambda: vc.DispatchConfig(stream="s"))
+# a driver failure while ordering after the producer's stream: typed error, nothing held, next works
+fake.fail("cuStreamWaitEvent", "CUDA_ERROR_INVALID_VALUE")
+try:
+    g.dispatch(prog, [DL(x), a])
+    res["errors"].append("an injected cuStreamWaitEvent failure was not raised")
+except vc.DispatchFailed as exc:
+    res["refusals"]["wait_failure"] = str(exc)
+fake.clear_failures()
+(out,) = g.dispatch(prog, [DL(x), a])
+check("after a failed wait", out, x.numpy() + a)
 snap = g.telemetry.snapshot()
 res["live"] = [snap[k] for k in ("device_pool_live_bytes", "pinned_pool_live_bytes", "streams_live", "events_live")]
 res["violations"] = fake.stats()["violations"]
@@ -166,7 +176,7 @@ def test_device_arrays_and_streams_on_the_fake_driver(fake_libcuda, rng):
     assert proc.returncode == 0, f"child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["errors"] == [] and res["hook_errors"] == [], res
-    assert res["checked"] == 3 * 12 + 3
+    assert res["checked"] == 3 * 12 + 4
     assert res["dtod"] >= 1  # the read-write device input went device-to-device
     assert res["live"] == [0, 0, 0, 0]
     refusals = res["refusals"]
@@ -180,6 +190,7 @@ def test_device_arrays_and_streams_on_the_fake_driver(fake_libcuda, rng):
         "output_size": ["1200 bytes", "40", "Fix:"],
         "cai_stream_zero": ["stream 0", "Fix:"],
         "stream_object": ["stream must be a CUDA stream", "Fix:"],
+        "wait_failure": ["cuStreamWaitEvent"],
     }.items():
         assert all(w in refusals[name] for w in words), (name, refusals[name])
     assert res["violations"] == 0

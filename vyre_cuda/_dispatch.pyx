@@ -501,24 +501,25 @@ cdef class Core:
 
     cdef int _stream_waits(self, PendingDispatch d, list streams) except -1:
         """Order the dispatch stream after each of ``streams`` (the producers of device arrays,
-        per DLPack and CUDA Array Interface v3), through an event recorded on each."""
+        per DLPack and CUDA Array Interface v3), through an event recorded on each. The event goes
+        back to the pool at once: a wait applies to the record made before it, whatever is
+        recorded on the event later."""
         cdef cydriver.CUevent ev
         cdef cydriver.CUstream other
         cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
-        cdef const char* call = b"cuEventCreate"
-        for w in streams:
+        cdef const char* call = b"cuEventRecord"
+        for w in set(streams):
             other = <cydriver.CUstream><uintptr_t>w
             if other == d.f.stream:
                 continue
+            self.spool.acquire_event(False, &ev)
             with nogil:
-                st = cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING)
+                call = b"cuEventRecord"
+                st = cydriver.cuEventRecord(ev, other)
                 if st == cydriver.CUDA_SUCCESS:
-                    call = b"cuEventRecord"
-                    st = cydriver.cuEventRecord(ev, other)
-                    if st == cydriver.CUDA_SUCCESS:
-                        call = b"cuStreamWaitEvent"
-                        st = cydriver.cuStreamWaitEvent(d.f.stream, ev, 0)
-                    cydriver.cuEventDestroy(ev)  # released once the wait is satisfied
+                    call = b"cuStreamWaitEvent"
+                    st = cydriver.cuStreamWaitEvent(d.f.stream, ev, 0)
+            self.spool.release_event(ev, False)
             if st != cydriver.CUDA_SUCCESS:
                 self._fail(d, st, call)
         return 0
