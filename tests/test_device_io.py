@@ -209,3 +209,15 @@ def test_cuda_core_strided_memory_view():
     with pytest.raises(vc.ValidationError, match=r"float64 but the buffer is declared f32"):
         device_input(prog, 0, _StridedView(0x1000, (64,), np.float64), 0, None)
     assert device_input(prog, 0, _StridedView(0x1000, (64,), np.float32, device_id=-1), 0, None) is None
+
+
+def test_dlpack_export_failure_is_typed():
+    class Grad:  # as torch refuses a tensor that requires grad
+        def __dlpack_device__(self):
+            return (2, 0)
+
+        def __dlpack__(self, stream=None):
+            raise RuntimeError("Can't export tensors that require gradient, use tensor.detach()")
+
+    with pytest.raises(vc.ValidationError, match=r"require gradient[\s\S]*Fix: .*detach"):
+        device_input(bp.vecadd_f32(), 0, Grad(), 0, None)

@@ -267,8 +267,9 @@ cdef class DeviceArray:
         ``max_version >= (1, 0)`` gets a versioned capsule, else a legacy one."""
         cdef Export* e
         cdef DLTensor* t
-        if stream is not None and (not isinstance(stream, int) or stream == 0):
-            raise BufferError(f"stream must be None or a non-zero int CUDA stream (got {stream!r})")
+        # any stream is fine: the contents are complete (no work of ours is pending on them)
+        if stream is not None and not isinstance(stream, int):
+            raise BufferError(f"stream must be None or an int CUDA stream (got {stream!r})")
         if dl_device is not None and tuple(dl_device) != (KDL_CUDA, self.device):
             raise BufferError(f"DeviceArray lives on CUDA device {self.device}; cannot export to {dl_device}")
         if copy:

@@ -93,9 +93,15 @@ def _from_dlpack(obj, what, device, stream):
     _check_ordinal(what, dev_id, device)
     arg, wait = dlpack_stream(stream)
     try:
-        capsule = obj.__dlpack__(stream=arg)
-    except TypeError:  # a producer predating the stream keyword: its data is taken as ready
-        capsule, wait = obj.__dlpack__(), None
+        try:
+            capsule = obj.__dlpack__(stream=arg)
+        except TypeError:  # a producer predating the stream keyword: its data is taken as ready
+            capsule, wait = obj.__dlpack__(), None
+    except (BufferError, RuntimeError, ValueError, TypeError) as exc:
+        raise ValidationError(
+            f"{what} could not be exported through DLPack ({type(exc).__name__}: {exc})",
+            "pass a plain, C-contiguous device array (torch: x.detach().contiguous())",
+        ) from None
     ptr, shape, strides, (code, bits, lanes), _, readonly = dlpack_info(capsule)
     itemsize = max(bits // 8, 1) * lanes
     elements_strides = None if strides is None else tuple(s * itemsize for s in strides)
