@@ -90,7 +90,8 @@ def _from_dlpack(obj, what, device, stream):
             f"{what} is a DLPack tensor on device type {dev_type} (not CUDA); vyre_cuda runs on CUDA devices",
             "copy it to a CUDA device (or to host memory) before dispatch",
         )
-    _check_ordinal(what, dev_id, device)
+    if dev_type != KDL_CUDA_HOST:  # page-locked host memory is reachable from any device
+        _check_ordinal(what, dev_id, device)
     arg, wait = dlpack_stream(stream)
     try:
         try:

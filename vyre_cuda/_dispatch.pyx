@@ -5,6 +5,11 @@ A dispatch looks up its prepared plan (one dict lookup keyed on program, config 
 lengths), then runs in C: pool acquisitions with the GIL held (a few C operations), every driver
 call, bulk copy and wait with the GIL released, no Python object per argument or per buffer.
 
+Device arrays (DLPack / CUDA Array Interface) are found only where the buffer protocol fails, so
+host buffers pay nothing for them; a device input's kernel argument is its own pointer (or a
+device-to-device copy for a read-write one), a device output is filled device-to-device. A
+``DispatchConfig(stream=...)`` dispatch runs on the caller's stream, never returned to the pool.
+
 Every dispatch, blocking or not, is owned by ONE :class:`PendingDispatch` from the moment it holds
 resources: success, driver error, timeout, Ctrl-C and a dropped handle all end in that object, which
 returns its stream, events, device slab and staging to the pools (or writes them off when the GPU
