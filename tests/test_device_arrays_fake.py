@@ -114,6 +114,24 @@ for n in (5, 1000, 200_000):  # the mirror and the ring
     if dl.streams != [1]:
         res["errors"].append(f"DLPack stream argument {dl.streams}")
 
+# a stream of the caller's own (made through the driver, as CuPy or torch would)
+import ctypes
+handle = ctypes.c_void_p()
+assert fake.lib.cuStreamCreate(ctypes.byref(handle), 1) == 0
+created = g.telemetry.snapshot()["streams_created"]
+for a, cfg in (
+    (rng.standard_normal(5000).astype(np.float32), vc.DispatchConfig(stream=handle.value)),
+    (rng.standard_normal(200_000).astype(np.float32), vc.DispatchConfig(stream=handle.value, outputs="device")),
+):
+    (o,) = g.dispatch(prog, [a, a], cfg)
+    check(f"own stream {cfg.outputs}", np.asarray(o) if cfg.outputs == "host" else o.numpy(), a + a)
+    (o,) = g.dispatch_async(prog, [a, a], cfg).result()
+    check(f"own stream async {cfg.outputs}", np.asarray(o) if cfg.outputs == "host" else o.numpy(), a + a)
+if g.telemetry.snapshot()["streams_created"] != created:
+    res["errors"].append("a pooled stream was made for a dispatch on the caller's stream")
+del o
+assert fake.lib.cuStreamDestroy(handle) == 0
+
 # a read-write device input is copied: the caller's array is not modified
 src = r'''
 #include "vyre_cuda.cuh"
@@ -176,7 +194,7 @@ def test_device_arrays_and_streams_on_the_fake_driver(fake_libcuda, rng):
     assert proc.returncode == 0, f"child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["errors"] == [] and res["hook_errors"] == [], res
-    assert res["checked"] == 3 * 12 + 4
+    assert res["checked"] == 3 * 12 + 4 + 4
     assert res["dtod"] >= 1  # the read-write device input went device-to-device
     assert res["live"] == [0, 0, 0, 0]
     refusals = res["refusals"]

@@ -577,7 +577,7 @@ cdef class Core:
         p = self._lookup(program, inputs, config, d.views, d)
         d.prep = p
         if into is not None:
-            check_outputs(p.plan, into, self.device, getattr(config, "stream", None))  # before anything runs
+            check_outputs(p.plan, into, self.device, <uintptr_t>p.ext_stream if p.ext else None)  # before it runs
         if marks != NULL:
             marks[M_LOOKUP] = now_ns()
         self._acquire(p, &d.f, want_done or p.ext, timed)  # a caller's stream: wait on an event, not on it
