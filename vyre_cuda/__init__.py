@@ -34,6 +34,7 @@ __all__ = [
     "CooperativeResidencyExceeded",
     "CudaBackend",
     "DType",
+    "DeviceArray",
     "DeviceGroup",
     "DeviceLost",
     "DeviceOutOfMemory",
@@ -64,6 +65,7 @@ __all__ = [
 # light and works even where the extension's driver cannot be found.
 _LAZY = {
     "CudaBackend": ("backend", "CudaBackend"),
+    "DeviceArray": ("_devarray", "DeviceArray"),
     "DeviceGroup": ("group", "DeviceGroup"),
     "TimedDispatchResult": ("backend", "TimedDispatchResult"),
     "PendingDispatch": ("_dispatch", "PendingDispatch"),

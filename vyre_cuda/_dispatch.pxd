@@ -15,6 +15,22 @@ cdef struct InputCheck:
     char kind  # 'f', 'i', 'u', 'b' (bf16: raw 2-byte words) or 0 (any)
 
 
+cdef struct DevArg:
+    # a device input: its kernel argument takes the caller's pointer (offset < 0), or a slab region
+    # at ``offset`` that a device-to-device copy fills (read-write inputs are private copies)
+    size_t arg
+    int input
+    long long offset
+    size_t nbytes
+
+
+cdef struct DevCopy:
+    # a device output: ``n`` slab bytes at ``dev_offset`` copied device-to-device to ``ptr``
+    cydriver.CUdeviceptr ptr
+    size_t dev_offset
+    size_t n
+
+
 cdef struct Segment:
     size_t offset
     size_t nbytes
@@ -32,6 +48,7 @@ cdef struct InFlight:
     bint active
     bint enqueued
     bint async_slab
+    bint ext_stream  # the caller's stream: never returned to the pool
     unsigned long long t_start
     unsigned long long t_enqueued
 
@@ -80,6 +97,10 @@ cdef class Prepared:
     cdef public object plan
     cdef unsigned long long tel_h2d_bytes, tel_h2d_ops, tel_d2h_bytes, tel_d2h_ops
     cdef unsigned long long tel_param_bytes, tel_launches, tel_memsets
+    cdef vector[DevArg] dev_args
+    cdef bint ext  # DispatchConfig(stream=...): run on the caller's stream
+    cdef cydriver.CUstream ext_stream
+    cdef bint device_outputs  # DispatchConfig(outputs="device")
 
 
 cdef class Core:
@@ -97,9 +118,15 @@ cdef class Core:
     cdef public int outstanding
     cdef public int trace  # TRACE_LOG | TRACE_NVTX bits; 0: untraced (the hot path's one test)
     cdef object logger
+    cdef public int device
 
     cdef int _check_usable(self) except -1
-    cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views)
+    cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d)
+    cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
+                            PendingDispatch d, exc)
+    cdef int _stream_waits(self, PendingDispatch d, list streams) except -1
+    cdef int _late_device_outputs(self, PendingDispatch d) except -1
+    cdef list _device_array_outputs(self, Prepared p)
     cdef PendingDispatch _begin(self, program, inputs, config, list into, bint want_done, bint timed,
                                 unsigned long long* marks)
     cdef int _acquire(self, Prepared p, InFlight* f, bint want_done, bint timed) except -1
@@ -137,6 +164,11 @@ cdef class PendingDispatch:
     cdef bint traced  # enqueued with NVTX tracing: result() opens a range
     cdef bint nvtx_started  # its NVTX start/end range is open (ended when it settles)
     cdef unsigned long long nvtx_range
+    cdef vector[cydriver.CUdeviceptr] dev_ptrs  # per input: its device pointer (empty: no device input)
+    cdef vector[DevCopy] out_dev
+    cdef bint out_dev_issued
+    cdef list keep  # device arrays (and DLPack capsules) the GPU uses, held until completion
+    cdef list waits  # streams the dispatch stream waits on before its first copy
 
     cdef void _release_views(self) noexcept
     cdef void _release_out_views(self) noexcept

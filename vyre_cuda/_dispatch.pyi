@@ -65,6 +65,7 @@ class Core:
     closed: bool
     outstanding: int
     trace: int
+    device: int
     def __init__(
         self,
         ctx: int,

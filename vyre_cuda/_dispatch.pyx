@@ -5,6 +5,11 @@ A dispatch looks up its prepared plan (one dict lookup keyed on program, config 
 lengths), then runs in C: pool acquisitions with the GIL held (a few C operations), every driver
 call, bulk copy and wait with the GIL released, no Python object per argument or per buffer.
 
+Device arrays (DLPack / CUDA Array Interface) are found only where the buffer protocol fails, so
+host buffers pay nothing for them; a device input's kernel argument is its own pointer (or a
+device-to-device copy for a read-write one), a device output is filled device-to-device. A
+``DispatchConfig(stream=...)`` dispatch runs on the caller's stream, never returned to the pool.
+
 Every dispatch, blocking or not, is owned by ONE :class:`PendingDispatch` from the moment it holds
 resources: success, driver error, timeout, Ctrl-C and a dropped handle all end in that object, which
 returns its stream, events, device slab and staging to the pools (or writes them off when the GPU
@@ -39,6 +44,7 @@ from .program import Program
 from .errors import DispatchFailed, DeviceLost, ValidationError, driver_error, STICKY_ERRORS
 from .telemetry import TimedDispatchResult
 from ._io_checks import as_input_list, as_output_list, check_outputs, dtype_error, input_error, raw_bits
+from ._device_io import device_input, device_output
 
 cnp.import_array()
 
@@ -228,6 +234,7 @@ cdef class Prepared:
         cdef InputCheck ic
         cdef Segment seg
         cdef Source src
+        cdef DevArg da
         layout, launch, route, config = plan.layout, plan.launch, plan.route, plan.config
         if plan.arg_count > MAX_ARGS:  # planning refuses these; the arrays below hold MAX_ARGS
             raise ValueError(f"{plan.arg_count} kernel arguments exceed {MAX_ARGS}")
@@ -309,6 +316,13 @@ cdef class Prepared:
         self.tel_launches = per_iter * self.iterations
         self.tel_memsets = (1 if self.clear_end > self.clear_begin else 0) + (
             self.iterations if self.route == ROUTE_COOPERATIVE and self.barrier else 0)
+        for arg, index, offset, nbytes in layout.device_args:
+            da.arg, da.input, da.offset, da.nbytes = arg, index, offset, nbytes
+            self.dev_args.push_back(da)
+        stream = getattr(config, "stream", None)
+        self.ext = stream is not None
+        self.ext_stream = <cydriver.CUstream><uintptr_t>(stream or 0)
+        self.device_outputs = getattr(config, "outputs", "host") == "device"
         return self
 
     @property
@@ -356,6 +370,7 @@ cdef class Core:
         self.trace = trace
         import logging
         self.logger = logging.getLogger("vyre_cuda")
+        self.device = device
         memset(self.tel, 0, sizeof(self.tel))
 
     # ---------------------------------------------------------------- bookkeeping
@@ -435,9 +450,10 @@ cdef class Core:
         return 0
 
     # ---------------------------------------------------------------- lookup
-    cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views):
+    cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d):
         """Acquire every input buffer and find (or plan) the prepared dispatch. On failure every
-        buffer acquired so far is released."""
+        buffer acquired so far is released. A device input (found only where the buffer protocol
+        fails, so host buffers pay nothing) marks its key entry ("device", bytes)."""
         cdef Py_ssize_t n, i
         cdef Py_buffer* view
         cdef object length  # an object: PyTuple_SET_ITEM steals this reference
@@ -459,21 +475,25 @@ cdef class Core:
             view = &views[i]
             try:
                 PyObject_GetBuffer(inputs[i], view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                length = view.len
             except Exception as exc:
-                bits = raw_bits(inputs[i])  # bfloat16 & co. export no format: take their raw bits
                 try:
-                    if bits is None:
-                        raise
-                    PyObject_GetBuffer(bits, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-                except Exception:
+                    length = self._cold_input(program, inputs[i], i, n, config, view, d, exc)
+                except BaseException:
                     _release(views, i)
-                    raise input_error(program, i, inputs[i], exc) from None
-            length = view.len
+                    raise
             Py_INCREF(length)
             PyTuple_SET_ITEM(key, i + 2, length)
         try:
             prep = self.prepared.get(key)
-            if prep is None:
+            if prep is None and d.dev_ptrs.size():
+                lengths = tuple(x[1] if type(x) is tuple else x for x in key[2:])
+                on_device = frozenset(k for k, x in enumerate(key[2:]) if type(x) is tuple)
+                prep = self.planner(program, lengths, config, on_device)
+                if len(self.prepared) >= 4096:
+                    self.prepared.clear()
+                self.prepared[key] = prep
+            elif prep is None:
                 prep = self.planner(program, key[2:], config)
                 if len(self.prepared) >= 4096:
                     self.prepared.clear()  # bounded: distinct lengths should not grow memory forever
@@ -492,6 +512,93 @@ cdef class Core:
                 raise dtype_error(program, ic.index, fmt, view.itemsize, inputs[ic.index])
         return p
 
+    cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
+                            PendingDispatch d, exc):
+        """An input the buffer protocol refused: raw bits of a format-less dtype, a CPU DLPack
+        tensor (its numpy view), or a device array. Returns its key entry; raises a typed error."""
+        bits = raw_bits(obj)  # bfloat16 & co. export no format: take their raw bits
+        if bits is None:
+            bind_context(self.ctx)  # the pointer queries of the device checks want our context
+            dv = device_input(program, i, obj, self.device, getattr(config, "stream", None))
+            if dv is None:
+                raise input_error(program, i, obj, exc) from None
+            if type(dv) is not cnp.ndarray:
+                # the GPU reads it where it is; an empty placeholder view keeps the release loops uniform
+                PyObject_GetBuffer(b"", view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                if d.dev_ptrs.size() == 0:
+                    d.dev_ptrs.assign(n, 0)
+                    d.keep = []
+                d.dev_ptrs[i] = <cydriver.CUdeviceptr>dv.ptr
+                d.keep.append(dv.keep)
+                if dv.wait is not None:
+                    if d.waits is None:
+                        d.waits = []
+                    d.waits.append(dv.wait)
+                return ("device", dv.nbytes)
+            bits = dv  # a CPU DLPack tensor as numpy: the host path
+        try:
+            PyObject_GetBuffer(bits, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+        except Exception:
+            raise input_error(program, i, obj, exc) from None
+        return view.len
+
+    cdef int _stream_waits(self, PendingDispatch d, list streams) except -1:
+        """Order the dispatch stream after each of ``streams`` (the producers of device arrays,
+        per DLPack and CUDA Array Interface v3), through an event recorded on each. The event goes
+        back to the pool at once: a wait applies to the record made before it, whatever is
+        recorded on the event later."""
+        cdef cydriver.CUevent ev
+        cdef cydriver.CUstream other
+        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+        cdef const char* call = b"cuEventRecord"
+        for w in set(streams):
+            other = <cydriver.CUstream><uintptr_t>w
+            if other == d.f.stream:
+                continue
+            self.spool.acquire_event(False, &ev)
+            with nogil:
+                call = b"cuEventRecord"
+                st = cydriver.cuEventRecord(ev, other)
+                if st == cydriver.CUDA_SUCCESS:
+                    call = b"cuStreamWaitEvent"
+                    st = cydriver.cuStreamWaitEvent(d.f.stream, ev, 0)
+            self.spool.release_event(ev, False)
+            if st != cydriver.CUDA_SUCCESS:
+                self._fail(d, st, call)
+        return 0
+
+    cdef int _late_device_outputs(self, PendingDispatch d) except -1:
+        """Device outputs named after the enqueue (result_into of an async dispatch): copy them
+        now, on the dispatch stream, and wait for the copies."""
+        cdef cydriver.CUresult st
+        cdef const char* call = NULL
+        with nogil:
+            st = _device_copies(d, &call)
+            if st == cydriver.CUDA_SUCCESS:
+                if d.f.has_done:
+                    call = b"cuEventRecord"
+                    st = cydriver.cuEventRecord(d.f.done, d.f.stream)
+                    if st == cydriver.CUDA_SUCCESS:
+                        call = b"cuEventSynchronize"
+                        st = cydriver.cuEventSynchronize(d.f.done)
+                else:
+                    call = b"cuStreamSynchronize"
+                    st = cydriver.cuStreamSynchronize(d.f.stream)
+        if st != cydriver.CUDA_SUCCESS:
+            self._fail(d, st, call)
+        return 0
+
+    cdef list _device_array_outputs(self, Prepared p):
+        from ._devarray import DeviceArray
+        cdef Py_ssize_t k
+        cdef size_t nbytes
+        outs = []
+        for k in range(len(p.out_counts)):
+            nbytes = p.outputs[k].nbytes
+            outs.append(DeviceArray._empty(nbytes // (<cnp.dtype>p.out_dtypes[k]).itemsize, p.out_dtypes[k],
+                                           self.device))
+        return outs
+
     # ---------------------------------------------------------------- one owner per dispatch
     cdef PendingDispatch _begin(self, program, inputs, config, list into, bint want_done, bint timed,
                                 unsigned long long* marks):
@@ -505,14 +612,16 @@ cdef class Core:
             config = as_config(config)
         d = PendingDispatch.__new__(PendingDispatch)
         d.core = self
-        p = self._lookup(program, inputs, config, d.views)
+        p = self._lookup(program, inputs, config, d.views, d)
         d.prep = p
         if into is not None:
-            check_outputs(p.plan, into)  # before anything is acquired or runs
+            check_outputs(p.plan, into, self.device, <uintptr_t>p.ext_stream if p.ext else None)  # before it runs
         if marks != NULL:
             marks[M_LOOKUP] = now_ns()
-        self._acquire(p, &d.f, want_done, timed)
+        self._acquire(p, &d.f, want_done or p.ext, timed)  # a caller's stream: wait on an event, not on it
         self.outstanding += 1
+        if d.waits is not None:
+            self._stream_waits(d, d.waits)
         if p.coop is not None:
             p.coop.ensure()
         n = d.views.size()
@@ -542,7 +651,11 @@ cdef class Core:
         # any thread may dispatch: make the backend's context current before the first driver
         # call (GIL kept: this is cheaper than a GIL release and re-acquire)
         bind_context(self.ctx)
-        self.spool.acquire_stream(&f.stream)
+        f.ext_stream = p.ext
+        if p.ext:
+            f.stream = p.ext_stream
+        else:
+            self.spool.acquire_stream(&f.stream)
         try:
             if f.async_slab:
                 self.dpool.acquire_async(p.bucket, f.stream, &f.slab)
@@ -550,7 +663,8 @@ cdef class Core:
                 self.dpool.acquire(p.bucket, &block)
                 f.slab = <cydriver.CUdeviceptr>block
         except BaseException:
-            self.spool.release_stream(f.stream)
+            if not f.ext_stream:
+                self.spool.release_stream(f.stream)
             raise
         f.staging = NULL
         try:
@@ -559,7 +673,8 @@ cdef class Core:
                 f.staging = <char*>block
         except BaseException:
             self._release_slab(p, f)
-            self.spool.release_stream(f.stream)
+            if not f.ext_stream:
+                self.spool.release_stream(f.stream)
             raise
         try:
             if want_done:
@@ -579,7 +694,8 @@ cdef class Core:
             if f.staging != NULL:
                 self.ppool.release(<uintptr_t>f.staging, p.staging_block)
             self._release_slab(p, f)
-            self.spool.release_stream(f.stream)
+            if not f.ext_stream:
+                self.spool.release_stream(f.stream)
             raise
         f.active = True
         return 0
@@ -597,7 +713,8 @@ cdef class Core:
         self._release_slab(p, f)
         if f.staging != NULL:
             self.ppool.release(<uintptr_t>f.staging, p.staging_block)
-        self.spool.release_stream(f.stream)
+        if not f.ext_stream:
+            self.spool.release_stream(f.stream)
         if f.has_done:
             self.spool.release_event(f.done, False)
         if f.timed:
@@ -615,7 +732,8 @@ cdef class Core:
             self.dpool.forget(p.bucket)
         if f.staging != NULL:
             self.ppool.forget(p.staging_block)
-        self.spool.live_streams -= 1
+        if not f.ext_stream:
+            self.spool.live_streams -= 1
         self.spool.live_events -= (1 if f.has_done else 0) + (2 if f.timed else 0)
         self.tel[T_LEAKED] += 1
 
@@ -740,6 +858,8 @@ cdef class Core:
         cdef cnp.npy_intp dim
         cdef Py_ssize_t k
         cdef size_t nbytes
+        if p.device_outputs:
+            return self._device_array_outputs(p)
         for k in range(len(p.out_counts)):
             dim = p.out_counts[k]
             nbytes = p.outputs[k].nbytes
@@ -758,7 +878,10 @@ cdef class Core:
         cdef Prepared p = d.prep
         cdef Py_ssize_t k, n = len(outs)
         cdef Piece piece
+        cdef DevCopy dc
+        cdef list waits = None
         d.out_pieces.clear()
+        d.out_dev.clear()
         d.out_direct.assign(n, 0)
         for k in range(n):
             piece.dev_offset = p.outputs[k].offset
@@ -769,16 +892,34 @@ cdef class Core:
                 d.out_views.resize(d.out_views.size() + 1)
                 try:
                     PyObject_GetBuffer(outs[k], &d.out_views.back(), PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
-                except BaseException:
+                    piece.host = <char*>d.out_views.back().buf
+                except BaseException as exc:
                     d.out_views.pop_back()
-                    d._release_out_views()
-                    raise
-                piece.host = <char*>d.out_views.back().buf
+                    try:  # a device array: copied device-to-device from the slab, not read back
+                        dv = device_output(p.plan, k, outs[k], self.device,
+                                           <uintptr_t>p.ext_stream if p.ext else None)
+                    except BaseException:
+                        d._release_out_views()
+                        raise
+                    if dv is None:
+                        d._release_out_views()
+                        raise exc
+                    dc.ptr, dc.dev_offset, dc.n = <cydriver.CUdeviceptr>dv.ptr, piece.dev_offset, piece.n
+                    d.out_dev.push_back(dc)
+                    if d.keep is None:
+                        d.keep = []
+                    d.keep.append(dv.keep)
+                    if dv.wait is not None:
+                        waits = [dv.wait] if waits is None else waits + [dv.wait]
+                    piece.host = NULL
+                    piece.n = 0
             d.out_pieces.push_back(piece)
+        if waits is not None:
+            self._stream_waits(d, waits)  # before the copies into them are enqueued
         if p.ring:
             with nogil:
                 for k in range(n):
-                    if page_locked(d.out_pieces[k].host, d.out_pieces[k].n):
+                    if d.out_pieces[k].n and page_locked(d.out_pieces[k].host, d.out_pieces[k].n):
                         d.out_direct[k] = 1
         return 0
 
@@ -1155,6 +1296,10 @@ cdef cydriver.CUresult _issue(PendingDispatch d, Prepared p, TransferEngine xfer
         argv[k] = f.slab + p.arg_offsets[k]
         argp[k] = &argv[k]
     argp[n_args] = &argv[n_args]
+    if p.dev_args.size():
+        st = _device_args(d, p, argv, call)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
     if order != NULL:
         order.lock()
         st = _launch_cooperative(p, f, order, argv, argp, n_args, call)
@@ -1176,6 +1321,10 @@ cdef cydriver.CUresult _issue(PendingDispatch d, Prepared p, TransferEngine xfer
                                             p.readbacks[i].nbytes, s)
             if st != cydriver.CUDA_SUCCESS:
                 return st
+    if d.out_dev.size():
+        st = _device_copies(d, call)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
     _mark(marks, M_READBACK)
     if f.has_done:
         call[0] = b"cuEventRecord"
@@ -1183,6 +1332,40 @@ cdef cydriver.CUresult _issue(PendingDispatch d, Prepared p, TransferEngine xfer
         if st != cydriver.CUDA_SUCCESS:
             return st
     _mark(marks, M_EVENT)
+    return cydriver.CUDA_SUCCESS
+
+
+cdef cydriver.CUresult _device_args(PendingDispatch d, Prepared p, unsigned long long* argv,
+                                    const char** call) noexcept nogil:
+    """Device inputs: a read-only one's argument is the caller's pointer; a read-write one is
+    copied device-to-device into its slab region (the caller's array is never modified)."""
+    cdef size_t i
+    cdef const DevArg* a
+    cdef cydriver.CUresult st
+    for i in range(p.dev_args.size()):
+        a = &p.dev_args[i]
+        if a.offset < 0:
+            argv[a.arg] = d.dev_ptrs[a.input]
+        elif a.nbytes:
+            call[0] = b"cuMemcpyDtoDAsync"
+            st = cydriver.cuMemcpyDtoDAsync(d.f.slab + <size_t>a.offset, d.dev_ptrs[a.input], a.nbytes, d.f.stream)
+            if st != cydriver.CUDA_SUCCESS:
+                return st
+    return cydriver.CUDA_SUCCESS
+
+
+cdef cydriver.CUresult _device_copies(PendingDispatch d, const char** call) noexcept nogil:
+    """Device outputs: the slab's output bytes copied device-to-device into the caller's arrays."""
+    cdef size_t i
+    cdef cydriver.CUresult st
+    d.out_dev_issued = True
+    for i in range(d.out_dev.size()):
+        if d.out_dev[i].n:
+            call[0] = b"cuMemcpyDtoDAsync"
+            st = cydriver.cuMemcpyDtoDAsync(d.out_dev[i].ptr, d.f.slab + d.out_dev[i].dev_offset, d.out_dev[i].n,
+                                            d.f.stream)
+            if st != cydriver.CUDA_SUCCESS:
+                return st
     return cydriver.CUDA_SUCCESS
 
 
@@ -1314,6 +1497,8 @@ cdef class PendingDispatch:
         cdef Prepared p = self.prep
         cdef TransferEngine xfer = self.core.xfer
         self.core._targets(self, outs)
+        if self.out_dev.size() and not self.out_dev_issued:
+            self.core._late_device_outputs(self)
         with nogil:
             st = _collect_nogil(self, p, xfer, &call)
         self.core._after_collect(self, st, call)
@@ -1367,7 +1552,8 @@ cdef class PendingDispatch:
     cdef object _result_into(self, outputs):
         outputs = as_output_list(outputs)
         self._take()
-        check_outputs(self.prep.plan, outputs)
+        stream = <uintptr_t>self.prep.ext_stream if self.prep.ext else None
+        check_outputs(self.prep.plan, outputs, self.core.device, stream)
         self._wait()
         self._collect(outputs)
         self._finish()
@@ -1415,6 +1601,7 @@ cdef class PendingDispatch:
         self.core._recycle(self.prep, &self.f)
         self._release_views()
         self._release_out_views()
+        self.keep = None  # the GPU is done with the caller's device arrays
         self._settle()
 
     cdef void _settle(self) noexcept:
@@ -1454,7 +1641,11 @@ cdef class PendingDispatch:
                     status = cydriver.cuCtxPushCurrent(self.core.ctx)
                     if status == cydriver.CUDA_SUCCESS:
                         pushed = True
-                        status = cydriver.cuStreamSynchronize(self.f.stream)
+                        # (an event: a caller's stream may hold the caller's later work)
+                        if self.f.has_done:
+                            status = cydriver.cuEventSynchronize(self.f.done)
+                        else:
+                            status = cydriver.cuStreamSynchronize(self.f.stream)
             if status == cydriver.CUDA_SUCCESS:
                 self.core._recycle(self.prep, &self.f)
             else:

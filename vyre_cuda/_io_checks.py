@@ -103,9 +103,22 @@ def as_output_list(outputs):
         ) from None
 
 
-def check_outputs(plan, outs):
+def _device_checked(plan, k, out, device, stream) -> bool:
+    """True once a device output passed its checks (False: not a device array, check as host)."""
+    try:
+        memoryview(out).release()
+        return False
+    except (TypeError, ValueError, BufferError):
+        pass
+    from ._device_io import device_output  # noqa: PLC0415
+
+    return device_output(plan, k, out, device, stream) is not None
+
+
+def check_outputs(plan, outs, device=0, stream=None):
     """Refuse caller outputs of the wrong count, dtype, size, contiguity or writability, naming
-    the output and what it must be, before anything runs."""
+    the output and what it must be, before anything runs. Device arrays (on ``device``) get the
+    same checks from their DLPack / CUDA Array Interface description."""
     specs = plan.output_specs
     if len(outs) != len(specs):
         raise ValidationError(
@@ -114,6 +127,8 @@ def check_outputs(plan, outs):
         )
     for k, (out, (want, _), slot, (_, need)) in enumerate(zip(outs, specs, plan.bindings.outputs, plan.layout.outputs)):
         name = slot.decl.name
+        if not isinstance(out, np.ndarray) and _device_checked(plan, k, out, device, stream):
+            continue
         got_dtype = getattr(out, "dtype", None)
         if got_dtype is not None and got_dtype != want:
             raise ValidationError(

@@ -8,7 +8,8 @@ def plan_upload_windows(
 def plan_readback_windows(
     pieces: list, direct: list, chunk_bytes: int
 ) -> tuple[int, list[tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]]]: ...
-def _set_min_window(nbytes: int) -> None: ...
+def _set_min_window(nbytes: int, readback: int = ...) -> None: ...
+def _stream_copy(dst: object, src: object, dst_offset: int, src_offset: int, nbytes: int) -> None: ...
 
 @disjoint_base
 class TransferEngine:
@@ -16,6 +17,8 @@ class TransferEngine:
     n_chunks: int
     copy_threads: int
     min_split: int
+    stream_upload_max: int
+    stream_readback_max: int
     ring_bytes: int
     pinned_alloc_calls: int
     closed: bool

@@ -238,7 +238,7 @@ class CudaBackend:
         """Whether the dispatch would run as one cooperative launch (the router's own answer)."""
         self._check_open()
         cfg = as_config(config)
-        lengths = tuple(_nbytes(x, i) for i, x in enumerate(inputs))
+        lengths, _ = self._lengths(program, inputs, cfg)
         try:
             with self._plan_lock:
                 route = plan_route(program, lengths, cfg, self._caps, self._modules)[-1]
@@ -250,20 +250,39 @@ class CudaBackend:
         """The plan a dispatch of these inputs runs with (planned now if not cached)."""
         self._check_open()
         cfg = None if config is None else as_config(config)
-        lengths = tuple(_nbytes(x, i) for i, x in enumerate(inputs))
-        return self._plan(program, lengths, cfg).plan
+        lengths, on_device = self._lengths(program, inputs, as_config(cfg))
+        return self._plan(program, lengths, cfg, on_device).plan
+
+    def _lengths(self, program, inputs, cfg):
+        """(byte lengths, indices of device inputs) of ``inputs``, as a dispatch would see them."""
+        from ._device_io import device_input  # noqa: PLC0415
+
+        lengths, on_device = [], set()
+        for i, x in enumerate(inputs):
+            try:
+                lengths.append(_nbytes(x, i))
+                continue
+            except ValidationError:
+                _driver.make_current(self._ctx)  # (the device checks query pointers)
+                view = device_input(program, i, x, self.device, cfg.stream)
+                if view is None:
+                    raise
+            lengths.append(view.nbytes)
+            if not isinstance(view, np.ndarray):  # (a CPU DLPack tensor is a host input)
+                on_device.add(i)
+        return tuple(lengths), frozenset(on_device)
 
     # ------------------------------------------------------------------ planning
-    def _plan(self, program, lengths, config):
+    def _plan(self, program, lengths, config, device_inputs=frozenset()):
         """Plan one (program, input lengths, config): the core's one call back on a plan miss; it
-        caches what this returns."""
+        caches what this returns. ``device_inputs``: indices of the inputs in device memory."""
         from ._dispatch import Prepared  # noqa: PLC0415
 
         cfg = as_config(config)
         with self._plan_lock:
-            plan = plan_dispatch(program, lengths, cfg, self._caps, self._modules)
+            plan = plan_dispatch(program, lengths, cfg, self._caps, self._modules, device_inputs)
         if cfg.autotune:
-            plan = self._tuned(program, lengths, cfg, plan)
+            plan = self._tuned(program, lengths, cfg, plan, device_inputs)
         launch, route = plan.launch, plan.route
         log.info(
             "planned %s: route=%s (%s), grid=%s block=%s shared=%d slab=%d (%s)",
@@ -278,7 +297,7 @@ class CudaBackend:
         )
         return Prepared.from_plan(plan)
 
-    def _tuned(self, program, lengths, cfg, plan):
+    def _tuned(self, program, lengths, cfg, plan, device_inputs=frozenset()):
         """The plan of an ``autotune=True`` dispatch: at the cached (or now measured) width."""
         base = dataclasses.replace(cfg, autotune=False)
         block, reason = tuning.planned_width(self, program, lengths, base, plan)
@@ -290,6 +309,7 @@ class CudaBackend:
                     dataclasses.replace(base, workgroup_override=(block, 1, 1)),
                     self._caps,
                     self._modules,
+                    device_inputs,
                 )
         # the plan keeps the caller's config (label, timeout, iterations are the same)
         return dataclasses.replace(

@@ -9,7 +9,7 @@ import numpy as np
 
 from .errors import ValidationError
 
-__all__ = ["DispatchConfig", "as_config", "MAX_FIXPOINT_ITERATIONS", "MAX_TIMEOUT_S"]
+__all__ = ["DispatchConfig", "as_config", "stream_handle", "MAX_FIXPOINT_ITERATIONS", "MAX_TIMEOUT_S"]
 
 
 def _is_int(v) -> bool:
@@ -41,6 +41,52 @@ MAX_FIXPOINT_ITERATIONS = 1_000_000
 # The longest finite timeout (about 31.7 years); float('inf') or None mean no bound.
 MAX_TIMEOUT_S = 1e9
 U32_MAX = 0xFFFFFFFF
+
+
+U64_MAX = (1 << 64) - 1
+
+
+def stream_handle(stream) -> int:
+    """The CUstream handle (an int) of ``stream``: an object with ``__cuda_stream__`` (cuda.core's
+    protocol: a method, or attribute, giving ``(version, handle)``), a CuPy stream (``.ptr``), a
+    torch stream (``.cuda_stream``) or an int handle."""
+    handle = None
+    what = type(stream).__name__
+    if _is_int(stream):
+        handle = int(stream)
+    elif hasattr(stream, "__cuda_stream__"):
+        proto = stream.__cuda_stream__
+        proto = proto() if callable(proto) else proto
+        if isinstance(proto, tuple) and len(proto) == 2 and _is_int(proto[1]):
+            handle = int(proto[1])
+        else:
+            raise ValidationError(
+                f"stream {what}.__cuda_stream__ gave {proto!r}, not a (version, handle) pair",
+                "pass a stream object following cuda.core's __cuda_stream__ protocol, or the CUstream as an int",
+            )
+    else:
+        for attr in ("cuda_stream", "ptr", "handle"):  # torch, CuPy, numba / cuda-python wrappers
+            value = getattr(stream, attr, None)
+            if value is not None and not _is_int(value):
+                try:
+                    value = int(value)
+                except (TypeError, ValueError):
+                    value = None
+            if value is not None:
+                handle = int(value)
+                break
+    if handle is None:
+        raise ValidationError(
+            f"stream must be a CUDA stream (got {what} {_show(stream)})",
+            "pass an object with __cuda_stream__ (cuda.core), a CuPy or torch stream, or the CUstream "
+            "handle as an int; pass stream=None to use the backend's own streams",
+        )
+    if not 0 <= handle <= U64_MAX:
+        raise ValidationError(
+            f"stream handle {_show(handle)} is not a CUstream (an unsigned 64-bit value)",
+            "pass the stream object itself, or its handle as a non-negative int",
+        )
+    return handle
 
 
 def _show(value) -> str:
@@ -103,6 +149,16 @@ class DispatchConfig:
         (:meth:`CudaBackend.tune`): read from the tuning cache, measured once on zero-filled
         inputs when absent. Off by default; never applied with ``workgroup_override``,
         ``grid_override``, a multi-dimensional block or a grid-sync / cooperative launch.
+    stream : optional
+        Run the dispatch on the caller's CUDA stream: an object with ``__cuda_stream__``
+        (cuda.core), a CuPy stream (``.ptr``), a torch stream (``.cuda_stream``) or a raw CUstream
+        int (0 is the legacy default stream). The dispatch is ordered after the work already on
+        that stream, and later work on it sees the outputs. Stored as the int handle (the config
+        keeps the stream object referenced); None uses the backend's own pooled streams.
+    outputs : str
+        ``"host"`` (default): outputs come back as numpy arrays; ``"device"``: as
+        :class:`vyre_cuda.DeviceArray` objects in device memory (``__cuda_array_interface__`` and
+        ``__dlpack__``, so CuPy and torch wrap them without a copy).
 
     Examples
     --------
@@ -118,6 +174,8 @@ class DispatchConfig:
     timeout: float | None = None
     elements: int | None = None
     autotune: bool = False
+    stream: object = None
+    outputs: str = "host"
 
     def __post_init__(self):
         object.__setattr__(self, "workgroup_override", _dims("workgroup_override", self.workgroup_override))
@@ -158,6 +216,15 @@ class DispatchConfig:
                     "the launch covers (word 0 of the params block is a u32)",
                 )
             object.__setattr__(self, "elements", int(n))
+        if self.stream is not None:
+            # equality and hash go by the handle; the object stays referenced so it stays alive
+            object.__setattr__(self, "_stream_source", self.stream)
+            object.__setattr__(self, "stream", stream_handle(self.stream))
+        if self.outputs not in ("host", "device"):
+            raise ValidationError(
+                f"outputs must be 'host' or 'device' (got {self.outputs!r})",
+                "pass outputs='device' to keep the outputs in device memory, else leave it 'host'",
+            )
 
     @property
     def iterations(self) -> int:

@@ -50,6 +50,7 @@ STATS = (
     "no_context",
     "registered",
     "mempools",
+    "dtod_copies",
 )
 STATUS = {
     "CUDA_ERROR_INVALID_VALUE": 1,

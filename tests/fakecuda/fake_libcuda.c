@@ -98,7 +98,7 @@ enum {
   S_DEVICE_ALLOCS, S_DEVICE_BYTES, S_HOST_ALLOCS, S_HOST_BYTES, S_STREAMS, S_EVENTS, S_MODULES,
   S_LAUNCHES, S_COOP_LAUNCHES, S_HTOD, S_DTOH, S_MEMSETS, S_CTX_REFS, S_VIOLATIONS,
   S_DEVICE_ALLOC_CALLS, S_HOST_ALLOC_CALLS, S_STREAM_CREATES, S_EVENT_CREATES, S_SYNCS, S_NO_CONTEXT,
-  S_REGISTERED, S_POOLS, N_STATS
+  S_REGISTERED, S_POOLS, S_DTOD, N_STATS
 };
 static long long stats[N_STATS];
 static char last_violation[512];
@@ -662,7 +662,10 @@ CUresult cuStreamCreate(CUstream* s, unsigned int flags) {
   return CUDA_SUCCESS;
 }
 
-static int is_stream(CUstream s) { return s != NULL && ((Handle*)s)->magic == STREAM_MAGIC; }
+/* CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) are valid handles; the fake runs all work at once */
+static int is_stream(CUstream s) {
+  return (uintptr_t)s == 1 || (uintptr_t)s == 2 || (s != NULL && ((Handle*)s)->magic == STREAM_MAGIC);
+}
 
 CUresult cuStreamDestroy(CUstream s) {
   pthread_mutex_lock(&lock);
@@ -797,6 +800,36 @@ CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
     if (is_stream(s)) violation("cuMemcpyDtoHAsync source", src, n);
     pthread_mutex_unlock(&lock);
     return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+  }
+  pthread_mutex_unlock(&lock);
+  memcpy(dst, (const void*)(uintptr_t)src, n);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemcpyDtoDAsync");
+  NEED_CTX();
+  stats[S_DTOD]++;
+  if (!is_stream(s) || !find_range((const char*)(uintptr_t)dst, n, KIND_DEVICE) ||
+      !find_range((const char*)(uintptr_t)src, n, KIND_DEVICE)) {
+    if (is_stream(s)) violation("cuMemcpyDtoDAsync source or destination", dst, n);
+    pthread_mutex_unlock(&lock);
+    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+  }
+  pthread_mutex_unlock(&lock);
+  memmove((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, n);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuMemcpyDtoH");
+  NEED_CTX();
+  if (!find_range((const char*)(uintptr_t)src, n, KIND_DEVICE)) {
+    violation("cuMemcpyDtoH source", src, n);
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
   }
   pthread_mutex_unlock(&lock);
   memcpy(dst, (const void*)(uintptr_t)src, n);
@@ -1100,6 +1133,7 @@ static const struct { const char* name; void* fn; } TABLE[] = {
     ENTRY(cuMemHostUnregister), ENTRY(cuPointerGetAttributes), ENTRY(cuMemPoolCreate), ENTRY(cuMemPoolDestroy),
     ENTRY(cuMemPoolSetAttribute), ENTRY(cuMemPoolGetAttribute), ENTRY(cuMemPoolTrimTo),
     ENTRY(cuMemAllocFromPoolAsync), ENTRY(cuMemFreeAsync), ENTRY(cuStreamWaitEvent), ENTRY(cuModuleLoadData),
+    ENTRY(cuMemcpyDtoDAsync), ENTRY(cuMemcpyDtoH),
 };
 
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,

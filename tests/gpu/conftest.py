@@ -51,6 +51,35 @@ def fresh_backend():
     b.close()
 
 
+def _library(name):
+    # cupy and torch are part of the GPU machine's environment: missing there is a failure under
+    # VYRE_CUDA_REQUIRE_GPU=1, like a missing GPU, not a skip
+    import importlib
+
+    _require_gpu()
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if os.environ.get("VYRE_CUDA_REQUIRE_GPU") == "1":
+            pytest.fail(f"VYRE_CUDA_REQUIRE_GPU=1 but {name} is not importable: {exc}")
+        pytest.skip(f"{name} is not installed: {exc}")
+
+
+@pytest.fixture(scope="session")
+def cupy():
+    """The cupy module (device arrays and streams from a user's point of view)."""
+    return _library("cupy")
+
+
+@pytest.fixture(scope="session")
+def torch():
+    """The torch module, with CUDA available."""
+    mod = _library("torch")
+    if not mod.cuda.is_available():
+        pytest.fail("torch is installed but torch.cuda.is_available() is False on a GPU machine")
+    return mod
+
+
 @pytest.fixture
 def run_python():
     """``run_python(args, timeout)``: see _run_python."""

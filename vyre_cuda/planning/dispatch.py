@@ -114,8 +114,11 @@ def _phase_ranges(program, route) -> list:
     return [None]
 
 
-def plan_dispatch(program, lengths, config: DispatchConfig, caps: DeviceCaps, modules) -> DispatchPlan:
-    """Plan one dispatch of ``program`` on inputs of ``lengths`` bytes (see :class:`DispatchPlan`)."""
+def plan_dispatch(
+    program, lengths, config: DispatchConfig, caps: DeviceCaps, modules, device_inputs=frozenset()
+) -> DispatchPlan:
+    """Plan one dispatch of ``program`` on inputs of ``lengths`` bytes (see :class:`DispatchPlan`);
+    ``device_inputs``: the indices of inputs that are device memory (used in place, not uploaded)."""
     bindings, launch, compiled, module, route = plan_route(program, lengths, config, caps, modules)
     cooperative = route.kind == "cooperative"
     if program.grid_sync and cooperative and not module.barrier:
@@ -123,7 +126,7 @@ def plan_dispatch(program, lengths, config: DispatchConfig, caps: DeviceCaps, mo
             f"grid_sync program's kernel {program.kernel.entry!r} defines no _vyre_grid_barrier",
             'include "vyre_cuda.cuh" and call vyre_grid_sync() between phases',
         )
-    layout = plan_layout(bindings, launch, _phase_ranges(program, route))
+    layout = plan_layout(bindings, launch, _phase_ranges(program, route), frozenset(device_inputs))
     budget = caps.total_memory - caps.total_memory // 10
     if caps.total_memory and layout.slab_bytes > budget:
         raise DeviceOutOfMemory(

@@ -6,6 +6,11 @@ copy; pure outputs follow and are cleared with ONE memset; readbacks of adjacent
 That turns a dispatch of k inputs and m outputs into 1 upload, 1 clear, the launch(es) and as few
 readbacks as the layout allows. When the outputs are small, their zeros are written into the
 staging buffer instead and ride along with the upload: one driver call less.
+
+Inputs that already live on the device (``device_inputs``) are not uploaded: a read-only one has no
+slab region at all (the kernel reads the caller's memory; its argument pointer comes with each
+dispatch), a read-write one gets a region past the outputs that a device-to-device copy fills, so
+the kernel never modifies the caller's array (host inputs are copied too).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class SlabLayout:
     h2d_bytes: int  # logical bytes uploaded (inputs + params)
     d2h_bytes: int  # logical bytes read back
     bucket_bytes: int  # pool bucket of the slab
+    # (argument position, input index, slab offset or -1 when used in place, byte_len) per device input
+    device_args: tuple = ()
 
 
 def _merge(segments):
@@ -54,8 +61,9 @@ def _merge(segments):
     return tuple(merged)
 
 
-def plan_layout(bplan, launch, phase_ranges=(None,)) -> SlabLayout:
-    """Lay out one dispatch. ``phase_ranges`` gives one params block per entry (None: no phase words)."""
+def plan_layout(bplan, launch, phase_ranges=(None,), device_inputs=frozenset()) -> SlabLayout:
+    """Lay out one dispatch. ``phase_ranges`` gives one params block per entry (None: no phase words);
+    ``device_inputs`` holds the input indices that are device memory."""
     offset = 0
     arg_offset = {}
     inputs = []
@@ -68,7 +76,15 @@ def plan_layout(bplan, launch, phase_ranges=(None,)) -> SlabLayout:
         offset = checked_add(start, align_up(max(nbytes, 1), COPY_ALIGN, what), what)
         return start
 
-    uploads = [s for s in bplan.slots if s.role in (BindingRole.INPUT, BindingRole.INPUT_OUTPUT)]
+    uploads = [
+        s
+        for s in bplan.slots
+        if s.role in (BindingRole.INPUT, BindingRole.INPUT_OUTPUT) and s.input_index not in device_inputs
+    ]
+    on_device = [s for s in bplan.slots if s.input_index in device_inputs and s.input_index >= 0]
+    for slot in on_device:
+        if slot.role is BindingRole.INPUT:
+            arg_offset[slot.binding] = 0  # the caller's pointer replaces it per dispatch
     cleared = [s for s in bplan.slots if s.role is BindingRole.OUTPUT]
     for slot in uploads:
         align = max(slot.decl.alignment or 1, slot.decl.dtype.itemsize)
@@ -110,6 +126,12 @@ def plan_layout(bplan, launch, phase_ranges=(None,)) -> SlabLayout:
         # small outputs: zero them in staging and extend the one upload over them
         host_clear, clear = clear, (0, 0)
         upload_end = host_clear[1]
+    device_regions = {}
+    for slot in on_device:
+        if slot.role is not BindingRole.INPUT:  # read-write: a private copy, filled device-to-device
+            align = max(slot.decl.alignment or 1, slot.decl.dtype.itemsize)
+            start = place(slot.byte_len, align, f"buffer {slot.decl.name!r} slab offset")
+            arg_offset[slot.binding] = device_regions[slot.binding] = start
     slab_bytes = align_up(offset, REGION_ALIGN, "slab size")
 
     outputs = []
@@ -134,6 +156,10 @@ def plan_layout(bplan, launch, phase_ranges=(None,)) -> SlabLayout:
             segments.append((dev, copy))
     bucket = bucket_size(slab_bytes)
     assert slab_bytes <= U64_MAX
+    position = {s.binding: k for k, s in enumerate(bplan.slots)}
+    device_args = tuple(
+        (position[s.binding], s.input_index, device_regions.get(s.binding, -1), s.byte_len) for s in on_device
+    )
     return SlabLayout(
         slab_bytes=slab_bytes,
         upload_end=upload_end,
@@ -148,4 +174,5 @@ def plan_layout(bplan, launch, phase_ranges=(None,)) -> SlabLayout:
         h2d_bytes=h2d,
         d2h_bytes=d2h,
         bucket_bytes=bucket,
+        device_args=device_args,
     )

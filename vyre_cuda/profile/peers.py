@@ -202,6 +202,44 @@ class _CupyPeer:
     def verify(self):
         return self.out is not None and np.array_equal(self.out, self.expected)
 
+    def device_resident(self, count):
+        """Data already on the device: the kernel and a stream synchronize, no transfers."""
+        kernel, grid, block = self.kernel, self.grid, self.block
+        args = (self.d_a, self.d_b, self.d_out, self.n)
+        self.device.use()
+        stream = self.cp.cuda.get_current_stream()
+        pc = time.perf_counter_ns
+        walls = []
+        for _ in range(count):
+            t0 = pc()
+            kernel(grid, block, args)
+            stream.synchronize()
+            walls.append(pc() - t0)
+        self.out = self.d_out.get()
+        return {"peer.cupy.device": walls}
+
+    def vyre_device(self, backend, program):
+        """vyre_cuda on the same CuPy arrays: ``dispatch_into`` with device inputs and output
+        (used in place and written device-to-device: no host memory touched)."""
+        d_out = self.cp.zeros(self.d_a.shape[0], self.cp.float32)
+        ins, outs = [self.d_a, self.d_b], [d_out]
+        into = backend.dispatch_into
+
+        def run(count):
+            pc = time.perf_counter_ns
+            walls = []
+            for _ in range(count):
+                t0 = pc()
+                into(program, ins, outs)
+                walls.append(pc() - t0)
+            self.vyre_out = d_out.get()
+            return {"vyre.device": walls}
+
+        def verify():
+            return np.array_equal(getattr(self, "vyre_out", None), self.expected)
+
+        return run, verify
+
     def close(self):
         self.cp.cuda.get_current_stream().synchronize()
         self.d_a = self.d_b = self.d_out = None
@@ -254,6 +292,20 @@ class _TorchPeer:
 
     def verify(self):
         return self.out is not None and np.array_equal(self.out, self.expected)
+
+    def device_resident(self, count):
+        """Data already on the device: the add and a synchronize, no transfers."""
+        add, d_a, d_b, d_out = self.torch.add, self.d_a, self.d_b, self.d_out
+        sync, dev = self.torch.cuda.synchronize, self.dev
+        pc = time.perf_counter_ns
+        walls = []
+        for _ in range(count):
+            t0 = pc()
+            add(d_a, d_b, out=d_out)
+            sync(dev)
+            walls.append(pc() - t0)
+        self.out = d_out.cpu().numpy()
+        return {"peer.torch.device": walls}
 
     def close(self):
         self.torch.cuda.synchronize(self.dev)

@@ -444,6 +444,12 @@ class _SizeRun:
                 continue
             opened.append(peer)
             rows.append(engine.Runner(f"peer {name}", peer.full, peer.verify, group=name))
+            if hasattr(peer, "device_resident"):  # data already on the device, beside vyre_cuda's own
+                resident = engine.Runner(f"peer {name} device-resident", peer.device_resident, peer.verify, group=name)
+                rows.append(resident)
+            if hasattr(peer, "vyre_device"):
+                run, verify = peer.vyre_device(self.backend, self.program)
+                rows.append(engine.Runner("vyre_cuda device-resident (CuPy arrays)", run, verify, group=name))
             if launch_scale is not None:
                 rows.append(
                     engine.Runner(f"peer {name} launch only", peer.launch_only, unit_scale=launch_scale, group=name)

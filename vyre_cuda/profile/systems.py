@@ -69,6 +69,10 @@ _SYSTEMS = (
     ("peer.cupy.launch_only", "CuPy RawKernel launch only", "floor.launch_only", None),
     ("peer.torch", "PyTorch eager add, full", "floor.pinned", FULL),
     ("peer.torch.launch_only", "PyTorch add launch only", "floor.launch_only", None),
+    # data already on the device: no transfers, so no floor of this harness to divide by
+    ("vyre.device", "vyre_cuda dispatch_into, CuPy device arrays", None, None),
+    ("peer.cupy.device", "CuPy RawKernel on device arrays + sync", None, None),
+    ("peer.torch.device", "PyTorch add on device tensors + sync", None, None),
 )
 _BY_KEY = {key: (i, lab, ref, kind) for i, (key, lab, ref, kind) in enumerate(_SYSTEMS)}
 # Host memcpy ceilings carry their thread count: ceiling.copy_in.8, ceiling.copy_out.1, ...
