@@ -98,6 +98,10 @@ class DispatchConfig:
         bound; finite values are at most ``MAX_TIMEOUT_S`` (1e9 s). Stored as a float.
     elements : int, optional
         The launch element count of this dispatch (word 0), overriding the program's rule.
+    graph : bool, optional
+        Replay the dispatch's launches as one CUDA graph: True always (even a single launch),
+        False never, None (default) when the dispatch issues at least
+        ``planning.dispatch.GRAPH_MIN_LAUNCHES`` launches (fixpoint iterations, host split).
 
     Examples
     --------
@@ -112,6 +116,7 @@ class DispatchConfig:
     label: str | None = None
     timeout: float | None = None
     elements: int | None = None
+    graph: bool | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "workgroup_override", _dims("workgroup_override", self.workgroup_override))
@@ -137,6 +142,14 @@ class DispatchConfig:
                 "pass cooperative=True to force a cooperative launch, else leave it False",
             )
         object.__setattr__(self, "cooperative", bool(self.cooperative))
+        if self.graph is not None:
+            if not isinstance(self.graph, (bool, np.bool_)):
+                raise ValidationError(
+                    f"graph must be True, False or None (got {type(self.graph).__name__} {self.graph!r})",
+                    "pass graph=True to always replay a CUDA graph, False to never, None to let "
+                    "vyre_cuda decide by the number of launches",
+                )
+            object.__setattr__(self, "graph", bool(self.graph))
         n = self.elements
         if n is not None:
             if not _is_int(n) or not 1 <= n <= U32_MAX:
