@@ -171,7 +171,15 @@ def single(backend, rng, rounds, per_round):
         assert np.array_equal(outs[0], a + b), f"vecadd wrong under {cfg}"
 
     return _case(
-        backend, "single", prog, [a, b], DispatchConfig(graph=True), DispatchConfig(graph=False), rounds, per_round, check
+        backend,
+        "single",
+        prog,
+        [a, b],
+        DispatchConfig(graph=True),
+        DispatchConfig(graph=False),
+        rounds,
+        per_round,
+        check,
     )
 
 
@@ -223,7 +231,9 @@ def main(argv=None) -> int:
         for name in args.only or CASES:
             res = CASES[name](backend, rng, args.rounds, args.per_round)
             results.append(res)
-            target = "" if res["target"] is None else f"  target <= {res['target']}: {'met' if res['met'] else 'MISSED'}"
+            target = (
+                "" if res["target"] is None else f"  target <= {res['target']}: {'met' if res['met'] else 'MISSED'}"
+            )
             print(
                 f"{name:18s} graph {res['graph_us']:9.1f} us  issued {res['issued_us']:9.1f} us  "
                 f"ratio {res['ratio']:.3f}{target}   [{res['plan']}; {res['counters']}]",

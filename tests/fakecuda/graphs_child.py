@@ -255,9 +255,7 @@ def evicted_plans_destroy_their_execs(fake):
 
 
 # ------------------------------------------------------------------ grid-sync routes
-BFS_SOURCE = (
-    __import__("pathlib").Path(__file__).resolve().parents[1] / "gpu" / "kernels" / "bfs.cu"
-).read_text()
+BFS_SOURCE = (__import__("pathlib").Path(__file__).resolve().parents[1] / "gpu" / "kernels" / "bfs.cu").read_text()
 
 
 def bfs_program(n):

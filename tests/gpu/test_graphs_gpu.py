@@ -130,7 +130,9 @@ def test_bfs_split_and_cooperative_replay_equal_issued_and_reference(backend, rn
     k = g.depth + 1
     limit = backend.plan_info(prog, g.inputs, DispatchConfig(fixpoint_iterations=k)).route.resident_limit
     for grid, kind in ((None, "cooperative"), ((limit + 1,), "split")):
-        issued = backend.dispatch(prog, g.inputs, DispatchConfig(fixpoint_iterations=k, grid_override=grid, graph=False))
+        issued = backend.dispatch(
+            prog, g.inputs, DispatchConfig(fixpoint_iterations=k, grid_override=grid, graph=False)
+        )
         cfg = DispatchConfig(fixpoint_iterations=k, grid_override=grid)
         assert backend.plan_info(prog, g.inputs, cfg).route.kind == kind
         for _ in range(3):
