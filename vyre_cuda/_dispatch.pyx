@@ -1271,6 +1271,7 @@ cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint 
     cache.lock()
     if cache.disabled or cache.closed:
         cache.unlock()
+        d.graph_events |= G_FALLBACK
         return _launches(p, f, cooperative, argv, argp, n_args, call)
     i = cache.find(key, n)
     if i >= 0:

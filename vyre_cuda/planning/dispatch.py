@@ -33,6 +33,7 @@ __all__ = [
     "MIRROR_MAX",
     "MAX_ARGS",
     "GRAPH_MIN_LAUNCHES",
+    "GRAPH_MAX_LAUNCHES",
 ]
 
 # Dispatches whose slab fits this many bytes keep one pinned mirror of the slab (one upload, one
@@ -48,6 +49,9 @@ AUDIT_BLOCK = 256  # pinned bytes a ring-staged cooperative dispatch reads its b
 # 2-3 launches (notes/graphs.md); 4 keeps a margin until the benchmark measures it.
 # VYRE_CUDA_GRAPH_MIN_LAUNCHES overrides it (1: graphs for single launches too).
 GRAPH_MIN_LAUNCHES = 4
+# ... and at most this many: a graph holds every launch as a node (device memory, instantiation
+# time grow with it), while issuing costs the same per launch at any count. Forced graphs too.
+GRAPH_MAX_LAUNCHES = 10_000
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,8 @@ def plan_graph(config: DispatchConfig, route_kind: str, phases: int) -> tuple:
     (False, True)
     """
     launches = config.iterations * (phases if route_kind == "split" else 1)
+    if config.graph is not False and launches > GRAPH_MAX_LAUNCHES:
+        return False, f"{launches} launches per dispatch > {GRAPH_MAX_LAUNCHES} (too many graph nodes)"
     if config.graph is not None:
         return config.graph, f"DispatchConfig(graph={config.graph})"
     threshold = _graph_threshold()
