@@ -25,6 +25,7 @@ SCENARIOS = [
     "failed_graph_launch_is_typed_and_the_backend_goes_on",
     "evicted_plans_destroy_their_execs",
     "bfs_cooperative_and_split_replay_equal_the_reference",
+    "uncapturable_cooperative_launches_fall_back_and_stay_ordered",
 ]
 
 

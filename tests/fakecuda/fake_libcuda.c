@@ -913,6 +913,10 @@ typedef struct Function {
   int arg_count; /* u64 kernel arguments (fake_cuda_set_arg_count); 0: unknown, not capturable */
 } Function;
 
+/* 0: a cooperative launch on a capturing stream fails, as on a driver without cooperative nodes */
+static int capture_cooperative = 1;
+void fake_cuda_set_capture_cooperative(int on) { capture_cooperative = on; }
+
 void fake_cuda_set_arg_count(void* f, int n) {
   pthread_mutex_lock(&lock);
   ((Function*)f)->arg_count = n;
@@ -1077,6 +1081,7 @@ static CUresult record_launch(CUstream s, CUfunction f, unsigned gx, unsigned gy
   Function* fn = (Function*)f;
   CUresult check = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, cooperative, 0);
   if (check == CUDA_SUCCESS && fn->arg_count <= 0) check = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (check == CUDA_SUCCESS && cooperative && !capture_cooperative) check = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (check != CUDA_SUCCESS) {
     st->capture_invalid = 1;
     return check;

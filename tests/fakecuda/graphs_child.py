@@ -366,6 +366,40 @@ def bfs_cooperative_and_split_replay_equal_the_reference(fake):
     assert fake.stats()["graph_execs"] == 0
 
 
+@scenario
+def uncapturable_cooperative_launches_fall_back_and_stay_ordered(fake):
+    # a driver that cannot capture cooperative launches: the cooperative plan issues (with its
+    # barrier resets, audit and ordering event), the host-split plan of the same program replays
+    n = 300
+    prog = bfs_program(n)
+    inputs, ref = bfs_case(n)
+    backend = vc.CudaBackend(0)
+    fake.emulate(backend, prog, inputs, bfs_emulation, DispatchConfig(fixpoint_iterations=47))
+    R = backend.plan_info(prog, inputs, DispatchConfig(fixpoint_iterations=47)).route.resident_limit
+    fake.lib.fake_cuda_set_capture_cooperative(0)
+    try:
+        for grid, kind in ((None, "cooperative"), ((R + 1,), "split"), (None, "cooperative")):
+            cfg = DispatchConfig(fixpoint_iterations=47, grid_override=grid)
+            before, fb = counters(backend), fake.stats()
+            pending = [backend.dispatch_async(prog, inputs, cfg) for _ in range(2)]
+            for p in pending:
+                for k, (got, want) in enumerate(zip(p.result(), bfs_expected(ref, 47))):
+                    assert np.array_equal(got, want), f"{kind} output {k}"
+            d, fd = delta(before, counters(backend)), delta(fb, fake.stats())
+            if kind == "cooperative":
+                assert d["graph_fallbacks"] == 2 and d["graph_replays"] == 0, d
+                assert fd["graph_launches"] == 0 and fd["cooperative_launches"] == 94 and fd["memsets"] >= 94, fd
+            else:
+                assert d["graph_replays"] == 2 and d["graph_fallbacks"] == 0, d
+        info_key = (prog, DispatchConfig(fixpoint_iterations=47), *(x.nbytes for x in inputs))
+        assert not backend._core.prepared_for(info_key).graphed
+        assert fake.stats()["graphs"] == 0
+    finally:
+        fake.lib.fake_cuda_set_capture_cooperative(1)
+    backend.close()
+    assert fake.stats()["graph_execs"] == 0
+
+
 def main():
     fake = FakeDriver()
     results = {}
