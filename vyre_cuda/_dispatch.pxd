@@ -5,8 +5,29 @@ from cuda.bindings cimport cydriver
 from ._pools cimport DevicePool, PinnedPool, HostPool, StreamPool
 from ._transfer cimport TransferEngine, Source, Piece, CoopOrder
 
+
+cdef extern from "_graphs.hpp" namespace "vyre" nogil:
+    cdef cppclass GraphCache:
+        GraphCache(size_t capacity)
+        void lock()
+        void unlock()
+        long find(const unsigned long long* key, size_t n)
+        void* exec(long i)
+        bint full()
+        size_t size()
+        long oldest()
+        void rekey(long i, const unsigned long long* key, size_t n)
+        void insert(const unsigned long long* key, size_t n, void* exec)
+        void remove(long i)
+        vector[void*] take_all()
+        void* capture_stream
+        void* take_capture_stream()
+        bint disabled
+        bint closed
+
+
 cdef enum:
-    N_COUNTERS = 25
+    N_COUNTERS = 29
 
 
 cdef struct InputCheck:
@@ -90,6 +111,7 @@ cdef class Prepared:
     cdef list out_dtypes
     cdef CoopGate coop
     cdef CoopOrder* coop_order
+    cdef GraphCache* graphs  # NULL unless the plan replays its launches as a CUDA graph
     cdef public object route_name
     cdef public object route_reason
     cdef public object label
@@ -111,6 +133,7 @@ cdef class Core:
     cdef public StreamPool spool
     cdef public TransferEngine xfer
     cdef dict prepared
+    cdef list graphed  # prepared plans that may hold graph execs (released with the plans)
     cdef object planner
     cdef unsigned long long tel[N_COUNTERS]
     cdef public object lost
@@ -169,6 +192,7 @@ cdef class PendingDispatch:
     cdef bint out_dev_issued
     cdef list keep  # device arrays (and DLPack capsules) the GPU uses, held until completion
     cdef list waits  # streams the dispatch stream waits on before its first copy
+    cdef int graph_events  # G_* bits of what the graph path did (counted in _after_enqueue)
 
     cdef void _release_views(self) noexcept
     cdef void _release_out_views(self) noexcept

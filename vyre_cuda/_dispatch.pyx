@@ -153,7 +153,21 @@ cdef enum:
     T_STAGED_D2H
     T_DIRECT_D2H
     T_RING_CHUNKS
-    T_INTERRUPTED  # N_COUNTERS (25) in the .pxd
+    T_INTERRUPTED
+    T_GRAPH_REPLAYS
+    T_GRAPH_CAPTURES
+    T_GRAPH_UPDATES
+    T_GRAPH_FALLBACKS  # N_COUNTERS (29) in the .pxd
+
+# what the graph path did in one dispatch (PendingDispatch.graph_events)
+cdef enum:
+    G_REPLAY = 1
+    G_CAPTURE = 2
+    G_UPDATE = 4
+    G_FALLBACK = 8
+    # instantiated execs kept per prepared plan: a blocking loop reuses one slab (the device pool
+    # is LIFO), a pipeline of k dispatches in flight rotates k slabs; beyond this, execs are updated
+    GRAPH_EXECS = 8
 
 
 def _set_wait_mode(int mode):
@@ -303,6 +317,8 @@ cdef class Prepared:
         self.out_counts = [c for _, c in plan.output_specs]
         self.coop = plan.gate
         self.coop_order = &self.coop.order if self.coop is not None else NULL
+        if getattr(plan, "graph", False):
+            self.graphs = new GraphCache(GRAPH_EXECS)
         self.label = config.label
         self.timeout = config.timeout
         self.plan = plan
@@ -324,6 +340,48 @@ cdef class Prepared:
         self.ext_stream = <cydriver.CUstream><uintptr_t>(stream or 0)
         self.device_outputs = getattr(config, "outputs", "host") == "device"
         return self
+
+    def __dealloc__(self):
+        # Core.clear_prepared / forget_context released every exec of a plan the core dispatched
+        # (with or without driver calls); a plan never registered there never captured. So no
+        # driver call here: this may run after the context is gone.
+        if self.graphs != NULL:
+            self.graphs.take_all()
+            del self.graphs
+            self.graphs = NULL
+
+    def release_graphs(self, bint destroy=True):
+        """Destroy (or, when the context is gone, forget) every graph exec of this plan and stop
+        capturing new ones; returns how many there were. Waits for a dispatch using them."""
+        cdef vector[void*] execs
+        cdef void* capture_stream
+        cdef size_t i
+        if self.graphs == NULL:
+            return 0
+        with nogil:  # a dispatch may hold the lock while a launch hook needs the GIL (fake driver)
+            self.graphs.lock()
+            execs = self.graphs.take_all()
+            capture_stream = self.graphs.take_capture_stream()
+            self.graphs.unlock()
+            if destroy:
+                # an exec still running is freed when it completes (cuGraphExecDestroy)
+                for i in range(execs.size()):
+                    cydriver.cuGraphExecDestroy(<cydriver.CUgraphExec>execs[i])
+                if capture_stream != NULL:  # only captures ran on it, all ended
+                    cydriver.cuStreamDestroy(<cydriver.CUstream>capture_stream)
+        return execs.size()
+
+    @property
+    def graph_execs(self):
+        """Instantiated graph execs this plan holds now (0 without graph replay)."""
+        if self.graphs == NULL:
+            return 0
+        return self.graphs.size()
+
+    @property
+    def graphed(self):
+        """True when this plan replays its launches as a CUDA graph (and capture has not failed)."""
+        return self.graphs != NULL and not self.graphs.disabled and not self.graphs.closed
 
     @property
     def slab_bytes_(self):
@@ -365,6 +423,7 @@ cdef class Core:
         self.spool = StreamPool(128, ctx)
         self.xfer = TransferEngine(ctx, chunk_bytes, n_chunks, copy_threads)
         self.prepared = {}
+        self.graphed = []
         self.planner = planner
         self.lost = None
         self.trace = trace
@@ -411,14 +470,26 @@ cdef class Core:
             events_created=self.spool.created_events,
             events_live=self.spool.live_events,
             prepared_plans=len(self.prepared),
+            graph_execs_live=sum((<Prepared>p).graph_execs for p in self.graphed),
         )
 
     def clear_prepared(self):
+        self._release_graphs(self.ctx != NULL)
         self.prepared.clear()
+
+    def _release_graphs(self, bint destroy):
+        # the plans' graph execs go with the plans (module eviction, close, the lookup's bound);
+        # a plan still used by a dispatch in flight then issues its launches without a graph
+        graphed, self.graphed = self.graphed, []
+        if graphed and destroy:
+            bind_context(self.ctx)
+        for p in graphed:
+            (<Prepared>p).release_graphs(destroy)
 
     def forget_context(self):
         """Called once the backend's context is released after a fault: every pool drops its
         handles without a driver call (they died with the context)."""
+        self._release_graphs(False)
         self.dpool.forget_context()
         self.ppool.forget_context()
         self.spool.forget_context()
@@ -496,8 +567,10 @@ cdef class Core:
             elif prep is None:
                 prep = self.planner(program, key[2:], config)
                 if len(self.prepared) >= 4096:
-                    self.prepared.clear()  # bounded: distinct lengths should not grow memory forever
+                    self.clear_prepared()  # bounded: distinct lengths should not grow memory forever
                 self.prepared[key] = prep
+                if (<Prepared>prep).graphs != NULL:
+                    self.graphed.append(prep)
         except BaseException:  # a planning error, or an unhashable config field
             _release(views, n)
             raise
@@ -777,6 +850,12 @@ cdef class Core:
         elif p.route == ROUTE_SPLIT:
             self.tel[T_SPLIT_LAUNCHES] += p.tel_launches
         self.tel[T_MEMSETS] += p.tel_memsets
+        if d.graph_events:
+            self.tel[T_GRAPH_REPLAYS] += (d.graph_events & G_REPLAY) != 0
+            self.tel[T_GRAPH_CAPTURES] += (d.graph_events & G_CAPTURE) != 0
+            self.tel[T_GRAPH_UPDATES] += (d.graph_events & G_UPDATE) != 0
+            self.tel[T_GRAPH_FALLBACKS] += (d.graph_events & G_FALLBACK) != 0
+            d.graph_events = 0
         if p.ring:
             self.tel[T_H2D_OPS] += d.ops[0]
             self.tel[T_RING_CHUNKS] += d.ops[1]
@@ -1302,8 +1381,10 @@ cdef cydriver.CUresult _issue(PendingDispatch d, Prepared p, TransferEngine xfer
             return st
     if order != NULL:
         order.lock()
-        st = _launch_cooperative(p, f, order, argv, argp, n_args, call)
+        st = _launch_cooperative(d, p, f, order, argv, argp, n_args, call)
         order.unlock()
+    elif p.graphs != NULL:
+        st = _replay(d, p, f, False, argv, argp, n_args, call)
     else:
         st = _launch(p, f, argv, argp, n_args, call)
     if st != cydriver.CUDA_SUCCESS:
@@ -1394,18 +1475,44 @@ cdef cydriver.CUresult _launch(Prepared p, InFlight* f, unsigned long long* argv
     return cydriver.CUDA_SUCCESS
 
 
-cdef cydriver.CUresult _launch_cooperative(Prepared p, InFlight* f, CoopOrder* order, unsigned long long* argv,
-                                           void** argp, size_t n_args, const char** call) noexcept nogil:
+cdef cydriver.CUresult _launch_cooperative(PendingDispatch d, Prepared p, InFlight* f, CoopOrder* order,
+                                           unsigned long long* argv, void** argp, size_t n_args,
+                                           const char** call) noexcept nogil:
     """Cooperative launches of one module, ordered on the GPU after the previous one's, with the
-    barrier reset before and the counter read back after. The caller holds ``order``."""
+    barrier reset before and the counter read back after. The caller holds ``order``. With graph
+    replay only the resets and launches are the graph; the ordering wait, the counter readback
+    and the ordering event stay outside it (they name per-dispatch staging and a shared event)."""
     cdef cydriver.CUresult st
-    cdef int _it
     cdef cydriver.CUstream s = f.stream
     if order.recorded:
         call[0] = b"cuStreamWaitEvent"
         st = cydriver.cuStreamWaitEvent(s, <cydriver.CUevent>order.last, 0)
         if st != cydriver.CUDA_SUCCESS:
             return st
+    if p.graphs != NULL:
+        st = _replay(d, p, f, True, argv, argp, n_args, call)
+    else:
+        st = _cooperative_launches(p, f, argv, argp, n_args, call)
+    if st != cydriver.CUDA_SUCCESS:
+        return st
+    call[0] = b"cuMemcpyDtoHAsync"
+    st = cydriver.cuMemcpyDtoHAsync(f.staging + p.audit_offset, p.barrier, 4, s)
+    if st != cydriver.CUDA_SUCCESS:
+        return st
+    call[0] = b"cuEventRecord"
+    st = cydriver.cuEventRecord(<cydriver.CUevent>order.last, s)
+    if st != cydriver.CUDA_SUCCESS:
+        return st
+    order.recorded = True
+    return cydriver.CUDA_SUCCESS
+
+
+cdef cydriver.CUresult _cooperative_launches(Prepared p, InFlight* f, unsigned long long* argv, void** argp,
+                                             size_t n_args, const char** call) noexcept nogil:
+    # per iteration: reset the grid barrier, then one cooperative launch
+    cdef cydriver.CUresult st
+    cdef int _it
+    cdef cydriver.CUstream s = f.stream
     argv[n_args] = f.slab + p.params_offsets[0]
     for _it in range(p.iterations):
         call[0] = b"cuMemsetD32Async"  # the grid barrier counts from zero in every launch
@@ -1418,16 +1525,122 @@ cdef cydriver.CUresult _launch_cooperative(Prepared p, InFlight* f, CoopOrder* o
                                                 p.shared_bytes, s, argp)
         if st != cydriver.CUDA_SUCCESS:
             return st
-    call[0] = b"cuMemcpyDtoHAsync"
-    st = cydriver.cuMemcpyDtoHAsync(f.staging + p.audit_offset, p.barrier, 4, s)
-    if st != cydriver.CUDA_SUCCESS:
-        return st
-    call[0] = b"cuEventRecord"
-    st = cydriver.cuEventRecord(<cydriver.CUevent>order.last, s)
-    if st != cydriver.CUDA_SUCCESS:
-        return st
-    order.recorded = True
     return cydriver.CUDA_SUCCESS
+
+
+cdef cydriver.CUresult _launches(Prepared p, InFlight* f, bint cooperative, unsigned long long* argv, void** argp,
+                                 size_t n_args, const char** call) noexcept nogil:
+    # the launch sequence of one dispatch, issued on its stream (or recorded, while capturing)
+    if cooperative:
+        return _cooperative_launches(p, f, argv, argp, n_args, call)
+    return _launch(p, f, argv, argp, n_args, call)
+
+
+cdef cydriver.CUresult _capture(Prepared p, InFlight* f, bint cooperative, unsigned long long* argv, void** argp,
+                                size_t n_args, cydriver.CUgraph* graph, const char** call) noexcept nogil:
+    """Record the launch sequence into ``graph`` on the dispatch's stream, which is capturing
+    (nothing runs). The capture is ended on every path; on failure ``graph`` is NULL."""
+    cdef cydriver.CUresult st, end
+    graph[0] = NULL
+    st = _launches(p, f, cooperative, argv, argp, n_args, call)
+    end = cydriver.cuStreamEndCapture(f.stream, graph)
+    if st == cydriver.CUDA_SUCCESS:
+        st = end
+        call[0] = b"cuStreamEndCapture"
+    if st != cydriver.CUDA_SUCCESS and graph[0] != NULL:
+        cydriver.cuGraphDestroy(graph[0])
+        graph[0] = NULL
+    return st
+
+
+cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint cooperative,
+                               unsigned long long* argv, void** argp, size_t n_args,
+                               const char** call) noexcept nogil:
+    """The launch sequence as ONE graph launch (see notes/graphs.md).
+
+    The exec is found by the exact argument values (every buffer pointer, then the slab the params
+    pointers derive from): a graph bakes its parameters in. A miss captures the sequence (stream
+    capture in thread-local mode, so other threads keep dispatching) and instantiates it; with the
+    cache full it updates the least recently used exec instead (cuGraphExecUpdate), which is legal
+    while a launch of that exec is in flight: an update only affects later launches, and launches
+    of one exec run in order. Graph objects are not thread-safe, so lookup, capture, update and
+    launch hold the plan's cache lock. When the launches cannot be captured or instantiated (a
+    driver without cooperative nodes in graphs, say), the plan issues its launches from then on.
+    """
+    cdef GraphCache* cache = p.graphs
+    cdef unsigned long long key[MAX_ARGS + 1]
+    cdef cydriver.CUstream cs = f.stream, saved
+    cdef cydriver.CUgraph graph = NULL
+    cdef cydriver.CUgraphExec ex = NULL
+    cdef cydriver.CUgraphExecUpdateResultInfo info
+    cdef cydriver.CUresult st
+    cdef long i
+    cdef size_t n = n_args + 1
+    memcpy(key, argv, n_args * sizeof(unsigned long long))
+    key[n_args] = f.slab
+    cache.lock()
+    if cache.disabled or cache.closed:
+        cache.unlock()
+        d.graph_events |= G_FALLBACK
+        return _launches(p, f, cooperative, argv, argp, n_args, call)
+    i = cache.find(key, n)
+    if i >= 0:
+        ex = <cydriver.CUgraphExec>cache.exec(i)
+    else:
+        st = cydriver.CUDA_SUCCESS
+        if f.ext_stream:
+            # a caller's stream may be a blocking one: capture on the plan's own non-blocking
+            # stream instead (the capture records launches, not the stream they will run on)
+            if cache.capture_stream == NULL:
+                call[0] = b"cuStreamCreate"
+                st = cydriver.cuStreamCreate(&cs, cydriver.CU_STREAM_NON_BLOCKING)
+                if st == cydriver.CUDA_SUCCESS:
+                    cache.capture_stream = <void*>cs
+            cs = <cydriver.CUstream>cache.capture_stream
+        if st == cydriver.CUDA_SUCCESS:
+            call[0] = b"cuStreamBeginCapture"
+            st = cydriver.cuStreamBeginCapture(cs, cydriver.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        if st != cydriver.CUDA_SUCCESS:
+            # this stream cannot be captured now (it is being captured by someone else): issue
+            cache.unlock()
+            d.graph_events |= G_FALLBACK
+            return _launches(p, f, cooperative, argv, argp, n_args, call)
+        # the issuing code launches on f.stream: point it at the capture stream meanwhile
+        saved = f.stream
+        f.stream = cs
+        st = _capture(p, f, cooperative, argv, argp, n_args, &graph, call)
+        f.stream = saved
+        if st == cydriver.CUDA_SUCCESS and cache.full():
+            i = cache.oldest()
+            ex = <cydriver.CUgraphExec>cache.exec(i)
+            if cydriver.cuGraphExecUpdate(ex, graph, &info) == cydriver.CUDA_SUCCESS:
+                cache.rekey(i, key, n)
+                d.graph_events |= G_UPDATE
+            else:
+                cydriver.cuGraphExecDestroy(ex)  # a launch in flight finishes first
+                cache.remove(i)
+                ex = NULL
+        if st == cydriver.CUDA_SUCCESS and ex == NULL:
+            call[0] = b"cuGraphInstantiateWithFlags"
+            st = cydriver.cuGraphInstantiate(&ex, graph, 0)
+            if st == cydriver.CUDA_SUCCESS:
+                cache.insert(key, n, <void*>ex)
+                d.graph_events |= G_CAPTURE
+        if graph != NULL:
+            cydriver.cuGraphDestroy(graph)  # the exec holds its own copy
+        if st != cydriver.CUDA_SUCCESS:
+            # not capturable here: issue as without graphs, now and for every later dispatch (a
+            # real launch error then surfaces from the issued launch, with its own call name)
+            cache.disabled = True
+            cache.unlock()
+            d.graph_events |= G_FALLBACK
+            return _launches(p, f, cooperative, argv, argp, n_args, call)
+    call[0] = b"cuGraphLaunch"
+    st = cydriver.cuGraphLaunch(ex, f.stream)
+    cache.unlock()
+    if st == cydriver.CUDA_SUCCESS:
+        d.graph_events |= G_REPLAY
+    return st
 
 
 @cython.final

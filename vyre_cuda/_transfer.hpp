@@ -233,8 +233,11 @@ class CopyPool {
         pid_ = getpid();
         running_.store(true);
         auto* ws = new std::vector<std::thread>();
+        // the generation as of now, not as of when each thread first runs: a wake() or stop()
+        // between the two would otherwise be missed, and stop() would wait forever in join()
+        unsigned long long born = generation_.load(std::memory_order_seq_cst);
         try {
-            for (int i = 0; i < threads_; ++i) ws->emplace_back([this] { worker_main(); });
+            for (int i = 0; i < threads_; ++i) ws->emplace_back([this, born] { worker_main(born); });
         } catch (...) {
             workers_ = ws;
             stop();
@@ -244,8 +247,7 @@ class CopyPool {
         return true;
     }
 
-    void worker_main() {
-        unsigned long long seen = generation_.load(std::memory_order_acquire);
+    void worker_main(unsigned long long seen) {
         for (;;) {
             // The next window of a streaming dispatch usually arrives within microseconds, far
             // sooner than a sleeping thread can be woken (tens of microseconds in a VM): spin

@@ -159,6 +159,10 @@ class DispatchConfig:
         ``"host"`` (default): outputs come back as numpy arrays; ``"device"``: as
         :class:`vyre_cuda.DeviceArray` objects in device memory (``__cuda_array_interface__`` and
         ``__dlpack__``, so CuPy and torch wrap them without a copy).
+    graph : bool, optional
+        Replay the dispatch's launches as one CUDA graph: True always (even a single launch),
+        False never, None (default) when the dispatch issues at least
+        ``planning.dispatch.GRAPH_MIN_LAUNCHES`` launches (fixpoint iterations, host split).
 
     Examples
     --------
@@ -176,6 +180,7 @@ class DispatchConfig:
     autotune: bool = False
     stream: object = None
     outputs: str = "host"
+    graph: bool | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "workgroup_override", _dims("workgroup_override", self.workgroup_override))
@@ -207,6 +212,14 @@ class DispatchConfig:
                 "pass autotune=True to launch with the measured fastest block width, else leave it False",
             )
         object.__setattr__(self, "autotune", bool(self.autotune))
+        if self.graph is not None:
+            if not isinstance(self.graph, (bool, np.bool_)):
+                raise ValidationError(
+                    f"graph must be True, False or None (got {type(self.graph).__name__} {self.graph!r})",
+                    "pass graph=True to always replay a CUDA graph, False to never, None to let "
+                    "vyre_cuda decide by the number of launches",
+                )
+            object.__setattr__(self, "graph", bool(self.graph))
         n = self.elements
         if n is not None:
             if not _is_int(n) or not 1 <= n <= U32_MAX:

@@ -33,6 +33,10 @@ COUNTERS = (
     "direct_d2h_bytes",
     "ring_chunks",  # windows that went through the staging ring, both directions
     "interrupted_waits",  # waits ended by Ctrl-C (the work stays owned by a PendingDispatch)
+    "graph_replays",  # dispatches whose launches ran as one CUDA graph launch
+    "graph_captures",  # launch sequences captured and instantiated (a new argument-pointer set)
+    "graph_updates",  # cached graph execs updated in place to new argument pointers
+    "graph_fallbacks",  # dispatches of a graph plan that issued their launches instead
 )
 
 

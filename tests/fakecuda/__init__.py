@@ -51,6 +51,11 @@ STATS = (
     "registered",
     "mempools",
     "dtod_copies",
+    "graphs",  # live captured graphs
+    "graph_execs",  # live instantiated execs
+    "graph_launches",
+    "captured_nodes",
+    "exec_updates",
 )
 STATUS = {
     "CUDA_ERROR_INVALID_VALUE": 1,
@@ -61,6 +66,8 @@ STATUS = {
     "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
     "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": 701,
     "CUDA_ERROR_LAUNCH_FAILED": 719,
+    "CUDA_ERROR_NOT_SUPPORTED": 801,
+    "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED": 900,
     "CUDA_ERROR_UNKNOWN": 999,
 }
 
@@ -229,6 +236,8 @@ class FakeDriver:
         """Run ``fn(Launch)`` for every launch of ``program``'s kernel on ``backend``."""
         info = backend.plan_info(program, inputs, config)
         self.emulators[info.function] = fn
+        # stream capture copies the kernel's arguments by value; the fake learns their count here
+        self.lib.fake_cuda_set_arg_count(ctypes.c_void_p(info.function), info.arg_count)
 
     def _on_launch(self, function, gx, gy, gz, bx, by, bz, shared, params, cooperative):
         fn = self.emulators.get(function)

@@ -11,7 +11,13 @@
  *
  * Test controls (exported, called through ctypes): fake_cuda_stats(), fake_cuda_fail() to make
  * the n-th next call of one entry point return an error, fake_cuda_set_launch_hook() to run a
- * Python emulation of the kernel, fake_cuda_set_occupancy(), fake_cuda_reset_counters().
+ * Python emulation of the kernel, fake_cuda_set_occupancy(), fake_cuda_reset_counters(),
+ * fake_cuda_set_arg_count() (how many u64 kernel arguments a function takes: stream capture copies
+ * them by value, as the real driver does from the kernel's signature).
+ *
+ * Graphs: stream capture records launches and 32-bit memsets into a graph (nothing runs), an
+ * instantiated exec holds a copy, cuGraphExecUpdate replaces its parameters when the topology
+ * matches, and cuGraphLaunch runs the nodes in order (calling the launch hook).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -45,7 +51,9 @@ enum {
   CUDA_ERROR_INVALID_PTX = 218, CUDA_ERROR_INVALID_HANDLE = 400, CUDA_ERROR_NOT_FOUND = 500,
   CUDA_ERROR_NOT_READY = 600, CUDA_ERROR_ILLEGAL_ADDRESS = 700, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
   CUDA_ERROR_ILLEGAL_INSTRUCTION = 715, CUDA_ERROR_LAUNCH_FAILED = 719,
-  CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720, CUDA_ERROR_NOT_SUPPORTED = 801, CUDA_ERROR_UNKNOWN = 999,
+  CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720, CUDA_ERROR_NOT_SUPPORTED = 801,
+  CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+  CUDA_ERROR_ILLEGAL_STATE = 401, CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910, CUDA_ERROR_UNKNOWN = 999,
 };
 enum {
   CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X = 2,
@@ -98,7 +106,7 @@ enum {
   S_DEVICE_ALLOCS, S_DEVICE_BYTES, S_HOST_ALLOCS, S_HOST_BYTES, S_STREAMS, S_EVENTS, S_MODULES,
   S_LAUNCHES, S_COOP_LAUNCHES, S_HTOD, S_DTOH, S_MEMSETS, S_CTX_REFS, S_VIOLATIONS,
   S_DEVICE_ALLOC_CALLS, S_HOST_ALLOC_CALLS, S_STREAM_CREATES, S_EVENT_CREATES, S_SYNCS, S_NO_CONTEXT,
-  S_REGISTERED, S_POOLS, S_DTOD, N_STATS
+  S_REGISTERED, S_POOLS, S_DTOD, S_GRAPHS, S_GRAPH_EXECS, S_GRAPH_LAUNCHES, S_CAPTURED_NODES, S_EXEC_UPDATES, N_STATS
 };
 static long long stats[N_STATS];
 static char last_violation[512];
@@ -217,6 +225,7 @@ void fake_cuda_reset_counters(void) {
   stats[S_LAUNCHES] = stats[S_COOP_LAUNCHES] = stats[S_HTOD] = stats[S_DTOH] = stats[S_MEMSETS] = 0;
   stats[S_VIOLATIONS] = stats[S_DEVICE_ALLOC_CALLS] = stats[S_HOST_ALLOC_CALLS] = 0;
   stats[S_STREAM_CREATES] = stats[S_EVENT_CREATES] = stats[S_SYNCS] = 0;
+  stats[S_GRAPH_LAUNCHES] = stats[S_CAPTURED_NODES] = stats[S_EXEC_UPDATES] = 0;
   last_violation[0] = 0;
   pthread_mutex_unlock(&lock);
 }
@@ -645,15 +654,68 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
 
 /* ------------------------------------------------------------------ streams and events */
 typedef struct { int magic; } Handle;
+struct Graph;
+typedef struct { int magic; struct Graph* capture; int capture_invalid; } Stream;
 #define STREAM_MAGIC 0x5157
 #define EVENT_MAGIC 0x4556
+#define GRAPH_MAGIC 0x4752
+#define EXEC_MAGIC 0x4558
+#define MAX_NODE_ARGS 257
+
+/* ------------------------------------------------------------------ graphs (recorded work) */
+enum { NODE_KERNEL = 1, NODE_MEMSET32 = 2 };
+typedef struct Node {
+  int kind;
+  void* function;
+  unsigned grid[3], block[3], shared;
+  int cooperative, n_args;
+  unsigned long long args[MAX_NODE_ARGS]; /* kernel arguments by value (all u64 in vyre's ABI) */
+  CUdeviceptr dst;                        /* memset */
+  unsigned value;
+  size_t count;
+} Node;
+typedef struct Graph { int magic; int n, cap; Node* nodes; } Graph; /* also an exec (EXEC_MAGIC) */
+
+static Node* add_node(Graph* g) {
+  if (g->n == g->cap) {
+    g->cap = g->cap ? 2 * g->cap : 16;
+    g->nodes = (Node*)realloc(g->nodes, (size_t)g->cap * sizeof(Node));
+  }
+  Node* node = &g->nodes[g->n++];
+  memset(node, 0, sizeof(*node));
+  stats[S_CAPTURED_NODES]++;
+  return node;
+}
+
+static Graph* new_graph(int magic) {
+  Graph* g = (Graph*)calloc(1, sizeof(Graph));
+  g->magic = magic;
+  stats[magic == GRAPH_MAGIC ? S_GRAPHS : S_GRAPH_EXECS]++;
+  return g;
+}
+
+static void free_graph(Graph* g) {
+  stats[g->magic == GRAPH_MAGIC ? S_GRAPHS : S_GRAPH_EXECS]--;
+  g->magic = 0;
+  free(g->nodes);
+  free(g);
+}
+
+static CUresult record_memset32(Graph* g, CUdeviceptr dst, unsigned value, size_t n) {
+  Node* node = add_node(g);
+  node->kind = NODE_MEMSET32;
+  node->dst = dst;
+  node->value = value;
+  node->count = n;
+  return CUDA_SUCCESS;
+}
 
 CUresult cuStreamCreate(CUstream* s, unsigned int flags) {
   (void)flags;
   pthread_mutex_lock(&lock);
   INJECT("cuStreamCreate");
   NEED_CTX();
-  Handle* h = (Handle*)malloc(sizeof(Handle));
+  Stream* h = (Stream*)calloc(1, sizeof(Stream));
   h->magic = STREAM_MAGIC;
   stats[S_STREAMS]++;
   stats[S_STREAM_CREATES]++;
@@ -666,6 +728,18 @@ CUresult cuStreamCreate(CUstream* s, unsigned int flags) {
 static int is_stream(CUstream s) {
   return (uintptr_t)s == 1 || (uintptr_t)s == 2 || (s != NULL && ((Handle*)s)->magic == STREAM_MAGIC);
 }
+static int capturing(CUstream s) { return is_stream(s) && (uintptr_t)s > 2 && ((Stream*)s)->capture != NULL; }
+
+/* Work the fake cannot record in a graph, on a capturing stream: the capture is invalidated (as
+ * the real driver does for unsupported operations), so a test sees work that leaked into it. */
+#define NO_CAPTURE(s)                                 \
+  do {                                                \
+    if (capturing(s)) {                               \
+      ((Stream*)(s))->capture_invalid = 1;            \
+      pthread_mutex_unlock(&lock);                    \
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;   \
+    }                                                 \
+  } while (0)
 
 CUresult cuStreamDestroy(CUstream s) {
   pthread_mutex_lock(&lock);
@@ -686,6 +760,7 @@ CUresult cuStreamSynchronize(CUstream s) {
   pthread_mutex_lock(&lock);
   INJECT("cuStreamSynchronize");
   NEED_CTX();
+  NO_CAPTURE(s);
   stats[S_SYNCS]++;
   int ok = is_stream(s);
   pthread_mutex_unlock(&lock);
@@ -696,6 +771,7 @@ CUresult cuStreamQuery(CUstream s) {
   pthread_mutex_lock(&lock);
   INJECT("cuStreamQuery");
   NEED_CTX();
+  NO_CAPTURE(s);
   int ok = is_stream(s);
   pthread_mutex_unlock(&lock);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -748,6 +824,7 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
   pthread_mutex_lock(&lock);
   INJECT("cuEventRecord");
   NEED_CTX();
+  NO_CAPTURE(s);
   int ok = is_event(e) && is_stream(s);
   pthread_mutex_unlock(&lock);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -758,6 +835,7 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
   pthread_mutex_lock(&lock);
   INJECT("cuStreamWaitEvent");
   NEED_CTX();
+  NO_CAPTURE(s);
   int ok = is_event(e) && is_stream(s);
   pthread_mutex_unlock(&lock);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -780,6 +858,7 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream 
   pthread_mutex_lock(&lock);
   INJECT("cuMemcpyHtoDAsync");
   NEED_CTX();
+  NO_CAPTURE(s);
   stats[S_HTOD]++;
   if (!is_stream(s) || !find_range((const char*)(uintptr_t)dst, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemcpyHtoDAsync destination", dst, n);
@@ -795,6 +874,7 @@ CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
   pthread_mutex_lock(&lock);
   INJECT("cuMemcpyDtoHAsync");
   NEED_CTX();
+  NO_CAPTURE(s);
   stats[S_DTOH]++;
   if (!is_stream(s) || !find_range((const char*)(uintptr_t)src, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemcpyDtoHAsync source", src, n);
@@ -840,6 +920,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstrea
   pthread_mutex_lock(&lock);
   INJECT("cuMemsetD8Async");
   NEED_CTX();
+  NO_CAPTURE(s);
   stats[S_MEMSETS]++;
   if (!is_stream(s) || !find_range((const char*)(uintptr_t)dst, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemsetD8Async", dst, n);
@@ -855,6 +936,11 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, CUstrea
   pthread_mutex_lock(&lock);
   INJECT("cuMemsetD32Async");
   NEED_CTX();
+  if (capturing(s)) {
+    CUresult rst = record_memset32(((Stream*)s)->capture, dst, value, n);
+    pthread_mutex_unlock(&lock);
+    return rst;
+  }
   stats[S_MEMSETS]++;
   if (!is_stream(s) || (dst & 3) || !find_range((const char*)(uintptr_t)dst, 4 * n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemsetD32Async", dst, 4 * n);
@@ -877,7 +963,18 @@ typedef struct Function {
   Module* module;
   char name[128];
   int max_dynamic_shared;
+  int arg_count; /* u64 kernel arguments (fake_cuda_set_arg_count); 0: unknown, not capturable */
 } Function;
+
+/* 0: a cooperative launch on a capturing stream fails, as on a driver without cooperative nodes */
+static int capture_cooperative = 1;
+void fake_cuda_set_capture_cooperative(int on) { capture_cooperative = on; }
+
+void fake_cuda_set_arg_count(void* f, int n) {
+  pthread_mutex_lock(&lock);
+  ((Function*)f)->arg_count = n;
+  pthread_mutex_unlock(&lock);
+}
 
 static size_t image_size(const unsigned char* p) {
   if (p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F' && p[4] == 2) {
@@ -1023,7 +1120,7 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n, CUfunction f, int t
 }
 
 static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                       unsigned shared, CUstream s, void** params, int cooperative) {
+                       unsigned shared, CUstream s, void** params, int cooperative, int count) {
   (void)params; /* the hook reads them */
   Function* fn = (Function*)f;
   unsigned long long threads = (unsigned long long)bx * by * bz;
@@ -1035,8 +1132,190 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
   if (cooperative &&
       (unsigned long long)gx * gy * gz > (unsigned long long)occupancy((int)threads, shared) * FAKE_SM_COUNT)
     return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+  if (!count) return CUDA_SUCCESS;
   stats[S_LAUNCHES]++;
   if (cooperative) stats[S_COOP_LAUNCHES]++;
+  return CUDA_SUCCESS;
+}
+
+/* a launch on a capturing stream: checked like a launch, recorded with its arguments' values */
+static CUresult record_launch(CUstream s, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                              unsigned by, unsigned bz, unsigned shared, void** params, int cooperative) {
+  Stream* st = (Stream*)s;
+  Function* fn = (Function*)f;
+  CUresult check = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, cooperative, 0);
+  if (check == CUDA_SUCCESS && fn->arg_count <= 0) check = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (check == CUDA_SUCCESS && cooperative && !capture_cooperative) check = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (check != CUDA_SUCCESS) {
+    st->capture_invalid = 1;
+    return check;
+  }
+  Node* node = add_node(st->capture);
+  node->kind = NODE_KERNEL;
+  node->function = f;
+  node->grid[0] = gx, node->grid[1] = gy, node->grid[2] = gz;
+  node->block[0] = bx, node->block[1] = by, node->block[2] = bz;
+  node->shared = shared;
+  node->cooperative = cooperative;
+  node->n_args = fn->arg_count < MAX_NODE_ARGS ? fn->arg_count : MAX_NODE_ARGS;
+  for (int k = 0; k < node->n_args; k++) memcpy(&node->args[k], params[k], 8);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamBeginCapture(CUstream s, int mode) {
+  (void)mode;
+  pthread_mutex_lock(&lock);
+  INJECT("cuStreamBeginCapture");
+  NEED_CTX();
+  if (!is_stream(s) || capturing(s)) {
+    pthread_mutex_unlock(&lock);
+    return is_stream(s) ? CUDA_ERROR_ILLEGAL_STATE : CUDA_ERROR_INVALID_HANDLE;
+  }
+  ((Stream*)s)->capture = new_graph(GRAPH_MAGIC);
+  ((Stream*)s)->capture_invalid = 0;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamEndCapture(CUstream s, void** graph) {
+  pthread_mutex_lock(&lock);
+  NEED_CTX();
+  *graph = NULL;
+  if (!capturing(s)) {
+    pthread_mutex_unlock(&lock);
+    return is_stream(s) ? CUDA_ERROR_ILLEGAL_STATE : CUDA_ERROR_INVALID_HANDLE;
+  }
+  Stream* st = (Stream*)s;
+  Graph* g = st->capture;
+  st->capture = NULL;
+  CUresult injected_status = injected("cuStreamEndCapture");
+  if (st->capture_invalid || injected_status != CUDA_SUCCESS) {
+    free_graph(g);
+    pthread_mutex_unlock(&lock);
+    return injected_status != CUDA_SUCCESS ? injected_status : CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  *graph = g;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamIsCapturing(CUstream s, int* status) {
+  pthread_mutex_lock(&lock);
+  NEED_CTX();
+  *status = capturing(s) ? (((Stream*)s)->capture_invalid ? 2 : 1) : 0;
+  pthread_mutex_unlock(&lock);
+  return is_stream(s) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+static int is_graph(void* g, int magic) { return g != NULL && ((Graph*)g)->magic == magic; }
+
+CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long flags) {
+  (void)flags;
+  pthread_mutex_lock(&lock);
+  INJECT("cuGraphInstantiateWithFlags");
+  NEED_CTX();
+  if (!is_graph(graph, GRAPH_MAGIC)) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Graph* g = (Graph*)graph;
+  Graph* e = new_graph(EXEC_MAGIC);
+  e->n = e->cap = g->n;
+  e->nodes = (Node*)malloc((size_t)(g->n ? g->n : 1) * sizeof(Node));
+  memcpy(e->nodes, g->nodes, (size_t)g->n * sizeof(Node));
+  *exec = e;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+/* the same topology (node kinds, functions, cooperative flags): take the new parameters */
+CUresult cuGraphExecUpdate(void* exec, void* graph, void* info) {
+  (void)info;
+  pthread_mutex_lock(&lock);
+  INJECT("cuGraphExecUpdate");
+  NEED_CTX();
+  if (!is_graph(exec, EXEC_MAGIC) || !is_graph(graph, GRAPH_MAGIC)) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Graph* e = (Graph*)exec;
+  Graph* g = (Graph*)graph;
+  int same = e->n == g->n;
+  for (int k = 0; same && k < g->n; k++)
+    same = e->nodes[k].kind == g->nodes[k].kind && e->nodes[k].function == g->nodes[k].function &&
+           e->nodes[k].cooperative == g->nodes[k].cooperative;
+  if (!same) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+  }
+  memcpy(e->nodes, g->nodes, (size_t)g->n * sizeof(Node));
+  stats[S_EXEC_UPDATES]++;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+/* runs the nodes in order, synchronously, like every stream operation of the fake */
+CUresult cuGraphLaunch(void* exec, CUstream s) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuGraphLaunch");
+  NEED_CTX();
+  NO_CAPTURE(s);
+  if (!is_graph(exec, EXEC_MAGIC) || !is_stream(s)) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  Graph* e = (Graph*)exec;
+  stats[S_GRAPH_LAUNCHES]++;
+  pthread_mutex_unlock(&lock);
+  for (int k = 0; k < e->n; k++) {
+    Node* node = &e->nodes[k];
+    CUresult st = CUDA_SUCCESS;
+    if (node->kind == NODE_MEMSET32) {
+      pthread_mutex_lock(&lock);
+      stats[S_MEMSETS]++;
+      if ((node->dst & 3) || !find_range((const char*)(uintptr_t)node->dst, 4 * node->count, KIND_DEVICE)) {
+        violation("graph memset node", node->dst, 4 * node->count);
+        st = CUDA_ERROR_INVALID_VALUE;
+      } else {
+        for (size_t j = 0; j < node->count; j++) ((unsigned int*)(uintptr_t)node->dst)[j] = node->value;
+      }
+      pthread_mutex_unlock(&lock);
+    } else {
+      void* argp[MAX_NODE_ARGS];
+      for (int j = 0; j < node->n_args; j++) argp[j] = &node->args[j];
+      pthread_mutex_lock(&lock);
+      st = launch(node->function, node->grid[0], node->grid[1], node->grid[2], node->block[0], node->block[1],
+                  node->block[2], node->shared, s, argp, node->cooperative, 1);
+      launch_hook_t hook = launch_hook;
+      pthread_mutex_unlock(&lock);
+      if (st == CUDA_SUCCESS && hook)
+        st = (CUresult)hook(node->function, node->grid[0], node->grid[1], node->grid[2], node->block[0],
+                            node->block[1], node->block[2], node->shared, argp, node->cooperative);
+    }
+    if (st != CUDA_SUCCESS) return st;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphDestroy(void* graph) {
+  pthread_mutex_lock(&lock);
+  if (!is_graph(graph, GRAPH_MAGIC)) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  free_graph((Graph*)graph);
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphExecDestroy(void* exec) {
+  pthread_mutex_lock(&lock);
+  if (!is_graph(exec, EXEC_MAGIC)) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  free_graph((Graph*)exec);
+  pthread_mutex_unlock(&lock);
   return CUDA_SUCCESS;
 }
 
@@ -1046,7 +1325,12 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   pthread_mutex_lock(&lock);
   INJECT("cuLaunchKernel");
   NEED_CTX();
-  CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, 0);
+  if (capturing(s)) {
+    CUresult rst = record_launch(s, f, gx, gy, gz, bx, by, bz, shared, params, 0);
+    pthread_mutex_unlock(&lock);
+    return rst;
+  }
+  CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, 0, 1);
   last_block_x = (int)bx;
   launch_hook_t hook = launch_hook;
   pthread_mutex_unlock(&lock);
@@ -1059,7 +1343,12 @@ CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsig
   pthread_mutex_lock(&lock);
   INJECT("cuLaunchCooperativeKernel");
   NEED_CTX();
-  CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, 1);
+  if (capturing(s)) {
+    CUresult rst = record_launch(s, f, gx, gy, gz, bx, by, bz, shared, params, 1);
+    pthread_mutex_unlock(&lock);
+    return rst;
+  }
+  CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, 1, 1);
   launch_hook_t hook = launch_hook;
   pthread_mutex_unlock(&lock);
   if (st == CUDA_SUCCESS && hook) st = (CUresult)hook(f, gx, gy, gz, bx, by, bz, shared, params, 1);
@@ -1085,6 +1374,14 @@ static const struct { CUresult status; const char* name; const char* text; } ERR
     {CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
      "too many blocks in cooperative launch"},
     {CUDA_ERROR_ILLEGAL_INSTRUCTION, "CUDA_ERROR_ILLEGAL_INSTRUCTION", "an illegal instruction was encountered"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE",
+     "the graph update was not performed because it included changes which violated constraints"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -1134,6 +1431,11 @@ static const struct { const char* name; void* fn; } TABLE[] = {
     ENTRY(cuMemPoolSetAttribute), ENTRY(cuMemPoolGetAttribute), ENTRY(cuMemPoolTrimTo),
     ENTRY(cuMemAllocFromPoolAsync), ENTRY(cuMemFreeAsync), ENTRY(cuStreamWaitEvent), ENTRY(cuModuleLoadData),
     ENTRY(cuMemcpyDtoDAsync), ENTRY(cuMemcpyDtoH),
+    ENTRY(cuStreamBeginCapture), {"cuStreamBeginCapture_v2", (void*)cuStreamBeginCapture}, ENTRY(cuStreamEndCapture),
+    ENTRY(cuStreamIsCapturing), ENTRY(cuGraphInstantiateWithFlags),
+    {"cuGraphInstantiate", (void*)cuGraphInstantiateWithFlags}, ENTRY(cuGraphExecUpdate),
+    {"cuGraphExecUpdate_v2", (void*)cuGraphExecUpdate}, ENTRY(cuGraphLaunch), ENTRY(cuGraphDestroy),
+    ENTRY(cuGraphExecDestroy),
 };
 
 CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,

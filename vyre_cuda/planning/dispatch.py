@@ -11,6 +11,7 @@ through the ``modules`` object the backend passes in.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from .._accounting import bucket_size
@@ -22,7 +23,18 @@ from .caps import DeviceCaps, check_capabilities
 from .launch import LaunchPlan, Route, barrier_ceiling, plan_launch, route_grid_sync
 from .layout import SlabLayout, plan_layout
 
-__all__ = ["DispatchPlan", "plan_dispatch", "plan_route", "assemble_plan", "staging_for", "MIRROR_MAX", "MAX_ARGS"]
+__all__ = [
+    "DispatchPlan",
+    "plan_dispatch",
+    "plan_route",
+    "assemble_plan",
+    "staging_for",
+    "plan_graph",
+    "MIRROR_MAX",
+    "MAX_ARGS",
+    "GRAPH_MIN_LAUNCHES",
+    "GRAPH_MAX_LAUNCHES",
+]
 
 # Dispatches whose slab fits this many bytes keep one pinned mirror of the slab (one upload, one
 # readback); larger ones stream through the transfer engine's staging ring. Measured on an H200:
@@ -30,6 +42,16 @@ __all__ = ["DispatchPlan", "plan_dispatch", "plan_route", "assemble_plan", "stag
 MIRROR_MAX = 512 << 10
 MAX_ARGS = 256  # kernel arguments the core packs (one per buffer binding + the params pointer)
 AUDIT_BLOCK = 256  # pinned bytes a ring-staged cooperative dispatch reads its barrier counter into
+# Dispatches issuing at least this many launches replay them as one CUDA graph (DispatchConfig
+# graph=None). Measured on an H200 (C against the driver): 100 dependent launches issued one by one
+# take ~4 us each, as a graph ~1 us each; a single-launch round trip was 18.4 vs 14.2 us on one
+# machine and 11.9 vs 14.5 us on another, so one launch stays issued. The predicted crossover is
+# 2-3 launches (notes/graphs.md); 4 keeps a margin until the benchmark measures it.
+# VYRE_CUDA_GRAPH_MIN_LAUNCHES overrides it (1: graphs for single launches too).
+GRAPH_MIN_LAUNCHES = 4
+# ... and at most this many: a graph holds every launch as a node (device memory, instantiation
+# time grow with it), while issuing costs the same per launch at any count. Forced graphs too.
+GRAPH_MAX_LAUNCHES = 10_000
 
 
 @dataclass(frozen=True)
@@ -66,6 +88,8 @@ class DispatchPlan:
     arg_count: int
     tuned_block: tuple | None = None
     tuning: str = ""
+    graph: bool = False
+    graph_reason: str = "not planned"
 
     @property
     def iterations(self) -> int:
@@ -83,6 +107,34 @@ def staging_for(layout: SlabLayout, cooperative_audit: bool) -> tuple:
     if layout.slab_bytes <= MIRROR_MAX:
         return True, layout.bucket_bytes, bucket_size(layout.slab_bytes + 16), layout.slab_bytes
     return False, layout.slab_bytes, AUDIT_BLOCK if cooperative_audit else 0, 0
+
+
+def _graph_threshold() -> int:
+    raw = os.environ.get("VYRE_CUDA_GRAPH_MIN_LAUNCHES", "")
+    try:
+        return max(1, int(raw)) if raw else GRAPH_MIN_LAUNCHES
+    except ValueError:
+        return GRAPH_MIN_LAUNCHES
+
+
+def plan_graph(config: DispatchConfig, route_kind: str, phases: int) -> tuple:
+    """(replay as a CUDA graph?, why): the launches per dispatch against the threshold, unless
+    ``DispatchConfig(graph=...)`` forces it.
+
+    >>> plan_graph(DispatchConfig(fixpoint_iterations=100), "regular", 1)
+    (True, '100 launches per dispatch >= 4')
+    >>> plan_graph(DispatchConfig(), "regular", 1)[0], plan_graph(DispatchConfig(graph=True), "regular", 1)[0]
+    (False, True)
+    """
+    launches = config.iterations * (phases if route_kind == "split" else 1)
+    if config.graph is not False and launches > GRAPH_MAX_LAUNCHES:
+        return False, f"{launches} launches per dispatch > {GRAPH_MAX_LAUNCHES} (too many graph nodes)"
+    if config.graph is not None:
+        return config.graph, f"DispatchConfig(graph={config.graph})"
+    threshold = _graph_threshold()
+    if launches >= threshold:
+        return True, f"{launches} launches per dispatch >= {threshold}"
+    return False, f"{launches} launch(es) per dispatch < {threshold}"
 
 
 def plan_route(program, lengths, config: DispatchConfig, caps: DeviceCaps, modules):
@@ -170,6 +222,7 @@ def assemble_plan(
     mirror, device_block, staging_block, audit_offset = staging_for(
         layout, bool(route.kind == "cooperative" and barrier)
     )
+    graph, graph_reason = plan_graph(config, route.kind, program.phases)
     return DispatchPlan(
         program=program,
         config=config,
@@ -189,4 +242,6 @@ def assemble_plan(
         staging_block=staging_block,
         audit_offset=audit_offset,
         arg_count=arg_count,
+        graph=graph,
+        graph_reason=graph_reason,
     )

@@ -1,0 +1,255 @@
+"""Graph replay against issued launches, measured in the same run on the machine at hand.
+
+Each case dispatches the same program with ``DispatchConfig(graph=True/None)`` and with
+``graph=False`` (today's path: every launch issued), alternating the two in rounds so drift hits
+both alike, and reports the medians of the blocking round trip (upload, launches, readback) and
+their ratio:
+
+* ``fixpoint100``: vecadd of 3 x 4 KiB with ``fixpoint_iterations=100``; target ratio <= 0.5
+* ``bfs_split94``: the 2-phase BFS relaxation (tests/gpu/kernels/bfs.cu) forced host-split (grid
+  one block over the resident limit), 47 iterations = 94 launches; target ratio <= 0.6
+* ``single``: one vecadd launch of 3 x 4 KiB; no target: graphs help single launches only if
+  this ratio is below 1 here (then set VYRE_CUDA_GRAPH_MIN_LAUNCHES=1)
+* ``pipelined_updates``: fixpoint 100 with 12 dispatches in flight, more than the 8 execs a
+  plan caches, so replays go through exec updates; informational (the cost of a cache miss)
+
+On a GPU machine, after building the extensions::
+
+    python benchmarks/bench_graphs.py --out benchmarks/results/graphs.json
+    python benchmarks/bench_graphs.py --rounds 50 --only fixpoint100
+
+Prints one line per case (medians in us, the ratio, the target and whether it is met) and writes
+the same as JSON to ``--out``. Exit status 3 with ``--strict`` when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(HERE.parent))
+
+import numpy as np  # noqa: E402
+
+import vyre_cuda as vc  # noqa: E402
+from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program  # noqa: E402
+from vyre_cuda import builtin_programs as bp  # noqa: E402
+
+BFS_SOURCE = HERE.parent / "tests" / "gpu" / "kernels" / "bfs.cu"
+INF = 0xFFFFFFFF
+TARGETS = {"fixpoint100": 0.5, "bfs_split94": 0.6}
+COUNTERS = ("graph_replays", "graph_captures", "graph_updates", "graph_fallbacks", "launches")
+
+
+def _median_pair(run_a, run_b, rounds: int, per_round: int) -> tuple:
+    """Medians (ns) of run_a and run_b, alternated per round (a warm-up round first)."""
+    times = {0: [], 1: []}
+    for r in range(rounds + 1):
+        for which, fn in ((0, run_a), (1, run_b)) if r % 2 else ((1, run_b), (0, run_a)):
+            for _ in range(per_round):
+                t0 = time.perf_counter_ns()
+                fn()
+                t = time.perf_counter_ns() - t0
+                if r:  # round 0 warms plans, pools and graph execs
+                    times[which].append(t)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def _counters(backend) -> dict:
+    snap = backend.telemetry.snapshot()
+    return {k: snap[k] for k in COUNTERS}
+
+
+def _case(backend, name, program, inputs, graph_cfg, issued_cfg, rounds, per_round, check=None):
+    if check is not None:  # both paths must give the reference result before they are timed
+        for cfg in (graph_cfg, issued_cfg):
+            check(backend.dispatch(program, inputs, cfg), cfg)
+    before = _counters(backend)
+    graph_ns, issued_ns = _median_pair(
+        lambda: backend.dispatch(program, inputs, graph_cfg),
+        lambda: backend.dispatch(program, inputs, issued_cfg),
+        rounds,
+        per_round,
+    )
+    after = _counters(backend)
+    ratio = graph_ns / issued_ns
+    target = TARGETS.get(name)
+    return {
+        "case": name,
+        "graph_us": graph_ns / 1e3,
+        "issued_us": issued_ns / 1e3,
+        "ratio": ratio,
+        "target": target,
+        "met": None if target is None else ratio <= target,
+        "plan": backend.plan_info(program, inputs, graph_cfg).graph_reason,
+        "counters": {k: after[k] - before[k] for k in COUNTERS},
+    }
+
+
+def _bfs_graph(rng, n=20_000, degree=5, tail=120):
+    """A random undirected graph with a path hanging off node n - tail - 1 (depth > 47)."""
+    core = n - tail
+    src = np.concatenate([rng.integers(0, core, core * degree), np.arange(core - 1, n - 1)])
+    dst = np.concatenate([rng.integers(0, core, core * degree), np.arange(core, n)])
+    s, d = np.concatenate([src, dst]), np.concatenate([dst, src])
+    order = np.argsort(s, kind="stable")
+    row_ptr = np.zeros(n + 1, np.uint32)
+    row_ptr[1:] = np.cumsum(np.bincount(s, minlength=n))
+    col_idx = np.ascontiguousarray(d[order], np.uint32)
+    dist0 = np.full(n, INF, np.uint32)
+    dist0[0] = 0
+    return [row_ptr, col_idx, dist0]
+
+
+def _bfs_program(n):
+    return Program(
+        Kernel.cuda(BFS_SOURCE.read_text()),
+        [
+            BufferDecl.read("row_ptr", 0, "u32", n + 1),
+            BufferDecl.read("col_idx", 1, "u32"),
+            BufferDecl.read_write("dist", 2, "u32", n),
+            BufferDecl.output("next", 3, "u32", n),
+            BufferDecl.output("state", 4, "u32", 3),
+        ],
+        workgroup_size=(256, 1, 1),
+        grid_sync=True,
+        phases=2,
+        name="bfs_relax",
+        launch="dist",
+    )
+
+
+def fixpoint100(backend, rng, rounds, per_round):
+    prog = bp.vecadd_f32()
+    a, b = (rng.standard_normal(1024).astype(np.float32) for _ in range(2))
+
+    def check(outs, cfg):
+        assert np.array_equal(outs[0], a + b), f"vecadd wrong under {cfg}"
+
+    return _case(
+        backend,
+        "fixpoint100",
+        prog,
+        [a, b],
+        DispatchConfig(fixpoint_iterations=100),  # graph=None: the planner's own choice
+        DispatchConfig(fixpoint_iterations=100, graph=False),
+        rounds,
+        per_round,
+        check,
+    )
+
+
+def bfs_split94(backend, rng, rounds, per_round):
+    inputs = _bfs_graph(rng)
+    prog = _bfs_program(len(inputs[2]))
+    limit = backend.plan_info(prog, inputs, DispatchConfig(fixpoint_iterations=47)).route.resident_limit
+    grid = (limit + 1,)
+    issued = DispatchConfig(fixpoint_iterations=47, grid_override=grid, graph=False)
+    graphed = DispatchConfig(fixpoint_iterations=47, grid_override=grid)
+    assert backend.plan_info(prog, inputs, graphed).route.kind == "split"
+    reference = backend.dispatch(prog, inputs, issued)
+
+    def check(outs, cfg):
+        for got, want in zip(outs, reference):
+            assert np.array_equal(got, want), f"BFS differs under {cfg}"
+
+    return _case(backend, "bfs_split94", prog, inputs, graphed, issued, rounds, per_round, check)
+
+
+def single(backend, rng, rounds, per_round):
+    prog = bp.vecadd_f32()
+    a, b = (rng.standard_normal(1024).astype(np.float32) for _ in range(2))
+
+    def check(outs, cfg):
+        assert np.array_equal(outs[0], a + b), f"vecadd wrong under {cfg}"
+
+    return _case(
+        backend,
+        "single",
+        prog,
+        [a, b],
+        DispatchConfig(graph=True),
+        DispatchConfig(graph=False),
+        rounds,
+        per_round,
+        check,
+    )
+
+
+def pipelined_updates(backend, rng, rounds, per_round):
+    prog = bp.vecadd_f32()
+    pairs = [[rng.standard_normal(1024).astype(np.float32) for _ in range(2)] for _ in range(12)]
+
+    def run(cfg):
+        pending = [backend.dispatch_async(prog, ab, cfg) for ab in pairs]
+        for (a, b), p in zip(pairs, pending):
+            (out,) = p.result()
+            assert np.array_equal(out, a + b)
+
+    graph_cfg = DispatchConfig(fixpoint_iterations=100, graph=True)
+    issued_cfg = DispatchConfig(fixpoint_iterations=100, graph=False)
+    before = _counters(backend)
+    graph_ns, issued_ns = _median_pair(lambda: run(graph_cfg), lambda: run(issued_cfg), rounds, max(1, per_round // 4))
+    after = _counters(backend)
+    return {
+        "case": "pipelined_updates",
+        "graph_us": graph_ns / 1e3 / len(pairs),
+        "issued_us": issued_ns / 1e3 / len(pairs),
+        "ratio": graph_ns / issued_ns,
+        "target": None,
+        "met": None,
+        "plan": "12 dispatches in flight, 8 execs cached per plan",
+        "counters": {k: after[k] - before[k] for k in COUNTERS},
+    }
+
+
+CASES = collections.OrderedDict(
+    fixpoint100=fixpoint100, bfs_split94=bfs_split94, single=single, pipelined_updates=pipelined_updates
+)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_graphs.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=pathlib.Path, default=HERE / "results" / "graphs.json")
+    parser.add_argument("--rounds", type=int, default=30, help="alternating rounds per case (default 30)")
+    parser.add_argument("--per-round", type=int, default=10, help="dispatches per path per round (default 10)")
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", choices=sorted(CASES), action="append", help="run these cases only")
+    parser.add_argument("--strict", action="store_true", help="exit with status 3 when a target is missed")
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(args.seed)
+    results = []
+    with vc.CudaBackend(args.device) as backend:
+        for name in args.only or CASES:
+            res = CASES[name](backend, rng, args.rounds, args.per_round)
+            results.append(res)
+            target = (
+                "" if res["target"] is None else f"  target <= {res['target']}: {'met' if res['met'] else 'MISSED'}"
+            )
+            print(
+                f"{name:18s} graph {res['graph_us']:9.1f} us  issued {res['issued_us']:9.1f} us  "
+                f"ratio {res['ratio']:.3f}{target}   [{res['plan']}; {res['counters']}]",
+                flush=True,
+            )
+        device = backend.caps.name
+    single_res = next((r for r in results if r["case"] == "single"), None)
+    if single_res is not None:
+        verdict = "faster" if single_res["ratio"] < 0.98 else "not faster (beyond 2% noise)"
+        print(f"single launch: a graph is {verdict} on this machine (ratio {single_res['ratio']:.3f})")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"device": device, "seed": args.seed, "results": results}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    missed = [r["case"] for r in results if r["met"] is False]
+    return 3 if args.strict and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
