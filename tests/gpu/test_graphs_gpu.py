@@ -159,3 +159,21 @@ def test_dropped_plans_destroy_their_execs(fresh_backend, rng):
     (got,) = fresh_backend.dispatch(STEP, [x], DispatchConfig(fixpoint_iterations=5))
     np.testing.assert_array_equal(got, step_reference(x, 5))
     assert fresh_backend.telemetry.snapshot()["graph_execs_live"] == 1
+
+
+def test_replay_on_a_callers_blocking_stream(backend, rng, cupy):
+    # a caller's stream may be a blocking one: the launches are captured on the plan's own
+    # non-blocking stream and the exec is launched on the caller's, ordered after its work
+    s = cupy.cuda.Stream(non_blocking=False)
+    cfg = DispatchConfig(fixpoint_iterations=12, stream=s)
+    before = _counters(backend)
+    for _ in range(3):
+        x = _u32(rng, 50_000)
+        with s:
+            d_x = cupy.asarray(x)
+        (got,) = backend.dispatch(STEP, [d_x], cfg)
+        np.testing.assert_array_equal(got, step_reference(x, 12))
+        np.testing.assert_array_equal(d_x.get(), x)  # a read-write device input is not modified
+    d = _delta(before, _counters(backend))
+    assert d["graph_replays"] == 3 and d["graph_captures"] >= 1 and d["graph_fallbacks"] == 0, d
+    assert backend.telemetry.snapshot()["streams_live"] == 0
