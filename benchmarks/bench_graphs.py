@@ -183,6 +183,47 @@ def single(backend, rng, rounds, per_round):
     )
 
 
+def single_auto(backend, rng, rounds, per_round):
+    """The default for one launch: the plan's trial (its first blocking dispatches alternate a
+    replay and issued launches) keeps the faster; then timed against both forced paths."""
+    prog = bp.vecadd_f32()
+    a, b = (rng.standard_normal(1024).astype(np.float32) for _ in range(2))
+    auto = DispatchConfig(label="single-auto")  # graph=None: a fresh plan, so a fresh trial
+    key = (prog, auto, a.nbytes, b.nbytes)
+    backend.dispatch(prog, [a, b], auto)
+    prep = backend._core.prepared_for(key)
+    while prep.graph_trial_left:
+        (out,) = backend.dispatch(prog, [a, b], auto)
+        assert np.array_equal(out, a + b)
+    forced = {"graph": DispatchConfig(graph=True), "issued": DispatchConfig(graph=False)}
+    auto_ns, graph_ns = _median_pair(
+        lambda: backend.dispatch(prog, [a, b], auto),
+        lambda: backend.dispatch(prog, [a, b], forced["graph"]),
+        rounds,
+        per_round,
+    )
+    auto2_ns, issued_ns = _median_pair(
+        lambda: backend.dispatch(prog, [a, b], auto),
+        lambda: backend.dispatch(prog, [a, b], forced["issued"]),
+        rounds,
+        per_round,
+    )
+    best = min(graph_ns, issued_ns)
+    auto_med = statistics.median([auto_ns, auto2_ns])
+    return {
+        "case": "single_auto",
+        "graph_us": auto_med / 1e3,
+        "issued_us": issued_ns / 1e3,
+        "forced_graph_us": graph_ns / 1e3,
+        "ratio": auto_med / issued_ns,
+        "ratio_to_best": auto_med / best,
+        "target": TARGETS.get("single_auto"),
+        "met": None if TARGETS.get("single_auto") is None else auto_med / issued_ns <= TARGETS["single_auto"],
+        "plan": prep.graph_choice,
+        "counters": {},
+    }
+
+
 def pipelined_updates(backend, rng, rounds, per_round):
     prog = bp.vecadd_f32()
     pairs = [[rng.standard_normal(1024).astype(np.float32) for _ in range(2)] for _ in range(12)]
@@ -211,7 +252,11 @@ def pipelined_updates(backend, rng, rounds, per_round):
 
 
 CASES = collections.OrderedDict(
-    fixpoint100=fixpoint100, bfs_split94=bfs_split94, single=single, pipelined_updates=pipelined_updates
+    fixpoint100=fixpoint100,
+    bfs_split94=bfs_split94,
+    single=single,
+    single_auto=single_auto,
+    pipelined_updates=pipelined_updates,
 )
 
 
@@ -244,6 +289,14 @@ def main(argv=None) -> int:
     if single_res is not None:
         verdict = "faster" if single_res["ratio"] < 0.98 else "not faster (beyond 2% noise)"
         print(f"single launch: a graph is {verdict} on this machine (ratio {single_res['ratio']:.3f})")
+    auto_res = next((r for r in results if r["case"] == "single_auto"), None)
+    if auto_res is not None:
+        ok = auto_res["ratio_to_best"] <= 1.05
+        print(
+            f"single launch, default: {auto_res['plan']}; its time / the faster forced path "
+            f"{auto_res['ratio_to_best']:.3f} (never regress: <= 1.05: {'met' if ok else 'MISSED'})"
+        )
+        auto_res["never_regress_met"] = ok
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"device": device, "seed": args.seed, "results": results}, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -19,6 +19,7 @@ SCENARIOS = [
     "input_size_class_change_replays_the_right_graph",
     "pointer_changes_capture_then_update_in_place",
     "threads_dispatch_one_graphed_plan_concurrently",
+    "one_launch_plans_measure_both_paths_and_keep_the_faster",
     "failed_instantiation_falls_back_to_issuing_for_good",
     "failed_capture_ends_it_and_issues",
     "busy_stream_issues_once_and_keeps_the_plan_graphed",

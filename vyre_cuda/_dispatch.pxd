@@ -112,6 +112,11 @@ cdef class Prepared:
     cdef CoopGate coop
     cdef CoopOrder* coop_order
     cdef GraphCache* graphs  # NULL unless the plan replays its launches as a CUDA graph
+    cdef bint graph_off  # a trial found issued launches faster: the graph stays unused
+    cdef int trial_left  # blocking dispatches left in the graph-or-issued trial (0: decided)
+    cdef int trial_n[2]
+    cdef unsigned long long trial_ns[2][16]  # [issued, graph] round-trip samples
+    cdef public object graph_choice  # how the trial decided (None before)
     cdef public object route_name
     cdef public object route_reason
     cdef public object label
@@ -193,6 +198,7 @@ cdef class PendingDispatch:
     cdef list keep  # device arrays (and DLPack capsules) the GPU uses, held until completion
     cdef list waits  # streams the dispatch stream waits on before its first copy
     cdef int graph_events  # G_* bits of what the graph path did (counted in _after_enqueue)
+    cdef bint no_graph  # issue this dispatch's launches even though its plan has a graph
 
     cdef void _release_views(self) noexcept
     cdef void _release_out_views(self) noexcept

@@ -22,6 +22,7 @@ class CoopGate:
 
 @final
 class Prepared:
+    graph_choice: str | None
     route_name: str
     route_reason: str
     label: str | None
@@ -43,6 +44,8 @@ class Prepared:
     def release_graphs(self, destroy: bool = ...) -> int: ...
     @property
     def graph_execs(self) -> int: ...
+    @property
+    def graph_trial_left(self) -> int: ...
     @property
     def graphed(self) -> bool: ...
 

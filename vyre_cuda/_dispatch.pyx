@@ -168,6 +168,8 @@ cdef enum:
     # instantiated execs kept per prepared plan: a blocking loop reuses one slab (the device pool
     # is LIFO), a pipeline of k dispatches in flight rotates k slabs; beyond this, execs are updated
     GRAPH_EXECS = 8
+    TRIAL_WARMUP = 4  # the first dispatches of each path (capture, cold caches) are not counted
+    TRIAL_SAMPLES = 16  # per path
 
 
 def _set_wait_mode(int mode):
@@ -317,8 +319,10 @@ cdef class Prepared:
         self.out_counts = [c for _, c in plan.output_specs]
         self.coop = plan.gate
         self.coop_order = &self.coop.order if self.coop is not None else NULL
-        if getattr(plan, "graph", False):
+        if getattr(plan, "graph", False) or getattr(plan, "graph_trial", False):
             self.graphs = new GraphCache(GRAPH_EXECS)
+        if getattr(plan, "graph_trial", False):
+            self.trial_left = TRIAL_WARMUP + 2 * TRIAL_SAMPLES
         self.label = config.label
         self.timeout = config.timeout
         self.plan = plan
@@ -372,6 +376,12 @@ cdef class Prepared:
         return execs.size()
 
     @property
+    def graph_trial_left(self):
+        """Blocking dispatches left before this plan's graph-or-issued trial decides (0: decided
+        or no trial); ``graph_choice`` then says what was kept and why."""
+        return self.trial_left
+
+    @property
     def graph_execs(self):
         """Instantiated graph execs this plan holds now (0 without graph replay)."""
         if self.graphs == NULL:
@@ -380,8 +390,10 @@ cdef class Prepared:
 
     @property
     def graphed(self):
-        """True when this plan replays its launches as a CUDA graph (and capture has not failed)."""
-        return self.graphs != NULL and not self.graphs.disabled and not self.graphs.closed
+        """True when this plan replays its launches as a CUDA graph (capture has not failed, and a
+        trial, if any, kept the graph)."""
+        return (self.graphs != NULL and not self.graphs.disabled and not self.graphs.closed
+                and not self.graph_off and self.trial_left == 0)
 
     @property
     def slab_bytes_(self):
@@ -687,6 +699,7 @@ cdef class Core:
         d.core = self
         p = self._lookup(program, inputs, config, d.views, d)
         d.prep = p
+        d.no_graph = p.graph_off or p.trial_left > 0  # undecided plans issue (the trial alternates)
         if into is not None:
             check_outputs(p.plan, into, self.device, <uintptr_t>p.ext_stream if p.ext else None)  # before it runs
         if marks != NULL:
@@ -1033,6 +1046,7 @@ cdef class Core:
         cdef const char* call = NULL
         cdef const char* ccall = NULL
         cdef int outcome = W_DONE
+        cdef unsigned long long t_trial = 0
         if self.trace:
             if self.trace & TRACE_NVTX and not vyre_nvtx_stage_open():
                 return _nvtx_blocking(self, program, inputs, config, into, marks)
@@ -1048,6 +1062,10 @@ cdef class Core:
         xfer = self.xfer
         outs = self._new_outputs(p) if into is None else into
         self._targets(d, outs)
+        if p.trial_left:
+            # graph-or-issued trial: alternate the paths, time the whole round trip
+            d.no_graph = (p.trial_left & 1) == 0
+            t_trial = now_ns()
         with nogil:
             st = _issue(d, p, xfer, marks, &call)
             if st == cydriver.CUDA_SUCCESS:
@@ -1060,6 +1078,8 @@ cdef class Core:
         self._after_wait(d, outcome, wst, b"cuStreamQuery")
         self._after_collect(d, cst, ccall)
         self._audit(d)
+        if p.trial_left:
+            _trial_record(p, d.no_graph, now_ns() - t_trial)
         d._finish()
         if marks != NULL:
             marks[M_RELEASE] = now_ns()
@@ -1161,6 +1181,50 @@ def nvtx_counts():
 def nvtx_reset():
     """Zero the counts of :func:`nvtx_counts` (tests)."""
     vyre_nvtx_reset()
+
+
+cdef void _trial_record(Prepared p, bint issued, unsigned long long ns) noexcept:
+    """One sample of a plan's graph-or-issued trial (GIL held, so samples never race). After the
+    warm-up, TRIAL_SAMPLES round trips per path; then the graph stays only when its median is at
+    least 3% below the issued one (measured here, so a machine where graphs are slower keeps
+    issuing: no regression)."""
+    cdef int path = 0 if issued else 1
+    cdef unsigned long long med[2]
+    cdef int k
+    if p.trial_left <= 0:
+        return
+    if p.graphs == NULL or p.graphs.disabled:  # capture failed: nothing to compare
+        p.trial_left = 0
+        p.graph_off = True
+        p.graph_choice = "issued: the launches could not be captured"
+        return
+    p.trial_left -= 1
+    if p.trial_left < 2 * TRIAL_SAMPLES and p.trial_n[path] < TRIAL_SAMPLES:
+        p.trial_ns[path][p.trial_n[path]] = ns
+        p.trial_n[path] += 1
+    if p.trial_left > 0:
+        return
+    for k in range(2):
+        med[k] = _median(p.trial_ns[k], p.trial_n[k])
+    p.graph_off = not (med[1] * 100 < med[0] * 97)
+    p.graph_choice = (f"{'issued' if p.graph_off else 'graph'}: median round trip {med[1] / 1000:.1f} us "
+                      f"replayed vs {med[0] / 1000:.1f} us issued over {p.trial_n[0]} dispatches each")
+
+
+cdef unsigned long long _median(unsigned long long* xs, int n) noexcept:
+    # insertion sort of at most TRIAL_SAMPLES values, in place (the samples are not used again)
+    cdef int i, j
+    cdef unsigned long long x
+    if n <= 0:
+        return 0
+    for i in range(1, n):
+        x = xs[i]
+        j = i - 1
+        while j >= 0 and xs[j] > x:
+            xs[j + 1] = xs[j]
+            j -= 1
+        xs[j + 1] = x
+    return xs[n // 2]
 
 
 class _Timeout(Exception):
@@ -1383,7 +1447,7 @@ cdef cydriver.CUresult _issue(PendingDispatch d, Prepared p, TransferEngine xfer
         order.lock()
         st = _launch_cooperative(d, p, f, order, argv, argp, n_args, call)
         order.unlock()
-    elif p.graphs != NULL:
+    elif p.graphs != NULL and not d.no_graph:
         st = _replay(d, p, f, False, argv, argp, n_args, call)
     else:
         st = _launch(p, f, argv, argp, n_args, call)
@@ -1489,7 +1553,7 @@ cdef cydriver.CUresult _launch_cooperative(PendingDispatch d, Prepared p, InFlig
         st = cydriver.cuStreamWaitEvent(s, <cydriver.CUevent>order.last, 0)
         if st != cydriver.CUDA_SUCCESS:
             return st
-    if p.graphs != NULL:
+    if p.graphs != NULL and not d.no_graph:
         st = _replay(d, p, f, True, argv, argp, n_args, call)
     else:
         st = _cooperative_launches(p, f, argv, argp, n_args, call)

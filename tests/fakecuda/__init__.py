@@ -119,7 +119,10 @@ def child_env(libdir: pathlib.Path, **extra) -> dict:
     import vyre_cuda
 
     root = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", FAKE_CUDA_DEVICES="1")
+    # the graph-or-issued trial of one-launch plans would send every other early dispatch through
+    # a graph: scenarios that inject failures into cuLaunchKernel turn it off (the graph tests
+    # turn it on where they test it)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", FAKE_CUDA_DEVICES="1", VYRE_CUDA_GRAPH_TRIAL="0")
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libdir), env.get("LD_LIBRARY_PATH")]))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(TESTS_DIR), env.get("PYTHONPATH")]))
@@ -222,6 +225,10 @@ class FakeDriver:
     def set_occupancy(self, blocks_per_sm: int) -> None:
         """Answer every occupancy query with ``blocks_per_sm`` (-1: compute it)."""
         self.lib.fake_cuda_set_occupancy(blocks_per_sm)
+
+    def set_launch_delays(self, launch_us: int = 0, graph_launch_us: int = 0):
+        """Make every cuLaunchKernel / cuGraphLaunch take this much longer (host time)."""
+        self.lib.fake_cuda_set_launch_delays(int(launch_us), int(graph_launch_us))
 
     def set_kernel_max_threads(self, n: int) -> None:
         """What cuFuncGetAttribute(MAX_THREADS_PER_BLOCK) answers for every kernel."""

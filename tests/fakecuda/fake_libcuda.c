@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* The few driver types and constants used here, as cuda.h defines them (stable ABI values), so
  * that building the fake needs only a C compiler. */
@@ -255,6 +256,20 @@ void fake_cuda_clear_failures(void) {
 
 void fake_cuda_set_launch_hook(launch_hook_t hook) { launch_hook = hook; }
 void fake_cuda_set_occupancy(int blocks_per_sm) { occupancy_override = blocks_per_sm; }
+
+/* Extra host time spent in each cuLaunchKernel / cuGraphLaunch (microseconds), so a test can make
+ * one path measurably slower than the other. */
+static int launch_delay_us = 0, graph_launch_delay_us = 0;
+void fake_cuda_set_launch_delays(int launch_us, int graph_launch_us) {
+  launch_delay_us = launch_us;
+  graph_launch_delay_us = graph_launch_us;
+}
+static void delay_us(int us) {
+  if (us > 0) {
+    struct timespec t = {us / 1000000, (long)(us % 1000000) * 1000};
+    nanosleep(&t, NULL);
+  }
+}
 
 /* launch-width measurements: what cuFuncGetAttribute reports as a kernel's own thread limit, and
    the "device time" cuEventElapsedTime reports for a launch of a given block width (the last
@@ -1256,6 +1271,7 @@ CUresult cuGraphExecUpdate(void* exec, void* graph, void* info) {
 
 /* runs the nodes in order, synchronously, like every stream operation of the fake */
 CUresult cuGraphLaunch(void* exec, CUstream s) {
+  delay_us(graph_launch_delay_us);
   pthread_mutex_lock(&lock);
   INJECT("cuGraphLaunch");
   NEED_CTX();
@@ -1322,6 +1338,7 @@ CUresult cuGraphExecDestroy(void* exec) {
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared, CUstream s, void** params, void** extra) {
   (void)extra;
+  delay_us(launch_delay_us);
   pthread_mutex_lock(&lock);
   INJECT("cuLaunchKernel");
   NEED_CTX();

@@ -172,6 +172,43 @@ def threads_dispatch_one_graphed_plan_concurrently(fake):
     assert fake.stats()["graph_execs"] == 0
 
 
+# ------------------------------------------------------------------ the one-launch trial
+@scenario
+def one_launch_plans_measure_both_paths_and_keep_the_faster(fake):
+    import os
+
+    os.environ["VYRE_CUDA_GRAPH_TRIAL"] = "1"  # (the fake runner turns the trial off)
+    try:
+        for slow_launch, slow_graph, kept in ((300, 0, "graph"), (0, 300, "issued")):
+            backend = acc_backend(fake)
+            fake.set_launch_delays(slow_launch, slow_graph)
+            info = backend.plan_info(ACC, list(pair(1000)))
+            assert not info.graph and info.graph_trial and "measured" in info.graph_reason, info
+            before = counters(backend)
+            check(backend, 1000, 1, via="async")  # undecided: an async dispatch issues
+            assert counters(backend)["graph_replays"] == before["graph_replays"]
+            p = prepared(backend, 1000, 1)
+            trial = p.graph_trial_left
+            assert trial > 0 and p.graph_choice is None
+            for _ in range(trial):  # every result right on both paths
+                check(backend, 1000, 1)
+            d = delta(before, counters(backend))
+            assert d["graph_replays"] == trial // 2 and d["graph_fallbacks"] == 0, d
+            assert p.graph_trial_left == 0 and p.graph_choice.startswith(kept), p.graph_choice
+            assert p.graphed == (kept == "graph")
+            before = counters(backend)
+            for via in ("dispatch", "async", "dispatch"):
+                check(backend, 1000, 1, via=via)
+            replays = counters(backend)["graph_replays"] - before["graph_replays"]
+            assert replays == (3 if kept == "graph" else 0), (kept, replays)
+            fake.set_launch_delays(0, 0)
+            backend.close()
+            assert fake.stats()["graph_execs"] == 0
+    finally:
+        fake.set_launch_delays(0, 0)
+        os.environ["VYRE_CUDA_GRAPH_TRIAL"] = "0"
+
+
 # ------------------------------------------------------------------ fallback and failures
 @scenario
 def failed_instantiation_falls_back_to_issuing_for_good(fake):

@@ -30,6 +30,7 @@ __all__ = [
     "assemble_plan",
     "staging_for",
     "plan_graph",
+    "plan_graph_trial",
     "MIRROR_MAX",
     "MAX_ARGS",
     "GRAPH_MIN_LAUNCHES",
@@ -90,6 +91,7 @@ class DispatchPlan:
     tuning: str = ""
     graph: bool = False
     graph_reason: str = "not planned"
+    graph_trial: bool = False  # issued and replayed alternately at first; the faster one stays
 
     @property
     def iterations(self) -> int:
@@ -115,6 +117,23 @@ def _graph_threshold() -> int:
         return max(1, int(raw)) if raw else GRAPH_MIN_LAUNCHES
     except ValueError:
         return GRAPH_MIN_LAUNCHES
+
+
+def plan_graph_trial(config: DispatchConfig, route_kind: str, graph: bool) -> bool:
+    """Whether a plan below the launch threshold measures both paths on its first blocking
+    dispatches and keeps the faster (a one-launch graph is faster than an issued launch on some
+    machines of one kind and slower on others, so this is measured where it runs, per plan).
+    Never for a forced choice, a cooperative launch (the grid barrier stays issued), or with
+    ``VYRE_CUDA_GRAPH_TRIAL=0``.
+
+    >>> plan_graph_trial(DispatchConfig(), "regular", False)
+    True
+    >>> plan_graph_trial(DispatchConfig(graph=False), "regular", False)
+    False
+    """
+    if graph or config.graph is not None or route_kind == "cooperative":
+        return False
+    return os.environ.get("VYRE_CUDA_GRAPH_TRIAL", "1").strip() not in ("0", "false", "no", "off")
 
 
 def plan_graph(config: DispatchConfig, route_kind: str, phases: int) -> tuple:
@@ -223,6 +242,9 @@ def assemble_plan(
         layout, bool(route.kind == "cooperative" and barrier)
     )
     graph, graph_reason = plan_graph(config, route.kind, program.phases)
+    graph_trial = plan_graph_trial(config, route.kind, graph)
+    if graph_trial:
+        graph_reason += "; measured against a graph on the first blocking dispatches (the faster stays)"
     return DispatchPlan(
         program=program,
         config=config,
@@ -244,4 +266,5 @@ def assemble_plan(
         arg_count=arg_count,
         graph=graph,
         graph_reason=graph_reason,
+        graph_trial=graph_trial,
     )
