@@ -17,6 +17,7 @@ host path.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -40,7 +41,37 @@ class DeviceView(NamedTuple):
     keep: object  # held until the dispatch completes (the array, its DLPack capsule)
     kind: str  # "f", "i", "u" ("" when the protocol gave a type vyre_cuda cannot check)
     itemsize: int
-    described: str  # the element type as the user knows it, for messages
+    described: object  # the element type as the user knows it (formatted only in messages)
+
+
+class _Lazy:
+    """Text for an error message, made only when a message is formatted: a dispatch that passes
+    its checks (every one, on the hot path of a device-array dispatch) never builds it."""
+
+    __slots__ = ("_make",)
+
+    def __init__(self, make):
+        self._make = make
+
+    def __format__(self, spec) -> str:
+        return format(self._make(), spec)
+
+    def __str__(self) -> str:
+        return str(self._make())
+
+    __repr__ = __str__
+
+
+_DeviceArray = None
+
+
+def _devarray_type():
+    global _DeviceArray
+    if _DeviceArray is None:
+        from ._devarray import DeviceArray  # noqa: PLC0415 (compiled; loaded only for device arrays)
+
+        _DeviceArray = DeviceArray
+    return _DeviceArray
 
 
 def is_device_array(obj) -> bool:
@@ -73,7 +104,8 @@ def _contiguous(shape, strides, itemsize) -> bool:
 
 
 def _from_devarray(obj):
-    return DeviceView(obj.ptr, obj.nbytes, False, None, obj, obj.dtype.kind, obj.dtype.itemsize, str(obj.dtype))
+    dtype = obj.dtype
+    return DeviceView(obj.ptr, obj.nbytes, False, None, obj, dtype.kind, dtype.itemsize, dtype)
 
 
 def _from_dlpack(obj, what, device, stream):
@@ -108,8 +140,8 @@ def _from_dlpack(obj, what, device, stream):
     elements_strides = None if strides is None else tuple(s * itemsize for s in strides)
     _check_contiguous(what, shape, elements_strides, itemsize)
     kind = _DL_KINDS.get(code, "") if lanes == 1 else ""
-    described = f"{_DL_NAMES.get(code, f'type code {code}')}{bits}" + (f"x{lanes}" if lanes != 1 else "")
-    return DeviceView(ptr, int(np.prod(shape, dtype=np.int64)) * itemsize, readonly, wait, (obj, capsule),
+    described = _Lazy(lambda: f"{_DL_NAMES.get(code, f'type code {code}')}{bits}" + (f"x{lanes}" if lanes != 1 else ""))
+    return DeviceView(ptr, math.prod(shape) * itemsize, readonly, wait, (obj, capsule),
                       kind, itemsize, described)  # fmt: skip
 
 
@@ -129,7 +161,7 @@ def _from_cai(obj, cai, what, device, stream):
         raise ValidationError(f"{what} is a masked device array", "pass an unmasked array (fill the masked values)")
     strides = cai.get("strides")
     _check_contiguous(what, shape, None if strides is None else tuple(strides), dtype.itemsize)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes:
         memtype, ordinal = pointer_device(int(ptr))
         if memtype == 0:
@@ -149,7 +181,7 @@ def _from_cai(obj, cai, what, device, stream):
         if wait == stream:
             wait = None  # the same stream orders it already
     kind = {"b": "u", "V": "u"}.get(dtype.kind, dtype.kind) if dtype.kind in "biufV" else ""
-    return DeviceView(int(ptr), nbytes, bool(readonly), wait, obj, kind, dtype.itemsize, str(dtype))
+    return DeviceView(int(ptr), nbytes, bool(readonly), wait, obj, kind, dtype.itemsize, dtype)
 
 
 def _check_contiguous(what, shape, strides, itemsize):
@@ -170,11 +202,9 @@ def _check_ordinal(what, got, device):
 
 
 def _view(obj, what, device, stream):
-    from ._devarray import DeviceArray  # noqa: PLC0415
-
     if isinstance(obj, np.ndarray):
         return None  # host memory that the buffer protocol refused (datetime64, objects...)
-    if type(obj) is DeviceArray:
+    if type(obj) is _devarray_type():
         _check_ordinal(what, obj.device, device)
         return _from_devarray(obj)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
@@ -201,16 +231,16 @@ def _from_strided_view(view, what, device):
     strides = None if view.strides is None else tuple(int(x) * dtype.itemsize for x in view.strides)
     _check_contiguous(what, shape, strides, dtype.itemsize)
     kind = {"b": "u", "V": "u"}.get(dtype.kind, dtype.kind) if dtype.kind in "biufV" else ""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     return DeviceView(int(view.ptr), nbytes, bool(getattr(view, "readonly", False)), None, view, kind,
-                      dtype.itemsize, str(dtype))  # fmt: skip
+                      dtype.itemsize, dtype)  # fmt: skip
 
 
 def device_input(program, i, obj, device, stream):
     """A device input's :class:`DeviceView`, a numpy view of a CPU DLPack tensor, or None when
     ``obj`` speaks no device protocol. Checks device, contiguity and dtype against the declaration."""
     decls = getattr(program, "inputs", ())
-    what = f"input {i} ({_name(decls, i)})"
+    what = _Lazy(lambda: f"input {i} ({_name(decls, i)})")
     view = _view(obj, what, device, stream)
     if view is None or isinstance(view, np.ndarray) or i >= len(decls):
         return view  # an extra input is refused by planning, as for host buffers
@@ -232,7 +262,7 @@ def device_output(plan, k, obj, device, stream):
     slot = plan.bindings.outputs[k]
     want, _ = plan.output_specs[k]
     need = plan.layout.outputs[k][1]
-    what = f"output {k} ({slot.decl.name!r})"
+    what = _Lazy(lambda: f"output {k} ({slot.decl.name!r})")
     view = _view(obj, what, device, stream)
     if view is None:
         return None

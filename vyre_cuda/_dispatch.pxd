@@ -197,6 +197,7 @@ cdef class PendingDispatch:
     cdef bint out_dev_issued
     cdef list keep  # device arrays (and DLPack capsules) the GPU uses, held until completion
     cdef list waits  # streams the dispatch stream waits on before its first copy
+    cdef list out_checked  # per output: its checked device view (None: host), from check_outputs
     cdef int graph_events  # G_* bits of what the graph path did (counted in _after_enqueue)
     cdef bint no_graph  # issue this dispatch's launches even though its plan has a graph
 

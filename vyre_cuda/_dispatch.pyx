@@ -701,7 +701,8 @@ cdef class Core:
         d.prep = p
         d.no_graph = p.graph_off or p.trial_left > 0  # undecided plans issue (the trial alternates)
         if into is not None:
-            check_outputs(p.plan, into, self.device, <uintptr_t>p.ext_stream if p.ext else None)  # before it runs
+            d.out_checked = check_outputs(p.plan, into, self.device,
+                                          <uintptr_t>p.ext_stream if p.ext else None)  # before it runs
         if marks != NULL:
             marks[M_LOOKUP] = now_ns()
         self._acquire(p, &d.f, want_done or p.ext, timed)  # a caller's stream: wait on an event, not on it
@@ -978,8 +979,11 @@ cdef class Core:
         for k in range(n):
             piece.dev_offset = p.outputs[k].offset
             piece.n = p.outputs[k].nbytes
+            dv = None
             if type(outs[k]) is cnp.ndarray:
                 piece.host = <char*>cnp.PyArray_DATA(<cnp.ndarray>outs[k])
+            elif d.out_checked is not None and d.out_checked[k] is not None:
+                dv = d.out_checked[k]  # a device array check_outputs already checked
             else:
                 d.out_views.resize(d.out_views.size() + 1)
                 try:
@@ -987,7 +991,7 @@ cdef class Core:
                     piece.host = <char*>d.out_views.back().buf
                 except BaseException as exc:
                     d.out_views.pop_back()
-                    try:  # a device array: copied device-to-device from the slab, not read back
+                    try:
                         dv = device_output(p.plan, k, outs[k], self.device,
                                            <uintptr_t>p.ext_stream if p.ext else None)
                     except BaseException:
@@ -996,15 +1000,16 @@ cdef class Core:
                     if dv is None:
                         d._release_out_views()
                         raise exc
-                    dc.ptr, dc.dev_offset, dc.n = <cydriver.CUdeviceptr>dv.ptr, piece.dev_offset, piece.n
-                    d.out_dev.push_back(dc)
-                    if d.keep is None:
-                        d.keep = []
-                    d.keep.append(dv.keep)
-                    if dv.wait is not None:
-                        waits = [dv.wait] if waits is None else waits + [dv.wait]
-                    piece.host = NULL
-                    piece.n = 0
+            if dv is not None:  # a device array: copied device-to-device from the slab, not read back
+                dc.ptr, dc.dev_offset, dc.n = <cydriver.CUdeviceptr>dv.ptr, piece.dev_offset, piece.n
+                d.out_dev.push_back(dc)
+                if d.keep is None:
+                    d.keep = []
+                d.keep.append(dv.keep)
+                if dv.wait is not None:
+                    waits = [dv.wait] if waits is None else waits + [dv.wait]
+                piece.host = NULL
+                piece.n = 0
             d.out_pieces.push_back(piece)
         if waits is not None:
             self._stream_waits(d, waits)  # before the copies into them are enqueued
@@ -1830,7 +1835,7 @@ cdef class PendingDispatch:
         outputs = as_output_list(outputs)
         self._take()
         stream = <uintptr_t>self.prep.ext_stream if self.prep.ext else None
-        check_outputs(self.prep.plan, outputs, self.core.device, stream)
+        self.out_checked = check_outputs(self.prep.plan, outputs, self.core.device, stream)
         self._wait()
         self._collect(outputs)
         self._finish()

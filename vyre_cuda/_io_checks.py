@@ -103,32 +103,36 @@ def as_output_list(outputs):
         ) from None
 
 
-def _device_checked(plan, k, out, device, stream) -> bool:
-    """True once a device output passed its checks (False: not a device array, check as host)."""
+def _device_checked(plan, k, out, device, stream):
+    """A device output's checked view (None: not a device array, check it as a host buffer)."""
     try:
         memoryview(out).release()
-        return False
+        return None
     except (TypeError, ValueError, BufferError):
         pass
     from ._device_io import device_output  # noqa: PLC0415
 
-    return device_output(plan, k, out, device, stream) is not None
+    return device_output(plan, k, out, device, stream)
 
 
 def check_outputs(plan, outs, device=0, stream=None):
     """Refuse caller outputs of the wrong count, dtype, size, contiguity or writability, naming
     the output and what it must be, before anything runs. Device arrays (on ``device``) get the
-    same checks from their DLPack / CUDA Array Interface description."""
+    same checks from their DLPack / CUDA Array Interface description. Returns, per output, the
+    checked device view (None for a host output), so the dispatch does not export it again."""
     specs = plan.output_specs
     if len(outs) != len(specs):
         raise ValidationError(
             f"dispatch_into got {len(outs)} output buffer(s); the program returns {len(specs)}",
             f"pass exactly {len(specs)} output arrays, in declaration order",
         )
+    views = [None] * len(outs)
     for k, (out, (want, _), slot, (_, need)) in enumerate(zip(outs, specs, plan.bindings.outputs, plan.layout.outputs)):
         name = slot.decl.name
-        if not isinstance(out, np.ndarray) and _device_checked(plan, k, out, device, stream):
-            continue
+        if not isinstance(out, np.ndarray):
+            views[k] = _device_checked(plan, k, out, device, stream)
+            if views[k] is not None:
+                continue
         got_dtype = getattr(out, "dtype", None)
         if got_dtype is not None and got_dtype != want:
             raise ValidationError(
@@ -167,3 +171,4 @@ def check_outputs(plan, outs, device=0, stream=None):
                 f"output {k} ({name!r}) holds {size} bytes; the dispatch reads back {need}",
                 f"pass an output of exactly {need} bytes ({need // want.itemsize} {want.name} elements)",
             )
+    return views

@@ -433,13 +433,24 @@ class Program:
         if _is_flag(self.grid_sync):
             object.__setattr__(self, "grid_sync", bool(self.grid_sync))
         validate_program(self)
+        # derived once (the buffers are immutable): device-array dispatches read them per input
+        object.__setattr__(
+            self,
+            "_inputs",
+            tuple(b for b in self.buffers if b.role in (BindingRole.INPUT, BindingRole.INPUT_OUTPUT)),
+        )
+        object.__setattr__(
+            self,
+            "_outputs",
+            tuple(b for b in self.buffers if b.role in (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT)),
+        )
 
     @property
     def inputs(self) -> tuple:
         """Declarations that take a caller's input, in declaration order."""
-        return tuple(b for b in self.buffers if b.role in (BindingRole.INPUT, BindingRole.INPUT_OUTPUT))
+        return self._inputs  # type: ignore[attr-defined]
 
     @property
     def outputs(self) -> tuple:
         """Declarations read back, in declaration order."""
-        return tuple(b for b in self.buffers if b.role in (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT))
+        return self._outputs  # type: ignore[attr-defined]
