@@ -6,12 +6,13 @@ pass it), and only an object that refuses it comes here. A device array gives a
 :class:`DeviceView`: its device pointer, byte length, read-only flag, the stream the dispatch must
 wait for before touching it (or None), and the object(s) to keep alive until the dispatch ends.
 
-Which protocol: the CUDA Array Interface when a type's is version 3 (CuPy, numba): it names the
-producer's stream, and a ``stream`` entry that is not None is waited on through an event unless it
-is the dispatch's own stream; reading it is cheaper than a DLPack export. Otherwise ``__dlpack__``
-(torch, cuda.core): its ``stream`` argument makes the producer order its pending work before our
-stream, which is what torch needs, as torch's interface is CAI v2 and names no stream. A DLPack
-tensor on the CPU is not an error: it is viewed as numpy (no copy) and takes the host path.
+Which protocol: ``__dlpack__`` first when the object has both (CuPy, torch). Its ``stream``
+argument makes the producer order its pending work before our stream, which is what torch needs:
+torch's CUDA Array Interface is v2 and names no stream, so a kernel library reading it could race
+torch's queued work. Objects with only ``__cuda_array_interface__`` (numba, others) follow CAI v3:
+a ``stream`` entry that is not None is waited on through an event unless it is the dispatch's own
+stream. A DLPack tensor on the CPU is not an error: it is viewed as numpy (no copy) and takes the
+host path.
 """
 
 from __future__ import annotations
@@ -62,8 +63,6 @@ class _Lazy:
 
 
 _DeviceArray = None
-# per type: whether its __cuda_array_interface__ is version 3 (decided at its first dispatch)
-_CAI_V3: dict = {}
 
 
 def _devarray_type():
@@ -205,25 +204,17 @@ def _check_ordinal(what, got, device):
 def _view(obj, what, device, stream):
     if isinstance(obj, np.ndarray):
         return None  # host memory that the buffer protocol refused (datetime64, objects...)
-    kind = type(obj)
-    if kind is _devarray_type():
+    if type(obj) is _devarray_type():
         _check_ordinal(what, obj.device, device)
         return _from_devarray(obj)
-    if _CAI_V3.get(kind) is not False:
-        # a type whose interface is CUDA Array Interface v3 (CuPy, numba): read it, it names its
-        # stream and costs a dict; a DLPack export costs a capsule and, in CuPy, an event
-        try:
-            cai = obj.__cuda_array_interface__
-        except Exception:  # noqa: BLE001 (torch raises RuntimeError on a CPU tensor: not a device array)
-            cai = None
-        if kind not in _CAI_V3:
-            _CAI_V3[kind] = isinstance(cai, dict) and cai.get("version", 0) >= 3
-        if _CAI_V3[kind] or (cai is not None and not hasattr(obj, "__dlpack__")):
-            return _from_cai(obj, cai, what, device, stream)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        # DLPack's stream argument orders the producer's pending work (torch's interface is CAI
-        # v2, which names no stream)
         return _from_dlpack(obj, what, device, stream)
+    try:
+        cai = obj.__cuda_array_interface__
+    except Exception:  # noqa: BLE001 (torch raises RuntimeError on a CPU tensor: not a device array)
+        cai = None
+    if cai is not None:
+        return _from_cai(obj, cai, what, device, stream)
     if all(hasattr(obj, a) for a in ("ptr", "shape", "dtype", "device_id", "is_device_accessible")):
         return _from_strided_view(obj, what, device)
     return None

@@ -72,7 +72,7 @@ def test_torch_stream(backend, rng, torch, cupy):
 
 
 def test_pooled_stream_waits_for_the_producers_stream(backend, rng, cupy, torch):
-    # no stream given: the CAI stream entry (CuPy) and DLPack's stream argument (torch) order it
+    # no stream given: DLPack's stream argument and the CAI stream entry order the dispatch
     prog = bp.vecadd_f32()
     n = 200_000
     a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
@@ -81,7 +81,7 @@ def test_pooled_stream_waits_for_the_producers_stream(backend, rng, cupy, torch)
         src = cupy.asarray(a)
         d_a = cupy.zeros(n, cupy.float32)
         _spin_fill(cupy, d_a, src)
-        (out,) = backend.dispatch(prog, [d_a, b])  # CuPy names its current stream (CAI v3): ours waits
+        (out,) = backend.dispatch(prog, [d_a, b])  # DLPack: cupy orders its stream before ours
     np.testing.assert_array_equal(out, a + b)
 
     class CAIOnly:
