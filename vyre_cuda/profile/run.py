@@ -316,7 +316,11 @@ def run_profile(
             "peers": {name: peer_version(name) for name in PEERS if peers and builtin},
         }
         if base is not None:
-            settings["baseline"] = {"path": base_path, "commit": base.meta.get("commit"), "date": base.meta.get("date")}
+            settings["baseline"] = {
+                "path": _shown_path(base_path),
+                "commit": base.meta.get("commit"),
+                "date": base.meta.get("date"),
+            }
         meta = _meta(backend, settings, started)
     finally:
         try:
@@ -455,3 +459,12 @@ class _SizeRun:
                     engine.Runner(f"peer {name} launch only", peer.launch_only, unit_scale=launch_scale, group=name)
                 )
         return rows
+
+
+def _shown_path(path) -> str:
+    """A path as a report shows it: relative to the working folder when inside it (a stored report
+    must not name the folders of the machine that made it), else its file name."""
+    import os  # noqa: PLC0415
+
+    rel = os.path.relpath(os.path.abspath(path))
+    return os.path.basename(path) if rel.startswith("..") else rel
