@@ -461,10 +461,10 @@ class _SizeRun:
         return rows
 
 
-def _shown_path(path) -> str:
+def _shown_path(path) -> str | None:
     """A path as a report shows it: relative to the working folder when inside it (a stored report
     must not name the folders of the machine that made it), else its file name."""
-    import os  # noqa: PLC0415
-
+    if path is None:  # a report object given as the baseline, not a file
+        return None
     rel = os.path.relpath(os.path.abspath(path))
     return os.path.basename(path) if rel.startswith("..") else rel
