@@ -20,6 +20,7 @@ SCENARIOS = [
     "pointer_changes_capture_then_update_in_place",
     "threads_dispatch_one_graphed_plan_concurrently",
     "one_launch_plans_measure_both_paths_and_keep_the_faster",
+    "device_input_plans_replay_and_release_their_graphs",
     "failed_instantiation_falls_back_to_issuing_for_good",
     "failed_capture_ends_it_and_issues",
     "busy_stream_issues_once_and_keeps_the_plan_graphed",

@@ -569,20 +569,18 @@ cdef class Core:
             PyTuple_SET_ITEM(key, i + 2, length)
         try:
             prep = self.prepared.get(key)
-            if prep is None and d.dev_ptrs.size():
-                lengths = tuple(x[1] if type(x) is tuple else x for x in key[2:])
-                on_device = frozenset(k for k, x in enumerate(key[2:]) if type(x) is tuple)
-                prep = self.planner(program, lengths, config, on_device)
-                if len(self.prepared) >= 4096:
-                    self.prepared.clear()
-                self.prepared[key] = prep
-            elif prep is None:
-                prep = self.planner(program, key[2:], config)
+            if prep is None:
+                if d.dev_ptrs.size():  # device inputs: their key entries are ("device", nbytes)
+                    lengths = tuple(x[1] if type(x) is tuple else x for x in key[2:])
+                    on_device = frozenset(k for k, x in enumerate(key[2:]) if type(x) is tuple)
+                    prep = self.planner(program, lengths, config, on_device)
+                else:
+                    prep = self.planner(program, key[2:], config)
                 if len(self.prepared) >= 4096:
                     self.clear_prepared()  # bounded: distinct lengths should not grow memory forever
                 self.prepared[key] = prep
                 if (<Prepared>prep).graphs != NULL:
-                    self.graphed.append(prep)
+                    self.graphed.append(prep)  # its graphs are released with the plans
         except BaseException:  # a planning error, or an unhashable config field
             _release(views, n)
             raise

@@ -209,6 +209,23 @@ def one_launch_plans_measure_both_paths_and_keep_the_faster(fake):
         os.environ["VYRE_CUDA_GRAPH_TRIAL"] = "0"
 
 
+@scenario
+def device_input_plans_replay_and_release_their_graphs(fake):
+    # a plan keyed on device inputs replays like any other, and close() destroys its execs
+    backend = acc_backend(fake)
+    dev = DispatchConfig(outputs="device")
+    for _ in range(2):
+        a, b = pair(1000)
+        (da,) = backend.dispatch(ACC, [a, np.zeros_like(a)], dev)  # a DeviceArray holding a
+        before = counters(backend)
+        (out,) = backend.dispatch(ACC, [da, b], DispatchConfig(fixpoint_iterations=7))
+        assert np.array_equal(out, expect(a, b, 7)), "device-input replay"
+        assert delta(before, counters(backend))["graph_replays"] == 1
+    assert fake.stats()["graph_execs"] >= 1
+    backend.close()
+    assert fake.stats()["graph_execs"] == 0 and fake.stats()["graphs"] == 0, fake.stats()
+
+
 # ------------------------------------------------------------------ fallback and failures
 @scenario
 def failed_instantiation_falls_back_to_issuing_for_good(fake):
