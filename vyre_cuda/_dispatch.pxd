@@ -158,6 +158,7 @@ cdef class Core:
     cdef PendingDispatch _begin(self, program, inputs, config, list into, bint want_done, bint timed,
                                 unsigned long long* marks)
     cdef int _acquire(self, Prepared p, InFlight* f, bint want_done, bint timed) except -1
+    cdef void _release_stream(self, InFlight* f) noexcept
     cdef void _release_slab(self, Prepared p, InFlight* f) noexcept
     cdef void _recycle(self, Prepared p, InFlight* f) noexcept
     cdef void _leak(self, Prepared p, InFlight* f) noexcept

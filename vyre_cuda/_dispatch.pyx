@@ -45,6 +45,7 @@ from .errors import DispatchFailed, DeviceLost, ValidationError, driver_error, S
 from .telemetry import TimedDispatchResult
 from ._io_checks import as_input_list, as_output_list, check_outputs, dtype_error, input_error, raw_bits
 from ._device_io import device_input, device_output
+from ._devarray import DeviceArray
 
 cnp.import_array()
 
@@ -672,7 +673,6 @@ cdef class Core:
         return 0
 
     cdef list _device_array_outputs(self, Prepared p):
-        from ._devarray import DeviceArray
         cdef Py_ssize_t k
         cdef size_t nbytes
         outs = []
@@ -748,8 +748,7 @@ cdef class Core:
                 self.dpool.acquire(p.bucket, &block)
                 f.slab = <cydriver.CUdeviceptr>block
         except BaseException:
-            if not f.ext_stream:
-                self.spool.release_stream(f.stream)
+            self._release_stream(f)
             raise
         f.staging = NULL
         try:
@@ -758,8 +757,7 @@ cdef class Core:
                 f.staging = <char*>block
         except BaseException:
             self._release_slab(p, f)
-            if not f.ext_stream:
-                self.spool.release_stream(f.stream)
+            self._release_stream(f)
             raise
         try:
             if want_done:
@@ -779,11 +777,15 @@ cdef class Core:
             if f.staging != NULL:
                 self.ppool.release(<uintptr_t>f.staging, p.staging_block)
             self._release_slab(p, f)
-            if not f.ext_stream:
-                self.spool.release_stream(f.stream)
+            self._release_stream(f)
             raise
         f.active = True
         return 0
+
+    cdef void _release_stream(self, InFlight* f) noexcept:
+        # a caller's stream (DispatchConfig(stream=...)) is theirs: never returned to the pool
+        if not f.ext_stream:
+            self.spool.release_stream(f.stream)
 
     cdef void _release_slab(self, Prepared p, InFlight* f) noexcept:
         if f.async_slab:
@@ -798,8 +800,7 @@ cdef class Core:
         self._release_slab(p, f)
         if f.staging != NULL:
             self.ppool.release(<uintptr_t>f.staging, p.staging_block)
-        if not f.ext_stream:
-            self.spool.release_stream(f.stream)
+        self._release_stream(f)
         if f.has_done:
             self.spool.release_event(f.done, False)
         if f.timed:
