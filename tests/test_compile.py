@@ -6,6 +6,8 @@ import logging
 import os
 import pathlib
 import pickle
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -73,6 +75,24 @@ def test_arch_gives_cubin_for_that_arch_and_keeps_ptx():
     assert compiled.nvrtc_version == nvrtc_version()
     assert compiled.nvrtc_version >= (13, 0)
     assert len(compiled.key) == 64 and int(compiled.key, 16) >= 0
+
+
+def test_compiling_leaves_the_interpreters_shared_objects_alone(tmp_path):
+    # NVRTC writes its answers into the buffer it is given. A clean compile's log is one byte (its
+    # NUL): were that buffer CPython's shared one-byte ``b" "``, every ``b" "`` of the process would
+    # read ``b"\x00"`` from then on (seen as torch failing to import after a dispatch). Checked in a
+    # child process, so a regression cannot poison this one.
+    child = (
+        "from vyre_cuda.compile import compile_kernel\n"
+        "from vyre_cuda.program import Kernel\n"
+        f"compile_kernel(Kernel.cuda({SOURCE!r}), arch=(9, 0))\n"
+        f"compile_kernel(Kernel.cuda({SOURCE!r}))\n"
+        "print(bytes([32]).hex(), b' '.decode().encode().hex(), ' '.join('ab'))\n"
+    )
+    env = {**os.environ, "VYRE_CUDA_DISK_CACHE": "0"}
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["20", "20", "a", "b"]
 
 
 def test_no_arch_gives_nul_terminated_generic_ptx():

@@ -167,7 +167,18 @@ refused("readonly_output", lambda: g.dispatch_into(prog, [a, a], [CAI(x, readonl
 refused("output_size", lambda: g.dispatch_into(prog, [a[:10], a[:10]], [x]))
 refused("cai_stream_zero", lambda: g.dispatch(prog, [CAI(x, stream=0), a]))
 refused("stream_object", lambda: vc.DispatchConfig(stream="s"))
+# the producer's stream: idle (the fake's streams always are), so no cross-stream wait; busy
+# (cuStreamQuery answers NOT_READY), so the dispatch stream waits on an event recorded on it
+waits = fake.stats()["stream_waits"]
+(out,) = g.dispatch(prog, [CAI(x, stream=2), a])
+check("idle producer", out, x.numpy() + a)
+res["idle_waits"] = fake.stats()["stream_waits"] - waits
+fake.fail("cuStreamQuery", "CUDA_ERROR_NOT_READY")
+(out,) = g.dispatch(prog, [CAI(x, stream=2), a])
+check("busy producer", out, x.numpy() + a)
+res["busy_waits"] = fake.stats()["stream_waits"] - waits - res["idle_waits"]
 # a driver failure while ordering after the producer's stream: typed error, nothing held, next works
+fake.fail("cuStreamQuery", "CUDA_ERROR_NOT_READY")
 fake.fail("cuStreamWaitEvent", "CUDA_ERROR_INVALID_VALUE")
 try:
     g.dispatch(prog, [DL(x), a])
@@ -194,7 +205,7 @@ def test_device_arrays_and_streams_on_the_fake_driver(fake_libcuda, rng):
     assert proc.returncode == 0, f"child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["errors"] == [] and res["hook_errors"] == [], res
-    assert res["checked"] == 3 * 12 + 4 + 4
+    assert res["checked"] == 3 * 12 + 4 + 4 + 2
     assert res["dtod"] >= 1  # the read-write device input went device-to-device
     assert res["live"] == [0, 0, 0, 0]
     refusals = res["refusals"]
@@ -213,3 +224,4 @@ def test_device_arrays_and_streams_on_the_fake_driver(fake_libcuda, rng):
         assert all(w in refusals[name] for w in words), (name, refusals[name])
     assert res["violations"] == 0
     assert res["device_allocs_after"] == 0  # every DeviceArray freed its memory
+    assert (res["idle_waits"], res["busy_waits"]) == (0, 1)  # only a busy producer costs a wait

@@ -56,6 +56,7 @@ STATS = (
     "graph_launches",
     "captured_nodes",
     "exec_updates",
+    "stream_waits",  # successful cuStreamWaitEvent calls
 )
 STATUS = {
     "CUDA_ERROR_INVALID_VALUE": 1,

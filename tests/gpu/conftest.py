@@ -51,26 +51,6 @@ def fresh_backend():
     b.close()
 
 
-def _import_torch_early():
-    # In full GPU runs of this suite, `import torch` failed inside torch's own custom-op
-    # registration ("expected ident ... annotate(strtag)") when it first happened after many other
-    # tests, while every reduced reproduction (torch alone, after the CuPy tests, with each GPU test
-    # module collected, with --timeout, with warnings as errors) imported it fine; the cause is not
-    # found. Importing it before any test runs is what a user's program does in practice, and keeps
-    # the device-array tests about vyre_cuda. A failure here surfaces again in the torch fixture.
-    import warnings
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import torch  # noqa: F401
-    except Exception:  # noqa: BLE001, S110 (not installed, or broken: the torch fixture reports it)
-        pass
-
-
-_import_torch_early()
-
-
 def _library(name):
     # cupy and torch are part of the GPU machine's environment: missing there is a failure under
     # VYRE_CUDA_REQUIRE_GPU=1, like a missing GPU, not a skip

@@ -247,10 +247,13 @@ def pass_through(kernel) -> CompiledKernel:
 def _read(nvrtc, prog, size_call, read_call) -> bytes:
     err, size = size_call(prog)
     _check(nvrtc, err, size_call.__name__)
-    buf = b" " * size
+    # a fresh, mutable buffer: NVRTC writes into it. (``b" " * size`` was used here once: for a
+    # one-byte answer, an empty log, CPython returns its shared ``b" "`` object, and NVRTC's NUL
+    # turned every ``b" "`` of the process into ``b"\x00"``, which broke unrelated code later on.)
+    buf = bytearray(size)
     (err,) = read_call(prog, buf)
     _check(nvrtc, err, read_call.__name__)
-    return buf
+    return bytes(buf)
 
 
 def _first_error(log: str) -> str:
