@@ -39,6 +39,7 @@ _COUNTERS = (
     "staged_d2h_bytes",
     "direct_d2h_bytes",
     "ring_chunks",
+    "graph_replays",  # timed dispatches that replayed a graph (a one-launch plan whose trial kept it)
 )
 _LEVELS = ("ring_bytes", "copy_threads_live")
 
