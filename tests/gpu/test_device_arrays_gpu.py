@@ -3,6 +3,7 @@ mixed host/device inputs, DeviceArray outputs wrapped by CuPy and torch without 
 refusals (strided, wrong dtype, wrong device, read-only output), and lifetimes."""
 
 import gc
+import sys
 
 import numpy as np
 import pytest
@@ -104,6 +105,22 @@ def test_device_outputs_wrap_without_copies(backend, rng, cupy, torch):
     (y,) = backend.dispatch(prog, [cupy.asarray(a), a], DEV)
     (z,) = backend.dispatch(prog, [y, t])
     np.testing.assert_array_equal(z, (a + a) + (a + b))
+
+
+def test_dropped_wrappers_release_the_device_output(backend, rng, cupy, torch):
+    # CuPy (through the CUDA Array Interface) and torch (through DLPack) each hold a reference to
+    # the DeviceArray while they wrap it; once they are gone, so is the reference (its memory is
+    # freed with the DeviceArray, not kept until the process ends)
+    prog = bp.vecadd_f32()
+    a, b = _pair(rng, 5000)
+    (x,) = backend.dispatch(prog, [a, b], DEV)
+    alone = sys.getrefcount(x)
+    c, t, t2 = cupy.asarray(x), torch.from_dlpack(x), torch.utils.dlpack.from_dlpack(x.__dlpack__())
+    assert sys.getrefcount(x) > alone
+    np.testing.assert_array_equal(c.get() + t.cpu().numpy() - t2.cpu().numpy(), a + b)
+    del c, t, t2
+    gc.collect()
+    assert sys.getrefcount(x) == alone
 
 
 def test_read_write_device_input_is_not_modified(backend, rng, cupy):
