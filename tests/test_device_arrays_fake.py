@@ -157,6 +157,9 @@ res["dtod"] = fake.stats()["dtod_copies"]
 x = g.dispatch(prog, [a, a], DEV)[0]
 refused("strided", lambda: g.dispatch(prog, [CAI(x, strides=(8,), shape=(150,)), a[:150]]))
 refused("dtype", lambda: g.dispatch(prog, [CAI(x, typestr="<i4"), a]))
+# big-endian device memory would be read (and written) as little-endian: a wrong answer
+refused("big_endian_input", lambda: g.dispatch(prog, [a, CAI(x, typestr=">f4")]))
+refused("big_endian_output", lambda: g.dispatch_into(prog, [a, a], [CAI(x, typestr=">f4")]))
 refused("wrong_device", lambda: g.dispatch(prog, [DL(x, device=(2, 3)), a]))
 refused("rocm", lambda: g.dispatch(prog, [DL(x, device=(10, 0)), a]))
 host = np.zeros(300, np.float32)
@@ -212,6 +215,8 @@ def test_device_arrays_and_streams_on_the_fake_driver(fake_libcuda, rng):
     for name, words in {
         "strided": ["strided", "strides (8,)", "Fix:"],
         "dtype": ["int32", "declared f32", "Fix:"],
+        "big_endian_input": ["input 1 ('b') is big-endian (typestr '>f4')", "Fix: convert it"],
+        "big_endian_output": ["output 0 ('out') is big-endian (typestr '>f4')", "Fix: pass a little-endian"],
         "wrong_device": ["device 3", "device 0", "Fix:"],
         "rocm": ["device type 10", "Fix:"],
         "not_device_memory": ["not memory the CUDA driver knows", "Fix:"],

@@ -14,6 +14,7 @@ from planning_fakes import H200
 import vyre_cuda as vc
 from vyre_cuda import builtin_programs as bp
 from vyre_cuda._device_io import device_input, dlpack_stream, is_device_array
+from vyre_cuda._io_checks import dtype_error
 from vyre_cuda.config import stream_handle
 from vyre_cuda.planning.binding import plan_bindings
 from vyre_cuda.planning.launch import plan_launch
@@ -163,6 +164,34 @@ def test_cai_refusals_before_any_driver_call():
     del bad.__cuda_array_interface__["typestr"]
     with pytest.raises(vc.ValidationError, match=r"malformed[\s\S]*Fix:"):
         device_input(prog, 0, bad, 0, None)
+
+
+@pytest.mark.parametrize("typestr", [">f4", ">i4", ">u2", ">f8"])
+def test_big_endian_cai_is_refused_like_a_big_endian_host_array(typestr, rng):
+    prog = bp.vecadd_f32()
+    n = int(rng.integers(1, 1000))
+    host = rng.standard_normal(n).astype(typestr)
+    # what the core raises for the same array on the host path
+    host_err = dtype_error(prog, 1, memoryview(host).format, host.itemsize, host)
+    with pytest.raises(vc.ValidationError) as info:
+        device_input(prog, 1, _CAI((n,), typestr=typestr), 0, None)
+    err = info.value
+    assert type(err) is type(host_err) and err.fix == host_err.fix
+    assert "input 1 ('b')" in err.message and repr(typestr) in err.message and "big-endian" in err.message
+    assert str(err).splitlines()[-1] == "Fix: convert it with x.astype(x.dtype.newbyteorder('=')) before dispatch"
+
+
+def test_big_endian_strided_view_is_refused(rng):
+    n = int(rng.integers(1, 1000))
+    with pytest.raises(vc.ValidationError, match=r"input 0 \('a'\) is big-endian \(dtype '>f4'\)[\s\S]*\nFix: "):
+        device_input(bp.vecadd_f32(), 0, _StridedView(0x1000, (n,), ">f4"), 0, None)
+
+
+@pytest.mark.parametrize("typestr", ["<f4", "|u1", "=f4"])
+def test_little_endian_and_byte_cai_are_accepted(typestr):
+    # an empty array: accepted without asking the driver where its pointer lives
+    view = device_input(bp.vecadd_f32(), 0, _CAI((0,), typestr=typestr), 0, None)
+    assert view.nbytes == 0 and view.itemsize == np.dtype(typestr).itemsize
 
 
 def test_layout_of_device_inputs():

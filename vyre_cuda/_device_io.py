@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._io_checks import byte_order_error, is_little_endian
 from .errors import ValidationError
 
 __all__ = ["DeviceView", "device_input", "device_output", "is_device_array", "dlpack_stream"]
@@ -136,6 +137,7 @@ def _from_dlpack(obj, what, device, stream):
             "pass a plain, C-contiguous device array (torch: x.detach().contiguous())",
         ) from None
     ptr, shape, strides, (code, bits, lanes), _, readonly = dlpack_info(capsule)
+    # (DLPack has no byte-order field: a tensor is in the device's own order, little-endian on CUDA)
     itemsize = max(bits // 8, 1) * lanes
     elements_strides = None if strides is None else tuple(s * itemsize for s in strides)
     _check_contiguous(what, shape, elements_strides, itemsize)
@@ -145,7 +147,7 @@ def _from_dlpack(obj, what, device, stream):
                       kind, itemsize, described)  # fmt: skip
 
 
-def _from_cai(obj, cai, what, device, stream):
+def _from_cai(obj, cai, what, device, stream, output=False):
     from ._devarray import pointer_device  # noqa: PLC0415
 
     try:
@@ -157,6 +159,8 @@ def _from_cai(obj, cai, what, device, stream):
             f"{what} has a malformed __cuda_array_interface__ ({exc!r})",
             "pass an array whose __cuda_array_interface__ follows version 3 (shape, typestr, data)",
         ) from None
+    if not is_little_endian(dtype):  # (the typestr says how the device memory is laid out)
+        raise byte_order_error(what, f"typestr {cai['typestr']!r}", output)
     if cai.get("mask") is not None:
         raise ValidationError(f"{what} is a masked device array", "pass an unmasked array (fill the masked values)")
     strides = cai.get("strides")
@@ -201,7 +205,7 @@ def _check_ordinal(what, got, device):
         )
 
 
-def _view(obj, what, device, stream):
+def _view(obj, what, device, stream, output=False):
     if isinstance(obj, np.ndarray):
         return None  # host memory that the buffer protocol refused (datetime64, objects...)
     if type(obj) is _devarray_type():
@@ -214,13 +218,13 @@ def _view(obj, what, device, stream):
     except Exception:  # noqa: BLE001 (torch raises RuntimeError on a CPU tensor: not a device array)
         cai = None
     if cai is not None:
-        return _from_cai(obj, cai, what, device, stream)
+        return _from_cai(obj, cai, what, device, stream, output)
     if all(hasattr(obj, a) for a in ("ptr", "shape", "dtype", "device_id", "is_device_accessible")):
-        return _from_strided_view(obj, what, device)
+        return _from_strided_view(obj, what, device, output)
     return None
 
 
-def _from_strided_view(view, what, device):
+def _from_strided_view(view, what, device, output=False):
     # cuda.core's StridedMemoryView: made with the consumer's stream, so already ordered; strides
     # in elements; device_id -1 for host memory
     dtype = np.dtype(view.dtype)
@@ -228,6 +232,8 @@ def _from_strided_view(view, what, device):
     if not view.is_device_accessible or view.device_id < 0:
         return None  # host memory: its exporting object takes the host path, or is refused there
     _check_ordinal(what, int(view.device_id), device)
+    if not is_little_endian(dtype):
+        raise byte_order_error(what, f"dtype {dtype.str!r}", output)
     strides = None if view.strides is None else tuple(int(x) * dtype.itemsize for x in view.strides)
     _check_contiguous(what, shape, strides, dtype.itemsize)
     kind = {"b": "u", "V": "u"}.get(dtype.kind, dtype.kind) if dtype.kind in "biufV" else ""
@@ -263,7 +269,7 @@ def device_output(plan, k, obj, device, stream):
     want, _ = plan.output_specs[k]
     need = plan.layout.outputs[k][1]
     what = _Lazy(lambda: f"output {k} ({slot.decl.name!r})")
-    view = _view(obj, what, device, stream)
+    view = _view(obj, what, device, stream, output=True)
     if view is None:
         return None
     if isinstance(view, np.ndarray):

@@ -4,11 +4,46 @@ errors with a Fix. Nothing here runs on a dispatch that succeeds, except ``check
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .errors import ValidationError
 
-__all__ = ["input_error", "dtype_error", "as_input_list", "as_output_list", "check_outputs", "raw_bits"]
+__all__ = [
+    "input_error",
+    "dtype_error",
+    "byte_order_error",
+    "is_little_endian",
+    "as_input_list",
+    "as_output_list",
+    "check_outputs",
+    "raw_bits",
+]
+
+_LITTLE_HOST = sys.byteorder == "little"
+
+
+def is_little_endian(dtype) -> bool:
+    """Whether elements of numpy ``dtype`` are laid out as the GPU reads them: little-endian,
+    or single bytes ('|'). ``isnative`` on the little-endian hosts CUDA runs on (fields of a
+    structured dtype included); the explicit comparison elsewhere."""
+    return dtype.isnative if _LITTLE_HOST else dtype == dtype.newbyteorder("<")
+
+
+def byte_order_error(what, described, output=False):
+    """The refusal of a big-endian input or output, host or device; ``described`` names the
+    format or typestr the caller passed."""
+    if output:
+        return ValidationError(
+            f"{what} is big-endian ({described}); the GPU writes little-endian",
+            "pass a little-endian output (dtype x.dtype.newbyteorder('<')) and convert the result "
+            "afterwards if you need big-endian",
+        )
+    return ValidationError(
+        f"{what} is big-endian ({described}); the GPU reads little-endian",
+        "convert it with x.astype(x.dtype.newbyteorder('=')) before dispatch",
+    )
 
 
 def raw_bits(obj):
@@ -42,10 +77,7 @@ def input_error(program, i, obj, exc):
 def dtype_error(program, i, fmt, itemsize, obj):
     decl = program.inputs[i]
     if fmt[:1] in (">", "!"):
-        return ValidationError(
-            f"input {i} ({decl.name!r}) is big-endian (format {fmt!r}); the GPU reads little-endian",
-            "convert it with x.astype(x.dtype.newbyteorder('=')) before dispatch",
-        )
+        return byte_order_error(f"input {i} ({decl.name!r})", f"format {fmt!r}")
     got = getattr(getattr(obj, "dtype", None), "name", f"format {fmt!r}, {itemsize}-byte items")
     if decl.dtype.name == "bf16":
         return ValidationError(
