@@ -451,39 +451,41 @@ cdef class Core:
 
     def reset_counters(self):
         memset(self.tel, 0, sizeof(self.tel))
-        self.dpool.hits = self.dpool.misses = self.dpool.alloc_calls = 0
-        self.ppool.hits = self.ppool.misses = self.ppool.alloc_calls = 0
-        self.opool.hits = self.opool.misses = self.opool.alloc_calls = 0
+        self.dpool.reset_counters()
+        self.ppool.reset_counters()
+        self.opool.reset_counters()
         self.xfer.pinned_alloc_calls = 0
 
     def pool_stats(self):
+        # each pool's counters are read together under its own lock
+        dp, pp, op, sp = self.dpool.stats(), self.ppool.stats(), self.opool.stats(), self.spool.stats()
         return dict(
-            pool_hits=self.dpool.hits + self.ppool.hits,
-            pool_misses=self.dpool.misses + self.ppool.misses,
-            device_pool_hits=self.dpool.hits,
-            device_pool_misses=self.dpool.misses,
-            device_pool_cached_bytes=self.dpool.cached_bytes,
-            device_pool_live_bytes=self.dpool.live_bytes,
-            device_pool_allocated_bytes=self.dpool.allocated_bytes,
+            pool_hits=dp["hits"] + pp["hits"],
+            pool_misses=dp["misses"] + pp["misses"],
+            device_pool_hits=dp["hits"],
+            device_pool_misses=dp["misses"],
+            device_pool_cached_bytes=dp["cached_bytes"],
+            device_pool_live_bytes=dp["live_bytes"],
+            device_pool_allocated_bytes=dp["allocated_bytes"],
             device_pool_stream_ordered_live_bytes=self.dpool.async_live_bytes,
-            device_alloc_calls=self.dpool.alloc_calls,
-            pinned_pool_hits=self.ppool.hits,
-            pinned_pool_misses=self.ppool.misses,
-            pinned_pool_cached_bytes=self.ppool.cached_bytes,
-            pinned_pool_live_bytes=self.ppool.live_bytes,
-            pinned_alloc_calls=self.ppool.alloc_calls + self.xfer.pinned_alloc_calls,
+            device_alloc_calls=dp["alloc_calls"],
+            pinned_pool_hits=pp["hits"],
+            pinned_pool_misses=pp["misses"],
+            pinned_pool_cached_bytes=pp["cached_bytes"],
+            pinned_pool_live_bytes=pp["live_bytes"],
+            pinned_alloc_calls=pp["alloc_calls"] + self.xfer.pinned_alloc_calls,
             ring_bytes=self.xfer.ring_bytes,
-            output_cache_hits=self.opool.hits,
-            output_cache_misses=self.opool.misses,
-            output_cache_cached_bytes=self.opool.cached_bytes,
-            output_cache_live_bytes=self.opool.live_bytes,
+            output_cache_hits=op["hits"],
+            output_cache_misses=op["misses"],
+            output_cache_cached_bytes=op["cached_bytes"],
+            output_cache_live_bytes=op["live_bytes"],
             copy_threads_live=self.xfer.live_threads,
-            streams_created=self.spool.created_streams,
-            streams_live=self.spool.live_streams,
-            events_created=self.spool.created_events,
-            events_live=self.spool.live_events,
+            streams_created=sp["streams_created"],
+            streams_live=sp["streams_live"],
+            events_created=sp["events_created"],
+            events_live=sp["events_live"],
             prepared_plans=len(self.prepared),
-            graph_execs_live=sum((<Prepared>p).graph_execs for p in self.graphed),
+            graph_execs_live=sum((<Prepared>p).graph_execs for p in list(self.graphed)),
         )
 
     def clear_prepared(self):
@@ -574,9 +576,10 @@ cdef class Core:
                 if d.dev_ptrs.size():  # device inputs: their key entries are ("device", nbytes)
                     lengths = tuple(x[1] if type(x) is tuple else x for x in key[2:])
                     on_device = frozenset(k for k, x in enumerate(key[2:]) if type(x) is tuple)
-                    prep = self.planner(program, lengths, config, on_device)
+                    prep = self.planner(program, lengths, config, on_device, inputs)
                 else:
-                    prep = self.planner(program, key[2:], config)
+                    # the inputs themselves go along for autotune, which measures on them
+                    prep = self.planner(program, key[2:], config, frozenset(), inputs)
                 if len(self.prepared) >= 4096:
                     self.clear_prepared()  # bounded: distinct lengths should not grow memory forever
                 self.prepared[key] = prep
@@ -825,9 +828,7 @@ cdef class Core:
             self.dpool.forget(p.bucket)
         if f.staging != NULL:
             self.ppool.forget(p.staging_block)
-        if not f.ext_stream:
-            self.spool.live_streams -= 1
-        self.spool.live_events -= (1 if f.has_done else 0) + (2 if f.timed else 0)
+        self.spool.forget(0 if f.ext_stream else 1, (1 if f.has_done else 0) + (2 if f.timed else 0))
         self.tel[T_LEAKED] += 1
 
     cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1:

@@ -1,11 +1,22 @@
 from libc.stdint cimport uintptr_t
+from libcpp.mutex cimport mutex
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
 
+cdef inline void lock_with_gil(mutex& m) noexcept:
+    # Called with the GIL held. Never wait for a pool's mutex while holding the GIL: its holder
+    # may be about to release it from code that waits for the GIL (deadlock). Uncontended, this
+    # is one try_lock.
+    if not m.try_lock():
+        with nogil:
+            m.lock()
+
+
 cdef class BlockPool:
     """Caches freed blocks by exact block size; subclasses say how to allocate and free."""
+    cdef mutex mu  # guards every field below (never the GIL: driver calls release it)
     cdef unordered_map[size_t, vector[uintptr_t]] free_blocks
     cdef cydriver.CUcontext ctx
     cdef public size_t cap_bytes
@@ -22,6 +33,7 @@ cdef class BlockPool:
     cdef int _alloc(self, size_t block, uintptr_t* out) except -1
     cdef cydriver.CUresult _free(self, uintptr_t ptr) noexcept nogil
     cdef cydriver.CUresult _free_cached(self) noexcept
+    cdef void _free_list(self, vector[uintptr_t]& ptrs, cydriver.CUresult* first) noexcept
 
 
 cdef class DevicePool(BlockPool):
@@ -32,6 +44,7 @@ cdef class DevicePool(BlockPool):
     cdef public size_t async_high_water
     cdef public unsigned long long async_allocs
     cdef int _budget(self, size_t nbytes, const char* what) except -1
+    cdef int _ensure_mempool(self) except -1
     cdef int acquire_async(self, size_t nbytes, cydriver.CUstream stream, cydriver.CUdeviceptr* out) except -1
     cdef void release_async(self, cydriver.CUdeviceptr ptr, size_t nbytes, cydriver.CUstream stream) noexcept
     cdef void forget_async(self, size_t nbytes) noexcept
@@ -56,6 +69,7 @@ cdef LentBlock lend_block(BlockPool pool, size_t nbytes)
 
 
 cdef class StreamPool:
+    cdef mutex mu  # guards the vectors and counters
     cdef cydriver.CUcontext ctx
     cdef vector[cydriver.CUstream] streams
     cdef vector[cydriver.CUevent] events
@@ -70,6 +84,7 @@ cdef class StreamPool:
     cdef void release_stream(self, cydriver.CUstream s) noexcept
     cdef int acquire_event(self, bint timing, cydriver.CUevent* out) except -1
     cdef void release_event(self, cydriver.CUevent e, bint timing) noexcept
+    cdef void forget(self, int streams, int events) noexcept
     cdef void _destroy_cached(self) noexcept
 
 

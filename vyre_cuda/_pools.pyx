@@ -7,15 +7,17 @@ Large device slabs come from the driver's stream-ordered pool instead (``cuMemAl
 with an unbounded release threshold): exact sizes, no power-of-two waste, and no driver allocation
 once the pool has grown to the working set.
 
-Bookkeeping runs with the GIL held (a few C operations), so pools need no lock of their own; the
-driver calls that allocate or free run with the GIL released. A pool dropped without ``close()``
-frees what it caches.
+Every pool has its own lock (a C++ mutex) around its bookkeeping: the GIL is no lock here, since
+the driver calls that allocate or free run with it released and other threads interleave there.
+No driver call runs under a pool's lock; frees take their list out under it first. A pool dropped
+without ``close()`` frees what it caches.
 """
 
 from cython.operator cimport dereference as deref
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport free
 from libc.string cimport memset
+from libcpp.vector cimport vector
 from cpython.buffer cimport PyBuffer_FillInfo
 from cuda.bindings cimport cydriver
 
@@ -49,15 +51,25 @@ def _fmt(n):
 
 
 cdef class BlockPool:
-    """A cache of freed blocks keyed by exact block size, bounded by ``cap_bytes`` cached."""
+    """A cache of freed blocks keyed by exact block size, bounded by ``cap_bytes`` cached.
+
+    Thread rules: every field is read and written under ``mu`` (a C++ mutex, never the GIL: the
+    driver calls around it release the GIL, so Python threads interleave anywhere). No driver call
+    and no Python object is touched while ``mu`` is held: allocation happens after the lock is
+    dropped, and a loop that frees takes its private list out under the lock, then frees without
+    the lock and without the GIL.
+    """
 
     def __cinit__(self, size_t cap_bytes=0, uintptr_t ctx=0, *args, **kwargs):
         self.cap_bytes = cap_bytes
         self.ctx = <cydriver.CUcontext>ctx
 
     cdef int acquire(self, size_t block, uintptr_t* out) except -1:
-        cdef unordered_map[size_t, vector[uintptr_t]].iterator it = self.free_blocks.find(block)
+        cdef unordered_map[size_t, vector[uintptr_t]].iterator it
         cdef vector[uintptr_t]* cached
+        cdef bint hit = False
+        lock_with_gil(self.mu)
+        it = self.free_blocks.find(block)
         if it != self.free_blocks.end() and not deref(it).second.empty():
             cached = &deref(it).second
             out[0] = cached.back()
@@ -65,29 +77,42 @@ cdef class BlockPool:
             self.cached_bytes -= block
             self.live_bytes += block
             self.hits += 1
+            hit = True
+        else:
+            self.misses += 1
+        self.mu.unlock()
+        if hit:
             return 0
-        self.misses += 1
-        self._alloc(block, out)
+        self._alloc(block, out)  # (no lock held: a driver call, and it may raise)
+        lock_with_gil(self.mu)
         self.alloc_calls += 1
         self.live_bytes += block
         self.allocated_bytes += block
+        self.mu.unlock()
         return 0
 
     cdef void release(self, uintptr_t ptr, size_t block) noexcept:
+        cdef bint keep
+        lock_with_gil(self.mu)
         self.live_bytes -= block
-        if (not self.closed and self.cached_bytes + block <= self.cap_bytes
-                and self.free_blocks[block].size() < MAX_BLOCKS_PER_SIZE):
+        keep = (not self.closed and self.cached_bytes + block <= self.cap_bytes
+                and self.free_blocks[block].size() < MAX_BLOCKS_PER_SIZE)
+        if keep:
             self.free_blocks[block].push_back(ptr)
             self.cached_bytes += block
         else:
+            self.allocated_bytes -= block
+        self.mu.unlock()
+        if not keep:
             with nogil:
                 self._free(ptr)
-            self.allocated_bytes -= block
 
     cdef void forget(self, size_t block) noexcept:
         # the block stays in flight on a failed stream: never reuse or free it
+        lock_with_gil(self.mu)
         self.live_bytes -= block
         self.allocated_bytes -= block
+        self.mu.unlock()
 
     cdef int _alloc(self, size_t block, uintptr_t* out) except -1:
         raise NotImplementedError
@@ -95,57 +120,94 @@ cdef class BlockPool:
     cdef cydriver.CUresult _free(self, uintptr_t ptr) noexcept nogil:
         return cydriver.CUDA_SUCCESS
 
+    cdef void _free_list(self, vector[uintptr_t]& ptrs, cydriver.CUresult* first) noexcept:
+        cdef size_t i
+        cdef cydriver.CUresult st
+        with nogil:
+            for i in range(ptrs.size()):
+                st = self._free(ptrs[i])
+                if st != cydriver.CUDA_SUCCESS and first[0] == cydriver.CUDA_SUCCESS:
+                    first[0] = st
+
     cdef cydriver.CUresult _free_cached(self) noexcept:
-        """Free every cached block; the first failure is returned (the others are still tried)."""
-        cdef uintptr_t ptr
-        cdef size_t block
-        cdef cydriver.CUresult st, first = cydriver.CUDA_SUCCESS
+        """Free every cached block; the first failure is returned (the others are still tried).
+        The blocks leave the cache under the lock; the frees run after it, without the GIL."""
+        cdef vector[uintptr_t] ptrs
+        cdef size_t nbytes = 0
+        cdef cydriver.CUresult first = cydriver.CUDA_SUCCESS
+        lock_with_gil(self.mu)
         for entry in self.free_blocks:
-            block = entry.first
-            for ptr in entry.second:
-                with nogil:
-                    st = self._free(ptr)
-                if st != cydriver.CUDA_SUCCESS and first == cydriver.CUDA_SUCCESS:
-                    first = st
-                self.cached_bytes -= block
-                self.allocated_bytes -= block
+            nbytes += entry.first * entry.second.size()
+            ptrs.insert(ptrs.end(), entry.second.begin(), entry.second.end())
         self.free_blocks.clear()
+        self.cached_bytes -= nbytes
+        self.allocated_bytes -= nbytes
+        self.mu.unlock()
+        self._free_list(ptrs, &first)
         return first
 
     def trim(self):
         """Free every cached block (the pool's context is made current first); a failed free
-        raises the driver's error after every block was tried."""
-        if self.free_blocks.empty():
-            return
-        with nogil:
-            bind_context(self.ctx)
+        raises the driver's error after every block was tried. Safe from any thread at any time."""
+        if self.ctx != NULL:
+            with nogil:
+                bind_context(self.ctx)
         check_cu(self._free_cached(), b"trim (free a cached block)")
 
     def close(self):
-        self.trim()
+        """Cache nothing from now on (later releases free at once), then free the cache."""
+        lock_with_gil(self.mu)
         self.closed = True
+        self.mu.unlock()
+        self.trim()
 
     def forget_context(self):
         """The context is gone (released after a fault): its allocations died with it. Drop every
         cached handle without a driver call, and never call the driver again."""
+        lock_with_gil(self.mu)
         self.free_blocks.clear()
+        self.allocated_bytes -= self.cached_bytes
         self.cached_bytes = 0
         self.ctx = NULL
         self.closed = True
+        self.mu.unlock()
 
     def cached_blocks(self):
         cdef size_t n = 0
+        lock_with_gil(self.mu)
         for entry in self.free_blocks:
             n += entry.second.size()
+        self.mu.unlock()
         return n
 
+    def stats(self):
+        """The pool's counters, read together under its lock."""
+        lock_with_gil(self.mu)
+        out = (self.hits, self.misses, self.alloc_calls, self.cached_bytes, self.live_bytes,
+               self.allocated_bytes)
+        self.mu.unlock()
+        return dict(zip(("hits", "misses", "alloc_calls", "cached_bytes", "live_bytes", "allocated_bytes"), out))
+
+    def reset_counters(self):
+        lock_with_gil(self.mu)
+        self.hits = self.misses = self.alloc_calls = 0
+        self.mu.unlock()
+
     def __dealloc__(self):
-        # dropped without close(): give back what is cached; never raise from here
+        # dropped without close(): give back what is cached; never raise from here. (No other
+        # thread can hold a reference any more, so no lock is needed.)
         cdef cydriver.CUcontext prev
-        if self.free_blocks.empty() or self.ctx == NULL:
+        cdef vector[uintptr_t] ptrs
+        cdef cydriver.CUresult first = cydriver.CUDA_SUCCESS
+        if self.free_blocks.empty():
             return
-        if cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
-            self._free_cached()
+        for entry in self.free_blocks:
+            ptrs.insert(ptrs.end(), entry.second.begin(), entry.second.end())
+        self.free_blocks.clear()
+        if self.ctx == NULL:  # host memory (HostPool): no context involved
+            self._free_list(ptrs, &first)
+        elif cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
+            self._free_list(ptrs, &first)
             cydriver.cuCtxPopCurrent(&prev)
 
 
@@ -212,29 +274,50 @@ cdef class DevicePool(BlockPool):
     cdef cydriver.CUresult _free(self, uintptr_t ptr) noexcept nogil:
         return cydriver.cuMemFree(<cydriver.CUdeviceptr>ptr)
 
-    cdef int acquire_async(self, size_t nbytes, cydriver.CUstream stream, cydriver.CUdeviceptr* out) except -1:
-        """A stream-ordered slab of exactly ``nbytes``, usable in ``stream`` order."""
-        cdef cydriver.CUresult status
+    cdef int _ensure_mempool(self) except -1:
+        # created once, under the lock (two first dispatches must not both create one)
         cdef cydriver.CUmemPoolProps props
         cdef cydriver.cuuint64_t threshold = <cydriver.cuuint64_t>-1
-        cdef cydriver.cuuint64_t reserved = 0
-        cdef cydriver.cuuint64_t before = 0
-        cdef bint may_grow
+        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+        cdef const char* call = b"cuMemPoolCreate"
+        cdef cydriver.CUmemoryPool pool = NULL
+        lock_with_gil(self.mu)
         if self.mempool == NULL:
             memset_props(&props, self.device)
             with nogil:
-                check_cu(cydriver.cuMemPoolCreate(&self.mempool, &props), b"cuMemPoolCreate")
-                # keep freed memory in the pool: a steady workload then never reaches the driver
-                check_cu(cydriver.cuMemPoolSetAttribute(
-                    self.mempool, cydriver.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold),
-                    b"cuMemPoolSetAttribute")
-        may_grow = self.async_live_bytes + nbytes > self.async_high_water
+                st = cydriver.cuMemPoolCreate(&pool, &props)
+                if st == cydriver.CUDA_SUCCESS:
+                    # keep freed memory in the pool: a steady workload then never reaches the driver
+                    call = b"cuMemPoolSetAttribute"
+                    st = cydriver.cuMemPoolSetAttribute(pool, cydriver.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                                        &threshold)
+                    if st != cydriver.CUDA_SUCCESS:
+                        cydriver.cuMemPoolDestroy(pool)
+                    else:
+                        self.mempool = pool
+        self.mu.unlock()
+        check_cu(st, call)
+        return 0
+
+    cdef int acquire_async(self, size_t nbytes, cydriver.CUstream stream, cydriver.CUdeviceptr* out) except -1:
+        """A stream-ordered slab of exactly ``nbytes``, usable in ``stream`` order."""
+        cdef cydriver.CUresult status
+        cdef cydriver.cuuint64_t reserved = 0
+        cdef cydriver.cuuint64_t before = 0
+        cdef size_t in_use
+        cdef bint may_grow
+        if self.mempool == NULL:
+            self._ensure_mempool()
+        lock_with_gil(self.mu)
+        in_use = self.async_live_bytes
+        may_grow = in_use + nbytes > self.async_high_water
+        self.mu.unlock()
         if may_grow:
             with nogil:
                 check_cu(cydriver.cuMemPoolGetAttribute(
                     self.mempool, cydriver.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &before),
                     b"cuMemPoolGetAttribute")
-            if self.async_live_bytes + nbytes > before:
+            if in_use + nbytes > before:
                 self._budget(nbytes, b"a stream-ordered slab")
         with nogil:
             status = cydriver.cuMemAllocFromPoolAsync(out, nbytes, self.mempool, stream)
@@ -252,34 +335,35 @@ cdef class DevicePool(BlockPool):
                     status="CUDA_ERROR_OUT_OF_MEMORY", call="cuMemAllocFromPoolAsync",
                 )
         check_cu(status, b"cuMemAllocFromPoolAsync")
+        if may_grow:
+            with nogil:  # (statistics only: a failed query counts the slab as a hit)
+                status = cydriver.cuMemPoolGetAttribute(
+                    self.mempool, cydriver.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved)
+        lock_with_gil(self.mu)
         self.async_live_bytes += nbytes
         self.live_bytes += nbytes
         self.async_allocs += 1
-        if may_grow:
-            with nogil:
-                check_cu(cydriver.cuMemPoolGetAttribute(
-                    self.mempool, cydriver.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
-                    b"cuMemPoolGetAttribute")
-            if reserved > before:
-                # the pool had to ask the driver for more memory: that is an allocation
-                self.misses += 1
-                self.alloc_calls += 1
-            else:
-                self.hits += 1
-            self.async_high_water = self.async_live_bytes
+        if may_grow and status == cydriver.CUDA_SUCCESS and reserved > before:
+            # the pool had to ask the driver for more memory: that is an allocation
+            self.misses += 1
+            self.alloc_calls += 1
         else:
             self.hits += 1
+        if self.async_live_bytes > self.async_high_water:
+            self.async_high_water = self.async_live_bytes
+        self.mu.unlock()
         return 0
 
     cdef void release_async(self, cydriver.CUdeviceptr ptr, size_t nbytes, cydriver.CUstream stream) noexcept:
-        self.async_live_bytes -= nbytes
-        self.live_bytes -= nbytes
+        self.forget_async(nbytes)
         with nogil:
             cydriver.cuMemFreeAsync(ptr, stream)
 
     cdef void forget_async(self, size_t nbytes) noexcept:
+        lock_with_gil(self.mu)
         self.async_live_bytes -= nbytes
         self.live_bytes -= nbytes
+        self.mu.unlock()
 
     def reserved_bytes(self):
         """Bytes the stream-ordered pool holds (in use or cached)."""
@@ -294,24 +378,30 @@ cdef class DevicePool(BlockPool):
         return reserved
 
     def trim(self):
-        """Free every cached block and give the stream-ordered pool's unused memory back."""
-        if self.free_blocks.empty() and self.mempool == NULL:
-            return
-        with nogil:
-            bind_context(self.ctx)
-        check_cu(self._free_cached(), b"trim (free a cached block)")
+        """Free every cached block and give the stream-ordered pool's unused memory back (the
+        driver's pool is thread-safe; slabs in use by dispatches in flight stay)."""
+        BlockPool.trim(self)
         if self.mempool != NULL:
             with nogil:
                 check_cu(cydriver.cuMemPoolTrimTo(self.mempool, 0), b"cuMemPoolTrimTo")
+            lock_with_gil(self.mu)
             self.async_high_water = self.async_live_bytes
+            self.mu.unlock()
 
     def close(self):
-        self.trim()
-        self.closed = True
-        if self.mempool != NULL and self.async_live_bytes == 0:
+        cdef cydriver.CUmemoryPool pool = NULL
+        BlockPool.close(self)
+        if self.mempool != NULL:
             with nogil:
-                cydriver.cuMemPoolDestroy(self.mempool)
+                check_cu(cydriver.cuMemPoolTrimTo(self.mempool, 0), b"cuMemPoolTrimTo")
+        lock_with_gil(self.mu)
+        if self.mempool != NULL and self.async_live_bytes == 0:
+            pool = self.mempool
             self.mempool = NULL
+        self.mu.unlock()
+        if pool != NULL:
+            with nogil:
+                cydriver.cuMemPoolDestroy(pool)
 
     def forget_context(self):
         BlockPool.forget_context(self)
@@ -428,7 +518,10 @@ def lend_pinned(PinnedPool pool not None, size_t nbytes):
 
 
 cdef class StreamPool:
-    """Non-blocking streams, completion events (no timing) and timing events, reused."""
+    """Non-blocking streams, completion events (no timing) and timing events, reused.
+
+    Thread rules as for :class:`BlockPool`: the vectors and counters are touched under ``mu``;
+    streams and events are created and destroyed after it is dropped."""
 
     def __cinit__(self, unsigned int cap=128, uintptr_t ctx=0):
         self.cap = cap
@@ -436,66 +529,115 @@ cdef class StreamPool:
 
     cdef int acquire_stream(self, cydriver.CUstream* out) except -1:
         cdef cydriver.CUstream s = NULL
+        cdef cydriver.CUresult st
+        lock_with_gil(self.mu)
         if not self.streams.empty():
-            out[0] = self.streams.back()
+            s = self.streams.back()
             self.streams.pop_back()
-        else:
-            with nogil:
-                # never the null stream: non-blocking streams do not synchronise with it
-                check_cu(cydriver.cuStreamCreate(&s, cydriver.CU_STREAM_NON_BLOCKING), b"cuStreamCreate")
-            self.created_streams += 1
+            self.live_streams += 1
+        self.mu.unlock()
+        if s != NULL:
             out[0] = s
+            return 0
+        with nogil:
+            # never the null stream: non-blocking streams do not synchronise with it
+            st = cydriver.cuStreamCreate(&s, cydriver.CU_STREAM_NON_BLOCKING)
+        check_cu(st, b"cuStreamCreate")
+        lock_with_gil(self.mu)
+        self.created_streams += 1
         self.live_streams += 1
+        self.mu.unlock()
+        out[0] = s
         return 0
 
     cdef void release_stream(self, cydriver.CUstream s) noexcept:
+        cdef bint keep
+        lock_with_gil(self.mu)
         self.live_streams -= 1
-        if not self.closed and self.streams.size() < self.cap:
+        keep = not self.closed and self.streams.size() < self.cap
+        if keep:
             self.streams.push_back(s)
         else:
-            cydriver.cuStreamDestroy(s)
             self.created_streams -= 1
+        self.mu.unlock()
+        if not keep:
+            with nogil:
+                cydriver.cuStreamDestroy(s)
 
     cdef int acquire_event(self, bint timing, cydriver.CUevent* out) except -1:
         cdef cydriver.CUevent e = NULL
+        cdef cydriver.CUresult st
         cdef unsigned int flags = cydriver.CU_EVENT_DEFAULT if timing else cydriver.CU_EVENT_DISABLE_TIMING
         cdef vector[cydriver.CUevent]* pool = &self.timing_events if timing else &self.events
+        lock_with_gil(self.mu)
         if not pool.empty():
-            out[0] = pool.back()
+            e = pool.back()
             pool.pop_back()
-        else:
-            with nogil:
-                check_cu(cydriver.cuEventCreate(&e, flags), b"cuEventCreate")
-            self.created_events += 1
+            self.live_events += 1
+        self.mu.unlock()
+        if e != NULL:
             out[0] = e
+            return 0
+        with nogil:
+            st = cydriver.cuEventCreate(&e, flags)
+        check_cu(st, b"cuEventCreate")
+        lock_with_gil(self.mu)
+        self.created_events += 1
         self.live_events += 1
+        self.mu.unlock()
+        out[0] = e
         return 0
 
     cdef void release_event(self, cydriver.CUevent e, bint timing) noexcept:
         cdef vector[cydriver.CUevent]* pool = &self.timing_events if timing else &self.events
+        cdef bint keep
+        lock_with_gil(self.mu)
         self.live_events -= 1
-        if not self.closed and pool.size() < self.cap:
+        keep = not self.closed and pool.size() < self.cap
+        if keep:
             pool.push_back(e)
         else:
-            cydriver.cuEventDestroy(e)
             self.created_events -= 1
+        self.mu.unlock()
+        if not keep:
+            with nogil:
+                cydriver.cuEventDestroy(e)
+
+    cdef void forget(self, int streams, int events) noexcept:
+        # written off with a dispatch that could not be proven finished: never reused or destroyed
+        lock_with_gil(self.mu)
+        self.live_streams -= streams
+        self.live_events -= events
+        self.mu.unlock()
 
     cdef void _destroy_cached(self) noexcept:
-        while not self.streams.empty():
-            cydriver.cuStreamDestroy(self.streams.back())
-            self.streams.pop_back()
-            self.created_streams -= 1
-        while not self.events.empty():
-            cydriver.cuEventDestroy(self.events.back())
-            self.events.pop_back()
-            self.created_events -= 1
-        while not self.timing_events.empty():
-            cydriver.cuEventDestroy(self.timing_events.back())
-            self.timing_events.pop_back()
-            self.created_events -= 1
+        cdef vector[cydriver.CUstream] streams
+        cdef vector[cydriver.CUevent] events
+        cdef size_t i
+        lock_with_gil(self.mu)
+        streams.swap(self.streams)
+        events.swap(self.events)
+        events.insert(events.end(), self.timing_events.begin(), self.timing_events.end())
+        self.timing_events.clear()
+        self.created_streams -= <int>streams.size()
+        self.created_events -= <int>events.size()
+        self.mu.unlock()
+        with nogil:
+            for i in range(streams.size()):
+                cydriver.cuStreamDestroy(streams[i])
+            for i in range(events.size()):
+                cydriver.cuEventDestroy(events[i])
+
+    def stats(self):
+        lock_with_gil(self.mu)
+        out = (self.created_streams, self.live_streams, self.created_events, self.live_events)
+        self.mu.unlock()
+        return dict(zip(("streams_created", "streams_live", "events_created", "events_live"), out))
 
     def close(self):
+        lock_with_gil(self.mu)
         self.closed = True
+        self.mu.unlock()
         if self.ctx != NULL:
             with nogil:
                 bind_context(self.ctx)
@@ -503,11 +645,13 @@ cdef class StreamPool:
 
     def forget_context(self):
         """The context is gone: its streams and events died with it; never touch them again."""
+        lock_with_gil(self.mu)
         self.streams.clear()
         self.events.clear()
         self.timing_events.clear()
         self.ctx = NULL
         self.closed = True
+        self.mu.unlock()
 
     def __dealloc__(self):
         cdef cydriver.CUcontext prev

@@ -251,7 +251,7 @@ class CudaBackend:
         self._check_open()
         cfg = None if config is None else as_config(config)
         lengths, on_device = self._lengths(program, inputs, as_config(cfg))
-        return self._plan(program, lengths, cfg, on_device).plan
+        return self._plan(program, lengths, cfg, on_device, inputs).plan
 
     def _lengths(self, program, inputs, cfg):
         """(byte lengths, indices of device inputs) of ``inputs``, as a dispatch would see them."""
@@ -273,16 +273,17 @@ class CudaBackend:
         return tuple(lengths), frozenset(on_device)
 
     # ------------------------------------------------------------------ planning
-    def _plan(self, program, lengths, config, device_inputs=frozenset()):
+    def _plan(self, program, lengths, config, device_inputs=frozenset(), inputs=None):
         """Plan one (program, input lengths, config): the core's one call back on a plan miss; it
-        caches what this returns. ``device_inputs``: indices of the inputs in device memory."""
+        caches what this returns. ``device_inputs``: indices of the inputs in device memory;
+        ``inputs``: the dispatch's own inputs (autotune measures on them)."""
         from ._dispatch import Prepared  # noqa: PLC0415
 
         cfg = as_config(config)
         with self._plan_lock:
             plan = plan_dispatch(program, lengths, cfg, self._caps, self._modules, device_inputs)
         if cfg.autotune:
-            plan = self._tuned(program, lengths, cfg, plan, device_inputs)
+            plan = self._tuned(program, lengths, cfg, plan, device_inputs, inputs)
         launch, route = plan.launch, plan.route
         log.info(
             "planned %s: route=%s (%s), grid=%s block=%s shared=%d slab=%d (%s)",
@@ -297,10 +298,10 @@ class CudaBackend:
         )
         return Prepared.from_plan(plan)
 
-    def _tuned(self, program, lengths, cfg, plan, device_inputs=frozenset()):
+    def _tuned(self, program, lengths, cfg, plan, device_inputs=frozenset(), inputs=None):
         """The plan of an ``autotune=True`` dispatch: at the cached (or now measured) width."""
         base = dataclasses.replace(cfg, autotune=False)
-        block, reason = tuning.planned_width(self, program, lengths, base, plan)
+        block, reason = tuning.planned_width(self, program, lengths, base, plan, inputs)
         if block is not None and block != plan.launch.block[0]:
             with self._plan_lock:
                 plan = plan_dispatch(

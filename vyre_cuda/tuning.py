@@ -6,7 +6,9 @@ runs the program at each candidate width that the device and the kernel allow, c
 candidate gives the same output bytes as the declared width, times each with device events
 (``dispatch_timed``: the median of a few runs after a warm-up), and stores the winner in the
 tuning cache. ``DispatchConfig(autotune=True)`` then plans with that width; without the flag
-nothing changes, whatever the cache holds.
+nothing changes, whatever the cache holds. With no entry, an ``autotune=True`` dispatch runs
+:func:`tune` at plan time on its own inputs (never on made-up data: zeros make every width of a
+width-assuming kernel agree); a plan made without the inputs keeps the declared width.
 
 Why the outputs are compared: kernels read the launch element count from params word 0 and the
 grid is ``ceil(elements / block)``, so any width covers every element; a kernel that assumes its
@@ -23,7 +25,13 @@ The cache: one JSON file per key in ``<kernel cache>/tuning/<key>.json``, writte
 covers what changes the winner: the kernel digest, the program's buffers, width, phases and launch
 rule, the device name and compute capability, the size class (the launch element count rounded up
 to a power of two) and the package version. A file that does not parse or does not match its key
-is ignored with a warning (the next tune overwrites it); nothing here raises on a bad cache.
+is ignored with a warning (the next tune overwrites it), and so is an entry whose width no tune
+on this device could have chosen (over the device's or the kernel's thread limit, not whole
+warps); nothing here raises on a bad cache.
+
+Measuring on the caller's inputs is safe: a dispatch never writes them (read-write inputs, host
+or device, are copied into the dispatch's own memory first), so the timed runs see the values
+the dispatch itself sees.
 """
 
 from __future__ import annotations
@@ -64,7 +72,7 @@ _MAX_ENTRY_BYTES = 1 << 20
 _log = logging.getLogger("vyre_cuda")
 _lock = threading.Lock()
 _memory: dict = {}  # key -> entry, so planning reads each file at most once per process
-_stats = {"tunes_measured": 0, "timed_dispatches": 0, "cache_hits": 0, "corrupt_entries": 0}
+_stats = {"tunes_measured": 0, "timed_dispatches": 0, "cache_hits": 0, "corrupt_entries": 0, "invalid_entries": 0}
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,8 @@ class TuneResult:
 
 def stats() -> dict:
     """Counters of this process: tunes that measured, timed dispatches they ran, cache hits
-    (tunes and plans answered from the cache) and corrupt entries ignored."""
+    (tunes and plans answered from the cache), corrupt entries ignored (unreadable, malformed)
+    and invalid entries ignored (a width this device or kernel cannot use, or tune never picks)."""
     with _lock:
         return dict(_stats)
 
@@ -250,6 +259,31 @@ def store(key: str, entry: dict) -> None:
         _log.warning("tuning cache: cannot write %s (%s); the winner is kept for this process only", _path(key), exc)
 
 
+def _kernel_max(backend, function) -> int:
+    """The kernel's own thread limit (its registers and shared memory), from the driver."""
+    from . import _driver  # noqa: PLC0415 (the compiled driver module loads at first use)
+
+    _driver.make_current(backend.context_handle)  # planning may have run on another thread
+    return _driver.function_max_threads(function)
+
+
+def _usable(key: str, caps, kernel_max: int, baseline: int) -> tuple:
+    """``(entry or None, why it was ignored or None)``: the cached entry of ``key`` when its width
+    is one a tune on this device could have chosen (:func:`candidate_widths`' rules: within the
+    device's and the kernel's thread limits, whole warps, or the declared width itself)."""
+    entry = load(key)
+    if entry is None:
+        return None, None
+    block = entry["block"]  # an int in 1..65536 (load checked it)
+    problem = candidate_widths((block,), caps, kernel_max, baseline)[1].get(block)
+    if problem is None:
+        return entry, None
+    _count("invalid_entries")
+    why = f"block {block} is {problem} (declared width {baseline})"
+    _log.warning("tuning cache: ignoring %s: %s; no tune on this device picks it", _path(key), why)
+    return None, why
+
+
 def forget_memory() -> None:
     """Drop the in-process copies (tests; a cleared disk cache is read again)."""
     with _lock:
@@ -282,9 +316,8 @@ def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeat
     measures nothing unless ``force``. Refuses (ValidationError) a dispatch whose width is never
     tuned (see :func:`untunable`).
     """
-    from . import _driver  # noqa: PLC0415 (the compiled driver module loads at first use)
-
-    cfg = dataclasses.replace(as_config(config), autotune=False)
+    # host outputs: the candidates' output bytes are compared (device arrays have no bytes here)
+    cfg = dataclasses.replace(as_config(config), autotune=False, outputs="host")
     why = untunable(program, cfg)
     if why is not None:
         raise ValidationError(
@@ -298,14 +331,13 @@ def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeat
     caps = backend.caps
     sizes = size_class(plan.launch.element_count)
     key = tune_key(program, caps, sizes)
+    baseline = plan.launch.block[0]
+    kernel_max = _kernel_max(backend, plan.function)
     if not force:
-        entry = load(key)
+        entry, _ = _usable(key, caps, kernel_max, baseline)  # an unusable entry is measured again
         if entry is not None:
             _count("cache_hits")
             return _result(entry, key, cached=True)
-    baseline = plan.launch.block[0]
-    _driver.make_current(backend.context_handle)  # planning may have run on another thread
-    kernel_max = _driver.function_max_threads(plan.function)
     widths, rejected = candidate_widths(tuple(candidates), caps, kernel_max, baseline)
     reference = backend.dispatch(program, inputs, cfg)
     timings = {}
@@ -352,19 +384,28 @@ def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeat
     return _result(entry, key, cached=False)
 
 
-def planned_width(backend, program, lengths, config, base_plan) -> tuple:
+def planned_width(backend, program, lengths, config, base_plan, inputs=None) -> tuple:
     """``(block width or None, reason)`` for a plan under ``autotune=True``: the cached winner,
-    else measured now on zero-filled inputs of ``lengths`` bytes."""
-    import numpy as np  # noqa: PLC0415
+    else the winner of :func:`tune` run now on ``inputs``, the dispatch's own inputs.
 
+    With ``inputs`` None (a plan made from byte ``lengths`` alone) nothing is measured and the
+    width stays the declared one (None): a width is only used once its outputs matched the
+    declared width's on real data, and made-up data (zeros) cannot show that.
+    """
     why = untunable(program, config)
     if why is not None:
         return None, f"not tuned: {why}"
-    key = tune_key(program, backend.caps, size_class(base_plan.launch.element_count))
-    entry = load(key)
+    caps, baseline = backend.caps, base_plan.launch.block[0]
+    key = tune_key(program, caps, size_class(base_plan.launch.element_count))
+    entry, ignored = _usable(key, caps, _kernel_max(backend, base_plan.function), baseline)
     if entry is not None:
         _count("cache_hits")
         return entry["block"], f"block {entry['block']} from the tuning cache (key {key[:12]})"
-    zeros = [np.zeros(n, np.uint8) for n in lengths]  # any dtype check passes raw bytes
-    result = tune(backend, program, zeros, config, force=True)
-    return result.block, f"block {result.block} measured now on zero-filled inputs (key {key[:12]})"
+    note = f"; the cached entry was ignored: {ignored}" if ignored else ""
+    if inputs is None:
+        return None, (
+            f"declared block {baseline}: no usable tuning entry (key {key[:12]}) and no inputs to measure "
+            f"on{note}; call CudaBackend.tune(program, inputs) to measure on real data"
+        )
+    result = tune(backend, program, inputs, config, force=True)
+    return result.block, f"block {result.block} measured now on this dispatch's inputs (key {key[:12]}){note}"
