@@ -9,6 +9,7 @@ process once (a Dask worker dying mid-task).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import threading
@@ -60,6 +61,55 @@ def inplace_program() -> Program:
     """x += 1 in place (a read-write input, read back)."""
     return Program(Kernel.cuda(_SRC + "// inplace\n"), [BufferDecl.read_write("x", 0, "f32")], name="inplace")
 
+
+def launch_elems_program(launch="x", **kw) -> Program:
+    """n[0] = the element count the launch covers: two u8 inputs of any lengths, ``launch`` (a
+    binding name or a callable) says which one sizes the launch. Programs differing only in
+    ``launch`` answer differently for inputs of different lengths."""
+    return Program(
+        Kernel.cuda(_SRC + "// launch_elems\n"),
+        [BufferDecl.read("x", 0, "u8"), BufferDecl.read("y", 1, "u8"), BufferDecl.output("n", 2, "u32", 1)],
+        name="launch_elems",
+        launch=launch,
+        **kw,
+    )
+
+
+def launch_by_y(sizes) -> int:
+    """A module-level launch callable (it pickles by reference)."""
+    return sizes["y"]
+
+
+def _launch_elems(program, x, y) -> list:
+    launch = program.launch
+    sizes = {"x": x.size, "y": y.size}
+    n = launch(sizes) if callable(launch) else sizes[launch or "x"]  # (None: equal lengths)
+    return [np.array([n], np.uint32)]
+
+
+def field_variants() -> list:
+    """``(field, a, b)``: for every Program field, two valid programs that differ only in it."""
+    base = launch_elems_program()
+    cooperative = dataclasses.replace(base, grid_sync=True)
+    other = dataclasses.replace
+    return [
+        ("kernel", base, other(base, kernel=Kernel.cuda(_SRC + "// launch_elems, another\n"))),
+        ("kernel", base, other(base, kernel=Kernel.cuda(_SRC + "// launch_elems\n", options=("-DX=1",)))),
+        ("buffers", base, other(base, buffers=base.buffers[:2] + (BufferDecl.output("n", 2, "u32", 2),))),
+        ("buffers", base, other(base, buffers=base.buffers[:2] + (BufferDecl.output("n", 2, "u64", 1),))),
+        ("workgroup_size", base, other(base, workgroup_size=128)),
+        ("grid_sync", base, cooperative),
+        ("phases", cooperative, other(cooperative, phases=2)),
+        ("requires", base, other(base, requires=("f16",))),
+        ("name", base, other(base, name="launch_elems_2")),
+        ("launch", base, other(base, launch="y")),
+        ("launch", base, other(base, launch=None)),
+        ("launch", base, other(base, launch=launch_by_y)),
+        ("launch", other(base, launch=lambda s: s["x"]), other(base, launch=lambda s: s["y"])),
+    ]
+
+
+PROGRAM_IMPLS = {"launch_elems": _launch_elems}  # the ones that read the program (its launch)
 
 IMPLS = {
     "scale2": lambda x: [x * np.float32(2)],
@@ -162,7 +212,8 @@ class FakeBackend:
                 os._exit(17)
         if self.delay:
             time.sleep(self.delay)
-        outs = IMPLS[program.name](*arrays)
+        impl = PROGRAM_IMPLS.get(program.name)
+        outs = impl(program, *arrays) if impl is not None else IMPLS[program.name](*arrays)
         with self._lock:
             self.dispatches += 1
             self.h2d_bytes += sum(a.nbytes for a in arrays)

@@ -4,6 +4,7 @@ workers run the numpy fake backend (tests/fakes.py, shipped to them by value).""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import subprocess
@@ -158,6 +159,54 @@ def test_program_key_is_stable_across_processes(dask_mods):
     assert vd.program_key(prog) == vd.program_key(fakes.axpb_program())
     assert vd.program_key(prog) != vd.program_key(fakes.scale_program())
     assert vd.program_key(bp.vecadd("f32")) != vd.program_key(bp.vecadd("f32", workgroup=128))
+
+
+def test_program_key_covers_every_field(dask_mods):
+    vd = dask_mods.vd
+    variants = fakes.field_variants()
+    assert {f for f, _, _ in variants} == {f.name for f in dataclasses.fields(Program)}
+    for field, a, b in variants:
+        assert vd.program_key(a) != vd.program_key(b), field
+    # programs built twice (every field equal) share a key; a lambda launch keys on its code and
+    # closure, so two made alike share one too
+    for (_, a, b), (_, a2, b2) in zip(variants, fakes.field_variants()):
+        assert (vd.program_key(a), vd.program_key(b)) == (vd.program_key(a2), vd.program_key(b2))
+    sized = [fakes.launch_elems_program(lambda s, k=k: s["x"] + k) for k in range(3)]
+    assert len({vd.program_key(p) for p in sized}) == 3
+
+
+def test_an_unpicklable_launch_is_refused_by_name(dask_mods):
+    class Launch:
+        def __call__(self, sizes):
+            return sizes["x"]
+
+        def __reduce__(self):
+            raise TypeError("no pickling")
+
+    with pytest.raises(ValidationError, match=r"Program.launch .* cannot be pickled[\s\S]*\nFix: "):
+        dask_mods.vd.program_key(fakes.launch_elems_program(Launch()))
+
+
+def test_programs_differing_only_in_launch_run_apart(dask_mods, client, rng, logs):
+    # once a worker kept one program per key: the second of these ran as the first
+    vd, da = dask_mods.vd, dask_mods.da
+    vd.register(client, backend_factory=fakes.FakeFactory(log_dir=logs))
+    worker = sorted(client.scheduler_info()["workers"])[0]
+    nx = int(rng.integers(1, 1000))
+    ny = nx + int(rng.integers(1, 1000))
+    x, y = rng.integers(0, 256, nx, dtype=np.uint8), rng.integers(0, 256, ny, dtype=np.uint8)
+    programs = [fakes.launch_elems_program(launch) for launch in ("x", "y", fakes.launch_by_y, None)]
+    wants = [nx, ny, ny, nx]
+    for prog, want in zip(programs[:3], wants):
+        (n,) = vd.submit(client, prog, [x, y], workers=[worker]).result(timeout=TIMEOUT)
+        assert int(n[0]) == want
+    chunk = int(rng.integers(1, nx + 1))
+    dx, dy = da.from_array(x, chunks=chunk), da.from_array(y[:nx], chunks=chunk)
+    outs = [vd.map_blocks(prog, dx, dy)[0] for prog in programs]
+    assert len({o.name for o in outs}) == len(programs)  # distinct graphs: dask reuses none
+    sizes = list(dx.chunks[0])
+    for got in _compute(client, *outs):
+        np.testing.assert_array_equal(got[:, 0], sizes)
 
 
 def test_worker_device_choice(dask_mods, monkeypatch):

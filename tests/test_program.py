@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 
+import fakes
 import numpy as np
 import pytest
 
@@ -402,6 +403,25 @@ def test_programs_hash_by_identity():
     decls = [BufferDecl.read("a", 0, "u8")]
     p, q = Program(KERNEL, decls), Program(KERNEL, decls)
     assert p != q and p == p and len({p, q}) == 2
+
+
+def test_identity_covers_every_field():
+    # what vyre_cuda.dask keys programs on: a field left out would let two programs that compute
+    # different things share a worker's copy (and a Dask graph name)
+    variants = fakes.field_variants()
+    assert {f for f, _, _ in variants} == {f.name for f in dataclasses.fields(Program)}
+    for field, a, b in variants:
+        assert a._identity() != b._identity(), field
+        assert [name for name, _ in a._identity()] == [f.name for f in dataclasses.fields(Program)]
+
+
+def test_identity_of_equal_programs_built_twice():
+    for (_, a, b), (_, a2, b2) in zip(fakes.field_variants(), fakes.field_variants()):
+        assert a is not a2 and a != a2  # equality stays by object
+        for p, q in ((a, a2), (b, b2)):
+            if not (callable(p.launch) and p.launch.__name__ == "<lambda>"):  # a new lambda each time
+                assert p._identity() == q._identity()
+                assert pickle.loads(pickle.dumps(p))._identity() == p._identity()
 
 
 # ---------------------------------------------------------------- kernels

@@ -56,22 +56,32 @@ PLUGIN_NAME = "vyre-cuda"
 
 
 def program_key(program: Program) -> str:
-    """A digest of everything that defines a program (kernel digest, buffers, launch shape):
-    equal programs built in different processes get the same key."""
+    """A digest of every field of the program (``Program._identity``: the kernel digest, the
+    buffers, the launch shape, ``launch``, the name...): programs that differ in any field get
+    different keys, and equal programs built in different processes get the same key.
+
+    A callable ``launch`` enters by its cloudpickle bytes: by reference for a module-level
+    function, by value (code, defaults, closure) for a lambda or a local function.
+    """
     h = hashlib.sha256()
-    for part in (
-        program.kernel.digest,
-        repr(program.buffers),
-        repr(program.workgroup_size),
-        repr(program.grid_sync),
-        repr(program.phases),
-        repr(program.requires),
-        program.name,
-    ):
-        raw = str(part).encode()
-        h.update(len(raw).to_bytes(8, "little"))
-        h.update(raw)
+    for name, value in program._identity():
+        for raw in (name.encode(), _key_bytes(name, value)):
+            h.update(len(raw).to_bytes(8, "little"))  # length-prefixed: no two part lists collide
+            h.update(raw)
     return h.hexdigest()
+
+
+def _key_bytes(name: str, value) -> bytes:
+    if not callable(value):
+        return repr(value).encode()
+    try:
+        return b"callable " + cloudpickle.dumps(value)
+    except Exception as exc:  # noqa: BLE001 (cloudpickle raises what the object's reduction raises)
+        raise ValidationError(
+            f"Program.{name} {value!r} cannot be pickled ({type(exc).__name__}: {exc}), so the "
+            "program cannot travel to the Dask workers",
+            f"pass {name} as a binding name or a module-level function",
+        ) from None
 
 
 # ---------------------------------------------------------------------------------- worker side

@@ -445,6 +445,17 @@ class Program:
             tuple(b for b in self.buffers if b.role in (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT)),
         )
 
+    def _identity(self) -> tuple:
+        """Everything that defines what this program computes: ``(field name, value)`` for every
+        dataclass field, in field order; the kernel by its digest, ``launch`` as given (a name,
+        None or a callable). Equality stays by object, since the backend's plan cache keys on the
+        object; ``vyre_cuda.dask.program_key`` digests this, so a field added to Program is part
+        of the key by being a field."""
+        return tuple(
+            (f.name, self.kernel.digest if f.name == "kernel" else getattr(self, f.name))
+            for f in dataclasses.fields(self)
+        )
+
     @property
     def inputs(self) -> tuple:
         """Declarations that take a caller's input, in declaration order."""
