@@ -4,7 +4,8 @@ It implements the backend contract the group and the Dask plugin use (dispatch, 
 telemetry, lost, close) for the programs below, keyed by program name. Special first elements
 of the first input trigger failures, so a test decides which ITEM fails, whatever device runs it:
 BAD raises ValidationError, FAULT raises DeviceLost (and the backend stays lost), DIE ends the
-process once (a Dask worker dying mid-task).
+process once (a Dask worker dying mid-task), STALL raises the timeout DispatchFailed whose
+``.pending`` cannot be pickled (as the real PendingDispatch).
 """
 
 from __future__ import annotations
@@ -18,11 +19,20 @@ import time
 import numpy as np
 
 from vyre_cuda import BufferDecl, Kernel, Program
-from vyre_cuda.errors import DeviceLost, ValidationError
+from vyre_cuda.errors import DeviceLost, DispatchFailed, ValidationError
 
 BAD = -1111.0
 FAULT = -2222.0
 DIE = -3333.0
+STALL = -4444.0
+
+
+class FakePending:
+    """Stands in for a PendingDispatch: owns something that cannot leave the process."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+
 
 _SRC = '#include "vyre_cuda.cuh"\nVYRE_KERNEL vyre_main(const float* x, float* out, const vyre_u32* p) {}\n'
 
@@ -200,6 +210,15 @@ class FakeBackend:
                 status="CUDA_ERROR_ILLEGAL_ADDRESS",
                 call="cuStreamSynchronize",
             )
+        if first == STALL:
+            err = DispatchFailed(
+                "the dispatch did not complete within its timeout of 0.5 s (fake)",
+                "raise DispatchConfig(timeout=...), or wait on the PendingDispatch in .pending",
+                status="timeout",
+                call="wait",
+            )
+            err.pending = FakePending()
+            raise err
         if first == DIE and self.log_dir is not None:
             marker = self.log_dir / "died"
             try:

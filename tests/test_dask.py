@@ -362,6 +362,19 @@ def test_submit(dask_mods, client, rng, logs):
         vd.submit(client, bp.vecadd("f32"), [bad, a]).result(timeout=TIMEOUT)
 
 
+def test_a_timeout_reaches_the_client_as_dispatch_failed(dask_mods, client, rng, logs):
+    # its .pending (a PendingDispatch) cannot be pickled; the client once got builtins.Exception
+    vd = dask_mods.vd
+    vd.register(client, backend_factory=fakes.FakeFactory(log_dir=logs))
+    a = rng.random(int(rng.integers(1, 500)), dtype=np.float32)
+    a[0] = fakes.STALL
+    with pytest.raises(vc.DispatchFailed) as info:
+        vd.submit(client, bp.vecadd("f32"), [a, a]).result(timeout=TIMEOUT)
+    err = info.value
+    assert (type(err), err.status, err.call, err.pending) == (vc.DispatchFailed, "timeout", "wait", None)
+    assert str(err).splitlines()[-1].startswith("Fix: raise DispatchConfig(timeout=...)")
+
+
 def test_a_worker_that_dies_mid_task_is_replaced_and_the_task_retried(dask_mods, client, rng, logs):
     vd, da = dask_mods.vd, dask_mods.da
     vd.register(client, backend_factory=fakes.FakeFactory(log_dir=logs))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import threading
 
 import pytest
 
@@ -66,6 +67,51 @@ def test_pickle_keeps_extra_state():
     err = E.DispatchFailed("m", "f", status="S", call="c", code=1)
     err.detail = {"bytes": 123}
     assert pickle.loads(pickle.dumps(err)).detail == {"bytes": 123}
+
+
+def _unpicklables():
+    from vyre_cuda._dispatch import PendingDispatch
+
+    return [PendingDispatch.__new__(PendingDispatch), threading.Lock()]
+
+
+def _every_error_class():
+    import vyre_cuda.group  # noqa: F401 (defines a subclass of its own)
+
+    found, todo = [], [E.BackendError]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo += cls.__subclasses__()
+    return [c for c in found if c.__module__.startswith("vyre_cuda")]
+
+
+def test_the_unpicklable_samples_are():
+    for obj in _unpicklables():
+        with pytest.raises(TypeError):
+            pickle.dumps(obj)
+
+
+@pytest.mark.parametrize("cls", _every_error_class(), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("protocol", [0, 2, pickle.HIGHEST_PROTOCOL])
+def test_every_error_pickles_without_what_cannot_travel(cls, protocol):
+    # a timeout DispatchFailed carries its PendingDispatch: through Dask the caller must still
+    # get the class (to catch it), the message, the Fix and the plain attributes
+    pending, lock = _unpicklables()
+    sample = next((e for e in SAMPLES if type(e) is cls), None)
+    err = sample if sample is not None else cls(f"{cls.__name__} went wrong (got 1)", "do better")
+    err = copy.copy(err)
+    err.pending, err.device, err.item = pending, 3, 7
+    err.handle, err.detail = lock, {"bytes": 123}
+    back = pickle.loads(pickle.dumps(err, protocol=protocol))
+    assert type(back) is cls and str(back) == str(err) and back.args == err.args
+    assert attrs(back) == attrs(err)
+    assert (back.device, back.item, back.detail) == (3, 7, {"bytes": 123})
+    assert back.pending is None and not hasattr(back, "handle")
+    assert err.pending is pending and err.handle is lock  # the original keeps what it owns
+    # copies stay in the process: they keep the pending handle itself
+    for clone in (copy.copy(err), copy.deepcopy(err)):
+        assert type(clone) is cls and clone.pending is pending and attrs(clone) == attrs(err)
 
 
 def test_hierarchy():

@@ -171,6 +171,27 @@ def test_errors_carry_the_device_ordinal_and_item(rng):
                 np.testing.assert_array_equal(results[i][0], x * 2)
 
 
+def test_an_annotated_timeout_pickles_without_its_pending_dispatch(rng):
+    prog = fakes.scale_program()
+    batches = _batches(rng, 8)
+    k = int(rng.integers(0, 8))
+    batches[k][0][0] = fakes.STALL
+    group, _ = _group(devices=[1, 4])
+    with group, pytest.raises(vc.DispatchFailed) as info:
+        group.map(prog, batches)
+    err = info.value
+    assert isinstance(err.pending, fakes.FakePending) and err.item == k  # still here, in-process
+    clone = pickle.loads(pickle.dumps(err))  # as Dask sends it to the client
+    assert type(clone) is vc.DispatchFailed and clone.pending is None
+    assert (clone.device, clone.item, clone.status, clone.call, str(clone)) == (
+        err.device,
+        k,
+        "timeout",
+        "wait",
+        str(err),
+    )
+
+
 def test_a_failed_item_skips_the_items_not_started(rng):
     prog = fakes.scale_program()
     batches = _batches(rng, 40)

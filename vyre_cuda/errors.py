@@ -6,7 +6,10 @@ wrong, with the numbers involved, and ends with a ``Fix: ...`` line telling the 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
+import pickle
 from typing import Any
 
 __all__ = [
@@ -45,7 +48,41 @@ class BackendError(Exception):
         super().__init__(f"{message}\nFix: {fix}")
 
     def __reduce__(self):
-        return (_rebuild, (type(self), self.message, self.fix, dict(self.__dict__)))
+        # what travels to another process (Dask, multiprocessing): the class, message, fix and
+        # every attribute that pickles; ``pending`` (a handle on this process's GPU work) and
+        # anything else that cannot be pickled stay behind, so the caller still gets this type
+        return (_rebuild, (type(self), self.message, self.fix, _portable(self.__dict__)))
+
+    def __copy__(self):
+        return _rebuild(type(self), self.message, self.fix, dict(self.__dict__))
+
+    def __deepcopy__(self, memo):
+        obj = memo[id(self)] = _rebuild(type(self), self.message, self.fix, {})
+        for name, value in self.__dict__.items():
+            # the pending handle (and any other handle that cannot be copied) stays shared: it
+            # owns GPU work or a resource, it is not data to duplicate
+            if name not in _LOCAL:
+                with contextlib.suppress(Exception):  # (not copyable: share it)
+                    value = copy.deepcopy(value, memo)
+            obj.__dict__[name] = value
+        return obj
+
+
+# attributes that mean something only in the process that raised the error
+_LOCAL = frozenset({"pending"})
+
+
+def _portable(state: dict) -> dict:
+    kept = {}
+    for name, value in state.items():
+        if name in _LOCAL:
+            continue
+        try:
+            pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 (any failure to pickle means: leave it behind)
+            continue
+        kept[name] = value
+    return kept
 
 
 def _rebuild(cls, message, fix, state):
