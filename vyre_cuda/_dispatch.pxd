@@ -138,17 +138,21 @@ cdef class Core:
     cdef public StreamPool spool
     cdef public TransferEngine xfer
     cdef dict prepared
+    cdef public int stream_plans  # cached plans keyed on a caller's stream
     cdef list graphed  # prepared plans that may hold graph execs (released with the plans)
     cdef object planner
     cdef unsigned long long tel[N_COUNTERS]
     cdef public object lost
     cdef public bint closed
-    cdef public int outstanding
+    cdef public int outstanding  # PendingDispatch owners not yet settled
+    cdef public int busy  # calls running inside the core now (dispatch, result, trim): close waits for them
+    cdef public object on_settled  # called once the last owner settles after close (releases the context)
     cdef public int trace  # TRACE_LOG | TRACE_NVTX bits; 0: untraced (the hot path's one test)
     cdef object logger
     cdef public int device
 
     cdef int _check_usable(self) except -1
+    cdef int _enter(self) except -1
     cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d)
     cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
                             PendingDispatch d, exc)
@@ -201,14 +205,16 @@ cdef class PendingDispatch:
     cdef list out_checked  # per output: its checked device view (None: host), from check_outputs
     cdef int graph_events  # G_* bits of what the graph path did (counted in _after_enqueue)
     cdef bint no_graph  # issue this dispatch's launches even though its plan has a graph
+    cdef object wait_timeout  # seconds the current wait was bounded by (None: unbounded)
+    cdef bint timed_out  # a wait has expired once: later default waits are unbounded
 
     cdef void _release_views(self) noexcept
     cdef void _release_out_views(self) noexcept
     cdef int _take(self) except -1
-    cdef int _wait(self) except -1
+    cdef int _wait(self, timeout) except -1
     cdef int _collect(self, list outs) except -1
     cdef void _finish(self) noexcept
     cdef void _settle(self) noexcept
-    cdef object _result(self)
-    cdef object _result_into(self, outputs)
-    cdef object _timed_result(self)
+    cdef object _result(self, timeout)
+    cdef object _result_into(self, outputs, timeout)
+    cdef object _timed_result(self, timeout)

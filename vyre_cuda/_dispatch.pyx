@@ -39,7 +39,7 @@ from ._driver cimport check_cu, bind_context, now_ns
 from ._pools cimport DevicePool, PinnedPool, HostPool, StreamPool, lend_block
 from ._transfer cimport TransferEngine, Source, Piece, page_locked, SRC_ZERO, SRC_INPUT, SRC_PARAMS
 from ._driver import status_name
-from .config import DispatchConfig, as_config
+from .config import DispatchConfig, as_config, _timeout as _check_timeout
 from .program import Program
 from .errors import DispatchFailed, DeviceLost, ValidationError, driver_error, STICKY_ERRORS
 from .telemetry import TimedDispatchResult
@@ -119,6 +119,9 @@ cdef enum:
 
 # how a blocking dispatch with no timeout waits (WAIT_POLL unless a measurement says otherwise)
 cdef int _wait_mode = 0
+
+# plans made for callers' streams kept at most (each new stream is a new plan key)
+cdef int MAX_STREAM_PLANS = 64
 
 # waits: spin this long (as cuStreamSynchronize would), then sleep-poll so Ctrl-C and timeouts work
 cdef enum:
@@ -491,6 +494,7 @@ cdef class Core:
     def clear_prepared(self):
         self._release_graphs(self.ctx != NULL)
         self.prepared.clear()
+        self.stream_plans = 0
 
     def _release_graphs(self, bint destroy):
         # the plans' graph execs go with the plans (module eviction, close, the lookup's bound);
@@ -517,6 +521,21 @@ cdef class Core:
     @property
     def context_handle(self):
         return <uintptr_t>self.ctx
+
+    cdef int _enter(self) except -1:
+        # one more call running inside the core: close() waits for it before freeing anything.
+        # (_check_usable and the increment run with the GIL held and no release between them,
+        # so a close() that sets `closed` either refuses this call or sees it counted)
+        self._check_usable()
+        self.busy += 1
+        return 0
+
+    def enter(self):
+        """For backend calls outside the core (trim): count as running; pair with leave()."""
+        self._enter()
+
+    def leave(self):
+        self.busy -= 1
 
     cdef int _check_usable(self) except -1:
         if self.closed:
@@ -573,6 +592,16 @@ cdef class Core:
         try:
             prep = self.prepared.get(key)
             if prep is None:
+                if config is not None and config.stream is not None:
+                    # a caller's stream: the cached plan and its key hold the handle, never the
+                    # stream object (the dispatch holds that while it runs); and such plans are
+                    # bounded, since every new stream is a new key
+                    config = config._without_stream_object()
+                    key = (program, config) + key[2:]
+                    self.stream_plans += 1
+                    if self.stream_plans > MAX_STREAM_PLANS:
+                        self.clear_prepared()
+                        self.stream_plans = 1
                 if d.dev_ptrs.size():  # device inputs: their key entries are ("device", nbytes)
                     lengths = tuple(x[1] if type(x) is tuple else x for x in key[2:])
                     on_device = frozenset(k for k, x in enumerate(key[2:]) if type(x) is tuple)
@@ -715,6 +744,10 @@ cdef class Core:
             marks[M_LOOKUP] = now_ns()
         self._acquire(p, &d.f, want_done or p.ext, timed)  # a caller's stream: wait on an event, not on it
         self.outstanding += 1
+        if p.ext:  # the caller's stream object stays alive while its dispatch runs
+            if d.keep is None:
+                d.keep = []
+            d.keep.append(config)
         if d.waits is not None:
             self._stream_waits(d, d.waits)
         if p.coop is not None:
@@ -734,6 +767,7 @@ cdef class Core:
                         d.any_direct = True
         if p.timeout is not None:
             d.deadline = now_ns() + _timeout_ns(p.timeout)
+            d.wait_timeout = p.timeout
         return d
 
     cdef int _acquire(self, Prepared p, InFlight* f, bint want_done, bint timed) except -1:
@@ -904,7 +938,8 @@ cdef class Core:
         if not d.any_direct:
             d._release_views()
         if outcome == W_TIMEOUT:
-            raise _timeout_error(d.prep, d)
+            d.timed_out = True
+            raise _timeout_error(d.wait_timeout, d)
         self.tel[T_INTERRUPTED] += 1
         exc, d.interrupt = d.interrupt, None
         try:
@@ -1030,10 +1065,18 @@ cdef class Core:
     # ---------------------------------------------------------------- entry points
     def dispatch(self, program, inputs, config=None):
         """Run and wait; return the outputs as new numpy arrays."""
-        return self._blocking(program, inputs, config, None, NULL)
+        self._enter()
+        try:
+            return self._blocking(program, inputs, config, None, NULL)
+        finally:
+            self.busy -= 1
 
     def dispatch_into(self, program, inputs, outputs, config=None):
-        return self._blocking(program, inputs, config, as_output_list(outputs), NULL)
+        self._enter()
+        try:
+            return self._blocking(program, inputs, config, as_output_list(outputs), NULL)
+        finally:
+            self.busy -= 1
 
     def dispatch_profiled(self, program, inputs, config=None, unsigned long long start_ns=0):
         """Like dispatch, also returning the stage durations (ns) aligned with STAGES.
@@ -1044,7 +1087,11 @@ cdef class Core:
         cdef unsigned long long marks[N_MARKS]
         memset(marks, 0, sizeof(marks))
         marks[M_START] = start_ns
-        outs = self._blocking(program, inputs, config, None, marks)
+        self._enter()
+        try:
+            outs = self._blocking(program, inputs, config, None, marks)
+        finally:
+            self.busy -= 1
         return outs, _stage_durations(marks)
 
     cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks):
@@ -1101,9 +1148,13 @@ cdef class Core:
 
     def dispatch_async(self, program, inputs, config=None, bint timed=False):
         """Enqueue and return the PendingDispatch that owns everything the GPU still uses."""
-        if self.trace & TRACE_NVTX:
-            return _nvtx_async(self, program, inputs, config, timed)
-        return self._async(program, inputs, config, timed)
+        self._enter()
+        try:
+            if self.trace & TRACE_NVTX:
+                return _nvtx_async(self, program, inputs, config, timed)
+            return self._async(program, inputs, config, timed)
+        finally:
+            self.busy -= 1
 
     cdef PendingDispatch _async(self, program, inputs, config, bint timed):
         cdef PendingDispatch d
@@ -1125,7 +1176,7 @@ cdef class Core:
 
     def dispatch_timed(self, program, inputs, config=None):
         cdef PendingDispatch pending = self.dispatch_async(program, inputs, config, True)
-        return pending.timed_result()
+        return pending.timed_result(pending.prep.timeout)  # a blocking call: the config's timeout
 
 
 def _nvtx_label(program, config):
@@ -1251,11 +1302,12 @@ cdef unsigned long long _timeout_ns(timeout) except? 0:
     return <unsigned long long>t if t > 1 else 1
 
 
-def _timeout_error(Prepared p, pending):
+def _timeout_error(timeout, pending):
     err = DispatchFailed(
-        f"the dispatch did not complete within its timeout of {p.timeout} s",
-        "raise DispatchConfig(timeout=...), or wait on the PendingDispatch in this error's "
-        ".pending attribute; its resources stay owned by it until it completes",
+        f"the dispatch did not complete within its timeout of {timeout} s",
+        "raise DispatchConfig(timeout=...) (or result(timeout=...)), or wait on the PendingDispatch "
+        "in this error's .pending attribute (its result() waits without bound by default); its "
+        "resources stay owned by it until it completes",
         status="timeout", call="wait",
     )
     err.pending = pending
@@ -1768,13 +1820,15 @@ cdef class PendingDispatch:
             bind_context(self.core.ctx)  # results may be taken on another thread
         return 0
 
-    cdef int _wait(self) except -1:
+    cdef int _wait(self, timeout) except -1:
         cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
         cdef int outcome
         if self.completed:
             return 0
-        if self.prep.timeout is not None:
-            self.deadline = now_ns() + _timeout_ns(self.prep.timeout)
+        if timeout is None and not self.timed_out:
+            timeout = self.prep.timeout  # the dispatch's own timeout, until it has expired once
+        self.wait_timeout = _check_timeout(timeout)
+        self.deadline = 0 if self.wait_timeout is None else now_ns() + _timeout_ns(self.wait_timeout)
         with nogil:
             outcome = _wait_nogil(self, &st)
         self.core._after_wait(self, outcome, st, b"cuEventQuery")
@@ -1810,55 +1864,78 @@ cdef class PendingDispatch:
             return False
         self.core._fail(self, status, b"cuEventQuery")
 
-    def result(self):
-        """Wait, then return the outputs as new numpy arrays (declaration order)."""
-        if self.traced:
-            vyre_nvtx_push(b"result", S_RESULT)
-            try:
-                return self._result()
-            finally:
-                vyre_nvtx_pop()
-        return self._result()
+    def result(self, timeout=None):
+        """Wait, then return the outputs as new numpy arrays (declaration order).
 
-    cdef object _result(self):
+        ``timeout`` (seconds) bounds this wait. None (the default) applies the dispatch's
+        ``DispatchConfig(timeout=...)`` until that has expired once, and then waits until the GPU
+        is done (as ``concurrent.futures.Future.result()`` does): after a timeout error, calling
+        ``result()`` on its ``.pending`` waits for the end. On expiry, ``DispatchFailed`` (status
+        ``"timeout"``) is raised and this handle still owns the work."""
+        cdef Core core = self.core
+        core.busy += 1
+        try:
+            if self.traced:
+                vyre_nvtx_push(b"result", S_RESULT)
+                try:
+                    return self._result(timeout)
+                finally:
+                    vyre_nvtx_pop()
+            return self._result(timeout)
+        finally:
+            core.busy -= 1
+
+    cdef object _result(self, timeout):
         self._take()
-        self._wait()
+        self._wait(timeout)
         outs = self.core._new_outputs(self.prep)
         self._collect(outs)
         self._finish()
         return outs
 
-    def result_into(self, outputs):
-        """Wait, then copy the outputs into the caller's arrays (checked) and return them."""
-        if self.traced:
-            vyre_nvtx_push(b"result", S_RESULT)
-            try:
-                return self._result_into(outputs)
-            finally:
-                vyre_nvtx_pop()
-        return self._result_into(outputs)
+    def result_into(self, outputs, timeout=None):
+        """Wait, then copy the outputs into the caller's arrays (checked) and return them.
+        ``timeout`` as for :meth:`result`."""
+        cdef Core core = self.core
+        core.busy += 1
+        try:
+            if self.traced:
+                vyre_nvtx_push(b"result", S_RESULT)
+                try:
+                    return self._result_into(outputs, timeout)
+                finally:
+                    vyre_nvtx_pop()
+            return self._result_into(outputs, timeout)
+        finally:
+            core.busy -= 1
 
-    cdef object _result_into(self, outputs):
+    cdef object _result_into(self, outputs, timeout):
         outputs = as_output_list(outputs)
         self._take()
         stream = <uintptr_t>self.prep.ext_stream if self.prep.ext else None
         self.out_checked = check_outputs(self.prep.plan, outputs, self.core.device, stream)
-        self._wait()
+        self._wait(timeout)
         self._collect(outputs)
         self._finish()
         return outputs
 
-    def timed_result(self):
-        """Wait; return TimedDispatchResult(outputs, wall_ns, device_ns, enqueue_ns, wait_ns)."""
-        if self.traced:
-            vyre_nvtx_push(b"result", S_RESULT)
-            try:
-                return self._timed_result()
-            finally:
-                vyre_nvtx_pop()
-        return self._timed_result()
+    def timed_result(self, timeout=None):
+        """Wait; return TimedDispatchResult(outputs, wall_ns, device_ns, enqueue_ns, wait_ns).
+        ``timeout`` as for :meth:`result`."""
+        cdef Core core = self.core
+        core.busy += 1
+        try:
+            if self.traced:
+                vyre_nvtx_push(b"result", S_RESULT)
+                try:
+                    return self._timed_result(timeout)
+                finally:
+                    vyre_nvtx_pop()
+            return self._timed_result(timeout)
+        finally:
+            core.busy -= 1
 
-    cdef object _timed_result(self):
+    cdef object _timed_result(self, timeout):
         cdef float ms = 0
         cdef unsigned long long t_wait0
         if not self.f.timed and not self.consumed:
@@ -1868,7 +1945,7 @@ cdef class PendingDispatch:
             )
         self._take()
         t_wait0 = now_ns()
-        self._wait()
+        self._wait(timeout)
         check_cu(cydriver.cuEventElapsedTime(&ms, self.f.t0, self.f.t1), b"cuEventElapsedTime")
         outs = self.core._new_outputs(self.prep)
         self._collect(outs)
@@ -1902,6 +1979,13 @@ cdef class PendingDispatch:
             self.settled = True
             self.consumed = True
             self.core.outstanding -= 1
+            if self.core.outstanding == 0 and self.core.on_settled is not None:
+                # the last owner after close(): the backend's context reference goes back now
+                callback, self.core.on_settled = self.core.on_settled, None
+                try:
+                    callback()
+                except BaseException:  # (noexcept: a failed release is logged by the callback)
+                    pass
 
     @property
     def route(self):
@@ -1941,7 +2025,7 @@ cdef class PendingDispatch:
                 self.core._leak(self.prep, &self.f)
             if pushed:
                 cydriver.cuCtxPopCurrent(&prev)
-            self._settle()
+            self._settle()  # (after the pop: the last settle may release the context)
         if self.nvtx_started:
             self.nvtx_started = False
             vyre_nvtx_end(self.nvtx_range)

@@ -33,6 +33,10 @@ inline void cpu_relax() {
 #endif
 }
 
+// The ring pointer is published once, after its events exist: readers that find it set see them.
+inline char* load_acquire(char** p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+inline void store_release(char** p, char* v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
 // One copy of a job: src == nullptr means "zero n bytes at dst".
 struct CopyTask {
     char* dst;

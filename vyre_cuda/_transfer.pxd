@@ -1,3 +1,4 @@
+from libcpp.mutex cimport mutex
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
@@ -9,6 +10,8 @@ cdef extern from "_transfer.hpp" namespace "vyre" nogil:
         size_t n
 
     void stream_copy(char* dst, const char* src, size_t n)
+    char* load_acquire(char** p)
+    void store_release(char** p, char* v)
 
     cdef cppclass CopyPool:
         void configure(int threads, size_t min_split)
@@ -66,6 +69,7 @@ cdef struct Piece:
 
 cdef class TransferEngine:
     cdef cydriver.CUcontext ctx
+    cdef mutex ring_mu  # creation and freeing of the ring (read without it once set: release/acquire)
     cdef CopyPool pool
     cdef SlotTable slots
     cdef char* ring

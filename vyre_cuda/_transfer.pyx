@@ -23,6 +23,7 @@ from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
 from ._driver cimport check_cu, bind_context, now_ns
+from ._pools cimport lock_with_gil
 
 cdef enum:
     WINDOW_ALIGN = 64 << 10
@@ -315,32 +316,47 @@ cdef class TransferEngine:
         self.stream_readback_max = 0
 
     cdef int ensure_ring(self) except -1:
+        """Allocate the ring and its events once. Two threads' first large dispatches may arrive
+        together: the allocation runs under ``ring_mu`` so exactly one ring exists, and the
+        pointer is published only after its events (a dispatch that read one ring while another
+        replaced it would DMA a window from the wrong ring)."""
         cdef void* ptr = NULL
-        cdef cydriver.CUevent ev
+        cdef cydriver.CUevent ev = NULL
         cdef size_t nbytes = self.chunk_bytes * <size_t>self.n_chunks
-        cdef int _k
-        if self.ring != NULL:
+        cdef int k
+        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+        cdef const char* call = b"cuMemHostAlloc"
+        cdef bint closed
+        if load_acquire(&self.ring) != NULL:
             return 0
-        if self.closed:
-            from .errors import ValidationError
-            raise ValidationError("this backend's transfer engine is closed", "create a new CudaBackend()")
         with nogil:
             bind_context(self.ctx)
-            check_cu(cydriver.cuMemHostAlloc(&ptr, nbytes, cydriver.CU_MEMHOSTALLOC_PORTABLE), b"cuMemHostAlloc")
-        self.pinned_alloc_calls += 1
-        try:
-            for _k in range(self.n_chunks):
-                with nogil:
-                    check_cu(cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING), b"cuEventCreate")
-                self.events.push_back(ev)
-        except BaseException:
-            for ev in self.events:
-                cydriver.cuEventDestroy(ev)
-            self.events.clear()
-            cydriver.cuMemFreeHost(ptr)
-            raise
-        self.ring = <char*>ptr
-        self.ring_bytes = nbytes
+        lock_with_gil(self.ring_mu)
+        closed = self.closed
+        if self.ring == NULL and not closed:
+            with nogil:
+                st = cydriver.cuMemHostAlloc(&ptr, nbytes, cydriver.CU_MEMHOSTALLOC_PORTABLE)
+                if st == cydriver.CUDA_SUCCESS:
+                    call = b"cuEventCreate"
+                    for k in range(self.n_chunks):
+                        st = cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING)
+                        if st != cydriver.CUDA_SUCCESS:
+                            break
+                        self.events.push_back(ev)
+                    if st != cydriver.CUDA_SUCCESS:
+                        for k in range(<int>self.events.size()):
+                            cydriver.cuEventDestroy(self.events[k])
+                        self.events.clear()
+                        cydriver.cuMemFreeHost(ptr)
+                    else:
+                        self.pinned_alloc_calls += 1
+                        self.ring_bytes = nbytes
+                        store_release(&self.ring, <char*>ptr)
+        self.ring_mu.unlock()
+        if closed:
+            from .errors import ValidationError
+            raise ValidationError("this backend's transfer engine is closed", "create a new CudaBackend()")
+        check_cu(st, call)
         return 0
 
     cdef void wake(self) noexcept nogil:
@@ -584,20 +600,25 @@ cdef class TransferEngine:
             self.pool.stop()
 
     def close(self):
-        """Join the copy threads and free the ring (idempotent). Call when nothing is in flight."""
-        cdef cydriver.CUevent ev
+        """Join the copy threads and free the ring (idempotent). The backend calls it once no
+        dispatch of its own is running (a ring slot is used only inside a dispatch call)."""
+        cdef char* ring
+        cdef vector[cydriver.CUevent] events
+        cdef size_t i
+        lock_with_gil(self.ring_mu)
         self.closed = True
+        ring = self.ring
+        self.ring = NULL
+        events.swap(self.events)
+        self.ring_bytes = 0
+        self.ring_mu.unlock()
         with nogil:
             self.pool.stop()
-        if self.ring != NULL:
-            with nogil:
+            if ring != NULL:
                 bind_context(self.ctx)
-            for ev in self.events:
-                cydriver.cuEventDestroy(ev)
-            self.events.clear()
-            cydriver.cuMemFreeHost(self.ring)
-            self.ring = NULL
-            self.ring_bytes = 0
+                for i in range(events.size()):
+                    cydriver.cuEventDestroy(events[i])
+                cydriver.cuMemFreeHost(ring)
 
     def __dealloc__(self):
         # dropped without close(): join the threads (they never need the GIL), free the ring

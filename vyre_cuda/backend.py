@@ -6,7 +6,9 @@ import contextlib
 import dataclasses
 import logging
 import os
+import sys
 import threading
+import time
 
 import numpy as np
 
@@ -228,7 +230,7 @@ class CudaBackend:
         return self._core.dispatch_profiled(program, inputs, config, start_ns)
 
     def _check_open(self):
-        if self._closed:
+        if self._closed or self._core.closed:
             raise ValidationError(
                 "this CudaBackend is closed",
                 "create a new CudaBackend() (or use it inside its `with` block)",
@@ -338,11 +340,18 @@ class CudaBackend:
     # ------------------------------------------------------------------ lifecycle
     def trim(self) -> None:
         """Free every cached device allocation and pinned staging buffer, and give the
-        stream-ordered pool's unused memory back to the driver (the staging ring stays)."""
+        stream-ordered pool's unused memory back to the driver (the staging ring stays).
+
+        Safe from any thread at any time: memory that dispatches in flight use stays theirs."""
         self._check_open()
-        self._core.dpool.trim()
-        self._core.ppool.trim()
-        self._core.opool.trim()
+        core = self._core
+        core.enter()  # (close() waits for a trim in progress)
+        try:
+            core.dpool.trim()
+            core.ppool.trim()
+            core.opool.trim()
+        finally:
+            core.leave()
 
     @contextlib.contextmanager
     def register(self, array):
@@ -374,23 +383,27 @@ class CudaBackend:
                 _driver.host_unregister(address)
 
     def close(self) -> None:
-        """Wait for outstanding work, free pools and modules, release the context. Idempotent."""
+        """Refuse new work, wait for the calls other threads are running, then free the pools,
+        the staging ring, the streams and the modules and release the context. Idempotent.
+
+        Dispatches that other threads are running end first (each within its own timeout; the
+        wait can be interrupted with Ctrl-C, and close() called again). The GPU work of
+        ``dispatch_async`` handles still held is waited for too; their results can no longer
+        be taken, and the context reference goes back when the last of them is dropped."""
         if self._closed:
             return
-        self._closed = True
         core = self._core
-        core.closed = True
+        core.closed = True  # from here on every new call is refused with the closed error
+        while core.busy:  # a short poll, GIL released: Ctrl-C interrupts it
+            time.sleep(0.0002)
+        if self._closed:  # another thread's close() finished meanwhile
+            return
+        self._closed = True
         core.clear_prepared()
-        if core.outstanding:
-            log.warning(
-                "CudaBackend.close: %d dispatch(es) still pending; their resources are freed when "
-                "their PendingDispatch handles are dropped",
-                core.outstanding,
-            )
         if core.lost is None:
             try:
                 _driver.make_current(self._ctx)
-                _driver.context_synchronize()
+                _driver.context_synchronize()  # every dispatch's GPU work, pending handles' too
                 core.dpool.close()
                 core.ppool.close()
                 core.opool.close()
@@ -403,13 +416,38 @@ class CudaBackend:
         core.xfer.stop_threads()
         self._modules.clear()
         if core.lost is not None or core.outstanding == 0:
-            # a lost backend gives its context back too: the last release destroys a faulted context
-            try:
-                _driver.release_primary_context(self.device)
+            self._release_context()
+        else:
+            # handles still hold slabs and streams (freed as they are dropped, since the pools are
+            # closed); the last one to go gives the context back
+            log.info("CudaBackend.close: %d dispatch handle(s) still held", core.outstanding)
+            core.on_settled = self._release_context
+
+    def _release_context(self):
+        core = self._core
+        if core.lost is None:
+            try:  # what the last handles gave back after close(): the stream-ordered pool
+                _driver.make_current(self._ctx)
+                core.dpool.close()
             except BackendError as exc:
                 log.warning("CudaBackend.close: %s", exc.message)
-            if core.lost is not None:
-                core.forget_context()  # what the pools still hold died with the context
+        # a lost backend gives its context back too: the last release destroys a faulted context
+        try:
+            _driver.release_primary_context(self.device)
+        except BackendError as exc:
+            log.warning("CudaBackend.close: %s", exc.message)
+        if core.lost is not None:
+            core.forget_context()  # what the pools still hold died with the context
+
+    def __del__(self):
+        # dropped without close(): free everything (not at interpreter exit, when the driver
+        # library may already be gone)
+        if getattr(self, "_closed", True) or sys.is_finalizing():
+            return
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (a finalizer must not raise)
+            pass
 
     def __enter__(self):
         return self

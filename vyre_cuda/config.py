@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, fields
 
@@ -242,6 +243,15 @@ class DispatchConfig:
     @property
     def iterations(self) -> int:
         return self.fixpoint_iterations or 1
+
+    def _without_stream_object(self) -> DispatchConfig:
+        """An equal config that does not keep the caller's stream object alive (the plan cache
+        stores this one: a cached plan must not hold a stream the caller dropped)."""
+        if "_stream_source" not in self.__dict__:
+            return self
+        keyed = copy.copy(self)
+        object.__delattr__(keyed, "_stream_source")
+        return keyed
 
 
 _DEFAULT = DispatchConfig()
