@@ -93,12 +93,9 @@ cdef int _attr(cydriver.CUdevice dev, cydriver.CUdevice_attribute attr) except? 
     return value
 
 
-def device_caps(int ordinal):
-    """The attributes vyre_cuda plans with, as a dict of DeviceCaps fields."""
-    cdef cydriver.CUdevice dev
-    cdef char name[256]
-    cdef char bus[64]
-    cdef size_t total = 0
+def check_ordinal(ordinal):
+    """Raise ValidationError unless ``ordinal`` names a device the driver sees (every entry
+    point that takes a device calls this before its first per-device driver call)."""
     init_driver()
     count = device_count()
     if ordinal < 0 or ordinal >= count:
@@ -107,6 +104,15 @@ def device_caps(int ordinal):
             f"device {ordinal} does not exist; the driver sees {count} device(s)",
             f"pass a device ordinal in 0..{count - 1}",
         )
+
+
+def device_caps(int ordinal):
+    """The attributes vyre_cuda plans with, as a dict of DeviceCaps fields."""
+    cdef cydriver.CUdevice dev
+    cdef char name[256]
+    cdef char bus[64]
+    cdef size_t total = 0
+    check_ordinal(ordinal)
     check_cu(cydriver.cuDeviceGet(&dev, ordinal), b"cuDeviceGet")
     memset(name, 0, sizeof(name))
     memset(bus, 0, sizeof(bus))
@@ -143,7 +149,7 @@ def retain_primary_context(int ordinal):
     cdef cydriver.CUdevice dev
     cdef cydriver.CUcontext ctx
     cdef cydriver.CUresult status
-    init_driver()
+    check_ordinal(ordinal)
     check_cu(cydriver.cuDeviceGet(&dev, ordinal), b"cuDeviceGet")
     with nogil:
         check_cu(cydriver.cuDevicePrimaryCtxRetain(&ctx, dev), b"cuDevicePrimaryCtxRetain")
@@ -164,7 +170,7 @@ def release_primary_context(int ordinal):
 def reset_primary_context(int ordinal):
     """Destroy this process's primary context on the device (recovery after a kernel fault)."""
     cdef cydriver.CUdevice dev
-    init_driver()
+    check_ordinal(ordinal)
     check_cu(cydriver.cuDeviceGet(&dev, ordinal), b"cuDeviceGet")
     with nogil:
         check_cu(cydriver.cuDevicePrimaryCtxReset(dev), b"cuDevicePrimaryCtxReset")

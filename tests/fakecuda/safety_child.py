@@ -1,0 +1,318 @@
+"""Child of tests/test_safety.py: one thread-safety or lifetime case per process, on the fake CUDA
+driver (so a crash before a fix is that case's failure, not the suite's).
+
+    python safety_child.py <case> <seed>
+
+Prints one JSON object: {"ok": bool, "detail": text}.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import sys
+import threading
+import time
+import traceback
+import weakref
+
+import numpy as np
+
+import vyre_cuda as vc
+from fakecuda import FakeDriver, vecadd_emulation
+from vyre_cuda import builtin_programs as bp
+from vyre_cuda import hostmem
+
+VECADD = bp.vecadd_f32()
+CASES = {}
+FAKE = FakeDriver()
+RNG = np.random.default_rng(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def backend(**kw):
+    b = vc.CudaBackend(0, **kw)
+    x = np.zeros(16, np.float32)
+    FAKE.emulate(b, VECADD, [x, x], vecadd_emulation(np.float32))
+    return b
+
+
+def pair(n):
+    return RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(n).astype(np.float32)
+
+
+def on_threads(n, fn):
+    """Run fn(i) on n threads started together; re-raise the first exception."""
+    errors = []
+    barrier = threading.Barrier(n)
+
+    def run(i):
+        try:
+            barrier.wait()
+            fn(i)
+        except BaseException as exc:  # noqa: BLE001 (re-raised below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+@case
+def first_large_dispatches_on_many_threads_make_one_ring():
+    # eight threads' first staged dispatches arrive together: one ring, every window from it
+    for _ in range(3):
+        g = backend(staging_chunk_bytes=1 << 20, staging_chunks=2)
+        data = [pair(1 << 20) for _ in range(8)]
+        wrong = []
+
+        def work(i):
+            a, b = data[i]
+            (out,) = g.dispatch(VECADD, [a, b])
+            if not np.array_equal(out, a + b):
+                wrong.append(int(np.count_nonzero(out != a + b)))
+
+        on_threads(8, work)
+        rings = g._core.xfer.pinned_alloc_calls
+        g.close()
+        assert not wrong, f"wrong elements per thread: {wrong}"
+        assert rings == 1, f"{rings} staging rings were allocated for one backend"
+
+
+@case
+def trim_in_a_loop_while_three_threads_dispatch():
+    g = backend(staging_chunk_bytes=1 << 20, staging_chunks=2)
+    stop = threading.Event()
+    trims = [0]
+    wrong = []
+
+    def trimmer():
+        while not stop.is_set():
+            g.trim()
+            trims[0] += 1
+
+    def work(i):
+        rng = np.random.default_rng(i)
+        for k in range(150):
+            n = int(rng.integers(1, 600_000)) if k % 3 else 1_000
+            a, b = pair(n)
+            (out,) = g.dispatch(VECADD, [a, b])
+            if not np.array_equal(out, a + b):
+                wrong.append(n)
+
+    t = threading.Thread(target=trimmer)
+    t.start()
+    try:
+        on_threads(3, work)
+    finally:
+        stop.set()
+        t.join()
+    snap = g.telemetry.snapshot()
+    g.close()
+    assert not wrong, f"wrong results at sizes {wrong[:5]}"
+    assert trims[0] > 10, f"only {trims[0]} trims ran"
+    assert snap["device_pool_live_bytes"] == 0 and snap["streams_live"] == 0, snap
+
+
+@case
+def page_locked_arrays_churn_while_another_thread_trims():
+    base = FAKE.stats()
+    stop = threading.Event()
+    bad = []
+
+    def trimmer():
+        while not stop.is_set():
+            hostmem.trim_pinned_pool()
+
+    def churn(i):
+        rng = np.random.default_rng(100 + i)
+        for _ in range(1500):
+            n = int(rng.integers(1, 1 << 20))
+            x = vc.pinned_empty(n, np.uint8)
+            x[:] = i + 1
+            if not (x == i + 1).all():
+                bad.append(n)
+            del x
+
+    t = threading.Thread(target=trimmer)
+    t.start()
+    try:
+        on_threads(2, churn)
+    finally:
+        stop.set()
+        t.join()
+    gc.collect()
+    stats = hostmem.pinned_pool_stats()
+    assert not bad, f"arrays that lost their bytes: {bad[:5]}"
+    assert stats["live_bytes"] == 0, stats
+    hostmem.trim_pinned_pool()
+    stats = hostmem.pinned_pool_stats()
+    assert stats["cached_bytes"] == 0 and stats["allocated_bytes"] == 0, stats
+    after = FAKE.stats()
+    assert after["violations"] == base["violations"], FAKE.last_violation()
+    assert after["host_allocs"] == base["host_allocs"], (
+        f"{after['host_allocs'] - base['host_allocs']} page-locked allocations never freed"
+    )
+
+
+@case
+def close_while_threads_dispatch_through_the_ring():
+    base = FAKE.stats()
+    g = backend(staging_chunk_bytes=1 << 20, staging_chunks=2)
+    wrong, refused, other = [], [0], []
+
+    inputs = [pair(1 << 20) for _ in range(4)]  # 4 MiB per buffer: through the staging ring
+
+    def work(i):
+        a, b = inputs[i]
+        for _ in range(400):
+            try:
+                (out,) = g.dispatch(VECADD, [a, b])
+            except vc.ValidationError as exc:
+                if "closed" not in exc.message:
+                    raise
+                refused[0] += 1
+                return
+            except vc.BackendError as exc:
+                other.append(f"{type(exc).__name__}: {exc}")
+                return
+            if not np.array_equal(out, a + b):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)
+    g.close()  # the three threads are mid-dispatch
+    for t in threads:
+        t.join()
+    gc.collect()
+    after = FAKE.stats()
+    assert not wrong and not other, (wrong, other)
+    assert refused[0] == 4, f"{refused[0]} of 4 threads were refused after close"
+    for name in ("device_allocs", "host_allocs", "streams", "events", "context_refs", "modules"):
+        assert after[name] == base[name], f"{name}: {after[name] - base[name]} left after close"
+
+
+class CallerStream:
+    """A caller's stream object (cuda.core's protocol) that owns a driver stream."""
+
+    def __init__(self):
+        handle = ctypes.c_void_p()
+        assert FAKE.lib.cuStreamCreate(ctypes.byref(handle), 1) == 0
+        self.handle = handle.value
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+    def __del__(self):
+        FAKE.lib.cuStreamDestroy(ctypes.c_void_p(self.handle))
+
+
+@case
+def dropped_caller_streams_are_not_kept_alive():
+    g = backend()
+    a, b = pair(1000)
+    g.dispatch(VECADD, [a, b])  # the context is current on this thread now
+    base = FAKE.stats()["streams"]
+    refs = []
+    for _ in range(50):
+        s = CallerStream()
+        refs.append(weakref.ref(s))
+        (out,) = g.dispatch(VECADD, [a, b], vc.DispatchConfig(stream=s))
+        assert np.array_equal(out, a + b)
+        p = g.dispatch_async(VECADD, [a, b], vc.DispatchConfig(stream=s))
+        del s  # the pending dispatch keeps it alive until it completes
+        assert np.array_equal(p.result()[0], a + b)
+        del p
+    gc.collect()
+    alive = sum(r() is not None for r in refs)
+    streams = FAKE.stats()["streams"] - base
+    for _ in range(100):  # many more streams: the plans made for them stay bounded
+        s = CallerStream()
+        g.dispatch(VECADD, [a, b], vc.DispatchConfig(stream=s))
+        del s
+    plans = g.telemetry.snapshot()["prepared_plans"]
+    g.close()
+    assert alive == 0, f"{alive} of 50 dropped caller streams are still alive"
+    assert streams == 0, f"{streams} driver streams of dropped caller streams still exist"
+    assert plans <= 66, f"{plans} plans cached after 150 caller streams"
+
+
+@case
+def close_with_a_pending_handle_gives_the_context_back_when_it_is_dropped():
+    base = FAKE.stats()
+    g = backend()
+    a, b = pair(1000)
+    p = g.dispatch_async(VECADD, [a, b])
+    g.close()
+    held = FAKE.stats()["context_refs"] - base["context_refs"]
+    del p
+    gc.collect()
+    after = FAKE.stats()
+    assert held >= 1, "close() released the context while a handle still held resources in it"
+    for name in ("context_refs", "device_allocs", "streams", "events"):
+        assert after[name] == base[name], f"{name}: {after[name] - base[name]} left once the handle was dropped"
+
+
+@case
+def pinned_arrays_on_a_missing_device_are_a_validation_error():
+    for bad in (5, -1):
+        try:
+            vc.pinned_empty(16, np.float32, device=bad)
+        except vc.ValidationError as exc:
+            assert str(bad) in exc.message and "Fix:" in str(exc), str(exc)
+        else:
+            raise AssertionError(f"pinned_empty(device={bad}) on a one-device machine was not refused")
+    x = vc.pinned_empty(16, np.float32, device=0)
+    assert vc.is_page_locked(x)
+
+
+@case
+def result_after_a_timeout_waits_for_the_end():
+    g = backend()
+    a, b = pair(1000)
+    FAKE.fail("cuEventQuery", "CUDA_ERROR_NOT_READY", sticky=True)
+    p = g.dispatch_async(VECADD, [a, b], vc.DispatchConfig(timeout=0.05))
+    try:
+        p.result()
+        raise AssertionError("the dispatch's own timeout did not apply to its first wait")
+    except vc.DispatchFailed as exc:
+        assert exc.status == "timeout" and exc.pending is p
+    t0 = time.perf_counter()
+    try:
+        p.result(timeout=0.02)
+        raise AssertionError("result(timeout=0.02) did not time out")
+    except vc.DispatchFailed as exc:
+        assert exc.status == "timeout" and "0.02" in exc.message, exc.message
+    threading.Timer(0.3, FAKE.clear_failures).start()
+    (out,) = p.result()  # after a timeout: waits for the end, however long
+    waited = time.perf_counter() - t0
+    g.close()
+    assert np.array_equal(out, a + b)
+    assert waited >= 0.25, f"returned after {waited:.3f} s, before the work was done"
+
+
+def main():
+    name = sys.argv[1]
+    try:
+        CASES[name]()
+        result = {"ok": True, "detail": ""}
+    except BaseException as exc:  # noqa: BLE001 (reported to the parent)
+        result = {"ok": False, "detail": "".join(traceback.format_exception(exc))[-3000:]}
+    if FAKE.hook_errors:
+        result = {"ok": False, "detail": f"emulation errors: {FAKE.hook_errors[:3]}"}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""Concurrency stress: several backends on one device, several threads each, while other threads
+close and replace backends, trim them, churn page-locked arrays and drop the plan caches.
+
+Every output is checked against numpy on fresh random data. The run counts wrong results,
+unexpected errors and what is left behind (pool bytes, streams, events, threads); a crash is the
+process dying, so callers run this file as a child process:
+
+    python tests/stress.py --seed 7 --backends 2 --threads 2 --dispatches 400 [--fake]
+
+``--fake``: the child runs on the fake CUDA driver (tests/fakecuda), which also counts the driver
+objects and primary-context references left at the end. Prints one JSON object.
+
+Seeded: the same seed replays the same sizes, operations and chaos schedule per thread (thread
+interleaving itself is the machine's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+
+import vyre_cuda as vc
+from vyre_cuda import builtin_programs as bp
+from vyre_cuda import hostmem
+
+VECADD = bp.vecadd_f32()
+OPS = ("dispatch", "dispatch_into", "dispatch_async", "device_input", "pinned_input")
+CHAOS = ("trim", "close", "pinned", "clear_prepared")
+LIVE = ("device_pool_live_bytes", "pinned_pool_live_bytes", "streams_live", "events_live")
+
+
+class Stress:
+    def __init__(self, args):
+        self.args = args
+        self.fake = None
+        if args.fake:
+            from fakecuda import FakeDriver, vecadd_emulation  # noqa: PLC0415 (only in a fake child)
+
+            self.fake = FakeDriver()
+            self._emulation = vecadd_emulation(np.float32)
+        self.lock = threading.Lock()  # guards the backend slots and the counts
+        self.base = self.fake.stats() if self.fake is not None else None
+        self.pinned_pool_before = 0 in hostmem._pools  # (it keeps a context reference for the process)
+        self.slots = [self._new_backend() for _ in range(args.backends)]
+        self.retired = []  # closed backends: checked for leaks at the end
+        self.counts = dict.fromkeys(
+            ("dispatches", "checked", "wrong", "errors", "refused", "closes", "trims", "pinned_arrays", "clears"), 0
+        )
+        self.by_op = dict.fromkeys(OPS, 0)
+        self.failures = []  # the first few wrong results and unexpected errors, described
+        self.stop = threading.Event()
+
+    # ---------------------------------------------------------------- setup
+    def _new_backend(self):
+        backend = vc.CudaBackend(
+            0, staging_chunk_bytes=self.args.chunk_mib << 20, staging_chunks=self.args.chunks
+        )
+        if self.fake is not None:
+            x = np.zeros(1024, np.float32)
+            self.fake.emulate(backend, VECADD, [x, x], self._emulation)
+        return backend
+
+    def _count(self, name, n=1):
+        with self.lock:
+            self.counts[name] += n
+
+    def _fail(self, what):
+        with self.lock:
+            if len(self.failures) < 10:
+                self.failures.append(what)
+
+    # ---------------------------------------------------------------- workers
+    def _size(self, rng) -> int:
+        """Elements per buffer: log-uniform from 1 KiB to the profile's largest buffer, so both
+        sides of the small-path / staging-ring boundary are hit often."""
+        lo, hi = np.log2(1 << 10), np.log2(self.args.max_mib << 20)
+        return max(1, int(2 ** rng.uniform(lo, hi)) // 4)
+
+    def worker(self, index: int, seed: int):
+        rng = np.random.default_rng(seed)
+        slot = index % len(self.slots)
+        for _ in range(self.args.dispatches):
+            if self.stop.is_set():
+                return
+            n = self._size(rng)
+            op = OPS[rng.integers(len(OPS))]
+            a = rng.standard_normal(n).astype(np.float32)
+            b = rng.standard_normal(n).astype(np.float32)
+            with self.lock:
+                backend = self.slots[slot]
+            try:
+                got, want = self._run(op, backend, a, b, rng)
+            except vc.BackendError as exc:
+                if _is_closed_error(exc):
+                    self._count("refused")  # the backend was closed under us: expected
+                    continue
+                self._count("errors")
+                self._fail(f"{op} n={n}: {type(exc).__name__}: {exc}")
+                continue
+            except Exception as exc:  # noqa: BLE001 (counted and reported, never hidden)
+                self._count("errors")
+                self._fail(f"{op} n={n}: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}")
+                continue
+            self._count("dispatches")
+            with self.lock:
+                self.by_op[op] += 1
+            if got is None:
+                continue
+            self._count("checked")
+            if not np.array_equal(got, want):
+                bad = np.flatnonzero(got != want)
+                self._count("wrong")
+                self._fail(f"{op} n={n}: {bad.size} wrong elements, first {bad[0]}, last {bad[-1]}")
+
+    def _run(self, op, backend, a, b, rng):
+        if op == "dispatch":
+            return backend.dispatch(VECADD, [a, b])[0], a + b
+        if op == "dispatch_into":
+            out = np.empty_like(a)
+            backend.dispatch_into(VECADD, [a, b], [out])
+            return out, a + b
+        if op == "dispatch_async":
+            pending = backend.dispatch_async(VECADD, [a, b])
+            if rng.random() < 0.1:
+                del pending  # dropped un-awaited: waits, then recycles
+                return None, None
+            return pending.result()[0], a + b
+        if op == "device_input":
+            # an output kept on the device feeds the next dispatch as a device input
+            (dev,) = backend.dispatch(VECADD, [a, b], vc.DispatchConfig(outputs="device"))
+            c = rng.standard_normal(a.size).astype(np.float32)
+            return backend.dispatch(VECADD, [dev, c])[0], (a + b) + c
+        # pinned_input: page-locked inputs DMA directly (no staging copy)
+        pa = vc.pinned_empty(a.size, np.float32)
+        pa[:] = a
+        return backend.dispatch(VECADD, [pa, b])[0], a + b
+
+    # ---------------------------------------------------------------- chaos
+    def chaos(self, seed: int, kinds):
+        rng = np.random.default_rng(seed)
+        while not self.stop.is_set():
+            kind = kinds[rng.integers(len(kinds))]
+            slot = int(rng.integers(len(self.slots)))
+            try:
+                if kind == "trim":
+                    with self.lock:
+                        backend = self.slots[slot]
+                    backend.trim()
+                    self._count("trims")
+                elif kind == "close":
+                    if rng.random() < 0.2:  # closes are rarer: each one makes a new backend
+                        with self.lock:
+                            old = self.slots[slot]
+                        old.close()  # other threads are dispatching on it now
+                        new = self._new_backend()
+                        with self.lock:
+                            self.slots[slot] = new
+                            self.retired.append(old)
+                        self._count("closes")
+                elif kind == "pinned":
+                    n = int(rng.integers(1, 1 << 18))
+                    x = vc.pinned_empty(n, np.uint8)
+                    x[:] = 7
+                    if not (x == 7).all():
+                        self._count("wrong")
+                        self._fail("a page-locked array did not hold what was written")
+                    del x
+                    if rng.random() < 0.3:
+                        hostmem.trim_pinned_pool()
+                    self._count("pinned_arrays")
+                else:
+                    with self.lock:
+                        backend = self.slots[slot]
+                    backend._core.clear_prepared()
+                    self._count("clears")
+            except vc.BackendError as exc:
+                if not _is_closed_error(exc):
+                    self._count("errors")
+                    self._fail(f"chaos {kind}: {type(exc).__name__}: {exc}")
+            except Exception as exc:  # noqa: BLE001
+                self._count("errors")
+                self._fail(f"chaos {kind}: {type(exc).__name__}: {exc}")
+            time.sleep(float(rng.uniform(0, self.args.chaos_ms)) / 1000)
+
+    # ---------------------------------------------------------------- run and account
+    def run(self) -> dict:
+        args = self.args
+        before_threads = threading.active_count()
+        base = self.base
+        seeds = np.random.SeedSequence(args.seed).spawn(args.backends * args.threads + 1)
+        workers = [
+            threading.Thread(target=self.worker, args=(i, seeds[i]), name=f"stress-{i}")
+            for i in range(args.backends * args.threads)
+        ]
+        kinds = tuple(k for k in CHAOS if k in args.chaos.split(",")) if args.chaos else ()
+        chaos = threading.Thread(target=self.chaos, args=(seeds[-1], kinds)) if kinds else None
+        t0 = time.perf_counter()
+        for t in workers:
+            t.start()
+        if chaos:
+            chaos.start()
+        for t in workers:
+            t.join()
+        self.stop.set()
+        if chaos:
+            chaos.join()
+        seconds = time.perf_counter() - t0
+        leaks = {}
+        gc.collect()
+        for k, backend in enumerate(self.slots):
+            snap = backend.telemetry.snapshot()
+            for name in LIVE:
+                if snap[name]:
+                    leaks[f"backend {k} {name}"] = snap[name]
+            if backend._core.outstanding:
+                leaks[f"backend {k} outstanding"] = backend._core.outstanding
+        for backend in self.slots + self.retired:
+            backend.close()
+            if backend._core.xfer.live_threads:
+                leaks["copy threads after close"] = backend._core.xfer.live_threads
+        self.slots = self.retired = []
+        gc.collect()
+        hostmem.trim_pinned_pool()
+        pinned = hostmem.pinned_pool_stats()
+        if pinned["live_bytes"] or pinned["cached_bytes"]:
+            leaks["pinned array pool"] = pinned
+        time.sleep(0.05)  # joined threads leave the interpreter's count a moment later
+        if threading.active_count() > before_threads:
+            leaks["threads"] = threading.active_count() - before_threads
+        if self.fake is not None:
+            after = self.fake.stats()
+            if not self.pinned_pool_before and 0 in hostmem._pools:
+                after["context_refs"] -= 1  # the page-locked array pool's, held for the process
+            for name in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs", "mempools"):
+                if after[name] != base[name]:
+                    leaks[f"driver {name}"] = after[name] - base[name]
+            if after["violations"] != base["violations"]:
+                leaks["driver violations"] = self.fake.last_violation()
+            if self.fake.hook_errors:
+                self.failures.extend(self.fake.hook_errors[:3])
+        return dict(
+            self.counts,
+            by_op=self.by_op,
+            leaks=leaks,
+            failures=self.failures,
+            seconds=round(seconds, 2),
+            backends=args.backends,
+            threads=args.threads,
+        )
+
+
+def _is_closed_error(exc) -> bool:
+    return isinstance(exc, vc.ValidationError) and "closed" in exc.message
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backends", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="per backend")
+    ap.add_argument("--dispatches", type=int, default=200, help="per thread")
+    ap.add_argument("--max-mib", type=int, default=8, help="largest buffer, MiB")
+    ap.add_argument("--chaos", default=",".join(CHAOS), help="comma-separated: " + ", ".join(CHAOS))
+    ap.add_argument("--chaos-ms", type=float, default=5.0, help="mean pause between chaos actions")
+    ap.add_argument("--chunk-mib", type=int, default=1, help="staging ring chunk (small: many windows)")
+    ap.add_argument("--chunks", type=int, default=2)
+    ap.add_argument("--fake", action="store_true", help="running on the fake CUDA driver")
+    args = ap.parse_args(argv)
+    print(json.dumps(Stress(args).run()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
