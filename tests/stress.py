@@ -41,7 +41,7 @@ class Stress:
         self.args = args
         self.fake = None
         if args.fake:
-            from fakecuda import FakeDriver, vecadd_emulation  # noqa: PLC0415 (only in a fake child)
+            from fakecuda import FakeDriver, vecadd_emulation
 
             self.fake = FakeDriver()
             self._emulation = vecadd_emulation(np.float32)
@@ -59,9 +59,7 @@ class Stress:
 
     # ---------------------------------------------------------------- setup
     def _new_backend(self):
-        backend = vc.CudaBackend(
-            0, staging_chunk_bytes=self.args.chunk_mib << 20, staging_chunks=self.args.chunks
-        )
+        backend = vc.CudaBackend(0, staging_chunk_bytes=self.args.chunk_mib << 20, staging_chunks=self.args.chunks)
         if self.fake is not None:
             x = np.zeros(1024, np.float32)
             self.fake.emulate(backend, VECADD, [x, x], self._emulation)
@@ -85,21 +83,33 @@ class Stress:
 
     def worker(self, index: int, seed: int):
         rng = np.random.default_rng(seed)
+        # random data made once per thread; each dispatch takes its inputs at random offsets
+        # (drawing 16 M normals per dispatch would cost more than the dispatch)
+        most = (self.args.max_mib << 20) // 4
+        data = rng.standard_normal(3 * most + 1024).astype(np.float32)
+
+        def fresh(n):
+            at = int(rng.integers(0, data.size - n))
+            return data[at : at + n]
+
         slot = index % len(self.slots)
-        for _ in range(self.args.dispatches):
+        done = 0
+        while done < self.args.dispatches:
             if self.stop.is_set():
                 return
+            done += 1
             n = self._size(rng)
             op = OPS[rng.integers(len(OPS))]
-            a = rng.standard_normal(n).astype(np.float32)
-            b = rng.standard_normal(n).astype(np.float32)
+            a, b = fresh(n), fresh(n)
             with self.lock:
                 backend = self.slots[slot]
             try:
-                got, want = self._run(op, backend, a, b, rng)
+                got, want = self._run(op, backend, a, b, rng, fresh)
             except vc.BackendError as exc:
                 if _is_closed_error(exc):
-                    self._count("refused")  # the backend was closed under us: expected
+                    self._count("refused")  # the backend was closed under us: expected; retry
+                    done -= 1  # on its replacement (not counted as one of this thread's dispatches)
+                    time.sleep(0.001)
                     continue
                 self._count("errors")
                 self._fail(f"{op} n={n}: {type(exc).__name__}: {exc}")
@@ -119,7 +129,7 @@ class Stress:
                 self._count("wrong")
                 self._fail(f"{op} n={n}: {bad.size} wrong elements, first {bad[0]}, last {bad[-1]}")
 
-    def _run(self, op, backend, a, b, rng):
+    def _run(self, op, backend, a, b, rng, fresh):
         if op == "dispatch":
             return backend.dispatch(VECADD, [a, b])[0], a + b
         if op == "dispatch_into":
@@ -135,7 +145,7 @@ class Stress:
         if op == "device_input":
             # an output kept on the device feeds the next dispatch as a device input
             (dev,) = backend.dispatch(VECADD, [a, b], vc.DispatchConfig(outputs="device"))
-            c = rng.standard_normal(a.size).astype(np.float32)
+            c = fresh(a.size)
             return backend.dispatch(VECADD, [dev, c])[0], (a + b) + c
         # pinned_input: page-locked inputs DMA directly (no staging copy)
         pa = vc.pinned_empty(a.size, np.float32)

@@ -60,8 +60,20 @@ def test_stress(backends, threads, fake_libcuda, tmp_path_factory):
     against numpy, nothing left behind (tests/stress.py runs the long one on a GPU)."""
     seed = _seed()
     res = _child(
-        [TESTS / "stress.py", "--fake", "--seed", seed, "--backends", backends, "--threads", threads,
-         "--dispatches", 240 // (backends * threads) + 30, "--max-mib", 6],
+        [
+            TESTS / "stress.py",
+            "--fake",
+            "--seed",
+            seed,
+            "--backends",
+            backends,
+            "--threads",
+            threads,
+            "--dispatches",
+            240 // (backends * threads) + 30,
+            "--max-mib",
+            6,
+        ],
         fake_libcuda,
         tmp_path_factory,
         timeout=600,

@@ -149,6 +149,8 @@ cdef class BlockPool:
     def trim(self):
         """Free every cached block (the pool's context is made current first); a failed free
         raises the driver's error after every block was tried. Safe from any thread at any time."""
+        if self.free_blocks.empty():  # (a racy read: a block cached meanwhile waits for the next trim)
+            return
         if self.ctx != NULL:
             with nogil:
                 bind_context(self.ctx)

@@ -323,7 +323,7 @@ cdef class TransferEngine:
         cdef void* ptr = NULL
         cdef cydriver.CUevent ev = NULL
         cdef size_t nbytes = self.chunk_bytes * <size_t>self.n_chunks
-        cdef int k
+        cdef int k, _k
         cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
         cdef const char* call = b"cuMemHostAlloc"
         cdef bint closed
@@ -338,7 +338,7 @@ cdef class TransferEngine:
                 st = cydriver.cuMemHostAlloc(&ptr, nbytes, cydriver.CU_MEMHOSTALLOC_PORTABLE)
                 if st == cydriver.CUDA_SUCCESS:
                     call = b"cuEventCreate"
-                    for k in range(self.n_chunks):
+                    for _k in range(self.n_chunks):
                         st = cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING)
                         if st != cydriver.CUDA_SUCCESS:
                             break

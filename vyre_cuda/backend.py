@@ -163,6 +163,7 @@ class CudaBackend:
         _driver.init_driver()
         self._caps = DeviceCaps(**_driver.device_caps(self.device))
         self._ctx = _driver.retain_primary_context(self.device)
+        self._owns_context = True  # (the finalizer closes only a backend that retained a context)
         self._plan_lock = threading.RLock()
         self._core = Core(
             self._ctx,
@@ -442,12 +443,12 @@ class CudaBackend:
     def __del__(self):
         # dropped without close(): free everything (not at interpreter exit, when the driver
         # library may already be gone)
-        if getattr(self, "_closed", True) or sys.is_finalizing():
+        if not self.__dict__.get("_owns_context") or getattr(self, "_closed", True) or sys.is_finalizing():
             return
         try:
             self.close()
-        except Exception:  # noqa: BLE001 (a finalizer must not raise)
-            pass
+        except Exception as exc:  # noqa: BLE001 (a finalizer must not raise)
+            log.warning("CudaBackend finalizer: close() failed: %s", exc)
 
     def __enter__(self):
         return self

@@ -75,7 +75,7 @@ def first_large_dispatches_on_many_threads_make_one_ring():
         data = [pair(1 << 20) for _ in range(8)]
         wrong = []
 
-        def work(i):
+        def work(i, g=g, data=data, wrong=wrong):
             a, b = data[i]
             (out,) = g.dispatch(VECADD, [a, b])
             if not np.array_equal(out, a + b):

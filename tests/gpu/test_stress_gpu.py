@@ -1,0 +1,67 @@
+"""The concurrency stress (tests/stress.py) on a real GPU: several backends on one device times
+several threads, with close(), trim(), page-locked array churn and clear_prepared() running
+alongside, every output checked against numpy, nothing left behind. Each configuration runs in a
+child process, so a crash is counted as one.
+
+VYRE_CUDA_STRESS_DISPATCHES sets the dispatches per configuration (default 1,200 in all four;
+scripts/gpu-check runs the long profile: at least 20,000).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import vyre_cuda
+
+STRESS = pathlib.Path(__file__).resolve().parents[1] / "stress.py"
+ROOT = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]  # the package under test, for the child
+MATRIX = [(1, 4), (2, 2), (3, 2), (3, 4)]  # (backends on device 0, threads per backend)
+TOTAL = int(os.environ.get("VYRE_CUDA_STRESS_DISPATCHES", "1200"))
+
+
+def _seed() -> int:
+    fixed = os.environ.get("VYRE_CUDA_TEST_SEED", "").strip()
+    return int(fixed, 0) if fixed else int.from_bytes(os.urandom(4), "little")
+
+
+@pytest.mark.parametrize(("backends", "threads"), MATRIX, ids=[f"{b}x{t}" for b, t in MATRIX])
+def test_stress_on_the_gpu(backends, threads):
+    seed = _seed()
+    per_thread = -(-TOTAL // (len(MATRIX) * backends * threads))  # (rounded up: at least TOTAL in all)
+    args = [
+        sys.executable,
+        str(STRESS),
+        "--seed",
+        str(seed),
+        "--backends",
+        str(backends),
+        "--threads",
+        str(threads),
+        "--dispatches",
+        str(per_thread),
+        "--max-mib",
+        "64",
+        "--chunk-mib",
+        "8",
+        "--chunks",
+        "4",
+    ]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=1800, check=False, env=env, cwd="/")
+    assert proc.returncode == 0, f"seed {seed}: the stress child exited with {proc.returncode}:\n{proc.stderr[-4000:]}"
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    log = os.environ.get("VYRE_CUDA_STRESS_LOG")  # scripts/gpu-check collects one line per configuration
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps(dict(res, seed=seed)) + "\n")
+    where = f"seed {seed}: {res}"
+    assert res["wrong"] == 0 and res["errors"] == 0, where
+    assert res["leaks"] == {}, where
+    assert res["dispatches"] == per_thread * backends * threads, where
+    assert res["closes"] and res["trims"], where
