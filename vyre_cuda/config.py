@@ -147,8 +147,8 @@ class DispatchConfig:
         The launch element count of this dispatch (word 0), overriding the program's rule.
     autotune : bool
         Launch with the block width measured fastest for this program, device and size class
-        (:meth:`CudaBackend.tune`): read from the tuning cache, measured once on zero-filled
-        inputs when absent. Off by default; never applied with ``workgroup_override``,
+        (:meth:`CudaBackend.tune`): read from the tuning cache, measured once on the dispatch's
+        own inputs when absent. Off by default; never applied with ``workgroup_override``,
         ``grid_override``, a multi-dimensional block or a grid-sync / cooperative launch.
     stream : optional
         Run the dispatch on the caller's CUDA stream: an object with ``__cuda_stream__``
