@@ -12,6 +12,7 @@ is checked against its source, so its names and keywords are checked in every en
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import functools
 import importlib
@@ -21,6 +22,7 @@ import os
 import pathlib
 import re
 import subprocess
+import symtable
 import sys
 import types
 
@@ -181,6 +183,60 @@ def test_python_blocks_compile():
             compile(source, f"README.md (block at line {start})", "exec")
         except SyntaxError as exc:
             pytest.fail(f"README block at line {start}: {exc}")
+
+
+def undefined_names(source: str, filename: str = "<block>") -> set[str]:
+    """Names ``source`` loads that it neither defines nor imports, and that are not builtins:
+    what a reader who copies the block alone into a file would meet as a NameError."""
+    top = symtable.symtable(source, filename, "exec")
+    defined = {sym.get_name() for sym in top.get_symbols() if sym.is_assigned() or sym.is_imported()}
+    missing, tables = set(), [top]
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        for sym in table.get_symbols():
+            name = sym.get_name()
+            # module level: every name; nested scopes: those that resolve to the module (globals)
+            unresolved = table is top or sym.is_global()
+            if unresolved and sym.is_referenced() and name not in defined and not hasattr(builtins, name):
+                missing.add(name)
+    return missing
+
+
+def test_undefined_names_finds_what_a_block_lacks():
+    assert undefined_names("import numpy as np\nx = np.ones(3)\nprint(len(x))\n") == set()
+    assert undefined_names("def f(a):\n    return [b for b in a if vc.ok(b)]\n") == {"vc"}
+    assert undefined_names("with vc.CudaBackend() as gpu:\n    gpu.dispatch(prog, [a])\n") == {"vc", "prog", "a"}
+    assert undefined_names("from x import y as z\nclass C:\n    w = z\n    def m(self):\n        return w\n") == {"w"}
+
+
+def test_python_blocks_are_self_contained():
+    """Each ```python block runs on its own (given a GPU and its imports' packages): every name it
+    loads is defined or imported in that block, or a builtin."""
+    problems = []
+    for start, source in python_blocks(readme_text()):
+        missing = undefined_names(source, f"README.md (block at line {start})")
+        if missing:
+            problems.append(f"README block at line {start} uses {sorted(missing)} without defining or importing them")
+    assert not problems, "\n".join(problems)
+
+
+def test_dask_block_guards_its_cluster():
+    """The Dask section says to create the cluster under ``if __name__ == "__main__":``: its own
+    example does (the workers of a LocalCluster import the script)."""
+    ((_, body),) = [(h, b) for h, b in sections(readme_text()) if h == "Dask"]
+    (source,) = [s for _, s in python_blocks(body) if "Client(" in s]
+    tree = ast.parse(source)
+    guards = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
+    ]
+    assert len(guards) == 1, 'the Dask example creates its cluster outside an `if __name__ == "__main__":` guard'
+    calls = {ast.unparse(n.func) for n in ast.walk(guards[0]) if isinstance(n, ast.Call)}
+    assert {"Client", "LocalCluster"} <= calls, calls
+    outside = [n for n in tree.body if n is not guards[0]]
+    assert all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in outside), "only imports outside the guard"
 
 
 def test_module_attributes_exist():
