@@ -255,3 +255,70 @@ def test_info_json_in_a_process_without_a_device():
     assert proc.returncode == cli.EXIT_NO_GPU, proc.stderr
     info = json.loads(proc.stdout)
     assert info["driver_ok"] is False and info["driver"] and info["device"] is None and info["fix"]
+
+
+COMMANDS = ["info", "selftest", "cache", "tune", "profile"]
+
+
+def help_text(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as info:
+        cli.main([*argv, "--help"])
+    assert info.value.code == cli.EXIT_OK
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_is_plain_text_and_lists_the_exit_statuses(capsys, command):
+    text = help_text(capsys, *([command] if command else []))
+    assert cli.EPILOG in text, text  # every command, profile included, lists the statuses
+    # reStructuredText markup of docstrings does not belong in a terminal
+    for markup in ("``", ":class:", ":func:", ":meth:", ".. "):
+        assert markup not in text, f"{markup!r} in `vyre-cuda {command or ''} --help`:\n{text}"
+
+
+def test_profile_without_a_driver_exits_no_gpu(monkeypatch, capsys):
+    """`vyre-cuda profile` ends like every command when no driver or device is usable: exit 3
+    and the DriverUnavailable message with its Fix."""
+    import vyre_cuda.profile.cli as profile_cli
+
+    error = DriverUnavailable("the CUDA driver found no device", vyre_cuda.errors.NO_DRIVER_FIX)
+
+    def no_driver(**kwargs):
+        raise error
+
+    monkeypatch.setattr(profile_cli, "run_profile", no_driver)
+    rc, out, err = run(capsys, "profile", "--no-peers", "--no-threads", "--sizes", "4KiB")
+    assert rc == cli.EXIT_NO_GPU, (out, err)
+    assert err[-2:] == [f"vyre-cuda profile: DriverUnavailable: {error.message}", f"Fix: {error.fix}"]
+
+
+def test_profile_in_a_process_without_a_device():
+    """The console entry in a fresh interpreter that sees no device, as test_info_json_... does."""
+    import subprocess
+    import sys
+
+    root = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]  # the vyre_cuda under test
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "vyre_cuda", "profile", "--no-peers", "--no-threads", "--sizes", "4KiB"],
+        cwd=root.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == cli.EXIT_NO_GPU, proc.stderr
+    assert "DriverUnavailable: " in proc.stderr and "\nFix: " in proc.stderr, proc.stderr
+    if "could not be loaded" in proc.stderr:  # no driver library at all: the one shared Fix
+        assert proc.stderr.rstrip().endswith(f"Fix: {vyre_cuda.errors.NO_DRIVER_FIX}"), proc.stderr
+
+
+@pytest.mark.parametrize("argv", [["info"], ["selftest"], ["tune"]])
+def test_no_driver_fix_is_one_text(capsys, cache, monkeypatch, argv):
+    """Every command that finds no usable driver gives the same Fix, the one the core raises when
+    the driver library does not load (errors.NO_DRIVER_FIX)."""
+    without_gpu(monkeypatch)
+    rc, out, err = run(capsys, *argv)
+    assert rc == cli.EXIT_NO_GPU
+    assert err[-1] == f"Fix: {vyre_cuda.errors.NO_DRIVER_FIX}", err

@@ -205,8 +205,8 @@ def test_backend_errors_become_exit_status(fake_device, monkeypatch, capsys):
 
     monkeypatch.setattr(vyre_cuda, "CudaBackend", broken)
     args = _parser().parse_args(["--no-peers", "--no-threads"])
-    assert P.main(args) == 1
-    assert "Fix: install the NVIDIA driver" in capsys.readouterr().err
+    assert P.main(args) == 3  # no usable driver: the status every vyre-cuda command exits with
+    assert "DriverUnavailable: no CUDA driver was found\nFix: install the NVIDIA driver" in capsys.readouterr().err
     assert issubclass(P.WrongResult, BackendError)
 
 

@@ -8,7 +8,7 @@ from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 from cuda.bindings cimport cydriver
 
-from .errors import DriverUnavailable, KernelCompileFailed, driver_error
+from .errors import NO_DRIVER_FIX, DriverUnavailable, KernelCompileFailed, driver_error
 
 _initialized = False
 
@@ -53,9 +53,7 @@ def init_driver():
             status = cydriver.cuInit(0)
     except RuntimeError as exc:  # cuda-bindings raises this when libcuda.so cannot be loaded
         raise DriverUnavailable(
-            f"the CUDA driver library could not be loaded ({exc})",
-            "run on a machine with an NVIDIA GPU and its driver installed (libcuda.so.1 on the "
-            "loader path); vyre_cuda imports and plans without one, but cannot dispatch",
+            f"the CUDA driver library could not be loaded ({exc})", NO_DRIVER_FIX
         ) from None
     if status != cydriver.CUDA_SUCCESS:
         raise DriverUnavailable(

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 from . import __version__
-from .errors import BackendError, DriverUnavailable
+from .errors import NO_DRIVER_FIX, BackendError, DriverUnavailable
 
 __all__ = ["EXIT_FAILURE", "EXIT_NO_GPU", "EXIT_OK", "EXIT_USAGE", "main", "selftest_cases"]
 
@@ -20,16 +20,13 @@ EXIT_FAILURE = 1  # the command ran and failed: a self-test mismatch, a vyre_cud
 EXIT_USAGE = 2  # bad arguments (argparse's own status)
 EXIT_NO_GPU = 3  # no usable CUDA driver or device
 
+DESCRIPTION = "vyre-cuda: inspect the CUDA driver and device, self-test, profile, tune and manage the kernel cache."
+
 EPILOG = """exit status:
   0  success
   1  the command failed (a self-test mismatch, a vyre_cuda error)
   2  usage error (unknown command or option)
   3  no usable CUDA driver or device (info and selftest still print what they can)"""
-
-NO_GPU_FIX = (
-    "run on a machine with an NVIDIA GPU and its driver (nvidia-smi must list a device); "
-    "vyre_cuda compiles and plans without one"
-)
 
 
 def _exit_code(exc: BackendError) -> int:
@@ -52,7 +49,7 @@ def _probe(device: int):
         "device": None,
     }
     if not ok:
-        info["fix"] = NO_GPU_FIX
+        info["fix"] = NO_DRIVER_FIX
         return info, None, EXIT_NO_GPU
     try:
         with CudaBackend(device) as backend:
@@ -163,7 +160,7 @@ def _cmd_selftest(args) -> int:
                 f"  {name:20s} compiled ({len(compiled.ptx or '')} chars of PTX), grid {launch.grid} "
                 f"block {launch.block}, slab {layout.slab_bytes:,} B: ok"
             )
-        err = DriverUnavailable(status, "run `vyre-cuda selftest` on a machine with an NVIDIA GPU and driver")
+        err = DriverUnavailable(status, NO_DRIVER_FIX)
         print(f"\nDriverUnavailable: {err}", file=sys.stderr)
         return EXIT_NO_GPU
     from .backend import CudaBackend
@@ -251,7 +248,7 @@ def _cmd_tune(args) -> int:
 
     ok, status = driver_status()
     if not ok:
-        err = DriverUnavailable(status, NO_GPU_FIX)
+        err = DriverUnavailable(status, NO_DRIVER_FIX)
         print(f"DriverUnavailable: {err}", file=sys.stderr)
         return EXIT_NO_GPU
     program, inputs = tune_cases(args.elements, np.random.default_rng())[args.program]()
@@ -278,7 +275,7 @@ def _cmd_tune(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="vyre-cuda", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="vyre-cuda", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"vyre_cuda {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -331,7 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # pragma: no cover - profile is part of the package
         return parser
     if hasattr(profile, "add_arguments"):
-        p = sub.add_parser("profile", help="per-dispatch host-cost profile against the driver floor")
+        p = sub.add_parser(
+            "profile",
+            help="per-dispatch host-cost profile against the driver floor",
+            epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         profile.add_arguments(p)
         p.set_defaults(func=profile.main)
     return parser

@@ -146,6 +146,15 @@ class DriverUnavailable(BackendError):
     """No CUDA driver or no CUDA device could be found. Raised at first use, never at import."""
 
 
+# The Fix of a DriverUnavailable when no driver can be used at all (the library does not load, or
+# a command finds no usable driver): one text for the core and every vyre-cuda command.
+NO_DRIVER_FIX = (
+    "run on a machine with an NVIDIA GPU and its driver installed (nvidia-smi lists a device, "
+    "libcuda.so.1 is on the loader path); vyre_cuda imports, compiles and plans without one, but "
+    "cannot dispatch"
+)
+
+
 # Used only when the driver library cannot be loaded (no GPU, CI): the CUresults a user is likely
 # to meet without one. Everywhere else the text is the driver's own (cuGetErrorString).
 _FALLBACK_EXPLANATIONS = {

@@ -8,7 +8,7 @@ import pathlib
 import sys
 import time
 
-from ..errors import BackendError, ValidationError
+from ..errors import BackendError, DriverUnavailable, ValidationError
 from .plot import require_matplotlib
 from .run import DEFAULT_SIZES, run_profile
 from .specs import load_user_program, parse_size, parse_sizes
@@ -194,8 +194,8 @@ def backend_options(args) -> dict:
 
 
 def main(args) -> int:
-    """Run ``vyre-cuda profile`` with parsed ``args``; returns the exit status (0 done, 1 the
-    device or driver failed, 2 the arguments are wrong)."""
+    """Run ``vyre-cuda profile`` with parsed ``args``; returns the exit status of every vyre-cuda
+    command (0 done, 1 a vyre_cuda error, 2 the arguments are wrong, 3 no usable driver or device)."""
     try:
         program = None
         if args.kernel is not None:
@@ -244,5 +244,7 @@ def main(args) -> int:
             print(f"plot written to {args.plot}", file=sys.stderr)
     except BackendError as exc:
         print(f"vyre-cuda profile: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if isinstance(exc, DriverUnavailable):
+            return 3
         return 2 if isinstance(exc, ValidationError) else 1
     return 0
