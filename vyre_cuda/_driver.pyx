@@ -8,7 +8,8 @@ from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 from cuda.bindings cimport cydriver
 
-from .errors import NO_DRIVER_FIX, DriverUnavailable, KernelCompileFailed, driver_error
+from .errors import NO_DRIVER_FIX as _NO_DRIVER_FIX  # (private: not part of this module's API)
+from .errors import DriverUnavailable, KernelCompileFailed, driver_error
 
 _initialized = False
 
@@ -53,7 +54,7 @@ def init_driver():
             status = cydriver.cuInit(0)
     except RuntimeError as exc:  # cuda-bindings raises this when libcuda.so cannot be loaded
         raise DriverUnavailable(
-            f"the CUDA driver library could not be loaded ({exc})", NO_DRIVER_FIX
+            f"the CUDA driver library could not be loaded ({exc})", _NO_DRIVER_FIX
         ) from None
     if status != cydriver.CUDA_SUCCESS:
         raise DriverUnavailable(
