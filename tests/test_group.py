@@ -18,7 +18,8 @@ import pytest
 import vyre_cuda as vc
 from vyre_cuda import DeviceLost, DispatchConfig, ValidationError
 from vyre_cuda import builtin_programs as bp
-from vyre_cuda.group import DeviceGroup, plan_split
+from vyre_cuda.group import DeviceGroup
+from vyre_cuda.planning.split import plan_split
 
 
 def _group(devices=(0, 1), **kw):

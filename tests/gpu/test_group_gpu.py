@@ -18,7 +18,7 @@ import pytest
 import vyre_cuda as vc
 from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program, ValidationError, _driver
 from vyre_cuda import builtin_programs as bp
-from vyre_cuda.group import plan_split
+from vyre_cuda.planning.split import plan_split
 
 SAXPY = Program(
     Kernel.cuda(r"""

@@ -1,0 +1,282 @@
+"""Split planning of DeviceGroup.dispatch_split: how one dispatch is cut into row chunks (pure: no driver)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import as_config
+from ..errors import ValidationError
+from ..program import BindingRole, Program
+
+__all__ = ["SplitPlan", "plan_split", "MIN_CHUNK_BYTES", "CHUNKS_PER_DEVICE"]
+
+# A chunk smaller than this costs more in dispatch overhead than another device saves.
+MIN_CHUNK_BYTES = 1 << 20
+# Chunks per device in dispatch_split: more than one lets a slower (or busier) device take fewer
+# chunks through work stealing; few, so each chunk stays large and the plans stay cached.
+CHUNKS_PER_DEVICE = 2
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """How :meth:`DeviceGroup.dispatch_split` cuts one dispatch into chunks.
+
+    ``rows`` is the common first dimension of the split inputs; chunk ``k`` covers rows
+    ``bounds[k]``. ``inputs`` holds per program input either ``("split", array)`` (cut along its
+    first axis) or ``("whole", buffer)`` (passed to every chunk); ``outputs`` holds per program
+    output ``(name, numpy dtype, elements per row)``.
+    """
+
+    rows: int
+    bounds: tuple
+    inputs: tuple
+    outputs: tuple
+
+    def chunk_inputs(self, k: int) -> list:
+        lo, hi = self.bounds[k]
+        return [value[lo:hi] if kind == "split" else value for kind, value in self.inputs]
+
+    def chunk_outputs(self, arrays, k: int) -> list:
+        lo, hi = self.bounds[k]
+        return [arr[lo * per_row : hi * per_row] for arr, (_, _, per_row) in zip(arrays, self.outputs)]
+
+    def allocate(self, outputs=None) -> list:
+        """New flat output arrays, or the caller's (checked: dtype, size, contiguity, writability)."""
+        if outputs is None:
+            return [np.empty(self.rows * per_row, dtype) for _, dtype, per_row in self.outputs]
+        if (
+            isinstance(outputs, np.ndarray)
+            or not isinstance(outputs, (list, tuple))
+            or len(outputs) != len(self.outputs)
+        ):
+            names = ", ".join(repr(n) for n, _, _ in self.outputs)
+            raise ValidationError(
+                f"outputs must be a list of {len(self.outputs)} array(s) ({names}), got "
+                f"{type(outputs).__name__}" + (f" of {len(outputs)}" if isinstance(outputs, (list, tuple)) else ""),
+                "pass one numpy array per program output, in declaration order, or outputs=None",
+            )
+        flat = []
+        for (name, dtype, per_row), arr in zip(self.outputs, outputs):
+            want = self.rows * per_row
+            ok = (
+                isinstance(arr, np.ndarray)
+                and arr.dtype == dtype
+                and arr.size == want
+                and arr.flags.c_contiguous
+                and arr.flags.writeable
+            )
+            if not ok:
+                got = (
+                    f"{arr.dtype} array of {arr.size} elements (contiguous={arr.flags.c_contiguous}, "
+                    f"writeable={arr.flags.writeable})"
+                    if isinstance(arr, np.ndarray)
+                    else type(arr).__name__
+                )
+                raise ValidationError(
+                    f"output {name!r} must be a writeable C-contiguous {dtype} array of {want} elements (got {got})",
+                    f"pass np.empty({want}, np.{dtype}) or outputs=None",
+                )
+            flat.append(arr.reshape(-1))
+        return flat
+
+
+def _split_refusal(program, what: str, fix: str) -> ValidationError:
+    label = program.name or program.kernel.entry
+    return ValidationError(f"dispatch_split cannot split program {label!r}: {what}", fix)
+
+
+def plan_split(
+    program, inputs, split, config=None, *, devices: int = 1, align: int = 1, chunks: int | None = None
+) -> SplitPlan:
+    """Plan a :meth:`DeviceGroup.dispatch_split` (pure: no device needed).
+
+    ``split`` declares the program elementwise along runtime-sized bindings: ``True`` for every
+    runtime-sized input, or the names of the inputs to cut (a ``str`` for one). Each split input
+    is cut along its first axis (rows: elements for 1-D arrays), at multiples of ``align`` rows;
+    the other inputs (statically sized) go whole to every chunk. Every output must be
+    runtime-sized: each chunk writes its rows of every output.
+    """
+    if not isinstance(program, Program):
+        raise ValidationError(
+            f"dispatch_split needs a vyre_cuda.Program (got {type(program).__name__})",
+            "build one with Program(Kernel.cuda(src), [BufferDecl...])",
+        )
+    cfg = as_config(config)
+    if split is None or split is False:
+        raise _split_refusal(
+            program,
+            "it is not declared elementwise",
+            "pass split=True when element i of every output depends only on element i (row i) of "
+            "the runtime-sized inputs, or split=['x', ...] naming the inputs to cut; otherwise "
+            "dispatch it on one device, or give map() independent inputs",
+        )
+    if program.grid_sync or cfg.cooperative:
+        raise _split_refusal(
+            program,
+            "it synchronises the whole grid (grid_sync=True or cooperative=True), so its chunks are not independent",
+            "dispatch it on one device (CudaBackend.dispatch), or run independent inputs with map()",
+        )
+    for decl in program.outputs:
+        if decl.count:
+            raise _split_refusal(
+                program,
+                f"output {decl.name!r} has a static size (count={decl.count}); every chunk "
+                "would write the whole buffer, which cannot be joined",
+                f"declare {decl.name!r} runtime-sized (count=0), or dispatch on one device",
+            )
+        if decl.output_byte_range is not None:
+            raise _split_refusal(
+                program,
+                f"output {decl.name!r} reads back a byte range {decl.output_byte_range}, "
+                "which cannot be joined across chunks",
+                f"drop output_byte_range from {decl.name!r}, or dispatch on one device",
+            )
+    for name, value in (("align", align), ("devices", devices)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValidationError(f"{name} must be an int >= 1 (got {value!r})", f"pass {name}=1 or more")
+    if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1):
+        raise ValidationError(
+            f"chunks must be an int >= 1 or None (got {chunks!r})",
+            "pass chunks=None to let the group choose, or a positive count",
+        )
+    decls = program.inputs
+    if isinstance(inputs, (str, bytes, np.ndarray)) or not hasattr(inputs, "__len__"):
+        raise ValidationError(
+            f"inputs must be a list of buffers (got {type(inputs).__name__})",
+            "pass a list with one buffer per program input, e.g. [x, y]",
+        )
+    if len(inputs) != len(decls):
+        names = ", ".join(repr(d.name) for d in decls) or "none"
+        raise ValidationError(
+            f"program takes {len(decls)} input(s) ({names}) but {len(inputs)} were passed",
+            f"pass exactly {len(decls)} buffer(s), in declaration order",
+        )
+    runtime = [d for d in decls if d.count == 0]
+    if split is True:
+        chosen = {d.name for d in runtime}
+    else:
+        chosen_names: tuple = (split,) if isinstance(split, str) else tuple(split)
+        known = {d.name: d for d in program.buffers}
+        for name in chosen_names:
+            if name not in known:
+                raise ValidationError(
+                    f"split names {name!r}, which is not a buffer of the program "
+                    f"(inputs: {', '.join(repr(d.name) for d in decls) or 'none'})",
+                    "name runtime-sized inputs of the program, or pass split=True for all of them",
+                )
+            if known[name].count:
+                raise _split_refusal(
+                    program,
+                    f"split names {name!r}, which has a static size (count={known[name].count})",
+                    f"leave {name!r} out of split (a static input goes whole to every chunk), or "
+                    "declare it runtime-sized (count=0)",
+                )
+        chosen = {n for n in chosen_names if n in {d.name for d in decls}}
+    if not chosen:
+        raise _split_refusal(
+            program,
+            "split names no runtime-sized input to cut",
+            "pass split=True, or name at least one runtime-sized input",
+        )
+    pure_outputs = [d for d in program.outputs if d.role is BindingRole.OUTPUT]
+    for d in runtime:
+        if d.name in chosen:
+            continue
+        if d.role is BindingRole.INPUT_OUTPUT:
+            raise _split_refusal(
+                program,
+                f"input {d.name!r} is read back (read-write) but is not in split",
+                f"add {d.name!r} to split",
+            )
+        if pure_outputs:
+            raise _split_refusal(
+                program,
+                f"runtime-sized input {d.name!r} is not in split, but it would size the "
+                f"runtime-sized output(s) {', '.join(repr(o.name) for o in pure_outputs)} of every chunk",
+                f"add {d.name!r} to split, or declare it with a static count to pass it whole to every chunk",
+            )
+
+    views = []
+    rows: int | None = None
+    per_row: dict = {}
+    for i, (decl, value) in enumerate(zip(decls, inputs)):
+        if decl.name not in chosen:
+            views.append(("whole", value))
+            continue
+        arr = _as_rows(value, decl, i)
+        row_bytes = arr.nbytes // arr.shape[0] if arr.shape[0] else arr.itemsize * math.prod(arr.shape[1:])
+        if row_bytes % decl.dtype.itemsize:
+            raise ValidationError(
+                f"input {i} ({decl.name!r}): a row of shape {arr.shape[1:]} holds {row_bytes} bytes, "
+                f"not a whole number of {decl.dtype.itemsize}-byte {decl.dtype.name} elements",
+                f"pass {decl.name!r} as an array of {decl.dtype.name} (numpy {decl.dtype.numpy})",
+            )
+        if rows is not None and arr.shape[0] != rows:
+            raise ValidationError(
+                f"split inputs must have the same number of rows (first dimension): input {i} "
+                f"({decl.name!r}) has {arr.shape[0]}, an earlier split input has {rows}",
+                "pass split inputs with the same first dimension; reshape flat buffers to "
+                "(rows, elements_per_row) where a row of one input matches a row of another",
+            )
+        rows = arr.shape[0]
+        per_row[decl.name] = row_bytes // decl.dtype.itemsize
+        views.append(("split", arr))
+    assert rows is not None  # chosen is not empty: at least one input was cut
+    if rows == 0:
+        raise ValidationError(
+            "the split inputs are empty (0 rows)",
+            "skip the dispatch for empty inputs",
+        )
+    out_specs = []
+    widest = max(per_row.values())
+    for decl in program.outputs:
+        width = per_row[decl.name] if decl.role is BindingRole.INPUT_OUTPUT else widest
+        out_specs.append((decl.name, decl.dtype.numpy, width))
+
+    row_bytes_total = sum(views[i][1].nbytes for i in range(len(views)) if views[i][0] == "split") // rows
+    row_bytes_total += sum(np.dtype(dt).itemsize * w for _, dt, w in out_specs)
+    if chunks is None:
+        if devices == 1:
+            chunks = 1
+        else:
+            by_size = max(1, (rows * row_bytes_total) // MIN_CHUNK_BYTES)
+            chunks = min(devices * CHUNKS_PER_DEVICE, by_size)
+    size = -(-rows // int(chunks))
+    size = -(-size // int(align)) * int(align)
+    bounds = tuple((lo, min(lo + size, rows)) for lo in range(0, rows, size))
+    return SplitPlan(rows=rows, bounds=bounds, inputs=tuple(views), outputs=tuple(out_specs))
+
+
+def _as_rows(value, decl, index: int) -> np.ndarray:
+    """An input as an array whose first axis is the split axis (bytes-like: 1-D of its dtype)."""
+    if isinstance(value, np.ndarray):
+        arr = value
+    else:
+        try:
+            view = memoryview(value).cast("B")
+        except (TypeError, ValueError, BufferError):
+            raise ValidationError(
+                f"input {index} ({decl.name!r}) is a {type(value).__name__}, which is not a C-contiguous buffer",
+                "pass a numpy array, bytes, bytearray, memoryview or another C-contiguous buffer",
+            ) from None
+        if view.nbytes % decl.dtype.itemsize:
+            raise ValidationError(
+                f"input {index} ({decl.name!r}) holds {view.nbytes} bytes, not a multiple of the "
+                f"{decl.dtype.itemsize}-byte {decl.dtype.name} element",
+                f"pass a buffer of whole {decl.dtype.name} elements",
+            )
+        arr = np.frombuffer(view, dtype=decl.dtype.numpy)
+    if arr.ndim == 0:
+        raise ValidationError(
+            f"input {index} ({decl.name!r}) is a 0-d array; there is no axis to split",
+            f"pass {decl.name!r} as a 1-D array, or leave it out of split",
+        )
+    if not arr.flags.c_contiguous:
+        raise ValidationError(
+            f"input {index} ({decl.name!r}) of shape {arr.shape} is not C-contiguous",
+            "pass np.ascontiguousarray(x)",
+        )
+    return arr
