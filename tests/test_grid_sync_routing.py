@@ -343,7 +343,7 @@ def _backend(caps):
     """A CudaBackend planning for ``caps``, with a core that never reaches the driver unless asked."""
     from vyre_cuda._dispatch import Core
     from vyre_cuda.backend import CudaBackend
-    from vyre_cuda.modules import ModuleCache
+    from vyre_cuda.compile.modules import ModuleCache
     from vyre_cuda.telemetry import Telemetry
 
     b = CudaBackend.__new__(CudaBackend)
@@ -373,7 +373,7 @@ def _entry_points(b, program, inputs, config):
 @pytest.mark.parametrize("caps", NO_COOP, ids=NO_COOP_IDS)
 def test_backend_refuses_grid_sync_before_touching_the_driver(monkeypatch, caps):
     from vyre_cuda import backend as backend_mod
-    from vyre_cuda import modules as modules_mod
+    from vyre_cuda.compile import modules as modules_mod
 
     monkeypatch.setattr(backend_mod, "_driver", _NoDriver("no_driver"))
 
@@ -396,7 +396,7 @@ NO_COOP_BACKEND = [pytest.param(caps, id=i) for caps, i in zip(NO_COOP, NO_COOP_
 @pytest.mark.parametrize("caps", NO_COOP_BACKEND)
 def test_backend_refuses_cooperative_config(monkeypatch, caps):
     from vyre_cuda import backend as backend_mod
-    from vyre_cuda import modules as modules_mod
+    from vyre_cuda.compile import modules as modules_mod
 
     fake, _ = _fake_driver(occupancy=8)
     monkeypatch.setattr(backend_mod, "_driver", fake)
@@ -417,7 +417,7 @@ def test_backend_refuses_cooperative_config(monkeypatch, caps):
 @pytest.mark.parametrize("occupancy", [1, 8])
 def test_backend_preflight_and_plan_agree_at_the_boundary(monkeypatch, occupancy):
     from vyre_cuda import backend as backend_mod
-    from vyre_cuda import modules as modules_mod
+    from vyre_cuda.compile import modules as modules_mod
 
     fake, calls = _fake_driver(occupancy)
     monkeypatch.setattr(backend_mod, "_driver", fake)
@@ -462,7 +462,7 @@ def test_backend_preflight_and_plan_agree_at_the_boundary(monkeypatch, occupancy
 
 def test_backend_refuses_cooperative_grid_sync_without_barrier_global(monkeypatch):
     from vyre_cuda import backend as backend_mod
-    from vyre_cuda import modules as modules_mod
+    from vyre_cuda.compile import modules as modules_mod
 
     fake, _ = _fake_driver(occupancy=8, barrier=0)
     monkeypatch.setattr(backend_mod, "_driver", fake)

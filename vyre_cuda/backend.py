@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from . import _driver, tuning
+from .compile.modules import ModuleCache
 from .config import as_config
 from .errors import (
     BackendError,
@@ -20,7 +21,6 @@ from .errors import (
     DeviceLost,
     ValidationError,
 )
-from .modules import ModuleCache
 from .planning.caps import DeviceCaps
 from .planning.dispatch import DispatchPlan, plan_dispatch, plan_route
 from .telemetry import Telemetry, TimedDispatchResult

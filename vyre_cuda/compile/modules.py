@@ -11,10 +11,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from . import _driver
-from .compile import compile_kernel, explain_load_failure, nvrtc_version
-from .errors import KernelCompileFailed
-from .planning.launch import DEFAULT_SHARED_LIMIT
+from .. import _driver
+from ..errors import KernelCompileFailed
+from ..planning.launch import DEFAULT_SHARED_LIMIT
+from . import compile_kernel
+from .loading import explain_load_failure
+from .nvrtc import nvrtc_version
 
 __all__ = ["LoadedModule", "ModuleCache", "CAPACITY"]
 
@@ -27,7 +29,7 @@ class LoadedModule:
     __slots__ = ("module", "function", "barrier", "barrier_size", "shared_optin", "gate")
 
     def __init__(self, module, function, barrier, barrier_size):
-        from ._dispatch import CoopGate  # noqa: PLC0415 (the compiled core loads at first use)
+        from .._dispatch import CoopGate  # noqa: PLC0415 (the compiled core loads at first use)
 
         self.module = module
         self.function = function
