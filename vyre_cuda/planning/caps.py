@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UnsupportedFeature
+from ..program import KNOWN_REQUIREMENTS
 
 __all__ = ["DeviceCaps", "KNOWN_REQUIREMENTS", "missing_capabilities", "check_capabilities"]
 
-# Requirements a Program may name in `requires`, with what a CUDA device offers for each.
-KNOWN_REQUIREMENTS = ("f16", "bf16", "subgroup", "trap", "cooperative", "indirect_dispatch", "collectives")
+# KNOWN_REQUIREMENTS (what a Program may name in `requires`) is the program model's, re-exported here;
+# DeviceCaps.supports says what a CUDA device offers for each.
 
 
 @dataclass(frozen=True)
