@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._io_checks import byte_order_error, is_little_endian
+from ._validate import is_int
 from .errors import ValidationError
 
 __all__ = ["DeviceView", "device_input", "device_output", "is_device_array", "dlpack_stream"]
@@ -177,7 +178,7 @@ def _from_cai(obj, cai, what, device, stream, output=False):
             _check_ordinal(what, ordinal, device)
     wait = cai.get("stream") if cai.get("version", 0) >= 3 else None
     if wait is not None:
-        if isinstance(wait, bool) or not isinstance(wait, int) or wait == 0:
+        if not is_int(wait, numpy=False) or wait == 0:
             raise ValidationError(
                 f"{what}'s __cuda_array_interface__ names stream {wait!r}; version 3 forbids 0 and needs an int",
                 "fix the producer's interface: None (no sync needed), 1 (legacy default), 2 (per-thread) or a handle",

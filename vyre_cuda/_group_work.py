@@ -13,8 +13,7 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
-
+from ._validate import is_int
 from .errors import BackendError, DeviceLost, DispatchFailed, ValidationError
 
 log = logging.getLogger("vyre_cuda")
@@ -352,7 +351,7 @@ class GroupTelemetry:
         total: dict = {}
         for snap in per.values():
             for key, value in snap.items():
-                if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+                if is_int(value):
                     total[key] = total.get(key, 0) + int(value)
         total["devices"] = len(per)
         total["lost_devices"] = sum(1 for snap in per.values() if snap["lost"])

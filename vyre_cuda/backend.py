@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from . import _driver, tuning
+from ._validate import check_int, check_size
 from .compile.modules import ModuleCache
 from .config import as_config
 from .errors import (
@@ -38,9 +39,7 @@ DEFAULT_CHUNKS = 4
 
 def _transfer_settings(chunk_bytes, chunks, threads):
     def whole(name, value, lo, hi, fix):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
-            raise ValidationError(f"{name} must be an int in {lo:,}..{hi:,} (got {value!r})", fix)
-        return int(value)
+        return check_int(name, value, minimum=lo, maximum=hi, expected=f"an int in {lo:,}..{hi:,}", fix=fix)
 
     chunk_bytes = whole(
         "staging_chunk_bytes", chunk_bytes, 1 << 20, 1 << 30, "pass a chunk size such as 8 << 20 (a multiple of 64 KiB)"
@@ -145,18 +144,13 @@ class CudaBackend:
     ):
         from ._dispatch import Core  # noqa: PLC0415 (the compiled core loads at first use)
 
-        if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
-            raise ValidationError(f"device must be an int ordinal (got {device!r})", "pass device=0 or another ordinal")
+        check_int("device", device, expected="an int ordinal", fix="pass device=0 or another ordinal")
         for name, value in (
             ("device_pool_bytes", device_pool_bytes),
             ("pinned_pool_bytes", pinned_pool_bytes),
             ("output_cache_bytes", output_cache_bytes),
         ):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**63:
-                raise ValidationError(
-                    f"{name} must be a non-negative int (got {value!r})",
-                    f"pass {name}=0 to cache nothing, or a byte count such as 256 << 20",
-                )
+            check_size(name, value, fix=f"pass {name}=0 to cache nothing, or a byte count such as 256 << 20")
         chunk_bytes, chunks, threads = _transfer_settings(staging_chunk_bytes, staging_chunks, copy_threads)
         trace_bits = trace_flags(trace)  # before the context is retained: a bad value leaks nothing
         self.device = int(device)

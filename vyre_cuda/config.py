@@ -8,21 +8,18 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from ._validate import check_flag, is_flag, is_int
 from .errors import ValidationError
 
 __all__ = ["DispatchConfig", "as_config", "stream_handle", "MAX_FIXPOINT_ITERATIONS", "MAX_TIMEOUT_S"]
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
 def _dims(name, value):
     if value is None:
         return None
-    if _is_int(value):
+    if is_int(value):
         value = (value,)
-    if not isinstance(value, (tuple, list)) or not 1 <= len(value) <= 3 or not all(_is_int(v) for v in value):
+    if not isinstance(value, (tuple, list)) or not 1 <= len(value) <= 3 or not all(is_int(v) for v in value):
         raise ValidationError(
             f"{name} must be an int or a tuple of 1 to 3 ints (got {value!r})",
             f"pass {name}=(x, y, z) with positive integers",
@@ -53,12 +50,12 @@ def stream_handle(stream) -> int:
     torch stream (``.cuda_stream``) or an int handle."""
     handle = None
     what = type(stream).__name__
-    if _is_int(stream):
+    if is_int(stream):
         handle = int(stream)
     elif hasattr(stream, "__cuda_stream__"):
         proto = stream.__cuda_stream__
         proto = proto() if callable(proto) else proto
-        if isinstance(proto, tuple) and len(proto) == 2 and _is_int(proto[1]):
+        if isinstance(proto, tuple) and len(proto) == 2 and is_int(proto[1]):
             handle = int(proto[1])
         else:
             raise ValidationError(
@@ -68,7 +65,7 @@ def stream_handle(stream) -> int:
     else:
         for attr in ("cuda_stream", "ptr", "handle"):  # torch, CuPy, numba / cuda-python wrappers
             value = getattr(stream, attr, None)
-            if value is not None and not _is_int(value):
+            if value is not None and not is_int(value):
                 try:
                     value = int(value)
                 except (TypeError, ValueError):
@@ -188,7 +185,7 @@ class DispatchConfig:
         object.__setattr__(self, "grid_override", _dims("grid_override", self.grid_override))
         it = self.fixpoint_iterations
         if it is not None:
-            if not _is_int(it) or not 1 <= it <= MAX_FIXPOINT_ITERATIONS:
+            if not is_int(it) or not 1 <= it <= MAX_FIXPOINT_ITERATIONS:
                 raise ValidationError(
                     f"fixpoint_iterations must be an int in 1..{MAX_FIXPOINT_ITERATIONS:,} or None (got {_show(it)})",
                     "pass fixpoint_iterations=None for one launch, or a positive count; for more "
@@ -201,20 +198,20 @@ class DispatchConfig:
                 f"label must be a str or None (got {type(self.label).__name__})",
                 "pass label='name-for-traces'",
             )
-        if not isinstance(self.cooperative, (bool, np.bool_)):
-            raise ValidationError(
-                f"cooperative must be True or False (got {type(self.cooperative).__name__} {self.cooperative!r})",
-                "pass cooperative=True to force a cooperative launch, else leave it False",
-            )
-        object.__setattr__(self, "cooperative", bool(self.cooperative))
-        if not isinstance(self.autotune, (bool, np.bool_)):
-            raise ValidationError(
-                f"autotune must be True or False (got {type(self.autotune).__name__} {self.autotune!r})",
-                "pass autotune=True to launch with the measured fastest block width, else leave it False",
-            )
-        object.__setattr__(self, "autotune", bool(self.autotune))
+        cooperative = check_flag(
+            "cooperative",
+            self.cooperative,
+            fix="pass cooperative=True to force a cooperative launch, else leave it False",
+        )
+        object.__setattr__(self, "cooperative", cooperative)
+        autotune = check_flag(
+            "autotune",
+            self.autotune,
+            fix="pass autotune=True to launch with the measured fastest block width, else leave it False",
+        )
+        object.__setattr__(self, "autotune", autotune)
         if self.graph is not None:
-            if not isinstance(self.graph, (bool, np.bool_)):
+            if not is_flag(self.graph):
                 raise ValidationError(
                     f"graph must be True, False or None (got {type(self.graph).__name__} {self.graph!r})",
                     "pass graph=True to always replay a CUDA graph, False to never, None to let "
@@ -223,7 +220,7 @@ class DispatchConfig:
             object.__setattr__(self, "graph", bool(self.graph))
         n = self.elements
         if n is not None:
-            if not _is_int(n) or not 1 <= n <= U32_MAX:
+            if not is_int(n) or not 1 <= n <= U32_MAX:
                 raise ValidationError(
                     f"elements must be an int in 1..{U32_MAX} or None (got {_show(n)})",
                     "pass elements=None for the program's launch rule, or the element count "

@@ -37,6 +37,7 @@ except ImportError as exc:  # pragma: no cover (exercised where dask is missing)
         "Fix: pip install 'vyre-cuda[dask]'"
     ) from exc
 
+from ._validate import is_int, require_program
 from .config import as_config
 from .errors import BackendError, ValidationError
 from .program import Program
@@ -126,11 +127,7 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
     name = PLUGIN_NAME
 
     def __init__(self, device=None, backend_factory=None, backend_options=None):
-        if (
-            device is not None
-            and not callable(device)
-            and (isinstance(device, bool) or not isinstance(device, (int, np.integer)) or device < 0)
-        ):
+        if device is not None and not callable(device) and (not is_int(device) or device < 0):
             raise ValidationError(
                 f"device must be None, a non-negative int or a callable (got {device!r})",
                 "pass device=None to use each worker's GPU, or an ordinal",
@@ -263,11 +260,7 @@ def submit(client, program, inputs, config=None, **kwargs):
 
 
 def _check_program(program) -> None:
-    if not isinstance(program, Program):
-        raise ValidationError(
-            f"vyre_cuda.dask needs a vyre_cuda.Program (got {type(program).__name__})",
-            "build one with Program(Kernel.cuda(src), [BufferDecl...])",
-        )
+    require_program(program, "vyre_cuda.dask")
 
 
 def _dtype_matches(decl, dtype) -> bool:

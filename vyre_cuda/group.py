@@ -28,12 +28,12 @@ from ._group_work import (
     _ThreadStats,
     _worker,
 )
+from ._validate import check_int, is_int, require_program
 from .config import as_config
 from .errors import ValidationError
 from .planning.split import CHUNKS_PER_DEVICE as CHUNKS_PER_DEVICE
 from .planning.split import MIN_CHUNK_BYTES as MIN_CHUNK_BYTES
 from .planning.split import SplitPlan, plan_split
-from .program import Program
 
 __all__ = ["DeviceGroup", "MapHandle", "GroupTelemetry", "SplitPlan", "plan_split"]
 
@@ -73,7 +73,7 @@ def _resolve_devices(devices, counted: bool) -> tuple:
             "pass devices=[0, 1] or devices=None for every visible device",
         ) from None
     for d in ordinals:
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
+        if not is_int(d) or d < 0:
             raise ValidationError(
                 f"every device must be a non-negative int ordinal (got {d!r} in {ordinals!r})",
                 "pass ordinals such as devices=[0, 1]",
@@ -130,15 +130,13 @@ class DeviceGroup:
     """
 
     def __init__(self, devices=None, *, backend_factory=None, backend_options=None, threads_per_device: int = 1):
-        if (
-            isinstance(threads_per_device, bool)
-            or not isinstance(threads_per_device, (int, np.integer))
-            or not 1 <= threads_per_device <= 64
-        ):
-            raise ValidationError(
-                f"threads_per_device must be an int in 1..64 (got {threads_per_device!r})",
-                "pass threads_per_device=1 (or 2 to overlap transfers of consecutive items)",
-            )
+        threads_per_device = check_int(
+            "threads_per_device",
+            threads_per_device,
+            minimum=1,
+            maximum=64,
+            fix="pass threads_per_device=1 (or 2 to overlap transfers of consecutive items)",
+        )
         if backend_factory is not None and backend_options:
             raise ValidationError(
                 "backend_options apply to the default CudaBackend; a backend_factory makes its own",
@@ -274,8 +272,7 @@ class DeviceGroup:
         cfg = _config(config)
         if window is None:
             window = 2 * len(self._devices) * self._threads_per_device
-        if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
-            raise ValidationError(f"window must be an int >= 1 (got {window!r})", "pass window=None or a count")
+        window = check_int("window", window, minimum=1, fix="pass window=None or a count")
         job = _Job(program, cfg, {}, fail_fast=not return_exceptions, streaming=True)
         return self._stream(job, iter(batches), int(window), return_exceptions)
 
@@ -360,11 +357,7 @@ class DeviceGroup:
         return outs if outputs is None else list(outputs)
 
     def _check_program(self, program) -> None:
-        if not isinstance(program, Program):
-            raise ValidationError(
-                f"the group dispatches a vyre_cuda.Program (got {type(program).__name__})",
-                "build one with Program(Kernel.cuda(src), [BufferDecl...])",
-            )
+        require_program(program, "the group", verb="dispatches")
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 from . import _driver
 from ._pools import PinnedPool, lend_pinned
 from ._transfer import buffer_span, is_page_locked_address
+from ._validate import is_int
 from .errors import ValidationError
 
 __all__ = ["pinned_empty", "pinned_zeros", "pinned_like", "is_page_locked", "pinned_pool_stats", "trim_pinned_pool"]
@@ -54,7 +55,7 @@ def _shape_and_dtype(shape, dtype):
         raise ValidationError(
             f"dtype {dt} holds Python objects, which cannot live in page-locked memory", "use a numeric dtype"
         )
-    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+    if is_int(shape):
         shape = (int(shape),)
     try:
         shape = tuple(int(s) for s in shape)

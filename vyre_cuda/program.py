@@ -12,6 +12,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from ._validate import is_flag, is_int
 from .errors import InvalidProgram
 from .kernel import Kernel
 
@@ -155,15 +156,6 @@ class BindingRole(enum.Enum):
     PERSISTENT = "persistent"
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def _is_flag(v) -> bool:
-    # a flag is a real bool: cooperative="no" must not become True by truthiness
-    return isinstance(v, (bool, np.bool_))
-
-
 def _output_decl(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
     """An output with no input: cleared to zero before the launch, read back after."""
     return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, output=True, **kw)
@@ -273,7 +265,7 @@ class BufferDecl:
             )
         for attr in ("binding", "count"):
             v = getattr(self, attr)
-            if not _is_int(v) or v < 0:
+            if not is_int(v) or v < 0:
                 raise InvalidProgram(
                     f"buffer {self.name!r}: {attr} must be a non-negative integer (got {v!r})",
                     f"pass {attr} as an int >= 0",
@@ -281,7 +273,7 @@ class BufferDecl:
             object.__setattr__(self, attr, int(v))
         for attr, kwarg in (("is_output", "output"), ("persistent", "persistent")):
             v = getattr(self, attr)
-            if not _is_flag(v):
+            if not is_flag(v):
                 raise InvalidProgram(
                     f"buffer {self.name!r}: {kwarg} must be True or False (got {v!r})",
                     f"pass {kwarg}=True or {kwarg}=False",
@@ -289,7 +281,7 @@ class BufferDecl:
             object.__setattr__(self, attr, bool(v))
         if self.alignment is not None:
             a = self.alignment
-            if not _is_int(a) or a <= 0 or (a & (a - 1)) != 0 or a > 4096:
+            if not is_int(a) or a <= 0 or (a & (a - 1)) != 0 or a > 4096:
                 raise InvalidProgram(
                     f"buffer {self.name!r}: alignment must be a power of two in 1..4096 (got {a!r})",
                     "pass alignment=None or a power of two such as 16, 128 or 256",
@@ -305,7 +297,7 @@ class BufferDecl:
 
     def _validate_byte_range(self) -> None:
         r: Any = self.output_byte_range
-        ok = isinstance(r, (tuple, list)) and len(r) == 2 and all(_is_int(x) for x in r)
+        ok = isinstance(r, (tuple, list)) and len(r) == 2 and all(is_int(x) for x in r)
         if not ok or r[0] < 0 or r[1] < r[0]:
             raise InvalidProgram(
                 f"buffer {self.name!r}: output_byte_range must be (start, end) with 0 <= start <= end (got {r!r})",
@@ -422,9 +414,9 @@ class Program:
                 )
             object.__setattr__(self, attr, tuple(value))
         ws = self.workgroup_size
-        if _is_int(ws):
+        if is_int(ws):
             ws = (int(ws),)
-        if not isinstance(ws, (tuple, list)) or not all(_is_int(v) for v in ws):
+        if not isinstance(ws, (tuple, list)) or not all(is_int(v) for v in ws):
             raise InvalidProgram(
                 f"workgroup_size must be an int or 1 to 3 ints (got {self.workgroup_size!r})",
                 "pass workgroup_size=(256, 1, 1) or another positive shape",
@@ -432,7 +424,7 @@ class Program:
         if 1 <= len(ws) <= 3:
             ws = tuple(int(v) for v in ws) + (1,) * (3 - len(ws))
         object.__setattr__(self, "workgroup_size", tuple(ws))
-        if _is_flag(self.grid_sync):
+        if is_flag(self.grid_sync):
             object.__setattr__(self, "grid_sync", bool(self.grid_sync))
         _validate_program(self)
         # derived once (the buffers are immutable): device-array dispatches read them per input
@@ -502,13 +494,13 @@ def _validate_program(program) -> None:
                 "number bindings densely from 0",
             )
     ws = program.workgroup_size
-    if len(ws) != 3 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in ws):
+    if len(ws) != 3 or any(not is_int(v, numpy=False) or v <= 0 for v in ws):
         raise InvalidProgram(
             f"workgroup_size must be 1 to 3 positive ints (got {program.workgroup_size!r})",
             "pass workgroup_size=(256, 1, 1) or another positive shape",
         )
     ph = program.phases
-    if isinstance(ph, bool) or not isinstance(ph, int) or ph < 1 or ph > 65535:
+    if not is_int(ph, numpy=False) or ph < 1 or ph > 65535:
         raise InvalidProgram(
             f"phases must be an int in 1..65535 (got {ph!r})",
             "pass phases=1, or the phase count of a grid_sync program",
@@ -518,7 +510,7 @@ def _validate_program(program) -> None:
             f"phases={ph} needs grid_sync=True (phases are separated by grid barriers)",
             "pass grid_sync=True, or phases=1",
         )
-    if not isinstance(program.grid_sync, bool):
+    if not is_flag(program.grid_sync):  # (np.bool_ was made a bool in __post_init__)
         raise InvalidProgram(
             f"grid_sync must be True or False (got {program.grid_sync!r})",
             "pass grid_sync=True for a program with grid barriers, else leave it False",

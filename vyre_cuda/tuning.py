@@ -45,6 +45,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ._validate import check_int, is_int
 from .compile import cache as _cache
 from .config import DispatchConfig, as_config
 from .errors import BackendError, DeviceLost, ValidationError
@@ -144,7 +145,7 @@ def candidate_widths(candidates, caps, kernel_max: int, baseline: int) -> tuple:
         )
     widths, rejected = [], {}
     for width in (*candidates, baseline):
-        if isinstance(width, bool) or not isinstance(width, int) or width <= 0:
+        if not is_int(width, numpy=False) or width <= 0:
             raise ValidationError(
                 f"block width candidates must be positive ints (got {width!r} in {tuple(candidates)!r})",
                 "pass candidates=(64, 128, 256, 512, 1024) or a subset",
@@ -237,7 +238,7 @@ def _check_entry(entry, key: str) -> None:
     if entry.get("format") != FORMAT or entry.get("key") != key:
         raise ValueError("format or key does not match")
     block = entry["block"]
-    if isinstance(block, bool) or not isinstance(block, int) or not 0 < block <= 1 << 16:
+    if not is_int(block, numpy=False) or not 0 < block <= 1 << 16:
         raise ValueError(f"block {block!r} is not a width")
     if not isinstance(entry.get("timings_ns"), dict) or not isinstance(entry.get("rejected"), dict):
         raise ValueError("timings or rejections missing")
@@ -325,8 +326,7 @@ def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeat
             "tune without workgroup_override / grid_override, and only programs without grid sync "
             "with a 1-D workgroup_size",
         )
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= 1000:
-        raise ValidationError(f"repeats must be an int in 1..1000 (got {repeats!r})", "pass repeats=5")
+    check_int("repeats", repeats, minimum=1, maximum=1000, numpy=False, fix="pass repeats=5")
     plan = backend.plan_info(program, inputs, cfg)
     caps = backend.caps
     sizes = size_class(plan.launch.element_count)

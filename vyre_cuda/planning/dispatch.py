@@ -15,8 +15,9 @@ import os
 from dataclasses import dataclass
 
 from .._accounting import bucket_size
+from .._validate import require_program
 from ..config import DispatchConfig
-from ..errors import DeviceOutOfMemory, InvalidProgram, UnsupportedFeature, ValidationError
+from ..errors import DeviceOutOfMemory, InvalidProgram, UnsupportedFeature
 from ..program import Program
 from .binding import BindingPlan, input_spec, plan_bindings
 from .caps import DeviceCaps, check_capabilities
@@ -159,11 +160,7 @@ def plan_graph(config: DispatchConfig, route_kind: str, phases: int) -> tuple:
 def plan_route(program, lengths, config: DispatchConfig, caps: DeviceCaps, modules):
     """Bindings, launch, kernel module and route; refuses what the device cannot run before any
     compile. ``modules.load(program, bindings)`` returns (compiled kernel, loaded module)."""
-    if not isinstance(program, Program):
-        raise ValidationError(
-            f"dispatch needs a vyre_cuda.Program (got {type(program).__name__})",
-            "build one with Program(Kernel.cuda(src), [BufferDecl...])",
-        )
+    require_program(program, "dispatch")
     check_capabilities(program, caps)
     bindings = plan_bindings(program, lengths)
     launch = plan_launch(program, bindings, config, caps)

@@ -10,9 +10,8 @@ import warnings
 import weakref
 from dataclasses import dataclass
 
-import numpy as np
-
 from .._accounting import align_up, checked_add, checked_mul
+from .._validate import is_int
 from ..errors import (
     BackendError,
     CooperativeResidencyExceeded,
@@ -85,7 +84,7 @@ def _declared_count(program, bplan) -> tuple:
             f"Program.launch callable {_name(rule)} raised {type(exc).__name__}: {exc} (called with {counts})",
             "make the callable return the launch element count for every input length",
         ) from exc
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+    if not is_int(value) or value < 0:
         raise InvalidProgram(
             f"Program.launch callable {_name(rule)} returned {value!r} for {counts}; it must return a non-negative int",
             "return the number of elements the launch covers, e.g. lambda n: n['x']",

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._validate import check_int, require_program
 from ..config import as_config
 from ..errors import ValidationError
-from ..program import BindingRole, Program
+from ..program import BindingRole
 
 __all__ = ["SplitPlan", "plan_split", "MIN_CHUNK_BYTES", "CHUNKS_PER_DEVICE"]
 
@@ -99,11 +100,7 @@ def plan_split(
     the other inputs (statically sized) go whole to every chunk. Every output must be
     runtime-sized: each chunk writes its rows of every output.
     """
-    if not isinstance(program, Program):
-        raise ValidationError(
-            f"dispatch_split needs a vyre_cuda.Program (got {type(program).__name__})",
-            "build one with Program(Kernel.cuda(src), [BufferDecl...])",
-        )
+    require_program(program, "dispatch_split")
     cfg = as_config(config)
     if split is None or split is False:
         raise _split_refusal(
@@ -135,12 +132,14 @@ def plan_split(
                 f"drop output_byte_range from {decl.name!r}, or dispatch on one device",
             )
     for name, value in (("align", align), ("devices", devices)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValidationError(f"{name} must be an int >= 1 (got {value!r})", f"pass {name}=1 or more")
-    if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1):
-        raise ValidationError(
-            f"chunks must be an int >= 1 or None (got {chunks!r})",
-            "pass chunks=None to let the group choose, or a positive count",
+        check_int(name, value, minimum=1, fix=f"pass {name}=1 or more")
+    if chunks is not None:
+        check_int(
+            "chunks",
+            chunks,
+            minimum=1,
+            expected="an int >= 1 or None",
+            fix="pass chunks=None to let the group choose, or a positive count",
         )
     decls = program.inputs
     if isinstance(inputs, (str, bytes, np.ndarray)) or not hasattr(inputs, "__len__"):

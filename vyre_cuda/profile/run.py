@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 
+from .._validate import check_int
 from ..errors import BackendError, UnsupportedFeature, ValidationError
 from . import engine, runners
 from .peers import open_peer, peer_available, peer_version
@@ -162,11 +163,13 @@ def _telemetry_delta(before, after) -> dict:
 def _check_count(name, value, minimum):
     if value is None:
         return
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise ValidationError(
-            f"{name} must be an integer >= {minimum} (got {value!r})",
-            f"pass {name} as a whole number >= {minimum}",
-        )
+    check_int(
+        name,
+        value,
+        minimum=minimum,
+        expected=f"an integer >= {minimum}",
+        fix=f"pass {name} as a whole number >= {minimum}",
+    )
 
 
 def _baseline_of(baseline):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-import numpy as np
-
+from .._validate import is_int
 from ..errors import BackendError, ValidationError
 from ..program import DTYPES, BufferDecl, Kernel, Program, dtype_of
 
@@ -31,7 +30,7 @@ _SUFFIXES = {"": 1, "b": 1, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB, "g": GIB
 def parse_size(text) -> int:
     """Bytes from ``4096``, ``4K``, ``4KiB``, ``4M``, ``4MiB``, ``1G``, ``1GiB`` (binary multiples,
     any case)."""
-    if isinstance(text, (int, np.integer)) and not isinstance(text, bool):
+    if is_int(text):
         value = int(text)
     else:
         m = _SIZE_RE.match(str(text))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .._validate import is_int
 from . import systems
 from .specs import MIB, format_size
 from .stats import ratio
@@ -21,7 +22,7 @@ LEGEND = (
 
 def driver_text(version) -> str:
     """``13.0`` from the driver's integer version (13000), or the value as text."""
-    if isinstance(version, int) and not isinstance(version, bool) and version > 0:
+    if is_int(version, numpy=False) and version > 0:
         return f"{version // 1000}.{version % 1000 // 10}"
     if isinstance(version, (tuple, list)):
         return ".".join(str(v) for v in version)
