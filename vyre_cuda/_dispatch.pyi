@@ -28,7 +28,9 @@ class Prepared:
     label: str | None
     timeout: float | None
     plan: Any
-    def __init__(self, *args: Any, **kwargs: Any) -> NoReturn: ...
+    # raises TypeError (made by from_plan); not NoReturn, which makes mypy type the class as a
+    # function, hiding from_plan
+    def __init__(self, *args: Any, **kwargs: Any) -> None: ...
     @staticmethod
     def from_plan(plan: Any) -> Prepared: ...
     @property

@@ -156,7 +156,7 @@ class _State:
 
     def __init__(self, devices):
         self.devices = devices
-        self.queue = collections.deque()  # (job, index, inputs, outputs or None)
+        self.queue: collections.deque[tuple] = collections.deque()  # (job, index, inputs, outputs or None)
         self.work = threading.Condition(threading.Lock())
         self.closing = False
         self.live_threads = 0

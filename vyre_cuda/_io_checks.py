@@ -49,8 +49,10 @@ def byte_order_error(what, described, output=False):
 def raw_bits(obj):
     """A numpy array of a dtype numpy cannot export in a buffer (ml_dtypes' bfloat16, float8...)
     viewed as unsigned integers of its item size, so it travels as its raw bits; else None."""
-    dtype = getattr(obj, "dtype", None)
-    if isinstance(obj, np.ndarray) and dtype.kind == "V" and not dtype.fields and dtype.itemsize in (1, 2, 4, 8):
+    if not isinstance(obj, np.ndarray):
+        return None
+    dtype = obj.dtype
+    if dtype.kind == "V" and not dtype.fields and dtype.itemsize in (1, 2, 4, 8):
         return obj.view(np.dtype(f"u{dtype.itemsize}"))
     return None
 
@@ -171,6 +173,7 @@ def check_outputs(plan, outs, device=0, stream=None):
                 f"output {k} ({name!r}) has dtype {got_dtype} but the buffer is {want}",
                 f"pass numpy.empty({need // want.itemsize}, dtype=numpy.{want.name})",
             )
+        strides: tuple[int, ...] | None  # (a memoryview's may be None)
         if isinstance(out, np.ndarray):  # (some dtypes, e.g. bfloat16, export no buffer format)
             readonly, contiguous, size, strides = (
                 not out.flags.writeable,

@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass
 from functools import partial
 from operator import getitem
+from typing import Any
 
 import numpy as np
 
@@ -141,7 +142,9 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
         self.device = cloudpickle.dumps(device) if callable(device) else device
         self._factory = cloudpickle.dumps(backend_factory) if backend_factory is not None else None
         self.backend_options = dict(backend_options or {})
-        self.backend = None
+        # a CudaBackend or what backend_factory made (any object with dispatch and close); set by
+        # setup, None before it and after teardown
+        self.backend: Any = None
         self.ordinal = None
         self.programs: dict = {}
 

@@ -413,7 +413,7 @@ class Program:
                     f"pass {attr} as a list or tuple",
                 )
             object.__setattr__(self, attr, tuple(value))
-        ws = self.workgroup_size
+        ws: Any = self.workgroup_size  # an int or a sequence of ints until normalised here
         if is_int(ws):
             ws = (int(ws),)
         if not isinstance(ws, (tuple, list)) or not all(is_int(v) for v in ws):

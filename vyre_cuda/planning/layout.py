@@ -51,7 +51,7 @@ class SlabLayout:
 
 
 def _merge(segments):
-    merged = []
+    merged: list[tuple[int, int]] = []
     for off, length in sorted(segments):
         if merged and off <= merged[-1][0] + merged[-1][1] + MERGE_GAP:
             start = merged[-1][0]

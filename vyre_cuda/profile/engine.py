@@ -87,8 +87,8 @@ def run_rounds(runners, count, warmup, rounds, progress=None, label="", failed=N
     records ``failed[group] = reason``; any other failure propagates.
     """
     failed = {} if failed is None else failed
-    samples = {}
-    produced = {}  # group -> series keys it produced
+    samples: dict[str, list] = {}  # series key -> samples
+    produced: dict[str, set[str]] = {}  # group -> series keys it produced
     active = list(runners)
     rounds = max(1, min(rounds, count)) if count > 0 else 1
     steps = len(runners) * (rounds + 1)

@@ -236,7 +236,8 @@ class _CupyPeer:
             return {"vyre.device": walls}
 
         def verify():
-            return np.array_equal(getattr(self, "vyre_out", None), self.expected)
+            out = getattr(self, "vyre_out", None)  # None: run() failed before its readback
+            return out is not None and np.array_equal(out, self.expected)
 
         return run, verify
 

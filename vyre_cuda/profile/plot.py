@@ -99,7 +99,7 @@ def _stage_panel(ax, report, s, palette, legend):
 
 
 def _ceiling_series(report):
-    keys = set()
+    keys: set[str] = set()
     for s in report.sizes:
         keys.update(k for k in s.systems if k.startswith("ceiling."))
     return sorted(keys, key=systems.order)
@@ -158,7 +158,7 @@ def plot_report(report, path):
     grid = fig.add_gridspec(2, n, height_ratios=(1.0, 1.0), hspace=0.45, wspace=0.45)
     names = list(report.stage_names) + [systems.UNATTRIBUTED]
     palette = _palette(len(names) + 2)
-    legend = {}
+    legend: dict[str, object] = {}  # label -> the first artist drawn with it
     for i, s in enumerate(report.sizes):
         _stage_panel(fig.add_subplot(grid[0, i]), report, s, palette, legend)
     if legend:

@@ -366,8 +366,8 @@ class _SizeRun:
         b = self.rng.random(n, dtype=np.float32)
         expected = a + b
         inputs = [a, b] if self.builtin else runners.make_inputs(self.program, nbytes, self.rng)
-        skipped = {}
-        opened = []
+        skipped: dict[str, str] = {}  # system -> why it was not measured
+        opened: list = []  # the peers started, closed in reverse order
         floor = self.floor_module.Floor(self.kernel, n)
         try:
             rows, moved = self._vyre_rows(inputs, expected, skipped)
@@ -375,7 +375,7 @@ class _SizeRun:
             rows += runners.floor_runners(floor, a, b, expected, launch_scale)
             rows += runners.ceiling_runners(floor, a, b, self.thread_counts)
             rows += self._peer_rows(a, b, expected, launch_scale, skipped, opened)
-            marks = {}
+            marks: dict[str, dict | None] = {}  # "before": the telemetry before the timed rounds
             with engine.gc_paused():
                 samples = engine.run_rounds(
                     rows,

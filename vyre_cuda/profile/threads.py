@@ -44,6 +44,15 @@ def _run_together(work, threads, name):
         raise errors[0]
 
 
+def _finished(spans: list[tuple[int, int] | None]) -> list[tuple[int, int]]:
+    """The (start, end) of every thread, in thread order, after :func:`_run_together` returned
+    (it raises unless every thread ran to its end and set its span)."""
+    done = [s for s in spans if s is not None]
+    if len(done) != len(spans):
+        raise RuntimeError(f"{len(spans) - len(done)} of {len(spans)} threads set no time span")
+    return done
+
+
 def floor_threaded(floor_module, kernel, n, threads, iterations, warmup=0, seed=0):
     """``threads`` Python threads, each running its own ``Floor`` (own stream, buffers,
     staging) for ``iterations`` full pinned dispatches with the GIL released for the loop.
@@ -60,7 +69,7 @@ def floor_threaded(floor_module, kernel, n, threads, iterations, warmup=0, seed=
         )
     rng = np.random.default_rng(seed)
     floors = []
-    spans = [None] * threads
+    spans: list[tuple[int, int] | None] = [None] * threads
     try:
         for _ in range(threads):
             floors.append(floor_module.Floor(kernel, n))
@@ -86,14 +95,15 @@ def floor_threaded(floor_module, kernel, n, threads, iterations, warmup=0, seed=
         raise
     for floor in floors:
         floor.close()
-    start = min(s[0] for s in spans)
-    end = max(s[1] for s in spans)
+    done = _finished(spans)
+    start = min(s[0] for s in done)
+    end = max(s[1] for s in done)
     elapsed = max(end - start, 1)
     return {
         "threads": threads,
         "iterations": int(iterations),
-        "start_ns": [int(s[0]) for s in spans],
-        "end_ns": [int(s[1]) for s in spans],
+        "start_ns": [int(s[0]) for s in done],
+        "end_ns": [int(s[1]) for s in done],
         "elapsed_ns": int(elapsed),
         "dispatches_per_s": threads * iterations * 1e9 / elapsed,
         "outputs_ok": bool(outputs_ok),
@@ -102,7 +112,7 @@ def floor_threaded(floor_module, kernel, n, threads, iterations, warmup=0, seed=
 
 def _vyre_threaded(backend, program, inputs_per_thread, iterations, warmup):
     threads = len(inputs_per_thread)
-    spans = [None] * threads
+    spans: list[tuple[int, int] | None] = [None] * threads
 
     def work(index, barrier):
         inputs = inputs_per_thread[index]
@@ -116,7 +126,8 @@ def _vyre_threaded(backend, program, inputs_per_thread, iterations, warmup):
         spans[index] = (t0, time.perf_counter_ns())
 
     _run_together(work, threads, "vyre-profile")
-    elapsed = max(e for _, e in spans) - min(s for s, _ in spans)
+    done = _finished(spans)
+    elapsed = max(e for _, e in done) - min(s for s, _ in done)
     return throughput(threads * iterations, max(elapsed, 1))
 
 
