@@ -399,6 +399,9 @@ def _fit(geometry, target: int, align: int, streams: int, limit) -> tuple:
     ``align`` rows on one stream does not fit."""
     if limit is None or geometry.held(target, streams) <= limit:
         return target, streams
+    if target < align:  # all rows, fewer than align: one chunk, or none
+        fits = [s for s in range(streams, 0, -1) if geometry.held(target, s) <= limit]
+        return (target, fits[0]) if fits else (0, 0)
     for s in range(streams, 0, -1):
         lo, hi = 0, target // align  # the largest k with held(k * align, s) <= limit
         while lo < hi:
@@ -484,8 +487,8 @@ def plan_stream(
     chunk_rows, streams = _fit(geometry, target, align, _stream_count(device.copy_engines, tuning.streams), limit)
     if not chunk_rows:
         if forced or needed:
-            raise _no_chunk_fits(geometry, align, limit, config.device_memory_budget)
-        return StreamPlan("serial", f"one chunk of {align} row(s) does not fit the {limit:,}-byte budget")
+            raise _no_chunk_fits(geometry, min(align, rows), limit, config.device_memory_budget)
+        return StreamPlan("serial", f"one chunk of {min(align, rows)} row(s) does not fit the {limit:,}-byte budget")
     chunk_count = -(-rows // chunk_rows)
     streams = min(streams, chunk_count)
     last_rows = rows - (chunk_count - 1) * chunk_rows
@@ -565,15 +568,16 @@ def plan_stream(
     )
 
 
-def _no_chunk_fits(geometry, align: int, limit: int, budget) -> Exception:
-    """The error for a budget below one chunk of ``align`` rows on one stream."""
-    needed = geometry.held(align, 1)
+def _no_chunk_fits(geometry, rows: int, limit: int, budget) -> Exception:
+    """The error for a budget below the smallest chunk (``align`` rows, or all rows when fewer)
+    on one stream."""
+    needed = geometry.held(rows, 1)
     what = (
-        f"{needed:,} device bytes are needed to stream even one chunk of {align} row(s) "
+        f"{needed:,} device bytes are needed to stream even one chunk of {rows} row(s) "
         f"({geometry.shared_bytes:,} for the inputs that are not cut and the params blocks, "
-        f"{geometry.slot(align)[0]:,} for the chunk)"
+        f"{geometry.slot(rows)[0]:,} for the chunk)"
     )
-    smaller = ", or a smaller align" if align > 1 else ""
+    smaller = ", or a smaller align" if rows > 1 else ""
     if budget is not None and budget == limit:
         return ValidationError(
             f"DispatchConfig(device_memory_budget={budget:,}) is too small: {what}",
