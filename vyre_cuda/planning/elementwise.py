@@ -70,7 +70,8 @@ def cut_bindings(program, declared) -> tuple:
     if program.grid_sync:
         raise refusal(
             program,
-            f"it synchronises the whole grid (grid_sync=True, phases={program.phases}), so its chunks are not independent",
+            f"it synchronises the whole grid (grid_sync=True, phases={program.phases}), so its chunks are "
+            "not independent",
             "drop elementwise, or drop grid_sync when no phase reads another block's results",
         )
     for decl in program.outputs:

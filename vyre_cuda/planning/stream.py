@@ -264,9 +264,11 @@ def check_streamed_config(streamed, budget) -> tuple:
                 "pass streamed=None (the default) or False; the dispatch then runs on the serial route",
             )
     if budget is not None:
-        if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer)) or not 1 <= budget <= U64_MAX:
+        whole = isinstance(budget, (int, np.integer)) and not isinstance(budget, (bool, np.bool_))
+        if not whole or not 1 <= budget <= U64_MAX:
             raise ValidationError(
-                f"device_memory_budget must be a positive int of bytes or None (got {type(budget).__name__} {budget!r})",
+                "device_memory_budget must be a positive int of bytes or None "
+                f"(got {type(budget).__name__} {budget!r})",
                 "pass device_memory_budget=None to be bounded by free device memory only, or a byte "
                 "count such as 4 << 30",
             )
@@ -337,9 +339,13 @@ def _rows(program, bindings) -> tuple:
         return 0, {}, f"elementwise binding(s) {empty} are empty"
     ragged = {n: c for n, c in counts.items() if c % rows}
     if ragged:
-        return 0, {}, (
-            f"the elementwise bindings' element counts {counts} are not whole multiples of the "
-            f"smallest ({rows}), so they share no row"
+        return (
+            0,
+            {},
+            (
+                f"the elementwise bindings' element counts {counts} are not whole multiples of the "
+                f"smallest ({rows}), so they share no row"
+            ),
         )
     return rows, {n: c // rows for n, c in counts.items()}, ""
 
@@ -418,7 +424,9 @@ def _fit(geometry, target: int, align: int, streams: int, limit) -> tuple:
 def _chunk_launch(program, bindings, widths, config, caps, rows: int, params_offset: int) -> ChunkLaunch:
     """The launch of a chunk of ``rows`` rows: the program's own launch rule on the chunk's counts."""
     slots = tuple(
-        dataclasses.replace(s, count=rows * widths[s.decl.name], byte_len=rows * widths[s.decl.name] * s.decl.dtype.itemsize)
+        dataclasses.replace(
+            s, count=rows * widths[s.decl.name], byte_len=rows * widths[s.decl.name] * s.decl.dtype.itemsize
+        )
         if s.decl.name in widths
         else s
         for s in bindings.slots
@@ -486,6 +494,7 @@ def plan_stream(
     geometry = _Geometry(bindings, widths, align_up(4 * params_len, COPY_ALIGN, "params block"))
     chunk_rows, streams = _fit(geometry, target, align, _stream_count(device.copy_engines, tuning.streams), limit)
     if not chunk_rows:
+        assert limit is not None  # (without a limit the target always fits)
         if forced or needed:
             raise _no_chunk_fits(geometry, min(align, rows), limit, config.device_memory_budget)
         return StreamPlan("serial", f"one chunk of {min(align, rows)} row(s) does not fit the {limit:,}-byte budget")
@@ -494,7 +503,8 @@ def plan_stream(
     last_rows = rows - (chunk_count - 1) * chunk_rows
     p_full, p_last = geometry.params_offsets
     full = _chunk_launch(program, bindings, widths, config, caps, chunk_rows, p_full)
-    last = _chunk_launch(program, bindings, widths, config, caps, last_rows, p_last if last_rows != chunk_rows else p_full)
+    last_offset = p_last if last_rows != chunk_rows else p_full  # (one block when the chunks are equal)
+    last = _chunk_launch(program, bindings, widths, config, caps, last_rows, last_offset)
     for view in (full, last):
         largest = view.rows * max(widths.values())
         if view.element_count > largest:
@@ -539,7 +549,8 @@ def plan_stream(
     elif forced:
         route, reason = "streamed", "DispatchConfig(streamed=True)"
     elif needed:
-        route, reason = "streamed", f"the serial route needs {serial_bytes:,} device bytes, over the {limit:,}-byte budget"
+        route = "streamed"
+        reason = f"the serial route needs {serial_bytes:,} device bytes, over the {limit:,}-byte budget"
     elif wanted:
         route, reason = "streamed", f"{chunk_count} chunks of {chunk_rows} rows >= {tuning.min_chunks}"
     else:
