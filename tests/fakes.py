@@ -116,6 +116,9 @@ def field_variants() -> list:
         ("launch", base, other(base, launch=None)),
         ("launch", base, other(base, launch=launch_by_y)),
         ("launch", other(base, launch=lambda s: s["x"]), other(base, launch=lambda s: s["y"])),
+        ("elementwise", scale_program(), other(scale_program(), elementwise=True)),
+        ("elementwise", other(scale_program(), elementwise=True), other(scale_program(), elementwise=["x"])),
+        ("align", other(scale_program(), elementwise=True), other(scale_program(), elementwise=True, align=4)),
     ]
 
 

@@ -20,6 +20,7 @@ from .errors import (
     BackendError,
     CooperativeResidencyExceeded,
     DeviceLost,
+    UnsupportedFeature,
     ValidationError,
 )
 from .planning.caps import DeviceCaps
@@ -248,7 +249,10 @@ class CudaBackend:
         self._check_open()
         cfg = None if config is None else as_config(config)
         lengths, on_device = self._lengths(program, inputs, as_config(cfg))
-        return self._plan(program, lengths, cfg, on_device, inputs).plan
+        plan = self._planned(program, lengths, cfg, on_device, inputs)
+        if plan.route.kind == "streamed":
+            return plan  # planned only: the core does not prepare streamed plans (planning.stream)
+        return self._prepare(plan).plan
 
     def _lengths(self, program, inputs, cfg):
         """(byte lengths, indices of device inputs) of ``inputs``, as a dispatch would see them."""
@@ -274,8 +278,23 @@ class CudaBackend:
         """Plan one (program, input lengths, config): the core's one call back on a plan miss; it
         caches what this returns. ``device_inputs``: indices of the inputs in device memory;
         ``inputs``: the dispatch's own inputs (autotune measures on them)."""
+        plan = self._planned(program, lengths, config, device_inputs, inputs)
+        if plan.route.kind == "streamed":
+            # never hand the core a plan it would run on another route (planning.stream's flag)
+            raise UnsupportedFeature(
+                f"the dispatch was planned on the streamed route ({plan.route.reason}), which this "
+                "release's core does not execute",
+                "pass DispatchConfig(streamed=False), or leave planning.stream.STREAMED_ROUTE_AVAILABLE False",
+            )
+        return self._prepare(plan)
+
+    def _prepare(self, plan):
         from ._dispatch import Prepared  # noqa: PLC0415
 
+        return Prepared.from_plan(plan)
+
+    def _planned(self, program, lengths, config, device_inputs=frozenset(), inputs=None) -> DispatchPlan:
+        """The DispatchPlan of one (program, input lengths, config), logged."""
         cfg = as_config(config)
         with self._plan_lock:
             plan = plan_dispatch(program, lengths, cfg, self._caps, self._modules, device_inputs)
@@ -293,7 +312,7 @@ class CudaBackend:
             plan.layout.slab_bytes,
             "mirror" if plan.mirror else "ring",
         )
-        return Prepared.from_plan(plan)
+        return plan
 
     def _tuned(self, program, lengths, cfg, plan, device_inputs=frozenset(), inputs=None):
         """The plan of an ``autotune=True`` dispatch: at the cached (or now measured) width."""
