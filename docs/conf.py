@@ -21,7 +21,7 @@ import vyre_cuda  # noqa: E402
 
 project = "vyre_cuda"
 author = "the vyre_cuda authors"
-copyright = "the vyre_cuda authors, Apache-2.0"  # noqa: A001 (Sphinx's name for it)
+copyright = "the vyre_cuda authors, Apache-2.0"
 release = vyre_cuda.__version__
 version = release
 
