@@ -260,6 +260,7 @@ class DispatchConfig:
 
     @property
     def iterations(self) -> int:
+        """Launches (or phase sequences) per dispatch: ``fixpoint_iterations``, else 1."""
         return self.fixpoint_iterations or 1
 
     def _without_stream_object(self) -> DispatchConfig:

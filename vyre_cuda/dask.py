@@ -149,6 +149,8 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
         self.programs: dict = {}
 
     def setup(self, worker):
+        """Create this worker's backend on its device (Dask calls this when the plugin is
+        registered, or when a worker joins)."""
         device = cloudpickle.loads(self.device) if isinstance(self.device, bytes) else self.device
         self.ordinal = _worker_device(device, worker)
         if self._factory is not None:
@@ -160,6 +162,8 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
         self.programs = {}
 
     def teardown(self, worker):
+        """Close this worker's backend and forget its programs (Dask calls this when the worker
+        closes or the plugin is removed)."""
         backend, self.backend = self.backend, None
         self.programs = {}
         if backend is not None:

@@ -141,18 +141,45 @@ def dtype_of(value) -> DType:
 
 
 class BufferAccess(enum.Enum):
+    """How a kernel uses a buffer; :class:`BufferDecl` takes a member or its value (``"read_only"``).
+
+    Examples
+    --------
+    >>> BufferAccess("uniform")
+    <BufferAccess.UNIFORM: 'uniform'>
+    """
+
+    #: Read only; takes an input (``BufferDecl.read``).
     READ_ONLY = "read_only"
+    #: Read and written; takes an input and gives it back updated (``BufferDecl.read_write``),
+    #: or with ``output=True`` an output that starts zeroed (``BufferDecl.output``).
     READ_WRITE = "read_write"
+    #: Written only; an output that starts zeroed (``BufferDecl.write_only``).
     WRITE_ONLY = "write_only"
+    #: A small read-only input (vyre's uniform buffer), treated as ``READ_ONLY``.
     UNIFORM = "uniform"
+    #: Per-block shared memory, not an argument; its bytes form the launch's dynamic shared memory.
     WORKGROUP = "workgroup"
 
 
 class BindingRole(enum.Enum):
+    """What a buffer is to a dispatch, derived from its access and flags (:attr:`BufferDecl.role`).
+
+    Examples
+    --------
+    >>> BufferDecl.read_write("y", 0, "f32").role
+    <BindingRole.INPUT_OUTPUT: 'input_output'>
+    """
+
+    #: Takes an input, gives no output.
     INPUT = "input"
+    #: Gives an output, takes no input (zeroed before the launch).
     OUTPUT = "output"
+    #: Takes an input and gives it back as an output.
     INPUT_OUTPUT = "input_output"
+    #: Workgroup (shared) memory, neither an input nor an output.
     SHARED = "shared"
+    #: A resident buffer; refused, since every dispatch borrows its buffers.
     PERSISTENT = "persistent"
 
 

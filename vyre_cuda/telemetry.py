@@ -62,11 +62,20 @@ class Telemetry:
         self._core = core
 
     def snapshot(self) -> dict:
+        """Every counter now, as ``{name: int}``.
+
+        The names of :data:`COUNTERS` (bytes and operations each way, launches, waits, failures,
+        graph replays, ...) and the backend's pool statistics (``device_alloc_calls``,
+        ``pinned_alloc_calls``, ``ring_bytes``, ``output_cache_hits``, ...). A snapshot is a copy:
+        it does not change as the backend works. ``telemetry["h2d_bytes"]`` reads one counter.
+        """
         values = dict(zip(COUNTERS, self._core.counters()))
         values.update(self._core.pool_stats())
         return values
 
     def reset(self) -> None:
+        """Zero the counters of :data:`COUNTERS` and the pools' hit, miss and allocation counts
+        (between the phases of a measurement, say); sizes of what is cached or live are kept."""
         self._core.reset_counters()
 
     def __getitem__(self, name):

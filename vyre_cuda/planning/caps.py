@@ -36,9 +36,12 @@ class DeviceCaps:
 
     @property
     def arch(self) -> str:
+        """The compute capability as NVRTC's architecture name, e.g. ``sm_90``."""
         return f"sm_{self.cc[0]}{self.cc[1]}"
 
     def supports(self, requirement: str) -> bool:
+        """Whether the device offers ``requirement`` (``f16``, ``bf16``, ``subgroup``, ``trap``,
+        ``cooperative``); other names are not offered by this backend."""
         if requirement == "f16":
             return self.cc >= (5, 3)
         if requirement == "bf16":
@@ -52,6 +55,7 @@ class DeviceCaps:
         return False  # indirect_dispatch, collectives: not offered by this backend
 
     def as_dict(self) -> dict:
+        """Every field by name (``DeviceCaps(**caps.as_dict())`` rebuilds it)."""
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 

@@ -101,6 +101,7 @@ class DispatchPlan:
 
     @property
     def iterations(self) -> int:
+        """Launches (or phase sequences) per dispatch: the config's ``fixpoint_iterations``, else 1."""
         return self.config.iterations
 
 
