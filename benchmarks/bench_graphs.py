@@ -47,6 +47,7 @@ import numpy as np  # noqa: E402
 import vyre_cuda as vc  # noqa: E402
 from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program  # noqa: E402
 from vyre_cuda import builtin_programs as bp  # noqa: E402
+from vyre_cuda.profile import _hooks  # noqa: E402
 
 BFS_SOURCE = HERE.parent / "tests" / "gpu" / "kernels" / "bfs.cu"
 INF = 0xFFFFFFFF
@@ -208,7 +209,7 @@ def single_auto(backend, rng, rounds, per_round):
     auto = DispatchConfig(label="single-auto")  # graph=None: a fresh plan, so a fresh trial
     key = (prog, auto, a.nbytes, b.nbytes)
     backend.dispatch(prog, [a, b], auto)
-    prep = backend._core.prepared_for(key)
+    prep = _hooks.prepared_plan(backend, key)
     while prep.graph_trial_left:
         (out,) = backend.dispatch(prog, [a, b], auto)
         assert np.array_equal(out, a + b)
