@@ -2,18 +2,18 @@
 
 The fake records launches made while a stream captures and replays them, with the captured
 argument values, at cuGraphLaunch, so a wrong pointer baked into a graph gives a wrong result
-here. Prints one JSON object: scenario name -> {"ok": bool, "error": text}.
+here. Prints one JSON object: scenario name -> {"ok": bool, "error": text, "skipped": None}
+(tests/helpers/scenarios.py).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
-import traceback
 
 import numpy as np
 from helpers.bfs import INF, bfs_program, csr, python_bfs
+from helpers.scenarios import Scenarios
 
 import vyre_cuda as vc
 from fakecuda import FakeDriver, array_at
@@ -22,12 +22,8 @@ from vyre_cuda import builtin_programs as bp
 
 RNG = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 ACC = bp.vecadd("u32")
-SCENARIOS = {}
-
-
-def scenario(fn):
-    SCENARIOS[fn.__name__] = fn
-    return fn
+SCENARIOS = Scenarios()
+scenario = SCENARIOS.register
 
 
 def accumulate(launch):
@@ -419,19 +415,5 @@ def uncapturable_cooperative_launches_fall_back_and_stay_ordered(fake):
     assert fake.stats()["graph_execs"] == 0
 
 
-def main():
-    fake = FakeDriver()
-    results = {}
-    for name, fn in SCENARIOS.items():
-        fake.clear_failures()
-        try:
-            fn(fake)
-            results[name] = {"ok": True, "error": ""}
-        except Exception:  # noqa: BLE001 (reported to the parent)
-            results[name] = {"ok": False, "error": traceback.format_exc()[-3000:]}
-    results["_hook_errors"] = fake.hook_errors
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    SCENARIOS.main(FakeDriver())
