@@ -6,8 +6,10 @@ import sys
 import threading
 import time
 import types
+from typing import TYPE_CHECKING
 
 import numpy as np
+from helpers.contracts import ProfiledBackend
 
 import vyre_cuda
 from vyre_cuda import profile as P
@@ -48,7 +50,7 @@ class _FakeTelemetry:
         return snap
 
 
-class FakeBackend:
+class FakeBackend(ProfiledBackend):
     device = 0
     context_handle = 0x1234
     caps = types.SimpleNamespace(cc=(9, 0), name="Fake GPU", driver_version=13000)
@@ -198,3 +200,7 @@ def install(monkeypatch):
         compile_module, "compile_kernel", lambda kernel, arch=None: types.SimpleNamespace(image=b"fake\0", kind="cubin")
     )
     return types.SimpleNamespace(floor=floor, created=created)
+
+
+if TYPE_CHECKING:  # mypy (scripts/lint): the fake implements every member of its contract
+    _implements: type[ProfiledBackend] = FakeBackend
