@@ -1,4 +1,4 @@
-"""Child of tests/test_graphs_fake.py: graph replay on a real CudaBackend over the fake driver.
+"""Child of tests/test_graphs.py: graph replay on a real CudaBackend over the fake driver.
 
 The fake records launches made while a stream captures and replays them, with the captured
 argument values, at cuGraphLaunch, so a wrong pointer baked into a graph gives a wrong result
