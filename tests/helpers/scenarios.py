@@ -120,9 +120,13 @@ def run_child(args, fake_libcuda, tmp_path_factory, timeout: float = 600) -> Any
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_scenarios(child: pathlib.Path, fake_libcuda, tmp_path_factory, *args, timeout: float = 600) -> dict:
-    """Run every scenario of ``child`` (:meth:`Scenarios.main`) in one process: the records by
-    name, after checking that the fake driver's emulation raised nothing."""
-    results = run_child([child, *args], fake_libcuda, tmp_path_factory, timeout)
+def run_scenarios(child: pathlib.Path, fake_libcuda, tmp_path_factory, timeout: float = 600) -> dict:
+    """Run every scenario of ``child`` (:meth:`Scenarios.main`) in one process with a fresh seed
+    (:func:`seed`): the records by name, after checking that the fake driver's emulation raised
+    nothing and that the child ran exactly the scenarios it declares (:func:`declared`)."""
+    child_seed = seed()
+    results = run_child([child, child_seed], fake_libcuda, tmp_path_factory, timeout)
     assert results.pop("_hook_errors") == []
+    ran_all = sorted(results) == sorted(declared(child))
+    assert ran_all, f"the child (seed {child_seed}) ran other scenarios than it declares"
     return results
