@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from typing import TYPE_CHECKING
 
 import pytest
+from helpers import contracts
 
 import vyre_cuda
 from vyre_cuda.planning.caps import DeviceCaps
@@ -44,16 +46,16 @@ NO_COOP = DeviceCaps(
 )
 
 
-class PlanningDriver:
+class PlanningDriver(contracts.PlanningDriver):
     """The Python-level driver calls planning makes, answered for ``caps`` without a device."""
 
     def __init__(self, caps: DeviceCaps):
         self.caps = caps
         self.occupancy = 8
         self.next_handle = 0x1000
-        self.functions = {}  # function handle -> image
-        self.shared_optin = {}  # function handle -> bytes opted in
-        self.occupancy_calls = []
+        self.functions: dict[int, bytes] = {}  # function handle -> image
+        self.shared_optin: dict[int, int] = {}  # function handle -> bytes opted in
+        self.occupancy_calls: list[tuple[int, int]] = []
 
     def _handle(self):
         self.next_handle += 0x10
@@ -145,3 +147,7 @@ def plan(planners, caps, program, lengths, config, occupancy):
         if LaunchSizeWarning is not None:
             warnings.simplefilter("ignore", LaunchSizeWarning)
         return backend._plan(program, tuple(lengths), config), driver
+
+
+if TYPE_CHECKING:  # mypy (scripts/lint): the fake implements every member of its contract
+    _implements: type[contracts.PlanningDriver] = PlanningDriver

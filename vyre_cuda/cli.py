@@ -323,19 +323,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default: 0)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=_cmd_tune)
-    try:
-        from . import profile
-    except ImportError:  # pragma: no cover - profile is part of the package
-        return parser
-    if hasattr(profile, "add_arguments"):
-        p = sub.add_parser(
-            "profile",
-            help="per-dispatch host-cost profile against the driver floor",
-            epilog=EPILOG,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        profile.add_arguments(p)
-        p.set_defaults(func=profile.main)
+    from . import profile  # needs no compiled core: a run loads the floor
+
+    p = sub.add_parser(
+        "profile",
+        help="per-dispatch host-cost profile against the driver floor",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    profile.add_arguments(p)
+    p.set_defaults(func=profile.main)
     return parser
 
 

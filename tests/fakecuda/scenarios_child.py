@@ -3,19 +3,19 @@ fake driver, with driver failures injected where a GPU cannot be made to fail on
 
 Each scenario makes its own backend, asserts, and closes it; the fake driver's counters are
 compared as differences, since a scenario may leave deliberate leaks behind. Prints one JSON
-object: scenario name -> {"ok": bool, "error": text, "skipped": reason or None}.
+object: scenario name -> {"ok": bool, "error": text, "skipped": reason or None}
+(tests/helpers/scenarios.py).
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import pathlib
 import sys
 import threading
-import traceback
 
 import numpy as np
+from helpers.scenarios import Scenarios, Skip
 
 import vyre_cuda as vc
 from fakecuda import FakeDriver, vecadd_emulation
@@ -24,17 +24,9 @@ from vyre_cuda import builtin_programs as bp
 
 VECADD = bp.vecadd_f32()
 LIVE = ("device_pool_live_bytes", "pinned_pool_live_bytes", "streams_live", "events_live")
-SCENARIOS = {}
+SCENARIOS = Scenarios()
+scenario = SCENARIOS.register
 RNG = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
-
-
-class Skip(Exception):
-    pass
-
-
-def scenario(fn):
-    SCENARIOS[fn.__name__] = fn
-    return fn
 
 
 def vecadd_backend(fake, n=1000):
@@ -289,25 +281,5 @@ def bf16_arrays_of_the_returned_dtype_are_accepted_as_inputs(fake):
     backend.close()
 
 
-def main():
-    fake = FakeDriver()
-    results = {}
-    for name, fn in SCENARIOS.items():
-        fake.clear_failures()
-        try:
-            fn(fake)
-            results[name] = {"ok": True, "error": "", "skipped": None}
-        except Skip as why:
-            results[name] = {"ok": True, "error": "", "skipped": str(why)}
-        except BaseException as exc:  # noqa: BLE001 (reported to the parent)
-            results[name] = {
-                "ok": False,
-                "skipped": None,
-                "error": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-3000:],
-            }
-    results["_hook_errors"] = fake.hook_errors
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    SCENARIOS.main(FakeDriver())
