@@ -271,12 +271,12 @@ def window_sweep(report):
 def streaming_sweep(report, sizes=(4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)):
     """Staging copies with plain memcpy or non-temporal stores, copy threads and the readback
     window, against the driver's pageable path measured before and after each size."""
-    from vyre_cuda import _dispatch, _transfer
+    from vyre_cuda import _tracing, _transfer
 
     prog = bp.vecadd_f32()
     rng = np.random.default_rng(11)
     rows = []
-    stages = list(_dispatch.STAGES)
+    stages = list(_tracing.STAGES)
     keep = vc.CudaBackend(0)
     try:
         for nbytes in sizes:

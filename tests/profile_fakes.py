@@ -170,15 +170,15 @@ def install(monkeypatch):
     """Install the fakes (the floor, the core's STAGES, vecadd, CudaBackend, pinned_empty,
     compile_kernel) for one test; returns ``namespace(floor=module, created=[backends])``."""
     floor = _fake_floor_module()
-    dispatch = types.ModuleType("vyre_cuda._dispatch")
-    dispatch.STAGES = STAGES
+    tracing = types.ModuleType("vyre_cuda._tracing")
+    tracing.STAGES = STAGES
     builtins = types.ModuleType("vyre_cuda.builtin_programs")
     builtins.vecadd_f32 = lambda: types.SimpleNamespace(
         name="vecadd_f32",
         inputs=(BufferDecl.read("a", 0, "f32"), BufferDecl.read("b", 1, "f32")),
     )
     monkeypatch.setitem(sys.modules, "vyre_cuda.profile._floor", floor)
-    monkeypatch.setitem(sys.modules, "vyre_cuda._dispatch", dispatch)
+    monkeypatch.setitem(sys.modules, "vyre_cuda._tracing", tracing)
     monkeypatch.setattr(P, "_floor", floor, raising=False)
     monkeypatch.setattr(vyre_cuda, "builtin_programs", builtins, raising=False)
     created = []

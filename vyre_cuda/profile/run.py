@@ -258,7 +258,7 @@ def run_profile(
     n_threads = host_threads or default_host_threads()
     thread_counts = (1,) if n_threads == 1 else (1, n_threads)
     floor_module = import_floor()
-    from .._dispatch import STAGES
+    from .._tracing import STAGES
 
     builtin = program is None
     owned = backend is None

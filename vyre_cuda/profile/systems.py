@@ -26,7 +26,7 @@ __all__ = [
     "traffic_kind",
 ]
 
-# The core's stage order (vyre_cuda._dispatch.STAGES); a report carries the names it measured.
+# The core's stage order (vyre_cuda._tracing.STAGES); a report carries the names it measured.
 STAGE_NAMES = (
     "plan_lookup",
     "staging_memcpy",
