@@ -20,8 +20,8 @@ def test_telemetry_names_are_the_pxd_slots_in_order():
     slots = pxd_slots()
     assert slots[-1] == "N_COUNTERS", "N_COUNTERS must be the last member (the array size)"
     expected = tuple(s[2:].lower() for s in slots[:-1])
-    assert telemetry.COUNTERS == expected
-    assert _counters.N_COUNTERS == len(expected) == len(set(expected))
+    assert expected == telemetry.COUNTERS
+    assert len(expected) == len(set(expected)) == _counters.N_COUNTERS
     # the compiled module's values are the slot positions the core indexes with
     assert [getattr(_counters, s) for s in slots] == list(range(len(slots)))
 
@@ -36,4 +36,3 @@ def test_no_other_module_defines_counter_slots():
         if re.search(r"^\s+T_[A-Z0-9_]+\s*(=|$|#)", text, re.M) or "N_COUNTERS =" in text:
             offenders.append(path.name)
     assert offenders == []
-

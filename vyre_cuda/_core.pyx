@@ -57,7 +57,6 @@ cnp.import_array()
 cdef int MAX_STREAM_PLANS = 64
 
 
-
 cdef char _format_kind(const char* fmt) noexcept:
     # struct-module format of a buffer: skip byte-order prefixes, classify the type code
     cdef char c
@@ -82,7 +81,6 @@ cdef inline bint _kind_ok(char want, Py_ssize_t want_size, const char* fmt, Py_s
     if want == 0 or itemsize == 1:
         return True  # untyped declaration, or raw bytes reinterpreted on purpose
     return itemsize == want_size and _format_kind(fmt) == want
-
 
 
 @cython.final

@@ -265,7 +265,7 @@ cdef cydriver.CUresult device_copies(PendingDispatch d, const char** call) noexc
 
 
 cdef cydriver.CUresult _regular_launches(Prepared p, InFlight* f, unsigned long long* argv, void** argp,
-                               size_t n_args, const char** call) noexcept nogil:
+                                         size_t n_args, const char** call) noexcept nogil:
     # one params block per launch: a single one, or one per phase when host-split
     cdef cydriver.CUresult st
     cdef int _it

@@ -13,7 +13,7 @@ from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
 from ._transfer cimport Source, SRC_ZERO, SRC_INPUT, SRC_PARAMS
-from ._launch cimport CoopGate, GraphCache, GRAPH_EXECS, TRIAL_WARMUP, TRIAL_SAMPLES
+from ._launch cimport GraphCache, GRAPH_EXECS, TRIAL_WARMUP, TRIAL_SAMPLES
 
 
 @cython.final

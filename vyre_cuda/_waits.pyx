@@ -57,7 +57,6 @@ def _set_wait_mode(int mode):
     _wait_mode = mode
 
 
-
 class _Timeout(Exception):
     pass
 
@@ -80,7 +79,6 @@ def _timeout_error(timeout, pending):
     )
     err.pending = pending
     return err
-
 
 
 cdef int _check_signals(PendingDispatch d) noexcept with gil:
@@ -145,7 +143,6 @@ cdef extern from *:
     }
     """
     void _relax "vyre_relax"() noexcept nogil
-
 
 
 cdef list new_outputs(Core core, Prepared p):
