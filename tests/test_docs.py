@@ -58,7 +58,7 @@ KNOWN_UNDOCUMENTED = {
     "vyre_cuda.CudaBackend.lost": "vyre_cuda/backend.py",
     "vyre_cuda.DeviceGroup.closed": "vyre_cuda/group.py",
     "vyre_cuda.DeviceGroup.live_devices": "vyre_cuda/group.py",
-    "vyre_cuda.PendingDispatch.route": "vyre_cuda/_dispatch.pyx",
+    "vyre_cuda.PendingDispatch.route": "vyre_cuda/_waits.pyx",
     "vyre_cuda.DeviceArray.device": "vyre_cuda/_devarray.pyx",
     "vyre_cuda.DeviceArray.dtype": "vyre_cuda/_devarray.pyx",
     "vyre_cuda.DeviceArray.nbytes": "vyre_cuda/_devarray.pyx",

@@ -68,7 +68,7 @@ _LAZY = {
     "DeviceArray": ("_devarray", "DeviceArray"),
     "DeviceGroup": ("group", "DeviceGroup"),
     "TimedDispatchResult": ("backend", "TimedDispatchResult"),
-    "PendingDispatch": ("_dispatch", "PendingDispatch"),
+    "PendingDispatch": ("_waits", "PendingDispatch"),
     "driver_status": ("backend", "driver_status"),
     "reset_device": ("backend", "reset_device"),
     "builtin_programs": ("builtin_programs", None),

@@ -143,7 +143,7 @@ class CudaBackend:
         output_cache_bytes: int = 4 << 30,
         trace: bool | str | None = None,
     ):
-        from ._dispatch import Core  # noqa: PLC0415 (the compiled core loads at first use)
+        from ._core import Core  # noqa: PLC0415 (the compiled core loads at first use)
 
         check_int("device", device, expected="an int ordinal", fix="pass device=0 or another ordinal")
         for name, value in (
@@ -222,7 +222,7 @@ class CudaBackend:
         return self._core.dispatch_timed(program, inputs, config)
 
     def _dispatch_profiled(self, program, inputs, config=None, start_ns=0):
-        """(outputs, stage_ns) with stage_ns aligned with ``vyre_cuda._dispatch.STAGES``."""
+        """(outputs, stage_ns) with stage_ns aligned with ``vyre_cuda._tracing.STAGES``."""
         return self._core.dispatch_profiled(program, inputs, config, start_ns)
 
     def _check_open(self):
@@ -289,7 +289,7 @@ class CudaBackend:
         return self._prepare(plan)
 
     def _prepare(self, plan):
-        from ._dispatch import Prepared  # noqa: PLC0415
+        from ._prepared import Prepared  # noqa: PLC0415
 
         return Prepared.from_plan(plan)
 
@@ -358,14 +358,7 @@ class CudaBackend:
 
         Safe from any thread at any time: memory that dispatches in flight use stays theirs."""
         self._check_open()
-        core = self._core
-        core.enter()  # (close() waits for a trim in progress)
-        try:
-            core.dpool.trim()
-            core.ppool.trim()
-            core.opool.trim()
-        finally:
-            core.leave()
+        self._core.trim()  # (counted as a call in progress: close() waits for it)
 
     @contextlib.contextmanager
     def register(self, array):
@@ -418,16 +411,12 @@ class CudaBackend:
             try:
                 _driver.make_current(self._ctx)
                 _driver.context_synchronize()  # every dispatch's GPU work, pending handles' too
-                core.dpool.close()
-                core.ppool.close()
-                core.opool.close()
-                core.spool.close()
-                core.xfer.close()
+                core.resources.close()
                 self._modules.close()
             except BackendError as exc:
                 log.warning("CudaBackend.close: %s", exc.message)
         # the copy threads are joined on every path, a lost context included
-        core.xfer.stop_threads()
+        core.resources.stop_threads()
         self._modules.clear()
         if core.lost is not None or core.outstanding == 0:
             self._release_context()
@@ -442,7 +431,7 @@ class CudaBackend:
         if core.lost is None:
             try:  # what the last handles gave back after close(): the stream-ordered pool
                 _driver.make_current(self._ctx)
-                core.dpool.close()
+                core.resources.close_late()
             except BackendError as exc:
                 log.warning("CudaBackend.close: %s", exc.message)
         # a lost backend gives its context back too: the last release destroys a faulted context

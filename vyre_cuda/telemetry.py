@@ -4,40 +4,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ._counters import counter_names
+
 __all__ = ["COUNTERS", "TimedDispatchResult", "Telemetry"]
 
-# Order matches the C counter array in _dispatch.pyx.
-COUNTERS = (
-    "dispatches",
-    "h2d_bytes",
-    "h2d_ops",
-    "d2h_bytes",
-    "d2h_ops",
-    "transient_alloc_bytes",
-    "param_upload_bytes",
-    "launches",
-    "cooperative_launches",
-    "split_launches",
-    "memset_ops",
-    "sync_points",
-    "timed_dispatches",
-    "timed_wall_ns",
-    "timed_device_ns",
-    "timed_enqueue_ns",
-    "timed_wait_ns",
-    "failed_dispatches",
-    "leaked_allocations",
-    "staged_h2d_bytes",  # uploaded through staging (the mirror or the ring)
-    "direct_h2d_bytes",  # DMA'd straight from page-locked inputs
-    "staged_d2h_bytes",
-    "direct_d2h_bytes",
-    "ring_chunks",  # windows that went through the staging ring, both directions
-    "interrupted_waits",  # waits ended by Ctrl-C (the work stays owned by a PendingDispatch)
-    "graph_replays",  # dispatches whose launches ran as one CUDA graph launch
-    "graph_captures",  # launch sequences captured and instantiated (a new argument-pointer set)
-    "graph_updates",  # cached graph execs updated in place to new argument pointers
-    "graph_fallbacks",  # dispatches of a graph plan that issued their launches instead
-)
+# The counter names in the core's slot order, read from the one list of slots (_counters.pxd):
+# each slot T_X is counter "x". What each counts is said there.
+COUNTERS = counter_names()
 
 
 class TimedDispatchResult(NamedTuple):

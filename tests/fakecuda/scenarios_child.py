@@ -121,9 +121,9 @@ def failed_synchronise_leaks_rather_than_recycles(fake):
     assert err.status == "CUDA_ERROR_UNKNOWN", err
     snap = backend.telemetry.snapshot()
     assert snap["leaked_allocations"] == 1 and live(backend) == dict.fromkeys(LIVE, 0), snap
-    misses = backend._core.dpool.misses
+    misses = backend._core.resources.dpool.misses
     check_vecadd(backend)  # a fresh slab: the leaked one is not reused
-    assert backend._core.dpool.misses == misses + 1
+    assert backend._core.resources.dpool.misses == misses + 1
     assert fake.stats()["device_allocs"] == device0 + 1
     backend.close()
 
@@ -237,13 +237,13 @@ def soak_keeps_pools_counters_and_memory_flat(fake):
 def trim_on_another_thread_frees_the_cached_memory(fake):
     backend = vecadd_backend(fake)
     check_vecadd(backend)
-    assert backend._core.dpool.cached_bytes > 0
+    assert backend._core.resources.dpool.cached_bytes > 0
     before = fake.stats()["device_allocs"]
-    cached = backend._core.dpool.cached_blocks() + 0
+    cached = backend._core.resources.dpool.cached_blocks() + 0
     worker = threading.Thread(target=backend.trim)  # a thread with no current context
     worker.start()
     worker.join()
-    assert backend._core.dpool.cached_bytes == 0
+    assert backend._core.resources.dpool.cached_bytes == 0
     # every block the pool forgot was really freed (the context must be current for cuMemFree)
     assert fake.stats()["device_allocs"] == before - cached, (before, cached, fake.stats()["device_allocs"])
     backend.close()

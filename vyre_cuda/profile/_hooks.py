@@ -35,9 +35,9 @@ __all__ = [
 def stage_names() -> tuple[str, ...]:
     """The core's dispatch stages, in the order of the ``stage_ns`` that
     :func:`profiled_dispatch` returns (``plan_lookup``, ``staging_memcpy``, ...)."""
-    from .. import _dispatch
+    from .. import _tracing
 
-    return tuple(_dispatch.STAGES)
+    return tuple(_tracing.STAGES)
 
 
 def profiled_dispatch(backend) -> Callable[..., tuple[list, tuple[int, ...]]]:
@@ -69,9 +69,9 @@ def set_wait_mode(mode: int) -> None:
     """Process-wide: how a blocking dispatch waits for its event. 0 polls (interruptible,
     the default), 1 polls without pausing between queries, 2 calls ``cuStreamSynchronize`` when
     there is no timeout (not interruptible)."""
-    from .. import _dispatch
+    from .. import _waits
 
-    _dispatch._set_wait_mode(int(mode))
+    _waits._set_wait_mode(int(mode))
 
 
 @contextlib.contextmanager
