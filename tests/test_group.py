@@ -363,7 +363,8 @@ def test_a_per_call_split_or_align_wins_over_the_declaration(rng):
     with group:
         (out,) = group.dispatch_split(declared, [a, b], split=True, align=1, chunks=7)
         np.testing.assert_array_equal(out, a + b)
-        for split, match in ((False, r"not declared elementwise \(split=False\)"), (["a"], "input 'b' is not in split")):
+        refusals = ((False, r"not declared elementwise \(split=False\)"), (["a"], "input 'b' is not in split"))
+        for split, match in refusals:
             with pytest.raises(ValidationError, match=match) as info:
                 group.dispatch_split(declared, [a, b], split=split)
             assert str(info.value).splitlines()[-1].startswith("Fix: ")

@@ -13,10 +13,10 @@ worded for its per-call ``split=`` (a :class:`Terms`).
 
 from __future__ import annotations
 
-import numpy as np
-
 import functools
 from typing import NamedTuple
+
+import numpy as np
 
 from ..errors import InvalidProgram
 
