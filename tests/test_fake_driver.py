@@ -48,6 +48,7 @@ SCENARIOS = [
     "eight_threads_dispatch_correctly",
     "close_frees_every_allocation_module_and_the_context",
     "soak_keeps_pools_counters_and_memory_flat",
+    "device_facts_come_from_the_driver_at_plan_time",
     *KNOWN_DEFECTS,
 ]
 
