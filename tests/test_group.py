@@ -380,6 +380,20 @@ def test_an_undeclared_program_is_refused_naming_both_declarations():
     assert str(info.value).splitlines()[-1].startswith("Fix: pass split=True")
 
 
+def test_dispatch_split_refuses_a_launch_sized_by_a_binding_it_does_not_cut():
+    # the declaration's rule: a chunk's launch must cover the chunk
+    prog = vc.Program(
+        fakes.inplace_program().kernel,
+        [vc.BufferDecl.read_write("x", 0, "f32"), vc.BufferDecl.read("y", 1, "f32")],
+        launch="y",
+    )
+    f = np.zeros(64, np.float32)
+    with pytest.raises(ValidationError, match="its launch is sized by 'y'") as info:
+        plan_split(prog, [f, f], ["x"])
+    assert info.value.fix == "add 'y' to split, or size the launch by a binding that is cut"
+    assert [kind for kind, _ in plan_split(prog, [f, f], True).inputs] == ["split", "split"]
+
+
 @pytest.mark.parametrize(
     "program, inputs, split, config, match",
     [
