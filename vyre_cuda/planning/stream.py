@@ -462,11 +462,11 @@ def plan_stream(
     ``bindings`` and ``launch`` are the dispatch's BindingPlan and LaunchPlan, ``serial_bytes`` the
     device bytes the serial route would hold (its slab), ``device`` what the device offers (by
     default from ``caps`` and ``free_memory()``, the device's free bytes: a driver call, made only
-    for a dispatch that could stream, once its route is being sized), ``tuning`` the constants, ``available`` the route switch (default
-    ``STREAMED_ROUTE_AVAILABLE``). The route is ``"streamed"`` when available and forced
-    (``DispatchConfig(streamed=True)``), when the serial route would exceed the memory budget
-    (``device_memory_budget`` or free device memory), or when the dispatch makes at least
-    ``tuning.min_chunks`` chunks; else ``"serial"``, with the reason.
+    for a dispatch that could stream, once its route is being sized), ``tuning`` the constants,
+    ``available`` the route switch (default ``STREAMED_ROUTE_AVAILABLE``). The route is
+    ``"streamed"`` when available and forced (``DispatchConfig(streamed=True)``), when the serial
+    route would exceed the memory budget (``device_memory_budget`` or free device memory), or when
+    the dispatch makes at least ``tuning.min_chunks`` chunks; else ``"serial"``, with the reason.
     """
     tuning = tuning or StreamTuning()
     available = STREAMED_ROUTE_AVAILABLE if available is None else available
