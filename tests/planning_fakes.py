@@ -77,6 +77,10 @@ class PlanningDriver(contracts.PlanningDriver):
     def make_current(self, ctx):
         assert ctx == 0
 
+    def mem_get_info(self):
+        total = self.caps.total_memory
+        return total - total // 8, total  # (free, total): a device with an eighth in use
+
     def context_synchronize(self):
         pass
 
@@ -106,6 +110,7 @@ ENTRY_POINTS = (
     "retain_primary_context",
     "release_primary_context",
     "make_current",
+    "mem_get_info",
     "context_synchronize",
     "load_module",
     "unload_module",

@@ -637,7 +637,14 @@ def backend(monkeypatch):
     from vyre_cuda import _driver
 
     caps = dataclasses.replace(CAPS, total_memory=64 << 20)
+    free_reads = []  # each cuMemGetInfo the planner makes (its answer: 48 MiB free unless changed)
+
+    def mem_get_info():
+        free_reads.append(free_reads[-1] if free_reads else 48 << 20)
+        return free_reads[-1], 64 << 20
+
     fakes = {
+        "mem_get_info": mem_get_info,
         "init_driver": lambda: None,
         "device_caps": lambda ordinal: caps.as_dict(),
         "retain_primary_context": lambda ordinal: 0,
@@ -652,6 +659,7 @@ def backend(monkeypatch):
     for name, fake in fakes.items():
         monkeypatch.setattr(_driver, name, fake)
     b = vc.CudaBackend(0)
+    b.free_reads = free_reads
     yield b
     b.close()
 
@@ -665,7 +673,7 @@ def test_plan_info_routes_a_dispatch_over_device_memory_streamed(backend, route_
     a = np.zeros(12 << 20, np.float32)  # 3 x 48 MiB: over 90% of the 64 MiB device
     info = backend.plan_info(vecadd(elementwise=True), [a, a])
     assert info.route.kind == "streamed" and info.stream.streamed and info.route.reason == info.stream.reason
-    budget = (64 << 20) - (64 << 20) // 10
+    budget = (48 << 20) - (48 << 20) // 10  # 90% of free memory (under 90% of the 64 MiB total)
     assert info.stream.budget == budget and info.stream.device_bytes <= budget
     assert info.stream.streams == 3 and info.stream.chunk_rows < 2 << 20 < 12 << 20  # shrunk to fit
     assert info.graph is False and info.graph_trial is False
@@ -674,6 +682,30 @@ def test_plan_info_routes_a_dispatch_over_device_memory_streamed(backend, route_
     assert "streamed route" in err.message
     small = backend.plan_info(vecadd(elementwise=True), [a[:1000], a[:1000]])
     assert small.route.kind == "regular" and small.stream.route == "serial"
+
+
+def test_free_memory_is_read_when_an_elementwise_plan_is_made(backend, route_on):
+    a = np.zeros(1 << 20, np.float32)  # 12 MiB in all: serial while 12 MiB fit the budget
+    assert backend.plan_info(vecadd(), [a, a]).stream is None
+    assert backend.plan_info(vecadd(elementwise=True), [a, a], DispatchConfig(streamed=False)).stream.route == "serial"
+    assert backend.free_reads == []  # neither plan needed it
+    info = backend.plan_info(vecadd(elementwise=True), [a, a])
+    assert backend.free_reads == [48 << 20] and info.route.kind == "regular"
+    assert info.stream.budget == (48 << 20) - (48 << 20) // 10
+    backend.free_reads.append(8 << 20)  # another process took memory: the next plan sees it
+    info = backend.plan_info(vecadd(elementwise=True), [a, a])
+    assert info.stream.budget == (8 << 20) - (8 << 20) // 10 and info.route.kind == "streamed"
+    assert info.stream.device_bytes <= info.stream.budget < 12 << 20
+
+
+def test_the_device_facts_shape_the_planner_device():
+    engines = StreamDevice.from_caps(dataclasses.replace(CAPS, copy_engines=1))
+    assert (engines.copy_engines, engines.sm_count) == (1, 132)
+    total = CAPS.total_memory
+    assert StreamDevice.from_caps(CAPS).free_memory == total - total // 10  # free memory unknown
+    assert StreamDevice.from_caps(CAPS, free_memory=10_000).free_memory == 9_000
+    assert StreamDevice.from_caps(CAPS, free_memory=total).free_memory == total - total // 10
+    assert StreamDevice.from_caps(dataclasses.replace(CAPS, total_memory=0)).free_memory is None
 
 
 def test_with_the_flag_off_plans_are_unchanged(backend):

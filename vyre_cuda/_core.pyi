@@ -1,7 +1,7 @@
 """Core: the per-backend entry points of the hot path and its bookkeeping (compiled module)."""
 
-from collections.abc import Sequence
-from typing import Any, final
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, final
 
 import numpy as np
 
@@ -10,6 +10,8 @@ from ._resources import Resources
 from ._transfer import TransferEngine
 from ._waits import PendingDispatch
 from .telemetry import TimedDispatchResult
+
+_T = TypeVar("_T")
 
 @final
 class Core:
@@ -42,6 +44,7 @@ class Core:
     def reset_counters(self) -> None: ...
     def pool_stats(self) -> dict[str, int]: ...
     def trim(self) -> None: ...
+    def counted(self, fn: Callable[[], _T]) -> _T: ...
     def clear_prepared(self) -> None: ...
     def _release_graphs(self, destroy: bool) -> None: ...
     def forget_context(self) -> None: ...

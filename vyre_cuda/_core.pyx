@@ -131,6 +131,14 @@ cdef class Core:
         finally:
             self.busy -= 1
 
+    def counted(self, fn):
+        """Run ``fn()`` counted as running, so close() waits for it (cold reads of pools/driver)."""
+        self._enter()
+        try:
+            return fn()
+        finally:
+            self.busy -= 1
+
     def clear_prepared(self):
         self._release_graphs(self.ctx != NULL)
         self.prepared.clear()

@@ -297,7 +297,9 @@ class CudaBackend:
         """The DispatchPlan of one (program, input lengths, config), logged."""
         cfg = as_config(config)
         with self._plan_lock:
-            plan = plan_dispatch(program, lengths, cfg, self._caps, self._modules, device_inputs)
+            plan = plan_dispatch(
+                program, lengths, cfg, self._caps, self._modules, device_inputs, self._free_device_memory
+            )
         if cfg.autotune:
             plan = self._tuned(program, lengths, cfg, plan, device_inputs, inputs)
         launch, route = plan.launch, plan.route
@@ -314,6 +316,21 @@ class CudaBackend:
         )
         return plan
 
+    def _free_device_memory(self) -> int:
+        """Device bytes a dispatch planned now can draw on: the driver's free memory plus what this
+        backend's device pool holds unused (cached blocks, the stream-ordered pool's idle reserve),
+        which the pool reuses or trims for it. Driver calls: the planner makes them on a plan miss
+        of an elementwise dispatch only, never on the dispatch path."""
+        core = self._core
+
+        def read() -> int:
+            _driver.make_current(self._ctx)
+            free, _ = _driver.mem_get_info()
+            pool = core.resources.dpool
+            return free + pool.cached_bytes + max(0, pool.reserved_bytes() - pool.async_live_bytes)
+
+        return core.counted(read)  # (close() waits: the pool stays alive while it is read)
+
     def _tuned(self, program, lengths, cfg, plan, device_inputs=frozenset(), inputs=None):
         """The plan of an ``autotune=True`` dispatch: at the cached (or now measured) width."""
         base = dataclasses.replace(cfg, autotune=False)
@@ -327,6 +344,7 @@ class CudaBackend:
                     self._caps,
                     self._modules,
                     device_inputs,
+                    self._free_device_memory,
                 )
         # the plan keeps the caller's config (label, timeout, iterations are the same)
         return dataclasses.replace(

@@ -87,6 +87,7 @@ def _cmd_info(args) -> int:
     print(f"  shared memory per block {caps.max_shared_per_block:,} B ({caps.max_shared_per_block_optin:,} B opt-in)")
     print(f"  threads / blocks per SM {caps.max_threads_per_sm} / {caps.max_blocks_per_sm}")
     print(f"  cooperative launch      {caps.cooperative_launch}")
+    print(f"  copy engines            {caps.copy_engines}")
     caps_list = [r for r in ("f16", "bf16", "subgroup", "trap", "cooperative") if caps.supports(r)]
     print(f"  capabilities            {', '.join(caps_list)}")
     print(f"visible devices: {info['devices']}")

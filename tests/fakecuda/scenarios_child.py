@@ -281,5 +281,41 @@ def bf16_arrays_of_the_returned_dtype_are_accepted_as_inputs(fake):
     backend.close()
 
 
+@scenario
+def device_facts_come_from_the_driver_at_plan_time(fake):
+    # copy engines are a device attribute; free memory is read when an elementwise dispatch is
+    # planned (a plan miss), never on the dispatch path of a planned one
+    from vyre_cuda import _driver
+
+    backend = vc.CudaBackend(0)
+    assert backend.caps.copy_engines == 3, backend.caps  # the fake's ASYNC_ENGINE_COUNT
+    elementwise = Program(VECADD.kernel, VECADD.buffers, name="vecadd_elementwise", elementwise=True)
+    a, b = pair(1 << 14)
+    fake.emulate(backend, elementwise, [a, b], vecadd_emulation(np.float32))
+    info = backend.plan_info(elementwise, [a, b])
+    _driver.make_current(backend.context_handle)
+    free, total = _driver.mem_get_info()
+    pool = backend._core.resources.dpool
+    reachable = free + pool.cached_bytes + max(0, pool.reserved_bytes() - pool.async_live_bytes)
+    assert info.stream.budget == reachable - reachable // 10 < total - total // 10, (info.stream, free, total)
+    (out,) = backend.dispatch(elementwise, [a, b])
+    assert np.array_equal(out, a + b), "elementwise vecadd gave a wrong result"
+    fake.fail("cuMemGetInfo", "CUDA_ERROR_INVALID_VALUE", sticky=True)
+    try:
+        for _ in range(3):  # planned: no cuMemGetInfo (it would fail)
+            a, b = pair(1 << 14)
+            (out,) = backend.dispatch(elementwise, [a, b])
+            assert np.array_equal(out, a + b), "elementwise vecadd gave a wrong result"
+        # a plan miss of a program that is not elementwise reads nothing either (same slab: the
+        # pool reuses its cached block, so the pool's own budget check is not reached)
+        (out,) = backend.dispatch(VECADD, [a, b])
+        assert np.array_equal(out, a + b), "vecadd gave a wrong result"
+        err = raises(vc.BackendError, backend.plan_info, elementwise, [a, b])  # planning it again does
+        assert "cuMemGetInfo" in str(err), err
+    finally:
+        fake.clear_failures()
+    backend.close()
+
+
 if __name__ == "__main__":
     SCENARIOS.main(FakeDriver())

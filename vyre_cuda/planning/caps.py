@@ -15,7 +15,12 @@ __all__ = ["DeviceCaps", "KNOWN_REQUIREMENTS", "missing_capabilities", "check_ca
 
 @dataclass(frozen=True)
 class DeviceCaps:
-    """What one device offers, read once from the driver (or built by hand in tests)."""
+    """What one device offers, read once from the driver (or built by hand in tests).
+
+    ``copy_engines`` is ``CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT``: 2 lets an upload and a readback
+    run at once. Free memory is not a capability (it changes): the planner reads it when it needs
+    it (``CudaBackend`` passes ``plan_dispatch`` a reader of ``cuMemGetInfo``).
+    """
 
     ordinal: int = 0
     name: str = "unknown"
@@ -30,6 +35,7 @@ class DeviceCaps:
     max_threads_per_sm: int = 2048
     max_blocks_per_sm: int = 32
     cooperative_launch: bool = True
+    copy_engines: int = 2
     total_memory: int = 0
     driver_version: int = 0
     pci_bus_id: str = ""

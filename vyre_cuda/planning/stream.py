@@ -28,6 +28,7 @@ measurement on the GPU (notes/streamed-dispatch.md says how).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,12 +103,13 @@ class StreamDevice:
     sm_count: int = 132
 
     @classmethod
-    def from_caps(cls, caps: DeviceCaps, free_memory: int | None = None, copy_engines: int = 2) -> StreamDevice:
-        """The device of ``caps``; without ``free_memory``, the budget plan_dispatch holds every
-        dispatch to (90% of total memory; None when the total is unknown)."""
-        if free_memory is None and caps.total_memory:
-            free_memory = caps.total_memory - caps.total_memory // 10
-        return cls(free_memory, copy_engines, caps.sm_count)
+    def from_caps(cls, caps: DeviceCaps, free_memory: int | None = None) -> StreamDevice:
+        """The device of ``caps`` (its copy engines and SMs). The bytes a dispatch may hold: 90% of
+        ``free_memory`` (the device pool's own rule for a new allocation: the rest is headroom for
+        the context and other allocations), and never more than the budget plan_dispatch holds
+        every dispatch to, 90% of total memory (None when neither is known)."""
+        limits = [m - m // 10 for m in (free_memory, caps.total_memory) if m]
+        return cls(min(limits) if limits else None, caps.copy_engines, caps.sm_count)
 
 
 @dataclass(frozen=True)
@@ -450,6 +452,7 @@ def plan_stream(
     *,
     serial_bytes: int,
     device: StreamDevice | None = None,
+    free_memory: Callable[[], int | None] | None = None,
     tuning: StreamTuning | None = None,
     device_inputs=frozenset(),
     available: bool | None = None,
@@ -457,15 +460,15 @@ def plan_stream(
     """The route of one dispatch and, when it can stream, its :class:`StreamPlan` (pure).
 
     ``bindings`` and ``launch`` are the dispatch's BindingPlan and LaunchPlan, ``serial_bytes`` the
-    device bytes the serial route would hold (its slab), ``device`` what the device offers (from
-    ``caps`` by default), ``tuning`` the constants, ``available`` the route switch (default
-    ``STREAMED_ROUTE_AVAILABLE``). The route is ``"streamed"`` when available and forced
-    (``DispatchConfig(streamed=True)``), when the serial route would exceed the memory budget
-    (``device_memory_budget`` or free device memory), or when the dispatch makes at least
-    ``tuning.min_chunks`` chunks; else ``"serial"``, with the reason.
+    device bytes the serial route would hold (its slab), ``device`` what the device offers (by
+    default from ``caps`` and ``free_memory()``, the device's free bytes: a driver call, made only
+    for a dispatch that could stream, once its route is being sized), ``tuning`` the constants,
+    ``available`` the route switch (default ``STREAMED_ROUTE_AVAILABLE``). The route is
+    ``"streamed"`` when available and forced (``DispatchConfig(streamed=True)``), when the serial
+    route would exceed the memory budget (``device_memory_budget`` or free device memory), or when
+    the dispatch makes at least ``tuning.min_chunks`` chunks; else ``"serial"``, with the reason.
     """
     tuning = tuning or StreamTuning()
-    device = device or StreamDevice.from_caps(caps)
     available = STREAMED_ROUTE_AVAILABLE if available is None else available
     forced = config.streamed is True
     if config.streamed is False:
@@ -479,6 +482,8 @@ def plan_stream(
         if forced:
             raise ValidationError(f"DispatchConfig(streamed=True) cannot stream this dispatch: {why}", fix)
         return StreamPlan("serial", why)
+    if device is None:
+        device = StreamDevice.from_caps(caps, None if free_memory is None else free_memory())
     limits = [b for b in (config.device_memory_budget, device.free_memory) if b is not None]
     limit = min(limits) if limits else None
     needed = limit is not None and serial_bytes > limit
