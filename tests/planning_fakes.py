@@ -156,3 +156,27 @@ def plan(planners, caps, program, lengths, config, occupancy):
 
 if TYPE_CHECKING:  # mypy (scripts/lint): the fake implements every member of its contract
     _implements: type[contracts.PlanningDriver] = PlanningDriver
+
+
+def stub_backend(monkeypatch, caps, **overrides):
+    """A real CudaBackend whose driver entry points are constant stubs for ``caps`` (no handles
+    tracked, unlike PlanningDriver): planning and validation run for real, and nothing reaches a
+    device. ``overrides`` replace single entry points (e.g. ``load_module=``, ``mem_get_info=``)."""
+    from vyre_cuda import _driver
+
+    stubs = {
+        "init_driver": lambda: None,
+        "device_caps": lambda ordinal: caps.as_dict(),
+        "retain_primary_context": lambda ordinal: 0,
+        "release_primary_context": lambda ordinal: None,
+        "make_current": lambda ctx: None,
+        "context_synchronize": lambda: None,
+        "load_module": lambda image, entry, want_barrier: (0, 0, 0, 0),
+        "unload_module": lambda module: None,
+        "set_max_dynamic_shared": lambda function, nbytes: None,
+        "occupancy_blocks_per_sm": lambda function, threads, shared: 8,
+        **overrides,
+    }
+    for name, stub in stubs.items():
+        monkeypatch.setattr(_driver, name, stub)
+    return vyre_cuda.CudaBackend(0)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 import fakecuda
 import numpy as np
 import pytest
+from planning_fakes import stub_backend
 
 import vyre_cuda as vc
 from vyre_cuda import BufferAccess, BufferDecl, DispatchConfig, Kernel, Program
@@ -892,23 +893,7 @@ STATIC_CASES = [
 def offline_backend(monkeypatch):
     """A CudaBackend whose driver entry points are fakes: planning and validation are real, and
     anything that would reach a device (pool allocation, launch) is not expected to happen."""
-    from vyre_cuda import _driver
-
-    fakes = {
-        "init_driver": lambda: None,
-        "device_caps": lambda ordinal: CAPS.as_dict(),
-        "retain_primary_context": lambda ordinal: 0,
-        "release_primary_context": lambda ordinal: None,
-        "make_current": lambda ctx: None,
-        "context_synchronize": lambda: None,
-        "load_module": lambda image, entry, want_barrier: (0, 0, 0, 0),
-        "unload_module": lambda module: None,
-        "set_max_dynamic_shared": lambda function, nbytes: None,
-        "occupancy_blocks_per_sm": lambda function, threads, shared: 8,
-    }
-    for name, fake in fakes.items():
-        monkeypatch.setattr(_driver, name, fake)
-    backend = vc.CudaBackend(0)
+    backend = stub_backend(monkeypatch, CAPS)
     yield backend
     backend.close()
 

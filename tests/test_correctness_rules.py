@@ -15,8 +15,8 @@ import pickle
 
 import numpy as np
 import pytest
+from planning_fakes import stub_backend
 
-import vyre_cuda as vc
 from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program
 from vyre_cuda import builtin_programs as bp
 from vyre_cuda.errors import InvalidProgram, ValidationError
@@ -58,23 +58,9 @@ def assert_fix(err: BaseException) -> None:
 @pytest.fixture
 def backend(monkeypatch):
     """A CudaBackend on fakes of the driver calls planning makes (module load, occupancy)."""
-    from vyre_cuda import _driver
-
-    fakes = {
-        "init_driver": lambda: None,
-        "device_caps": lambda ordinal: H200.as_dict(),
-        "retain_primary_context": lambda ordinal: 0,
-        "release_primary_context": lambda ordinal: None,
-        "make_current": lambda ctx: None,
-        "context_synchronize": lambda: None,
-        "load_module": lambda image, entry, want_barrier: (0, 0, 0x1000 if want_barrier else 0, 4),
-        "unload_module": lambda module: None,
-        "set_max_dynamic_shared": lambda function, nbytes: None,
-        "occupancy_blocks_per_sm": lambda function, threads, shared: 8,
-    }
-    for name, fake in fakes.items():
-        monkeypatch.setattr(_driver, name, fake)
-    b = vc.CudaBackend(0)
+    b = stub_backend(
+        monkeypatch, H200, load_module=lambda image, entry, want_barrier: (0, 0, 0x1000 if want_barrier else 0, 4)
+    )
     yield b
     b.close()
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from planning_fakes import stub_backend
 
-import vyre_cuda as vc
 from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program
 from vyre_cuda import builtin_programs as bp
 from vyre_cuda.config import as_config
@@ -634,8 +634,6 @@ def test_every_plan_tiles_the_rows_fits_the_budget_and_computes_what_numpy_does(
 @pytest.fixture
 def backend(monkeypatch):
     """A CudaBackend on fakes of the driver calls planning makes, on a device of 64 MiB."""
-    from vyre_cuda import _driver
-
     caps = dataclasses.replace(CAPS, total_memory=64 << 20)
     free_reads = []  # each cuMemGetInfo the planner makes (its answer: 48 MiB free unless changed)
 
@@ -643,22 +641,9 @@ def backend(monkeypatch):
         free_reads.append(free_reads[-1] if free_reads else 48 << 20)
         return free_reads[-1], 64 << 20
 
-    fakes = {
-        "mem_get_info": mem_get_info,
-        "init_driver": lambda: None,
-        "device_caps": lambda ordinal: caps.as_dict(),
-        "retain_primary_context": lambda ordinal: 0,
-        "release_primary_context": lambda ordinal: None,
-        "make_current": lambda ctx: None,
-        "context_synchronize": lambda: None,
-        "load_module": lambda image, entry, want_barrier: (0, 0, 0, 4),
-        "unload_module": lambda module: None,
-        "set_max_dynamic_shared": lambda function, nbytes: None,
-        "occupancy_blocks_per_sm": lambda function, threads, shared: 8,
-    }
-    for name, fake in fakes.items():
-        monkeypatch.setattr(_driver, name, fake)
-    b = vc.CudaBackend(0)
+    b = stub_backend(
+        monkeypatch, caps, mem_get_info=mem_get_info, load_module=lambda image, entry, want_barrier: (0, 0, 0, 4)
+    )
     b.free_reads = free_reads
     yield b
     b.close()
