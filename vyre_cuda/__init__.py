@@ -8,6 +8,8 @@
 Importing never needs a GPU: the driver is resolved at the first backend use.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .config import DispatchConfig
 from .errors import (
     BackendError,
@@ -23,10 +25,23 @@ from .errors import (
 )
 from .program import BindingRole, BufferAccess, BufferDecl, DType, Kernel, LaunchSizeWarning, Program
 
+if TYPE_CHECKING:
+    # the lazy names below, typed for checkers; at run time __getattr__ imports each at first use
+    from . import builtin_programs, tracing, tuning
+    from ._devarray import DeviceArray
+    from ._dispatch import PendingDispatch
+    from .backend import CudaBackend, driver_status, reset_device
+    from .group import DeviceGroup
+    from .hostmem import is_page_locked, pinned_empty, pinned_like, pinned_zeros
+    from .offline import ArraySpec, plan
+    from .planning.caps import DeviceCaps
+    from .telemetry import TimedDispatchResult
+
 __version__ = "0.1.0"
 
 __all__ = [
     "__version__",
+    "ArraySpec",
     "BackendError",
     "BindingRole",
     "BufferAccess",
@@ -35,6 +50,7 @@ __all__ = [
     "CudaBackend",
     "DType",
     "DeviceArray",
+    "DeviceCaps",
     "DeviceGroup",
     "DeviceLost",
     "DeviceOutOfMemory",
@@ -56,6 +72,7 @@ __all__ = [
     "pinned_empty",
     "pinned_like",
     "pinned_zeros",
+    "plan",
     "reset_device",
     "tracing",
     "tuning",
@@ -67,7 +84,7 @@ _LAZY = {
     "CudaBackend": ("backend", "CudaBackend"),
     "DeviceArray": ("_devarray", "DeviceArray"),
     "DeviceGroup": ("group", "DeviceGroup"),
-    "TimedDispatchResult": ("backend", "TimedDispatchResult"),
+    "TimedDispatchResult": ("telemetry", "TimedDispatchResult"),
     "PendingDispatch": ("_dispatch", "PendingDispatch"),
     "driver_status": ("backend", "driver_status"),
     "reset_device": ("backend", "reset_device"),
@@ -78,10 +95,13 @@ _LAZY = {
     "pinned_zeros": ("hostmem", "pinned_zeros"),
     "pinned_like": ("hostmem", "pinned_like"),
     "is_page_locked": ("hostmem", "is_page_locked"),
+    "plan": ("offline", "plan"),
+    "ArraySpec": ("offline", "ArraySpec"),
+    "DeviceCaps": ("planning.caps", "DeviceCaps"),
 }
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     try:
         module_name, attr = _LAZY[name]
     except KeyError:
@@ -94,5 +114,5 @@ def __getattr__(name):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))

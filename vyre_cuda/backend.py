@@ -9,6 +9,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
@@ -26,6 +28,15 @@ from .planning.caps import DeviceCaps
 from .planning.dispatch import DispatchPlan, plan_dispatch, plan_route
 from .telemetry import Telemetry, TimedDispatchResult
 from .tracing import trace_flags
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from ._dispatch import PendingDispatch
+    from .config import DispatchConfig
+    from .program import Program
+    from .tuning import TuneResult
+    from .typing import ConfigLike, DispatchOutput, HostOutput, InputBuffer, OutputT
 
 __all__ = ["CudaBackend", "TimedDispatchResult", "driver_status", "reset_device", "PlanInfo"]
 
@@ -60,7 +71,7 @@ def _transfer_settings(chunk_bytes, chunks, threads):
 PlanInfo = DispatchPlan
 
 
-def driver_status() -> tuple:
+def driver_status() -> tuple[bool, str]:
     """(True, description) when a driver and device are usable, else (False, reason)."""
     try:
         _driver.init_driver()
@@ -186,7 +197,7 @@ class CudaBackend:
         return self._caps
 
     @property
-    def limits(self) -> dict:
+    def limits(self) -> dict[str, Any]:
         return self._caps.as_dict()
 
     @property
@@ -199,28 +210,42 @@ class CudaBackend:
         return self._core.lost is not None
 
     # ------------------------------------------------------------------ dispatch
-    def dispatch(self, program, inputs, config=None) -> list:
+    @overload
+    def dispatch(self, program: Program, inputs: Sequence[InputBuffer], config: None = None) -> list[HostOutput]: ...
+    @overload
+    def dispatch(
+        self, program: Program, inputs: Sequence[InputBuffer], config: DispatchConfig | dict[str, Any]
+    ) -> list[DispatchOutput]: ...
+    def dispatch(self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None) -> list[Any]:
         """Run ``program`` on ``inputs`` (numpy arrays or C-contiguous buffers) and wait.
 
         Returns the outputs as new numpy arrays of the declared dtypes, in declaration order.
         """
         return self._core.dispatch(program, inputs, config)
 
-    def dispatch_async(self, program, inputs, config=None, *, timed: bool = False):
+    def dispatch_async(
+        self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None, *, timed: bool = False
+    ) -> PendingDispatch:
         """Enqueue and return a :class:`PendingDispatch` (``is_ready``, ``result``, ``result_into``,
         ``timed_result``). The inputs may be reused as soon as this returns."""
         return self._core.dispatch_async(program, inputs, config, timed)
 
-    def dispatch_into(self, program, inputs, outputs, config=None) -> list:
+    def dispatch_into(
+        self, program: Program, inputs: Sequence[InputBuffer], outputs: Sequence[OutputT], config: ConfigLike = None
+    ) -> list[OutputT]:
         """Run and wait, writing the outputs into the caller's arrays (size, dtype, contiguity and
         writability are checked before anything runs)."""
         return self._core.dispatch_into(program, inputs, outputs, config)
 
-    def dispatch_timed(self, program, inputs, config=None) -> TimedDispatchResult:
+    def dispatch_timed(
+        self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None
+    ) -> TimedDispatchResult:
         """Run and wait; return the outputs with wall, device, enqueue and wait nanoseconds."""
         return self._core.dispatch_timed(program, inputs, config)
 
-    def _dispatch_profiled(self, program, inputs, config=None, start_ns=0):
+    def _dispatch_profiled(
+        self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None, start_ns: int = 0
+    ) -> tuple[list[Any], tuple[int, ...]]:
         """(outputs, stage_ns) with stage_ns aligned with ``vyre_cuda._dispatch.STAGES``."""
         return self._core.dispatch_profiled(program, inputs, config, start_ns)
 
@@ -231,7 +256,9 @@ class CudaBackend:
                 "create a new CudaBackend() (or use it inside its `with` block)",
             )
 
-    def cooperative_grid_sync_fits(self, program, inputs, config=None) -> bool:
+    def cooperative_grid_sync_fits(
+        self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None
+    ) -> bool:
         """Whether the dispatch would run as one cooperative launch (the router's own answer)."""
         self._check_open()
         cfg = as_config(config)
@@ -243,7 +270,7 @@ class CudaBackend:
             return False  # forced cooperative over residency: it does not fit
         return route.kind == "cooperative"
 
-    def plan_info(self, program, inputs, config=None) -> DispatchPlan:
+    def plan_info(self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None) -> DispatchPlan:
         """The plan a dispatch of these inputs runs with (planned now if not cached)."""
         self._check_open()
         cfg = None if config is None else as_config(config)
@@ -314,7 +341,16 @@ class CudaBackend:
             plan, config=cfg, tuned_block=None if block is None else (block, 1, 1), tuning=reason
         )
 
-    def tune(self, program, inputs, config=None, candidates=tuning.CANDIDATES, *, repeats=tuning.REPEATS, force=False):
+    def tune(
+        self,
+        program: Program,
+        inputs: Sequence[InputBuffer],
+        config: ConfigLike = None,
+        candidates: Sequence[int] = tuning.CANDIDATES,
+        *,
+        repeats: int = tuning.REPEATS,
+        force: bool = False,
+    ) -> TuneResult:
         """Measure ``program``'s block widths on ``inputs`` and cache the fastest (opt-in autotune).
 
         Each candidate the device and the kernel allow runs once (its outputs must equal those of
@@ -349,7 +385,7 @@ class CudaBackend:
             core.leave()
 
     @contextlib.contextmanager
-    def register(self, array):
+    def register(self, array: OutputT) -> Iterator[OutputT]:
         """Page-lock a caller-owned buffer for the ``with`` block, so dispatches DMA straight
         from/to it (no staging copy).
 
@@ -444,10 +480,10 @@ class CudaBackend:
         except Exception as exc:  # noqa: BLE001 (a finalizer must not raise)
             log.warning("CudaBackend finalizer: close() failed: %s", exc)
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False
 
