@@ -23,16 +23,16 @@ import numpy as np
 import numpy.typing as npt
 
 from ._validate import check_int, require_program
-from .compile import CompiledKernel, compile_kernel
+from .compile import CompiledKernel, compile_kernel, nvrtc_version
 from .config import as_config
-from .errors import ValidationError
+from .errors import KernelCompileFailed, ValidationError
 from .planning.caps import DeviceCaps
 from .planning.dispatch import DispatchPlan, plan_dispatch
 from .planning.presets import preset
 from .program import Program
 from .typing import ConfigLike, InputBuffer
 
-__all__ = ["ArraySpec", "OfflineModules", "occupancy_bound", "compile_program", "plan"]
+__all__ = ["ArraySpec", "OfflineModules", "occupancy_bound", "compile_program", "offline_compile_error", "plan"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,20 @@ def compile_program(program: Program, arch: tuple[int, int] | None = None) -> Co
     """
     require_program(program, "compile_program()")
     return compile_kernel(program.kernel, arch=arch, defines=_defines(program))
+
+
+def offline_compile_error(program: Program, arch: tuple[int, int] = (9, 0)) -> KernelCompileFailed | None:
+    """The :class:`~vyre_cuda.KernelCompileFailed` that compiling ``program``'s kernel for ``arch``
+    raises, or None when it compiles (or NVRTC is missing: nothing can be said then).
+
+    ``vyre-cuda profile --kernel`` reports it on a machine without a GPU; the default ``arch``
+    is the H200's and H100's (9.0).
+    """
+    try:
+        compile_program(program, arch)
+    except KernelCompileFailed as exc:
+        return None if nvrtc_version() is None else exc
+    return None
 
 
 def _defines(program: Program) -> dict[str, str | None] | None:
