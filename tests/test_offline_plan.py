@@ -14,9 +14,10 @@ import warnings
 
 import numpy as np
 import pytest
-from planning_fakes import H200, planning_backends
+from planning_fakes import ENTRY_POINTS, H200, planning_backends
 
 import vyre_cuda as vc
+from vyre_cuda import _driver
 from vyre_cuda.offline import ArraySpec, occupancy_bound
 from vyre_cuda.planning.presets import PRESETS, preset
 
@@ -24,9 +25,6 @@ BP = vc.builtin_programs
 
 
 def _backend_plan(planners, program, inputs, config=None, occupancy=8):
-    from vyre_cuda import _driver
-    from planning_fakes import ENTRY_POINTS
-
     made, mp = planners
     backend, driver = made[H200.name]
     for name in ENTRY_POINTS:
