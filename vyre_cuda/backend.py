@@ -217,30 +217,82 @@ class CudaBackend:
         self, program: Program, inputs: Sequence[InputBuffer], config: DispatchConfig | dict[str, Any]
     ) -> list[DispatchOutput]: ...
     def dispatch(self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None) -> list[Any]:
-        """Run ``program`` on ``inputs`` (numpy arrays or C-contiguous buffers) and wait.
+        """Run ``program`` on ``inputs`` and wait.
 
-        Returns the outputs as new numpy arrays of the declared dtypes, in declaration order.
+        Parameters
+        ----------
+        program : Program
+            The program; build it once and dispatch it many times (plans are cached per program).
+        inputs : sequence of InputBuffer
+            One buffer per input binding, in declaration order: numpy arrays (page-locked ones DMA
+            directly), ``bytes`` and other C-contiguous buffers, or device arrays
+            (``__dlpack__``/``__cuda_array_interface__``, read in place). See
+            :mod:`vyre_cuda.typing`.
+        config : DispatchConfig, dict or None
+            Per-dispatch options; None for the defaults (the fastest path).
+
+        Returns
+        -------
+        list of numpy.ndarray or DeviceArray
+            The outputs, in declaration order, as new arrays of the declared dtypes: numpy
+            arrays, or :class:`DeviceArray` under ``DispatchConfig(outputs="device")``.
+
+        Raises
+        ------
+        ValidationError, InvalidProgram, UnsupportedFeature, KernelCompileFailed, DispatchFailed
+            Each with the values involved and a ``Fix:`` line.
         """
         return self._core.dispatch(program, inputs, config)
 
     def dispatch_async(
         self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None, *, timed: bool = False
     ) -> PendingDispatch:
-        """Enqueue and return a :class:`PendingDispatch` (``is_ready``, ``result``, ``result_into``,
-        ``timed_result``). The inputs may be reused as soon as this returns."""
+        """Enqueue the dispatch and return at once.
+
+        Parameters are those of :meth:`dispatch`; ``timed=True`` records device events so that
+        :meth:`PendingDispatch.timed_result` can report device time. The inputs may be reused as
+        soon as this returns.
+
+        Returns
+        -------
+        PendingDispatch
+            ``is_ready()``, ``result()``, ``result_into(outputs)``, ``timed_result()``; dropping it
+            un-awaited is safe (it waits, then recycles).
+        """
         return self._core.dispatch_async(program, inputs, config, timed)
 
     def dispatch_into(
         self, program: Program, inputs: Sequence[InputBuffer], outputs: Sequence[OutputT], config: ConfigLike = None
     ) -> list[OutputT]:
-        """Run and wait, writing the outputs into the caller's arrays (size, dtype, contiguity and
-        writability are checked before anything runs)."""
+        """Run and wait, writing the outputs into the caller's arrays.
+
+        Parameters
+        ----------
+        program, inputs, config
+            As for :meth:`dispatch`.
+        outputs : sequence of OutputBuffer
+            One writable, C-contiguous array per output, in declaration order, of the declared
+            dtype and size (host or device memory); checked before anything runs.
+
+        Returns
+        -------
+        list
+            ``outputs`` itself, as a list.
+        """
         return self._core.dispatch_into(program, inputs, outputs, config)
 
     def dispatch_timed(
         self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None
     ) -> TimedDispatchResult:
-        """Run and wait; return the outputs with wall, device, enqueue and wait nanoseconds."""
+        """Run and wait, timing the dispatch.
+
+        Parameters are those of :meth:`dispatch`.
+
+        Returns
+        -------
+        TimedDispatchResult
+            ``(outputs, wall_ns, device_ns, enqueue_ns, wait_ns)``.
+        """
         return self._core.dispatch_timed(program, inputs, config)
 
     def _dispatch_profiled(
@@ -259,7 +311,11 @@ class CudaBackend:
     def cooperative_grid_sync_fits(
         self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None
     ) -> bool:
-        """Whether the dispatch would run as one cooperative launch (the router's own answer)."""
+        """Whether the dispatch would run as one cooperative launch (the router's own answer).
+
+        Parameters are those of :meth:`dispatch`. False when a grid-sync program's grid is over
+        co-residency (it then runs host-split) or a forced ``cooperative=True`` would be refused.
+        """
         self._check_open()
         cfg = as_config(config)
         lengths, _ = self._lengths(program, inputs, cfg)
@@ -271,7 +327,16 @@ class CudaBackend:
         return route.kind == "cooperative"
 
     def plan_info(self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None) -> DispatchPlan:
-        """The plan a dispatch of these inputs runs with (planned now if not cached)."""
+        """The plan a dispatch of these inputs runs with (planned now if not cached).
+
+        Parameters are those of :meth:`dispatch`; only the inputs' byte lengths (and which are
+        device memory) matter. :func:`vyre_cuda.plan` makes the same plan without a GPU.
+
+        Returns
+        -------
+        DispatchPlan
+            Bindings, launch, slab layout, route, staging and graph decisions.
+        """
         self._check_open()
         cfg = None if config is None else as_config(config)
         lengths, on_device = self._lengths(program, inputs, as_config(cfg))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = ["COUNTERS", "TimedDispatchResult", "Telemetry"]
 
@@ -48,7 +48,7 @@ class TimedDispatchResult(NamedTuple):
     time to enqueue everything; ``wait_ns`` waiting for completion plus copying the outputs out.
     """
 
-    outputs: list
+    outputs: list[Any]
     wall_ns: int
     device_ns: int
     enqueue_ns: int
@@ -61,15 +61,17 @@ class Telemetry:
     def __init__(self, core):
         self._core = core
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, int]:
+        """Every counter and pool statistic by name, read now."""
         values = dict(zip(COUNTERS, self._core.counters()))
         values.update(self._core.pool_stats())
         return values
 
     def reset(self) -> None:
+        """Zero the counters (the pools' statistics are live figures and stay)."""
         self._core.reset_counters()
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> int:
         return self.snapshot()[name]
 
     def __repr__(self) -> str:
