@@ -37,6 +37,8 @@ def backend_use(prog: vc.Program, a: npt.NDArray[np.float32], b: npt.NDArray[np.
         assert_type(gpu.dispatch_timed(prog, [a, b]).wall_ns, int)
         assert_type(gpu.plan_info(prog, [a, b]), DispatchPlan)
         assert_type(gpu.cooperative_grid_sync_fits(prog, [a, b]), bool)
+        assert_type(gpu.telemetry.snapshot(), dict[str, int])
+        assert_type(gpu.telemetry["launches"], int)
         # bytes, memoryviews and device arrays are inputs too
         inputs: list[InputBuffer] = [b"\0" * 16, memoryview(bytearray(16)), vc.DeviceArray._empty(4, "f4", 0)]
         gpu.dispatch(prog, inputs)
@@ -65,6 +67,7 @@ def programs() -> vc.Program:
     cfg = vc.DispatchConfig(fixpoint_iterations=3, label="step")
     assert_type(cfg, vc.DispatchConfig)
     vc.DispatchConfig(label=3)  # type: ignore[arg-type]
+    vc.DispatchConfig(outputs="gpu")  # type: ignore[arg-type]
     return vc.Program(kernel, decls, workgroup_size=(128, 1, 1))
 
 
@@ -72,12 +75,15 @@ def host_memory() -> None:
     assert_type(vc.pinned_empty(10, np.float32), npt.NDArray[Any])
     assert_type(vc.pinned_zeros((2, 3)), npt.NDArray[Any])
     assert_type(vc.is_page_locked(np.zeros(3)), bool)
+    assert_type(vc.pinned_like(np.zeros(3)), npt.NDArray[Any])
+    vc.pinned_empty(10, device="0")  # type: ignore[arg-type]
 
 
 def device_arrays(x: vc.DeviceArray) -> None:
-    assert_type(x.copy_to_host(), np.ndarray[Any, Any])
+    assert_type(x.copy_to_host(), npt.NDArray[Any])
     assert_type(x.shape, tuple[int])
     assert_type(x.nbytes, int)
+    x.ptr = 0  # type: ignore[misc]
 
 
 def groups(prog: vc.Program, batches: list[list[npt.NDArray[np.float32]]]) -> None:
@@ -89,6 +95,16 @@ def groups(prog: vc.Program, batches: list[list[npt.NDArray[np.float32]]]) -> No
         flag = bool(len(batches))
         assert_type(group.map(prog, batches, return_exceptions=flag), list[list[DispatchOutput] | BaseException])
         group.map(prog, 5)  # type: ignore[call-overload]
+
+
+def dask_use(client: Any, prog: vc.Program, a: npt.NDArray[np.float32]) -> None:
+    import vyre_cuda.dask as vd
+
+    vd.register(client)
+    vd.submit(client, prog, [a, a])
+    vd.map_blocks(prog, a, a, config={"label": "chunk"})
+    vd.submit(client, prog, [a, a], config=7)  # type: ignore[arg-type]
+    vd.map_blocks("prog", a)  # type: ignore[arg-type]
 
 
 def errors(exc: vc.BackendError) -> str:
