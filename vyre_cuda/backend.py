@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .config import DispatchConfig
     from .program import Program
     from .tuning import TuneResult
-    from .typing import ConfigLike, DispatchOutput, HostOutput, InputBuffer, OutputT
+    from .typing import ConfigLike, HostOutput, InputBuffer, OutputT
 
 __all__ = ["CudaBackend", "TimedDispatchResult", "driver_status", "reset_device", "PlanInfo"]
 
@@ -215,7 +215,7 @@ class CudaBackend:
     @overload
     def dispatch(
         self, program: Program, inputs: Sequence[InputBuffer], config: DispatchConfig | dict[str, Any]
-    ) -> list[DispatchOutput]: ...
+    ) -> list[Any]: ...
     def dispatch(self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None) -> list[Any]:
         """Run ``program`` on ``inputs`` and wait.
 
@@ -235,7 +235,9 @@ class CudaBackend:
         -------
         list of numpy.ndarray or DeviceArray
             The outputs, in declaration order, as new arrays of the declared dtypes: numpy
-            arrays, or :class:`DeviceArray` under ``DispatchConfig(outputs="device")``.
+            arrays, or :class:`DeviceArray` under ``DispatchConfig(outputs="device")``. Typed
+            ``list[numpy.ndarray]`` without a config; with one, ``list[Any]``, since the config's
+            value decides (see :data:`vyre_cuda.typing.DispatchOutput`).
 
         Raises
         ------

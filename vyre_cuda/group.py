@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from .config import DispatchConfig
     from .program import Program
-    from .typing import ConfigLike, DispatchOutput, HostOutput, InputBuffer, OutputBuffer
+    from .typing import ConfigLike, HostOutput, InputBuffer, OutputBuffer
 
 __all__ = ["DeviceGroup", "MapHandle", "GroupTelemetry", "SplitPlan", "plan_split"]
 
@@ -240,7 +240,7 @@ class DeviceGroup:
         batches: Iterable[Sequence[InputBuffer]],
         config: None = None,
         *,
-        outputs: Iterable[Sequence[OutputBuffer]] | None = None,
+        outputs: None = None,
         return_exceptions: Literal[False] = False,
     ) -> list[list[HostOutput]]: ...
     @overload
@@ -248,11 +248,11 @@ class DeviceGroup:
         self,
         program: Program,
         batches: Iterable[Sequence[InputBuffer]],
-        config: DispatchConfig | dict[str, Any],
+        config: ConfigLike = None,
         *,
         outputs: Iterable[Sequence[OutputBuffer]] | None = None,
         return_exceptions: Literal[False] = False,
-    ) -> list[list[DispatchOutput]]: ...
+    ) -> list[list[Any]]: ...
     @overload
     def map(
         self,
@@ -262,7 +262,7 @@ class DeviceGroup:
         *,
         outputs: Iterable[Sequence[OutputBuffer]] | None = None,
         return_exceptions: bool,
-    ) -> list[list[DispatchOutput] | BaseException]: ...
+    ) -> list[list[Any] | BaseException]: ...
     def map(
         self,
         program: Program,
@@ -323,6 +323,26 @@ class DeviceGroup:
             self._state.submit([(job, i, b, o) for i, (b, o) in enumerate(zip(batches, outs))])
         return MapHandle(job, len(batches))
 
+    @overload
+    def imap_unordered(
+        self,
+        program: Program,
+        batches: Iterable[Sequence[InputBuffer]],
+        config: ConfigLike = None,
+        *,
+        return_exceptions: Literal[False] = False,
+        window: int | None = None,
+    ) -> Iterator[tuple[int, list[Any]]]: ...
+    @overload
+    def imap_unordered(
+        self,
+        program: Program,
+        batches: Iterable[Sequence[InputBuffer]],
+        config: ConfigLike = None,
+        *,
+        return_exceptions: bool,
+        window: int | None = None,
+    ) -> Iterator[tuple[int, list[Any] | BaseException]]: ...
     def imap_unordered(
         self,
         program: Program,
@@ -331,7 +351,7 @@ class DeviceGroup:
         *,
         return_exceptions: bool = False,
         window: int | None = None,
-    ) -> Iterator[tuple[int, list[DispatchOutput] | BaseException]]:
+    ) -> Iterator[tuple[int, Any]]:
         """Iterate ``(index, outputs)`` over the batches in the order they complete.
 
         ``batches`` may be a generator: at most ``window`` batches (default twice the group's

@@ -87,11 +87,14 @@ OutputBuffer: TypeAlias = HostBuffer | DeviceBufferLike
 declared dtype and at least the output's size."""
 
 HostOutput: TypeAlias = npt.NDArray[Any]
-"""One output of a dispatch without a config: a new numpy array of the declared dtype."""
+"""One output of a dispatch without a config (``list[HostOutput]``): a new numpy array of the
+declared dtype."""
 
 DispatchOutput: TypeAlias = npt.NDArray[Any] | DeviceArray
-"""One output of a dispatch with a config: a numpy array, or a :class:`~vyre_cuda.DeviceArray`
-under ``DispatchConfig(outputs="device")``."""
+"""What one output of a dispatch with a config is: a numpy array, or a
+:class:`~vyre_cuda.DeviceArray` under ``DispatchConfig(outputs="device")``. ``dispatch`` with a
+config is typed ``list[Any]`` (the config's value decides, which a type checker cannot see);
+annotate with this alias where the code handles both."""
 
 ConfigLike: TypeAlias = DispatchConfig | dict[str, Any] | None
 """What every ``config=`` parameter takes: a :class:`~vyre_cuda.DispatchConfig`, a dict of its
