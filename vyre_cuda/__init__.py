@@ -5,7 +5,10 @@
 >>> with vc.CudaBackend() as backend:                          # doctest: +SKIP
 ...     (out,) = backend.dispatch(prog, [np.ones(4, np.float32), np.ones(4, np.float32)])
 
-Importing never needs a GPU: the driver is resolved at the first backend use.
+Importing never needs a GPU: the driver is resolved at the first backend use, and
+:func:`plan` plans a dispatch for a named device (``"H200"``, ``"A100"``, ...) with none at all.
+The types of inputs and outputs, for annotating code that calls vyre_cuda, are in
+:mod:`vyre_cuda.typing`.
 """
 
 from typing import TYPE_CHECKING, Any

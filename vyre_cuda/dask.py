@@ -285,6 +285,22 @@ def submit(
 
     ``kwargs`` go to ``client.submit`` (``workers=``, ``retries=``, ...); tasks are not pure
     by default (hashing large inputs to deduplicate them costs more than it saves).
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A client whose workers have the plugin (:func:`register`).
+    program : Program
+        The program to run.
+    inputs : sequence of InputBuffer
+        Its inputs, sent to the worker with the task.
+    config : DispatchConfig, dict or None
+        As for :meth:`CudaBackend.dispatch`.
+
+    Returns
+    -------
+    distributed.Future
+        Of the list of outputs (numpy arrays).
     """
     _check_program(program)
     cfg = None if config is None else as_config(config)
@@ -316,6 +332,22 @@ def map_blocks(program: Program, *arrays: Any, config: ConfigLike = None, name: 
     ``count`` elements has shape ``numblocks + (count,)``, one row per chunk (per-block partial
     results, to reduce with dask afterwards). The program is applied to each chunk on its own,
     so it must make sense per chunk (an elementwise kernel, or per-block partials).
+
+    Parameters
+    ----------
+    program : Program
+        The program applied to each chunk.
+    *arrays : dask arrays, numpy arrays or buffers
+        Its inputs, in declaration order.
+    config : DispatchConfig, dict or None
+        As for :meth:`CudaBackend.dispatch`.
+    name : str, optional
+        The dask graph's key prefix (default: derived from the program and the inputs).
+
+    Returns
+    -------
+    list of dask.array.Array
+        One per program output.
     """
     _check_program(program)
     cfg = None if config is None else as_config(config)  # None: the backend's fastest path

@@ -280,6 +280,24 @@ class DeviceGroup:
         fails, the items not yet started are skipped and its error (with ``.device`` and
         ``.item``) is raised once the running ones finish; with ``return_exceptions=True`` every
         item runs and a failed item's error takes its place in the list.
+
+        Parameters
+        ----------
+        program : Program
+            The program every item runs.
+        batches : iterable of sequences of InputBuffer
+            One list of inputs per item (as for :meth:`CudaBackend.dispatch`).
+        config : DispatchConfig, dict or None
+            One config for every item.
+        outputs : iterable of sequences of OutputBuffer, optional
+            One list of output arrays per item, written in place.
+        return_exceptions : bool
+            Put a failed item's error in its place instead of raising it.
+
+        Returns
+        -------
+        list of lists
+            Each item's outputs, in input order (numpy arrays without a config or ``outputs``).
         """
         handle = self.map_async(program, batches, config, outputs=outputs, fail_fast=not return_exceptions)
         try:
