@@ -342,7 +342,7 @@ def map_blocks(program: Program, *arrays: Any, config: ConfigLike = None, name: 
     config : DispatchConfig, dict or None
         As for :meth:`CudaBackend.dispatch`.
     name : str, optional
-        The dask graph's key prefix (default: derived from the program and the inputs).
+        The label of the dask graph's keys (default: the program's name, else its kernel entry).
 
     Returns
     -------
