@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import subprocess
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -116,6 +117,23 @@ BENCHES = {
 }
 
 
+def git_commit(root=HERE.parent):
+    """The checkout's commit (12 hex digits, ``-dirty`` when tracked files changed), or None
+    outside a git checkout. The harness records the package version; the script adds this."""
+
+    def git(*args):
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}-dirty" if head and dirty else (head or None)
+
+
 def _load_write_readme():
     import importlib.util
 
@@ -169,6 +187,12 @@ def _parser():
     parser.add_argument("--plot", type=pathlib.Path, default=None, help="also save a PNG plot")
     parser.add_argument("--readme", action="store_true", help="regenerate the results section of benchmarks/README.md")
     parser.add_argument("--strict", action="store_true", help="exit with status 3 when a target is missed")
+    parser.add_argument(
+        "--commit",
+        default=None,
+        metavar="REV",
+        help="the source commit recorded in the result (default: this checkout's, read with git)",
+    )
     return parser
 
 
@@ -205,6 +229,7 @@ def main(argv=None) -> int:
         print(f"bench_dispatch: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     progress.done()
+    report.meta["commit"] = args.commit or git_commit()
     sys.stdout.write(report.format_table())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(args.out.suffix + ".tmp")

@@ -41,15 +41,17 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(HERE.parent))
+if str(HERE.parent / "tests") not in sys.path:  # the BFS program of the tests (tests/helpers/bfs.py)
+    sys.path.append(str(HERE.parent / "tests"))
 
 import numpy as np  # noqa: E402
+from helpers.bfs import INF, bfs_program  # noqa: E402
 
 import vyre_cuda as vc  # noqa: E402
-from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program  # noqa: E402
+from vyre_cuda import DispatchConfig  # noqa: E402
 from vyre_cuda import builtin_programs as bp  # noqa: E402
+from vyre_cuda.profile import _hooks  # noqa: E402
 
-BFS_SOURCE = HERE.parent / "tests" / "gpu" / "kernels" / "bfs.cu"
-INF = 0xFFFFFFFF
 TARGETS = {"fixpoint100": 0.5, "bfs_split94": 0.6}
 COUNTERS = ("graph_replays", "graph_captures", "graph_updates", "graph_fallbacks", "launches")
 
@@ -125,24 +127,6 @@ def _bfs_graph(rng, n=20_000, degree=5, tail=120):
     return [row_ptr, col_idx, dist0]
 
 
-def _bfs_program(n):
-    return Program(
-        Kernel.cuda(BFS_SOURCE.read_text()),
-        [
-            BufferDecl.read("row_ptr", 0, "u32", n + 1),
-            BufferDecl.read("col_idx", 1, "u32"),
-            BufferDecl.read_write("dist", 2, "u32", n),
-            BufferDecl.output("next", 3, "u32", n),
-            BufferDecl.output("state", 4, "u32", 3),
-        ],
-        workgroup_size=(256, 1, 1),
-        grid_sync=True,
-        phases=2,
-        name="bfs_relax",
-        launch="dist",
-    )
-
-
 def fixpoint100(backend, rng, rounds, per_round):
     prog = bp.vecadd_f32()
     a, b = (rng.standard_normal(1024).astype(np.float32) for _ in range(2))
@@ -165,7 +149,7 @@ def fixpoint100(backend, rng, rounds, per_round):
 
 def bfs_split94(backend, rng, rounds, per_round):
     inputs = _bfs_graph(rng)
-    prog = _bfs_program(len(inputs[2]))
+    prog = bfs_program(len(inputs[2]))
     limit = backend.plan_info(prog, inputs, DispatchConfig(fixpoint_iterations=47)).route.resident_limit
     grid = (limit + 1,)
     issued = DispatchConfig(fixpoint_iterations=47, grid_override=grid, graph=False)
@@ -208,7 +192,7 @@ def single_auto(backend, rng, rounds, per_round):
     auto = DispatchConfig(label="single-auto")  # graph=None: a fresh plan, so a fresh trial
     key = (prog, auto, a.nbytes, b.nbytes)
     backend.dispatch(prog, [a, b], auto)
-    prep = backend._core.prepared_for(key)
+    prep = _hooks.prepared_plan(backend, key)
     while prep.graph_trial_left:
         (out,) = backend.dispatch(prog, [a, b], auto)
         assert np.array_equal(out, a + b)

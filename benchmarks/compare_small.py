@@ -29,8 +29,8 @@ a = rng.standard_normal(n).astype(np.float32); b = rng.standard_normal(n).astype
 prog = bp.vecadd_f32()
 mode = os.environ.get("VYRE_CUDA_WAIT_MODE")
 if mode is not None:
-    import vyre_cuda._dispatch as core
-    core._set_wait_mode(int(mode))
+    from vyre_cuda.profile import _hooks
+    _hooks.set_wait_mode(int(mode))
 with vc.CudaBackend(0) as g:
     for _ in range(warmup):
         (out,) = g.dispatch(prog, [a, b])

@@ -31,7 +31,7 @@ if str(HERE.parent) not in sys.path:
 
 import vyre_cuda as vc  # noqa: E402
 from vyre_cuda import builtin_programs as bp  # noqa: E402
-from vyre_cuda.planning import dispatch as planning_dispatch  # noqa: E402
+from vyre_cuda.profile import _hooks  # noqa: E402
 
 MIB = 1 << 20
 
@@ -57,8 +57,6 @@ def check(cu_result):
 def probe_pointers(report):
     from cuda.bindings import driver as cu
 
-    from vyre_cuda import _transfer
-
     out = {}
     pinned = vc.pinned_empty(1 << 20, np.uint8)
     out["pinned_empty whole"] = vc.is_page_locked(pinned)
@@ -68,9 +66,9 @@ def probe_pointers(report):
     reg = np.ones(4 << 20, np.uint8)
     addr = reg.ctypes.data
     check(cu.cuMemHostRegister(addr, 2 << 20, cu.CU_MEMHOSTREGISTER_PORTABLE))
-    out["registered first half"] = bool(_transfer.is_page_locked_address(addr, 2 << 20))
-    out["straddles registered end"] = bool(_transfer.is_page_locked_address(addr + (1 << 20), 2 << 20))
-    out["unregistered second half"] = bool(_transfer.is_page_locked_address(addr + (2 << 20), 1 << 20))
+    out["registered first half"] = _hooks.is_page_locked_address(addr, 2 << 20)
+    out["straddles registered end"] = _hooks.is_page_locked_address(addr + (1 << 20), 2 << 20)
+    out["unregistered second half"] = _hooks.is_page_locked_address(addr + (2 << 20), 1 << 20)
     attrs = [
         cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
         cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
@@ -81,7 +79,7 @@ def probe_pointers(report):
         res = cu.cuPointerGetAttributes(len(attrs), attrs, ptr)
         out[f"raw attributes {name}"] = repr(res)
     check(cu.cuMemHostUnregister(addr))
-    out["after unregister"] = bool(_transfer.is_page_locked_address(addr, 2 << 20))
+    out["after unregister"] = _hooks.is_page_locked_address(addr, 2 << 20)
     report["pointers"] = out
     print("pointer detection:", json.dumps(out, indent=1))
 
@@ -214,33 +212,25 @@ def mirror_boundary(report):
     prog = bp.vecadd_f32()
     rng = np.random.default_rng(3)
     rows = []
-    old = planning_dispatch.MIRROR_MAX
-    try:
-        for nbytes in (128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20):
-            n = nbytes // 4
-            a = rng.standard_normal(n).astype(np.float32)
-            b = rng.standard_normal(n).astype(np.float32)
-            row = dict(bytes=nbytes)
-            for name, limit in (("mirror", 1 << 40), ("ring", 0)):
-                planning_dispatch.MIRROR_MAX = limit
-                with vc.CudaBackend(0) as g:
-                    (res,) = g.dispatch(prog, [a, b])
-                    assert np.array_equal(res, a + b)
-                    row[name + "_us"] = median_time(lambda: g.dispatch(prog, [a, b]), 200) * 1e6
-            rows.append(row)
-            print(
-                f"boundary {nbytes >> 10:>5} KiB/buffer: mirror {row['mirror_us']:8.1f} us, "
-                f"ring {row['ring_us']:8.1f} us"
-            )
-    finally:
-        planning_dispatch.MIRROR_MAX = old
+    for nbytes in (128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20):
+        n = nbytes // 4
+        a = rng.standard_normal(n).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32)
+        row = dict(bytes=nbytes)
+        for name, limit in (("mirror", 1 << 40), ("ring", 0)):
+            with _hooks.mirror_max(limit), vc.CudaBackend(0) as g:
+                (res,) = g.dispatch(prog, [a, b])
+                assert np.array_equal(res, a + b)
+                row[name + "_us"] = median_time(lambda: g.dispatch(prog, [a, b]), 200) * 1e6
+        rows.append(row)
+        print(
+            f"boundary {nbytes >> 10:>5} KiB/buffer: mirror {row['mirror_us']:8.1f} us, ring {row['ring_us']:8.1f} us"
+        )
     report["mirror_boundary"] = rows
 
 
 def window_sweep(report):
     """Smallest window size against mid-size buffers (dispatch_into, pageable in and out)."""
-    from vyre_cuda import _transfer
-
     prog = bp.vecadd_f32()
     rng = np.random.default_rng(5)
     rows = []
@@ -253,7 +243,7 @@ def window_sweep(report):
             out = np.empty_like(a)
             row = dict(bytes=nbytes, pageable_floor_us=pageable_floor(a, b, out) * 1e6)
             for w in (256 << 10, 512 << 10, 1 << 20):
-                _transfer._set_min_window(w)
+                _hooks.set_min_window(w)
                 with vc.CudaBackend(0) as g:
                     g.dispatch_into(prog, [a, b], [out])
                     assert np.array_equal(out, a + b)
@@ -263,7 +253,7 @@ def window_sweep(report):
             rows.append(row)
             print("window", {k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()})
     finally:
-        _transfer._set_min_window(512 << 10)
+        _hooks.set_min_window(512 << 10)
         keep.close()
     report["windows"] = rows
 
@@ -271,12 +261,10 @@ def window_sweep(report):
 def streaming_sweep(report, sizes=(4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)):
     """Staging copies with plain memcpy or non-temporal stores, copy threads and the readback
     window, against the driver's pageable path measured before and after each size."""
-    from vyre_cuda import _dispatch, _transfer
-
     prog = bp.vecadd_f32()
     rng = np.random.default_rng(11)
     rows = []
-    stages = list(_dispatch.STAGES)
+    stages = list(_hooks.stage_names())
     keep = vc.CudaBackend(0)
     try:
         for nbytes in sizes:
@@ -293,16 +281,16 @@ def streaming_sweep(report, sizes=(4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)):
                     for rbw in (512 << 10, 1 << 20) if nbytes <= 16 * MIB else (512 << 10,):
                         configs.append((threads, up, rb, rbw))
             for threads, up, rb, rbw in configs:
-                _transfer._set_min_window(512 << 10, rbw)
+                _hooks.set_min_window(512 << 10, rbw)
                 with vc.CudaBackend(0, copy_threads=threads) as g:
-                    g._core.xfer.stream_upload_max = (1 << 40) if up else 0
-                    g._core.xfer.stream_readback_max = (1 << 40) if rb else 0
+                    _hooks.set_streaming_copies(g, (1 << 40) if up else 0, (1 << 40) if rb else 0)
                     (res,) = g.dispatch(prog, [a, b])
                     assert np.array_equal(res, ref)
                     t = median_time(lambda: g.dispatch(prog, [a, b]), reps)
                     t_into = median_time(lambda: g.dispatch_into(prog, [a, b], [out]), reps)
                     assert np.array_equal(out, ref)
-                    per = [g._dispatch_profiled(prog, [a, b])[1] for _ in range(min(reps, 50))]
+                    profiled = _hooks.profiled_dispatch(g)
+                    per = [profiled(prog, [a, b])[1] for _ in range(min(reps, 50))]
                     st_med = {name: statistics.median(p[k] for p in per) / 1e3 for k, name in enumerate(stages)}
                 rows.append(
                     dict(
@@ -335,7 +323,7 @@ def streaming_sweep(report, sizes=(4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)):
                 f"rbw {best['min_readback_window'] >> 10}K)"
             )
     finally:
-        _transfer._set_min_window(512 << 10, 1 << 20)
+        _hooks.set_min_window(512 << 10, 1 << 20)
         keep.close()
     report["streaming"] = rows
 

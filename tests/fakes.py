@@ -15,8 +15,11 @@ import os
 import pathlib
 import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
+from helpers.contracts import GroupBackend
 
 from vyre_cuda import BufferDecl, Kernel, Program
 from vyre_cuda.errors import DeviceLost, DispatchFailed, ValidationError
@@ -105,8 +108,8 @@ def field_variants() -> list:
     return [
         ("kernel", base, other(base, kernel=Kernel.cuda(_SRC + "// launch_elems, another\n"))),
         ("kernel", base, other(base, kernel=Kernel.cuda(_SRC + "// launch_elems\n", options=("-DX=1",)))),
-        ("buffers", base, other(base, buffers=base.buffers[:2] + (BufferDecl.output("n", 2, "u32", 2),))),
-        ("buffers", base, other(base, buffers=base.buffers[:2] + (BufferDecl.output("n", 2, "u64", 1),))),
+        ("buffers", base, other(base, buffers=(*base.buffers[:2], BufferDecl.output("n", 2, "u32", 2)))),
+        ("buffers", base, other(base, buffers=(*base.buffers[:2], BufferDecl.output("n", 2, "u64", 1)))),
         ("workgroup_size", base, other(base, workgroup_size=128)),
         ("grid_sync", base, cooperative),
         ("phases", cooperative, other(cooperative, phases=2)),
@@ -116,12 +119,15 @@ def field_variants() -> list:
         ("launch", base, other(base, launch=None)),
         ("launch", base, other(base, launch=launch_by_y)),
         ("launch", other(base, launch=lambda s: s["x"]), other(base, launch=lambda s: s["y"])),
+        ("elementwise", scale_program(), other(scale_program(), elementwise=True)),
+        ("elementwise", other(scale_program(), elementwise=True), other(scale_program(), elementwise=["x"])),
+        ("align", other(scale_program(), elementwise=True), other(scale_program(), elementwise=True, align=4)),
     ]
 
 
 PROGRAM_IMPLS = {"launch_elems": _launch_elems}  # the ones that read the program (its launch)
 
-IMPLS = {
+IMPLS: dict[str, Callable[..., list]] = {
     "scale2": lambda x: [x * np.float32(2)],
     "axpb": lambda x, y, coef: [coef[0] * x + y],
     "twice_and_sum": lambda x: [x * np.float32(2), np.array([x.astype(np.float64).sum()])],
@@ -149,7 +155,7 @@ class _Telemetry:
         self._b.dispatches = self._b.h2d_bytes = self._b.d2h_bytes = 0
 
 
-class FakeBackend:
+class FakeBackend(GroupBackend):
     """Computes each program with numpy; ``delay`` seconds per dispatch (GIL released)."""
 
     def __init__(self, device: int, delay: float = 0.0, log_dir=None):
@@ -159,7 +165,7 @@ class FakeBackend:
         self.dispatches = self.h2d_bytes = self.d2h_bytes = 0
         self.programs_seen: dict = {}  # id -> program: one plan per program object, as the core
         self.threads: set = set()
-        self._lost = None
+        self._lost: str | None = None
         self.closed = False
         self.telemetry = _Telemetry(self)
         self._lock = threading.Lock()
@@ -287,3 +293,7 @@ class FakeFactory:
         backend = FakeBackend(ordinal, delay, self.log_dir)
         self.made.append(backend)
         return backend
+
+
+if TYPE_CHECKING:  # mypy (scripts/lint): the fake implements every member of its contract
+    _implements: type[GroupBackend] = FakeBackend

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from typing import TYPE_CHECKING
 
 import pytest
+from helpers import contracts
 
 import vyre_cuda
 from vyre_cuda.planning.caps import DeviceCaps
@@ -44,16 +46,16 @@ NO_COOP = DeviceCaps(
 )
 
 
-class PlanningDriver:
+class PlanningDriver(contracts.PlanningDriver):
     """The Python-level driver calls planning makes, answered for ``caps`` without a device."""
 
     def __init__(self, caps: DeviceCaps):
         self.caps = caps
         self.occupancy = 8
         self.next_handle = 0x1000
-        self.functions = {}  # function handle -> image
-        self.shared_optin = {}  # function handle -> bytes opted in
-        self.occupancy_calls = []
+        self.functions: dict[int, bytes] = {}  # function handle -> image
+        self.shared_optin: dict[int, int] = {}  # function handle -> bytes opted in
+        self.occupancy_calls: list[tuple[int, int]] = []
 
     def _handle(self):
         self.next_handle += 0x10
@@ -74,6 +76,10 @@ class PlanningDriver:
 
     def make_current(self, ctx):
         assert ctx == 0
+
+    def mem_get_info(self):
+        total = self.caps.total_memory
+        return total - total // 8, total  # (free, total): a device with an eighth in use
 
     def context_synchronize(self):
         pass
@@ -104,6 +110,7 @@ ENTRY_POINTS = (
     "retain_primary_context",
     "release_primary_context",
     "make_current",
+    "mem_get_info",
     "context_synchronize",
     "load_module",
     "unload_module",
@@ -145,3 +152,7 @@ def plan(planners, caps, program, lengths, config, occupancy):
         if LaunchSizeWarning is not None:
             warnings.simplefilter("ignore", LaunchSizeWarning)
         return backend._plan(program, tuple(lengths), config), driver
+
+
+if TYPE_CHECKING:  # mypy (scripts/lint): the fake implements every member of its contract
+    _implements: type[contracts.PlanningDriver] = PlanningDriver

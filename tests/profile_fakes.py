@@ -6,12 +6,14 @@ import sys
 import threading
 import time
 import types
+from typing import TYPE_CHECKING
 
 import numpy as np
+from helpers.contracts import ProfiledBackend
 
 import vyre_cuda
 from vyre_cuda import profile as P
-from vyre_cuda.profile import engine
+from vyre_cuda.profile import _hooks, engine
 from vyre_cuda.program import BufferDecl
 
 STAGES = P.STAGE_NAMES
@@ -48,7 +50,7 @@ class _FakeTelemetry:
         return snap
 
 
-class FakeBackend:
+class FakeBackend(ProfiledBackend):
     device = 0
     context_handle = 0x1234
     caps = types.SimpleNamespace(cc=(9, 0), name="Fake GPU", driver_version=13000)
@@ -167,18 +169,16 @@ def _fake_floor_module():
 
 
 def install(monkeypatch):
-    """Install the fakes (the floor, the core's STAGES, vecadd, CudaBackend, pinned_empty,
+    """Install the fakes (the floor, the core's stage names, vecadd, CudaBackend, pinned_empty,
     compile_kernel) for one test; returns ``namespace(floor=module, created=[backends])``."""
     floor = _fake_floor_module()
-    dispatch = types.ModuleType("vyre_cuda._dispatch")
-    dispatch.STAGES = STAGES
     builtins = types.ModuleType("vyre_cuda.builtin_programs")
     builtins.vecadd_f32 = lambda: types.SimpleNamespace(
         name="vecadd_f32",
         inputs=(BufferDecl.read("a", 0, "f32"), BufferDecl.read("b", 1, "f32")),
     )
     monkeypatch.setitem(sys.modules, "vyre_cuda.profile._floor", floor)
-    monkeypatch.setitem(sys.modules, "vyre_cuda._dispatch", dispatch)
+    monkeypatch.setattr(_hooks, "stage_names", lambda: STAGES)
     monkeypatch.setattr(P, "_floor", floor, raising=False)
     monkeypatch.setattr(vyre_cuda, "builtin_programs", builtins, raising=False)
     created = []
@@ -200,3 +200,7 @@ def install(monkeypatch):
         compile_module, "compile_kernel", lambda kernel, arch=None: types.SimpleNamespace(image=b"fake\0", kind="cubin")
     )
     return types.SimpleNamespace(floor=floor, created=created)
+
+
+if TYPE_CHECKING:  # mypy (scripts/lint): the fake implements every member of its contract
+    _implements: type[ProfiledBackend] = FakeBackend

@@ -70,7 +70,7 @@ def test_pickle_keeps_extra_state():
 
 
 def _unpicklables():
-    from vyre_cuda._dispatch import PendingDispatch
+    from vyre_cuda._waits import PendingDispatch
 
     return [PendingDispatch.__new__(PendingDispatch), threading.Lock()]
 

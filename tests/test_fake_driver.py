@@ -7,12 +7,8 @@ frees everything and gives the context back. The scenarios run in one child inte
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-
-import fakecuda
 import pytest
+from helpers import scenarios
 
 import vyre_cuda
 
@@ -38,35 +34,13 @@ KNOWN_DEFECTS = {
     "(Core._lookup asks for PyBUF_FORMAT; backend._nbytes uses memoryview). Fix: for numpy "
     "arrays take the buffer of x.view(numpy.uint8) (or check x.dtype directly) and use x.nbytes",
 }
-SCENARIOS = [
-    "upload_failure_is_typed_recycles_and_the_backend_goes_on",
-    "sticky_launch_failure_loses_the_backend_and_says_so",
-    "failed_synchronise_leaks_rather_than_recycles",
-    "out_of_memory_is_device_out_of_memory_and_allocates_nothing",
-    "stream_and_event_creation_failures_release_what_was_taken",
-    "dropped_pending_dispatch_recycles",
-    "eight_threads_dispatch_correctly",
-    "close_frees_every_allocation_module_and_the_context",
-    "soak_keeps_pools_counters_and_memory_flat",
-    *KNOWN_DEFECTS,
-]
+CHILD = scenarios.FAKECUDA / "scenarios_child.py"
+SCENARIOS = scenarios.declared(CHILD)
 
 
 @pytest.fixture(scope="module")
 def scenario_results(fake_libcuda, tmp_path_factory):
-    seed = int.from_bytes(os.urandom(4), "little")
-    child = pathlib.Path(fakecuda.__file__).with_name("scenarios_child.py")
-    proc = fakecuda.run_python(
-        [str(child), str(seed)],
-        fake_libcuda,
-        timeout=600,
-        VYRE_CUDA_CACHE_DIR=tmp_path_factory.getbasetemp() / "kernel-cache",
-    )
-    assert proc.returncode == 0, f"scenario child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert results.pop("_hook_errors") == []
-    assert sorted(results) == sorted(SCENARIOS), "the scenario lists here and in the child differ"
-    return results
+    return scenarios.run_scenarios(CHILD, fake_libcuda, tmp_path_factory)
 
 
 def _marks(name):

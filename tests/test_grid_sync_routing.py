@@ -8,23 +8,20 @@ load a module or ask the occupancy calculator, a stand-in for those two driver c
 
 from __future__ import annotations
 
-import pathlib
 import struct
 import threading
 import types
 
 import numpy as np
 import pytest
+from helpers.bfs import bfs_program
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vyre_cuda import (
-    BufferDecl,
     CooperativeResidencyExceeded,
     DispatchConfig,
     InvalidProgram,
-    Kernel,
-    Program,
     UnsupportedFeature,
 )
 from vyre_cuda import builtin_programs as bp
@@ -43,8 +40,6 @@ NO_COOP = [
 ]
 NO_COOP_IDS = ["cc5.2-no-flag", "cc5.2-flag", "cc9.0-no-flag"]
 
-BFS_SOURCE = (pathlib.Path(__file__).parent / "gpu" / "kernels" / "bfs.cu").read_text()
-
 
 def scan():
     return bp.inclusive_scan_u32(256)
@@ -55,20 +50,7 @@ def plain():
 
 
 def bfs(n=1000):
-    return Program(
-        Kernel.cuda(BFS_SOURCE),
-        [
-            BufferDecl.read("row_ptr", 0, "u32", n + 1),
-            BufferDecl.read("col_idx", 1, "u32"),
-            BufferDecl.read_write("dist", 2, "u32", n),
-            BufferDecl.output("next", 3, "u32", n),
-            BufferDecl.output("state", 4, "u32", 3),
-        ],
-        grid_sync=True,
-        phases=2,
-        name="bfs_relax",
-        launch="dist",  # one thread per node; col_idx (runtime-sized) holds more elements
-    )
+    return bfs_program(n)  # one thread per node; col_idx (runtime-sized) holds more elements
 
 
 def _lengths(program, n=100_000):
@@ -341,7 +323,7 @@ def _fake_driver(occupancy, barrier=0xB000):
 
 def _backend(caps):
     """A CudaBackend planning for ``caps``, with a core that never reaches the driver unless asked."""
-    from vyre_cuda._dispatch import Core
+    from vyre_cuda._core import Core
     from vyre_cuda.backend import CudaBackend
     from vyre_cuda.compile.modules import ModuleCache
     from vyre_cuda.telemetry import Telemetry

@@ -6,6 +6,7 @@ split planning are the real ones.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import pickle
 import threading
@@ -327,6 +328,70 @@ def test_plan_split_chunks():
     rows = np.zeros((1000, 4), np.float32)
     plan = plan_split(prog, [rows, rows], True, devices=2, chunks=3)
     assert plan.rows == 1000 and plan.outputs[0][2] == 4  # four output elements per row
+
+
+def _declared(program, **kw):
+    """``program`` with an elementwise declaration (same name: the fakes compute by name)."""
+    return dataclasses.replace(program, **kw)
+
+
+def test_dispatch_split_defaults_to_the_programs_declaration(rng):
+    prog = _declared(fakes.axpb_program(), elementwise=["x", "y"], align=256)
+    x = rng.random(10_000, dtype=np.float32)
+    y = rng.random(10_000, dtype=np.float32)
+    coef = np.array([-1.25], np.float32)
+    group, factory = _group()
+    with group:
+        (out,) = group.dispatch_split(prog, [x, y, coef], chunks=7)  # no split=, no align=
+        np.testing.assert_allclose(out, -1.25 * x + y, rtol=1e-6)
+        assert sum(b.dispatches for b in factory.made) == 7
+    plan = plan_split(prog, [x, y, coef], chunks=7)
+    assert [kind for kind, _ in plan.inputs] == ["split", "split", "whole"]
+    assert all(lo % 256 == 0 for lo, _ in plan.bounds) and plan.bounds[1][0] == 1536  # ceil(10000/7) up to 256
+    assert plan.bounds[-1][1] == 10_000
+
+
+def test_a_per_call_split_or_align_wins_over_the_declaration(rng):
+    declared = _declared(bp.vecadd("f32"), elementwise=True, align=256)
+    a = rng.random(10_000, dtype=np.float32)
+    b = rng.random(10_000, dtype=np.float32)
+    by_call = plan_split(declared, [a, b], chunks=7, align=100)
+    assert by_call.bounds[1][0] == 1500 and all(lo % 100 == 0 for lo, _ in by_call.bounds)
+    plain = plan_split(bp.vecadd("f32"), [a, b], True, chunks=7)  # the per-call declaration alone
+    assert plain.bounds[1][0] == 1429
+    group, _ = _group()
+    with group:
+        (out,) = group.dispatch_split(declared, [a, b], split=True, align=1, chunks=7)
+        np.testing.assert_array_equal(out, a + b)
+        refusals = ((False, r"not declared elementwise \(split=False\)"), (["a"], "input 'b' is not in split"))
+        for split, match in refusals:
+            with pytest.raises(ValidationError, match=match) as info:
+                group.dispatch_split(declared, [a, b], split=split)
+            assert str(info.value).splitlines()[-1].startswith("Fix: ")
+
+
+def test_an_undeclared_program_is_refused_naming_both_declarations():
+    f = np.zeros(64, np.float32)
+    with pytest.raises(ValidationError, match="not declared elementwise") as info:
+        plan_split(bp.vecadd("f32"), [f, f])
+    assert "split=True" in info.value.fix and "Program(..., elementwise=True)" in info.value.fix
+    with pytest.raises(ValidationError, match="split must be True, False or binding names") as info:
+        plan_split(bp.vecadd("f32"), [f, f], 3)
+    assert str(info.value).splitlines()[-1].startswith("Fix: pass split=True")
+
+
+def test_dispatch_split_refuses_a_launch_sized_by_a_binding_it_does_not_cut():
+    # the declaration's rule: a chunk's launch must cover the chunk
+    prog = vc.Program(
+        fakes.inplace_program().kernel,
+        [vc.BufferDecl.read_write("x", 0, "f32"), vc.BufferDecl.read("y", 1, "f32")],
+        launch="y",
+    )
+    f = np.zeros(64, np.float32)
+    with pytest.raises(ValidationError, match="its launch is sized by 'y'") as info:
+        plan_split(prog, [f, f], ["x"])
+    assert info.value.fix == "add 'y' to split, or size the launch by a binding that is cut"
+    assert [kind for kind, _ in plan_split(prog, [f, f], True).inputs] == ["split", "split"]
 
 
 @pytest.mark.parametrize(

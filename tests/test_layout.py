@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vyre_cuda._accounting import bucket_size
-from vyre_cuda._dispatch import Prepared
+from vyre_cuda._prepared import Prepared
 from vyre_cuda.config import DispatchConfig
 from vyre_cuda.errors import InvalidProgram, UnsupportedFeature
 from vyre_cuda.planning.binding import plan_bindings

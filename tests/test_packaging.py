@@ -69,7 +69,10 @@ def sdist(tmp_path_factory) -> pathlib.Path:
     given = os.environ.get("VYRE_CUDA_SDIST")
     if given:
         return pathlib.Path(given)
-    pytest.importorskip("build", reason="set VYRE_CUDA_SDIST, or install `build` to make the sdist here")
+    # find build's entry point, not the name: an in-place build's build/ folder in the checkout is
+    # importable as a namespace package called `build`
+    if importlib.util.find_spec("build.__main__") is None:
+        pytest.skip("set VYRE_CUDA_SDIST, or install `build` to make the sdist here")
     out = tmp_path_factory.mktemp("sdist")
     proc = subprocess.run(
         # an sdist needs none of the build requirements (they are pinned for building the wheel)
@@ -87,6 +90,8 @@ def sdist(tmp_path_factory) -> pathlib.Path:
         capture_output=True,
         text=True,
         timeout=300,
+        # not the checkout: an in-place build's build/ folder there would hide the `build` package
+        cwd=out,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = out.glob("*.tar.gz")

@@ -207,20 +207,14 @@ def test_host_copy_refuses_bad_buffers():
 
 
 # -- nothing of the harness at import of the runtime API --------------------------------------
-def test_runtime_api_never_imports_the_floor():
-    code = (
-        "import sys, vyre_cuda, vyre_cuda.backend, vyre_cuda.cli, vyre_cuda.profile\n"
-        "vyre_cuda.cli.build_parser()\n"
-        "loaded = [m for m in sys.modules if m.endswith(('_floor', '_hostcopy'))]\n"
-        "assert not loaded, loaded\n"
-        "print('ok')\n"
-    )
+def _fresh_python(code):
+    """Run ``code`` in a fresh interpreter on this vyre_cuda, with no device visible."""
     env = {
         "PYTHONPATH": str(pathlib.Path(vyre_cuda.__file__).resolve().parents[1]),
         "CUDA_VISIBLE_DEVICES": "",
         "PATH": "/usr/bin:/bin",
     }
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
@@ -229,7 +223,47 @@ def test_runtime_api_never_imports_the_floor():
         cwd=str(ROOT.parent),
         check=False,
     )
+
+
+def test_runtime_api_never_imports_the_floor():
+    code = (
+        "import sys, vyre_cuda, vyre_cuda.backend, vyre_cuda.cli, vyre_cuda.profile\n"
+        "vyre_cuda.cli.build_parser()\n"
+        "loaded = [m for m in sys.modules if m.endswith(('_floor', '_hostcopy'))]\n"
+        "assert not loaded, loaded\n"
+        "print('ok')\n"
+    )
+    proc = _fresh_python(code)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_the_harness_imports_no_peer_and_no_core_until_a_run():
+    # the peers are plugins: neither their libraries nor their modules load with the harness, and
+    # the compiled core loads only through profile._hooks when a run asks for it (the shared
+    # checks in _validate and planning's checked byte arithmetic, _accounting, need no driver)
+    code = (
+        "import sys, vyre_cuda.cli, vyre_cuda.profile\n"
+        "vyre_cuda.cli.build_parser()\n"
+        "from vyre_cuda.profile import peers\n"
+        "assert peers.PEERS == ('cuda_bindings', 'cupy', 'torch')\n"
+        "wanted = ('cupy', 'torch', 'cuda', 'vyre_cuda.profile.peers.', 'vyre_cuda._')\n"
+        "shared = ('vyre_cuda._validate', 'vyre_cuda._accounting')\n"
+        "loaded = [m for m in sys.modules if (m.split('.')[0] in wanted[:3] or m.startswith(wanted[3:]))"
+        " and m not in shared]\n"
+        "assert not loaded, loaded\n"
+        "print('ok')\n"
+    )
+    proc = _fresh_python(code)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_a_missing_peer_library_is_skipped_with_its_name(monkeypatch):
+    from vyre_cuda.profile import peers
+
+    monkeypatch.setitem(peers.REGISTRY, "cupy", peers.Peer("cupy", "no_such_library_for_vyre", "cupy_peer"))
+    assert peers.peer_available("cupy") is False
+    assert peers.missing_reason("cupy") == "no_such_library_for_vyre is not installed"
+    assert peers.peer_available("cuda_bindings") is True  # installed with vyre_cuda
 
 
 def test_run_profile_validates_before_touching_the_device():

@@ -1,9 +1,12 @@
-"""The README against the code: its examples compile and every vyre_cuda name they use exists.
+"""The README and the documentation pages against the code: their examples compile and every
+vyre_cuda name they use exists.
 
-No GPU: the examples are compiled, never run. What is checked is what drifts when the code
+No GPU: the examples are compiled here, never run (tests/test_docs.py runs the ones that need no
+GPU, tests/gpu/test_docs_gpu.py the others). What is checked is what drifts when the code
 changes: module attributes (``vc.X``, ``vyre_cuda.X.Y``, ``vd.X``), names imported from
-vyre_cuda, keyword arguments of vyre_cuda calls (in code blocks and in inline code), and the
-test command that CI runs.
+vyre_cuda, keyword arguments of vyre_cuda calls (in code blocks and in inline code, in the README
+and in every page of docs/; dotted names in the API reference's pages too), and the test command
+that CI runs.
 
 Whichever extras are installed: without dask, ``vyre_cuda.dask`` (which refuses to import there)
 is checked against its source, so its names and keywords are checked in every environment.
@@ -27,11 +30,9 @@ import sys
 import types
 
 import pytest
+from docs_blocks import README, ROOT, pages, python_blocks, reference_pages
 
 import vyre_cuda
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
 
 pytestmark = pytest.mark.skipif(not README.is_file(), reason="README.md is not beside the tests (installed tests)")
 
@@ -47,19 +48,13 @@ def readme_text() -> str:
     return README.read_text()
 
 
-def python_blocks(text: str) -> list[tuple[int, str]]:
-    """(first line number, source) of every ```python block."""
-    blocks, current, start = [], None, 0
-    for number, line in enumerate(text.splitlines(), 1):
-        if current is None and line.strip() == "```python":
-            current, start = [], number + 1
-        elif current is not None and line.strip().startswith("```"):
-            blocks.append((start, "\n".join(current) + "\n"))
-            current = None
-        elif current is not None:
-            current.append(line)
-    assert current is None, "a ```python block is not closed"
-    return blocks
+def documents() -> list[tuple[str, str]]:
+    """(name, text) of the README and of every Markdown page of docs/ (where the examples are)."""
+    return [("README.md", readme_text())] + [(str(p.relative_to(ROOT)), p.read_text()) for p in pages()]
+
+
+def all_blocks() -> list[tuple[str, int, str]]:
+    return [(name, start, source) for name, text in documents() for start, source in python_blocks(text)]
 
 
 def inline_snippets(text: str) -> list[str]:
@@ -176,13 +171,14 @@ def attribute_chains(tree: ast.AST) -> set[tuple[str, ...]]:
 
 
 def test_python_blocks_compile():
-    blocks = python_blocks(readme_text())
-    assert len(blocks) >= 5, "the README lost its examples"
-    for start, source in blocks:
+    blocks = all_blocks()
+    assert python_blocks(readme_text()), "the README lost its quickstart"
+    assert len(blocks) >= 15, "the documentation lost its examples"
+    for name, start, source in blocks:
         try:
-            compile(source, f"README.md (block at line {start})", "exec")
+            compile(source, f"{name} (block at line {start})", "exec")
         except SyntaxError as exc:
-            pytest.fail(f"README block at line {start}: {exc}")
+            pytest.fail(f"{name} block at line {start}: {exc}")
 
 
 def undefined_names(source: str, filename: str = "<block>") -> set[str]:
@@ -214,17 +210,17 @@ def test_python_blocks_are_self_contained():
     """Each ```python block runs on its own (given a GPU and its imports' packages): every name it
     loads is defined or imported in that block, or a builtin."""
     problems = []
-    for start, source in python_blocks(readme_text()):
-        missing = undefined_names(source, f"README.md (block at line {start})")
+    for name, start, source in all_blocks():
+        missing = undefined_names(source, f"{name} (block at line {start})")
         if missing:
-            problems.append(f"README block at line {start} uses {sorted(missing)} without defining or importing them")
+            problems.append(f"{name} block at line {start} uses {sorted(missing)} without defining or importing them")
     assert not problems, "\n".join(problems)
 
 
 def test_dask_block_guards_its_cluster():
-    """The Dask section says to create the cluster under ``if __name__ == "__main__":``: its own
+    """The Dask guide says to create the cluster under ``if __name__ == "__main__":``: its own
     example does (the workers of a LocalCluster import the script)."""
-    ((_, body),) = [(h, b) for h, b in sections(readme_text()) if h == "Dask"]
+    ((_, body),) = [(h, b) for h, b in sections((ROOT / "docs" / "guides" / "dask.md").read_text()) if h == "Dask"]
     (source,) = [s for _, s in python_blocks(body) if "Client(" in s]
     tree = ast.parse(source)
     guards = [
@@ -240,16 +236,18 @@ def test_dask_block_guards_its_cluster():
 
 
 def test_module_attributes_exist():
-    text = readme_text()
     chains = set()
-    for _, source in python_blocks(text):
-        chains |= attribute_chains(ast.parse(source))
-    for snippet in inline_snippets(text):
-        chains |= attribute_chains(ast.parse(snippet))
-    # dotted names in prose, e.g. vyre_cuda.compile.cache_info
-    for match in re.finditer(r"(?<![\w./])(vyre_cuda|vc|vd)((?:\.[A-Za-z_]\w*)+)", text):
-        if match.group(0) not in NOT_ATTRIBUTES:
-            chains.add((match.group(1), *match.group(2)[1:].split(".")))
+    texts = [text for _, text in documents()] + [p.read_text() for p in reference_pages()]
+    for text in texts[: len(documents())]:
+        for _, source in python_blocks(text):
+            chains |= attribute_chains(ast.parse(source))
+        for snippet in inline_snippets(text):
+            chains |= attribute_chains(ast.parse(snippet))
+    # dotted names in prose, e.g. vyre_cuda.compile.cache_info (and the API reference's pages)
+    for text in texts:
+        for match in re.finditer(r"(?<![\w./])(vyre_cuda|vc|vd)((?:\.[A-Za-z_]\w*)+)", text):
+            if match.group(0) not in NOT_ATTRIBUTES:
+                chains.add((match.group(1), *match.group(2)[1:].split(".")))
     assert len(chains) >= 20, sorted(chains)
     missing = []
     for alias, *parts in sorted(chains):
@@ -257,18 +255,18 @@ def test_module_attributes_exist():
             resolve(ALIASES[alias], parts)
         except (AttributeError, ImportError) as exc:
             missing.append(f"{alias}.{'.'.join(parts)}: {exc}")
-    assert not missing, "README names that do not exist:\n" + "\n".join(missing)
+    assert not missing, "README or docs names that do not exist:\n" + "\n".join(missing)
 
 
 def test_imported_names_exist():
     seen = 0
-    for start, source in python_blocks(readme_text()):
+    for name, start, source in all_blocks():
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vyre_cuda"):
                 mod = module(node.module)
                 for alias in node.names:
                     seen += 1
-                    assert hasattr(mod, alias.name), f"README line {start}: {node.module} has no {alias.name}"
+                    assert hasattr(mod, alias.name), f"{name} line {start}: {node.module} has no {alias.name}"
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name.startswith("vyre_cuda"):
@@ -331,8 +329,9 @@ def _accepts(fn, keyword: str) -> bool:
 def test_keyword_arguments_exist():
     table, dask = _callables()
     sources = [
-        ("dask" in heading.lower(), source)
-        for heading, body in sections(readme_text())
+        ("dask" in heading.lower() or "dask" in name, source)
+        for name, text in documents()
+        for heading, body in sections(text)
         for source in [s for _, s in python_blocks(body)] + inline_snippets(body)
     ]
     checked, wrong, dask_checked = 0, [], 0
@@ -352,7 +351,7 @@ def test_keyword_arguments_exist():
                     name = _dotted(node.func)
                     wrong.append(f"{name}({kw.arg}=...) in {source.strip()[:60]!r}")
     assert checked >= 20 and dask_checked >= 2, (checked, dask_checked)
-    assert not wrong, "README keyword arguments the code does not take:\n" + "\n".join(wrong)
+    assert not wrong, "README or docs keyword arguments the code does not take:\n" + "\n".join(wrong)
 
 
 def test_first_two_commands_are_what_ci_runs():

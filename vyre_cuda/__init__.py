@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     # the lazy names below, typed for checkers; at run time __getattr__ imports each at first use
     from . import builtin_programs, tracing, tuning
     from ._devarray import DeviceArray
-    from ._dispatch import PendingDispatch
+    from ._waits import PendingDispatch
     from .backend import CudaBackend, driver_status, reset_device
     from .group import DeviceGroup
     from .hostmem import is_page_locked, pinned_empty, pinned_like, pinned_zeros
@@ -88,7 +88,7 @@ _LAZY = {
     "DeviceArray": ("_devarray", "DeviceArray"),
     "DeviceGroup": ("group", "DeviceGroup"),
     "TimedDispatchResult": ("telemetry", "TimedDispatchResult"),
-    "PendingDispatch": ("_dispatch", "PendingDispatch"),
+    "PendingDispatch": ("_waits", "PendingDispatch"),
     "driver_status": ("backend", "driver_status"),
     "reset_device": ("backend", "reset_device"),
     "builtin_programs": ("builtin_programs", None),

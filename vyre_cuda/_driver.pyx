@@ -137,6 +137,7 @@ def device_caps(int ordinal):
         max_threads_per_sm=_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR),
         max_blocks_per_sm=_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR),
         cooperative_launch=bool(_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)),
+        copy_engines=_attr(dev, cydriver.CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT),
         total_memory=total,
         driver_version=driver_version(),
         pci_bus_id=bus.decode(errors="replace"),

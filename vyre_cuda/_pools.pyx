@@ -410,11 +410,17 @@ cdef class DevicePool(BlockPool):
         self.mempool = NULL
 
     def __dealloc__(self):
+        # destroyed without the GIL: a driver free may wait on the device, and holding the GIL
+        # there can deadlock with a thread that needs it to finish work the driver waits for
         cdef cydriver.CUcontext prev
-        if self.mempool != NULL and self.async_live_bytes == 0 and self.ctx != NULL:
-            if cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
-                cydriver.cuMemPoolDestroy(self.mempool)
-                cydriver.cuCtxPopCurrent(&prev)
+        cdef cydriver.CUmemoryPool pool = self.mempool
+        cdef cydriver.CUcontext ctx = self.ctx
+        self.mempool = NULL
+        if pool != NULL and self.async_live_bytes == 0 and ctx != NULL:
+            with nogil:
+                if cydriver.cuCtxPushCurrent(ctx) == cydriver.CUDA_SUCCESS:
+                    cydriver.cuMemPoolDestroy(pool)
+                    cydriver.cuCtxPopCurrent(&prev)
 
 
 cdef class PinnedPool(BlockPool):

@@ -612,7 +612,7 @@ cdef class TransferEngine:
         events.swap(self.events)
         self.ring_bytes = 0
         self.ring_mu.unlock()
-        with nogil:
+        with nogil:  # (freed without the GIL: see __dealloc__)
             self.pool.stop()
             if ring != NULL:
                 bind_context(self.ctx)
@@ -621,15 +621,23 @@ cdef class TransferEngine:
                 cydriver.cuMemFreeHost(ring)
 
     def __dealloc__(self):
-        # dropped without close(): join the threads (they never need the GIL), free the ring
+        # dropped without close(): join the threads (they never need the GIL), free the ring.
+        # The ring and its events are taken out first (no other reference exists: no lock), then
+        # freed without the GIL: cuMemFreeHost and cuEventDestroy may wait on the device, and
+        # holding the GIL there can deadlock with a thread that needs the GIL to finish work the
+        # driver waits for (RMM's device_buffer.pyx frees the same way).
         cdef cydriver.CUcontext prev
-        cdef cydriver.CUevent ev
+        cdef vector[cydriver.CUevent] events
+        cdef char* ring = self.ring
+        cdef cydriver.CUcontext ctx = self.ctx
+        cdef size_t i
+        self.ring = NULL
+        events.swap(self.events)
         with nogil:
             self.pool.stop()
-        if self.ring != NULL and self.ctx != NULL:
-            if cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
-                for ev in self.events:
-                    cydriver.cuEventDestroy(ev)
-                cydriver.cuMemFreeHost(self.ring)
-                cydriver.cuCtxPopCurrent(&prev)
-            self.ring = NULL
+            if ring != NULL and ctx != NULL:
+                if cydriver.cuCtxPushCurrent(ctx) == cydriver.CUDA_SUCCESS:
+                    for i in range(events.size()):
+                        cydriver.cuEventDestroy(events[i])
+                    cydriver.cuMemFreeHost(ring)
+                    cydriver.cuCtxPopCurrent(&prev)

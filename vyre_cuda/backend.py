@@ -22,6 +22,7 @@ from .errors import (
     BackendError,
     CooperativeResidencyExceeded,
     DeviceLost,
+    UnsupportedFeature,
     ValidationError,
 )
 from .planning.caps import DeviceCaps
@@ -32,7 +33,7 @@ from .tracing import trace_flags
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ._dispatch import PendingDispatch
+    from ._waits import PendingDispatch
     from .config import DispatchConfig
     from .program import Program
     from .tuning import TuneResult
@@ -153,7 +154,7 @@ class CudaBackend:
         output_cache_bytes: int = 4 << 30,
         trace: bool | str | None = None,
     ):
-        from ._dispatch import Core  # noqa: PLC0415 (the compiled core loads at first use)
+        from ._core import Core  # noqa: PLC0415 (the compiled core loads at first use)
 
         check_int("device", device, expected="an int ordinal", fix="pass device=0 or another ordinal")
         for name, value in (
@@ -300,7 +301,7 @@ class CudaBackend:
     def _dispatch_profiled(
         self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None, start_ns: int = 0
     ) -> tuple[list[Any], tuple[int, ...]]:
-        """(outputs, stage_ns) with stage_ns aligned with ``vyre_cuda._dispatch.STAGES``."""
+        """(outputs, stage_ns) with stage_ns aligned with ``vyre_cuda._tracing.STAGES``."""
         return self._core.dispatch_profiled(program, inputs, config, start_ns)
 
     def _check_open(self):
@@ -342,7 +343,10 @@ class CudaBackend:
         self._check_open()
         cfg = None if config is None else as_config(config)
         lengths, on_device = self._lengths(program, inputs, as_config(cfg))
-        return self._plan(program, lengths, cfg, on_device, inputs).plan
+        plan = self._planned(program, lengths, cfg, on_device, inputs)
+        if plan.route.kind == "streamed":
+            return plan  # planned only: the core does not prepare streamed plans (planning.stream)
+        return self._prepare(plan).plan
 
     def _lengths(self, program, inputs, cfg):
         """(byte lengths, indices of device inputs) of ``inputs``, as a dispatch would see them."""
@@ -368,11 +372,28 @@ class CudaBackend:
         """Plan one (program, input lengths, config): the core's one call back on a plan miss; it
         caches what this returns. ``device_inputs``: indices of the inputs in device memory;
         ``inputs``: the dispatch's own inputs (autotune measures on them)."""
-        from ._dispatch import Prepared  # noqa: PLC0415
+        plan = self._planned(program, lengths, config, device_inputs, inputs)
+        if plan.route.kind == "streamed":
+            # never hand the core a plan it would run on another route (planning.stream's flag)
+            raise UnsupportedFeature(
+                f"the dispatch was planned on the streamed route ({plan.route.reason}), which this "
+                "release's core does not execute",
+                "pass DispatchConfig(streamed=False), or leave planning.stream.STREAMED_ROUTE_AVAILABLE False",
+            )
+        return self._prepare(plan)
 
+    def _prepare(self, plan):
+        from ._prepared import Prepared  # noqa: PLC0415
+
+        return Prepared.from_plan(plan)
+
+    def _planned(self, program, lengths, config, device_inputs=frozenset(), inputs=None) -> DispatchPlan:
+        """The DispatchPlan of one (program, input lengths, config), logged."""
         cfg = as_config(config)
         with self._plan_lock:
-            plan = plan_dispatch(program, lengths, cfg, self._caps, self._modules, device_inputs)
+            plan = plan_dispatch(
+                program, lengths, cfg, self._caps, self._modules, device_inputs, self._free_device_memory
+            )
         if cfg.autotune:
             plan = self._tuned(program, lengths, cfg, plan, device_inputs, inputs)
         launch, route = plan.launch, plan.route
@@ -387,7 +408,22 @@ class CudaBackend:
             plan.layout.slab_bytes,
             "mirror" if plan.mirror else "ring",
         )
-        return Prepared.from_plan(plan)
+        return plan
+
+    def _free_device_memory(self) -> int:
+        """Device bytes a dispatch planned now can draw on: the driver's free memory plus what this
+        backend's device pool holds unused (cached blocks, the stream-ordered pool's idle reserve),
+        which the pool reuses or trims for it. Driver calls: the planner makes them on a plan miss
+        of an elementwise dispatch only, never on the dispatch path."""
+        core = self._core
+
+        def read() -> int:
+            _driver.make_current(self._ctx)
+            free, _ = _driver.mem_get_info()
+            pool = core.resources.dpool
+            return free + pool.cached_bytes + max(0, pool.reserved_bytes() - pool.async_live_bytes)
+
+        return core.counted(read)  # (close() waits: the pool stays alive while it is read)
 
     def _tuned(self, program, lengths, cfg, plan, device_inputs=frozenset(), inputs=None):
         """The plan of an ``autotune=True`` dispatch: at the cached (or now measured) width."""
@@ -402,6 +438,7 @@ class CudaBackend:
                     self._caps,
                     self._modules,
                     device_inputs,
+                    self._free_device_memory,
                 )
         # the plan keeps the caller's config (label, timeout, iterations are the same)
         return dataclasses.replace(
@@ -442,14 +479,7 @@ class CudaBackend:
 
         Safe from any thread at any time: memory that dispatches in flight use stays theirs."""
         self._check_open()
-        core = self._core
-        core.enter()  # (close() waits for a trim in progress)
-        try:
-            core.dpool.trim()
-            core.ppool.trim()
-            core.opool.trim()
-        finally:
-            core.leave()
+        self._core.trim()  # (counted as a call in progress: close() waits for it)
 
     @contextlib.contextmanager
     def register(self, array: OutputT) -> Iterator[OutputT]:
@@ -502,16 +532,12 @@ class CudaBackend:
             try:
                 _driver.make_current(self._ctx)
                 _driver.context_synchronize()  # every dispatch's GPU work, pending handles' too
-                core.dpool.close()
-                core.ppool.close()
-                core.opool.close()
-                core.spool.close()
-                core.xfer.close()
+                core.resources.close()
                 self._modules.close()
             except BackendError as exc:
                 log.warning("CudaBackend.close: %s", exc.message)
         # the copy threads are joined on every path, a lost context included
-        core.xfer.stop_threads()
+        core.resources.stop_threads()
         self._modules.clear()
         if core.lost is not None or core.outstanding == 0:
             self._release_context()
@@ -526,7 +552,7 @@ class CudaBackend:
         if core.lost is None:
             try:  # what the last handles gave back after close(): the stream-ordered pool
                 _driver.make_current(self._ctx)
-                core.dpool.close()
+                core.resources.close_late()
             except BackendError as exc:
                 log.warning("CudaBackend.close: %s", exc.message)
         # a lost backend gives its context back too: the last release destroys a faulted context

@@ -88,6 +88,7 @@ def _cmd_info(args) -> int:
     print(f"  shared memory per block {caps.max_shared_per_block:,} B ({caps.max_shared_per_block_optin:,} B opt-in)")
     print(f"  threads / blocks per SM {caps.max_threads_per_sm} / {caps.max_blocks_per_sm}")
     print(f"  cooperative launch      {caps.cooperative_launch}")
+    print(f"  copy engines            {caps.copy_engines}")
     caps_list = [r for r in ("f16", "bf16", "subgroup", "trap", "cooperative") if caps.supports(r)]
     print(f"  capabilities            {', '.join(caps_list)}")
     print(f"visible devices: {info['devices']}")
@@ -324,19 +325,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default: 0)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=_cmd_tune)
-    try:
-        from . import profile
-    except ImportError:  # pragma: no cover - profile is part of the package
-        return parser
-    if hasattr(profile, "add_arguments"):
-        p = sub.add_parser(
-            "profile",
-            help="per-dispatch host-cost profile against the driver floor",
-            epilog=EPILOG,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        profile.add_arguments(p)
-        p.set_defaults(func=profile.main)
+    from . import profile  # needs no compiled core: a run loads the floor
+
+    p = sub.add_parser(
+        "profile",
+        help="per-dispatch host-cost profile against the driver floor",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    profile.add_arguments(p)
+    p.set_defaults(func=profile.main)
     return parser
 
 

@@ -165,6 +165,17 @@ class DispatchConfig:
         Replay the dispatch's launches as one CUDA graph: True always (even a single launch),
         False never, None (default) when the dispatch issues at least
         ``planning.dispatch.GRAPH_MIN_LAUNCHES`` launches (fixpoint iterations, host split).
+    streamed : bool, optional
+        The streamed route of an elementwise program (``Program(elementwise=...)``): chunks of
+        rows pipelined over a few streams, so uploads, kernels and readbacks overlap and a
+        dispatch may exceed device memory. None (default): the planner decides by size and
+        memory; True: always (refused for a program that is not elementwise); False: never.
+        The route is planned but not yet executed by this release, so the planner never picks
+        it and ``streamed=True`` is refused (``planning.stream.STREAMED_ROUTE_AVAILABLE``).
+    device_memory_budget : int, optional
+        The most device bytes one dispatch may hold (a positive int). A dispatch over it
+        streams when its program is elementwise and is refused otherwise; None: bounded only by
+        free device memory.
 
     Examples
     --------
@@ -184,6 +195,8 @@ class DispatchConfig:
     stream: object = None
     outputs: Literal["host", "device"] = "host"
     graph: bool | None = None
+    streamed: bool | None = None
+    device_memory_budget: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "workgroup_override", _dims("workgroup_override", self.workgroup_override))
@@ -241,9 +254,18 @@ class DispatchConfig:
                 f"outputs must be 'host' or 'device' (got {self.outputs!r})",
                 "pass outputs='device' to keep the outputs in device memory, else leave it 'host'",
             )
+        self._check_streamed()
+
+    def _check_streamed(self) -> None:
+        from .planning.stream import check_streamed_config  # noqa: PLC0415 (cycle: planning imports config)
+
+        streamed, budget = check_streamed_config(self.streamed, self.device_memory_budget)
+        object.__setattr__(self, "streamed", streamed)
+        object.__setattr__(self, "device_memory_budget", budget)
 
     @property
     def iterations(self) -> int:
+        """Launches (or phase sequences) per dispatch: ``fixpoint_iterations``, else 1."""
         return self.fixpoint_iterations or 1
 
     def _without_stream_object(self) -> DispatchConfig:

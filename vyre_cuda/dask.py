@@ -158,7 +158,8 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
         self.programs: dict = {}
 
     def setup(self, worker: Any) -> None:
-        """Create this worker's backend (Dask calls it when the plugin is registered or the worker starts)."""
+        """Create this worker's backend on its device (Dask calls this when the plugin is
+        registered, or when a worker joins)."""
         device = cloudpickle.loads(self.device) if isinstance(self.device, bytes) else self.device
         self.ordinal = _worker_device(device, worker)
         if self._factory is not None:
@@ -170,7 +171,8 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
         self.programs = {}
 
     def teardown(self, worker: Any) -> None:
-        """Close this worker's backend (Dask calls it when the worker closes or the plugin is removed)."""
+        """Close this worker's backend and forget its programs (Dask calls this when the worker
+        closes or the plugin is removed)."""
         backend, self.backend = self.backend, None
         self.programs = {}
         if backend is not None:

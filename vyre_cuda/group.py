@@ -442,18 +442,20 @@ class DeviceGroup:
         config: ConfigLike = None,
         *,
         split: bool | str | Sequence[str] | None = None,
-        align: int = 1,
+        align: int | None = None,
         chunks: int | None = None,
         outputs: Sequence[OutputBuffer] | None = None,
     ) -> list[Any]:
         """One dispatch cut into chunks that run on every device at once, outputs joined.
 
-        The caller declares the program elementwise with ``split``: ``True`` cuts every
+        The program is elementwise by its own declaration (``Program(..., elementwise=...,
+        align=...)``) or by ``split`` for this call, which wins: ``True`` cuts every
         runtime-sized input, a name or list of names cuts those inputs. Split inputs are cut
-        along their first axis (rows; elements for 1-D arrays) at multiples of ``align`` rows;
-        statically sized inputs go whole to every chunk. Each chunk writes its rows of each
-        output in place (``outputs`` may be the caller's arrays). Refused with a ValidationError:
-        undeclared programs, grid-sync or cooperative programs, statically sized outputs.
+        along their first axis (rows; elements for 1-D arrays) at multiples of ``align`` rows
+        (default: the program's ``align``); statically sized inputs go whole to every chunk. Each
+        chunk writes its rows of each output in place (``outputs`` may be the caller's arrays).
+        Refused with a ValidationError: programs declared neither way, grid-sync or cooperative
+        programs, statically sized outputs (the rules of ``Program(elementwise=...)``).
 
         ``chunks`` (default: two per device, none below 1 MiB) sets how many pieces the work is
         cut into; devices take the next piece when they finish one.

@@ -68,7 +68,14 @@ class Kernel:
     ('cuda', 'vyre_main', (), 64)
     """
 
-    __slots__ = ("kind", "source", "entry", "options", "_digest")
+    # a dict: its values are the attributes' docstrings
+    __slots__ = {
+        "kind": '``"cuda"`` (CUDA C++ for NVRTC) or ``"ptx"`` (PTX text for the driver).',
+        "source": "The kernel's text, as given (a PTX image without its trailing NULs).",
+        "entry": 'The ``extern "C" __global__`` function to launch.',
+        "options": "NVRTC options, a tuple of strings (empty for PTX).",
+        "_digest": "SHA-256 over kind, entry, options and source (:attr:`digest`).",
+    }
 
     kind: str
     source: str

@@ -141,18 +141,45 @@ def dtype_of(value) -> DType:
 
 
 class BufferAccess(enum.Enum):
+    """How a kernel uses a buffer; :class:`BufferDecl` takes a member or its value (``"read_only"``).
+
+    Examples
+    --------
+    >>> BufferAccess("uniform")
+    <BufferAccess.UNIFORM: 'uniform'>
+    """
+
+    #: Read only; takes an input (``BufferDecl.read``).
     READ_ONLY = "read_only"
+    #: Read and written; takes an input and gives it back updated (``BufferDecl.read_write``),
+    #: or with ``output=True`` an output that starts zeroed (``BufferDecl.output``).
     READ_WRITE = "read_write"
+    #: Written only; an output that starts zeroed (``BufferDecl.write_only``).
     WRITE_ONLY = "write_only"
+    #: A small read-only input (vyre's uniform buffer), treated as ``READ_ONLY``.
     UNIFORM = "uniform"
+    #: Per-block shared memory, not an argument; its bytes form the launch's dynamic shared memory.
     WORKGROUP = "workgroup"
 
 
 class BindingRole(enum.Enum):
+    """What a buffer is to a dispatch, derived from its access and flags (:attr:`BufferDecl.role`).
+
+    Examples
+    --------
+    >>> BufferDecl.read_write("y", 0, "f32").role
+    <BindingRole.INPUT_OUTPUT: 'input_output'>
+    """
+
+    #: Takes an input, gives no output.
     INPUT = "input"
+    #: Gives an output, takes no input (zeroed before the launch).
     OUTPUT = "output"
+    #: Takes an input and gives it back as an output.
     INPUT_OUTPUT = "input_output"
+    #: Workgroup (shared) memory, neither an input nor an output.
     SHARED = "shared"
+    #: A resident buffer; refused, since every dispatch borrows its buffers.
     PERSISTENT = "persistent"
 
 
@@ -380,6 +407,13 @@ class Program:
     runtime-sized inputs differ in length; by default they must be equal. See the README's
     "How the launch is sized".
 
+    ``elementwise`` declares that row ``i`` of every output depends only on row ``i`` of the
+    runtime-sized inputs, so a dispatch may be cut into chunks of rows that compute independently:
+    True cuts every runtime-sized binding, a list names the inputs to cut (outputs are always cut;
+    see :mod:`vyre_cuda.planning.elementwise`). ``align=k`` keeps every chunk but the last a
+    multiple of ``k`` rows. Grid-sync programs, statically sized outputs and output byte ranges
+    cannot be elementwise (refused here with InvalidProgram).
+
     Programs hash by identity: dispatch caches its prepared plan per program object, so build a
     program once and dispatch it many times. A program pickles when its ``launch`` does (a name,
     or a module-level function).
@@ -403,6 +437,8 @@ class Program:
     requires: Sequence[str] = ()  # stored as a tuple
     name: str = field(default="")
     launch: str | Callable[[Mapping[str, int]], int] | None = None
+    elementwise: bool | Sequence[str] = False  # stored as False, True or a tuple of names
+    align: int = 1
 
     def __post_init__(self):
         for attr in ("buffers", "requires"):
@@ -438,6 +474,13 @@ class Program:
             "_outputs",
             tuple(b for b in self.buffers if b.role in (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT)),
         )
+        # the rows an elementwise dispatch cuts (needs inputs and outputs above)
+        from .planning.elementwise import normalize_elementwise  # noqa: PLC0415 (cycle)
+
+        declared, align, cut = normalize_elementwise(self)
+        object.__setattr__(self, "elementwise", declared)
+        object.__setattr__(self, "align", align)
+        object.__setattr__(self, "_elementwise_bindings", cut)
 
     def _identity(self) -> tuple:
         """Everything that defines what this program computes: ``(field name, value)`` for every
@@ -454,6 +497,12 @@ class Program:
     def inputs(self) -> tuple:
         """Declarations that take a caller's input, in declaration order."""
         return self._inputs  # type: ignore[attr-defined]
+
+    @property
+    def elementwise_bindings(self) -> tuple:
+        """Names of the bindings an elementwise dispatch cuts into rows, binding order (empty when
+        the program is not elementwise)."""
+        return self._elementwise_bindings  # type: ignore[attr-defined]
 
     @property
     def outputs(self) -> tuple:

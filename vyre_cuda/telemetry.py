@@ -4,40 +4,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ._counters import counter_names
+
 __all__ = ["COUNTERS", "TimedDispatchResult", "Telemetry"]
 
-# Order matches the C counter array in _dispatch.pyx.
-COUNTERS = (
-    "dispatches",
-    "h2d_bytes",
-    "h2d_ops",
-    "d2h_bytes",
-    "d2h_ops",
-    "transient_alloc_bytes",
-    "param_upload_bytes",
-    "launches",
-    "cooperative_launches",
-    "split_launches",
-    "memset_ops",
-    "sync_points",
-    "timed_dispatches",
-    "timed_wall_ns",
-    "timed_device_ns",
-    "timed_enqueue_ns",
-    "timed_wait_ns",
-    "failed_dispatches",
-    "leaked_allocations",
-    "staged_h2d_bytes",  # uploaded through staging (the mirror or the ring)
-    "direct_h2d_bytes",  # DMA'd straight from page-locked inputs
-    "staged_d2h_bytes",
-    "direct_d2h_bytes",
-    "ring_chunks",  # windows that went through the staging ring, both directions
-    "interrupted_waits",  # waits ended by Ctrl-C (the work stays owned by a PendingDispatch)
-    "graph_replays",  # dispatches whose launches ran as one CUDA graph launch
-    "graph_captures",  # launch sequences captured and instantiated (a new argument-pointer set)
-    "graph_updates",  # cached graph execs updated in place to new argument pointers
-    "graph_fallbacks",  # dispatches of a graph plan that issued their launches instead
-)
+# The counter names in the core's slot order, read from the one list of slots (_counters.pxd):
+# each slot T_X is counter "x". What each counts is said there.
+COUNTERS = counter_names()
 
 
 class TimedDispatchResult(NamedTuple):
@@ -62,13 +35,20 @@ class Telemetry:
         self._core = core
 
     def snapshot(self) -> dict[str, int]:
-        """Every counter and pool statistic by name, read now."""
+        """Every counter now, as ``{name: int}``.
+
+        The names of :data:`COUNTERS` (bytes and operations each way, launches, waits, failures,
+        graph replays, ...) and the backend's pool statistics (``device_alloc_calls``,
+        ``pinned_alloc_calls``, ``ring_bytes``, ``output_cache_hits``, ...). A snapshot is a copy:
+        it does not change as the backend works. ``telemetry["h2d_bytes"]`` reads one counter.
+        """
         values = dict(zip(COUNTERS, self._core.counters()))
         values.update(self._core.pool_stats())
         return values
 
     def reset(self) -> None:
-        """Zero the counters (the pools' statistics are live figures and stay)."""
+        """Zero the counters of :data:`COUNTERS` and the pools' hit, miss and allocation counts
+        (between the phases of a measurement, say); sizes of what is cached or live are kept."""
         self._core.reset_counters()
 
     def __getitem__(self, name: str) -> int:

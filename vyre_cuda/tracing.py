@@ -114,7 +114,7 @@ def _warn_if_unavailable() -> None:
 
 def nvtx_available() -> bool:
     """True when the core was built with the NVTX header (its ranges reach an attached tool)."""
-    from ._dispatch import nvtx_available as available  # noqa: PLC0415 (the compiled core loads lazily)
+    from ._tracing import nvtx_available as available  # noqa: PLC0415 (the compiled core loads lazily)
 
     return bool(available())
 
@@ -123,13 +123,13 @@ def nvtx_counts() -> dict:
     """NVTX calls of traced dispatches in this process: pushes per stage name, ``dispatch``
     (blocking dispatches' label ranges), ``pops``, ``starts`` and ``ends`` (async label ranges).
     Pushes and pops balance, as do starts and ends, once every dispatch has settled."""
-    from ._dispatch import nvtx_counts as counts  # noqa: PLC0415
+    from ._tracing import nvtx_counts as counts  # noqa: PLC0415
 
     return dict(counts())
 
 
 def nvtx_reset() -> None:
     """Zero :func:`nvtx_counts` (for tests and measurements)."""
-    from ._dispatch import nvtx_reset as reset  # noqa: PLC0415
+    from ._tracing import nvtx_reset as reset  # noqa: PLC0415
 
     reset()

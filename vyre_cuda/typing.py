@@ -31,7 +31,6 @@ else:
     Buffer = memoryview
 
 __all__ = [
-    "Buffer",
     "CudaArrayInterface",
     "DLPackArray",
     "DeviceBufferLike",

@@ -1,34 +1,29 @@
-"""Child of tests/test_graphs_fake.py: graph replay on a real CudaBackend over the fake driver.
+"""Child of tests/test_graphs.py: graph replay on a real CudaBackend over the fake driver.
 
 The fake records launches made while a stream captures and replays them, with the captured
 argument values, at cuGraphLaunch, so a wrong pointer baked into a graph gives a wrong result
-here. Prints one JSON object: scenario name -> {"ok": bool, "error": text}.
+here. Prints one JSON object: scenario name -> {"ok": bool, "error": text, "skipped": None}
+(tests/helpers/scenarios.py).
 """
 
 from __future__ import annotations
 
-import collections
-import json
 import sys
 import threading
-import traceback
 
 import numpy as np
+from helpers.bfs import INF, bfs_program, csr, python_bfs
+from helpers.scenarios import Scenarios
 
 import vyre_cuda as vc
 from fakecuda import FakeDriver, array_at
-from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program
+from vyre_cuda import DispatchConfig
 from vyre_cuda import builtin_programs as bp
 
 RNG = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
-INF = 0xFFFFFFFF
 ACC = bp.vecadd("u32")
-SCENARIOS = {}
-
-
-def scenario(fn):
-    SCENARIOS[fn.__name__] = fn
-    return fn
+SCENARIOS = Scenarios()
+scenario = SCENARIOS.register
 
 
 def accumulate(launch):
@@ -309,27 +304,6 @@ def evicted_plans_destroy_their_execs(fake):
 
 
 # ------------------------------------------------------------------ grid-sync routes
-BFS_SOURCE = (__import__("pathlib").Path(__file__).resolve().parents[1] / "gpu" / "kernels" / "bfs.cu").read_text()
-
-
-def bfs_program(n):
-    return Program(
-        Kernel.cuda(BFS_SOURCE),
-        [
-            BufferDecl.read("row_ptr", 0, "u32", n + 1),
-            BufferDecl.read("col_idx", 1, "u32"),
-            BufferDecl.read_write("dist", 2, "u32", n),
-            BufferDecl.output("next", 3, "u32", n),
-            BufferDecl.output("state", 4, "u32", 3),
-        ],
-        workgroup_size=(256, 1, 1),
-        grid_sync=True,
-        phases=2,
-        name="bfs_relax",
-        launch="dist",
-    )
-
-
 def bfs_emulation(launch):
     """tests/gpu/kernels/bfs.cu in numpy: the phases [begin, end) of the params block's last two
     words (a cooperative launch runs both, a host-split one each)."""
@@ -366,23 +340,10 @@ def bfs_case(n=300):
     path = np.arange(n - 20, n)  # a tail path for depth
     src = np.concatenate([src, [0], path[:-1]])
     dst = np.concatenate([dst, [path[0]], path[1:]])
-    s, d = np.concatenate([src, dst]), np.concatenate([dst, src])
-    order = np.argsort(s, kind="stable")
-    row_ptr = np.zeros(n + 1, np.uint32)
-    row_ptr[1:] = np.cumsum(np.bincount(s, minlength=n))
-    col_idx = np.ascontiguousarray(d[order], np.uint32)
-    ref = [INF] * n
-    ref[0] = 0
-    queue = collections.deque([0])
-    while queue:
-        v = queue.popleft()
-        for u in col_idx[row_ptr[v] : row_ptr[v + 1]].tolist():
-            if ref[u] == INF:
-                ref[u] = ref[v] + 1
-                queue.append(u)
+    row_ptr, col_idx = csr(n, np.concatenate([src, dst]), np.concatenate([dst, src]))
     dist0 = np.full(n, INF, np.uint32)
     dist0[0] = 0
-    return [row_ptr, col_idx, dist0], np.array(ref, np.uint32)
+    return [row_ptr, col_idx, dist0], python_bfs(row_ptr, col_idx)
 
 
 def bfs_expected(ref, k):
@@ -454,19 +415,5 @@ def uncapturable_cooperative_launches_fall_back_and_stay_ordered(fake):
     assert fake.stats()["graph_execs"] == 0
 
 
-def main():
-    fake = FakeDriver()
-    results = {}
-    for name, fn in SCENARIOS.items():
-        fake.clear_failures()
-        try:
-            fn(fake)
-            results[name] = {"ok": True, "error": ""}
-        except Exception:  # noqa: BLE001 (reported to the parent)
-            results[name] = {"ok": False, "error": traceback.format_exc()[-3000:]}
-    results["_hook_errors"] = fake.hook_errors
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    SCENARIOS.main(FakeDriver())

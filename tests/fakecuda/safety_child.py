@@ -3,21 +3,20 @@ driver (so a crash before a fix is that case's failure, not the suite's).
 
     python safety_child.py <case> <seed>
 
-Prints one JSON object: {"ok": bool, "detail": text}.
+Prints one JSON object: {"ok": bool, "error": text, "skipped": None} (tests/helpers/scenarios.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
-import json
 import sys
 import threading
 import time
-import traceback
 import weakref
 
 import numpy as np
+from helpers.scenarios import Scenarios
 
 import vyre_cuda as vc
 from fakecuda import FakeDriver, vecadd_emulation
@@ -25,14 +24,10 @@ from vyre_cuda import builtin_programs as bp
 from vyre_cuda import hostmem
 
 VECADD = bp.vecadd_f32()
-CASES = {}
+CASES = Scenarios()
+case = CASES.register
 FAKE = FakeDriver()
 RNG = np.random.default_rng(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
-
-
-def case(fn):
-    CASES[fn.__name__] = fn
-    return fn
 
 
 def backend(**kw):
@@ -302,17 +297,5 @@ def result_after_a_timeout_waits_for_the_end():
     assert waited >= 0.25, f"returned after {waited:.3f} s, before the work was done"
 
 
-def main():
-    name = sys.argv[1]
-    try:
-        CASES[name]()
-        result = {"ok": True, "detail": ""}
-    except BaseException as exc:  # noqa: BLE001 (reported to the parent)
-        result = {"ok": False, "detail": "".join(traceback.format_exception(exc))[-3000:]}
-    if FAKE.hook_errors:
-        result = {"ok": False, "detail": f"emulation errors: {FAKE.hook_errors[:3]}"}
-    print(json.dumps(result))
-
-
 if __name__ == "__main__":
-    main()
+    CASES.main_one(sys.argv[1], FAKE)

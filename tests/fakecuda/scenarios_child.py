@@ -3,19 +3,19 @@ fake driver, with driver failures injected where a GPU cannot be made to fail on
 
 Each scenario makes its own backend, asserts, and closes it; the fake driver's counters are
 compared as differences, since a scenario may leave deliberate leaks behind. Prints one JSON
-object: scenario name -> {"ok": bool, "error": text, "skipped": reason or None}.
+object: scenario name -> {"ok": bool, "error": text, "skipped": reason or None}
+(tests/helpers/scenarios.py).
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import pathlib
 import sys
 import threading
-import traceback
 
 import numpy as np
+from helpers.scenarios import Scenarios, Skip
 
 import vyre_cuda as vc
 from fakecuda import FakeDriver, vecadd_emulation
@@ -24,17 +24,9 @@ from vyre_cuda import builtin_programs as bp
 
 VECADD = bp.vecadd_f32()
 LIVE = ("device_pool_live_bytes", "pinned_pool_live_bytes", "streams_live", "events_live")
-SCENARIOS = {}
+SCENARIOS = Scenarios()
+scenario = SCENARIOS.register
 RNG = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
-
-
-class Skip(Exception):
-    pass
-
-
-def scenario(fn):
-    SCENARIOS[fn.__name__] = fn
-    return fn
 
 
 def vecadd_backend(fake, n=1000):
@@ -129,9 +121,9 @@ def failed_synchronise_leaks_rather_than_recycles(fake):
     assert err.status == "CUDA_ERROR_UNKNOWN", err
     snap = backend.telemetry.snapshot()
     assert snap["leaked_allocations"] == 1 and live(backend) == dict.fromkeys(LIVE, 0), snap
-    misses = backend._core.dpool.misses
+    misses = backend._core.resources.dpool.misses
     check_vecadd(backend)  # a fresh slab: the leaked one is not reused
-    assert backend._core.dpool.misses == misses + 1
+    assert backend._core.resources.dpool.misses == misses + 1
     assert fake.stats()["device_allocs"] == device0 + 1
     backend.close()
 
@@ -245,13 +237,13 @@ def soak_keeps_pools_counters_and_memory_flat(fake):
 def trim_on_another_thread_frees_the_cached_memory(fake):
     backend = vecadd_backend(fake)
     check_vecadd(backend)
-    assert backend._core.dpool.cached_bytes > 0
+    assert backend._core.resources.dpool.cached_bytes > 0
     before = fake.stats()["device_allocs"]
-    cached = backend._core.dpool.cached_blocks() + 0
+    cached = backend._core.resources.dpool.cached_blocks() + 0
     worker = threading.Thread(target=backend.trim)  # a thread with no current context
     worker.start()
     worker.join()
-    assert backend._core.dpool.cached_bytes == 0
+    assert backend._core.resources.dpool.cached_bytes == 0
     # every block the pool forgot was really freed (the context must be current for cuMemFree)
     assert fake.stats()["device_allocs"] == before - cached, (before, cached, fake.stats()["device_allocs"])
     backend.close()
@@ -289,25 +281,41 @@ def bf16_arrays_of_the_returned_dtype_are_accepted_as_inputs(fake):
     backend.close()
 
 
-def main():
-    fake = FakeDriver()
-    results = {}
-    for name, fn in SCENARIOS.items():
+@scenario
+def device_facts_come_from_the_driver_at_plan_time(fake):
+    # copy engines are a device attribute; free memory is read when an elementwise dispatch is
+    # planned (a plan miss), never on the dispatch path of a planned one
+    from vyre_cuda import _driver
+
+    backend = vc.CudaBackend(0)
+    assert backend.caps.copy_engines == 3, backend.caps  # the fake's ASYNC_ENGINE_COUNT
+    elementwise = Program(VECADD.kernel, VECADD.buffers, name="vecadd_elementwise", elementwise=True)
+    a, b = pair(1 << 14)
+    fake.emulate(backend, elementwise, [a, b], vecadd_emulation(np.float32))
+    info = backend.plan_info(elementwise, [a, b])
+    _driver.make_current(backend.context_handle)
+    free, total = _driver.mem_get_info()
+    pool = backend._core.resources.dpool
+    reachable = free + pool.cached_bytes + max(0, pool.reserved_bytes() - pool.async_live_bytes)
+    assert info.stream.budget == reachable - reachable // 10 < total - total // 10, (info.stream, free, total)
+    (out,) = backend.dispatch(elementwise, [a, b])
+    assert np.array_equal(out, a + b), "elementwise vecadd gave a wrong result"
+    fake.fail("cuMemGetInfo", "CUDA_ERROR_INVALID_VALUE", sticky=True)
+    try:
+        for _ in range(3):  # planned: no cuMemGetInfo (it would fail)
+            a, b = pair(1 << 14)
+            (out,) = backend.dispatch(elementwise, [a, b])
+            assert np.array_equal(out, a + b), "elementwise vecadd gave a wrong result"
+        # a plan miss of a program that is not elementwise reads nothing either (same slab: the
+        # pool reuses its cached block, so the pool's own budget check is not reached)
+        (out,) = backend.dispatch(VECADD, [a, b])
+        assert np.array_equal(out, a + b), "vecadd gave a wrong result"
+        err = raises(vc.BackendError, backend.plan_info, elementwise, [a, b])  # planning it again does
+        assert "cuMemGetInfo" in str(err), err
+    finally:
         fake.clear_failures()
-        try:
-            fn(fake)
-            results[name] = {"ok": True, "error": "", "skipped": None}
-        except Skip as why:
-            results[name] = {"ok": True, "error": "", "skipped": str(why)}
-        except BaseException as exc:  # noqa: BLE001 (reported to the parent)
-            results[name] = {
-                "ok": False,
-                "skipped": None,
-                "error": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-3000:],
-            }
-    results["_hook_errors"] = fake.hook_errors
-    print(json.dumps(results))
+    backend.close()
 
 
 if __name__ == "__main__":
-    main()
+    SCENARIOS.main(FakeDriver())

@@ -197,7 +197,7 @@ def test_bad_result_into_keeps_the_dispatch(backend, rng, outputs):
 
 
 def test_result_into_takes_a_tuple_like_dispatch_into(backend, rng):
-    # BUG: PendingDispatch.result_into (_dispatch.pyx) is typed `list outputs`, so a tuple raises
+    # BUG: PendingDispatch.result_into (_waits.pyx) is typed `list outputs`, so a tuple raises
     # a bare TypeError, while CudaBackend.dispatch_into accepts any iterable. Fix: accept any
     # sequence (list(outputs)), or refuse with ValidationError.
     a, b = inputs(rng)

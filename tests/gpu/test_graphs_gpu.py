@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 import pytest
-from test_grid_sync_more_gpu import bfs_program, make_graph
+from helpers.bfs import bfs_program, make_graph
 
 from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program
 

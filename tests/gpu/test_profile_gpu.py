@@ -201,7 +201,7 @@ def _profile_child(run_python, tmp_path, *extra, timeout=400):
 
 
 def test_run_profile_end_to_end_small_sizes(backend, tmp_path, run_python):
-    from vyre_cuda._dispatch import STAGES
+    from vyre_cuda._tracing import STAGES
 
     iterations = 200
     report, _ = _profile_child(

@@ -75,6 +75,7 @@ def memory_get(key):
 
 
 def memory_put(key, compiled) -> None:
+    """Keep ``compiled`` under ``key`` in the process's LRU, evicting the oldest past ``MEMORY_CAP``."""
     with _lock:
         _memory[key] = compiled
         _memory.move_to_end(key)
@@ -83,6 +84,7 @@ def memory_put(key, compiled) -> None:
 
 
 def count(stat: str) -> None:
+    """Add one to the cache counter ``stat`` (:func:`cache_info` reports them)."""
     with _lock:
         _stats[stat] += 1
 
@@ -148,6 +150,7 @@ def cache_dir() -> pathlib.Path:
 
 
 def disk_enabled() -> bool:
+    """False when ``VYRE_CUDA_DISK_CACHE`` is 0/false/no/off; read at each compile."""
     return os.environ.get("VYRE_CUDA_DISK_CACHE", "1").strip().lower() not in (
         "0",
         "false",

@@ -29,7 +29,7 @@ class LoadedModule:
     __slots__ = ("module", "function", "barrier", "barrier_size", "shared_optin", "gate")
 
     def __init__(self, module, function, barrier, barrier_size):
-        from .._dispatch import CoopGate  # noqa: PLC0415 (the compiled core loads at first use)
+        from .._launch import CoopGate  # noqa: PLC0415 (the compiled core loads at first use)
 
         self.module = module
         self.function = function

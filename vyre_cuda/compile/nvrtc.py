@@ -121,6 +121,7 @@ def nvrtc_version() -> tuple | None:
 
 
 def normalize_arch(arch) -> tuple | None:
+    """``arch`` as a ``(major, minor)`` tuple of ints, None for generic PTX, or ValidationError."""
     if arch is None:
         return None
     try:
@@ -136,6 +137,7 @@ def normalize_arch(arch) -> tuple | None:
 
 
 def define_options(defines) -> tuple:
+    """``{name: value}`` as sorted ``-Dname=value`` options (``-Dname`` for None), names checked."""
     if not defines:
         return ()
     options = []

@@ -24,6 +24,7 @@ class BindingSlot:
 
     @property
     def binding(self) -> int:
+        """The declaration's binding number."""
         return self.decl.binding
 
 
@@ -37,6 +38,7 @@ class BindingPlan:
 
     @property
     def max_binding(self) -> int:
+        """The highest binding number, workgroup buffers included (it places the phase words)."""
         decls = [s.decl for s in self.slots] + list(self.workgroup)
         return max(d.binding for d in decls)
 

@@ -19,6 +19,9 @@ class DeviceCaps:
     """What one device offers: read once from the driver (``CudaBackend.caps``), a preset of
     :mod:`vyre_cuda.planning.presets`, or built by hand for :func:`vyre_cuda.plan`.
 
+    Free memory is not a capability (it changes): the planner reads it when it needs it
+    (``CudaBackend`` passes ``plan_dispatch`` a reader of ``cuMemGetInfo``).
+
     Attributes
     ----------
     ordinal, name, pci_bus_id
@@ -35,6 +38,8 @@ class DeviceCaps:
         Residency limits of one SM (they bound a cooperative grid).
     cooperative_launch : bool
         Whether the device and driver offer cooperative launches (grid sync).
+    copy_engines : int
+        ``CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT``: 2 lets an upload and a readback run at once.
     total_memory : int
         Device memory in bytes (planning budgets 90% of it; 0: no budget check).
     driver_version : int
@@ -60,17 +65,19 @@ class DeviceCaps:
     max_threads_per_sm: int = 2048
     max_blocks_per_sm: int = 32
     cooperative_launch: bool = True
+    copy_engines: int = 2
     total_memory: int = 0
     driver_version: int = 0
     pci_bus_id: str = ""
 
     @property
     def arch(self) -> str:
-        """The NVRTC target name of the compute capability, e.g. ``"sm_90"``."""
+        """The compute capability as NVRTC's architecture name, e.g. ``sm_90``."""
         return f"sm_{self.cc[0]}{self.cc[1]}"
 
     def supports(self, requirement: str) -> bool:
-        """Whether the device offers ``requirement`` (one of ``KNOWN_REQUIREMENTS``)."""
+        """Whether the device offers ``requirement`` (``f16``, ``bf16``, ``subgroup``, ``trap``,
+        ``cooperative``); other names are not offered by this backend."""
         if requirement == "f16":
             return self.cc >= (5, 3)
         if requirement == "bf16":
@@ -84,7 +91,7 @@ class DeviceCaps:
         return False  # indirect_dispatch, collectives: not offered by this backend
 
     def as_dict(self) -> dict[str, Any]:
-        """Every field by name (``CudaBackend.limits``)."""
+        """Every field by name (``DeviceCaps(**caps.as_dict())`` rebuilds it)."""
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 

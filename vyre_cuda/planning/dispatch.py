@@ -11,7 +11,9 @@ through the ``modules`` object the backend passes in.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._accounting import bucket_size
@@ -23,6 +25,7 @@ from .binding import BindingPlan, input_spec, plan_bindings
 from .caps import DeviceCaps, check_capabilities
 from .launch import LaunchPlan, Route, barrier_ceiling, plan_launch, route_grid_sync
 from .layout import SlabLayout, plan_layout
+from .stream import StreamPlan, check_serial_budget, plan_stream
 
 __all__ = [
     "DispatchPlan",
@@ -93,9 +96,13 @@ class DispatchPlan:
     graph: bool = False
     graph_reason: str = "not planned"
     graph_trial: bool = False  # issued and replayed alternately at first; the faster one stays
+    # the streamed route's plan (planning.stream) of an elementwise dispatch, None for other programs;
+    # route.kind == "streamed" when it was chosen
+    stream: StreamPlan | None = None
 
     @property
     def iterations(self) -> int:
+        """Launches (or phase sequences) per dispatch: the config's ``fixpoint_iterations``, else 1."""
         return self.config.iterations
 
 
@@ -132,7 +139,7 @@ def plan_graph_trial(config: DispatchConfig, route_kind: str, graph: bool) -> bo
     >>> plan_graph_trial(DispatchConfig(graph=False), "regular", False)
     False
     """
-    if graph or config.graph is not None or route_kind == "cooperative":
+    if graph or config.graph is not None or route_kind in ("cooperative", "streamed"):
         return False
     return os.environ.get("VYRE_CUDA_GRAPH_TRIAL", "1").strip() not in ("0", "false", "no", "off")
 
@@ -146,6 +153,8 @@ def plan_graph(config: DispatchConfig, route_kind: str, phases: int) -> tuple:
     >>> plan_graph(DispatchConfig(), "regular", 1)[0], plan_graph(DispatchConfig(graph=True), "regular", 1)[0]
     (False, True)
     """
+    if route_kind == "streamed":
+        return False, "the streamed route issues each chunk's launch on its own stream"
     launches = config.iterations * (phases if route_kind == "split" else 1)
     if config.graph is not False and launches > GRAPH_MAX_LAUNCHES:
         return False, f"{launches} launches per dispatch > {GRAPH_MAX_LAUNCHES} (too many graph nodes)"
@@ -183,10 +192,18 @@ def _phase_ranges(program, route) -> list:
 
 
 def plan_dispatch(
-    program, lengths, config: DispatchConfig, caps: DeviceCaps, modules, device_inputs=frozenset()
+    program,
+    lengths,
+    config: DispatchConfig,
+    caps: DeviceCaps,
+    modules,
+    device_inputs=frozenset(),
+    free_memory: Callable[[], int | None] | None = None,
 ) -> DispatchPlan:
     """Plan one dispatch of ``program`` on inputs of ``lengths`` bytes (see :class:`DispatchPlan`);
-    ``device_inputs``: the indices of inputs that are device memory (used in place, not uploaded)."""
+    ``device_inputs``: the indices of inputs that are device memory (used in place, not uploaded);
+    ``free_memory``: reads the device's free bytes, called only when an elementwise dispatch's
+    streamed route is sized (without it, 90% of total memory stands in)."""
     bindings, launch, compiled, module, route = plan_route(program, lengths, config, caps, modules)
     cooperative = route.kind == "cooperative"
     if program.grid_sync and cooperative and not module.barrier:
@@ -195,8 +212,25 @@ def plan_dispatch(
             'include "vyre_cuda.cuh" and call vyre_grid_sync() between phases',
         )
     layout = plan_layout(bindings, launch, _phase_ranges(program, route), frozenset(device_inputs))
+    stream = None
+    if program.elementwise or config.streamed:
+        stream = plan_stream(
+            program,
+            bindings,
+            launch,
+            config,
+            caps,
+            serial_bytes=layout.slab_bytes,
+            device_inputs=device_inputs,
+            free_memory=free_memory,
+        )
+        if stream.streamed:
+            assert stream.full is not None
+            route = Route("streamed", stream.reason, stream.full.grid[0], 0)
     budget = caps.total_memory - caps.total_memory // 10
-    if caps.total_memory and layout.slab_bytes > budget:
+    if not (stream and stream.streamed):
+        check_serial_budget(config, layout.slab_bytes)
+    if caps.total_memory and layout.slab_bytes > budget and not (stream and stream.streamed):
         raise DeviceOutOfMemory(
             f"the dispatch needs {layout.slab_bytes:,} bytes of device memory but the budget is "
             f"{budget:,} bytes (90% of {caps.total_memory:,} total)",
@@ -205,7 +239,7 @@ def plan_dispatch(
             call="plan",
         )
     barrier = module.barrier if cooperative else 0
-    return assemble_plan(
+    plan = assemble_plan(
         program,
         config,
         bindings,
@@ -217,6 +251,7 @@ def plan_dispatch(
         barrier,
         module.gate if cooperative and barrier else None,
     )
+    return plan if stream is None else dataclasses.replace(plan, stream=stream)
 
 
 def assemble_plan(

@@ -48,10 +48,12 @@ class LaunchPlan:
 
     @property
     def threads_per_block(self) -> int:
+        """Threads of one block (the product of ``block``)."""
         return self.block[0] * self.block[1] * self.block[2]
 
     @property
     def grid_blocks(self) -> int:
+        """Blocks of the grid (the product of ``grid``)."""
         return self.grid[0] * self.grid[1] * self.grid[2]
 
 

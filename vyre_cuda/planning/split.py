@@ -9,10 +9,11 @@ import numpy as np
 
 from .._validate import check_int, require_program
 from ..config import as_config
-from ..errors import ValidationError
+from ..errors import InvalidProgram, ValidationError
 from ..program import BindingRole
+from .elementwise import Terms, cut_bindings, declaration
 
-__all__ = ["SplitPlan", "plan_split", "MIN_CHUNK_BYTES", "CHUNKS_PER_DEVICE"]
+__all__ = ["SplitPlan", "plan_split", "SPLIT_TERMS", "MIN_CHUNK_BYTES", "CHUNKS_PER_DEVICE"]
 
 # A chunk smaller than this costs more in dispatch overhead than another device saves.
 MIN_CHUNK_BYTES = 1 << 20
@@ -84,53 +85,56 @@ class SplitPlan:
         return flat
 
 
+# dispatch_split words the shared refusals (planning.elementwise) for its per-call split=
+SPLIT_TERMS = Terms("split", "dispatch_split cannot split program {label!r}", "dispatch on one device")
+
+
 def _split_refusal(program, what: str, fix: str) -> ValidationError:
     label = program.name or program.kernel.entry
-    return ValidationError(f"dispatch_split cannot split program {label!r}: {what}", fix)
+    return ValidationError(f"{SPLIT_TERMS.head.format(label=label)}: {what}", fix)
 
 
 def plan_split(
-    program, inputs, split, config=None, *, devices: int = 1, align: int = 1, chunks: int | None = None
+    program, inputs, split=None, config=None, *, devices: int = 1, align: int | None = None, chunks: int | None = None
 ) -> SplitPlan:
     """Plan a :meth:`DeviceGroup.dispatch_split` (pure: no device needed).
 
-    ``split`` declares the program elementwise along runtime-sized bindings: ``True`` for every
-    runtime-sized input, or the names of the inputs to cut (a ``str`` for one). Each split input
-    is cut along its first axis (rows: elements for 1-D arrays), at multiples of ``align`` rows;
-    the other inputs (statically sized) go whole to every chunk. Every output must be
-    runtime-sized: each chunk writes its rows of every output.
+    ``split`` declares the program elementwise along runtime-sized bindings for this call: ``True``
+    for every runtime-sized input, or the names of the inputs to cut (a ``str`` for one); ``None``
+    takes the program's own declaration (``Program(elementwise=...)``), ``align=None`` its
+    ``align``. Each split input is cut along its first axis (rows: elements for 1-D arrays), at
+    multiples of ``align`` rows; the other inputs (statically sized) go whole to every chunk.
+    Every output must be runtime-sized: each chunk writes its rows of every output. The rules are
+    those of :mod:`.elementwise`, refused here with a ValidationError.
     """
     require_program(program, "dispatch_split")
     cfg = as_config(config)
-    if split is None or split is False:
+    declared = program.elementwise if split is None else split
+    if align is None:
+        align = program.align
+    try:
+        declared = declaration(declared, SPLIT_TERMS)
+    except InvalidProgram as err:
+        raise ValidationError(err.message, err.fix) from None
+    if declared is False:
         raise _split_refusal(
             program,
-            "it is not declared elementwise",
-            "pass split=True when element i of every output depends only on element i (row i) of "
-            "the runtime-sized inputs, or split=['x', ...] naming the inputs to cut; otherwise "
-            "dispatch it on one device, or give map() independent inputs",
+            "it is not declared elementwise" + (" (split=False)" if split is not None else ""),
+            "declare Program(..., elementwise=True) (or the names of the inputs to cut), or pass split=True "
+            "(or split=['x', ...]) to this call, when element i of every output depends only on element i "
+            "(row i) of the runtime-sized inputs; otherwise dispatch it on one device, or give map() "
+            "independent inputs",
         )
-    if program.grid_sync or cfg.cooperative:
+    if cfg.cooperative:
         raise _split_refusal(
             program,
-            "it synchronises the whole grid (grid_sync=True or cooperative=True), so its chunks are not independent",
-            "dispatch it on one device (CudaBackend.dispatch), or run independent inputs with map()",
+            "it synchronises the whole grid (cooperative=True), so its chunks are not independent",
+            "drop cooperative=True, or dispatch it on one device (CudaBackend.dispatch)",
         )
-    for decl in program.outputs:
-        if decl.count:
-            raise _split_refusal(
-                program,
-                f"output {decl.name!r} has a static size (count={decl.count}); every chunk "
-                "would write the whole buffer, which cannot be joined",
-                f"declare {decl.name!r} runtime-sized (count=0), or dispatch on one device",
-            )
-        if decl.output_byte_range is not None:
-            raise _split_refusal(
-                program,
-                f"output {decl.name!r} reads back a byte range {decl.output_byte_range}, "
-                "which cannot be joined across chunks",
-                f"drop output_byte_range from {decl.name!r}, or dispatch on one device",
-            )
+    try:
+        cut = cut_bindings(program, declared, SPLIT_TERMS)
+    except InvalidProgram as err:
+        raise ValidationError(err.message, err.fix) from None
     for name, value in (("align", align), ("devices", devices)):
         check_int(name, value, minimum=1, fix=f"pass {name}=1 or more")
     if chunks is not None:
@@ -153,50 +157,7 @@ def plan_split(
             f"program takes {len(decls)} input(s) ({names}) but {len(inputs)} were passed",
             f"pass exactly {len(decls)} buffer(s), in declaration order",
         )
-    runtime = [d for d in decls if d.count == 0]
-    if split is True:
-        chosen = {d.name for d in runtime}
-    else:
-        chosen_names: tuple = (split,) if isinstance(split, str) else tuple(split)
-        known = {d.name: d for d in program.buffers}
-        for name in chosen_names:
-            if name not in known:
-                raise ValidationError(
-                    f"split names {name!r}, which is not a buffer of the program "
-                    f"(inputs: {', '.join(repr(d.name) for d in decls) or 'none'})",
-                    "name runtime-sized inputs of the program, or pass split=True for all of them",
-                )
-            if known[name].count:
-                raise _split_refusal(
-                    program,
-                    f"split names {name!r}, which has a static size (count={known[name].count})",
-                    f"leave {name!r} out of split (a static input goes whole to every chunk), or "
-                    "declare it runtime-sized (count=0)",
-                )
-        chosen = {n for n in chosen_names if n in {d.name for d in decls}}
-    if not chosen:
-        raise _split_refusal(
-            program,
-            "split names no runtime-sized input to cut",
-            "pass split=True, or name at least one runtime-sized input",
-        )
-    pure_outputs = [d for d in program.outputs if d.role is BindingRole.OUTPUT]
-    for d in runtime:
-        if d.name in chosen:
-            continue
-        if d.role is BindingRole.INPUT_OUTPUT:
-            raise _split_refusal(
-                program,
-                f"input {d.name!r} is read back (read-write) but is not in split",
-                f"add {d.name!r} to split",
-            )
-        if pure_outputs:
-            raise _split_refusal(
-                program,
-                f"runtime-sized input {d.name!r} is not in split, but it would size the "
-                f"runtime-sized output(s) {', '.join(repr(o.name) for o in pure_outputs)} of every chunk",
-                f"add {d.name!r} to split, or declare it with a static count to pass it whole to every chunk",
-            )
+    chosen = {d.name for d in decls if d.name in cut}
 
     views = []
     rows: int | None = None

@@ -217,7 +217,8 @@ class ThreadScaling:
 @dataclass
 class ProfileReport:
     """The result of :func:`~vyre_cuda.profile.run_profile`: ``meta`` (device, driver, date,
-    commit, settings, the baseline compared with), one :class:`SizeResult` per size, the
+    package versions, settings, the baseline compared with; a benchmark script adds the source
+    ``commit``), one :class:`SizeResult` per size, the
     :class:`ThreadScaling` (or None) and the targets."""
 
     meta: dict

@@ -8,18 +8,16 @@ import os
 import pathlib
 import platform
 import re
-import subprocess
 import warnings
 
 import numpy as np
 
 from .._validate import check_int
 from ..errors import BackendError, UnsupportedFeature, ValidationError
-from . import engine, runners
-from .peers import open_peer, peer_available, peer_version
+from . import _hooks, engine, runners
+from .peers import PEERS, missing_reason, open_peer, peer_available, peer_version
 from .report import ProfileReport
 from .specs import GIB, KIB, MIB, format_size, parse_sizes
-from .systems import PEER_MODULES, PEERS
 from .targets import evaluate_targets
 from .threads import measure_threads
 
@@ -74,31 +72,6 @@ def load_floor_kernel(backend):
     return kernel, compiled.image
 
 
-def _git_commit():
-    env = os.environ.get("VYRE_CUDA_COMMIT")
-    if env:
-        return env
-    root = pathlib.Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{head}-dirty" if head and dirty else (head or None)
-
-
 def _driver_release():
     try:
         text = pathlib.Path("/proc/driver/nvidia/version").read_text()
@@ -126,7 +99,6 @@ def _meta(backend, settings, started):
         "driver_version": getattr(caps, "driver_version", None),
         "driver_release": _driver_release(),
         "vyre_cuda_version": __version__,
-        "commit": _git_commit(),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "cuda_bindings": cb_version,
@@ -261,7 +233,7 @@ def run_profile(
     n_threads = host_threads or default_host_threads()
     thread_counts = (1,) if n_threads == 1 else (1, n_threads)
     floor_module = import_floor()
-    from .._dispatch import STAGES
+    stages = _hooks.stage_names()
 
     builtin = program is None
     owned = backend is None
@@ -292,7 +264,7 @@ def run_profile(
         )
         kernel, image = load_floor_kernel(backend)
         run = _SizeRun(
-            backend, program, builtin, kernel, image, floor_module, rounds, peers, tuple(STAGES), thread_counts, rng
+            backend, program, builtin, kernel, image, floor_module, rounds, peers, stages, thread_counts, rng
         )
         weights = len(size_list) + (1 if threads else 0)
         for index, nbytes in enumerate(size_list):
@@ -338,7 +310,7 @@ def run_profile(
         sizes=report_sizes,
         threads=thread_result,
         targets=evaluate_targets(report_sizes, thread_result, builtin, base),
-        stage_names=tuple(STAGES),
+        stage_names=stages,
     )
 
 
@@ -443,7 +415,7 @@ class _SizeRun:
         rows = []
         for name in PEERS:
             if not peer_available(name):
-                skipped[name] = f"{PEER_MODULES[name]} is not installed"
+                skipped[name] = missing_reason(name)
                 continue
             try:
                 peer = open_peer(name, self.backend, self.image, fm.FLOOR_ENTRY, fm.FLOOR_SOURCE, a, b, expected)

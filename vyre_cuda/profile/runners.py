@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from ..errors import ValidationError
+from . import _hooks
 from .engine import LAUNCH_BATCH, Runner
 from .systems import copy_key
 
@@ -65,7 +66,7 @@ def vyre_runners(backend, program, inputs, check, into=None, pinned=None, into_g
     """
     pc = time.perf_counter_ns
     dispatch = backend.dispatch
-    profiled = backend._dispatch_profiled
+    profiled = _hooks.profiled_dispatch(backend)
     dispatch_async = backend.dispatch_async
     last = {}
 

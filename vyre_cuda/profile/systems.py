@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from .peers import PEER_MODULES, PEERS  # the registry of the optional peers (imports no peer)
+
 __all__ = [
     "FULL",
     "IN",
@@ -26,7 +28,7 @@ __all__ = [
     "traffic_kind",
 ]
 
-# The core's stage order (vyre_cuda._dispatch.STAGES); a report carries the names it measured.
+# The core's stage order (vyre_cuda.profile._hooks.stage_names()); a report carries the names it measured.
 STAGE_NAMES = (
     "plan_lookup",
     "staging_memcpy",
@@ -77,9 +79,6 @@ _SYSTEMS = (
 _BY_KEY = {key: (i, lab, ref, kind) for i, (key, lab, ref, kind) in enumerate(_SYSTEMS)}
 # Host memcpy ceilings carry their thread count: ceiling.copy_in.8, ceiling.copy_out.1, ...
 _COPY_RE = re.compile(r"ceiling\.copy_(in|out)\.(\d+)\Z")
-
-PEERS = ("cuda_bindings", "cupy", "torch")
-PEER_MODULES = {"cuda_bindings": "cuda.bindings", "cupy": "cupy", "torch": "torch"}
 
 
 def copy_key(direction: str, threads: int) -> str:

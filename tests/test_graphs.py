@@ -1,13 +1,20 @@
-"""The graph-replay decision (planning.dispatch.plan_graph) and DispatchConfig.graph."""
+"""Graph replay: the decision to replay (planning.dispatch.plan_graph) and DispatchConfig.graph,
+then the real capture, exec cache, update and fallback code of the dispatch path on the fake CUDA
+driver (tests/fakecuda), which records captured launches and replays them with their captured
+argument values. The fake-driver scenarios run in one child interpreter
+(tests/fakecuda/graphs_child.py); each is reported here as its own test. The GPU suite
+(tests/gpu/test_graphs_gpu.py) repeats the correctness checks on a device."""
 
 from __future__ import annotations
 
 import pytest
+from helpers import scenarios
 
 from vyre_cuda import DispatchConfig, ValidationError
 from vyre_cuda.planning import dispatch as pd
 
 
+# -- the decision and the option ---------------------------------------------------------------
 @pytest.mark.parametrize(
     "iterations, route, phases, want",
     [
@@ -56,3 +63,19 @@ def test_graph_option_must_be_a_bool_or_none(bad):
 def test_graph_option_is_part_of_the_plan_key():
     a, b = DispatchConfig(fixpoint_iterations=9), DispatchConfig(fixpoint_iterations=9, graph=False)
     assert a != b and hash(a) != hash(b) and DispatchConfig(graph=None) == DispatchConfig()
+
+
+# -- replay on the fake driver -----------------------------------------------------------------
+CHILD = scenarios.FAKECUDA / "graphs_child.py"
+SCENARIOS = scenarios.declared(CHILD)
+
+
+@pytest.fixture(scope="module")
+def graph_results(fake_libcuda, tmp_path_factory):
+    return scenarios.run_scenarios(CHILD, fake_libcuda, tmp_path_factory)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_graph_scenario(graph_results, name):
+    result = graph_results[name]
+    assert result["ok"], result["error"]

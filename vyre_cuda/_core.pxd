@@ -1,0 +1,43 @@
+# Core: the per-backend entry points of the hot path (dispatch, dispatch_async, ...), the plan
+# lookup and the core's bookkeeping (counters, calls in progress, lost context).
+
+from cpython.buffer cimport Py_buffer
+from libcpp.vector cimport vector
+from cuda.bindings cimport cydriver
+
+from ._counters cimport N_COUNTERS
+from ._resources cimport Resources, InFlight
+from ._prepared cimport Prepared
+from ._waits cimport PendingDispatch
+
+
+cdef class Core:
+    cdef cydriver.CUcontext ctx
+    cdef readonly Resources resources  # the one owner of this backend's pools
+    cdef dict prepared
+    cdef public int stream_plans  # cached plans keyed on a caller's stream
+    cdef list graphed  # prepared plans that may hold graph execs (released with the plans)
+    cdef object planner
+    cdef unsigned long long tel[N_COUNTERS]
+    cdef public object lost
+    cdef public bint closed
+    cdef public int outstanding  # PendingDispatch owners not yet settled
+    cdef public int busy  # calls running inside the core now (dispatch, result, trim): close waits for them
+    cdef public object on_settled  # called once the last owner settles after close (releases the context)
+    cdef public int trace  # TRACE_LOG | TRACE_NVTX bits; 0: untraced (the hot path's one test)
+    cdef object logger
+    cdef public int device
+
+    cdef int _check_usable(self) except -1
+    cdef int _enter(self) except -1
+    cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d)
+    cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
+                            PendingDispatch d, exc)
+    cdef PendingDispatch _begin(self, program, inputs, config, list into, bint want_done, bint timed,
+                                unsigned long long* marks)
+    cdef void _recycle(self, Prepared p, InFlight* f) noexcept
+    cdef void _leak(self, Prepared p, InFlight* f) noexcept
+    cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1
+    cdef int _after_enqueue(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1
+    cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks)
+    cdef PendingDispatch _async(self, program, inputs, config, bint timed)

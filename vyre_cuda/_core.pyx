@@ -1,0 +1,540 @@
+# cython: language_level=3
+"""Core: the per-backend entry points of the hot path, the plan lookup and the bookkeeping.
+
+A dispatch looks up its prepared plan (one dict lookup keyed on program, config and input byte
+lengths), then runs in C: pool acquisitions with the GIL held (a few C operations), every driver
+call, bulk copy and wait with the GIL released, no Python object per argument or per buffer.
+
+Device arrays (DLPack / CUDA Array Interface) are found only where the buffer protocol fails, so
+host buffers pay nothing for them; a device input's kernel argument is its own pointer (or a
+device-to-device copy for a read-write one), a device output is filled device-to-device. A
+``DispatchConfig(stream=...)`` dispatch runs on the caller's stream, never returned to the pool.
+
+The rest of the hot path lives beside this module and is cimported through .pxd files (cdef
+calls, no Python call per dispatch): the prepared plan (_prepared), the enqueue routine and
+launches (_launch), the owner of a dispatch in flight and its waits (_waits), tracing (_tracing),
+the pools (_resources). Every planning decision stays in planning/.
+"""
+
+cimport cython
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.ref cimport Py_INCREF
+from libc.stdint cimport uintptr_t
+from libc.string cimport memset
+from libcpp.vector cimport vector
+
+cimport numpy as cnp
+from cuda.bindings cimport cydriver
+
+from ._counters cimport (
+    N_COUNTERS, T_DISPATCHES, T_H2D_BYTES, T_H2D_OPS, T_TRANSIENT_ALLOC_BYTES, T_PARAM_UPLOAD_BYTES,
+    T_LAUNCHES, T_COOPERATIVE_LAUNCHES, T_SPLIT_LAUNCHES, T_MEMSET_OPS, T_FAILED_DISPATCHES,
+    T_LEAKED_ALLOCATIONS, T_STAGED_H2D_BYTES, T_DIRECT_H2D_BYTES, T_RING_CHUNKS, T_GRAPH_REPLAYS,
+    T_GRAPH_CAPTURES, T_GRAPH_UPDATES, T_GRAPH_FALLBACKS,
+)
+from ._driver cimport bind_context, now_ns
+from ._resources cimport Resources, InFlight
+from ._transfer cimport TransferEngine, page_locked, SRC_INPUT
+from ._prepared cimport Prepared, InputCheck, ROUTE_COOPERATIVE, ROUTE_SPLIT
+from ._launch cimport issue, collect, stream_waits, trial_record, G_REPLAY, G_CAPTURE, G_UPDATE, G_FALLBACK
+from ._waits cimport PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE
+from ._tracing cimport (
+    mark, nvtx_stage_open, nvtx_stage, nvtx_blocking, nvtx_async, stage_durations, trace_line,
+    TRACE_LOG, TRACE_NVTX, S_UPLOAD, M_START, M_LOOKUP, M_WAIT, M_COPYOUT, M_RELEASE, N_MARKS,
+)
+from ._driver import status_name
+from ._resource_stats import flat_pool_stats
+from .config import DispatchConfig, as_config
+from .program import Program
+from .errors import DeviceLost, ValidationError, driver_error, STICKY_ERRORS
+from ._io_checks import as_input_list, as_output_list, check_outputs, dtype_error, input_error, raw_bits
+from ._device_io import device_input
+
+cnp.import_array()
+
+# plans made for callers' streams kept at most (each new stream is a new plan key)
+cdef int MAX_STREAM_PLANS = 64
+
+
+cdef char _format_kind(const char* fmt) noexcept:
+    # struct-module format of a buffer: skip byte-order prefixes, classify the type code
+    cdef char c
+    if fmt == NULL:
+        return b'u'
+    if fmt[0] in b'>!':
+        return b'x'  # big-endian: the kernel would see swapped bytes
+    while fmt[0] in b'@=<':
+        fmt += 1
+    c = fmt[0]
+    if c in b'efdE':
+        return b'f'
+    if c in b'bhilqn':
+        return b'i'
+    if c in b'BHILQNc?':
+        return b'u'
+    return 0
+
+
+cdef inline bint _kind_ok(char want, Py_ssize_t want_size, const char* fmt, Py_ssize_t itemsize) noexcept:
+    # want: 'f', 'i' or 'u' (bf16 is declared 'u': its raw bits as uint16), 0 for any
+    if want == 0 or itemsize == 1:
+        return True  # untyped declaration, or raw bytes reinterpreted on purpose
+    return itemsize == want_size and _format_kind(fmt) == want
+
+
+@cython.final
+cdef class Core:
+    """Per-backend driver state: context, the pools' owner, prepared plans, counters."""
+
+    def __init__(self, uintptr_t ctx, planner, size_t device_cap, size_t pinned_cap, int trace=0,
+                 int device=0, size_t chunk_bytes=8 << 20, int n_chunks=4, int copy_threads=8,
+                 size_t output_cache=4294967296):
+        self.ctx = <cydriver.CUcontext>ctx
+        self.resources = Resources(ctx, device, device_cap, pinned_cap, output_cache, chunk_bytes, n_chunks,
+                                   copy_threads)
+        self.prepared = {}
+        self.graphed = []
+        self.planner = planner
+        self.lost = None
+        self.trace = trace
+        import logging
+        self.logger = logging.getLogger("vyre_cuda")
+        self.device = device
+        memset(self.tel, 0, sizeof(self.tel))
+
+    # ---------------------------------------------------------------- bookkeeping
+    def counters(self):
+        return [self.tel[k] for k in range(N_COUNTERS)]
+
+    def reset_counters(self):
+        memset(self.tel, 0, sizeof(self.tel))
+        self.resources.reset_counters()
+
+    def pool_stats(self):
+        """The pools' typed stats as telemetry's flat dict, with the prepared-plan counts."""
+        stats = flat_pool_stats(self.resources.stats())
+        stats["prepared_plans"] = len(self.prepared)
+        stats["graph_execs_live"] = sum((<Prepared>p).graph_execs for p in list(self.graphed))
+        return stats
+
+    @property
+    def xfer(self):
+        """The transfer engine (its streaming thresholds are measurement knobs)."""
+        return self.resources.xfer
+
+    def trim(self):
+        """Free what the pools cache (CudaBackend.trim); counted as running, so close() waits."""
+        self._enter()
+        try:
+            self.resources.trim()
+        finally:
+            self.busy -= 1
+
+    def counted(self, fn):
+        """Run ``fn()`` counted as running, so close() waits for it (cold reads of pools/driver)."""
+        self._enter()
+        try:
+            return fn()
+        finally:
+            self.busy -= 1
+
+    def clear_prepared(self):
+        self._release_graphs(self.ctx != NULL)
+        self.prepared.clear()
+        self.stream_plans = 0
+
+    def _release_graphs(self, bint destroy):
+        # the plans' graph execs go with the plans (module eviction, close, the lookup's bound);
+        # a plan still used by a dispatch in flight then issues its launches without a graph
+        graphed, self.graphed = self.graphed, []
+        if graphed and destroy:
+            bind_context(self.ctx)
+        for p in graphed:
+            (<Prepared>p).release_graphs(destroy)
+
+    def forget_context(self):
+        """Called once the backend's context is released after a fault: every pool drops its
+        handles without a driver call (they died with the context)."""
+        self._release_graphs(False)
+        self.resources.forget_context()
+        self.ctx = NULL  # handles still pending write their resources off instead
+
+    def prepared_for(self, key):
+        return self.prepared.get(key)
+
+    @property
+    def context_handle(self):
+        return <uintptr_t>self.ctx
+
+    cdef int _enter(self) except -1:
+        # one more call running inside the core: close() waits for it before freeing anything.
+        # (_check_usable and the increment run with the GIL held and no release between them,
+        # so a close() that sets `closed` either refuses this call or sees it counted)
+        self._check_usable()
+        self.busy += 1
+        return 0
+
+    cdef int _check_usable(self) except -1:
+        if self.closed:
+            raise ValidationError(
+                "this CudaBackend is closed",
+                "create a new CudaBackend() (or dispatch inside its `with` block)",
+            )
+        if self.lost is not None:
+            status, call = self.lost
+            raise DeviceLost(
+                f"the backend's CUDA context was lost earlier ({status} raised by {call}); no further "
+                "dispatch can run on it",
+                "close this backend, call vyre_cuda.reset_device(device), then create a new CudaBackend "
+                "(or restart the process)",
+                status=status, call=call,
+            )
+        return 0
+
+    # ---------------------------------------------------------------- lookup
+    cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d):
+        """Acquire every input buffer and find (or plan) the prepared dispatch. On failure every
+        buffer acquired so far is released. A device input (found only where the buffer protocol
+        fails, so host buffers pay nothing) marks its key entry ("device", bytes)."""
+        cdef Py_ssize_t n, i
+        cdef Py_buffer* view
+        cdef object length  # an object: PyTuple_SET_ITEM steals this reference
+        if type(program) is not Program:
+            raise ValidationError(
+                f"dispatch needs a vyre_cuda.Program (got {type(program).__name__})",
+                "build one with Program(Kernel.cuda(src), [BufferDecl...])",
+            )
+        if type(inputs) is not list and type(inputs) is not tuple:
+            inputs = as_input_list(inputs)
+        n = len(inputs)
+        views.resize(n)
+        key = PyTuple_New(n + 2)
+        Py_INCREF(program)
+        PyTuple_SET_ITEM(key, 0, program)
+        Py_INCREF(config)
+        PyTuple_SET_ITEM(key, 1, config)
+        for i in range(n):
+            view = &views[i]
+            try:
+                PyObject_GetBuffer(inputs[i], view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                length = view.len
+            except Exception as exc:
+                try:
+                    length = self._cold_input(program, inputs[i], i, n, config, view, d, exc)
+                except BaseException:
+                    _release(views, i)
+                    raise
+            Py_INCREF(length)
+            PyTuple_SET_ITEM(key, i + 2, length)
+        try:
+            prep = self.prepared.get(key)
+            if prep is None:
+                if config is not None and config.stream is not None:
+                    # a caller's stream: the cached plan and its key hold the handle, never the
+                    # stream object (the dispatch holds that while it runs); and such plans are
+                    # bounded, since every new stream is a new key
+                    config = config._without_stream_object()
+                    key = (program, config) + key[2:]
+                    self.stream_plans += 1
+                    if self.stream_plans > MAX_STREAM_PLANS:
+                        self.clear_prepared()
+                        self.stream_plans = 1
+                if d.dev_ptrs.size():  # device inputs: their key entries are ("device", nbytes)
+                    lengths = tuple(x[1] if type(x) is tuple else x for x in key[2:])
+                    on_device = frozenset(k for k, x in enumerate(key[2:]) if type(x) is tuple)
+                    prep = self.planner(program, lengths, config, on_device, inputs)
+                else:
+                    # the inputs themselves go along for autotune, which measures on them
+                    prep = self.planner(program, key[2:], config, frozenset(), inputs)
+                if len(self.prepared) >= 4096:
+                    self.clear_prepared()  # bounded: distinct lengths should not grow memory forever
+                self.prepared[key] = prep
+                if (<Prepared>prep).graphs != NULL:
+                    self.graphed.append(prep)  # its graphs are released with the plans
+        except BaseException:  # a planning error, or an unhashable config field
+            _release(views, n)
+            raise
+        cdef Prepared p = <Prepared>prep
+        cdef InputCheck* ic
+        for i in range(<Py_ssize_t>p.checks.size()):
+            ic = &p.checks[i]
+            view = &views[ic.index]
+            if not _kind_ok(ic.kind, ic.itemsize, view.format, view.itemsize):
+                fmt = view.format.decode() if view.format != NULL else "B"
+                _release(views, n)
+                raise dtype_error(program, ic.index, fmt, view.itemsize, inputs[ic.index])
+        return p
+
+    cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
+                            PendingDispatch d, exc):
+        """An input the buffer protocol refused: raw bits of a format-less dtype, a CPU DLPack
+        tensor (its numpy view), or a device array. Returns its key entry; raises a typed error."""
+        bits = raw_bits(obj)  # bfloat16 & co. export no format: take their raw bits
+        if bits is None:
+            bind_context(self.ctx)  # the pointer queries of the device checks want our context
+            dv = device_input(program, i, obj, self.device, None if config is None else config.stream)
+            if dv is None:
+                raise input_error(program, i, obj, exc) from None
+            if type(dv) is not cnp.ndarray:
+                # the GPU reads it where it is; an empty placeholder view keeps the release loops uniform
+                PyObject_GetBuffer(b"", view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                if d.dev_ptrs.size() == 0:
+                    d.dev_ptrs.assign(n, 0)
+                    d.keep = []
+                d.dev_ptrs[i] = <cydriver.CUdeviceptr>dv.ptr
+                d.keep.append(dv.keep)
+                if dv.wait is not None:
+                    if d.waits is None:
+                        d.waits = []
+                    d.waits.append(dv.wait)
+                return ("device", dv.nbytes)
+            bits = dv  # a CPU DLPack tensor as numpy: the host path
+        try:
+            PyObject_GetBuffer(bits, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+        except Exception:
+            raise input_error(program, i, obj, exc) from None
+        return view.len
+
+    # ---------------------------------------------------------------- one owner per dispatch
+    cdef PendingDispatch _begin(self, program, inputs, config, list into, bint want_done, bint timed,
+                                unsigned long long* marks):
+        """Plan lookup, output checks and resources: from here on the returned owner holds
+        everything, and releases it on every path."""
+        cdef PendingDispatch d
+        cdef Prepared p
+        cdef size_t i, n
+        self._check_usable()
+        if config is not None and type(config) is not DispatchConfig:
+            config = as_config(config)
+        d = PendingDispatch.__new__(PendingDispatch)
+        d.core = self
+        p = self._lookup(program, inputs, config, d.views, d)
+        d.prep = p
+        d.no_graph = p.graph_off or p.trial_left > 0  # undecided plans issue (the trial alternates)
+        if into is not None:
+            d.out_checked = check_outputs(p.plan, into, self.device,
+                                          <uintptr_t>p.ext_stream if p.ext else None)  # before it runs
+        if marks != NULL:
+            marks[M_LOOKUP] = now_ns()
+        # a caller's stream: wait on an event, not on it
+        self.resources.acquire(&d.f, p.bucket, p.staging_block, p.ring, p.ext, p.ext_stream, want_done or p.ext, timed)
+        self.outstanding += 1
+        if p.ext:  # the caller's stream object stays alive while its dispatch runs
+            if d.keep is None:
+                d.keep = []
+            d.keep.append(config)
+        if d.waits is not None:
+            stream_waits(d, d.waits)
+        if p.coop is not None:
+            p.coop.ensure()
+        n = d.views.size()
+        d.input_ptrs.resize(n)
+        d.direct.assign(n, 0)
+        for i in range(n):
+            d.input_ptrs[i] = <const char*>d.views[i].buf
+        if p.ring:
+            self.resources.xfer.ensure_ring()
+            self.resources.xfer.wake()  # the copy threads wake while the rest is set up
+            with nogil:
+                for i in range(n):
+                    if page_locked(d.views[i].buf, d.views[i].len):
+                        d.direct[i] = 1
+                        d.any_direct = True
+        if p.timeout is not None:
+            d.deadline = now_ns() + timeout_ns(p.timeout)
+            d.wait_timeout = p.timeout
+        return d
+
+    cdef void _recycle(self, Prepared p, InFlight* f) noexcept:
+        self.resources.recycle(f, p.bucket, p.staging_block)
+
+    cdef void _leak(self, Prepared p, InFlight* f) noexcept:
+        # the GPU may still use these (the stream could not be synchronised): written off
+        if self.resources.leak(f, p.bucket, p.staging_block):
+            self.tel[T_LEAKED_ALLOCATIONS] += 1
+
+    cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1:
+        """Fail closed: synchronise the stream; recycle on success, leak on failure; raise."""
+        cdef cydriver.CUresult sync = cydriver.CUDA_SUCCESS
+        cdef InFlight* f = &d.f
+        if f.active:
+            with nogil:
+                sync = cydriver.cuStreamSynchronize(f.stream)
+            if sync == cydriver.CUDA_SUCCESS:
+                self._recycle(d.prep, f)
+            else:
+                self._leak(d.prep, f)
+        self.tel[T_FAILED_DISPATCHES] += 1
+        d._release_views()
+        d._release_out_views()
+        d._settle()
+        name = status_name(<int>status)
+        err = driver_error(name, call.decode() if call != NULL else "?", code=<int>status)
+        if name in STICKY_ERRORS:
+            self.lost = (name, call.decode() if call != NULL else "?")
+        elif sync != cydriver.CUDA_SUCCESS and status_name(<int>sync) in STICKY_ERRORS:
+            self.lost = (status_name(<int>sync), "cuStreamSynchronize")
+        raise err
+
+    cdef int _after_enqueue(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1:
+        cdef Prepared p = d.prep
+        cdef size_t i
+        cdef unsigned long long direct = 0
+        if status != cydriver.CUDA_SUCCESS:
+            self._fail(d, status, call)
+        d.f.enqueued = True
+        self.tel[T_DISPATCHES] += 1
+        self.tel[T_H2D_BYTES] += p.tel_h2d_bytes
+        self.tel[T_TRANSIENT_ALLOC_BYTES] += p.bucket
+        self.tel[T_PARAM_UPLOAD_BYTES] += p.tel_param_bytes
+        self.tel[T_LAUNCHES] += p.tel_launches
+        if p.route == ROUTE_COOPERATIVE:
+            self.tel[T_COOPERATIVE_LAUNCHES] += p.tel_launches
+        elif p.route == ROUTE_SPLIT:
+            self.tel[T_SPLIT_LAUNCHES] += p.tel_launches
+        self.tel[T_MEMSET_OPS] += p.tel_memsets
+        if d.graph_events:
+            self.tel[T_GRAPH_REPLAYS] += (d.graph_events & G_REPLAY) != 0
+            self.tel[T_GRAPH_CAPTURES] += (d.graph_events & G_CAPTURE) != 0
+            self.tel[T_GRAPH_UPDATES] += (d.graph_events & G_UPDATE) != 0
+            self.tel[T_GRAPH_FALLBACKS] += (d.graph_events & G_FALLBACK) != 0
+            d.graph_events = 0
+        if p.ring:
+            self.tel[T_H2D_OPS] += d.ops[0]
+            self.tel[T_RING_CHUNKS] += d.ops[1]
+            if d.any_direct:
+                for i in range(p.sources.size()):
+                    if p.sources[i].kind == SRC_INPUT and d.direct[p.sources[i].index]:
+                        direct += p.sources[i].n
+        else:
+            self.tel[T_H2D_OPS] += p.tel_h2d_ops
+        self.tel[T_DIRECT_H2D_BYTES] += direct
+        self.tel[T_STAGED_H2D_BYTES] += p.tel_h2d_bytes - direct
+        d.ops[0] = d.ops[1] = 0
+        return 0
+
+    # ---------------------------------------------------------------- entry points
+    def dispatch(self, program, inputs, config=None):
+        """Run and wait; return the outputs as new numpy arrays."""
+        self._enter()
+        try:
+            return self._blocking(program, inputs, config, None, NULL)
+        finally:
+            self.busy -= 1
+
+    def dispatch_into(self, program, inputs, outputs, config=None):
+        self._enter()
+        try:
+            return self._blocking(program, inputs, config, as_output_list(outputs), NULL)
+        finally:
+            self.busy -= 1
+
+    def dispatch_profiled(self, program, inputs, config=None, unsigned long long start_ns=0):
+        """Like dispatch, also returning the stage durations (ns) aligned with STAGES.
+
+        ``start_ns`` (CLOCK_MONOTONIC, e.g. ``time.perf_counter_ns()`` on Linux) taken by the
+        caller just before the call puts the call's own overhead into ``plan_lookup``.
+        """
+        cdef unsigned long long marks[N_MARKS]
+        memset(marks, 0, sizeof(marks))
+        marks[M_START] = start_ns
+        self._enter()
+        try:
+            outs = self._blocking(program, inputs, config, None, marks)
+        finally:
+            self.busy -= 1
+        return outs, stage_durations(marks)
+
+    cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks):
+        """The blocking dispatch: ONE GIL release covers the enqueue, the wait and the copy out,
+        so other Python threads run meanwhile and this one re-takes the GIL once."""
+        cdef PendingDispatch d
+        cdef Prepared p
+        cdef TransferEngine xfer
+        cdef unsigned long long trace_marks[N_MARKS]
+        cdef cydriver.CUresult st, wst = cydriver.CUDA_SUCCESS, cst = cydriver.CUDA_SUCCESS
+        cdef const char* call = NULL
+        cdef const char* ccall = NULL
+        cdef int outcome = W_DONE
+        cdef unsigned long long t_trial = 0
+        if self.trace:
+            if self.trace & TRACE_NVTX and not nvtx_stage_open():
+                return nvtx_blocking(self, program, inputs, config, into, marks)
+            if marks == NULL:
+                marks = trace_marks
+                memset(marks, 0, sizeof(trace_marks))
+        if marks != NULL and marks[M_START] == 0:
+            marks[M_START] = now_ns()
+        d = self._begin(program, inputs, config, into, False, False, marks)
+        p = d.prep
+        if marks != NULL and nvtx_stage_open():
+            nvtx_stage(S_UPLOAD)
+        xfer = self.resources.xfer
+        outs = new_outputs(self, p) if into is None else into
+        d._targets(outs)
+        if p.trial_left:
+            # graph-or-issued trial: alternate the paths, time the whole round trip
+            d.no_graph = (p.trial_left & 1) == 0
+            t_trial = now_ns()
+        with nogil:
+            st = issue(d, p, xfer, marks, &call)
+            if st == cydriver.CUDA_SUCCESS:
+                outcome = wait_nogil(d, &wst)
+                mark(marks, M_WAIT)
+                if outcome == W_DONE and wst == cydriver.CUDA_SUCCESS:
+                    cst = collect(d, p, xfer, &ccall)
+                    mark(marks, M_COPYOUT)
+        self._after_enqueue(d, st, call)
+        d._after_wait(outcome, wst, b"cuStreamQuery")
+        d._after_collect(cst, ccall)
+        d._audit()
+        if p.trial_left:
+            trial_record(p, d.no_graph, now_ns() - t_trial)
+        d._finish()
+        if marks != NULL:
+            marks[M_RELEASE] = now_ns()
+        if self.trace & TRACE_LOG:
+            trace_line(self.logger, p, marks)
+        return outs
+
+    def dispatch_async(self, program, inputs, config=None, bint timed=False):
+        """Enqueue and return the PendingDispatch that owns everything the GPU still uses."""
+        self._enter()
+        try:
+            if self.trace & TRACE_NVTX:
+                return nvtx_async(self, program, inputs, config, timed)
+            return self._async(program, inputs, config, timed)
+        finally:
+            self.busy -= 1
+
+    cdef PendingDispatch _async(self, program, inputs, config, bint timed):
+        cdef PendingDispatch d
+        cdef Prepared p
+        cdef TransferEngine xfer = self.resources.xfer
+        cdef cydriver.CUresult st
+        cdef const char* call = NULL
+        cdef unsigned long long t0 = now_ns()
+        d = self._begin(program, inputs, config, None, True, timed, NULL)
+        p = d.prep
+        d.f.t_start = t0
+        with nogil:
+            st = issue(d, p, xfer, NULL, &call)
+        self._after_enqueue(d, st, call)
+        d.f.t_enqueued = now_ns()
+        if not d.any_direct:
+            d._release_views()  # every input byte is in staging or on the device: the caller may reuse them
+        return d
+
+    def dispatch_timed(self, program, inputs, config=None):
+        cdef PendingDispatch pending = self.dispatch_async(program, inputs, config, True)
+        return pending.timed_result(pending.prep.timeout)  # a blocking call: the config's timeout
+
+
+cdef void _release(vector[Py_buffer]& views, Py_ssize_t n) noexcept:
+    # release the first n (the ones acquired so far) and forget all: the owner must not release
+    # them again
+    cdef Py_ssize_t i
+    for i in range(n):
+        PyBuffer_Release(&views[i])
+    views.clear()

@@ -1,0 +1,501 @@
+# cython: language_level=3
+"""Launch: the one enqueue routine of every entry point, kernel launches, graph replay.
+
+``issue`` runs every host copy and driver call of one dispatch up to its completion event, with
+the GIL released and no Python object per argument or buffer; ``collect`` brings the outputs to
+their targets after the wait. Launches are issued, or replayed as one CUDA graph launch
+(notes/graphs.md) when the plan says so and its graph-or-issued trial kept the graph. The
+cooperative launches of one module are ordered on the GPU by its :class:`CoopGate`.
+"""
+
+cimport cython
+from libc.stdint cimport uintptr_t
+from libc.string cimport memcpy, memset
+from cuda.bindings cimport cydriver
+
+from ._driver cimport check_cu, now_ns
+from ._transfer cimport TransferEngine, Source, Piece, CoopOrder, SRC_INPUT, SRC_PARAMS
+from ._prepared cimport Prepared, DevArg, ROUTE_COOPERATIVE, MAX_ARGS
+from ._resources cimport InFlight
+from ._waits cimport PendingDispatch
+from ._tracing cimport mark, M_STAGING, M_PARAMS, M_H2D, M_CLEAR, M_LAUNCH, M_READBACK, M_EVENT
+
+
+@cython.final
+cdef class CoopGate:
+    """Orders the cooperative launches of one module on the GPU.
+
+    They share the module's grid-barrier counter, so they must not overlap. Each one's stream waits
+    for the previous one's event: no host thread blocks, and a launch that times out or is
+    interrupted keeps the next one waiting on the GPU until it really ends.
+    """
+
+    def __init__(self, uintptr_t ctx=0):
+        self.order.last = NULL
+        self.order.recorded = False
+
+    cdef int ensure(self) except -1:
+        # the event is made at the first cooperative dispatch (the backend's context is current)
+        cdef cydriver.CUevent ev
+        if self.order.last == NULL:
+            with nogil:
+                check_cu(cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING), b"cuEventCreate")
+            self.order.last = <void*>ev
+        return 0
+
+    def close(self):
+        """Destroy the ordering event (the module is being unloaded; nothing is in flight)."""
+        cdef cydriver.CUevent ev
+        with nogil:
+            # taken out under the gate's lock, destroyed without the GIL: a driver destroy may
+            # wait on the device, and holding the GIL there can deadlock with a thread that needs
+            # the GIL to finish work the driver waits for
+            self.order.lock()
+            ev = <cydriver.CUevent>self.order.last
+            self.order.last = NULL
+            self.order.recorded = False
+            self.order.unlock()
+            if ev != NULL:
+                cydriver.cuEventDestroy(ev)
+
+
+cdef int stream_waits(PendingDispatch d, list streams) except -1:
+    """Order the dispatch stream after each of ``streams`` (the producers of device arrays,
+    per DLPack and CUDA Array Interface v3), through an event recorded on each. A producer
+    stream with nothing left to run (``cuStreamQuery``: its work so far is complete, so the
+    arrays are ready) needs no wait: that skips an event record and, on the GPU, a cross-stream
+    dependency, the larger part of a small device-array dispatch's cost when the producer is
+    idle. The event goes back to the pool at once: a wait applies to the record made before
+    it, whatever is recorded on the event later."""
+    cdef cydriver.CUevent ev
+    cdef cydriver.CUstream other
+    cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+    cdef const char* call = b"cuEventRecord"
+    for w in set(streams):
+        other = <cydriver.CUstream><uintptr_t>w
+        if other == d.f.stream:
+            continue
+        with nogil:
+            st = cydriver.cuStreamQuery(other)
+        if st == cydriver.CUDA_SUCCESS:
+            continue  # any other answer (busy, capturing, an error): wait through an event
+        d.core.resources.spool.acquire_event(False, &ev)
+        with nogil:
+            call = b"cuEventRecord"
+            st = cydriver.cuEventRecord(ev, other)
+            if st == cydriver.CUDA_SUCCESS:
+                call = b"cuStreamWaitEvent"
+                st = cydriver.cuStreamWaitEvent(d.f.stream, ev, 0)
+        d.core.resources.spool.release_event(ev, False)
+        if st != cydriver.CUDA_SUCCESS:
+            d.core._fail(d, st, call)
+    return 0
+
+
+cdef int late_device_outputs(PendingDispatch d) except -1:
+    """Device outputs named after the enqueue (result_into of an async dispatch): copy them
+    now, on the dispatch stream, and wait for the copies."""
+    cdef cydriver.CUresult st
+    cdef const char* call = NULL
+    with nogil:
+        st = device_copies(d, &call)
+        if st == cydriver.CUDA_SUCCESS:
+            if d.f.has_done:
+                call = b"cuEventRecord"
+                st = cydriver.cuEventRecord(d.f.done, d.f.stream)
+                if st == cydriver.CUDA_SUCCESS:
+                    call = b"cuEventSynchronize"
+                    st = cydriver.cuEventSynchronize(d.f.done)
+            else:
+                call = b"cuStreamSynchronize"
+                st = cydriver.cuStreamSynchronize(d.f.stream)
+    if st != cydriver.CUDA_SUCCESS:
+        d.core._fail(d, st, call)
+    return 0
+
+
+cdef cydriver.CUresult collect(PendingDispatch d, Prepared p, TransferEngine xfer,
+                               const char** call) noexcept nogil:
+    """Bring the outputs to their targets once the GPU work is done."""
+    cdef size_t k
+    cdef Piece* piece
+    if p.ring:
+        return xfer.readback(d.f.stream, d.f.slab, d.out_pieces.data(), d.out_pieces.size(),
+                             d.out_direct.data(), d.ops, call)
+    for k in range(d.out_pieces.size()):
+        piece = &d.out_pieces[k]
+        if piece.n:
+            memcpy(piece.host, d.f.staging + piece.dev_offset, piece.n)
+    return cydriver.CUDA_SUCCESS
+
+
+cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer, unsigned long long* marks,
+                             const char** call) noexcept nogil:
+    """Every host copy and driver call of one dispatch up to its completion event, in stream order.
+    The one enqueue routine of every entry point. Returns the first failure."""
+    cdef InFlight* f = &d.f
+    cdef cydriver.CUresult st
+    cdef size_t i, k, n_args
+    cdef const Source* src
+    cdef unsigned long long argv[MAX_ARGS]
+    cdef void* argp[MAX_ARGS]
+    cdef char* staging = f.staging
+    cdef cydriver.CUstream s = f.stream
+    cdef unsigned long long t_begin = 0, copy_ns = 0
+    cdef CoopOrder* order = p.coop_order
+    if marks != NULL:
+        t_begin = now_ns()
+    if p.upload_end:
+        if p.ring:
+            st = xfer.upload(s, f.slab, p.sources.data(), p.sources.size(), d.input_ptrs.data(),
+                             d.direct.data(), p.params_ptr, &copy_ns, d.ops, call)
+            if st != cydriver.CUDA_SUCCESS:
+                return st
+        else:
+            # the mirror: inputs, params and zeros into staging, then ONE upload
+            for i in range(p.sources.size()):
+                src = &p.sources[i]
+                if src.kind == SRC_INPUT:
+                    memcpy(staging + src.offset, d.input_ptrs[src.index] + src.src_offset, src.n)
+                elif src.kind == SRC_PARAMS:
+                    memcpy(staging + src.offset, p.params_ptr + src.src_offset, src.n)
+                else:
+                    memset(staging + src.offset, 0, src.n)
+            if marks != NULL:
+                copy_ns = now_ns() - t_begin
+            call[0] = b"cuMemcpyHtoDAsync"
+            st = cydriver.cuMemcpyHtoDAsync(f.slab, staging, p.upload_end, s)
+            if st != cydriver.CUDA_SUCCESS:
+                return st
+    if marks != NULL:
+        # copies and DMA enqueues interleave: report their sums as consecutive stages
+        marks[M_STAGING] = t_begin + copy_ns
+        marks[M_PARAMS] = marks[M_STAGING]
+        marks[M_H2D] = now_ns()
+    if p.clear_end > p.clear_begin:
+        call[0] = b"cuMemsetD8Async"
+        st = cydriver.cuMemsetD8Async(f.slab + p.clear_begin, 0, p.clear_end - p.clear_begin, s)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+    mark(marks, M_CLEAR)
+    if f.timed:
+        call[0] = b"cuEventRecord"
+        st = cydriver.cuEventRecord(f.t0, s)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+    # kernel arguments: one u64 device pointer per buffer binding, then the params pointer
+    n_args = p.arg_offsets.size()
+    for k in range(n_args):
+        argv[k] = f.slab + p.arg_offsets[k]
+        argp[k] = &argv[k]
+    argp[n_args] = &argv[n_args]
+    if p.dev_args.size():
+        st = _device_args(d, p, argv, call)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+    if order != NULL:
+        order.lock()
+        st = _launch_cooperative(d, p, f, order, argv, argp, n_args, call)
+        order.unlock()
+    elif p.graphs != NULL and not d.no_graph:
+        st = _replay(d, p, f, False, argv, argp, n_args, call)
+    else:
+        st = _regular_launches(p, f, argv, argp, n_args, call)
+    if st != cydriver.CUDA_SUCCESS:
+        return st
+    if f.timed:
+        call[0] = b"cuEventRecord"
+        st = cydriver.cuEventRecord(f.t1, s)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+    mark(marks, M_LAUNCH)
+    if not p.ring:
+        for i in range(p.readbacks.size()):
+            call[0] = b"cuMemcpyDtoHAsync"
+            st = cydriver.cuMemcpyDtoHAsync(staging + p.readbacks[i].offset, f.slab + p.readbacks[i].offset,
+                                            p.readbacks[i].nbytes, s)
+            if st != cydriver.CUDA_SUCCESS:
+                return st
+    if d.out_dev.size():
+        st = device_copies(d, call)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+    mark(marks, M_READBACK)
+    if f.has_done:
+        call[0] = b"cuEventRecord"
+        st = cydriver.cuEventRecord(f.done, s)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+    mark(marks, M_EVENT)
+    return cydriver.CUDA_SUCCESS
+
+
+cdef cydriver.CUresult _device_args(PendingDispatch d, Prepared p, unsigned long long* argv,
+                                    const char** call) noexcept nogil:
+    """Device inputs: a read-only one's argument is the caller's pointer; a read-write one is
+    copied device-to-device into its slab region (the caller's array is never modified)."""
+    cdef size_t i
+    cdef const DevArg* a
+    cdef cydriver.CUresult st
+    for i in range(p.dev_args.size()):
+        a = &p.dev_args[i]
+        if a.offset < 0:
+            argv[a.arg] = d.dev_ptrs[a.input]
+        elif a.nbytes:
+            call[0] = b"cuMemcpyDtoDAsync"
+            st = cydriver.cuMemcpyDtoDAsync(d.f.slab + <size_t>a.offset, d.dev_ptrs[a.input], a.nbytes, d.f.stream)
+            if st != cydriver.CUDA_SUCCESS:
+                return st
+    return cydriver.CUDA_SUCCESS
+
+
+cdef cydriver.CUresult device_copies(PendingDispatch d, const char** call) noexcept nogil:
+    """Device outputs: the slab's output bytes copied device-to-device into the caller's arrays."""
+    cdef size_t i
+    cdef cydriver.CUresult st
+    d.out_dev_issued = True
+    for i in range(d.out_dev.size()):
+        if d.out_dev[i].n:
+            call[0] = b"cuMemcpyDtoDAsync"
+            st = cydriver.cuMemcpyDtoDAsync(d.out_dev[i].ptr, d.f.slab + d.out_dev[i].dev_offset, d.out_dev[i].n,
+                                            d.f.stream)
+            if st != cydriver.CUDA_SUCCESS:
+                return st
+    return cydriver.CUDA_SUCCESS
+
+
+cdef cydriver.CUresult _regular_launches(Prepared p, InFlight* f, unsigned long long* argv, void** argp,
+                                         size_t n_args, const char** call) noexcept nogil:
+    # one params block per launch: a single one, or one per phase when host-split
+    cdef cydriver.CUresult st
+    cdef int _it
+    cdef size_t k
+    for _it in range(p.iterations):
+        for k in range(p.params_offsets.size()):
+            argv[n_args] = f.slab + p.params_offsets[k]
+            if p.route == ROUTE_COOPERATIVE:
+                # forced cooperative launch of a program without a grid barrier
+                call[0] = b"cuLaunchCooperativeKernel"
+                st = cydriver.cuLaunchCooperativeKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
+                                                        p.block[0], p.block[1], p.block[2],
+                                                        p.shared_bytes, f.stream, argp)
+            else:
+                call[0] = b"cuLaunchKernel"
+                st = cydriver.cuLaunchKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
+                                             p.block[0], p.block[1], p.block[2],
+                                             p.shared_bytes, f.stream, argp, NULL)
+            if st != cydriver.CUDA_SUCCESS:
+                return st
+    return cydriver.CUDA_SUCCESS
+
+
+cdef cydriver.CUresult _launch_cooperative(PendingDispatch d, Prepared p, InFlight* f, CoopOrder* order,
+                                           unsigned long long* argv, void** argp, size_t n_args,
+                                           const char** call) noexcept nogil:
+    """Cooperative launches of one module, ordered on the GPU after the previous one's, with the
+    barrier reset before and the counter read back after. The caller holds ``order``. With graph
+    replay only the resets and launches are the graph; the ordering wait, the counter readback
+    and the ordering event stay outside it (they name per-dispatch staging and a shared event)."""
+    cdef cydriver.CUresult st
+    cdef cydriver.CUstream s = f.stream
+    if order.recorded:
+        call[0] = b"cuStreamWaitEvent"
+        st = cydriver.cuStreamWaitEvent(s, <cydriver.CUevent>order.last, 0)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+    if p.graphs != NULL and not d.no_graph:
+        st = _replay(d, p, f, True, argv, argp, n_args, call)
+    else:
+        st = _cooperative_launches(p, f, argv, argp, n_args, call)
+    if st != cydriver.CUDA_SUCCESS:
+        return st
+    call[0] = b"cuMemcpyDtoHAsync"
+    st = cydriver.cuMemcpyDtoHAsync(f.staging + p.audit_offset, p.barrier, 4, s)
+    if st != cydriver.CUDA_SUCCESS:
+        return st
+    call[0] = b"cuEventRecord"
+    st = cydriver.cuEventRecord(<cydriver.CUevent>order.last, s)
+    if st != cydriver.CUDA_SUCCESS:
+        return st
+    order.recorded = True
+    return cydriver.CUDA_SUCCESS
+
+
+cdef cydriver.CUresult _cooperative_launches(Prepared p, InFlight* f, unsigned long long* argv, void** argp,
+                                             size_t n_args, const char** call) noexcept nogil:
+    # per iteration: reset the grid barrier, then one cooperative launch
+    cdef cydriver.CUresult st
+    cdef int _it
+    cdef cydriver.CUstream s = f.stream
+    argv[n_args] = f.slab + p.params_offsets[0]
+    for _it in range(p.iterations):
+        call[0] = b"cuMemsetD32Async"  # the grid barrier counts from zero in every launch
+        st = cydriver.cuMemsetD32Async(p.barrier, 0, 1, s)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+        call[0] = b"cuLaunchCooperativeKernel"
+        st = cydriver.cuLaunchCooperativeKernel(p.function, p.grid[0], p.grid[1], p.grid[2],
+                                                p.block[0], p.block[1], p.block[2],
+                                                p.shared_bytes, s, argp)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+    return cydriver.CUDA_SUCCESS
+
+
+cdef cydriver.CUresult _launches(Prepared p, InFlight* f, bint cooperative, unsigned long long* argv, void** argp,
+                                 size_t n_args, const char** call) noexcept nogil:
+    # the launch sequence of one dispatch, issued on its stream (or recorded, while capturing)
+    if cooperative:
+        return _cooperative_launches(p, f, argv, argp, n_args, call)
+    return _regular_launches(p, f, argv, argp, n_args, call)
+
+
+cdef cydriver.CUresult _capture(Prepared p, InFlight* f, bint cooperative, unsigned long long* argv, void** argp,
+                                size_t n_args, cydriver.CUgraph* graph, const char** call) noexcept nogil:
+    """Record the launch sequence into ``graph`` on the dispatch's stream, which is capturing
+    (nothing runs). The capture is ended on every path; on failure ``graph`` is NULL."""
+    cdef cydriver.CUresult st, end
+    graph[0] = NULL
+    st = _launches(p, f, cooperative, argv, argp, n_args, call)
+    end = cydriver.cuStreamEndCapture(f.stream, graph)
+    if st == cydriver.CUDA_SUCCESS:
+        st = end
+        call[0] = b"cuStreamEndCapture"
+    if st != cydriver.CUDA_SUCCESS and graph[0] != NULL:
+        cydriver.cuGraphDestroy(graph[0])
+        graph[0] = NULL
+    return st
+
+
+cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint cooperative,
+                               unsigned long long* argv, void** argp, size_t n_args,
+                               const char** call) noexcept nogil:
+    """The launch sequence as ONE graph launch (see notes/graphs.md).
+
+    The exec is found by the exact argument values (every buffer pointer, then the slab the params
+    pointers derive from): a graph bakes its parameters in. A miss captures the sequence (stream
+    capture in thread-local mode, so other threads keep dispatching) and instantiates it; with the
+    cache full it updates the least recently used exec instead (cuGraphExecUpdate), which is legal
+    while a launch of that exec is in flight: an update only affects later launches, and launches
+    of one exec run in order. Graph objects are not thread-safe, so lookup, capture, update and
+    launch hold the plan's cache lock. When the launches cannot be captured or instantiated (a
+    driver without cooperative nodes in graphs, say), the plan issues its launches from then on.
+    """
+    cdef GraphCache* cache = p.graphs
+    cdef unsigned long long key[MAX_ARGS + 1]
+    cdef cydriver.CUstream cs = f.stream, saved
+    cdef cydriver.CUgraph graph = NULL
+    cdef cydriver.CUgraphExec ex = NULL
+    cdef cydriver.CUgraphExecUpdateResultInfo info
+    cdef cydriver.CUresult st
+    cdef long i
+    cdef size_t n = n_args + 1
+    memcpy(key, argv, n_args * sizeof(unsigned long long))
+    key[n_args] = f.slab
+    cache.lock()
+    if cache.disabled or cache.closed:
+        cache.unlock()
+        d.graph_events |= G_FALLBACK
+        return _launches(p, f, cooperative, argv, argp, n_args, call)
+    i = cache.find(key, n)
+    if i >= 0:
+        ex = <cydriver.CUgraphExec>cache.exec(i)
+    else:
+        st = cydriver.CUDA_SUCCESS
+        if f.ext_stream:
+            # a caller's stream may be a blocking one: capture on the plan's own non-blocking
+            # stream instead (the capture records launches, not the stream they will run on)
+            if cache.capture_stream == NULL:
+                call[0] = b"cuStreamCreate"
+                st = cydriver.cuStreamCreate(&cs, cydriver.CU_STREAM_NON_BLOCKING)
+                if st == cydriver.CUDA_SUCCESS:
+                    cache.capture_stream = <void*>cs
+            cs = <cydriver.CUstream>cache.capture_stream
+        if st == cydriver.CUDA_SUCCESS:
+            call[0] = b"cuStreamBeginCapture"
+            st = cydriver.cuStreamBeginCapture(cs, cydriver.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        if st != cydriver.CUDA_SUCCESS:
+            # this stream cannot be captured now (it is being captured by someone else): issue
+            cache.unlock()
+            d.graph_events |= G_FALLBACK
+            return _launches(p, f, cooperative, argv, argp, n_args, call)
+        # the issuing code launches on f.stream: point it at the capture stream meanwhile
+        saved = f.stream
+        f.stream = cs
+        st = _capture(p, f, cooperative, argv, argp, n_args, &graph, call)
+        f.stream = saved
+        if st == cydriver.CUDA_SUCCESS and cache.full():
+            i = cache.oldest()
+            ex = <cydriver.CUgraphExec>cache.exec(i)
+            if cydriver.cuGraphExecUpdate(ex, graph, &info) == cydriver.CUDA_SUCCESS:
+                cache.rekey(i, key, n)
+                d.graph_events |= G_UPDATE
+            else:
+                cydriver.cuGraphExecDestroy(ex)  # a launch in flight finishes first
+                cache.remove(i)
+                ex = NULL
+        if st == cydriver.CUDA_SUCCESS and ex == NULL:
+            call[0] = b"cuGraphInstantiateWithFlags"
+            st = cydriver.cuGraphInstantiate(&ex, graph, 0)
+            if st == cydriver.CUDA_SUCCESS:
+                cache.insert(key, n, <void*>ex)
+                d.graph_events |= G_CAPTURE
+        if graph != NULL:
+            cydriver.cuGraphDestroy(graph)  # the exec holds its own copy
+        if st != cydriver.CUDA_SUCCESS:
+            # not capturable here: issue as without graphs, now and for every later dispatch (a
+            # real launch error then surfaces from the issued launch, with its own call name)
+            cache.disabled = True
+            cache.unlock()
+            d.graph_events |= G_FALLBACK
+            return _launches(p, f, cooperative, argv, argp, n_args, call)
+    call[0] = b"cuGraphLaunch"
+    st = cydriver.cuGraphLaunch(ex, f.stream)
+    cache.unlock()
+    if st == cydriver.CUDA_SUCCESS:
+        d.graph_events |= G_REPLAY
+    return st
+
+
+cdef void trial_record(Prepared p, bint issued, unsigned long long ns) noexcept:
+    """One sample of a plan's graph-or-issued trial (GIL held, so samples never race). After the
+    warm-up, TRIAL_SAMPLES round trips per path; then the graph stays only when its median is at
+    least 3% below the issued one (measured here, so a machine where graphs are slower keeps
+    issuing: no regression)."""
+    cdef int path = 0 if issued else 1
+    cdef unsigned long long med[2]
+    cdef int k
+    if p.trial_left <= 0:
+        return
+    if p.graphs == NULL or p.graphs.disabled:  # capture failed: nothing to compare
+        p.trial_left = 0
+        p.graph_off = True
+        p.graph_choice = "issued: the launches could not be captured"
+        return
+    p.trial_left -= 1
+    if p.trial_left < 2 * TRIAL_SAMPLES and p.trial_n[path] < TRIAL_SAMPLES:
+        p.trial_ns[path][p.trial_n[path]] = ns
+        p.trial_n[path] += 1
+    if p.trial_left > 0:
+        return
+    for k in range(2):
+        med[k] = _median(p.trial_ns[k], p.trial_n[k])
+    p.graph_off = not (med[1] * 100 < med[0] * 97)
+    p.graph_choice = (f"{'issued' if p.graph_off else 'graph'}: median round trip {med[1] / 1000:.1f} us "
+                      f"replayed vs {med[0] / 1000:.1f} us issued over {p.trial_n[0]} dispatches each")
+
+
+cdef unsigned long long _median(unsigned long long* xs, int n) noexcept:
+    # insertion sort of at most TRIAL_SAMPLES values, in place (the samples are not used again)
+    cdef int i, j
+    cdef unsigned long long x
+    if n <= 0:
+        return 0
+    for i in range(1, n):
+        x = xs[i]
+        j = i - 1
+        while j >= 0 and xs[j] > x:
+            xs[j + 1] = xs[j]
+            j -= 1
+        xs[j + 1] = x
+    return xs[n // 2]

@@ -1,0 +1,202 @@
+# cython: language_level=3
+"""The prepared plan: a frozen planning DispatchPlan as C structs, made once per plan key.
+
+:meth:`Prepared.from_plan` is the core's only conversion of a plan. It reads the plan's typed
+fields (planning/dispatch.py gives every optional one a default) and decides nothing: the upload
+runs, readback segments, argument offsets, launch geometry, route and graph choice all come from
+the plan. The hot path then reads these C fields only.
+"""
+
+cimport cython
+from libc.stdint cimport uintptr_t
+from libcpp.vector cimport vector
+from cuda.bindings cimport cydriver
+
+from ._transfer cimport Source, SRC_ZERO, SRC_INPUT, SRC_PARAMS
+from ._launch cimport GraphCache, GRAPH_EXECS, TRIAL_WARMUP, TRIAL_SAMPLES
+
+
+@cython.final
+cdef class Prepared:
+    """A dispatch planned once, as C data: the core's only conversion of a DispatchPlan."""
+
+    def __init__(self):
+        raise TypeError("Prepared is made by Prepared.from_plan(plan) from a planning DispatchPlan")
+
+    @staticmethod
+    def from_plan(plan):
+        """Convert a :class:`vyre_cuda.planning.dispatch.DispatchPlan` (every decision is the
+        plan's; nothing is decided here)."""
+        cdef Prepared self = Prepared.__new__(Prepared)
+        cdef InputCheck ic
+        cdef Segment seg
+        cdef Source src
+        cdef DevArg da
+        layout, launch, route, config = plan.layout, plan.launch, plan.route, plan.config
+        if plan.arg_count > MAX_ARGS:  # planning refuses these; the arrays below hold MAX_ARGS
+            raise ValueError(f"{plan.arg_count} kernel arguments exceed {MAX_ARGS}")
+        self.n_inputs = len(layout.inputs)
+        for (index, offset, nbytes, zero_end), (itemsize, kind) in zip(layout.inputs, plan.input_specs):
+            ic.index = index
+            ic.itemsize = itemsize
+            ic.kind = ord(kind) if kind else 0
+            self.checks.push_back(ic)
+        self.params_blob = layout.params_blob
+        self.params_ptr = <const char*>self.params_blob
+        self.params_len = len(self.params_blob)
+        self.upload_end = layout.upload_end
+        # the upload region as sorted runs covering [0, upload_end) exactly: inputs, their zeroed
+        # tails, the params blocks, zeroed small outputs; any gap is zeroed too
+        runs = []
+        for index, offset, nbytes, zero_end in layout.inputs:
+            runs.append((offset, nbytes, SRC_INPUT, index, 0))
+            runs.append((offset + nbytes, zero_end - offset - nbytes, SRC_ZERO, -1, 0))
+        runs.append((layout.params_offsets[0], self.params_len, SRC_PARAMS, -1, 0))
+        cursor = 0
+        for offset, nbytes, kind, index, src_offset in sorted(runs):
+            if nbytes <= 0 or offset >= self.upload_end:
+                continue
+            if offset > cursor:
+                src.offset, src.n, src.kind, src.index, src.src_offset = cursor, offset - cursor, SRC_ZERO, -1, 0
+                self.sources.push_back(src)
+            nbytes = min(nbytes, self.upload_end - offset)
+            src.offset, src.n, src.kind, src.index, src.src_offset = offset, nbytes, kind, index, src_offset
+            self.sources.push_back(src)
+            cursor = offset + nbytes
+        if cursor < self.upload_end:
+            src.offset, src.n, src.kind, src.index, src.src_offset = cursor, self.upload_end - cursor, SRC_ZERO, -1, 0
+            self.sources.push_back(src)
+        for offset, nbytes in layout.readbacks:
+            seg.offset = offset
+            seg.nbytes = nbytes
+            self.readbacks.push_back(seg)
+        for offset, nbytes in layout.outputs:
+            seg.offset = offset
+            seg.nbytes = nbytes
+            self.outputs.push_back(seg)
+        for off in layout.arg_offsets:
+            self.arg_offsets.push_back(off)
+        for off in layout.params_offsets:
+            self.params_offsets.push_back(off)
+        self.slab_bytes = layout.slab_bytes
+        self.ring = not plan.mirror
+        self.bucket = plan.device_block
+        self.staging_block = plan.staging_block
+        self.audit_offset = plan.audit_offset
+        self.clear_begin, self.clear_end = layout.clear
+        for k in range(3):
+            self.grid[k] = launch.grid[k]
+            self.block[k] = launch.block[k]
+        self.shared_bytes = launch.shared_bytes
+        self.iterations = config.iterations
+        self.route = {"regular": ROUTE_REGULAR, "cooperative": ROUTE_COOPERATIVE, "split": ROUTE_SPLIT}[route.kind]
+        self.route_name = route.kind
+        self.route_reason = route.reason
+        self.function = <cydriver.CUfunction><uintptr_t>plan.function
+        self.barrier = <cydriver.CUdeviceptr>plan.barrier
+        self.barrier_ceiling = plan.barrier_ceiling
+        self.out_dtypes = [d for d, _ in plan.output_specs]
+        self.out_typenums = [d.num for d, _ in plan.output_specs]
+        self.out_counts = [c for _, c in plan.output_specs]
+        self.coop = plan.gate
+        self.coop_order = &self.coop.order if self.coop is not None else NULL
+        if plan.graph or plan.graph_trial:
+            self.graphs = new GraphCache(GRAPH_EXECS)
+        if plan.graph_trial:
+            self.trial_left = TRIAL_WARMUP + 2 * TRIAL_SAMPLES
+        self.label = config.label
+        self.timeout = config.timeout
+        self.plan = plan
+        n_phases = len(layout.params_offsets)
+        self.tel_h2d_bytes = layout.h2d_bytes
+        self.tel_h2d_ops = 1 if layout.upload_end else 0
+        self.tel_d2h_bytes = layout.d2h_bytes
+        self.tel_d2h_ops = len(layout.readbacks)
+        self.tel_param_bytes = len(layout.params_blob)
+        per_iter = n_phases if self.route == ROUTE_SPLIT else 1
+        self.tel_launches = per_iter * self.iterations
+        self.tel_memsets = (1 if self.clear_end > self.clear_begin else 0) + (
+            self.iterations if self.route == ROUTE_COOPERATIVE and self.barrier else 0)
+        for arg, index, offset, nbytes in layout.device_args:
+            da.arg, da.input, da.offset, da.nbytes = arg, index, offset, nbytes
+            self.dev_args.push_back(da)
+        stream = config.stream  # the plan key's config holds the stream's handle (an int)
+        self.ext = stream is not None
+        self.ext_stream = <cydriver.CUstream><uintptr_t>(stream or 0)
+        self.device_outputs = config.outputs == "device"
+        return self
+
+    def __dealloc__(self):
+        # Core.clear_prepared / forget_context released every exec of a plan the core dispatched
+        # (with or without driver calls); a plan never registered there never captured. So no
+        # driver call here: this may run after the context is gone.
+        if self.graphs != NULL:
+            self.graphs.take_all()
+            del self.graphs
+            self.graphs = NULL
+
+    def release_graphs(self, bint destroy=True):
+        """Destroy (or, when the context is gone, forget) every graph exec of this plan and stop
+        capturing new ones; returns how many there were. Waits for a dispatch using them."""
+        cdef vector[void*] execs
+        cdef void* capture_stream
+        cdef size_t i
+        if self.graphs == NULL:
+            return 0
+        with nogil:  # a dispatch may hold the lock while a launch hook needs the GIL (fake driver)
+            self.graphs.lock()
+            execs = self.graphs.take_all()
+            capture_stream = self.graphs.take_capture_stream()
+            self.graphs.unlock()
+            if destroy:
+                # an exec still running is freed when it completes (cuGraphExecDestroy)
+                for i in range(execs.size()):
+                    cydriver.cuGraphExecDestroy(<cydriver.CUgraphExec>execs[i])
+                if capture_stream != NULL:  # only captures ran on it, all ended
+                    cydriver.cuStreamDestroy(<cydriver.CUstream>capture_stream)
+        return execs.size()
+
+    @property
+    def graph_trial_left(self):
+        """Blocking dispatches left before this plan's graph-or-issued trial decides (0: decided
+        or no trial); ``graph_choice`` then says what was kept and why."""
+        return self.trial_left
+
+    @property
+    def graph_execs(self):
+        """Instantiated graph execs this plan holds now (0 without graph replay)."""
+        if self.graphs == NULL:
+            return 0
+        return self.graphs.size()
+
+    @property
+    def graphed(self):
+        """True when this plan replays its launches as a CUDA graph (capture has not failed, and a
+        trial, if any, kept the graph)."""
+        return (self.graphs != NULL and not self.graphs.disabled and not self.graphs.closed
+                and not self.graph_off and self.trial_left == 0)
+
+    @property
+    def slab_bytes_(self):
+        """Bytes of the device slab."""
+        return self.slab_bytes
+
+    @property
+    def route_kind(self):
+        return self.route_name
+
+    @property
+    def staged_through_ring(self):
+        """True when the dispatch streams through the transfer engine's ring (large slabs)."""
+        return self.ring
+
+    @property
+    def gate(self):
+        return self.coop
+
+    def launch_geometry(self):
+        return (tuple(self.grid[k] for k in range(3)), tuple(self.block[k] for k in range(3)), self.shared_bytes)
+
+    def upload_runs(self):
+        """(offset, bytes, kind, input index) runs of the upload region, for tests."""
+        return [(s.offset, s.n, ("zero", "input", "params")[s.kind], s.index) for s in self.sources]

@@ -1,0 +1,41 @@
+# One owner of a backend's pooled resources: device pool, pinned mirrors, output cache, streams
+# and events, and the transfer engine (staging ring, copy threads); close, trim, stats, reset.
+
+from cuda.bindings cimport cydriver
+
+from ._pools cimport DevicePool, PinnedPool, HostPool, StreamPool
+from ._transfer cimport TransferEngine
+
+
+cdef struct InFlight:
+    # what one dispatch holds from the pools while it runs (its PendingDispatch owns this)
+    cydriver.CUstream stream
+    cydriver.CUevent done
+    cydriver.CUevent t0
+    cydriver.CUevent t1
+    cydriver.CUdeviceptr slab
+    char* staging
+    bint has_done
+    bint timed
+    bint active
+    bint enqueued
+    bint async_slab
+    bint ext_stream  # the caller's stream: never returned to the pool
+    unsigned long long t_start
+    unsigned long long t_enqueued
+
+
+cdef class Resources:
+    cdef cydriver.CUcontext ctx
+    cdef readonly DevicePool dpool
+    cdef readonly PinnedPool ppool
+    cdef readonly HostPool opool
+    cdef readonly StreamPool spool
+    cdef readonly TransferEngine xfer
+
+    cdef int acquire(self, InFlight* f, size_t bucket, size_t staging_block, bint ring, bint ext,
+                     cydriver.CUstream ext_stream, bint want_done, bint timed) except -1
+    cdef void release_stream(self, InFlight* f) noexcept
+    cdef void release_slab(self, InFlight* f, size_t bucket) noexcept
+    cdef void recycle(self, InFlight* f, size_t bucket, size_t staging_block) noexcept
+    cdef bint leak(self, InFlight* f, size_t bucket, size_t staging_block) noexcept

@@ -1,0 +1,198 @@
+# cython: language_level=3
+"""One owner of a backend's pooled resources: acquire and release per dispatch, close, trim,
+stats and counter resets, so the backend and the core never reach into a pool themselves.
+
+What it owns (each pool has its own lock; this owner adds none: it only sequences them):
+the device pool (cached blocks, and the driver's stream-ordered pool for large slabs), the pinned
+mirrors, the output cache, the stream and event pool, and the transfer engine.
+
+Page-locked host memory, all three kinds in one place:
+
+- **per-backend pinned mirrors** (``ppool``, a :class:`~vyre_cuda._pools.PinnedPool`): one
+  page-locked block per small dispatch in flight, the slab's image that ONE upload and the
+  readbacks copy; cached by block size up to ``CudaBackend(pinned_pool_bytes=...)``.
+- **the staging ring** (``xfer``, the :class:`~vyre_cuda._transfer.TransferEngine`): a fixed set of
+  page-locked chunks per backend, allocated once at the first large dispatch, that every large
+  transfer streams through; its size never grows with the dispatch.
+- **the process-wide page-locked array pool** (:mod:`vyre_cuda.hostmem`, ``pinned_empty`` & co.):
+  one PinnedPool per device shared by every backend, with its own lock; not owned here, and
+  trimmed by ``hostmem.trim_pinned_pool()``.
+"""
+
+cimport cython
+from libc.stdint cimport uintptr_t
+from cuda.bindings cimport cydriver
+
+from ._driver cimport bind_context
+from ._pools cimport DevicePool, PinnedPool, HostPool, StreamPool
+from ._transfer cimport TransferEngine
+from ._resource_stats import BackendPoolStats, BlockPoolStats, StreamPoolStats, TransferStats
+
+
+@cython.final
+cdef class Resources:
+    """The pools of one backend (see the module docstring)."""
+
+    def __init__(self, uintptr_t ctx, int device, size_t device_cap, size_t pinned_cap, size_t output_cache,
+                 size_t chunk_bytes, int n_chunks, int copy_threads):
+        self.ctx = <cydriver.CUcontext>ctx
+        self.dpool = DevicePool(device_cap, ctx, device)
+        self.ppool = PinnedPool(pinned_cap, ctx)
+        self.opool = HostPool(output_cache)
+        self.spool = StreamPool(128, ctx)
+        self.xfer = TransferEngine(ctx, chunk_bytes, n_chunks, copy_threads)
+
+    # ---------------------------------------------------------------- per dispatch (GIL held)
+    cdef int acquire(self, InFlight* f, size_t bucket, size_t staging_block, bint ring, bint ext,
+                     cydriver.CUstream ext_stream, bint want_done, bint timed) except -1:
+        """Stream, slab, staging and events of one dispatch; on failure nothing stays taken."""
+        cdef uintptr_t block = 0
+        f.active = False
+        f.enqueued = False
+        f.has_done = False
+        f.timed = False
+        f.async_slab = ring and self.dpool.stream_ordered
+        # any thread may dispatch: make the backend's context current before the first driver
+        # call (GIL kept: this is cheaper than a GIL release and re-acquire)
+        bind_context(self.ctx)
+        f.ext_stream = ext
+        if ext:
+            f.stream = ext_stream
+        else:
+            self.spool.acquire_stream(&f.stream)
+        try:
+            if f.async_slab:
+                self.dpool.acquire_async(bucket, f.stream, &f.slab)
+            else:
+                self.dpool.acquire(bucket, &block)
+                f.slab = <cydriver.CUdeviceptr>block
+        except BaseException:
+            self.release_stream(f)
+            raise
+        f.staging = NULL
+        try:
+            if staging_block:
+                self.ppool.acquire(staging_block, &block)
+                f.staging = <char*>block
+        except BaseException:
+            self.release_slab(f, bucket)
+            self.release_stream(f)
+            raise
+        try:
+            if want_done:
+                self.spool.acquire_event(False, &f.done)
+                f.has_done = True
+            if timed:
+                self.spool.acquire_event(True, &f.t0)
+                try:
+                    self.spool.acquire_event(True, &f.t1)
+                except BaseException:
+                    self.spool.release_event(f.t0, True)
+                    raise
+                f.timed = True
+        except BaseException:
+            if f.has_done:
+                self.spool.release_event(f.done, False)
+            if f.staging != NULL:
+                self.ppool.release(<uintptr_t>f.staging, staging_block)
+            self.release_slab(f, bucket)
+            self.release_stream(f)
+            raise
+        f.active = True
+        return 0
+
+    cdef void release_stream(self, InFlight* f) noexcept:
+        # a caller's stream (DispatchConfig(stream=...)) is theirs: never returned to the pool
+        if not f.ext_stream:
+            self.spool.release_stream(f.stream)
+
+    cdef void release_slab(self, InFlight* f, size_t bucket) noexcept:
+        if f.async_slab:
+            self.dpool.release_async(f.slab, bucket, f.stream)
+        else:
+            self.dpool.release(<uintptr_t>f.slab, bucket)
+
+    cdef void recycle(self, InFlight* f, size_t bucket, size_t staging_block) noexcept:
+        if not f.active:
+            return
+        f.active = False
+        self.release_slab(f, bucket)
+        if f.staging != NULL:
+            self.ppool.release(<uintptr_t>f.staging, staging_block)
+        self.release_stream(f)
+        if f.has_done:
+            self.spool.release_event(f.done, False)
+        if f.timed:
+            self.spool.release_event(f.t0, True)
+            self.spool.release_event(f.t1, True)
+
+    cdef bint leak(self, InFlight* f, size_t bucket, size_t staging_block) noexcept:
+        # The stream could not be synchronised: the GPU may still use these. Never recycle them.
+        # Returns whether anything was written off.
+        if not f.active:
+            return False
+        f.active = False
+        if f.async_slab:
+            self.dpool.forget_async(bucket)
+        else:
+            self.dpool.forget(bucket)
+        if f.staging != NULL:
+            self.ppool.forget(staging_block)
+        self.spool.forget(0 if f.ext_stream else 1, (1 if f.has_done else 0) + (2 if f.timed else 0))
+        return True
+
+    # ---------------------------------------------------------------- lifecycle
+    def trim(self):
+        """Free every cached device block, pinned mirror and output-cache block, and give the
+        stream-ordered pool's unused memory back (the staging ring stays). Safe at any time."""
+        self.dpool.trim()
+        self.ppool.trim()
+        self.opool.trim()
+
+    def close(self):
+        """Free every pool and the staging ring (the backend waited for its work; its context is
+        current). Memory still lent to a dispatch in flight is freed when it comes back."""
+        self.dpool.close()
+        self.ppool.close()
+        self.opool.close()
+        self.spool.close()
+        self.xfer.close()
+
+    def close_late(self):
+        """After the last dispatch handle settled: free what it gave back (the stream-ordered pool)."""
+        self.dpool.close()
+
+    def stop_threads(self):
+        """Join the copy threads (idempotent; never needs the driver, so also for a lost context)."""
+        self.xfer.stop_threads()
+
+    def forget_context(self):
+        """The context was released after a fault: every pool drops its handles without a driver
+        call (they died with the context)."""
+        self.dpool.forget_context()
+        self.ppool.forget_context()
+        self.spool.forget_context()
+        self.xfer.forget_context()
+        self.ctx = NULL
+
+    def reset_counters(self):
+        self.dpool.reset_counters()
+        self.ppool.reset_counters()
+        self.opool.reset_counters()
+        self.xfer.pinned_alloc_calls = 0
+
+    def stats(self):
+        """A :class:`~vyre_cuda._resource_stats.BackendPoolStats`; each pool's counters are read
+        together under its own lock."""
+        return BackendPoolStats(
+            device=BlockPoolStats(**self.dpool.stats()),
+            device_stream_ordered_live_bytes=self.dpool.async_live_bytes,
+            pinned=BlockPoolStats(**self.ppool.stats()),
+            output_cache=BlockPoolStats(**self.opool.stats()),
+            streams=StreamPoolStats(**self.spool.stats()),
+            transfer=TransferStats(
+                ring_bytes=self.xfer.ring_bytes,
+                pinned_alloc_calls=self.xfer.pinned_alloc_calls,
+                copy_threads_live=self.xfer.live_threads,
+            ),
+        )

@@ -1,0 +1,70 @@
+# Waits and PendingDispatch: the one owner of a dispatch in flight, its waits, output targets
+# and copy-out bookkeeping.
+
+from cpython.buffer cimport Py_buffer
+from libcpp.vector cimport vector
+from cuda.bindings cimport cydriver
+
+from ._transfer cimport Piece
+from ._resources cimport InFlight
+from ._prepared cimport Prepared, DevCopy
+from ._core cimport Core
+
+
+# outcomes of a wait
+cdef enum:
+    W_DONE = 0
+    W_TIMEOUT = 1
+    W_INTERRUPTED = 2
+
+
+cdef class PendingDispatch:
+    cdef Core core
+    cdef Prepared prep
+    cdef InFlight f
+    cdef vector[Py_buffer] views
+    cdef vector[const char*] input_ptrs
+    cdef vector[char] direct
+    cdef bint any_direct
+    cdef vector[Py_buffer] out_views
+    cdef vector[Piece] out_pieces
+    cdef vector[char] out_direct
+    cdef bint completed
+    cdef bint consumed
+    cdef bint settled
+    cdef object interrupt
+    cdef unsigned long long deadline
+    cdef unsigned long long ops[2]  # DMA operations and ring windows of the current phase
+    cdef bint traced  # enqueued with NVTX tracing: result() opens a range
+    cdef bint nvtx_started  # its NVTX start/end range is open (ended when it settles)
+    cdef unsigned long long nvtx_range
+    cdef vector[cydriver.CUdeviceptr] dev_ptrs  # per input: its device pointer (empty: no device input)
+    cdef vector[DevCopy] out_dev
+    cdef bint out_dev_issued
+    cdef list keep  # device arrays (and DLPack capsules) the GPU uses, held until completion
+    cdef list waits  # streams the dispatch stream waits on before its first copy
+    cdef list out_checked  # per output: its checked device view (None: host), from check_outputs
+    cdef int graph_events  # G_* bits of what the graph path did (counted in Core._after_enqueue)
+    cdef bint no_graph  # issue this dispatch's launches even though its plan has a graph
+    cdef object wait_timeout  # seconds the current wait was bounded by (None: unbounded)
+    cdef bint timed_out  # a wait has expired once: later default waits are unbounded
+
+    cdef void _release_views(self) noexcept
+    cdef void _release_out_views(self) noexcept
+    cdef int _take(self) except -1
+    cdef int _wait(self, timeout) except -1
+    cdef int _after_wait(self, int outcome, cydriver.CUresult status, const char* call) except -1
+    cdef int _targets(self, list outs) except -1
+    cdef int _collect(self, list outs) except -1
+    cdef int _after_collect(self, cydriver.CUresult status, const char* call) except -1
+    cdef int _audit(self) except -1
+    cdef void _finish(self) noexcept
+    cdef void _settle(self) noexcept
+    cdef object _result(self, timeout)
+    cdef object _result_into(self, outputs, timeout)
+    cdef object _timed_result(self, timeout)
+
+
+cdef int wait_nogil(PendingDispatch d, cydriver.CUresult* status) noexcept nogil
+cdef unsigned long long timeout_ns(timeout) except? 0
+cdef list new_outputs(Core core, Prepared p)

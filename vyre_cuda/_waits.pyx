@@ -1,0 +1,559 @@
+# cython: language_level=3
+"""Waits and PendingDispatch: the one owner of every dispatch in flight.
+
+Every dispatch, blocking or not, is owned by ONE :class:`PendingDispatch` from the moment it holds
+resources: success, driver error, timeout, Ctrl-C and a dropped handle all end in that object, which
+returns its stream, events, device slab and staging to the pools (or writes them off when the GPU
+cannot be proven done with them). Waits spin briefly, then sleep-poll so that a timeout or Ctrl-C
+can end them; the work stays owned by the handle then.
+"""
+
+cimport cython
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE
+from cpython.exc cimport PyErr_CheckSignals
+from libc.stdint cimport uintptr_t, uint32_t
+from libc.string cimport memcpy
+from posix.time cimport nanosleep, timespec
+
+cimport numpy as cnp
+from cuda.bindings cimport cydriver
+
+from ._counters cimport (
+    T_SYNC_POINTS, T_INTERRUPTED_WAITS, T_D2H_OPS, T_D2H_BYTES, T_RING_CHUNKS, T_DIRECT_D2H_BYTES,
+    T_STAGED_D2H_BYTES, T_FAILED_DISPATCHES, T_TIMED_DISPATCHES, T_TIMED_WALL_NS, T_TIMED_DEVICE_NS,
+    T_TIMED_ENQUEUE_NS, T_TIMED_WAIT_NS,
+)
+from ._driver cimport check_cu, bind_context, now_ns
+from ._pools cimport lend_block
+from ._transfer cimport TransferEngine, Piece, page_locked
+from ._prepared cimport Prepared, DevCopy
+from ._core cimport Core
+from ._launch cimport collect, late_device_outputs, stream_waits
+from ._tracing cimport nvtx_push, nvtx_pop, nvtx_end, S_RESULT
+from .config import _timeout as _check_timeout
+from .errors import DispatchFailed, ValidationError
+from .telemetry import TimedDispatchResult
+from ._io_checks import as_output_list, check_outputs
+from ._device_io import device_output
+from ._devarray import DeviceArray
+from numpy import frombuffer as _frombuffer
+
+cnp.import_array()
+
+cdef enum:
+    OUTPUT_CACHE_MIN = 1 << 20  # outputs from this size up come from the recycled host pool
+    # waits: spin this long (as cuStreamSynchronize would), then sleep-poll so Ctrl-C and timeouts work
+    SPIN_NS = 2000000
+    SIGNAL_CHECK_NS = 20000000
+
+# how a blocking dispatch with no timeout waits (0 unless a measurement says otherwise)
+cdef int _wait_mode = 0
+
+
+def _set_wait_mode(int mode):
+    """For measurements only: 0 polls (interruptible), 1 polls without pausing between queries,
+    2 calls cuStreamSynchronize (not interruptible) when there is no timeout."""
+    global _wait_mode
+    _wait_mode = mode
+
+
+class _Timeout(Exception):
+    pass
+
+
+cdef unsigned long long timeout_ns(timeout) except? 0:
+    # the config bounds timeouts; anything beyond ~292 years means "no bound"
+    t = float(timeout) * 1e9
+    if t >= 9.2e18:
+        return 0xFFFFFFFFFFFFFFFF // 2
+    return <unsigned long long>t if t > 1 else 1
+
+
+def _timeout_error(timeout, pending):
+    err = DispatchFailed(
+        f"the dispatch did not complete within its timeout of {timeout} s",
+        "raise DispatchConfig(timeout=...) (or result(timeout=...)), or wait on the PendingDispatch "
+        "in this error's .pending attribute (its result() waits without bound by default); its "
+        "resources stay owned by it until it completes",
+        status="timeout", call="wait",
+    )
+    err.pending = pending
+    return err
+
+
+cdef int _check_signals(PendingDispatch d) noexcept with gil:
+    # Ctrl-C while waiting: keep the KeyboardInterrupt (or whatever a handler raised) on the owner
+    try:
+        PyErr_CheckSignals()
+    except BaseException as exc:
+        d.interrupt = exc
+        return 1
+    return 0
+
+
+cdef int wait_nogil(PendingDispatch d, cydriver.CUresult* status) noexcept nogil:
+    """Wait for the dispatch's GPU work. Spins first (a short dispatch is done within microseconds,
+    as cuStreamSynchronize would spin), then sleeps between polls so a timeout or Ctrl-C (checked
+    every 20 ms on the main thread) can end the wait. Returns W_DONE (``status`` says how it went),
+    W_TIMEOUT or W_INTERRUPTED."""
+    cdef InFlight* f = &d.f
+    cdef cydriver.CUresult st
+    cdef unsigned long long t0 = now_ns(), t, next_signals = 0
+    cdef timespec nap
+    cdef long interval = 10000
+    cdef int _spin
+    if _wait_mode == 2 and not d.deadline:
+        status[0] = cydriver.cuEventSynchronize(f.done) if f.has_done else cydriver.cuStreamSynchronize(f.stream)
+        return W_DONE
+    while True:
+        if f.has_done:
+            st = cydriver.cuEventQuery(f.done)
+        else:
+            st = cydriver.cuStreamQuery(f.stream)
+        if st != cydriver.CUDA_ERROR_NOT_READY:
+            status[0] = st
+            return W_DONE
+        t = now_ns()
+        if d.deadline and t >= d.deadline:
+            return W_TIMEOUT
+        if t - t0 < SPIN_NS:
+            if _wait_mode == 0:
+                for _spin in range(8):
+                    _relax()
+            continue
+        if t >= next_signals:
+            if _check_signals(d):
+                return W_INTERRUPTED
+            next_signals = t + SIGNAL_CHECK_NS
+        nap.tv_sec = 0
+        nap.tv_nsec = interval
+        nanosleep(&nap, NULL)
+        if interval < 200000:
+            interval *= 2
+
+
+cdef extern from *:
+    """
+    static inline void vyre_relax(void) {
+    #if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+    #elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+    #endif
+    }
+    """
+    void _relax "vyre_relax"() noexcept nogil
+
+
+cdef list new_outputs(Core core, Prepared p):
+    """New output arrays of a dispatch: numpy (large ones in recycled host memory) or, with
+    ``DispatchConfig(outputs="device")``, device arrays."""
+    cdef list outs = []
+    cdef cnp.npy_intp dim
+    cdef Py_ssize_t k
+    cdef size_t nbytes
+    if p.device_outputs:
+        for k in range(len(p.out_counts)):
+            nbytes = p.outputs[k].nbytes
+            outs.append(DeviceArray._empty(nbytes // (<cnp.dtype>p.out_dtypes[k]).itemsize, p.out_dtypes[k],
+                                           core.device))
+        return outs
+    for k in range(len(p.out_counts)):
+        dim = p.out_counts[k]
+        nbytes = p.outputs[k].nbytes
+        if nbytes != <size_t>dim * (<cnp.dtype>p.out_dtypes[k]).itemsize:
+            # an output_byte_range reads back part of the buffer: return those bytes' elements
+            dim = nbytes // (<cnp.dtype>p.out_dtypes[k]).itemsize
+        if p.ring and nbytes >= OUTPUT_CACHE_MIN and core.resources.opool.cap_bytes:
+            # a large output: recycled host memory, already faulted in (see HostPool)
+            outs.append(_frombuffer(lend_block(core.resources.opool, nbytes), dtype=p.out_dtypes[k], count=dim))
+        else:
+            outs.append(cnp.PyArray_EMPTY(1, &dim, p.out_typenums[k], 0))
+    return outs
+
+
+@cython.final
+@cython.freelist(16)
+cdef class PendingDispatch:
+    """A dispatch in flight, and the one owner of everything it uses.
+
+    It holds the stream, events, device slab and staging until ``result()``, ``result_into()`` or
+    ``timed_result()`` (or until it is dropped, which waits, then recycles); page-locked inputs that
+    the GPU reads directly stay referenced until the dispatch completes. A dispatch that timed out
+    or was interrupted (Ctrl-C) reaches the caller as this object, in the exception's ``.pending``.
+    """
+
+    def __init__(self):
+        raise TypeError("PendingDispatch is made by CudaBackend.dispatch_async(); it has no public constructor")
+
+    cdef void _release_views(self) noexcept:
+        cdef size_t i
+        for i in range(self.views.size()):
+            PyBuffer_Release(&self.views[i])
+        self.views.clear()
+
+    cdef void _release_out_views(self) noexcept:
+        cdef size_t i
+        for i in range(self.out_views.size()):
+            PyBuffer_Release(&self.out_views[i])
+        self.out_views.clear()
+
+    cdef int _take(self) except -1:
+        if self.consumed:
+            raise ValidationError(
+                "this PendingDispatch's result was already taken",
+                "call result(), result_into() or timed_result() once per dispatch",
+            )
+        if self.core.closed and self.f.active:
+            raise ValidationError(
+                "this dispatch's backend was closed before its result was taken; the outputs are "
+                "gone (its resources are freed when this handle is dropped)",
+                "take results before CudaBackend.close() (or leave the `with` block only after them)",
+            )
+        if not self.f.active:
+            self.core._check_usable()
+            raise DispatchFailed(
+                "this dispatch failed earlier; its outputs do not exist",
+                "handle the error raised by the failing call and dispatch again",
+                status="failed", call="result",
+            )
+        with nogil:
+            bind_context(self.core.ctx)  # results may be taken on another thread
+        return 0
+
+    cdef int _after_wait(self, int outcome, cydriver.CUresult status, const char* call) except -1:
+        """Turn a wait's outcome into completion or an exception; the work stays owned by ``d``
+        when it is still running (timeout, interrupt)."""
+        cdef PendingDispatch d = self
+        cdef Core core = self.core
+        core.tel[T_SYNC_POINTS] += 1
+        if outcome == W_DONE:
+            if status != cydriver.CUDA_SUCCESS:
+                core._fail(d, status, call)
+            d.completed = True
+            return 0
+        d._release_out_views()
+        if not d.any_direct:
+            d._release_views()
+        if outcome == W_TIMEOUT:
+            d.timed_out = True
+            raise _timeout_error(d.wait_timeout, d)
+        core.tel[T_INTERRUPTED_WAITS] += 1
+        exc, d.interrupt = d.interrupt, None
+        try:
+            exc.pending = d
+        except Exception:
+            pass
+        raise exc
+
+    cdef int _after_collect(self, cydriver.CUresult status, const char* call) except -1:
+        cdef PendingDispatch d = self
+        cdef Core core = self.core
+        cdef Prepared p = d.prep
+        cdef size_t k
+        cdef unsigned long long direct = 0
+        d._release_out_views()
+        if status != cydriver.CUDA_SUCCESS:
+            core._fail(d, status, call)
+        if p.ring:
+            core.tel[T_D2H_OPS] += d.ops[0]
+            core.tel[T_RING_CHUNKS] += d.ops[1]
+            for k in range(d.out_direct.size()):
+                if d.out_direct[k]:
+                    direct += d.out_pieces[k].n
+        else:
+            core.tel[T_D2H_OPS] += p.tel_d2h_ops
+        core.tel[T_D2H_BYTES] += p.tel_d2h_bytes
+        core.tel[T_DIRECT_D2H_BYTES] += direct
+        core.tel[T_STAGED_D2H_BYTES] += p.tel_d2h_bytes - direct
+        d.ops[0] = d.ops[1] = 0
+        return 0
+
+    cdef int _audit(self) except -1:
+        cdef PendingDispatch d = self
+        cdef Core core = self.core
+        cdef uint32_t counter
+        cdef Prepared p = d.prep
+        if p.coop is None:
+            return 0
+        memcpy(&counter, d.f.staging + p.audit_offset, 4)
+        if counter > p.barrier_ceiling:
+            core.tel[T_FAILED_DISPATCHES] += 1
+            d._finish()
+            raise DispatchFailed(
+                f"grid barrier audit failed: the counter reached {counter} arrivals, more than the "
+                f"{p.barrier_ceiling} that {p.grid[0] * p.grid[1] * p.grid[2]} blocks can produce "
+                "through the program's phase barriers",
+                "call vyre_grid_sync() only between phases (phases - 1 times per launch), never "
+                "conditionally or in a loop",
+                status="barrier_audit", call="vyre_grid_sync",
+            )
+        return 0
+
+    cdef int _targets(self, list outs) except -1:
+        """Where each output's bytes go: numpy data pointers, or buffers held until collected."""
+        cdef PendingDispatch d = self
+        cdef Core core = self.core
+        cdef Prepared p = d.prep
+        cdef Py_ssize_t k, n = len(outs)
+        cdef Piece piece
+        cdef DevCopy dc
+        cdef list waits = None
+        d.out_pieces.clear()
+        d.out_dev.clear()
+        d.out_direct.assign(n, 0)
+        for k in range(n):
+            piece.dev_offset = p.outputs[k].offset
+            piece.n = p.outputs[k].nbytes
+            dv = None
+            if type(outs[k]) is cnp.ndarray:
+                piece.host = <char*>cnp.PyArray_DATA(<cnp.ndarray>outs[k])
+            elif d.out_checked is not None and d.out_checked[k] is not None:
+                dv = d.out_checked[k]  # a device array check_outputs already checked
+            else:
+                d.out_views.resize(d.out_views.size() + 1)
+                try:
+                    PyObject_GetBuffer(outs[k], &d.out_views.back(), PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+                    piece.host = <char*>d.out_views.back().buf
+                except BaseException as exc:
+                    d.out_views.pop_back()
+                    try:
+                        dv = device_output(p.plan, k, outs[k], core.device,
+                                           <uintptr_t>p.ext_stream if p.ext else None)
+                    except BaseException:
+                        d._release_out_views()
+                        raise
+                    if dv is None:
+                        d._release_out_views()
+                        raise exc
+            if dv is not None:  # a device array: copied device-to-device from the slab, not read back
+                dc.ptr, dc.dev_offset, dc.n = <cydriver.CUdeviceptr>dv.ptr, piece.dev_offset, piece.n
+                d.out_dev.push_back(dc)
+                if d.keep is None:
+                    d.keep = []
+                d.keep.append(dv.keep)
+                if dv.wait is not None:
+                    waits = [dv.wait] if waits is None else waits + [dv.wait]
+                piece.host = NULL
+                piece.n = 0
+            d.out_pieces.push_back(piece)
+        if waits is not None:
+            stream_waits(d, waits)  # before the copies into them are enqueued
+        if p.ring:
+            with nogil:
+                for k in range(n):
+                    if d.out_pieces[k].n and page_locked(d.out_pieces[k].host, d.out_pieces[k].n):
+                        d.out_direct[k] = 1
+        return 0
+
+    cdef int _wait(self, timeout) except -1:
+        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+        cdef int outcome
+        if self.completed:
+            return 0
+        if timeout is None and not self.timed_out:
+            timeout = self.prep.timeout  # the dispatch's own timeout, until it has expired once
+        self.wait_timeout = _check_timeout(timeout)
+        self.deadline = 0 if self.wait_timeout is None else now_ns() + timeout_ns(self.wait_timeout)
+        with nogil:
+            outcome = wait_nogil(self, &st)
+        self._after_wait(outcome, st, b"cuEventQuery")
+        return 0
+
+    cdef int _collect(self, list outs) except -1:
+        cdef cydriver.CUresult st
+        cdef const char* call = NULL
+        cdef Prepared p = self.prep
+        cdef TransferEngine xfer = self.core.resources.xfer
+        self._targets(outs)
+        if self.out_dev.size() and not self.out_dev_issued:
+            late_device_outputs(self)
+        with nogil:
+            st = collect(self, p, xfer, &call)
+        self._after_collect(st, call)
+        self._audit()
+        return 0
+
+    def is_ready(self):
+        """True once the GPU has finished (never blocks)."""
+        cdef cydriver.CUresult status
+        if self.completed or self.consumed or not self.f.active:
+            return True
+        with nogil:
+            if self.f.has_done:
+                status = cydriver.cuEventQuery(self.f.done)
+            else:
+                status = cydriver.cuStreamQuery(self.f.stream)
+        if status == cydriver.CUDA_SUCCESS:
+            return True
+        if status == cydriver.CUDA_ERROR_NOT_READY:
+            return False
+        self.core._fail(self, status, b"cuEventQuery")
+
+    def result(self, timeout=None):
+        """Wait, then return the outputs as new numpy arrays (declaration order).
+
+        ``timeout`` (seconds) bounds this wait. None (the default) applies the dispatch's
+        ``DispatchConfig(timeout=...)`` until that has expired once, and then waits until the GPU
+        is done (as ``concurrent.futures.Future.result()`` does): after a timeout error, calling
+        ``result()`` on its ``.pending`` waits for the end. On expiry, ``DispatchFailed`` (status
+        ``"timeout"``) is raised and this handle still owns the work."""
+        cdef Core core = self.core
+        core.busy += 1
+        try:
+            if self.traced:
+                nvtx_push(b"result", S_RESULT)
+                try:
+                    return self._result(timeout)
+                finally:
+                    nvtx_pop()
+            return self._result(timeout)
+        finally:
+            core.busy -= 1
+
+    cdef object _result(self, timeout):
+        self._take()
+        self._wait(timeout)
+        outs = new_outputs(self.core, self.prep)
+        self._collect(outs)
+        self._finish()
+        return outs
+
+    def result_into(self, outputs, timeout=None):
+        """Wait, then copy the outputs into the caller's arrays (checked) and return them.
+        ``timeout`` as for :meth:`result`."""
+        cdef Core core = self.core
+        core.busy += 1
+        try:
+            if self.traced:
+                nvtx_push(b"result", S_RESULT)
+                try:
+                    return self._result_into(outputs, timeout)
+                finally:
+                    nvtx_pop()
+            return self._result_into(outputs, timeout)
+        finally:
+            core.busy -= 1
+
+    cdef object _result_into(self, outputs, timeout):
+        outputs = as_output_list(outputs)
+        self._take()
+        stream = <uintptr_t>self.prep.ext_stream if self.prep.ext else None
+        self.out_checked = check_outputs(self.prep.plan, outputs, self.core.device, stream)
+        self._wait(timeout)
+        self._collect(outputs)
+        self._finish()
+        return outputs
+
+    def timed_result(self, timeout=None):
+        """Wait; return TimedDispatchResult(outputs, wall_ns, device_ns, enqueue_ns, wait_ns).
+        ``timeout`` as for :meth:`result`."""
+        cdef Core core = self.core
+        core.busy += 1
+        try:
+            if self.traced:
+                nvtx_push(b"result", S_RESULT)
+                try:
+                    return self._timed_result(timeout)
+                finally:
+                    nvtx_pop()
+            return self._timed_result(timeout)
+        finally:
+            core.busy -= 1
+
+    cdef object _timed_result(self, timeout):
+        cdef float ms = 0
+        cdef unsigned long long t_wait0
+        if not self.f.timed and not self.consumed:
+            raise ValidationError(
+                "this PendingDispatch was enqueued without timing events",
+                "use CudaBackend.dispatch_async(program, inputs, timed=True) or dispatch_timed()",
+            )
+        self._take()
+        t_wait0 = now_ns()
+        self._wait(timeout)
+        check_cu(cydriver.cuEventElapsedTime(&ms, self.f.t0, self.f.t1), b"cuEventElapsedTime")
+        outs = new_outputs(self.core, self.prep)
+        self._collect(outs)
+        t_end = now_ns()
+        wall = t_end - self.f.t_start
+        enqueue = self.f.t_enqueued - self.f.t_start
+        wait = t_end - t_wait0
+        device = <unsigned long long>(ms * 1e6)
+        self._finish()
+        tel = self.core.tel
+        tel[T_TIMED_DISPATCHES] += 1
+        tel[T_TIMED_WALL_NS] += wall
+        tel[T_TIMED_DEVICE_NS] += device
+        tel[T_TIMED_ENQUEUE_NS] += enqueue
+        tel[T_TIMED_WAIT_NS] += wait
+        return TimedDispatchResult(outs, wall, device, enqueue, wait)
+
+    cdef void _finish(self) noexcept:
+        self.core._recycle(self.prep, &self.f)
+        self._release_views()
+        self._release_out_views()
+        self.keep = None  # the GPU is done with the caller's device arrays
+        self._settle()
+
+    cdef void _settle(self) noexcept:
+        if self.nvtx_started:  # a traced async dispatch's range ends with it (any path)
+            self.nvtx_started = False
+            nvtx_end(self.nvtx_range)
+        # once per owner: the backend stops counting it
+        if not self.settled:
+            self.settled = True
+            self.consumed = True
+            self.core.outstanding -= 1
+            if self.core.outstanding == 0 and self.core.on_settled is not None:
+                # the last owner after close(): the backend's context reference goes back now
+                callback, self.core.on_settled = self.core.on_settled, None
+                try:
+                    callback()
+                except BaseException:  # (noexcept: a failed release is logged by the callback)
+                    pass
+
+    @property
+    def route(self):
+        return self.prep.route_name
+
+    @property
+    def done(self):
+        """True once the outputs were taken (or the dispatch failed)."""
+        return self.consumed
+
+    def __dealloc__(self):
+        # Dropped un-awaited (or abandoned by an exception): the GPU may still read the slab, the
+        # staging and any page-locked input, so wait (GIL released) before recycling; if the wait
+        # fails, write the resources off rather than recycle them.
+        cdef cydriver.CUresult status = cydriver.CUDA_SUCCESS
+        cdef cydriver.CUcontext prev
+        cdef bint pushed = False
+        if self.core is None:
+            self._release_views()
+            return
+        if self.f.active:
+            if self.core.ctx == NULL:
+                status = cydriver.CUDA_ERROR_CONTEXT_IS_DESTROYED  # released after a fault
+            elif self.f.enqueued:
+                with nogil:
+                    status = cydriver.cuCtxPushCurrent(self.core.ctx)
+                    if status == cydriver.CUDA_SUCCESS:
+                        pushed = True
+                        # (an event: a caller's stream may hold the caller's later work)
+                        if self.f.has_done:
+                            status = cydriver.cuEventSynchronize(self.f.done)
+                        else:
+                            status = cydriver.cuStreamSynchronize(self.f.stream)
+            if status == cydriver.CUDA_SUCCESS:
+                self.core._recycle(self.prep, &self.f)
+            else:
+                self.core._leak(self.prep, &self.f)
+            if pushed:
+                cydriver.cuCtxPopCurrent(&prev)
+            self._settle()  # (after the pop: the last settle may release the context)
+        if self.nvtx_started:
+            self.nvtx_started = False
+            nvtx_end(self.nvtx_range)
+        self._release_views()
+        self._release_out_views()

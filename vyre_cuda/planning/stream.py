@@ -1,0 +1,607 @@
+"""The streamed route of an elementwise dispatch, planned: chunks of rows, streams, slots, bytes held.
+
+A program declared elementwise (``Program(..., elementwise=True | names, align=k)``) can be cut into
+chunks of rows that compute independently. The streamed route pipelines them over a few streams:
+chunk ``k+1`` uploads while chunk ``k`` computes and chunk ``k-1`` reads back (both copy engines and
+the SMs busy), so the dispatch approaches the both-directions DMA time instead of the sum of its
+stages, and holds only the chunks in flight on the device, so it may be larger than device memory.
+
+:func:`plan_stream` turns one dispatch into a frozen :class:`StreamPlan` that the core only has to
+execute. Its device allocation is one block of :attr:`StreamPlan.device_bytes`: a shared region
+(every input that is not cut, uploaded once, and the params blocks) followed by one slot per
+stream, each holding one chunk of every cut binding. Chunk ``k`` runs on stream ``k % streams`` in
+slot ``k % streams``, so a slot is reused only after its previous chunk's readback completed (stream
+order). What a chunk's kernel sees is a smaller dispatch of the same program: its argument pointers
+are the chunk's regions (the whole buffer for an input that is not cut), word 0 is the launch rule
+applied to the chunk's binding counts (the chunk's element count), word ``binding + 1`` of a cut
+binding is the chunk's count and of any other binding its whole count. Pure outputs are cleared
+in the slot before each chunk's launch; read-write bindings upload and read back the same chunk.
+
+**The route is planned, not executed, in this release.** ``STREAMED_ROUTE_AVAILABLE`` is False
+until the core runs streamed plans: the planner then never chooses the route by itself (every
+dispatch keeps today's serial route), ``DispatchConfig(streamed=True)`` is refused, and a dispatch
+over device memory is refused as before. With the flag on (tests, ``plan_info``) the decision and
+the geometry are exercised in full. The constants below are first estimates, to be tuned by
+measurement on the GPU (notes/streamed-dispatch.md says how).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._accounting import U64_MAX, align_up, checked_add, checked_mul
+from ..errors import DeviceOutOfMemory, UnsupportedFeature, ValidationError
+from ..program import BindingRole
+from .caps import DeviceCaps
+from .launch import params_words, plan_launch
+from .layout import COPY_ALIGN, REGION_ALIGN
+
+__all__ = [
+    "STREAMED_ROUTE_AVAILABLE",
+    "STREAM_CHUNK_BYTES",
+    "STREAM_MIN_CHUNKS",
+    "STREAM_COUNT",
+    "STREAM_MIN_WAVES",
+    "StreamTuning",
+    "StreamDevice",
+    "StreamBinding",
+    "ChunkLaunch",
+    "ChunkSpan",
+    "Chunk",
+    "StreamPlan",
+    "plan_stream",
+    "check_streamed_config",
+    "check_serial_budget",
+]
+
+# False until the core executes streamed plans: the one switch between "planned" and "run".
+STREAMED_ROUTE_AVAILABLE = False
+
+# To be tuned by measurement. Bytes of the largest cut buffer in one chunk: a CuPy prototype of this
+# pipeline reached 1.04x the duplex DMA limit of an H200 with 8 MiB chunks on 3-4 streams.
+STREAM_CHUNK_BYTES = 8 << 20
+# To be tuned by measurement. A dispatch cut into fewer chunks than this (at STREAM_CHUNK_BYTES)
+# keeps the serial route: one chunk overlaps nothing, and issuing chunks costs a few microseconds.
+STREAM_MIN_CHUNKS = 2
+# Streams (= device slots) in flight: upload, kernel and readback of three chunks at once.
+STREAM_COUNT = 3
+# A chunk's launch covers at least this many waves of blocks over the SMs (when the rows allow).
+STREAM_MIN_WAVES = 1
+
+
+def _count(value, name: str, low: int = 1) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not low <= value <= U64_MAX:
+        raise ValidationError(f"{name} must be an int >= {low} (got {value!r})", f"pass {name} as an int >= {low}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class StreamTuning:
+    """The planner's constants (the module's measured defaults; tests and the tuner pass others)."""
+
+    chunk_bytes: int = STREAM_CHUNK_BYTES
+    min_chunks: int = STREAM_MIN_CHUNKS
+    streams: int = STREAM_COUNT
+    min_waves: int = STREAM_MIN_WAVES
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _count(getattr(self, f.name), f"StreamTuning.{f.name}"))
+
+
+@dataclass(frozen=True)
+class StreamDevice:
+    """What the planner needs of the device: the bytes a dispatch may hold (None: unknown), the
+    copy engines (2 let uploads and readbacks overlap) and the SM count (a chunk fills them)."""
+
+    free_memory: int | None
+    copy_engines: int = 2
+    sm_count: int = 132
+
+    @classmethod
+    def from_caps(cls, caps: DeviceCaps, free_memory: int | None = None) -> StreamDevice:
+        """The device of ``caps`` (its copy engines and SMs). The bytes a dispatch may hold: 90% of
+        ``free_memory`` (the device pool's own rule for a new allocation: the rest is headroom for
+        the context and other allocations), and never more than the budget plan_dispatch holds
+        every dispatch to, 90% of total memory (None when neither is known)."""
+        limits = [m - m // 10 for m in (free_memory, caps.total_memory) if m]
+        return cls(min(limits) if limits else None, caps.copy_engines, caps.sm_count)
+
+
+@dataclass(frozen=True)
+class StreamBinding:
+    """One non-workgroup binding as the streamed route moves it.
+
+    A cut binding has ``row_elements`` elements per row and a region of ``region_bytes`` at
+    ``region_offset`` in every slot (one full chunk, padded); a whole one (an input that is not
+    cut) has its whole buffer at ``region_offset`` in the shared region, uploaded once.
+    """
+
+    name: str
+    binding: int
+    role: BindingRole
+    cut: bool
+    itemsize: int
+    row_elements: int
+    total_bytes: int
+    region_offset: int
+    region_bytes: int
+    input_index: int
+    output_index: int
+
+    @property
+    def upload(self) -> bool:
+        return self.role in (BindingRole.INPUT, BindingRole.INPUT_OUTPUT)
+
+    @property
+    def readback(self) -> bool:
+        return self.role in (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT)
+
+    @property
+    def clear(self) -> bool:
+        """Zeroed on the device before each chunk's launch (outputs start at zero, as serially)."""
+        return self.role is BindingRole.OUTPUT
+
+
+@dataclass(frozen=True)
+class ChunkLaunch:
+    """The launch of a chunk of ``rows`` rows: word 0, grid and its params block (u32 words),
+    which lies at ``params_offset`` of the shared region."""
+
+    rows: int
+    element_count: int
+    grid: tuple
+    params: tuple
+    params_offset: int
+
+
+@dataclass(frozen=True)
+class ChunkSpan:
+    """One cut binding in one chunk: ``nbytes`` at ``host_offset`` of the caller's buffer, at
+    ``device_offset`` of the dispatch's device block (its argument pointer), ``count`` elements."""
+
+    name: str
+    host_offset: int
+    nbytes: int
+    count: int
+    device_offset: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    index: int
+    row_begin: int
+    row_end: int
+    stream: int  # the stream and the slot it runs in
+    spans: tuple  # ChunkSpan per cut binding, binding order
+    launch: ChunkLaunch
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """The route decision (``route``: ``"streamed"`` or ``"serial"``, with ``reason``) and, for an
+    elementwise dispatch that can stream, its geometry: ``rows`` cut into ``chunk_count`` chunks of
+    ``chunk_rows`` (a multiple of ``align``; the last chunk holds the rest), ``streams`` streams
+    and as many device slots and staging slots per direction, the bytes held on the device
+    (``device_bytes = shared_bytes + streams * slot_bytes``, at most ``budget``), the pinned
+    staging one slot takes each way, and the launches of a full and of the last chunk.
+    :meth:`chunk` gives chunk ``k``'s byte offsets and lengths (arithmetic on these fields, so a
+    plan of a million chunks stays small)."""
+
+    route: str
+    reason: str
+    rows: int = 0
+    align: int = 1
+    chunk_rows: int = 0
+    chunk_count: int = 0
+    streams: int = 0
+    bindings: tuple = ()  # StreamBinding, binding order
+    shared_bytes: int = 0
+    slot_bytes: int = 0
+    device_bytes: int = 0
+    budget: int | None = None
+    staging_upload_bytes: int = 0
+    staging_readback_bytes: int = 0
+    full: ChunkLaunch | None = None
+    last: ChunkLaunch | None = None
+    h2d_bytes: int = 0
+    d2h_bytes: int = 0
+
+    @property
+    def streamed(self) -> bool:
+        return self.route == "streamed"
+
+    @property
+    def staging_slots(self) -> int:
+        """Pinned staging slots per direction: one per chunk in flight; a slot is refilled only
+        after its DMA completed (an event per slot)."""
+        return self.streams
+
+    def chunk(self, k: int) -> Chunk:
+        if not 0 <= k < self.chunk_count:
+            raise IndexError(f"chunk {k} of a plan with {self.chunk_count} chunks")
+        begin = k * self.chunk_rows
+        end = min(begin + self.chunk_rows, self.rows)
+        slot = k % self.streams
+        base = self.shared_bytes + slot * self.slot_bytes
+        spans = tuple(
+            ChunkSpan(
+                b.name,
+                begin * b.row_elements * b.itemsize,
+                (end - begin) * b.row_elements * b.itemsize,
+                (end - begin) * b.row_elements,
+                base + b.region_offset,
+            )
+            for b in self.bindings
+            if b.cut
+        )
+        launch = self.last if k == self.chunk_count - 1 else self.full
+        assert launch is not None
+        return Chunk(k, begin, end, slot, spans, launch)
+
+    def chunks(self):
+        """Every chunk, in order."""
+        return (self.chunk(k) for k in range(self.chunk_count))
+
+
+# ---------------------------------------------------------------------------------- validation
+def check_streamed_config(streamed, budget) -> tuple:
+    """``(streamed, device_memory_budget)`` of a DispatchConfig, validated."""
+    if streamed is not None:
+        if not isinstance(streamed, (bool, np.bool_)):
+            raise ValidationError(
+                f"streamed must be True, False or None (got {type(streamed).__name__} {streamed!r})",
+                "pass streamed=None to let vyre_cuda decide, True to force the streamed route of an "
+                "elementwise program, False to forbid it",
+            )
+        streamed = bool(streamed)
+        if streamed and not STREAMED_ROUTE_AVAILABLE:
+            raise UnsupportedFeature(
+                "DispatchConfig(streamed=True): the streamed route is planned but not yet executed by "
+                "this release of vyre_cuda",
+                "pass streamed=None (the default) or False; the dispatch then runs on the serial route",
+            )
+    if budget is not None:
+        whole = isinstance(budget, (int, np.integer)) and not isinstance(budget, (bool, np.bool_))
+        if not whole or not 1 <= budget <= U64_MAX:
+            raise ValidationError(
+                "device_memory_budget must be a positive int of bytes or None "
+                f"(got {type(budget).__name__} {budget!r})",
+                "pass device_memory_budget=None to be bounded by free device memory only, or a byte "
+                "count such as 4 << 30",
+            )
+        budget = int(budget)
+    return streamed, budget
+
+
+def check_serial_budget(config, slab_bytes: int) -> None:
+    """Refuse a serial dispatch whose device slab exceeds ``DispatchConfig(device_memory_budget)``."""
+    budget = config.device_memory_budget
+    if budget is not None and slab_bytes > budget:
+        raise DeviceOutOfMemory(
+            f"the dispatch needs {slab_bytes:,} bytes of device memory but "
+            f"DispatchConfig(device_memory_budget={budget:,}) allows {budget:,}",
+            f"raise device_memory_budget to at least {slab_bytes:,}, or split the dispatch into bounded chunks",
+            status="budget",
+            call="plan",
+        )
+
+
+# ---------------------------------------------------------------------------------- planning
+def _serial_blocker(program, config, device_inputs) -> tuple:
+    """``(why, fix)`` when this dispatch cannot stream, else ``("", "")``."""
+    if not program.elementwise:
+        label = program.name or program.kernel.entry
+        return (
+            f"program {label!r} is not declared elementwise",
+            "declare Program(..., elementwise=True) (or the names of the inputs to cut) when row i of "
+            "every output depends only on row i of the inputs, or pass streamed=None",
+        )
+    checks = (
+        (config.cooperative, "cooperative=True synchronises the whole grid", "drop cooperative=True"),
+        (
+            config.grid_override is not None,
+            f"grid_override={config.grid_override} fixes the grid of the whole dispatch",
+            "drop grid_override (each chunk's grid follows its rows)",
+        ),
+        (
+            config.elements is not None,
+            f"elements={config.elements} fixes word 0 of the whole dispatch",
+            "drop elements (each chunk's word 0 is its own element count)",
+        ),
+        (
+            config.outputs == "device",
+            "outputs='device' keeps every output on the device, so nothing streams back",
+            "pass outputs='host'",
+        ),
+        (config.graph is True, "graph=True replays the launches as one CUDA graph", "drop graph=True"),
+        (
+            bool(device_inputs),
+            f"input(s) {sorted(device_inputs)} are device memory, so there is nothing to upload in chunks",
+            "pass host arrays",
+        ),
+    )
+    for hit, why, fix in checks:
+        if hit:
+            return f"DispatchConfig: {why}", f"{fix}, or pass streamed=None"
+    return "", ""
+
+
+def _rows(program, bindings) -> tuple:
+    """``(rows, {cut name: elements per row}, why not)``: a row is an element of the smallest cut
+    binding; every cut binding holds a whole number of elements per row."""
+    counts = {s.decl.name: s.count for s in bindings.slots if s.decl.name in program.elementwise_bindings}
+    rows = min(counts.values())
+    if rows == 0:
+        empty = [n for n, c in counts.items() if c == 0]
+        return 0, {}, f"elementwise binding(s) {empty} are empty"
+    ragged = {n: c for n, c in counts.items() if c % rows}
+    if ragged:
+        return (
+            0,
+            {},
+            (
+                f"the elementwise bindings' element counts {counts} are not whole multiples of the "
+                f"smallest ({rows}), so they share no row"
+            ),
+        )
+    return rows, {n: c // rows for n, c in counts.items()}, ""
+
+
+def _stream_count(copy_engines: int, wanted: int) -> int:
+    # two copy engines: upload, kernel and readback overlap; one: copies serialise, kernel overlaps
+    if copy_engines >= 2:
+        return wanted
+    return min(wanted, 2) if copy_engines == 1 else 1
+
+
+class _Geometry:
+    """The byte layout of the shared region and of one slot for a given chunk size."""
+
+    def __init__(self, bindings, widths, params_bytes):
+        self.cut = [s for s in bindings.slots if s.decl.name in widths]
+        self.whole = [s for s in bindings.slots if s.decl.name not in widths]
+        self.widths = widths
+        offset = 0
+        self.whole_offsets = {}
+        for slot in self.whole:
+            offset = align_up(offset, _alignment(slot), "streamed shared region")
+            self.whole_offsets[slot.decl.name] = offset
+            offset = checked_add(offset, _padded(slot.byte_len), "streamed shared region")
+        self.params_offsets = []
+        for _ in range(2):  # a full chunk's params block and the last chunk's
+            offset = align_up(offset, REGION_ALIGN, "streamed params offset")
+            self.params_offsets.append(offset)
+            offset = checked_add(offset, params_bytes, "streamed params offset")
+        self.shared_bytes = align_up(offset, REGION_ALIGN, "streamed shared region")
+
+    def slot(self, rows: int) -> tuple:
+        """(slot bytes, {name: region offset}, {name: region bytes}) for chunks of ``rows``."""
+        offset, offsets, sizes = 0, {}, {}
+        for slot in self.cut:
+            nbytes = checked_mul(rows * self.widths[slot.decl.name], slot.decl.dtype.itemsize, "streamed chunk")
+            offset = align_up(offset, _alignment(slot), "streamed slot")
+            offsets[slot.decl.name], sizes[slot.decl.name] = offset, _padded(nbytes)
+            offset = checked_add(offset, sizes[slot.decl.name], "streamed slot")
+        return align_up(offset, REGION_ALIGN, "streamed slot"), offsets, sizes
+
+    def held(self, rows: int, streams: int) -> int:
+        return checked_add(self.shared_bytes, checked_mul(streams, self.slot(rows)[0], "streamed slots"), "held")
+
+
+def _alignment(slot) -> int:
+    return max(REGION_ALIGN, slot.decl.alignment or 1, slot.decl.dtype.itemsize)
+
+
+def _padded(nbytes: int) -> int:
+    return align_up(max(nbytes, 1), COPY_ALIGN, "streamed region")  # a zero-byte buffer still gets 16
+
+
+def _fit(geometry, target: int, align: int, streams: int, limit) -> tuple:
+    """``(chunk rows, streams)``: the target when it fits ``limit``, else more streams first (the
+    overlap), then the largest multiple of ``align`` that fits; ``(0, 0)`` when one chunk of
+    ``align`` rows on one stream does not fit."""
+    if limit is None or geometry.held(target, streams) <= limit:
+        return target, streams
+    if target < align:  # all rows, fewer than align: one chunk, or none
+        fits = [s for s in range(streams, 0, -1) if geometry.held(target, s) <= limit]
+        return (target, fits[0]) if fits else (0, 0)
+    for s in range(streams, 0, -1):
+        lo, hi = 0, target // align  # the largest k with held(k * align, s) <= limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if geometry.held(mid * align, s) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo:
+            return lo * align, s
+    return 0, 0
+
+
+def _chunk_launch(program, bindings, widths, config, caps, rows: int, params_offset: int) -> ChunkLaunch:
+    """The launch of a chunk of ``rows`` rows: the program's own launch rule on the chunk's counts."""
+    slots = tuple(
+        dataclasses.replace(
+            s, count=rows * widths[s.decl.name], byte_len=rows * widths[s.decl.name] * s.decl.dtype.itemsize
+        )
+        if s.decl.name in widths
+        else s
+        for s in bindings.slots
+    )
+    by_name = {s.decl.name: s for s in slots}
+    # runtime_inputs=(): the undersized-launch warning was decided once, on the whole dispatch
+    chunk_plan = dataclasses.replace(
+        bindings, slots=slots, outputs=tuple(by_name[s.decl.name] for s in bindings.outputs), runtime_inputs=()
+    )
+    launch = plan_launch(program, chunk_plan, config, caps)
+    words = tuple(params_words(chunk_plan, launch))
+    return ChunkLaunch(rows, launch.element_count, launch.grid, words, params_offset)
+
+
+def plan_stream(
+    program,
+    bindings,
+    launch,
+    config,
+    caps: DeviceCaps,
+    *,
+    serial_bytes: int,
+    device: StreamDevice | None = None,
+    free_memory: Callable[[], int | None] | None = None,
+    tuning: StreamTuning | None = None,
+    device_inputs=frozenset(),
+    available: bool | None = None,
+) -> StreamPlan:
+    """The route of one dispatch and, when it can stream, its :class:`StreamPlan` (pure).
+
+    ``bindings`` and ``launch`` are the dispatch's BindingPlan and LaunchPlan, ``serial_bytes`` the
+    device bytes the serial route would hold (its slab), ``device`` what the device offers (by
+    default from ``caps`` and ``free_memory()``, the device's free bytes: a driver call, made only
+    for a dispatch that could stream, once its route is being sized), ``tuning`` the constants,
+    ``available`` the route switch (default ``STREAMED_ROUTE_AVAILABLE``). The route is
+    ``"streamed"`` when available and forced (``DispatchConfig(streamed=True)``), when the serial
+    route would exceed the memory budget (``device_memory_budget`` or free device memory), or when
+    the dispatch makes at least ``tuning.min_chunks`` chunks; else ``"serial"``, with the reason.
+    """
+    tuning = tuning or StreamTuning()
+    available = STREAMED_ROUTE_AVAILABLE if available is None else available
+    forced = config.streamed is True
+    if config.streamed is False:
+        return StreamPlan("serial", "DispatchConfig(streamed=False)")
+    why, fix = _serial_blocker(program, config, device_inputs)
+    rows, widths = 0, {}
+    if not why:
+        rows, widths, why = _rows(program, bindings)
+        fix = "pass elementwise bindings with a whole number of elements per row, or streamed=None"
+    if why:
+        if forced:
+            raise ValidationError(f"DispatchConfig(streamed=True) cannot stream this dispatch: {why}", fix)
+        return StreamPlan("serial", why)
+    if device is None:
+        device = StreamDevice.from_caps(caps, None if free_memory is None else free_memory())
+    limits = [b for b in (config.device_memory_budget, device.free_memory) if b is not None]
+    limit = min(limits) if limits else None
+    needed = limit is not None and serial_bytes > limit
+
+    align = program.align
+    row_bytes = max(widths[s.decl.name] * s.decl.dtype.itemsize for s in bindings.slots if s.decl.name in widths)
+    per_row_launch = max(1, launch.element_count // rows)
+    fill = -(-device.sm_count * tuning.min_waves * launch.block[0] // per_row_launch)
+    target = max(tuning.chunk_bytes // row_bytes, fill, 1)
+    target = min(rows, max(align, target // align * align))
+    wanted = -(-rows // target) >= tuning.min_chunks
+    params_len = len(params_words(bindings, launch))
+    geometry = _Geometry(bindings, widths, align_up(4 * params_len, COPY_ALIGN, "params block"))
+    chunk_rows, streams = _fit(geometry, target, align, _stream_count(device.copy_engines, tuning.streams), limit)
+    if not chunk_rows:
+        assert limit is not None  # (without a limit the target always fits)
+        if forced or needed:
+            raise _no_chunk_fits(geometry, min(align, rows), limit, config.device_memory_budget)
+        return StreamPlan("serial", f"one chunk of {min(align, rows)} row(s) does not fit the {limit:,}-byte budget")
+    chunk_count = -(-rows // chunk_rows)
+    streams = min(streams, chunk_count)
+    last_rows = rows - (chunk_count - 1) * chunk_rows
+    p_full, p_last = geometry.params_offsets
+    full = _chunk_launch(program, bindings, widths, config, caps, chunk_rows, p_full)
+    last_offset = p_last if last_rows != chunk_rows else p_full  # (one block when the chunks are equal)
+    last = _chunk_launch(program, bindings, widths, config, caps, last_rows, last_offset)
+    for view in (full, last):
+        largest = view.rows * max(widths.values())
+        if view.element_count > largest:
+            why = (
+                f"the launch rule gives a chunk of {view.rows} row(s) {view.element_count} elements, more than "
+                f"its largest cut binding holds ({largest}), so the chunk's threads would run past it"
+            )
+            if forced:
+                raise ValidationError(
+                    f"DispatchConfig(streamed=True) cannot stream this dispatch: {why}",
+                    "size the launch by a binding that is cut (Program(launch=...)), or pass streamed=None",
+                )
+            return StreamPlan("serial", why)
+
+    slot_bytes, offsets, sizes = geometry.slot(chunk_rows)
+    stream_bindings = tuple(
+        StreamBinding(
+            name=s.decl.name,
+            binding=s.binding,
+            role=s.role,
+            cut=s.decl.name in widths,
+            itemsize=s.decl.dtype.itemsize,
+            row_elements=widths.get(s.decl.name, s.count),
+            total_bytes=s.byte_len,
+            region_offset=offsets[s.decl.name] if s.decl.name in widths else geometry.whole_offsets[s.decl.name],
+            region_bytes=sizes[s.decl.name] if s.decl.name in widths else _padded(s.byte_len),
+            input_index=s.input_index,
+            output_index=s.output_index,
+        )
+        for s in bindings.slots
+    )
+    cut = [b for b in stream_bindings if b.cut]
+    held = geometry.held(chunk_rows, streams)
+    params_h2d = 4 * params_len * (1 if last_rows == chunk_rows else 2)
+    if not available:
+        if forced:  # (DispatchConfig refuses streamed=True already; a plan never runs it silently)
+            raise UnsupportedFeature(
+                "DispatchConfig(streamed=True): the streamed route is planned but not yet executed by this release",
+                "pass streamed=None (the default) or False",
+            )
+        route, reason = "serial", "the streamed route is not available in this release (STREAMED_ROUTE_AVAILABLE)"
+    elif forced:
+        route, reason = "streamed", "DispatchConfig(streamed=True)"
+    elif needed:
+        route = "streamed"
+        reason = f"the serial route needs {serial_bytes:,} device bytes, over the {limit:,}-byte budget"
+    elif wanted:
+        route, reason = "streamed", f"{chunk_count} chunks of {chunk_rows} rows >= {tuning.min_chunks}"
+    else:
+        route, reason = "serial", f"{chunk_count} chunk(s) of {chunk_rows} rows < {tuning.min_chunks}"
+    if route == "streamed":
+        reason += f"; {streams} stream(s), {held:,} device bytes held"
+    return StreamPlan(
+        route=route,
+        reason=reason,
+        rows=rows,
+        align=align,
+        chunk_rows=chunk_rows,
+        chunk_count=chunk_count,
+        streams=streams,
+        bindings=stream_bindings,
+        shared_bytes=geometry.shared_bytes,
+        slot_bytes=slot_bytes,
+        device_bytes=held,
+        budget=limit,
+        staging_upload_bytes=sum(b.region_bytes for b in cut if b.upload),
+        staging_readback_bytes=sum(b.region_bytes for b in cut if b.readback),
+        full=full,
+        last=last,
+        h2d_bytes=sum(b.total_bytes for b in stream_bindings if b.upload) + params_h2d,
+        d2h_bytes=sum(b.total_bytes for b in stream_bindings if b.readback),
+    )
+
+
+def _no_chunk_fits(geometry, rows: int, limit: int, budget) -> Exception:
+    """The error for a budget below the smallest chunk (``align`` rows, or all rows when fewer)
+    on one stream."""
+    needed = geometry.held(rows, 1)
+    what = (
+        f"{needed:,} device bytes are needed to stream even one chunk of {rows} row(s) "
+        f"({geometry.shared_bytes:,} for the inputs that are not cut and the params blocks, "
+        f"{geometry.slot(rows)[0]:,} for the chunk)"
+    )
+    smaller = ", or a smaller align" if rows > 1 else ""
+    if budget is not None and budget == limit:
+        return ValidationError(
+            f"DispatchConfig(device_memory_budget={budget:,}) is too small: {what}",
+            f"pass device_memory_budget >= {needed:,}{smaller}",
+        )
+    return DeviceOutOfMemory(
+        f"free device memory ({limit:,} bytes) is too small: {what}",
+        f"free device memory (other processes, CudaBackend.trim()), or pass smaller inputs that are not cut{smaller}",
+        status="budget",
+        call="plan",
+    )

@@ -1,0 +1,121 @@
+"""The CuPy peer: ``RawKernel`` on the floor's source, ``cp.asarray`` in and ``.get()`` out.
+
+Imported only when the peer is measured; it imports CuPy itself when started.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..engine import LAUNCH_BATCH
+
+__all__ = ["CupyPeer", "start"]
+
+
+class CupyPeer:
+    """CuPy ``RawKernel`` on the floor's source: ``cp.asarray`` in, ``cp.zeros`` out, ``.get()``."""
+
+    name = "cupy"
+
+    def __init__(self, device, source, entry, a, b, expected):
+        import cupy as cp
+
+        self.cp = cp
+        self.device = cp.cuda.Device(device)
+        self.device.use()
+        self.kernel = cp.RawKernel(source, entry)
+        self.a, self.b = a, b
+        self.n = np.uint32(a.shape[0])
+        self.grid = ((a.shape[0] + LAUNCH_BATCH - 1) // LAUNCH_BATCH,)
+        self.block = (LAUNCH_BATCH,)
+        self.expected = expected
+        self.out = None
+        self.d_a, self.d_b = cp.asarray(a), cp.asarray(b)
+        self.d_out = cp.zeros(a.shape[0], cp.float32)
+
+    def full(self, count):
+        cp, kernel, a, b, n, grid, block = (self.cp, self.kernel, self.a, self.b, self.n, self.grid, self.block)
+        self.device.use()
+        pc = time.perf_counter_ns
+        walls = []
+        out = None
+        for _ in range(count):
+            t0 = pc()
+            d_a = cp.asarray(a)
+            d_b = cp.asarray(b)
+            d_out = cp.zeros(a.shape[0], cp.float32)
+            kernel(grid, block, (d_a, d_b, d_out, n))
+            out = d_out.get()
+            t1 = pc()
+            walls.append(t1 - t0)
+        self.out = out
+        return {"peer.cupy": walls}
+
+    def launch_only(self, batches):
+        kernel, grid, block = self.kernel, self.grid, self.block
+        args = (self.d_a, self.d_b, self.d_out, self.n)
+        self.device.use()
+        stream = self.cp.cuda.get_current_stream()
+        pc = time.perf_counter_ns
+        per = []
+        for _ in range(batches):
+            t0 = pc()
+            for _ in range(LAUNCH_BATCH):
+                kernel(grid, block, args)
+            t1 = pc()
+            stream.synchronize()
+            per.append((t1 - t0) / LAUNCH_BATCH)
+        return {"peer.cupy.launch_only": per}
+
+    def verify(self):
+        return self.out is not None and np.array_equal(self.out, self.expected)
+
+    def device_resident(self, count):
+        """Data already on the device: the kernel and a stream synchronize, no transfers."""
+        kernel, grid, block = self.kernel, self.grid, self.block
+        args = (self.d_a, self.d_b, self.d_out, self.n)
+        self.device.use()
+        stream = self.cp.cuda.get_current_stream()
+        pc = time.perf_counter_ns
+        walls = []
+        for _ in range(count):
+            t0 = pc()
+            kernel(grid, block, args)
+            stream.synchronize()
+            walls.append(pc() - t0)
+        self.out = self.d_out.get()
+        return {"peer.cupy.device": walls}
+
+    def vyre_device(self, backend, program):
+        """vyre_cuda on the same CuPy arrays: ``dispatch_into`` with device inputs and output
+        (used in place and written device-to-device: no host memory touched)."""
+        d_out = self.cp.zeros(self.d_a.shape[0], self.cp.float32)
+        ins, outs = [self.d_a, self.d_b], [d_out]
+        into = backend.dispatch_into
+
+        def run(count):
+            pc = time.perf_counter_ns
+            walls = []
+            for _ in range(count):
+                t0 = pc()
+                into(program, ins, outs)
+                walls.append(pc() - t0)
+            self.vyre_out = d_out.get()
+            return {"vyre.device": walls}
+
+        def verify():
+            out = getattr(self, "vyre_out", None)  # None: run() failed before its readback
+            return out is not None and np.array_equal(out, self.expected)
+
+        return run, verify
+
+    def close(self):
+        self.cp.cuda.get_current_stream().synchronize()
+        self.d_a = self.d_b = self.d_out = None
+
+
+def start(backend, image, entry, source, a, b, expected):
+    """The peer compiling the floor's ``source`` on ``backend``'s device."""
+    return CupyPeer(backend.device, source, entry, a, b, expected)
