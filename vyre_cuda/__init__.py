@@ -5,8 +5,13 @@
 >>> with vc.CudaBackend() as backend:                          # doctest: +SKIP
 ...     (out,) = backend.dispatch(prog, [np.ones(4, np.float32), np.ones(4, np.float32)])
 
-Importing never needs a GPU: the driver is resolved at the first backend use.
+Importing never needs a GPU: the driver is resolved at the first backend use, and
+:func:`plan` plans a dispatch for a named device (``"H200"``, ``"A100"``, ...) with none at all.
+The types of inputs and outputs, for annotating code that calls vyre_cuda, are in
+:mod:`vyre_cuda.typing`.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from .config import DispatchConfig
 from .errors import (
@@ -23,10 +28,23 @@ from .errors import (
 )
 from .program import BindingRole, BufferAccess, BufferDecl, DType, Kernel, LaunchSizeWarning, Program
 
+if TYPE_CHECKING:
+    # the lazy names below, typed for checkers; at run time __getattr__ imports each at first use
+    from . import builtin_programs, tracing, tuning
+    from ._devarray import DeviceArray
+    from ._waits import PendingDispatch
+    from .backend import CudaBackend, driver_status, reset_device
+    from .group import DeviceGroup
+    from .hostmem import is_page_locked, pinned_empty, pinned_like, pinned_zeros
+    from .offline import ArraySpec, plan
+    from .planning.caps import DeviceCaps
+    from .telemetry import TimedDispatchResult
+
 __version__ = "0.1.0"
 
 __all__ = [
     "__version__",
+    "ArraySpec",
     "BackendError",
     "BindingRole",
     "BufferAccess",
@@ -35,6 +53,7 @@ __all__ = [
     "CudaBackend",
     "DType",
     "DeviceArray",
+    "DeviceCaps",
     "DeviceGroup",
     "DeviceLost",
     "DeviceOutOfMemory",
@@ -56,6 +75,7 @@ __all__ = [
     "pinned_empty",
     "pinned_like",
     "pinned_zeros",
+    "plan",
     "reset_device",
     "tracing",
     "tuning",
@@ -67,7 +87,7 @@ _LAZY = {
     "CudaBackend": ("backend", "CudaBackend"),
     "DeviceArray": ("_devarray", "DeviceArray"),
     "DeviceGroup": ("group", "DeviceGroup"),
-    "TimedDispatchResult": ("backend", "TimedDispatchResult"),
+    "TimedDispatchResult": ("telemetry", "TimedDispatchResult"),
     "PendingDispatch": ("_waits", "PendingDispatch"),
     "driver_status": ("backend", "driver_status"),
     "reset_device": ("backend", "reset_device"),
@@ -78,10 +98,13 @@ _LAZY = {
     "pinned_zeros": ("hostmem", "pinned_zeros"),
     "pinned_like": ("hostmem", "pinned_like"),
     "is_page_locked": ("hostmem", "is_page_locked"),
+    "plan": ("offline", "plan"),
+    "ArraySpec": ("offline", "ArraySpec"),
+    "DeviceCaps": ("planning.caps", "DeviceCaps"),
 }
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     try:
         module_name, attr = _LAZY[name]
     except KeyError:
@@ -94,5 +117,5 @@ def __getattr__(name):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))

@@ -9,6 +9,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
@@ -27,6 +29,15 @@ from .planning.caps import DeviceCaps
 from .planning.dispatch import DispatchPlan, plan_dispatch, plan_route
 from .telemetry import Telemetry, TimedDispatchResult
 from .tracing import trace_flags
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from ._waits import PendingDispatch
+    from .config import DispatchConfig
+    from .program import Program
+    from .tuning import TuneResult
+    from .typing import ConfigLike, HostOutput, InputBuffer, OutputT
 
 __all__ = ["CudaBackend", "TimedDispatchResult", "driver_status", "reset_device", "PlanInfo"]
 
@@ -61,7 +72,7 @@ def _transfer_settings(chunk_bytes, chunks, threads):
 PlanInfo = DispatchPlan
 
 
-def driver_status() -> tuple:
+def driver_status() -> tuple[bool, str]:
     """(True, description) when a driver and device are usable, else (False, reason)."""
     try:
         _driver.init_driver()
@@ -187,7 +198,7 @@ class CudaBackend:
         return self._caps
 
     @property
-    def limits(self) -> dict:
+    def limits(self) -> dict[str, Any]:
         return self._caps.as_dict()
 
     @property
@@ -200,28 +211,96 @@ class CudaBackend:
         return self._core.lost is not None
 
     # ------------------------------------------------------------------ dispatch
-    def dispatch(self, program, inputs, config=None) -> list:
-        """Run ``program`` on ``inputs`` (numpy arrays or C-contiguous buffers) and wait.
+    @overload
+    def dispatch(self, program: Program, inputs: Sequence[InputBuffer], config: None = None) -> list[HostOutput]: ...
+    @overload
+    def dispatch(
+        self, program: Program, inputs: Sequence[InputBuffer], config: DispatchConfig | dict[str, Any]
+    ) -> list[Any]: ...
+    def dispatch(self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None) -> list[Any]:
+        """Run ``program`` on ``inputs`` and wait.
 
-        Returns the outputs as new numpy arrays of the declared dtypes, in declaration order.
+        Parameters
+        ----------
+        program : Program
+            The program; build it once and dispatch it many times (plans are cached per program).
+        inputs : sequence of InputBuffer
+            One buffer per input binding, in declaration order: numpy arrays (page-locked ones DMA
+            directly), ``bytes`` and other C-contiguous buffers, or device arrays
+            (``__dlpack__``/``__cuda_array_interface__``, read in place). See
+            :mod:`vyre_cuda.typing`.
+        config : DispatchConfig, dict or None
+            Per-dispatch options; None for the defaults (the fastest path).
+
+        Returns
+        -------
+        list of numpy.ndarray or DeviceArray
+            The outputs, in declaration order, as new arrays of the declared dtypes: numpy
+            arrays, or :class:`DeviceArray` under ``DispatchConfig(outputs="device")``. Typed
+            ``list[numpy.ndarray]`` without a config; with one, ``list[Any]``, since the config's
+            value decides (see :data:`vyre_cuda.typing.DispatchOutput`).
+
+        Raises
+        ------
+        ValidationError, InvalidProgram, UnsupportedFeature, KernelCompileFailed, DispatchFailed
+            Each with the values involved and a ``Fix:`` line.
         """
         return self._core.dispatch(program, inputs, config)
 
-    def dispatch_async(self, program, inputs, config=None, *, timed: bool = False):
-        """Enqueue and return a :class:`PendingDispatch` (``is_ready``, ``result``, ``result_into``,
-        ``timed_result``). The inputs may be reused as soon as this returns."""
+    def dispatch_async(
+        self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None, *, timed: bool = False
+    ) -> PendingDispatch:
+        """Enqueue the dispatch and return at once.
+
+        Parameters are those of :meth:`dispatch`; ``timed=True`` records device events so that
+        :meth:`PendingDispatch.timed_result` can report device time. The inputs may be reused as
+        soon as this returns.
+
+        Returns
+        -------
+        PendingDispatch
+            ``is_ready()``, ``result()``, ``result_into(outputs)``, ``timed_result()``; dropping it
+            un-awaited is safe (it waits, then recycles).
+        """
         return self._core.dispatch_async(program, inputs, config, timed)
 
-    def dispatch_into(self, program, inputs, outputs, config=None) -> list:
-        """Run and wait, writing the outputs into the caller's arrays (size, dtype, contiguity and
-        writability are checked before anything runs)."""
+    def dispatch_into(
+        self, program: Program, inputs: Sequence[InputBuffer], outputs: Sequence[OutputT], config: ConfigLike = None
+    ) -> list[OutputT]:
+        """Run and wait, writing the outputs into the caller's arrays.
+
+        Parameters
+        ----------
+        program, inputs, config
+            As for :meth:`dispatch`.
+        outputs : sequence of OutputBuffer
+            One writable, C-contiguous array per output, in declaration order, of the declared
+            dtype and size (host or device memory); checked before anything runs.
+
+        Returns
+        -------
+        list
+            ``outputs`` itself, as a list.
+        """
         return self._core.dispatch_into(program, inputs, outputs, config)
 
-    def dispatch_timed(self, program, inputs, config=None) -> TimedDispatchResult:
-        """Run and wait; return the outputs with wall, device, enqueue and wait nanoseconds."""
+    def dispatch_timed(
+        self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None
+    ) -> TimedDispatchResult:
+        """Run and wait, timing the dispatch.
+
+        Parameters are those of :meth:`dispatch`.
+
+        Returns
+        -------
+        TimedDispatchResult
+            ``(outputs, wall_ns, device_ns, enqueue_ns, wait_ns)``.
+        """
         return self._core.dispatch_timed(program, inputs, config)
 
-    def _dispatch_profiled(self, program, inputs, config=None, start_ns=0):
+    def _dispatch_profiled(
+        self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None, start_ns: int = 0
+    ) -> tuple[list[Any], tuple[int, ...]]:
         """(outputs, stage_ns) with stage_ns aligned with ``vyre_cuda._tracing.STAGES``."""
         return self._core.dispatch_profiled(program, inputs, config, start_ns)
 
@@ -232,8 +311,14 @@ class CudaBackend:
                 "create a new CudaBackend() (or use it inside its `with` block)",
             )
 
-    def cooperative_grid_sync_fits(self, program, inputs, config=None) -> bool:
-        """Whether the dispatch would run as one cooperative launch (the router's own answer)."""
+    def cooperative_grid_sync_fits(
+        self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None
+    ) -> bool:
+        """Whether the dispatch would run as one cooperative launch (the router's own answer).
+
+        Parameters are those of :meth:`dispatch`. False when a grid-sync program's grid is over
+        co-residency (it then runs host-split) or a forced ``cooperative=True`` would be refused.
+        """
         self._check_open()
         cfg = as_config(config)
         lengths, _ = self._lengths(program, inputs, cfg)
@@ -244,8 +329,17 @@ class CudaBackend:
             return False  # forced cooperative over residency: it does not fit
         return route.kind == "cooperative"
 
-    def plan_info(self, program, inputs, config=None) -> DispatchPlan:
-        """The plan a dispatch of these inputs runs with (planned now if not cached)."""
+    def plan_info(self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None) -> DispatchPlan:
+        """The plan a dispatch of these inputs runs with (planned now if not cached).
+
+        Parameters are those of :meth:`dispatch`; only the inputs' byte lengths (and which are
+        device memory) matter. :func:`vyre_cuda.plan` makes the same plan without a GPU.
+
+        Returns
+        -------
+        DispatchPlan
+            Bindings, launch, slab layout, route, staging and graph decisions.
+        """
         self._check_open()
         cfg = None if config is None else as_config(config)
         lengths, on_device = self._lengths(program, inputs, as_config(cfg))
@@ -351,7 +445,16 @@ class CudaBackend:
             plan, config=cfg, tuned_block=None if block is None else (block, 1, 1), tuning=reason
         )
 
-    def tune(self, program, inputs, config=None, candidates=tuning.CANDIDATES, *, repeats=tuning.REPEATS, force=False):
+    def tune(
+        self,
+        program: Program,
+        inputs: Sequence[InputBuffer],
+        config: ConfigLike = None,
+        candidates: Sequence[int] = tuning.CANDIDATES,
+        *,
+        repeats: int = tuning.REPEATS,
+        force: bool = False,
+    ) -> TuneResult:
         """Measure ``program``'s block widths on ``inputs`` and cache the fastest (opt-in autotune).
 
         Each candidate the device and the kernel allow runs once (its outputs must equal those of
@@ -379,7 +482,7 @@ class CudaBackend:
         self._core.trim()  # (counted as a call in progress: close() waits for it)
 
     @contextlib.contextmanager
-    def register(self, array):
+    def register(self, array: OutputT) -> Iterator[OutputT]:
         """Page-lock a caller-owned buffer for the ``with`` block, so dispatches DMA straight
         from/to it (no staging copy).
 
@@ -470,10 +573,10 @@ class CudaBackend:
         except Exception as exc:  # noqa: BLE001 (a finalizer must not raise)
             log.warning("CudaBackend finalizer: close() failed: %s", exc)
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False
 

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ def _probe(device: int):
 
     ok, status = driver_status()
     nv = vc_compile.nvrtc_version()
-    info = {
+    info: dict[str, Any] = {
         "vyre_cuda": __version__,
         "nvrtc": ".".join(map(str, nv)) if nv else None,
         "kernel_cache": str(vc_compile.cache_dir()),

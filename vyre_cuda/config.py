@@ -5,11 +5,15 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from ._validate import check_flag, is_flag, is_int
 from .errors import ValidationError
+
+if TYPE_CHECKING:
+    from .typing import ConfigLike
 
 __all__ = ["DispatchConfig", "as_config", "stream_handle", "MAX_FIXPOINT_ITERATIONS", "MAX_TIMEOUT_S"]
 
@@ -179,8 +183,9 @@ class DispatchConfig:
     (8, 1, 1)
     """
 
-    workgroup_override: tuple | None = None
-    grid_override: tuple | None = None
+    # an int or 1 to 3 ints on input; stored as (x, y, z)
+    workgroup_override: int | tuple[int, ...] | None = None
+    grid_override: int | tuple[int, ...] | None = None
     fixpoint_iterations: int | None = None
     cooperative: bool = False
     label: str | None = None
@@ -188,7 +193,7 @@ class DispatchConfig:
     elements: int | None = None
     autotune: bool = False
     stream: object = None
-    outputs: str = "host"
+    outputs: Literal["host", "device"] = "host"
     graph: bool | None = None
     streamed: bool | None = None
     device_memory_budget: int | None = None
@@ -276,7 +281,7 @@ class DispatchConfig:
 _DEFAULT = DispatchConfig()
 
 
-def as_config(config) -> DispatchConfig:
+def as_config(config: ConfigLike) -> DispatchConfig:
     """Accept None, a dict of DispatchConfig fields, or a DispatchConfig."""
     if config is None:
         return _DEFAULT

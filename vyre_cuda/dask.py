@@ -18,10 +18,11 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from operator import getitem
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,6 +43,9 @@ from ._validate import is_int, require_program
 from .config import as_config
 from .errors import BackendError, ValidationError
 from .program import Program
+
+if TYPE_CHECKING:
+    from .typing import ConfigLike, InputBuffer
 
 __all__ = [
     "PLUGIN_NAME",
@@ -127,7 +131,12 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
 
     name = PLUGIN_NAME
 
-    def __init__(self, device=None, backend_factory=None, backend_options=None):
+    def __init__(
+        self,
+        device: int | Callable[[Any], int] | None = None,
+        backend_factory: Callable[[int], Any] | None = None,
+        backend_options: dict[str, Any] | None = None,
+    ) -> None:
         if device is not None and not callable(device) and (not is_int(device) or device < 0):
             raise ValidationError(
                 f"device must be None, a non-negative int or a callable (got {device!r})",
@@ -145,10 +154,10 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
         # a CudaBackend or what backend_factory made (any object with dispatch and close); set by
         # setup, None before it and after teardown
         self.backend: Any = None
-        self.ordinal = None
+        self.ordinal: int | None = None
         self.programs: dict = {}
 
-    def setup(self, worker):
+    def setup(self, worker: Any) -> None:
         """Create this worker's backend on its device (Dask calls this when the plugin is
         registered, or when a worker joins)."""
         device = cloudpickle.loads(self.device) if isinstance(self.device, bytes) else self.device
@@ -161,7 +170,7 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
             self.backend = CudaBackend(self.ordinal, **self.backend_options)
         self.programs = {}
 
-    def teardown(self, worker):
+    def teardown(self, worker: Any) -> None:
         """Close this worker's backend and forget its programs (Dask calls this when the worker
         closes or the plugin is removed)."""
         backend, self.backend = self.backend, None
@@ -194,12 +203,19 @@ def _plugin(worker=None) -> VyreCudaPlugin:
     return plugin
 
 
-def worker_backend():
-    """The calling Dask worker's backend (inside a task of your own)."""
+def worker_backend() -> Any:
+    """The calling Dask worker's backend (inside a task of your own): a
+    :class:`~vyre_cuda.CudaBackend`, or what the plugin's ``backend_factory`` made.
+
+    Raises
+    ------
+    ValidationError
+        Not called in a Dask worker, or the worker has no registered plugin.
+    """
     return _plugin().backend
 
 
-def worker_info(dask_worker=None) -> dict:
+def worker_info(dask_worker: Any = None) -> dict[str, Any]:
     """What the plugin set up on a worker: ``client.run(vyre_cuda.dask.worker_info)``."""
     worker = dask_worker if dask_worker is not None else distributed.get_worker()
     plugin = worker.plugins.get(PLUGIN_NAME)
@@ -216,10 +232,16 @@ def worker_info(dask_worker=None) -> dict:
     }
 
 
-def register(client, device=None, backend_factory=None, backend_options=None):
+def register(
+    client: distributed.Client,
+    device: int | Callable[[Any], int] | None = None,
+    backend_factory: Callable[[int], Any] | None = None,
+    backend_options: dict[str, Any] | None = None,
+) -> Any:
     """Register :class:`VyreCudaPlugin` on every worker of ``client``, now and as workers join.
 
-    Raises the worker's error if a backend cannot be created there.
+    The arguments are :class:`VyreCudaPlugin`'s. Returns what ``client.register_plugin``
+    returns, and raises the worker's error if a backend cannot be created there.
     """
     return client.register_plugin(
         VyreCudaPlugin(device=device, backend_factory=backend_factory, backend_options=backend_options)
@@ -254,11 +276,33 @@ def _run_dispatch(key, program, config, inputs):
     return plugin.backend.dispatch(plugin.program(key, program), inputs, config)
 
 
-def submit(client, program, inputs, config=None, **kwargs):
+def submit(
+    client: distributed.Client,
+    program: Program,
+    inputs: Sequence[InputBuffer],
+    config: ConfigLike = None,
+    **kwargs: Any,
+) -> distributed.Future:
     """One dispatch on some worker: a ``distributed.Future`` of the list of outputs.
 
     ``kwargs`` go to ``client.submit`` (``workers=``, ``retries=``, ...); tasks are not pure
     by default (hashing large inputs to deduplicate them costs more than it saves).
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A client whose workers have the plugin (:func:`register`).
+    program : Program
+        The program to run.
+    inputs : sequence of InputBuffer
+        Its inputs, sent to the worker with the task.
+    config : DispatchConfig, dict or None
+        As for :meth:`CudaBackend.dispatch`.
+
+    Returns
+    -------
+    distributed.Future
+        Of the list of outputs (numpy arrays).
     """
     _check_program(program)
     cfg = None if config is None else as_config(config)
@@ -266,7 +310,7 @@ def submit(client, program, inputs, config=None, **kwargs):
     return client.submit(_run_dispatch, program_key(program), program, cfg, list(inputs), **kwargs)
 
 
-def _check_program(program) -> None:
+def _check_program(program: object) -> None:
     require_program(program, "vyre_cuda.dask")
 
 
@@ -277,7 +321,7 @@ def _dtype_matches(decl, dtype) -> bool:
     return dtype == decl.dtype.numpy
 
 
-def map_blocks(program, *arrays, config=None, name: str | None = None) -> list:
+def map_blocks(program: Program, *arrays: Any, config: ConfigLike = None, name: str | None = None) -> list[da.Array]:
     """Apply ``program`` to dask arrays chunk by chunk; one dispatch per chunk, on the workers.
 
     ``arrays`` are the program's inputs in declaration order. Runtime-sized inputs are dask
@@ -290,6 +334,22 @@ def map_blocks(program, *arrays, config=None, name: str | None = None) -> list:
     ``count`` elements has shape ``numblocks + (count,)``, one row per chunk (per-block partial
     results, to reduce with dask afterwards). The program is applied to each chunk on its own,
     so it must make sense per chunk (an elementwise kernel, or per-block partials).
+
+    Parameters
+    ----------
+    program : Program
+        The program applied to each chunk.
+    *arrays : dask arrays, numpy arrays or buffers
+        Its inputs, in declaration order.
+    config : DispatchConfig, dict or None
+        As for :meth:`CudaBackend.dispatch`.
+    name : str, optional
+        The label of the dask graph's keys (default: the program's name, else its kernel entry).
+
+    Returns
+    -------
+    list of dask.array.Array
+        One per program output.
     """
     _check_program(program)
     cfg = None if config is None else as_config(config)  # None: the backend's fastest path

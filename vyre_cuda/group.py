@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
@@ -35,10 +37,17 @@ from .planning.split import CHUNKS_PER_DEVICE as CHUNKS_PER_DEVICE
 from .planning.split import MIN_CHUNK_BYTES as MIN_CHUNK_BYTES
 from .planning.split import SplitPlan, plan_split
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from .config import DispatchConfig
+    from .program import Program
+    from .typing import ConfigLike, HostOutput, InputBuffer, OutputBuffer
+
 __all__ = ["DeviceGroup", "MapHandle", "GroupTelemetry", "SplitPlan", "plan_split"]
 
 
-def _config(config):
+def _config(config: ConfigLike) -> DispatchConfig | None:
     """The config items carry: None stays None (the backends' fastest path, as a plain dispatch),
     anything else is checked once here rather than once per item."""
     return None if config is None else as_config(config)
@@ -129,7 +138,14 @@ class DeviceGroup:
     ...     (total,) = group.dispatch_split(prog, batches[0], split=True)
     """
 
-    def __init__(self, devices=None, *, backend_factory=None, backend_options=None, threads_per_device: int = 1):
+    def __init__(
+        self,
+        devices: Iterable[int] | None = None,
+        *,
+        backend_factory: Callable[[int], Any] | None = None,
+        backend_options: dict[str, Any] | None = None,
+        threads_per_device: int = 1,
+    ) -> None:
         threads_per_device = check_int(
             "threads_per_device",
             threads_per_device,
@@ -184,25 +200,28 @@ class DeviceGroup:
 
     # ------------------------------------------------------------------ properties
     @property
-    def devices(self) -> tuple:
+    def devices(self) -> tuple[int, ...]:
         """The ordinals of the group's devices."""
         return tuple(dev.ordinal for dev in self._devices)
 
     @property
-    def lost_devices(self) -> tuple:
+    def lost_devices(self) -> tuple[int, ...]:
         """Ordinals of the devices lost (a kernel fault, a device gone); they run nothing more."""
         return tuple(dev.ordinal for dev in self._devices if dev.lost is not None)
 
     @property
-    def live_devices(self) -> tuple:
+    def live_devices(self) -> tuple[int, ...]:
+        """Ordinals of the devices still running work (not lost)."""
         return tuple(dev.ordinal for dev in self._devices if dev.lost is None)
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` has run (or the group was collected)."""
         return not self._finalizer.alive
 
-    def backend(self, ordinal: int):
-        """The backend driving device ``ordinal`` (for its caps, plan_info, ...)."""
+    def backend(self, ordinal: int) -> Any:
+        """The backend driving device ``ordinal`` (for its caps, plan_info, ...): a
+        :class:`~vyre_cuda.CudaBackend`, or what ``backend_factory`` made."""
         for dev in self._devices:
             if dev.ordinal == ordinal:
                 return dev.backend
@@ -214,7 +233,45 @@ class DeviceGroup:
         return len(self._devices)
 
     # ------------------------------------------------------------------ map
-    def map(self, program, batches, config=None, *, outputs=None, return_exceptions: bool = False) -> list:
+    @overload
+    def map(
+        self,
+        program: Program,
+        batches: Iterable[Sequence[InputBuffer]],
+        config: None = None,
+        *,
+        outputs: None = None,
+        return_exceptions: Literal[False] = False,
+    ) -> list[list[HostOutput]]: ...
+    @overload
+    def map(
+        self,
+        program: Program,
+        batches: Iterable[Sequence[InputBuffer]],
+        config: ConfigLike = None,
+        *,
+        outputs: Iterable[Sequence[OutputBuffer]] | None = None,
+        return_exceptions: Literal[False] = False,
+    ) -> list[list[Any]]: ...
+    @overload
+    def map(
+        self,
+        program: Program,
+        batches: Iterable[Sequence[InputBuffer]],
+        config: ConfigLike = None,
+        *,
+        outputs: Iterable[Sequence[OutputBuffer]] | None = None,
+        return_exceptions: bool,
+    ) -> list[list[Any] | BaseException]: ...
+    def map(
+        self,
+        program: Program,
+        batches: Iterable[Sequence[InputBuffer]],
+        config: ConfigLike = None,
+        *,
+        outputs: Iterable[Sequence[OutputBuffer]] | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
         """Dispatch ``program`` once per batch (a list of inputs) across the devices and wait.
 
         Returns the outputs of each batch (a list, as ``dispatch`` returns) in input order. A
@@ -223,6 +280,24 @@ class DeviceGroup:
         fails, the items not yet started are skipped and its error (with ``.device`` and
         ``.item``) is raised once the running ones finish; with ``return_exceptions=True`` every
         item runs and a failed item's error takes its place in the list.
+
+        Parameters
+        ----------
+        program : Program
+            The program every item runs.
+        batches : iterable of sequences of InputBuffer
+            One list of inputs per item (as for :meth:`CudaBackend.dispatch`).
+        config : DispatchConfig, dict or None
+            One config for every item.
+        outputs : iterable of sequences of OutputBuffer, optional
+            One list of output arrays per item, written in place.
+        return_exceptions : bool
+            Put a failed item's error in its place instead of raising it.
+
+        Returns
+        -------
+        list of lists
+            Each item's outputs, in input order (numpy arrays without a config or ``outputs``).
         """
         handle = self.map_async(program, batches, config, outputs=outputs, fail_fast=not return_exceptions)
         try:
@@ -233,7 +308,15 @@ class DeviceGroup:
             handle.wait()
             raise
 
-    def map_async(self, program, batches, config=None, *, outputs=None, fail_fast: bool = False) -> MapHandle:
+    def map_async(
+        self,
+        program: Program,
+        batches: Iterable[Sequence[InputBuffer]],
+        config: ConfigLike = None,
+        *,
+        outputs: Iterable[Sequence[OutputBuffer]] | None = None,
+        fail_fast: bool = False,
+    ) -> MapHandle:
         """Queue one dispatch per batch and return a :class:`MapHandle` at once.
 
         The batches' buffers (and ``outputs``) must stay untouched until the handle is done.
@@ -242,6 +325,7 @@ class DeviceGroup:
         self._check_program(program)
         cfg = _config(config)
         batches = list(batches)
+        outs: list[Any]
         if outputs is None:
             outs = [None] * len(batches)
         else:
@@ -257,9 +341,35 @@ class DeviceGroup:
             self._state.submit([(job, i, b, o) for i, (b, o) in enumerate(zip(batches, outs))])
         return MapHandle(job, len(batches))
 
+    @overload
     def imap_unordered(
-        self, program, batches, config=None, *, return_exceptions: bool = False, window: int | None = None
-    ):
+        self,
+        program: Program,
+        batches: Iterable[Sequence[InputBuffer]],
+        config: ConfigLike = None,
+        *,
+        return_exceptions: Literal[False] = False,
+        window: int | None = None,
+    ) -> Iterator[tuple[int, list[Any]]]: ...
+    @overload
+    def imap_unordered(
+        self,
+        program: Program,
+        batches: Iterable[Sequence[InputBuffer]],
+        config: ConfigLike = None,
+        *,
+        return_exceptions: bool,
+        window: int | None = None,
+    ) -> Iterator[tuple[int, list[Any] | BaseException]]: ...
+    def imap_unordered(
+        self,
+        program: Program,
+        batches: Iterable[Sequence[InputBuffer]],
+        config: ConfigLike = None,
+        *,
+        return_exceptions: bool = False,
+        window: int | None = None,
+    ) -> Iterator[tuple[int, Any]]:
         """Iterate ``(index, outputs)`` over the batches in the order they complete.
 
         ``batches`` may be a generator: at most ``window`` batches (default twice the group's
@@ -276,7 +386,9 @@ class DeviceGroup:
         job = _Job(program, cfg, {}, fail_fast=not return_exceptions, streaming=True)
         return self._stream(job, iter(batches), int(window), return_exceptions)
 
-    def _stream(self, job: _Job, batches, window: int, return_exceptions: bool):
+    def _stream(
+        self, job: _Job, batches: Iterator[Sequence[InputBuffer]], window: int, return_exceptions: bool
+    ) -> Iterator[tuple[int, Any]]:
         exhausted = False
         index = 0
         outstanding = 0
@@ -325,15 +437,15 @@ class DeviceGroup:
     # ------------------------------------------------------------------ split
     def dispatch_split(
         self,
-        program,
-        inputs,
-        config=None,
+        program: Program,
+        inputs: Sequence[InputBuffer],
+        config: ConfigLike = None,
         *,
-        split=None,
+        split: bool | str | Sequence[str] | None = None,
         align: int | None = None,
         chunks: int | None = None,
-        outputs=None,
-    ) -> list:
+        outputs: Sequence[OutputBuffer] | None = None,
+    ) -> list[Any]:
         """One dispatch cut into chunks that run on every device at once, outputs joined.
 
         The program is elementwise by its own declaration (``Program(..., elementwise=...,
@@ -366,7 +478,7 @@ class DeviceGroup:
             raise
         return outs if outputs is None else list(outputs)
 
-    def _check_program(self, program) -> None:
+    def _check_program(self, program: object) -> None:
         require_program(program, "the group", verb="dispatches")
 
     # ------------------------------------------------------------------ lifecycle
@@ -374,10 +486,10 @@ class DeviceGroup:
         """Finish the work already queued, stop the threads and close every backend. Idempotent."""
         self._finalizer()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False
 

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _driver
 from ._pools import PinnedPool, lend_pinned
@@ -46,7 +49,7 @@ def _pool(device: int):
         return pool
 
 
-def _shape_and_dtype(shape, dtype):
+def _shape_and_dtype(shape: Any, dtype: npt.DTypeLike) -> tuple[tuple[int, ...], np.dtype[Any]]:
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:
@@ -68,28 +71,28 @@ def _shape_and_dtype(shape, dtype):
     return shape, dt
 
 
-def pinned_empty(shape, dtype=np.float32, *, device: int = 0) -> np.ndarray:
+def pinned_empty(shape: int | Sequence[int], dtype: npt.DTypeLike = np.float32, *, device: int = 0) -> npt.NDArray[Any]:
     """An uninitialised C-contiguous numpy array in page-locked host memory.
 
     ``device`` names the GPU whose driver context allocates the memory; the memory is portable, so
     every device DMAs from it directly.
     """
-    shape, dt = _shape_and_dtype(shape, dtype)
-    nbytes = math.prod(shape) * dt.itemsize
+    dims, dt = _shape_and_dtype(shape, dtype)
+    nbytes = math.prod(dims) * dt.itemsize
     block = lend_pinned(_pool(device), nbytes)
     # the array keeps the block alive through its base; the block returns to the pool at the end
     # (numpy's stubs do not know the compiled block exports a buffer)
-    return np.frombuffer(block, dtype=dt, count=math.prod(shape)).reshape(shape)  # type: ignore[call-overload]
+    return np.frombuffer(block, dtype=dt, count=math.prod(dims)).reshape(dims)  # type: ignore[call-overload]
 
 
-def pinned_zeros(shape, dtype=np.float32, *, device: int = 0) -> np.ndarray:
+def pinned_zeros(shape: int | Sequence[int], dtype: npt.DTypeLike = np.float32, *, device: int = 0) -> npt.NDArray[Any]:
     """A zero-filled numpy array in page-locked host memory."""
     out = pinned_empty(shape, dtype, device=device)
     out.fill(0)
     return out
 
 
-def pinned_like(a, *, copy: bool = True, device: int = 0) -> np.ndarray:
+def pinned_like(a: npt.ArrayLike, *, copy: bool = True, device: int = 0) -> npt.NDArray[Any]:
     """A page-locked array shaped like ``a``: a copy of its data (like torch's ``pin_memory()``),
     or uninitialised with ``copy=False`` (like ``numpy.empty_like``)."""
     src = np.asarray(a)
@@ -99,7 +102,7 @@ def pinned_like(a, *, copy: bool = True, device: int = 0) -> np.ndarray:
     return out
 
 
-def is_page_locked(a) -> bool:
+def is_page_locked(a: object) -> bool:
     """Whether all of ``a``'s bytes are page-locked memory the driver knows (so dispatches DMA it
     directly): arrays from :func:`pinned_empty`, memory registered with ``CudaBackend.register``,
     CuPy's or torch's pinned buffers."""
@@ -111,7 +114,7 @@ def is_page_locked(a) -> bool:
     return bool(is_page_locked_address(address, nbytes))
 
 
-def pinned_pool_stats(device: int = 0) -> dict:
+def pinned_pool_stats(device: int = 0) -> dict[str, int]:
     """Bytes in use and cached by the page-locked array pool of ``device``."""
     pool = _pools.get(device)
     if pool is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ._counters import counter_names
 
@@ -21,7 +21,7 @@ class TimedDispatchResult(NamedTuple):
     time to enqueue everything; ``wait_ns`` waiting for completion plus copying the outputs out.
     """
 
-    outputs: list
+    outputs: list[Any]
     wall_ns: int
     device_ns: int
     enqueue_ns: int
@@ -34,7 +34,7 @@ class Telemetry:
     def __init__(self, core):
         self._core = core
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, int]:
         """Every counter now, as ``{name: int}``.
 
         The names of :data:`COUNTERS` (bytes and operations each way, launches, waits, failures,
@@ -51,7 +51,7 @@ class Telemetry:
         (between the phases of a measurement, say); sizes of what is cached or live are kept."""
         self._core.reset_counters()
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> int:
         return self.snapshot()[name]
 
     def __repr__(self) -> str:

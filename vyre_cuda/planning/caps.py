@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import UnsupportedFeature
 from ..program import KNOWN_REQUIREMENTS
@@ -15,21 +16,50 @@ __all__ = ["DeviceCaps", "KNOWN_REQUIREMENTS", "missing_capabilities", "check_ca
 
 @dataclass(frozen=True)
 class DeviceCaps:
-    """What one device offers, read once from the driver (or built by hand in tests).
+    """What one device offers: read once from the driver (``CudaBackend.caps``), a preset of
+    :mod:`vyre_cuda.planning.presets`, or built by hand for :func:`vyre_cuda.plan`.
 
-    ``copy_engines`` is ``CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT``: 2 lets an upload and a readback
-    run at once. Free memory is not a capability (it changes): the planner reads it when it needs
-    it (``CudaBackend`` passes ``plan_dispatch`` a reader of ``cuMemGetInfo``).
+    Free memory is not a capability (it changes): the planner reads it when it needs it
+    (``CudaBackend`` passes ``plan_dispatch`` a reader of ``cuMemGetInfo``).
+
+    Attributes
+    ----------
+    ordinal, name, pci_bus_id
+        Which device (ordinal, the driver's name, its PCI bus id).
+    cc : (int, int)
+        Compute capability.
+    sm_count, warp_size
+        Streaming multiprocessors and threads per warp.
+    max_threads_per_block, max_block_dim, max_grid_dim
+        Launch limits.
+    max_shared_per_block, max_shared_per_block_optin
+        Dynamic shared memory per block without and with the opt-in (bytes).
+    max_threads_per_sm, max_blocks_per_sm
+        Residency limits of one SM (they bound a cooperative grid).
+    cooperative_launch : bool
+        Whether the device and driver offer cooperative launches (grid sync).
+    copy_engines : int
+        ``CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT``: 2 lets an upload and a readback run at once.
+    total_memory : int
+        Device memory in bytes (planning budgets 90% of it; 0: no budget check).
+    driver_version : int
+        The CUDA driver's version (e.g. 13000), 0 when unknown.
+
+    Examples
+    --------
+    >>> caps = DeviceCaps(cc=(8, 0), sm_count=108)
+    >>> caps.arch, caps.supports("bf16"), caps.supports("collectives")
+    ('sm_80', True, False)
     """
 
     ordinal: int = 0
     name: str = "unknown"
-    cc: tuple = (9, 0)
+    cc: tuple[int, int] = (9, 0)
     sm_count: int = 132
     warp_size: int = 32
     max_threads_per_block: int = 1024
-    max_block_dim: tuple = (1024, 1024, 64)
-    max_grid_dim: tuple = (2147483647, 65535, 65535)
+    max_block_dim: tuple[int, int, int] = (1024, 1024, 64)
+    max_grid_dim: tuple[int, int, int] = (2147483647, 65535, 65535)
     max_shared_per_block: int = 48 * 1024
     max_shared_per_block_optin: int = 227 * 1024
     max_threads_per_sm: int = 2048
@@ -60,7 +90,7 @@ class DeviceCaps:
             return self.cooperative_launch and self.cc >= (6, 0)
         return False  # indirect_dispatch, collectives: not offered by this backend
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """Every field by name (``DeviceCaps(**caps.as_dict())`` rebuilds it)."""
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
 

@@ -196,8 +196,8 @@ def backend_options(args) -> dict:
 def main(args) -> int:
     """Run ``vyre-cuda profile`` with parsed ``args``; returns the exit status of every vyre-cuda
     command (0 done, 1 a vyre_cuda error, 2 the arguments are wrong, 3 no usable driver or device)."""
+    program = None
     try:
-        program = None
         if args.kernel is not None:
             program = load_user_program(args.kernel, args.entry, args.buffers)
         elif args.buffers is not None or args.entry is not None:
@@ -243,6 +243,10 @@ def main(args) -> int:
             report.plot(args.plot)
             print(f"plot written to {args.plot}", file=sys.stderr)
     except BackendError as exc:
+        if isinstance(exc, DriverUnavailable) and program is not None:
+            from ..offline import offline_compile_error  # (only a run without a GPU needs it)
+
+            exc = offline_compile_error(program) or exc  # no GPU: the kernel's compile errors still show
         print(f"vyre-cuda profile: {type(exc).__name__}: {exc}", file=sys.stderr)
         if isinstance(exc, DriverUnavailable):
             return 3

@@ -1,0 +1,257 @@
+"""Planning without a GPU: :func:`plan` decides a dispatch for a named device or given caps.
+
+The plan is the :class:`~vyre_cuda.planning.dispatch.DispatchPlan` that
+:meth:`CudaBackend.plan_info <vyre_cuda.CudaBackend.plan_info>` returns, made by the same planning
+code. Only two things differ, because nothing is loaded into a device:
+
+- the kernel is compiled by NVRTC for the device's architecture (so a compile error shows up
+  here, with its log) but not loaded: ``function`` and ``barrier`` are 0 and ``gate`` is None;
+- a grid-sync program's route needs the kernel's blocks per SM, which the driver computes from
+  the loaded function's registers. Without it, :func:`occupancy_bound` stands in: the most blocks
+  the SM's thread, block and shared-memory limits allow, an upper bound (registers may lower
+  it). Pass ``occupancy=`` with the figure of a measured or known kernel to plan with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from ._validate import check_int, require_program
+from .compile import CompiledKernel, compile_kernel, nvrtc_version
+from .config import as_config
+from .errors import KernelCompileFailed, ValidationError
+from .planning.caps import DeviceCaps
+from .planning.dispatch import DispatchPlan, plan_dispatch
+from .planning.presets import preset
+from .program import Program
+from .typing import ConfigLike, InputBuffer
+
+__all__ = ["ArraySpec", "OfflineModules", "occupancy_bound", "compile_program", "offline_compile_error", "plan"]
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """An input described by its shape and dtype instead of its memory.
+
+    Parameters
+    ----------
+    shape : int or tuple of int
+        Element counts per dimension (the buffer is C-contiguous).
+    dtype : numpy dtype-like
+        The element type, e.g. ``np.float32`` or ``"u4"``.
+    device : bool
+        True for an input that is device memory at dispatch (used in place, not uploaded).
+
+    Examples
+    --------
+    >>> ArraySpec((1000, 3), "f4").nbytes
+    12000
+    """
+
+    shape: int | tuple[int, ...]
+    dtype: npt.DTypeLike
+    device: bool = False
+
+    def __post_init__(self) -> None:
+        dims = (self.shape,) if isinstance(self.shape, int) else self.shape
+        if not isinstance(dims, tuple) or not all(isinstance(d, int) and d >= 0 for d in dims):
+            raise ValidationError(
+                f"ArraySpec shape must be a non-negative int or a tuple of them (got {self.shape!r})",
+                "pass shape=1000 or shape=(1000, 3)",
+            )
+        try:
+            dtype = np.dtype(self.dtype)
+        except TypeError:
+            raise ValidationError(
+                f"ArraySpec dtype {self.dtype!r} is not a numpy dtype",
+                'pass a numpy dtype such as np.float32 or "u4"',
+            ) from None
+        object.__setattr__(self, "shape", dims)
+        object.__setattr__(self, "dtype", dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """The buffer's size in bytes."""
+        return int(np.prod(self.shape, dtype=object)) * np.dtype(self.dtype).itemsize
+
+
+PlanInput: TypeAlias = InputBuffer | ArraySpec
+"""One input of :func:`plan`: a buffer (as for a dispatch) or an :class:`ArraySpec`."""
+
+
+def occupancy_bound(caps: DeviceCaps, threads_per_block: int, shared_bytes: int) -> int:
+    """The most blocks of ``threads_per_block`` threads and ``shared_bytes`` of dynamic shared
+    memory one SM of ``caps`` can hold, counting threads, blocks and shared memory (not registers).
+
+    >>> from vyre_cuda.planning.presets import PRESETS
+    >>> occupancy_bound(PRESETS["H200"], 256, 0), occupancy_bound(PRESETS["L4"], 1024, 0)
+    (8, 1)
+    """
+    blocks = min(caps.max_blocks_per_sm, caps.max_threads_per_sm // max(1, threads_per_block))
+    if shared_bytes:
+        blocks = min(blocks, caps.max_shared_per_block_optin // shared_bytes)
+    return blocks
+
+
+def compile_program(program: Program, arch: tuple[int, int] | None = None) -> CompiledKernel:
+    """Compile ``program``'s kernel as a dispatch would (its defines included), for ``arch``.
+
+    Raises :class:`~vyre_cuda.KernelCompileFailed` with the NVRTC log when it does not compile.
+    Needs NVRTC, not a GPU.
+    """
+    require_program(program, "compile_program()")
+    return compile_kernel(program.kernel, arch=arch, defines=_defines(program))
+
+
+def offline_compile_error(program: Program, arch: tuple[int, int] = (9, 0)) -> KernelCompileFailed | None:
+    """The :class:`~vyre_cuda.KernelCompileFailed` that compiling ``program``'s kernel for ``arch``
+    raises, or None when it compiles (or NVRTC is missing: nothing can be said then).
+
+    ``vyre-cuda profile --kernel`` reports it on a machine without a GPU; the default ``arch``
+    is the H200's and H100's (9.0).
+    """
+    try:
+        compile_program(program, arch)
+    except KernelCompileFailed as exc:
+        return None if nvrtc_version() is None else exc
+    return None
+
+
+def _defines(program: Program) -> dict[str, str | None] | None:
+    # the define ModuleCache.load passes (every buffer has a binding slot or is a workgroup one):
+    # the params word phase programs read their range from
+    top = max(decl.binding for decl in program.buffers)
+    return {"VYRE_PHASE_WORD": str(top + 2)} if program.kernel.kind == "cuda" else None
+
+
+class _CompiledOnly:
+    """A module stand-in: the compiled kernel, nothing loaded (addresses 0)."""
+
+    function = 0
+    gate = None
+
+    def __init__(self, compiled: CompiledKernel, caps: DeviceCaps, occupancy: int | None):
+        # nonzero when the image defines the grid barrier, as a loaded module's address would be
+        # (plan() zeroes it in the plan it returns)
+        self.barrier = 1 if b"_vyre_grid_barrier" in bytes(compiled.image) else 0
+        self._caps = caps
+        self._occupancy = occupancy
+
+    def ensure_shared(self, nbytes: int) -> None:
+        """Nothing to opt in: planning has checked ``nbytes`` against the caps."""
+
+    def occupancy(self, threads_per_block: int, shared_bytes: int) -> int:
+        if self._occupancy is not None:
+            return self._occupancy
+        return occupancy_bound(self._caps, threads_per_block, shared_bytes)
+
+
+class OfflineModules:
+    """The ``modules`` object planning asks for kernels: compiles, never loads."""
+
+    def __init__(self, caps: DeviceCaps, occupancy: int | None = None):
+        self._caps = caps
+        self._occupancy = occupancy
+
+    def load(self, program: Program, bindings: Any) -> tuple[CompiledKernel, _CompiledOnly]:
+        """(compiled kernel, stand-in module) for ``program`` on this object's caps."""
+        compiled = compile_kernel(program.kernel, arch=self._caps.cc, defines=_defines(program))
+        return compiled, _CompiledOnly(compiled, self._caps, self._occupancy)
+
+
+def _length(program: Program, index: int, value: object) -> tuple[int, bool]:
+    """(byte length, on the device?) of one input, read from its description only."""
+    from .backend import _nbytes  # noqa: PLC0415 (the backend's own reading of a host buffer)
+
+    if isinstance(value, ArraySpec):
+        return value.nbytes, value.device
+    cai = getattr(value, "__cuda_array_interface__", None)
+    if isinstance(cai, dict):
+        try:
+            return ArraySpec(tuple(cai["shape"]), cai["typestr"]).nbytes, True
+        except (KeyError, TypeError, ValidationError):
+            pass  # (malformed: refused below with the buffer's message)
+    try:
+        return _nbytes(value, index), False
+    except ValidationError:
+        raise ValidationError(
+            f"input {index} is a {type(value).__name__}: plan() reads host buffers, "
+            "__cuda_array_interface__ arrays and ArraySpec descriptions",
+            "describe it as vyre_cuda.ArraySpec(shape, dtype, device=True) (a device array) or pass "
+            "a numpy array or another C-contiguous buffer",
+        ) from None
+
+
+def plan(
+    program: Program,
+    inputs: Sequence[PlanInput],
+    config: ConfigLike = None,
+    *,
+    device: str | DeviceCaps = "H200",
+    occupancy: int | None = None,
+) -> DispatchPlan:
+    """Plan a dispatch of ``program`` on ``inputs`` for a device, without a GPU.
+
+    Parameters
+    ----------
+    program : Program
+        The program to plan.
+    inputs : sequence of buffers or ArraySpec
+        One per input binding, in declaration order: numpy arrays or other C-contiguous buffers,
+        device arrays with ``__cuda_array_interface__`` (only their shape and dtype are read), or
+        :class:`ArraySpec` descriptions. Only their byte lengths (and whether they are device
+        memory) enter the plan, as for :meth:`CudaBackend.plan_info`.
+    config : DispatchConfig, dict or None
+        As for a dispatch. ``autotune=True`` plans the declared width (measuring needs a device);
+        the plan's ``tuning`` says so.
+    device : str or DeviceCaps
+        A preset name (``"H200"``, ``"H100"``, ``"A100"``, ``"L4"``; see
+        :mod:`vyre_cuda.planning.presets` for the figures and their sources) or the
+        :class:`DeviceCaps` of another card (``CudaBackend.caps`` of a real one).
+    occupancy : int, optional
+        Blocks per SM the kernel reaches (the driver's occupancy answer); only grid-sync or
+        cooperative dispatches use it. Default: :func:`occupancy_bound`, an upper bound.
+
+    Returns
+    -------
+    DispatchPlan
+        What ``plan_info`` returns on such a device, with ``function`` and ``barrier`` 0 and
+        ``gate`` None (nothing is loaded).
+
+    Raises
+    ------
+    KernelCompileFailed
+        The kernel does not compile for the device's architecture (``.log`` has NVRTC's log).
+    ValidationError, InvalidProgram, UnsupportedFeature, CooperativeResidencyExceeded, DeviceOutOfMemory
+        What the same dispatch would raise at planning on that device.
+
+    Examples
+    --------
+    >>> import numpy as np, vyre_cuda as vc
+    >>> prog = vc.builtin_programs.vecadd_f32()
+    >>> p = vc.plan(prog, [vc.ArraySpec(1 << 20, np.float32)] * 2, device="A100")
+    >>> p.route.kind, p.launch.grid, p.launch.block
+    ('regular', (4096, 1, 1), (256, 1, 1))
+    """
+    require_program(program, "plan()")
+    caps = preset(device)
+    if occupancy is not None:
+        occupancy = check_int("occupancy", occupancy, minimum=0, fix="pass occupancy=None or the blocks per SM, e.g. 8")
+    cfg = as_config(config)
+    if not isinstance(inputs, Sequence) or isinstance(inputs, (str, bytes)):
+        raise ValidationError(
+            f"inputs must be a list of buffers or ArraySpecs (got {type(inputs).__name__})",
+            "pass a list with one buffer or ArraySpec per input binding",
+        )
+    sized = [_length(program, i, x) for i, x in enumerate(inputs)]
+    lengths = tuple(n for n, _ in sized)
+    on_device = frozenset(i for i, (_, dev) in enumerate(sized) if dev)
+    planned = plan_dispatch(program, lengths, cfg, caps, OfflineModules(caps, occupancy), on_device)
+    tuning = "offline plan: autotune measures on a device; the declared width is planned" if cfg.autotune else ""
+    return dataclasses.replace(planned, function=0, barrier=0, gate=None, tuning=tuning)
