@@ -6,7 +6,7 @@ import sys
 import threading
 import time
 import types
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from helpers.contracts import ProfiledBackend
@@ -104,7 +104,7 @@ class Locked(np.ndarray):
 
 
 def _fake_floor_module():
-    mod = types.ModuleType("vyre_cuda.profile._floor")
+    mod: Any = types.ModuleType("vyre_cuda.profile._floor")  # Any: the fake's attributes are set here
     mod.FLOOR_ENTRY = "vecadd"
     mod.FLOOR_SOURCE = "// fake"
     mod.opened = []
@@ -172,7 +172,7 @@ def install(monkeypatch):
     """Install the fakes (the floor, the core's stage names, vecadd, CudaBackend, pinned_empty,
     compile_kernel) for one test; returns ``namespace(floor=module, created=[backends])``."""
     floor = _fake_floor_module()
-    builtins = types.ModuleType("vyre_cuda.builtin_programs")
+    builtins: Any = types.ModuleType("vyre_cuda.builtin_programs")
     builtins.vecadd_f32 = lambda: types.SimpleNamespace(
         name="vecadd_f32",
         inputs=(BufferDecl.read("a", 0, "f32"), BufferDecl.read("b", 1, "f32")),
