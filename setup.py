@@ -170,9 +170,11 @@ class BuildExt(build_ext):
         key = self.build_key(include_dirs, macros, nvtx)
         outputs = [Path(self.get_ext_fullpath(ext.name)) for ext in self.extensions]
         reusable = not self.force and not self.inplace and all(o.is_file() for o in outputs)
-        if reusable and stamp.is_file() and stamp.read_text() == key:
-            print(f"vyre_cuda build: nothing changed since the build in {self.build_lib}: reusing its modules")
-            return
+        if reusable and stamp.is_file():
+            if stamp.read_text() == key:
+                print(f"vyre_cuda build: nothing changed since the build in {self.build_lib}: reusing its modules")
+                return
+            self.force = True  # a change the file times may not show (a flag, a tool, a header): rebuild all
         stamp.unlink(missing_ok=True)
         Options.warning_errors = True
         translated = cythonize(
