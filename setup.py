@@ -205,7 +205,12 @@ class BuildExt(build_ext):
         The header folders enter by their files' contents, not their paths: pip's isolated build
         environment lies in a new temporary folder every time.
         """
-        from importlib.metadata import version as installed
+
+        def installed(name):
+            try:
+                return version(name)
+            except PackageNotFoundError:  # no metadata (a source checkout on sys.path): never reused
+                return os.urandom(8).hex()
 
         digest = hashlib.sha256()
         tools = [f"{name}=={installed(name)}" for name in ("Cython", "cuda-bindings", "numpy", "setuptools")]
