@@ -177,9 +177,15 @@ class BuildExt(build_ext):
             self.force = True  # a change the file times may not show (a flag, a tool, a header): rebuild all
         stamp.unlink(missing_ok=True)
         Options.warning_errors = True
+        # Cython's output depends on the .pxd files of Cython, numpy and cuda-bindings, and Cython
+        # judges by file times: after a build against other releases, translate everything again.
+        releases = Path("build/cython/releases")
+        wanted = repr([f"{n}=={version(n)}" for n in ("Cython", "numpy", "cuda-bindings")])
+        stale = not releases.is_file() or releases.read_text() != wanted
         translated = cythonize(
             self.extensions,
             build_dir="build/cython",
+            force=stale,
             nthreads=os.cpu_count() or 1,
             annotate=os.environ.get("VYRE_CUDA_ANNOTATE") == "1",
             compiler_directives={
@@ -190,6 +196,8 @@ class BuildExt(build_ext):
                 # code over C vectors, where those checks do not apply.
             },
         )
+        releases.parent.mkdir(parents=True, exist_ok=True)
+        releases.write_text(wanted)
         cpp_sources = {done.name: done.sources for done in translated}
         for ext in self.extensions:
             ext.sources = cpp_sources[ext.name]
