@@ -69,7 +69,8 @@ def sdist(tmp_path_factory) -> pathlib.Path:
     given = os.environ.get("VYRE_CUDA_SDIST")
     if given:
         return pathlib.Path(given)
-    pytest.importorskip("build", reason="set VYRE_CUDA_SDIST, or install `build` to make the sdist here")
+    # build.__main__: a checkout's own build/ folder (build outputs) imports as a namespace package `build`
+    pytest.importorskip("build.__main__", reason="set VYRE_CUDA_SDIST, or install `build` to make the sdist here")
     out = tmp_path_factory.mktemp("sdist")
     proc = subprocess.run(
         # an sdist needs none of the build requirements (they are pinned for building the wheel)
