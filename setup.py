@@ -13,6 +13,7 @@ the build still works and traced dispatches only count their ranges.
 """
 
 import contextlib
+import hashlib
 import os
 import re
 import sys
@@ -161,10 +162,30 @@ class BuildExt(build_ext):
             )
         if LINETRACE:
             macros.append(("CYTHON_TRACE_NOGIL", "1"))
+        # pip builds in an isolated environment whose freshly installed .pxd files look newer than
+        # any earlier output, so Cython and the compiler would redo everything on every
+        # `pip install .`; a key over everything that shapes the modules lets an unchanged rebuild
+        # in the same build/ folder reuse them.
+        stamp = Path(self.build_temp, "vyre_cuda-build-key")
+        key = self.build_key(include_dirs, macros, nvtx)
+        outputs = [Path(self.get_ext_fullpath(ext.name)) for ext in self.extensions]
+        reusable = not self.force and not self.inplace and all(o.is_file() for o in outputs)
+        if reusable and stamp.is_file():
+            if stamp.read_text() == key:
+                print(f"vyre_cuda build: nothing changed since the build in {self.build_lib}: reusing its modules")
+                return
+            self.force = True  # a change the file times may not show (a flag, a tool, a header): rebuild all
+        stamp.unlink(missing_ok=True)
         Options.warning_errors = True
+        # Cython's output depends on the .pxd files of Cython, numpy and cuda-bindings, and Cython
+        # judges by file times: after a build against other releases, translate everything again.
+        releases = Path("build/cython/releases")
+        wanted = repr([f"{n}=={version(n)}" for n in ("Cython", "numpy", "cuda-bindings")])
+        stale = not releases.is_file() or releases.read_text() != wanted
         translated = cythonize(
             self.extensions,
             build_dir="build/cython",
+            force=stale,
             nthreads=os.cpu_count() or 1,
             annotate=os.environ.get("VYRE_CUDA_ANNOTATE") == "1",
             compiler_directives={
@@ -175,12 +196,45 @@ class BuildExt(build_ext):
                 # code over C vectors, where those checks do not apply.
             },
         )
+        releases.parent.mkdir(parents=True, exist_ok=True)
+        releases.write_text(wanted)
         cpp_sources = {done.name: done.sources for done in translated}
         for ext in self.extensions:
             ext.sources = cpp_sources[ext.name]
             ext.include_dirs += include_dirs
             ext.define_macros += macros
         super().build_extensions()
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(key)
+
+    def build_key(self, include_dirs, macros, nvtx):
+        """A digest of the sources, headers, build tools, flags and compiler the modules come from.
+
+        The header folders enter by their files' contents, not their paths: pip's isolated build
+        environment lies in a new temporary folder every time.
+        """
+
+        def installed(name):
+            try:
+                return version(name)
+            except PackageNotFoundError:  # no metadata (a source checkout on sys.path): never reused
+                return os.urandom(8).hex()
+
+        digest = hashlib.sha256()
+        tools = [f"{name}=={installed(name)}" for name in ("Cython", "cuda-bindings", "numpy", "setuptools")]
+        flags = [os.environ.get(v, "") for v in ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED")]
+        compiler = [getattr(self.compiler, a, None) for a in ("compiler_so", "compiler_cxx", "linker_so")]
+        exts = [(e.name, e.sources, e.extra_compile_args, e.extra_link_args, e.libraries) for e in self.extensions]
+        text = repr((sys.version, tools, flags, compiler, exts, macros, LINETRACE))
+        folders = [*include_dirs, *([nvtx] if nvtx else [])]
+        for number, folder in enumerate(folders):
+            text = text.replace(folder, f"<include {number}>")
+        digest.update(text.encode())
+        sources = [p for p in sorted(Path("vyre_cuda").rglob("*")) if p.suffix in (".pyx", ".pxd", ".hpp")]
+        headers = [Path(d, h) for d in folders for h in ("cuda.h", "cudaProfiler.h", "nvtx3/nvToolsExt.h")]
+        for path in [Path("setup.py"), *sources, *(h for h in headers if h.is_file())]:
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        return digest.hexdigest()
 
     def check_cxx17(self):
         # Without this, a missing or old compiler shows up as "g++: not found" mid-build.
