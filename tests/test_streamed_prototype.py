@@ -1,4 +1,4 @@
-"""benchmarks/streamed_prototype.py on the CPU: chunk cutting, the output checker, the ratios, a run on the fake driver."""
+"""benchmarks/streamed_prototype.py on the CPU: chunk cutting, the checker, the ratios, a fake-driver run."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import importlib.util
 import json
 import pathlib
 
+import fakecuda
 import numpy as np
 import pytest
-
-import fakecuda
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "streamed_prototype.py"
@@ -206,7 +205,8 @@ def sp_view(address, n):
 args = ["--sizes", "256K,1M", "--chunks", "64K,96K", "--depths", "2,3", "--rounds", "5", "--warmup", "1"]
 rc = sp.main(args + ["--out", sys.argv[2]], on_inputs=right)
 rc_wrong = sp.main(["--sizes", "256K"] + args[2:], on_inputs=off_by_one)
-print(json.dumps({"rc": rc, "rc_wrong": rc_wrong, "hook_errors": fake.hook_errors, "violations": fake.stats()["violations"]}))
+res = {"rc": rc, "rc_wrong": rc_wrong, "hook_errors": fake.hook_errors}
+print(json.dumps(res | {"violations": fake.stats()["violations"]}))
 """
 
 
