@@ -48,13 +48,87 @@ def test_progress_line_quiet_on_short_runs_then_shown():
     line = profile_cli.ProgressLine(stream, delay=0)
     line("4 KiB: floor", 0.5)
     line.done()
-    assert stream.getvalue().startswith("\r[vyre-cuda profile]  50% 4 KiB: floor")
+    assert stream.getvalue().startswith("\r[vyre-cuda profile]  50%, 0s left: 4 KiB: floor")
     assert stream.getvalue().endswith("\r")
     stream = _Stream(tty=False)
     line = profile_cli.ProgressLine(stream, delay=0, interval=3600)
     line("a", 0.1)
     line("b", 0.2)  # rate-limited when not a terminal
     assert stream.getvalue().count("\n") == 1 and "\r" not in stream.getvalue()
+
+
+def test_format_eta():
+    assert [profile_cli.format_eta(t) for t in (0, 0.4, 59.6, 60, 185.4, 3599, 3600, 7440)] == [
+        "0s",
+        "0s",
+        "1m00s",
+        "1m00s",
+        "3m05s",
+        "59m59s",
+        "1h00m",
+        "2h04m",
+    ]
+    assert profile_cli.eta_seconds(10.0, 0.25) == 30.0  # 1 step of 4 in 10 s: 3 more of 10 s
+    assert profile_cli.eta_seconds(10.0, 1.0) == 0.0
+    assert profile_cli.eta_seconds(10.0, 0.0) is None
+
+
+class _Clock:
+    """A clock that advances ``step`` seconds each time it is read: every progress step lasts
+    ``step`` seconds."""
+
+    def __init__(self, step):
+        self.now = 1000.0
+        self.step = step
+
+    def __call__(self):
+        self.now += self.step
+        return self.now
+
+
+_LINE = re.compile(r"\[vyre-cuda profile\] +(\d+)%, (\S+) left: (.*)")
+
+
+def _eta_lines(text):
+    return [_LINE.fullmatch(line).groups() for line in text.splitlines()]
+
+
+def test_progress_eta_is_the_steps_left_times_the_time_per_step(fake_device):
+    """One size on the fake backend: its warm-ups and rounds are equal steps, so the time left
+    after step k of n, at 2 s a step, is exactly 2 (n - k) s."""
+    stream = _Stream(tty=False)
+    line = profile_cli.ProgressLine(stream, delay=0, interval=0, clock=_Clock(2.0))
+    P.run_profile(sizes=["4KiB"], iterations=10, warmup=1, peers=False, threads=False, progress=line, rounds=3)
+    rows = _eta_lines(stream.getvalue())
+    n = len(rows)
+    assert n >= 8  # a warm-up and 3 rounds of each runner
+    for k, (percent, left, label) in enumerate(rows, start=1):
+        assert left == profile_cli.format_eta(2.0 * (n - k)), (k, n, rows)
+        assert int(percent) == round(100 * k / n) and label.startswith("4 KiB: ")
+    assert rows[-1][:2] == ("100", "0s")
+
+
+def test_progress_eta_over_sizes_and_threads_falls_to_zero(fake_device):
+    stream = _Stream(tty=False)
+    line = profile_cli.ProgressLine(stream, delay=0, interval=0, clock=_Clock(1.0))
+    P.run_profile(sizes=["4KiB", "64KiB"], iterations=6, warmup=1, peers=False, threads=True, progress=line)
+    rows = _eta_lines(stream.getvalue())
+    percents = [int(p) for p, _, _ in rows]
+    assert percents == sorted(percents) and percents[-1] == 100
+    assert any(label.startswith("64 KiB: ") for _, _, label in rows)
+    assert rows[-1][1] == "0s"
+    # the first line's estimate: its share of the run took 1 s a step, so the rest takes
+    # (steps left) s, which the half-run lines must not exceed either
+    steps = len(rows)
+    assert _seconds(rows[0][1]) >= steps / 2
+    middle = rows[steps // 2]
+    assert abs(_seconds(middle[1]) - (steps // 2 + 1) * (100 - int(middle[0])) / int(middle[0])) <= steps / 4
+
+
+def _seconds(text):
+    m = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+    h, mnt, s = (int(x or 0) for x in m.groups())
+    return 3600 * h + 60 * mnt + s
 
 
 # -- CLI arguments ---------------------------------------------------------------------------

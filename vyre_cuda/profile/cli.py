@@ -13,29 +13,66 @@ from .plot import require_matplotlib
 from .run import DEFAULT_SIZES, run_profile
 from .specs import load_user_program, parse_size, parse_sizes
 
-__all__ = ["ProgressLine", "add_arguments", "backend_options", "count_arg", "main", "size_arg", "sizes_arg"]
+__all__ = [
+    "ProgressLine",
+    "add_arguments",
+    "backend_options",
+    "count_arg",
+    "eta_seconds",
+    "format_eta",
+    "main",
+    "size_arg",
+    "sizes_arg",
+]
+
+
+def format_eta(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h04m``: a time left, to the second below an hour.
+
+    >>> format_eta(185.4), format_eta(7440)
+    ('3m05s', '2h04m')
+    """
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def eta_seconds(elapsed: float, fraction: float) -> float | None:
+    """The time left when ``fraction`` of the run took ``elapsed`` seconds: the steps left times
+    the time per step so far (the run's steps are its warm-ups and rounds, a share of each size);
+    None before the first step has finished."""
+    if not 0.0 < fraction <= 1.0:
+        return None
+    return elapsed * (1.0 - fraction) / fraction
 
 
 class ProgressLine:
-    """A one-line progress display on stderr, shown only once a run has lasted a second."""
+    """A one-line progress display on stderr, shown only once a run has lasted a second: the
+    share done, the estimated time left and the step running."""
 
-    def __init__(self, stream=None, delay=1.0, interval=5.0):
+    def __init__(self, stream=None, delay=1.0, interval=5.0, clock=time.monotonic):
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.start = time.monotonic()
+        self.clock = clock
+        self.start = clock()
         self.delay = delay
         self.interval = interval
         self.last = -math.inf
         self.shown = False
 
     def __call__(self, label, fraction):
-        now = time.monotonic()
+        now = self.clock()
         if now - self.start < self.delay:
             return
         if not self.tty and now - self.last < self.interval:
             return
         self.last = now
-        text = f"[vyre-cuda profile] {fraction:4.0%} {label}"
+        eta = eta_seconds(now - self.start, fraction)
+        left = "" if eta is None else f", {format_eta(eta)} left"
+        text = f"[vyre-cuda profile] {fraction:4.0%}{left}: {label}"
         if self.tty:
             self.stream.write("\r" + text[:110].ljust(110))
         else:
