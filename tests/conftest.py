@@ -6,6 +6,7 @@ import zlib
 
 import numpy as np
 import pytest
+from helpers.skip_reasons import pytest_terminal_summary  # noqa: F401 (the hook: skips by reason)
 
 # `python -m pytest` puts the current folder first on sys.path. In a checkout whose compiled core
 # is not built in place (setup.py build_ext --inplace), that folder's vyre_cuda cannot run: drop
