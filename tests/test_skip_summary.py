@@ -1,9 +1,10 @@
-"""The end-of-run summary of skips by reason (tests/helpers/skip_reasons.py), on a tiny test
-folder run in a pytest of its own."""
+"""The end-of-run summary of skips by reason (tests/conftest.py's pytest_terminal_summary), on a
+tiny test folder with a copy of that conftest, run in a pytest of its own."""
 
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -47,9 +48,10 @@ def _run(tmp_path, *args, source=TINY):
     folder = tmp_path / "tiny"
     folder.mkdir()
     (folder / "test_tiny.py").write_text(source)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])))
+    shutil.copy(TESTS / "conftest.py", folder / "conftest.py")
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "helpers.skip_reasons", "-p", "no:cacheprovider", *args, str(folder)],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, str(folder)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
