@@ -1,3 +1,4 @@
+import collections
 import importlib.machinery
 import os
 import pathlib
@@ -96,3 +97,30 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+_SKIP_PREFIX = "Skipped: "  # what pytest.skip() puts before its message
+
+
+def skip_reason(report) -> str:
+    """The reason a skipped test report gives (its first line), without pytest's ``Skipped:``."""
+    longrepr = report.longrepr
+    text = str(longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else longrepr or "")
+    text = text.strip().splitlines()[0] if text.strip() else "no reason given"
+    return text.removeprefix(_SKIP_PREFIX)
+
+
+def skip_summary(reports) -> list[str]:
+    """``skipped N: reason`` lines, the most frequent reason first (ties by reason)."""
+    counts = collections.Counter(skip_reason(r) for r in reports)
+    return [f"skipped {n}: {reason}" for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    # -rs lists each skip with its file and line; this gives the reasons at a glance, also under -q
+    # (scripts/gpu-check greps both: "^SKIPPED" and "^skipped N: ")
+    lines = skip_summary(terminalreporter.stats.get("skipped", []))
+    if lines:
+        terminalreporter.write_sep("-", "skips by reason")
+        for line in lines:
+            terminalreporter.write_line(line)

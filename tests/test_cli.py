@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -257,7 +258,17 @@ def test_info_json_in_a_process_without_a_device():
     assert info["driver_ok"] is False and info["driver"] and info["device"] is None and info["fix"]
 
 
-COMMANDS = ["info", "selftest", "cache", "tune", "profile"]
+# The statuses each command can end with, read off cli.py: every command can fail (a vyre_cuda
+# error) and be misused; all but `cache` open the driver.
+CODES = {
+    None: {0, 1, 2, 3},
+    "info": {0, 1, 2, 3},
+    "selftest": {0, 1, 2, 3},
+    "cache": {0, 1, 2},
+    "tune": {0, 1, 2, 3},
+    "profile": {0, 1, 2, 3},
+}
+COMMANDS = [c for c in CODES if c]
 
 
 def help_text(capsys, *argv) -> str:
@@ -267,13 +278,78 @@ def help_text(capsys, *argv) -> str:
     return capsys.readouterr().out
 
 
+def exit_status_section(text: str) -> dict[int, str]:
+    """``{code: meaning}`` from the ``exit status:`` section that ends a --help text."""
+    head, sep, section = text.partition("\nexit status:\n")
+    assert sep, f"no 'exit status:' section in:\n{text}"
+    codes: dict[int, str] = {}
+    for line in section.rstrip("\n").splitlines():
+        m = re.fullmatch(r"  (\d)  (\S.*)", line)
+        if m:
+            codes[int(m.group(1))] = m.group(2)
+        else:  # a wrapped meaning goes on, indented under its text
+            assert line.startswith(" " * 5) and codes, f"not part of an exit status entry: {line!r}"
+            codes[max(codes)] += " " + line.strip()
+    return codes
+
+
+def test_every_command_is_checked_for_its_exit_statuses():
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert sorted(sub.choices) == sorted(COMMANDS)  # a new command needs its statuses here
+    assert set(cli.EXIT_STATUSES) == set(CODES)
+
+
 @pytest.mark.parametrize("command", [None, *COMMANDS])
 def test_help_is_plain_text_and_lists_the_exit_statuses(capsys, command):
     text = help_text(capsys, *([command] if command else []))
-    assert cli.EPILOG in text, text  # every command, profile included, lists the statuses
+    codes = exit_status_section(text)
+    assert set(codes) == CODES[command], text
+    assert all(len(meaning) > 5 for meaning in codes.values())
+    assert codes[cli.EXIT_USAGE].startswith("usage error")
+    if cli.EXIT_NO_GPU in codes:
+        assert "no usable CUDA driver or device" in codes[cli.EXIT_NO_GPU]
+    if command:
+        assert text.startswith(f"usage: vyre-cuda {command}")
+        assert cli.exit_status_epilog(command) in text
     # reStructuredText markup of docstrings does not belong in a terminal
-    for markup in ("``", ":class:", ":func:", ":meth:", ".. "):
+    for markup in ("``", ":class:", ":func:", ":meth:", ":mod:", ".. ", "**"):
         assert markup not in text, f"{markup!r} in `vyre-cuda {command or ''} --help`:\n{text}"
+    assert max(len(line) for line in text.splitlines()) <= 100, text
+
+
+def test_the_statuses_commands_end_with_are_the_ones_their_help_lists(capsys, cache, monkeypatch, tmp_path):
+    """Drive each command to the statuses it can reach here (no GPU) and check its --help names them."""
+    listed = {c: set(exit_status_section(help_text(capsys, c))) for c in COMMANDS}
+    seen: dict[str, set] = {c: set() for c in COMMANDS}
+
+    def status(*argv):
+        try:
+            rc = cli.main(list(argv))
+        except SystemExit as exc:  # argparse's own exit
+            rc = exc.code
+        capsys.readouterr()
+        seen[argv[0]].add(rc)
+        return rc
+
+    for command in COMMANDS:
+        assert status(command, "--bogus") == cli.EXIT_USAGE
+    assert status("cache", "info") == cli.EXIT_OK
+    stored = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "latest.json"
+    assert status("profile", "--from", str(stored)) == cli.EXIT_OK
+    assert status("profile", "--from", str(tmp_path / "missing.json")) == cli.EXIT_USAGE
+    without_gpu(monkeypatch)
+    for argv in (["info"], ["selftest"], ["tune", "--elements", "256"]):
+        assert status(*argv) == cli.EXIT_NO_GPU
+    fake_device(monkeypatch, error=ValidationError("device 7 does not exist (got 7, 1 device)", "pass --device 0"))
+    assert status("info", "--device", "7") == cli.EXIT_FAILURE
+
+    def broken():
+        raise ValidationError("the cache is unhappy (got 3)", "make it happy")
+
+    monkeypatch.setattr(vc_compile, "cache_info", broken)
+    assert status("cache") == cli.EXIT_FAILURE
+    for command in COMMANDS:
+        assert seen[command] <= listed[command], (command, seen[command], listed[command])
 
 
 def test_profile_without_a_driver_exits_no_gpu(monkeypatch, capsys):

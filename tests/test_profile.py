@@ -11,6 +11,7 @@ import pytest
 from vyre_cuda import profile as P
 from vyre_cuda.errors import UnsupportedFeature, ValidationError
 from vyre_cuda.profile import engine, systems, table, targets
+from vyre_cuda.profile.specs import format_size
 from vyre_cuda.program import BindingRole
 
 KIB, MIB, GIB = 1024, 1 << 20, 1 << 30
@@ -766,6 +767,39 @@ def test_plot_has_stage_panels_and_a_bandwidth_panel_with_ceilings(tmp_path):
     assert list(xs) == [4 * KIB, 4 * MIB, 64 * MIB, 256 * MIB]
     _synthetic_report().plot(tmp_path / "q.png")  # the report's own method writes the same
     assert (tmp_path / "q.png").stat().st_size > 10_000
+
+
+def test_size_ticks_are_whole_powers_of_two_with_few_labels():
+    from vyre_cuda.profile.plot import size_ticks
+
+    major, minor = size_ticks([4 * KIB, 4 * MIB, 64 * MIB, 256 * MIB, GIB])
+    assert major == [4 * KIB << 2 * k for k in range(10)]  # 4 KiB, 16 KiB ... 1 GiB
+    assert sorted(major + minor) == [4 * KIB << k for k in range(19)]  # every power between
+    assert [format_size(n) for n in major[::4]] == ["4 KiB", "1 MiB", "256 MiB"]
+    major, minor = size_ticks([4 * KIB, 1 << 40])  # 29 powers: every 4th labelled, at most 10
+    assert major == [4 * KIB << 4 * k for k in range(8)] and len(minor) == 21
+    assert size_ticks([4 * KIB]) == ([2 * KIB, 4 * KIB, 8 * KIB], [])  # one size: its neighbours too
+    assert size_ticks([3 * MIB]) == ([2 * MIB, 4 * MIB], [])
+    assert size_ticks([100, 6000])[0] == [64, 128, 256, 512, KIB, 2 * KIB, 4 * KIB, 8 * KIB]
+    for sizes in ([1], [4 * KIB, 8 * KIB], [5 * MIB, 7 * GIB], [12, 1 << 36]):
+        major, minor = size_ticks(sizes)
+        assert 2 <= len(major) <= 10 and major == sorted(major)
+        assert all(n & (n - 1) == 0 for n in major + minor)
+        assert major[0] <= min(sizes) and major[-1] >= max(sizes)
+
+
+def test_plot_size_axis_is_log_scale_with_byte_labels(tmp_path):
+    pytest.importorskip("matplotlib")
+    from vyre_cuda.profile.plot import plot_report
+
+    fig = plot_report(_synthetic_report(), tmp_path / "p.png")
+    bandwidth = fig.get_axes()[4]
+    assert bandwidth.get_xscale() == "log"
+    labels = [t.get_text() for t in bandwidth.get_xticklabels()]
+    assert labels == ["4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB", "4 MiB", "16 MiB", "64 MiB", "256 MiB"]
+    assert not any(t.get_text() for t in bandwidth.get_xticklabels(minor=True))  # no 2^13 or 10^3
+    lo, hi = bandwidth.get_xlim()
+    assert lo < 4 * KIB and hi > 256 * MIB
 
 
 def test_plot_without_matplotlib_says_how_to_fix(tmp_path, monkeypatch):

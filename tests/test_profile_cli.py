@@ -48,13 +48,87 @@ def test_progress_line_quiet_on_short_runs_then_shown():
     line = profile_cli.ProgressLine(stream, delay=0)
     line("4 KiB: floor", 0.5)
     line.done()
-    assert stream.getvalue().startswith("\r[vyre-cuda profile]  50% 4 KiB: floor")
+    assert stream.getvalue().startswith("\r[vyre-cuda profile]  50%, 0s left: 4 KiB: floor")
     assert stream.getvalue().endswith("\r")
     stream = _Stream(tty=False)
     line = profile_cli.ProgressLine(stream, delay=0, interval=3600)
     line("a", 0.1)
     line("b", 0.2)  # rate-limited when not a terminal
     assert stream.getvalue().count("\n") == 1 and "\r" not in stream.getvalue()
+
+
+def test_format_eta():
+    assert [profile_cli.format_eta(t) for t in (0, 0.4, 59.6, 60, 185.4, 3599, 3600, 7440)] == [
+        "0s",
+        "0s",
+        "1m00s",
+        "1m00s",
+        "3m05s",
+        "59m59s",
+        "1h00m",
+        "2h04m",
+    ]
+    assert profile_cli.eta_seconds(10.0, 0.25) == 30.0  # 1 step of 4 in 10 s: 3 more of 10 s
+    assert profile_cli.eta_seconds(10.0, 1.0) == 0.0
+    assert profile_cli.eta_seconds(10.0, 0.0) is None
+
+
+class _Clock:
+    """A clock that advances ``step`` seconds each time it is read: every progress step lasts
+    ``step`` seconds."""
+
+    def __init__(self, step):
+        self.now = 1000.0
+        self.step = step
+
+    def __call__(self):
+        self.now += self.step
+        return self.now
+
+
+_LINE = re.compile(r"\[vyre-cuda profile\] +(\d+)%, (\S+) left: (.*)")
+
+
+def _eta_lines(text):
+    return [_LINE.fullmatch(line).groups() for line in text.splitlines()]
+
+
+def test_progress_eta_is_the_steps_left_times_the_time_per_step(fake_device):
+    """One size on the fake backend: its warm-ups and rounds are equal steps, so the time left
+    after step k of n, at 2 s a step, is exactly 2 (n - k) s."""
+    stream = _Stream(tty=False)
+    line = profile_cli.ProgressLine(stream, delay=0, interval=0, clock=_Clock(2.0))
+    P.run_profile(sizes=["4KiB"], iterations=10, warmup=1, peers=False, threads=False, progress=line, rounds=3)
+    rows = _eta_lines(stream.getvalue())
+    n = len(rows)
+    assert n >= 8  # a warm-up and 3 rounds of each runner
+    for k, (percent, left, label) in enumerate(rows, start=1):
+        assert left == profile_cli.format_eta(2.0 * (n - k)), (k, n, rows)
+        assert int(percent) == round(100 * k / n) and label.startswith("4 KiB: ")
+    assert rows[-1][:2] == ("100", "0s")
+
+
+def test_progress_eta_over_sizes_and_threads_falls_to_zero(fake_device):
+    stream = _Stream(tty=False)
+    line = profile_cli.ProgressLine(stream, delay=0, interval=0, clock=_Clock(1.0))
+    P.run_profile(sizes=["4KiB", "64KiB"], iterations=6, warmup=1, peers=False, threads=True, progress=line)
+    rows = _eta_lines(stream.getvalue())
+    percents = [int(p) for p, _, _ in rows]
+    assert percents == sorted(percents) and percents[-1] == 100
+    assert any(label.startswith("64 KiB: ") for _, _, label in rows)
+    assert rows[-1][1] == "0s"
+    # the first line's estimate: its share of the run took 1 s a step, so the rest takes
+    # (steps left) s, which the half-run lines must not exceed either
+    steps = len(rows)
+    assert _seconds(rows[0][1]) >= steps / 2
+    middle = rows[steps // 2]
+    assert abs(_seconds(middle[1]) - (steps // 2 + 1) * (100 - int(middle[0])) / int(middle[0])) <= steps / 4
+
+
+def _seconds(text):
+    m = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+    h, mnt, s = (int(x or 0) for x in m.groups())
+    return 3600 * h + 60 * mnt + s
 
 
 # -- CLI arguments ---------------------------------------------------------------------------
@@ -356,3 +430,129 @@ def test_devices_option_parses_ordinals():
     )
     text = format_device_scaling(row)
     assert "scaling 1.90x" in text and "64 MiB per buffer" in text and "device 0 alone" in text
+
+
+# -- --from: a stored run shown again, without a GPU ---------------------------------------------
+def _stored_json(tmp_path):
+    """A result as `vyre-cuda profile --json FILE` writes it, from a run on the fakes."""
+    path = tmp_path / "run.json"
+    args = _parser().parse_args(
+        [
+            "--sizes",
+            "4KiB,64KiB",
+            "--iterations",
+            "6",
+            "--warmup",
+            "1",
+            "--no-peers",
+            "--no-threads",
+            "--json",
+            str(path),
+        ]
+    )
+    assert P.main(args) == 0
+    return path
+
+
+def test_from_shows_the_stored_table_and_json_without_a_backend(fake_device, tmp_path, capsys):
+    path = _stored_json(tmp_path)
+    table = capsys.readouterr().out
+    created = len(fake_device.created)
+    assert P.main(_parser().parse_args(["--from", str(path)])) == 0
+    assert capsys.readouterr().out == table  # the same table as the run printed
+    assert P.main(_parser().parse_args(["--from", str(path), "--json"])) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(path.read_text())
+    again = tmp_path / "again.json"
+    assert P.main(_parser().parse_args(["--from", str(path), "--json", str(again)])) == 0
+    assert json.loads(again.read_text()) == json.loads(path.read_text())
+    assert len(fake_device.created) == created  # no backend was opened to show it
+
+
+def test_from_reads_the_stored_benchmark_result(capsys):
+    from vyre_cuda import cli
+
+    stored = ROOT / "benchmarks" / "results" / "latest.json"
+    assert cli.main(["profile", "--from", str(stored)]) == 0
+    out = capsys.readouterr().out
+    assert _stored_report().meta["device_name"] in out and "1 GiB per buffer" in out
+
+
+def test_from_plot_replots_a_stored_run(fake_device, tmp_path, capsys, monkeypatch):
+    path = _stored_json(tmp_path)
+    drawn = []
+    monkeypatch.setattr(P.ProfileReport, "plot", lambda self, out: drawn.append((self, out)))
+    monkeypatch.setattr(profile_cli, "require_matplotlib", lambda: None)
+    assert P.main(_parser().parse_args(["--from", str(path), "--plot", str(tmp_path / "p.png")])) == 0
+    ((report, out),) = drawn
+    assert out == str(tmp_path / "p.png")
+    assert [s.nbytes for s in report.sizes] == [4 * KIB, 64 * KIB]
+    assert report.to_dict() == P.ProfileReport.load(path).to_dict()
+    assert "plot written to" in capsys.readouterr().err
+
+
+def test_from_plot_writes_a_png(fake_device, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = _stored_json(tmp_path)
+    png = tmp_path / "p.png"
+    assert P.main(_parser().parse_args(["--from", str(path), "--plot", str(png)])) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "cannot read the profile result"),
+        ("{not json", "not valid JSON"),
+        ('{"schema": "other"}', "not a vyre_cuda profile result"),
+        ("[1, 2]", "not a vyre_cuda profile result"),
+        ('{"schema": "vyre_cuda.profile/2", "meta": {}}', "incomplete or damaged"),
+        ('{"schema": "vyre_cuda.profile/2", "meta": {}, "sizes": [{"bytes": 4}]}', "incomplete or damaged"),
+    ],
+)
+def test_from_refuses_what_is_not_a_stored_result(tmp_path, capsys, content, expected):
+    path = tmp_path / "r.json"
+    if content is not None:
+        path.write_text(content)
+    assert P.main(_parser().parse_args(["--from", str(path)])) == 2
+    err = capsys.readouterr().err
+    assert "ValidationError" in err and expected in err
+    assert err.rstrip().splitlines()[-1].startswith("Fix: ")
+
+
+def test_from_refuses_measuring_options(tmp_path, capsys):
+    path = tmp_path / "r.json"  # never read: the options are refused first
+    args = _parser().parse_args(["--from", str(path), "--sizes", "4KiB", "--copy-threads", "2", "--no-peers"])
+    assert P.main(args) == 2
+    err = capsys.readouterr().err
+    assert "--sizes, --no-peers, --copy-threads describe a new measurement" in err
+    assert err.rstrip().endswith("Fix: drop --sizes, --no-peers, --copy-threads, or drop --from to measure")
+
+
+def test_from_plot_without_matplotlib_fails_like_a_run(tmp_path, capsys, monkeypatch):
+    from vyre_cuda.errors import UnsupportedFeature
+
+    def missing():
+        raise UnsupportedFeature("plotting needs matplotlib, which is not installed", "pip install matplotlib")
+
+    monkeypatch.setattr(profile_cli, "require_matplotlib", missing)
+    stored = ROOT / "benchmarks" / "results" / "latest.json"
+    png = tmp_path / "p.png"
+    assert P.main(_parser().parse_args(["--from", str(stored), "--plot", str(png)])) == 1
+    err = capsys.readouterr().err
+    assert "UnsupportedFeature: plotting needs matplotlib" in err and err.rstrip().endswith(
+        "Fix: pip install matplotlib"
+    )
+    assert not png.exists()
+
+
+def test_from_plot_into_a_missing_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(profile_cli, "require_matplotlib", lambda: None)
+
+    def unwritable(self, out):
+        raise FileNotFoundError(2, "No such file or directory", out)
+
+    monkeypatch.setattr(P.ProfileReport, "plot", unwritable)
+    stored = ROOT / "benchmarks" / "results" / "latest.json"
+    assert P.main(_parser().parse_args(["--from", str(stored), "--plot", str(tmp_path / "no" / "p.png")])) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the plot" in err and "No such file or directory" in err and "\nFix: " in err

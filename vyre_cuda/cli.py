@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,16 @@ import numpy as np
 from . import __version__
 from .errors import NO_DRIVER_FIX, BackendError, DriverUnavailable
 
-__all__ = ["EXIT_FAILURE", "EXIT_NO_GPU", "EXIT_OK", "EXIT_USAGE", "main", "selftest_cases"]
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_NO_GPU",
+    "EXIT_OK",
+    "EXIT_STATUSES",
+    "EXIT_USAGE",
+    "exit_status_epilog",
+    "main",
+    "selftest_cases",
+]
 
 # Exit statuses, the same for every command (README, Command line; `vyre-cuda --help`).
 EXIT_OK = 0
@@ -23,11 +33,61 @@ EXIT_NO_GPU = 3  # no usable CUDA driver or device
 
 DESCRIPTION = "vyre-cuda: inspect the CUDA driver and device, self-test, profile, tune and manage the kernel cache."
 
-EPILOG = """exit status:
-  0  success
-  1  the command failed (a self-test mismatch, a vyre_cuda error)
-  2  usage error (unknown command or option)
-  3  no usable CUDA driver or device (info and selftest still print what they can)"""
+# What each status means for each command: its `--help` lists these (and only the statuses it
+# can end with), the top-level `vyre-cuda --help` the meaning they share.
+EXIT_STATUSES: dict[str | None, tuple[tuple[int, str], ...]] = {
+    None: (
+        (EXIT_OK, "success"),
+        (EXIT_FAILURE, "the command failed (a self-test mismatch, a vyre_cuda error)"),
+        (EXIT_USAGE, "usage error (unknown command or option)"),
+        (EXIT_NO_GPU, "no usable CUDA driver or device (info and selftest still print what they can)"),
+    ),
+    "info": (
+        (EXIT_OK, "success: the driver and device were described"),
+        (EXIT_FAILURE, "the device could not be opened (a vyre_cuda error, e.g. --device names no device)"),
+        (EXIT_USAGE, "usage error (unknown option, --device not an integer)"),
+        (EXIT_NO_GPU, "no usable CUDA driver or device (what can be found is still printed; --json still prints JSON)"),
+    ),
+    "selftest": (
+        (EXIT_OK, "success: every built-in program matched numpy"),
+        (EXIT_FAILURE, "the command failed: a program's output differed from numpy, or a vyre_cuda error"),
+        (EXIT_USAGE, "usage error (unknown option)"),
+        (EXIT_NO_GPU, "no usable CUDA driver or device (the programs were only compiled and planned)"),
+    ),
+    "cache": (
+        (EXIT_OK, "success: the cache was shown or cleared"),
+        (EXIT_FAILURE, "the command failed (a vyre_cuda error)"),
+        (EXIT_USAGE, "usage error (an action other than info or clear, unknown option)"),
+    ),
+    "tune": (
+        (EXIT_OK, "success: measured, or read from the tuning cache"),
+        (EXIT_FAILURE, "the command failed (a vyre_cuda error)"),
+        (EXIT_USAGE, "usage error (unknown program or option, bad --candidates, --elements or --repeats)"),
+        (EXIT_NO_GPU, "no usable CUDA driver or device"),
+    ),
+    "profile": (
+        (EXIT_OK, "success: measured, or a stored result (--from) shown"),
+        (EXIT_FAILURE, "the command failed (a vyre_cuda error: a wrong result, --plot without matplotlib)"),
+        (
+            EXIT_USAGE,
+            "usage error or invalid value (unknown option, a bad --kernel/--buffers, a --baseline "
+            "or --from file that is not a profile result)",
+        ),
+        (EXIT_NO_GPU, "no usable CUDA driver or device (never with --from)"),
+    ),
+}
+
+
+def exit_status_epilog(command: str | None = None) -> str:
+    """The ``exit status:`` section of ``vyre-cuda [command] --help``."""
+    lines = [
+        textwrap.fill(text, 88, initial_indent=f"  {code}  ", subsequent_indent=" " * 5)
+        for code, text in EXIT_STATUSES[command]
+    ]
+    return "exit status:\n" + "\n".join(lines)
+
+
+EPILOG = exit_status_epilog()
 
 
 def _exit_code(exc: BackendError) -> int:
@@ -281,36 +341,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"vyre_cuda {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser(
-        "info",
-        help="driver, device, limits and capabilities",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        # the summary heads the command's own --help too; its exit statuses close it
+        return sub.add_parser(
+            name,
+            help=summary,
+            description=summary[0].upper() + summary[1:] + ".",
+            epilog=exit_status_epilog(name),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    p = command("info", "driver, device, limits and capabilities")
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default: 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object (also without a GPU)")
     p.set_defaults(func=_cmd_info)
-    p = sub.add_parser(
-        "selftest",
-        help="run the built-in programs and check them against numpy",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command("selftest", "run the built-in programs and check them against numpy")
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default: 0)")
     p.set_defaults(func=_cmd_selftest)
-    p = sub.add_parser(
-        "cache",
-        help="show (info) or clear the kernel cache; counters other than disk_* are per process",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command("cache", "show (info) or clear the kernel cache; counters other than disk_* are per process")
     p.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
     p.set_defaults(func=_cmd_cache)
-    p = sub.add_parser(
-        "tune",
-        help="measure a built-in program's block widths and cache the fastest (DispatchConfig(autotune=True))",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = command(
+        "tune", "measure a built-in program's block widths and cache the fastest (DispatchConfig(autotune=True))"
     )
     p.add_argument("program", nargs="?", default="vecadd_f32", choices=sorted(tune_cases(1, None)))
     p.add_argument("--elements", type=_positive, default=1 << 22, help="input elements (default: 4194304)")
@@ -327,12 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_tune)
     from . import profile  # needs no compiled core: a run loads the floor
 
-    p = sub.add_parser(
-        "profile",
-        help="per-dispatch host-cost profile against the driver floor",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = command("profile", "per-dispatch host-cost profile against the driver floor, or a stored one (--from)")
     profile.add_arguments(p)
     p.set_defaults(func=profile.main)
     return parser

@@ -13,29 +13,66 @@ from .plot import require_matplotlib
 from .run import DEFAULT_SIZES, run_profile
 from .specs import load_user_program, parse_size, parse_sizes
 
-__all__ = ["ProgressLine", "add_arguments", "backend_options", "count_arg", "main", "size_arg", "sizes_arg"]
+__all__ = [
+    "ProgressLine",
+    "add_arguments",
+    "backend_options",
+    "count_arg",
+    "eta_seconds",
+    "format_eta",
+    "main",
+    "size_arg",
+    "sizes_arg",
+]
+
+
+def format_eta(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h04m``: a time left, to the second below an hour.
+
+    >>> format_eta(185.4), format_eta(7440)
+    ('3m05s', '2h04m')
+    """
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def eta_seconds(elapsed: float, fraction: float) -> float | None:
+    """The time left when ``fraction`` of the run took ``elapsed`` seconds: the steps left times
+    the time per step so far (the run's steps are its warm-ups and rounds, a share of each size);
+    None before the first step has finished."""
+    if not 0.0 < fraction <= 1.0:
+        return None
+    return elapsed * (1.0 - fraction) / fraction
 
 
 class ProgressLine:
-    """A one-line progress display on stderr, shown only once a run has lasted a second."""
+    """A one-line progress display on stderr, shown only once a run has lasted a second: the
+    share done, the estimated time left and the step running."""
 
-    def __init__(self, stream=None, delay=1.0, interval=5.0):
+    def __init__(self, stream=None, delay=1.0, interval=5.0, clock=time.monotonic):
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.start = time.monotonic()
+        self.clock = clock
+        self.start = clock()
         self.delay = delay
         self.interval = interval
         self.last = -math.inf
         self.shown = False
 
     def __call__(self, label, fraction):
-        now = time.monotonic()
+        now = self.clock()
         if now - self.start < self.delay:
             return
         if not self.tty and now - self.last < self.interval:
             return
         self.last = now
-        text = f"[vyre-cuda profile] {fraction:4.0%} {label}"
+        eta = eta_seconds(now - self.start, fraction)
+        left = "" if eta is None else f", {format_eta(eta)} left"
+        text = f"[vyre-cuda profile] {fraction:4.0%}{left}: {label}"
         if self.tty:
             self.stream.write("\r" + text[:110].ljust(110))
         else:
@@ -140,6 +177,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="save stage bars per size and GB/s against the ceilings (needs matplotlib)",
     )
     parser.add_argument(
+        "--from",
+        dest="from_file",
+        default=None,
+        metavar="FILE.json",
+        help="show a stored result (written by --json or benchmarks/bench_dispatch.py) instead of "
+        "measuring: its table, or with --plot its figure, or with --json its JSON; needs no GPU",
+    )
+    parser.add_argument(
         "--baseline",
         default=None,
         metavar="FILE.json",
@@ -193,11 +238,76 @@ def backend_options(args) -> dict:
     return {name: getattr(args, name) for name in _BACKEND_OPTIONS if getattr(args, name, None) is not None}
 
 
+# options that describe a measurement, and their defaults: with --from nothing is measured
+_RUN_OPTIONS = {
+    "sizes": DEFAULT_SIZES,
+    "iterations": None,
+    "warmup": None,
+    "baseline": None,
+    "no_peers": False,
+    "no_threads": False,
+    "host_threads": None,
+    "kernel": None,
+    "entry": None,
+    "buffers": None,
+    "device": 0,
+    "devices": None,
+    **dict.fromkeys(_BACKEND_OPTIONS),
+}
+
+
+def _option(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _show_stored(args) -> None:
+    """``--from FILE``: the stored result's table, JSON or figure; no backend, no GPU."""
+    from .report import ProfileReport
+
+    given = [_option(k) for k, default in _RUN_OPTIONS.items() if getattr(args, k, default) != default]
+    if given:
+        raise ValidationError(
+            f"--from shows a stored result, but {', '.join(given)} "
+            f"{'describes' if len(given) == 1 else 'describe'} a new measurement",
+            f"drop {', '.join(given)}, or drop --from to measure",
+        )
+    if args.plot is not None:
+        require_matplotlib()  # the same error as a measuring run's --plot, before reading the file
+    _write_outputs(ProfileReport.load(args.from_file), args)
+
+
+def _write_outputs(report, args) -> None:
+    """The table (or JSON) on stdout, the JSON file and the figure that ``args`` ask for."""
+    if args.json == "-":
+        sys.stdout.write(report.to_json() + "\n")
+    else:
+        sys.stdout.write(report.format_table())
+        if "device_scaling" in report.meta:
+            from .devices import format_device_scaling
+
+            sys.stdout.write(format_device_scaling(report.meta["device_scaling"]))
+        if args.json is not None:
+            pathlib.Path(args.json).write_text(report.to_json() + "\n")
+            print(f"JSON written to {args.json}", file=sys.stderr)
+    if args.plot is not None:
+        try:
+            report.plot(args.plot)
+        except OSError as exc:
+            raise ValidationError(
+                f"cannot write the plot {args.plot!r}: {exc.strerror or exc}",
+                "pass --plot a path in an existing folder you can write to",
+            ) from None
+        print(f"plot written to {args.plot}", file=sys.stderr)
+
+
 def main(args) -> int:
     """Run ``vyre-cuda profile`` with parsed ``args``; returns the exit status of every vyre-cuda
     command (0 done, 1 a vyre_cuda error, 2 the arguments are wrong, 3 no usable driver or device)."""
     program = None
     try:
+        if getattr(args, "from_file", None) is not None:
+            _show_stored(args)
+            return 0
         if args.kernel is not None:
             program = load_user_program(args.kernel, args.entry, args.buffers)
         elif args.buffers is not None or args.entry is not None:
@@ -228,20 +338,7 @@ def main(args) -> int:
             from .devices import measure_device_scaling
 
             report.meta["device_scaling"] = measure_device_scaling(args.devices)
-        if args.json == "-":
-            sys.stdout.write(report.to_json() + "\n")
-        else:
-            sys.stdout.write(report.format_table())
-            if "device_scaling" in report.meta:
-                from .devices import format_device_scaling
-
-                sys.stdout.write(format_device_scaling(report.meta["device_scaling"]))
-            if args.json is not None:
-                pathlib.Path(args.json).write_text(report.to_json() + "\n")
-                print(f"JSON written to {args.json}", file=sys.stderr)
-        if args.plot is not None:
-            report.plot(args.plot)
-            print(f"plot written to {args.plot}", file=sys.stderr)
+        _write_outputs(report, args)
     except BackendError as exc:
         if isinstance(exc, DriverUnavailable) and program is not None:
             from ..offline import offline_compile_error  # (only a run without a GPU needs it)

@@ -11,7 +11,7 @@ from ..errors import UnsupportedFeature
 from . import systems
 from .specs import format_size
 
-__all__ = ["plot_report", "require_matplotlib"]
+__all__ = ["plot_report", "require_matplotlib", "size_ticks"]
 
 # key, legend label, marker: the systems drawn in the bandwidth panel (effective GB/s)
 _BANDWIDTH_SYSTEMS = (
@@ -32,6 +32,47 @@ _BARS = (
     ("peer.cupy", "CuPy"),
     ("peer.torch", "PyTorch"),
 )
+
+
+# exponent steps between labelled size ticks, fewest labels first that still leave enough
+_TICK_STEPS = (1, 2, 4, 6, 8, 10, 20)
+_MOST_TICKS = 10
+
+
+def size_ticks(sizes, most=_MOST_TICKS):
+    """The labelled ticks of the size axis: powers of two from the smallest to the largest size,
+    every 2**step-th of them where ``step`` is the least of 1, 2, 4... that keeps at most ``most``
+    labels (4 KiB, 16 KiB ... 1 GiB, never 10^3), the first at or below the smallest size and the
+    last at or above the largest (one step each side of a single size). Returns ``(major,
+    minor)``, lists of byte counts; minor ticks stay unlabelled.
+
+    >>> size_ticks([4096, 4 << 20, 1 << 30])[0][:3]
+    [4096, 16384, 65536]
+    """
+    lo = max(1, min(sizes)).bit_length() - 1  # floor(log2)
+    hi = (max(max(sizes), 1) - 1).bit_length()  # ceil(log2)
+    for step in _TICK_STEPS:
+        major = list(range(lo - lo % step, -(-hi // step) * step + 1, step))
+        if len(major) <= most:
+            break
+    if len(major) < 2:  # one size, itself a label: label its neighbours too
+        major = [major[0] - step, major[0], major[0] + step]
+    minor = [e for e in range(min(major), max(major) + 1) if e not in major]
+    return [1 << e for e in major if e >= 0], [1 << e for e in minor if e >= 0]
+
+
+def _size_axis(ax, sizes):
+    """A log-2 size axis labelled in KiB, MiB and GiB at whole powers of two."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    major, minor = size_ticks(sizes)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(major))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _pos: format_size(round(value))))
+    ax.xaxis.set_minor_locator(FixedLocator(minor))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_xlim(major[0] / 2**0.5, major[-1] * 2**0.5)  # the labels bracket every size
 
 
 def require_matplotlib():
@@ -138,11 +179,9 @@ def _bandwidth_panel(ax, report):
             ax.plot(
                 *zip(*points), linewidth=1.1, label=systems.label(key).replace(" ceiling", ""), **_ceiling_style(key)
             )
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes)
-    ax.set_xticklabels([format_size(n) for n in sizes], fontsize=8)
-    ax.set_xlabel("bytes per buffer")
-    ax.set_ylabel("GB/s (10^9 B/s): effective, or per direction")
+    _size_axis(ax, sorted(sizes))
+    ax.set_xlabel("bytes per buffer (log scale)")
+    ax.set_ylabel("GB/s (1 GB/s = 1e9 B/s): effective, or per direction")
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.set_title("bandwidth against the DMA and host memcpy ceilings (same run)", fontsize=9)

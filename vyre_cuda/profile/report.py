@@ -254,13 +254,19 @@ class ProfileReport:
                 f"not a vyre_cuda profile result (schema {schema!r}, expected {SCHEMA!r})",
                 "pass a JSON file written by `vyre-cuda profile --json` or bench_dispatch.py",
             )
-        return cls(
-            meta=dict(d["meta"]),
-            sizes=[SizeResult.from_dict(s) for s in d["sizes"]],
-            threads=None if d.get("threads") is None else ThreadScaling.from_dict(d["threads"]),
-            targets=[Target.from_dict(t) for t in d.get("targets", [])],
-            stage_names=tuple(d.get("stage_names", systems.STAGE_NAMES)),
-        )
+        try:
+            return cls(
+                meta=dict(d["meta"]),
+                sizes=[SizeResult.from_dict(s) for s in d["sizes"]],
+                threads=None if d.get("threads") is None else ThreadScaling.from_dict(d["threads"]),
+                targets=[Target.from_dict(t) for t in d.get("targets", [])],
+                stage_names=tuple(d.get("stage_names", systems.STAGE_NAMES)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a truncated or edited file
+            raise ValidationError(
+                f"a {d['schema']} profile result is incomplete or damaged ({type(exc).__name__}: {exc})",
+                "pass an unedited JSON file written by `vyre-cuda profile --json` or bench_dispatch.py",
+            ) from None
 
     @classmethod
     def from_json(cls, text: str) -> ProfileReport:
