@@ -35,7 +35,8 @@ from ._counters cimport (
 )
 from ._driver cimport bind_context, now_ns
 from ._resources cimport Resources, InFlight
-from ._transfer cimport TransferEngine, page_locked, SRC_INPUT
+from ._transfer cimport TransferEngine
+from ._windows cimport page_locked, SRC_INPUT
 from ._prepared cimport Prepared, InputCheck, ROUTE_COOPERATIVE, ROUTE_SPLIT
 from ._launch cimport issue, collect, stream_waits, trial_record, G_REPLAY, G_CAPTURE, G_UPDATE, G_FALLBACK
 from ._waits cimport PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE

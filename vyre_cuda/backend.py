@@ -483,7 +483,7 @@ class CudaBackend:
 
 
 def _buffer_span(obj):
-    from ._transfer import buffer_span  # noqa: PLC0415
+    from ._windows import buffer_span  # noqa: PLC0415
 
     try:
         return buffer_span(obj)

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _driver
 from ._pools import PinnedPool, lend_pinned
-from ._transfer import buffer_span, is_page_locked_address
+from ._windows import buffer_span, is_page_locked_address
 from ._validate import is_int
 from .errors import ValidationError
 
