@@ -13,6 +13,13 @@ from .telemetry import TimedDispatchResult
 
 _T = TypeVar("_T")
 
+class PlanMiss(Exception):
+    key: tuple
+    lengths: tuple
+    config: Any
+    device_inputs: frozenset[int]
+    def __init__(self, key: tuple, lengths: tuple, config: Any, device_inputs: frozenset[int]) -> None: ...
+
 @final
 class Core:
     lost: tuple[str, str] | None
@@ -26,7 +33,6 @@ class Core:
     def __init__(
         self,
         ctx: int,
-        planner: Any,
         device_cap: int,
         pinned_cap: int,
         trace: int = ...,
@@ -49,6 +55,9 @@ class Core:
     def _release_graphs(self, destroy: bool) -> None: ...
     def forget_context(self) -> None: ...
     def prepared_for(self, key: Any) -> Prepared | None: ...
+    def insert(self, miss: PlanMiss, prep: Prepared) -> None: ...
+    def trace_refused(self, program: Any, config: Any, blocking: bool = ...) -> None: ...
+    def measure(self, prep: Prepared, program: Any, inputs: Sequence[Any], config: Any = ...) -> TimedDispatchResult: ...
     def dispatch(self, program: Any, inputs: Sequence[Any], config: Any = ...) -> list[np.ndarray]: ...
     def dispatch_into(self, program: Any, inputs: Sequence[Any], outputs: Sequence[Any], config: Any = ...) -> list: ...
     def dispatch_profiled(

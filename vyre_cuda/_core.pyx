@@ -41,7 +41,7 @@ from ._prepared cimport Prepared, InputCheck, ROUTE_COOPERATIVE, ROUTE_SPLIT
 from ._launch cimport issue, collect, stream_waits, trial_record, G_REPLAY, G_CAPTURE, G_UPDATE, G_FALLBACK
 from ._waits cimport PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE
 from ._tracing cimport (
-    mark, nvtx_stage_open, nvtx_stage, nvtx_blocking, nvtx_async, stage_durations, trace_line,
+    mark, nvtx_stage_open, nvtx_stage, nvtx_blocking, nvtx_async, nvtx_refused, stage_durations, trace_line,
     TRACE_LOG, TRACE_NVTX, S_UPLOAD, M_START, M_LOOKUP, M_WAIT, M_COPYOUT, M_RELEASE, N_MARKS,
 )
 from ._driver import status_name
@@ -53,6 +53,19 @@ from ._io_checks import as_input_list, as_output_list, check_outputs, dtype_erro
 from ._device_io import device_input
 
 cnp.import_array()
+
+
+class PlanMiss(Exception):
+    """No prepared plan is cached for this dispatch: the backend plans it, hands the plan to
+    :meth:`Core.insert` and calls the entry point again. Raised before anything is acquired for
+    the dispatch (its input views are released) and before any trace range opens, so the core
+    never calls back into planning. ``key`` is the cache key, ``lengths`` the input byte lengths,
+    ``config`` the config to plan with (a caller's stream by its handle), ``device_inputs`` the
+    indices of the inputs in device memory."""
+
+    def __init__(self, key, lengths, config, device_inputs):
+        super().__init__("no prepared plan")
+        self.key, self.lengths, self.config, self.device_inputs = key, lengths, config, device_inputs
 
 # plans made for callers' streams kept at most (each new stream is a new plan key)
 cdef int MAX_STREAM_PLANS = 64
@@ -88,7 +101,7 @@ cdef inline bint _kind_ok(char want, Py_ssize_t want_size, const char* fmt, Py_s
 cdef class Core:
     """Per-backend driver state: context, the pools' owner, prepared plans, counters."""
 
-    def __init__(self, uintptr_t ctx, planner, size_t device_cap, size_t pinned_cap, int trace=0,
+    def __init__(self, uintptr_t ctx, size_t device_cap, size_t pinned_cap, int trace=0,
                  int device=0, size_t chunk_bytes=8 << 20, int n_chunks=4, int copy_threads=8,
                  size_t output_cache=4294967296):
         self.ctx = <cydriver.CUcontext>ctx
@@ -96,7 +109,6 @@ cdef class Core:
                                    copy_threads)
         self.prepared = {}
         self.graphed = []
-        self.planner = planner
         self.lost = None
         self.trace = trace
         import logging
@@ -164,6 +176,28 @@ cdef class Core:
     def prepared_for(self, key):
         return self.prepared.get(key)
 
+    def insert(self, miss, Prepared prep not None):
+        """Cache ``prep`` under the key of a :class:`PlanMiss` (the backend planned it)."""
+        key = miss.key
+        config = key[1]
+        if config is not None and config.stream is not None:
+            # plans for callers' streams are bounded: every new stream is a new key
+            self.stream_plans += 1
+            if self.stream_plans > MAX_STREAM_PLANS:
+                self.clear_prepared()
+                self.stream_plans = 1
+        if len(self.prepared) >= 4096:
+            self.clear_prepared()  # bounded: distinct lengths should not grow memory forever
+        self.prepared[key] = prep
+        if prep.graphs != NULL:
+            self.graphed.append(prep)  # its graphs are released with the plans
+
+    def trace_refused(self, program, config, bint blocking=True):
+        """A traced dispatch refused while it was planned: its ranges, opened and closed at once
+        (a plan miss returns to the backend before any range opens)."""
+        if self.trace & TRACE_NVTX:
+            nvtx_refused(program, config, blocking)
+
     @property
     def context_handle(self):
         return <uintptr_t>self.ctx
@@ -194,10 +228,12 @@ cdef class Core:
         return 0
 
     # ---------------------------------------------------------------- lookup
-    cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d):
-        """Acquire every input buffer and find (or plan) the prepared dispatch. On failure every
-        buffer acquired so far is released. A device input (found only where the buffer protocol
-        fails, so host buffers pay nothing) marks its key entry ("device", bytes)."""
+    cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d,
+                          Prepared given):
+        """Acquire every input buffer and find the prepared dispatch (``given``: that plan, for a
+        measurement). On failure, a :class:`PlanMiss` included, every buffer acquired so far is
+        released. A device input (found only where the buffer protocol fails, so host buffers pay
+        nothing) marks its key entry ("device", bytes)."""
         cdef Py_ssize_t n, i
         cdef Py_buffer* view
         cdef object length  # an object: PyTuple_SET_ITEM steals this reference
@@ -228,34 +264,16 @@ cdef class Core:
                     raise
             Py_INCREF(length)
             PyTuple_SET_ITEM(key, i + 2, length)
-        try:
-            prep = self.prepared.get(key)
+        prep = given
+        if prep is None:
+            try:
+                prep = self.prepared.get(key)
+            except BaseException:  # an unhashable config field
+                _release(views, n)
+                raise
             if prep is None:
-                if config is not None and config.stream is not None:
-                    # a caller's stream: the cached plan and its key hold the handle, never the
-                    # stream object (the dispatch holds that while it runs); and such plans are
-                    # bounded, since every new stream is a new key
-                    config = config._without_stream_object()
-                    key = (program, config) + key[2:]
-                    self.stream_plans += 1
-                    if self.stream_plans > MAX_STREAM_PLANS:
-                        self.clear_prepared()
-                        self.stream_plans = 1
-                if d.dev_ptrs.size():  # device inputs: their key entries are ("device", nbytes)
-                    lengths = tuple(x[1] if type(x) is tuple else x for x in key[2:])
-                    on_device = frozenset(k for k, x in enumerate(key[2:]) if type(x) is tuple)
-                    prep = self.planner(program, lengths, config, on_device, inputs)
-                else:
-                    # the inputs themselves go along for autotune, which measures on them
-                    prep = self.planner(program, key[2:], config, frozenset(), inputs)
-                if len(self.prepared) >= 4096:
-                    self.clear_prepared()  # bounded: distinct lengths should not grow memory forever
-                self.prepared[key] = prep
-                if (<Prepared>prep).graphs != NULL:
-                    self.graphed.append(prep)  # its graphs are released with the plans
-        except BaseException:  # a planning error, or an unhashable config field
-            _release(views, n)
-            raise
+                _release(views, n)
+                raise self._miss(key, config, d)
         cdef Prepared p = <Prepared>prep
         cdef InputCheck* ic
         for i in range(<Py_ssize_t>p.checks.size()):
@@ -266,6 +284,19 @@ cdef class Core:
                 _release(views, n)
                 raise dtype_error(program, ic.index, fmt, view.itemsize, inputs[ic.index])
         return p
+
+    cdef object _miss(self, key, config, PendingDispatch d):
+        """The PlanMiss of ``key``: what the backend plans with."""
+        if config is not None and config.stream is not None:
+            # a caller's stream: the cached plan and its key hold the handle, never the stream
+            # object (the dispatch holds that while it runs)
+            config = config._without_stream_object()
+            key = (key[0], config) + key[2:]
+        if d.dev_ptrs.size():  # device inputs: their key entries are ("device", nbytes)
+            lengths = tuple(x[1] if type(x) is tuple else x for x in key[2:])
+            on_device = frozenset(k for k, x in enumerate(key[2:]) if type(x) is tuple)
+            return PlanMiss(key, lengths, config, on_device)
+        return PlanMiss(key, key[2:], config, frozenset())
 
     cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
                             PendingDispatch d, exc):
@@ -298,20 +329,22 @@ cdef class Core:
         return view.len
 
     # ---------------------------------------------------------------- one owner per dispatch
-    cdef PendingDispatch _begin(self, program, inputs, config, list into, bint want_done, bint timed,
-                                unsigned long long* marks):
-        """Plan lookup, output checks and resources: from here on the returned owner holds
-        everything, and releases it on every path."""
+    cdef PendingDispatch _open(self, program, inputs, config, Prepared given):
+        """A new owner holding the input views and the prepared plan (``config`` already a
+        DispatchConfig or None); raises PlanMiss when no plan is cached."""
         cdef PendingDispatch d
-        cdef Prepared p
-        cdef size_t i, n
         self._check_usable()
-        if config is not None and type(config) is not DispatchConfig:
-            config = as_config(config)
         d = PendingDispatch.__new__(PendingDispatch)
         d.core = self
-        p = self._lookup(program, inputs, config, d.views, d)
-        d.prep = p
+        d.prep = self._lookup(program, inputs, config, d.views, d, given)
+        return d
+
+    cdef int _begin(self, PendingDispatch d, config, list into, bint want_done, bint timed,
+                    unsigned long long* marks) except -1:
+        """Output checks and resources of an opened owner: from here on it holds everything, and
+        releases it on every path."""
+        cdef Prepared p = d.prep
+        cdef size_t i, n
         d.no_graph = p.graph_off or p.trial_left > 0  # undecided plans issue (the trial alternates)
         if into is not None:
             d.out_checked = check_outputs(p.plan, into, self.device,
@@ -345,7 +378,7 @@ cdef class Core:
         if p.timeout is not None:
             d.deadline = now_ns() + timeout_ns(p.timeout)
             d.wait_timeout = p.timeout
-        return d
+        return 0
 
     cdef void _recycle(self, Prepared p, InFlight* f) noexcept:
         self.resources.recycle(f, p.bucket, p.staging_block)
@@ -416,18 +449,19 @@ cdef class Core:
         return 0
 
     # ---------------------------------------------------------------- entry points
+    # Each raises PlanMiss when no plan is cached (the backend plans and calls again).
     def dispatch(self, program, inputs, config=None):
         """Run and wait; return the outputs as new numpy arrays."""
         self._enter()
         try:
-            return self._blocking(program, inputs, config, None, NULL)
+            return self._blocking(program, inputs, config, None, NULL, None)
         finally:
             self.busy -= 1
 
     def dispatch_into(self, program, inputs, outputs, config=None):
         self._enter()
         try:
-            return self._blocking(program, inputs, config, as_output_list(outputs), NULL)
+            return self._blocking(program, inputs, config, as_output_list(outputs), NULL, None)
         finally:
             self.busy -= 1
 
@@ -442,33 +476,58 @@ cdef class Core:
         marks[M_START] = start_ns
         self._enter()
         try:
-            outs = self._blocking(program, inputs, config, None, marks)
+            outs = self._blocking(program, inputs, config, None, marks, None)
         finally:
             self.busy -= 1
         return outs, stage_durations(marks)
 
-    cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks):
+    def measure(self, Prepared prep not None, program, inputs, config=None):
+        """One timed run of ``prep`` (a plan the backend made, not cached here) on ``inputs``:
+        autotune's measuring step. Returns a TimedDispatchResult."""
+        cdef PendingDispatch pending
+        self._enter()
+        try:
+            pending = self._async(program, inputs, config, True, prep)
+        finally:
+            self.busy -= 1
+        return pending.timed_result(pending.prep.timeout)
+
+    cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks,
+                          Prepared given):
+        """The lookup of a blocking dispatch; then, traced or not, the run."""
+        cdef PendingDispatch d
+        cdef unsigned long long trace_marks[N_MARKS]
+        if self.trace and marks == NULL:
+            marks = trace_marks
+            memset(marks, 0, sizeof(trace_marks))
+        if marks != NULL and marks[M_START] == 0:
+            marks[M_START] = now_ns()
+        if self.trace & TRACE_NVTX:
+            try:
+                config = as_config(config) if config is not None and type(config) is not DispatchConfig else config
+                d = self._open(program, inputs, config, given)
+            except PlanMiss:
+                raise
+            except BaseException:
+                nvtx_refused(program, config, True)
+                raise
+            return nvtx_blocking(self, d, program, config, into, marks)
+        if config is not None and type(config) is not DispatchConfig:
+            config = as_config(config)
+        d = self._open(program, inputs, config, given)
+        return self._run_blocking(d, config, into, marks)
+
+    cdef object _run_blocking(self, PendingDispatch d, config, list into, unsigned long long* marks):
         """The blocking dispatch: ONE GIL release covers the enqueue, the wait and the copy out,
         so other Python threads run meanwhile and this one re-takes the GIL once."""
-        cdef PendingDispatch d
-        cdef Prepared p
+        cdef Prepared p = d.prep
         cdef TransferEngine xfer
-        cdef unsigned long long trace_marks[N_MARKS]
         cdef cydriver.CUresult st, wst = cydriver.CUDA_SUCCESS, cst = cydriver.CUDA_SUCCESS
         cdef const char* call = NULL
         cdef const char* ccall = NULL
         cdef int outcome = W_DONE
         cdef unsigned long long t_trial = 0
-        if self.trace:
-            if self.trace & TRACE_NVTX and not nvtx_stage_open():
-                return nvtx_blocking(self, program, inputs, config, into, marks)
-            if marks == NULL:
-                marks = trace_marks
-                memset(marks, 0, sizeof(trace_marks))
-        if marks != NULL and marks[M_START] == 0:
-            marks[M_START] = now_ns()
-        d = self._begin(program, inputs, config, into, False, False, marks)
-        p = d.prep
+        self._begin(d, config, into, False, False, marks)
         if marks != NULL and nvtx_stage_open():
             nvtx_stage(S_UPLOAD)
         xfer = self.resources.xfer
@@ -503,21 +562,35 @@ cdef class Core:
         """Enqueue and return the PendingDispatch that owns everything the GPU still uses."""
         self._enter()
         try:
-            if self.trace & TRACE_NVTX:
-                return nvtx_async(self, program, inputs, config, timed)
-            return self._async(program, inputs, config, timed)
+            return self._async(program, inputs, config, timed, None)
         finally:
             self.busy -= 1
 
-    cdef PendingDispatch _async(self, program, inputs, config, bint timed):
+    cdef PendingDispatch _async(self, program, inputs, config, bint timed, Prepared given):
+        """The lookup of an async dispatch; then, traced or not, the enqueue."""
         cdef PendingDispatch d
-        cdef Prepared p
+        cdef unsigned long long t0 = now_ns()
+        if self.trace & TRACE_NVTX:
+            try:
+                config = as_config(config) if config is not None and type(config) is not DispatchConfig else config
+                d = self._open(program, inputs, config, given)
+            except PlanMiss:
+                raise
+            except BaseException:
+                nvtx_refused(program, config, False)
+                raise
+            return nvtx_async(self, d, program, config, timed, t0)
+        if config is not None and type(config) is not DispatchConfig:
+            config = as_config(config)
+        d = self._open(program, inputs, config, given)
+        return self._run_async(d, config, timed, t0)
+
+    cdef PendingDispatch _run_async(self, PendingDispatch d, config, bint timed, unsigned long long t0):
+        cdef Prepared p = d.prep
         cdef TransferEngine xfer = self.resources.xfer
         cdef cydriver.CUresult st
         cdef const char* call = NULL
-        cdef unsigned long long t0 = now_ns()
-        d = self._begin(program, inputs, config, None, True, timed, NULL)
-        p = d.prep
+        self._begin(d, config, None, True, timed, NULL)
         d.f.t_start = t0
         with nogil:
             st = issue(d, p, xfer, NULL, &call)

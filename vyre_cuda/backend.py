@@ -30,6 +30,13 @@ from .tracing import trace_flags
 
 __all__ = ["CudaBackend", "TimedDispatchResult", "driver_status", "reset_device", "PlanInfo"]
 
+
+
+class _CoreNotLoaded(Exception):
+    """Never raised: what the entry points catch until the compiled core's PlanMiss is loaded."""
+
+
+_PlanMiss: type[Exception] = _CoreNotLoaded  # vyre_cuda._core.PlanMiss once the core is loaded
 log = logging.getLogger("vyre_cuda")
 
 # the staging ring: 4 chunks of 8 MiB (32 MiB page-locked per backend), chosen by measurement on
@@ -143,7 +150,10 @@ class CudaBackend:
         output_cache_bytes: int = 4 << 30,
         trace: bool | str | None = None,
     ):
-        from ._core import Core  # noqa: PLC0415 (the compiled core loads at first use)
+        global _PlanMiss
+        from ._core import Core, PlanMiss  # noqa: PLC0415 (the compiled core loads at first use)
+
+        _PlanMiss = PlanMiss
 
         check_int("device", device, expected="an int ordinal", fix="pass device=0 or another ordinal")
         for name, value in (
@@ -162,7 +172,6 @@ class CudaBackend:
         self._plan_lock = threading.RLock()
         self._core = Core(
             self._ctx,
-            self._plan,
             device_pool_bytes,
             pinned_pool_bytes,
             trace_bits,
@@ -205,25 +214,50 @@ class CudaBackend:
 
         Returns the outputs as new numpy arrays of the declared dtypes, in declaration order.
         """
-        return self._core.dispatch(program, inputs, config)
+        while True:  # a plan miss: plan, then call again (the core never calls back into planning)
+            try:
+                return self._core.dispatch(program, inputs, config)
+            except _PlanMiss as exc:
+                miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
+            self._insert_plan(miss, program, inputs)
 
     def dispatch_async(self, program, inputs, config=None, *, timed: bool = False):
         """Enqueue and return a :class:`PendingDispatch` (``is_ready``, ``result``, ``result_into``,
         ``timed_result``). The inputs may be reused as soon as this returns."""
-        return self._core.dispatch_async(program, inputs, config, timed)
+        while True:
+            try:
+                return self._core.dispatch_async(program, inputs, config, timed)
+            except _PlanMiss as exc:
+                miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
+            self._insert_plan(miss, program, inputs, blocking=False)
 
     def dispatch_into(self, program, inputs, outputs, config=None) -> list:
         """Run and wait, writing the outputs into the caller's arrays (size, dtype, contiguity and
         writability are checked before anything runs)."""
-        return self._core.dispatch_into(program, inputs, outputs, config)
+        while True:
+            try:
+                return self._core.dispatch_into(program, inputs, outputs, config)
+            except _PlanMiss as exc:
+                miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
+            self._insert_plan(miss, program, inputs)
 
     def dispatch_timed(self, program, inputs, config=None) -> TimedDispatchResult:
         """Run and wait; return the outputs with wall, device, enqueue and wait nanoseconds."""
-        return self._core.dispatch_timed(program, inputs, config)
+        while True:
+            try:
+                return self._core.dispatch_timed(program, inputs, config)
+            except _PlanMiss as exc:
+                miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
+            self._insert_plan(miss, program, inputs, blocking=False)
 
     def _dispatch_profiled(self, program, inputs, config=None, start_ns=0):
         """(outputs, stage_ns) with stage_ns aligned with ``vyre_cuda._tracing.STAGES``."""
-        return self._core.dispatch_profiled(program, inputs, config, start_ns)
+        while True:
+            try:
+                return self._core.dispatch_profiled(program, inputs, config, start_ns)
+            except _PlanMiss as exc:
+                miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
+            self._insert_plan(miss, program, inputs)
 
     def _check_open(self):
         if self._closed or self._core.closed:
@@ -274,10 +308,32 @@ class CudaBackend:
         return tuple(lengths), frozenset(on_device)
 
     # ------------------------------------------------------------------ planning
+    def _insert_plan(self, miss, program, inputs, blocking=True):
+        """Plan a dispatch the core found no prepared plan for (its PlanMiss) and cache the plan
+        in the core. Runs outside the core: the dispatch holds nothing while it plans (autotune
+        measures here). A traced dispatch refused by planning still shows its ranges."""
+        try:
+            prep = self._plan(program, miss.lengths, miss.config, miss.device_inputs, inputs)
+        except BaseException:
+            self._core.trace_refused(program, miss.config, blocking)
+            raise
+        self._core.insert(miss, prep)
+
+    def _measurer(self, program, inputs, config):
+        """A function that times one run of ``program`` on ``inputs`` (a TimedDispatchResult) with
+        a plan made now: autotune's measuring step, never a dispatch() re-entry. The plan is not
+        cached and launches without graphs (no cached plan would own its graph execs)."""
+        self._check_open()
+        cfg = dataclasses.replace(as_config(config), graph=False)
+        lengths, on_device = self._lengths(program, inputs, cfg)
+        prep = self._plan(program, lengths, cfg, on_device, inputs)
+        core = self._core
+        return lambda: core.measure(prep, program, inputs, cfg)
+
     def _plan(self, program, lengths, config, device_inputs=frozenset(), inputs=None):
-        """Plan one (program, input lengths, config): the core's one call back on a plan miss; it
-        caches what this returns. ``device_inputs``: indices of the inputs in device memory;
-        ``inputs``: the dispatch's own inputs (autotune measures on them)."""
+        """The Prepared plan of one (program, input lengths, config) for the core.
+        ``device_inputs``: indices of the inputs in device memory; ``inputs``: the dispatch's own
+        inputs (autotune measures on them)."""
         plan = self._planned(program, lengths, config, device_inputs, inputs)
         if plan.route.kind == "streamed":
             # never hand the core a plan it would run on another route (planning.stream's flag)
