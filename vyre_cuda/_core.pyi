@@ -5,6 +5,7 @@ from typing import Any, TypeVar, final
 
 import numpy as np
 
+from ._plan_miss import PlanMiss
 from ._prepared import Prepared
 from ._resources import Resources
 from ._transfer import TransferEngine
@@ -12,13 +13,6 @@ from ._waits import PendingDispatch
 from .telemetry import TimedDispatchResult
 
 _T = TypeVar("_T")
-
-class PlanMiss(Exception):
-    key: tuple
-    lengths: tuple
-    config: Any
-    device_inputs: frozenset[int]
-    def __init__(self, key: tuple, lengths: tuple, config: Any, device_inputs: frozenset[int]) -> None: ...
 
 @final
 class Core:
@@ -57,7 +51,9 @@ class Core:
     def prepared_for(self, key: Any) -> Prepared | None: ...
     def insert(self, miss: PlanMiss, prep: Prepared) -> None: ...
     def trace_refused(self, program: Any, config: Any, blocking: bool = ...) -> None: ...
-    def measure(self, prep: Prepared, program: Any, inputs: Sequence[Any], config: Any = ...) -> TimedDispatchResult: ...
+    def measure(
+        self, prep: Prepared, program: Any, inputs: Sequence[Any], config: Any = ...
+    ) -> TimedDispatchResult: ...
     def dispatch(self, program: Any, inputs: Sequence[Any], config: Any = ...) -> list[np.ndarray]: ...
     def dispatch_into(self, program: Any, inputs: Sequence[Any], outputs: Sequence[Any], config: Any = ...) -> list: ...
     def dispatch_profiled(

@@ -2,8 +2,10 @@
 """Core: the per-backend entry points of the hot path, the plan lookup and the bookkeeping.
 
 A dispatch looks up its prepared plan (one dict lookup keyed on program, config and input byte
-lengths), then runs in C: pool acquisitions with the GIL held (a few C operations), every driver
-call, bulk copy and wait with the GIL released, no Python object per argument or per buffer.
+lengths; on a miss it raises :class:`PlanMiss` and the backend plans, inserts and calls again:
+the core never calls back into planning), then runs in C: pool acquisitions with the GIL held (a
+few C operations), every driver call, bulk copy and wait with the GIL released, no Python object
+per argument or per buffer.
 
 Device arrays (DLPack / CUDA Array Interface) are found only where the buffer protocol fails, so
 host buffers pay nothing for them; a device input's kernel argument is its own pointer (or a
@@ -49,23 +51,12 @@ from ._resource_stats import flat_pool_stats
 from .config import DispatchConfig, as_config
 from .program import Program
 from .errors import DeviceLost, ValidationError, driver_error, STICKY_ERRORS
+from ._plan_miss import PlanMiss
 from ._io_checks import as_input_list, as_output_list, check_outputs, dtype_error, input_error, raw_bits
 from ._device_io import device_input
 
 cnp.import_array()
 
-
-class PlanMiss(Exception):
-    """No prepared plan is cached for this dispatch: the backend plans it, hands the plan to
-    :meth:`Core.insert` and calls the entry point again. Raised before anything is acquired for
-    the dispatch (its input views are released) and before any trace range opens, so the core
-    never calls back into planning. ``key`` is the cache key, ``lengths`` the input byte lengths,
-    ``config`` the config to plan with (a caller's stream by its handle), ``device_inputs`` the
-    indices of the inputs in device memory."""
-
-    def __init__(self, key, lengths, config, device_inputs):
-        super().__init__("no prepared plan")
-        self.key, self.lengths, self.config, self.device_inputs = key, lengths, config, device_inputs
 
 # plans made for callers' streams kept at most (each new stream is a new plan key)
 cdef int MAX_STREAM_PLANS = 64
@@ -178,6 +169,8 @@ cdef class Core:
 
     def insert(self, miss, Prepared prep not None):
         """Cache ``prep`` under the key of a :class:`PlanMiss` (the backend planned it)."""
+        if self.closed or self.ctx == NULL:
+            return  # closed while it was planned: the call that retries refuses with the reason
         key = miss.key
         config = key[1]
         if config is not None and config.stream is not None:

@@ -3,8 +3,8 @@
 from typing import final
 
 from ._pools import DevicePool, HostPool, PinnedPool
-from ._streams import StreamPool
 from ._resource_stats import BackendPoolStats
+from ._streams import StreamPool
 from ._transfer import TransferEngine
 
 @final

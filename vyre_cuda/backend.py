@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from . import _driver, tuning
+from ._plan_miss import PlanMiss
 from ._validate import check_int, check_size
 from .compile.modules import ModuleCache
 from .config import as_config
@@ -31,12 +32,6 @@ from .tracing import trace_flags
 __all__ = ["CudaBackend", "TimedDispatchResult", "driver_status", "reset_device", "PlanInfo"]
 
 
-
-class _CoreNotLoaded(Exception):
-    """Never raised: what the entry points catch until the compiled core's PlanMiss is loaded."""
-
-
-_PlanMiss: type[Exception] = _CoreNotLoaded  # vyre_cuda._core.PlanMiss once the core is loaded
 log = logging.getLogger("vyre_cuda")
 
 # the staging ring: 4 chunks of 8 MiB (32 MiB page-locked per backend), chosen by measurement on
@@ -150,10 +145,7 @@ class CudaBackend:
         output_cache_bytes: int = 4 << 30,
         trace: bool | str | None = None,
     ):
-        global _PlanMiss
-        from ._core import Core, PlanMiss  # noqa: PLC0415 (the compiled core loads at first use)
-
-        _PlanMiss = PlanMiss
+        from ._core import Core  # noqa: PLC0415 (the compiled core loads at first use)
 
         check_int("device", device, expected="an int ordinal", fix="pass device=0 or another ordinal")
         for name, value in (
@@ -217,7 +209,7 @@ class CudaBackend:
         while True:  # a plan miss: plan, then call again (the core never calls back into planning)
             try:
                 return self._core.dispatch(program, inputs, config)
-            except _PlanMiss as exc:
+            except PlanMiss as exc:
                 miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
             self._insert_plan(miss, program, inputs)
 
@@ -227,7 +219,7 @@ class CudaBackend:
         while True:
             try:
                 return self._core.dispatch_async(program, inputs, config, timed)
-            except _PlanMiss as exc:
+            except PlanMiss as exc:
                 miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
             self._insert_plan(miss, program, inputs, blocking=False)
 
@@ -237,7 +229,7 @@ class CudaBackend:
         while True:
             try:
                 return self._core.dispatch_into(program, inputs, outputs, config)
-            except _PlanMiss as exc:
+            except PlanMiss as exc:
                 miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
             self._insert_plan(miss, program, inputs)
 
@@ -246,7 +238,7 @@ class CudaBackend:
         while True:
             try:
                 return self._core.dispatch_timed(program, inputs, config)
-            except _PlanMiss as exc:
+            except PlanMiss as exc:
                 miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
             self._insert_plan(miss, program, inputs, blocking=False)
 
@@ -255,7 +247,7 @@ class CudaBackend:
         while True:
             try:
                 return self._core.dispatch_profiled(program, inputs, config, start_ns)
-            except _PlanMiss as exc:
+            except PlanMiss as exc:
                 miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
             self._insert_plan(miss, program, inputs)
 

@@ -1,0 +1,18 @@
+"""PlanMiss: the core's answer to a dispatch it holds no prepared plan for (the backend plans it)."""
+
+from __future__ import annotations
+
+__all__ = ["PlanMiss"]
+
+
+class PlanMiss(Exception):
+    """No prepared plan is cached for this dispatch: the backend plans it, hands the plan to
+    :meth:`Core.insert` and calls the entry point again. Raised before anything is acquired for
+    the dispatch (its input views are released) and before any trace range opens, so the core
+    never calls back into planning. ``key`` is the cache key, ``lengths`` the input byte lengths,
+    ``config`` the config to plan with (a caller's stream by its handle), ``device_inputs`` the
+    indices of the inputs in device memory."""
+
+    def __init__(self, key: tuple, lengths: tuple, config, device_inputs: frozenset) -> None:
+        super().__init__("no prepared plan")
+        self.key, self.lengths, self.config, self.device_inputs = key, lengths, config, device_inputs
