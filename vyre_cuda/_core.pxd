@@ -31,7 +31,7 @@ cdef class Core:
     cdef int _enter(self) except -1
     cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d,
                           Prepared given)
-    cdef object _miss(self, key, config, PendingDispatch d)
+    cdef object _miss(self, key, config, inputs, PendingDispatch d)
     cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
                             PendingDispatch d, exc)
     cdef PendingDispatch _open(self, program, inputs, config, Prepared given)

@@ -169,7 +169,7 @@ cdef class Core:
 
     def insert(self, miss, Prepared prep not None):
         """Cache ``prep`` under the key of a :class:`PlanMiss` (the backend planned it)."""
-        if self.closed or self.ctx == NULL:
+        if self.closed:
             return  # closed while it was planned: the call that retries refuses with the reason
         key = miss.key
         config = key[1]
@@ -266,7 +266,7 @@ cdef class Core:
                 raise
             if prep is None:
                 _release(views, n)
-                raise self._miss(key, config, d)
+                raise self._miss(key, config, inputs, d)
         cdef Prepared p = <Prepared>prep
         cdef InputCheck* ic
         for i in range(<Py_ssize_t>p.checks.size()):
@@ -278,7 +278,7 @@ cdef class Core:
                 raise dtype_error(program, ic.index, fmt, view.itemsize, inputs[ic.index])
         return p
 
-    cdef object _miss(self, key, config, PendingDispatch d):
+    cdef object _miss(self, key, config, inputs, PendingDispatch d):
         """The PlanMiss of ``key``: what the backend plans with."""
         if config is not None and config.stream is not None:
             # a caller's stream: the cached plan and its key hold the handle, never the stream
@@ -288,8 +288,8 @@ cdef class Core:
         if d.dev_ptrs.size():  # device inputs: their key entries are ("device", nbytes)
             lengths = tuple(x[1] if type(x) is tuple else x for x in key[2:])
             on_device = frozenset(k for k, x in enumerate(key[2:]) if type(x) is tuple)
-            return PlanMiss(key, lengths, config, on_device)
-        return PlanMiss(key, key[2:], config, frozenset())
+            return PlanMiss(key, lengths, config, on_device, inputs)
+        return PlanMiss(key, key[2:], config, frozenset(), inputs)
 
     cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
                             PendingDispatch d, exc):
@@ -442,23 +442,31 @@ cdef class Core:
         return 0
 
     # ---------------------------------------------------------------- entry points
-    # Each raises PlanMiss when no plan is cached (the backend plans and calls again).
-    def dispatch(self, program, inputs, config=None):
+    # Each raises PlanMiss when no plan is cached; the backend plans and calls again with the
+    # plan as ``prep`` (then the dispatch runs with it, whatever the cache holds by then).
+    def dispatch(self, program, inputs, config=None, Prepared prep=None):
         """Run and wait; return the outputs as new numpy arrays."""
         self._enter()
         try:
-            return self._blocking(program, inputs, config, None, NULL, None)
+            return self._blocking(program, inputs, config, None, NULL, prep)
         finally:
             self.busy -= 1
 
-    def dispatch_into(self, program, inputs, outputs, config=None):
+    def dispatch_into(self, program, inputs, outputs, config=None, Prepared prep=None):
+        cdef list outs
         self._enter()
         try:
-            return self._blocking(program, inputs, config, as_output_list(outputs), NULL, None)
+            outs = as_output_list(outputs)
+            try:
+                return self._blocking(program, inputs, config, outs, NULL, prep)
+            except PlanMiss as miss:
+                miss.outputs = outs  # (an iterator of outputs is used up: the retry takes these)
+                raise
         finally:
             self.busy -= 1
 
-    def dispatch_profiled(self, program, inputs, config=None, unsigned long long start_ns=0):
+    def dispatch_profiled(self, program, inputs, config=None, unsigned long long start_ns=0,
+                          Prepared prep=None):
         """Like dispatch, also returning the stage durations (ns) aligned with STAGES.
 
         ``start_ns`` (CLOCK_MONOTONIC, e.g. ``time.perf_counter_ns()`` on Linux) taken by the
@@ -469,21 +477,10 @@ cdef class Core:
         marks[M_START] = start_ns
         self._enter()
         try:
-            outs = self._blocking(program, inputs, config, None, marks, None)
+            outs = self._blocking(program, inputs, config, None, marks, prep)
         finally:
             self.busy -= 1
         return outs, stage_durations(marks)
-
-    def measure(self, Prepared prep not None, program, inputs, config=None):
-        """One timed run of ``prep`` (a plan the backend made, not cached here) on ``inputs``:
-        autotune's measuring step. Returns a TimedDispatchResult."""
-        cdef PendingDispatch pending
-        self._enter()
-        try:
-            pending = self._async(program, inputs, config, True, prep)
-        finally:
-            self.busy -= 1
-        return pending.timed_result(pending.prep.timeout)
 
     cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks,
                           Prepared given):
@@ -551,11 +548,11 @@ cdef class Core:
             trace_line(self.logger, p, marks)
         return outs
 
-    def dispatch_async(self, program, inputs, config=None, bint timed=False):
+    def dispatch_async(self, program, inputs, config=None, bint timed=False, Prepared prep=None):
         """Enqueue and return the PendingDispatch that owns everything the GPU still uses."""
         self._enter()
         try:
-            return self._async(program, inputs, config, timed, None)
+            return self._async(program, inputs, config, timed, prep)
         finally:
             self.busy -= 1
 
@@ -593,8 +590,8 @@ cdef class Core:
             d._release_views()  # every input byte is in staging or on the device: the caller may reuse them
         return d
 
-    def dispatch_timed(self, program, inputs, config=None):
-        cdef PendingDispatch pending = self.dispatch_async(program, inputs, config, True)
+    def dispatch_timed(self, program, inputs, config=None, Prepared prep=None):
+        cdef PendingDispatch pending = self.dispatch_async(program, inputs, config, True, prep)
         return pending.timed_result(pending.prep.timeout)  # a blocking call: the config's timeout
 
 

@@ -206,50 +206,46 @@ class CudaBackend:
 
         Returns the outputs as new numpy arrays of the declared dtypes, in declaration order.
         """
-        while True:  # a plan miss: plan, then call again (the core never calls back into planning)
-            try:
-                return self._core.dispatch(program, inputs, config)
-            except PlanMiss as exc:
-                miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
-            self._insert_plan(miss, program, inputs)
+        try:
+            return self._core.dispatch(program, inputs, config)
+        except PlanMiss as exc:  # plan, then call again with the plan (the core never plans)
+            miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
+        return self._core.dispatch(program, miss.inputs, config, self._insert_plan(miss, program))
 
     def dispatch_async(self, program, inputs, config=None, *, timed: bool = False):
         """Enqueue and return a :class:`PendingDispatch` (``is_ready``, ``result``, ``result_into``,
         ``timed_result``). The inputs may be reused as soon as this returns."""
-        while True:
-            try:
-                return self._core.dispatch_async(program, inputs, config, timed)
-            except PlanMiss as exc:
-                miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
-            self._insert_plan(miss, program, inputs, blocking=False)
+        try:
+            return self._core.dispatch_async(program, inputs, config, timed)
+        except PlanMiss as exc:
+            miss = exc.with_traceback(None)
+        return self._core.dispatch_async(program, miss.inputs, config, timed, self._insert_plan(miss, program, False))
 
     def dispatch_into(self, program, inputs, outputs, config=None) -> list:
         """Run and wait, writing the outputs into the caller's arrays (size, dtype, contiguity and
         writability are checked before anything runs)."""
-        while True:
-            try:
-                return self._core.dispatch_into(program, inputs, outputs, config)
-            except PlanMiss as exc:
-                miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
-            self._insert_plan(miss, program, inputs)
+        try:
+            return self._core.dispatch_into(program, inputs, outputs, config)
+        except PlanMiss as exc:
+            miss = exc.with_traceback(None)
+        prep = self._insert_plan(miss, program)
+        return self._core.dispatch_into(program, miss.inputs, miss.outputs, config, prep)
 
     def dispatch_timed(self, program, inputs, config=None) -> TimedDispatchResult:
         """Run and wait; return the outputs with wall, device, enqueue and wait nanoseconds."""
-        while True:
-            try:
-                return self._core.dispatch_timed(program, inputs, config)
-            except PlanMiss as exc:
-                miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
-            self._insert_plan(miss, program, inputs, blocking=False)
+        try:
+            return self._core.dispatch_timed(program, inputs, config)
+        except PlanMiss as exc:
+            miss = exc.with_traceback(None)
+        return self._core.dispatch_timed(program, miss.inputs, config, self._insert_plan(miss, program, False))
 
     def _dispatch_profiled(self, program, inputs, config=None, start_ns=0):
         """(outputs, stage_ns) with stage_ns aligned with ``vyre_cuda._tracing.STAGES``."""
-        while True:
-            try:
-                return self._core.dispatch_profiled(program, inputs, config, start_ns)
-            except PlanMiss as exc:
-                miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
-            self._insert_plan(miss, program, inputs)
+        try:
+            return self._core.dispatch_profiled(program, inputs, config, start_ns)
+        except PlanMiss as exc:
+            miss = exc.with_traceback(None)
+        return self._core.dispatch_profiled(program, miss.inputs, config, start_ns, self._insert_plan(miss, program))
 
     def _check_open(self):
         if self._closed or self._core.closed:
@@ -300,16 +296,19 @@ class CudaBackend:
         return tuple(lengths), frozenset(on_device)
 
     # ------------------------------------------------------------------ planning
-    def _insert_plan(self, miss, program, inputs, blocking=True):
+    def _insert_plan(self, miss, program, blocking=True):
         """Plan a dispatch the core found no prepared plan for (its PlanMiss) and cache the plan
         in the core. Runs outside the core: the dispatch holds nothing while it plans (autotune
-        measures here). A traced dispatch refused by planning still shows its ranges."""
+        measures here). A traced dispatch refused by planning still shows its ranges. Returns the
+        plan, for the call again (with ``miss.inputs``: the list the core read, since an iterator
+        the caller passed is used up)."""
         try:
-            prep = self._plan(program, miss.lengths, miss.config, miss.device_inputs, inputs)
+            prep = self._plan(program, miss.lengths, miss.config, miss.device_inputs, miss.inputs)
         except BaseException:
             self._core.trace_refused(program, miss.config, blocking)
             raise
         self._core.insert(miss, prep)
+        return prep
 
     def _measurer(self, program, inputs, config):
         """A function that times one run of ``program`` on ``inputs`` (a TimedDispatchResult) with
@@ -320,7 +319,7 @@ class CudaBackend:
         lengths, on_device = self._lengths(program, inputs, cfg)
         prep = self._plan(program, lengths, cfg, on_device, inputs)
         core = self._core
-        return lambda: core.measure(prep, program, inputs, cfg)
+        return lambda: core.dispatch_timed(program, inputs, cfg, prep)
 
     def _plan(self, program, lengths, config, device_inputs=frozenset(), inputs=None):
         """The Prepared plan of one (program, input lengths, config) for the core.
