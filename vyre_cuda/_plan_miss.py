@@ -18,4 +18,4 @@ class PlanMiss(Exception):
         super().__init__("no prepared plan")
         self.key, self.lengths, self.config, self.device_inputs = key, lengths, config, device_inputs
         self.inputs = inputs
-        self.outputs = None
+        self.outputs: list | None = None

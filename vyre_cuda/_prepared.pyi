@@ -1,6 +1,6 @@
 """The prepared plan: a frozen DispatchPlan as C structs (compiled module)."""
 
-from typing import Any, NoReturn, final
+from typing import Any, final
 
 from ._launch import CoopGate
 from .planning.dispatch import DispatchPlan
@@ -13,7 +13,7 @@ class Prepared:
     label: str | None
     timeout: float | None
     plan: Any
-    def __init__(self, *args: Any, **kwargs: Any) -> NoReturn: ...
+    def __init__(self, *args: Any, **kwargs: Any) -> None: ...
     @staticmethod
     def from_plan(plan: DispatchPlan) -> Prepared: ...
     @property

@@ -229,7 +229,8 @@ class CudaBackend:
         except PlanMiss as exc:
             miss = exc.with_traceback(None)
         prep = self._insert_plan(miss, program)
-        return self._core.dispatch_into(program, miss.inputs, miss.outputs, config, prep)
+        outputs = outputs if miss.outputs is None else miss.outputs
+        return self._core.dispatch_into(program, miss.inputs, outputs, config, prep)
 
     def dispatch_timed(self, program, inputs, config=None) -> TimedDispatchResult:
         """Run and wait; return the outputs with wall, device, enqueue and wait nanoseconds."""
