@@ -35,6 +35,8 @@ cdef class Core:
     cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
                             PendingDispatch d, exc)
     cdef PendingDispatch _open(self, program, inputs, config, Prepared given)
+    cdef object _converted(self, program, config, bint blocking)
+    cdef PendingDispatch _open_traced(self, program, inputs, config, Prepared given, bint blocking)
     cdef int _begin(self, PendingDispatch d, config, list into, bint want_done, bint timed,
                     unsigned long long* marks) except -1
     cdef void _recycle(self, Prepared p, InFlight* f) noexcept

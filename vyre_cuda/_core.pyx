@@ -332,6 +332,26 @@ cdef class Core:
         d.prep = self._lookup(program, inputs, config, d.views, d, given)
         return d
 
+    cdef object _converted(self, program, config, bint blocking):
+        """A config given as a dict (or other mapping), checked; a traced refusal shows its ranges."""
+        try:
+            return as_config(config)
+        except BaseException:
+            if self.trace & TRACE_NVTX:
+                nvtx_refused(program, config, blocking)
+            raise
+
+    cdef PendingDispatch _open_traced(self, program, inputs, config, Prepared given, bint blocking):
+        """_open of an NVTX-traced dispatch: a refusal other than a plan miss shows its ranges
+        (opened and closed at once: the lookup precedes them)."""
+        try:
+            return self._open(program, inputs, config, given)
+        except PlanMiss:
+            raise
+        except BaseException:
+            nvtx_refused(program, config, blocking)
+            raise
+
     cdef int _begin(self, PendingDispatch d, config, list into, bint want_done, bint timed,
                     unsigned long long* marks) except -1:
         """Output checks and resources of an opened owner: from here on it holds everything, and
@@ -492,18 +512,11 @@ cdef class Core:
             memset(marks, 0, sizeof(trace_marks))
         if marks != NULL and marks[M_START] == 0:
             marks[M_START] = now_ns()
-        if self.trace & TRACE_NVTX:
-            try:
-                config = as_config(config) if config is not None and type(config) is not DispatchConfig else config
-                d = self._open(program, inputs, config, given)
-            except PlanMiss:
-                raise
-            except BaseException:
-                nvtx_refused(program, config, True)
-                raise
-            return nvtx_blocking(self, d, program, config, into, marks)
         if config is not None and type(config) is not DispatchConfig:
-            config = as_config(config)
+            config = self._converted(program, config, True)
+        if self.trace & TRACE_NVTX:
+            d = self._open_traced(program, inputs, config, given, True)
+            return nvtx_blocking(self, d, program, config, into, marks)
         d = self._open(program, inputs, config, given)
         return self._run_blocking(d, config, into, marks)
 
@@ -560,18 +573,11 @@ cdef class Core:
         """The lookup of an async dispatch; then, traced or not, the enqueue."""
         cdef PendingDispatch d
         cdef unsigned long long t0 = now_ns()
-        if self.trace & TRACE_NVTX:
-            try:
-                config = as_config(config) if config is not None and type(config) is not DispatchConfig else config
-                d = self._open(program, inputs, config, given)
-            except PlanMiss:
-                raise
-            except BaseException:
-                nvtx_refused(program, config, False)
-                raise
-            return nvtx_async(self, d, program, config, timed, t0)
         if config is not None and type(config) is not DispatchConfig:
-            config = as_config(config)
+            config = self._converted(program, config, False)
+        if self.trace & TRACE_NVTX:
+            d = self._open_traced(program, inputs, config, given, False)
+            return nvtx_async(self, d, program, config, timed, t0)
         d = self._open(program, inputs, config, given)
         return self._run_async(d, config, timed, t0)
 
