@@ -31,7 +31,6 @@ from .tracing import trace_flags
 
 __all__ = ["CudaBackend", "TimedDispatchResult", "driver_status", "reset_device", "PlanInfo"]
 
-
 log = logging.getLogger("vyre_cuda")
 
 # the staging ring: 4 chunks of 8 MiB (32 MiB page-locked per backend), chosen by measurement on
