@@ -40,6 +40,7 @@ from ._resources cimport Resources, InFlight
 from ._transfer cimport TransferEngine
 from ._windows cimport page_locked, SRC_INPUT
 from ._prepared cimport Prepared, InputCheck, ROUTE_COOPERATIVE, ROUTE_SPLIT
+from ._formats cimport kind_ok
 from ._launch cimport issue, collect, stream_waits, trial_record, G_REPLAY, G_CAPTURE, G_UPDATE, G_FALLBACK
 from ._waits cimport PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE
 from ._tracing cimport (
@@ -60,32 +61,6 @@ cnp.import_array()
 
 # plans made for callers' streams kept at most (each new stream is a new plan key)
 cdef int MAX_STREAM_PLANS = 64
-
-
-cdef char _format_kind(const char* fmt) noexcept:
-    # struct-module format of a buffer: skip byte-order prefixes, classify the type code
-    cdef char c
-    if fmt == NULL:
-        return b'u'
-    if fmt[0] in b'>!':
-        return b'x'  # big-endian: the kernel would see swapped bytes
-    while fmt[0] in b'@=<':
-        fmt += 1
-    c = fmt[0]
-    if c in b'efdE':
-        return b'f'
-    if c in b'bhilqn':
-        return b'i'
-    if c in b'BHILQNc?':
-        return b'u'
-    return 0
-
-
-cdef inline bint _kind_ok(char want, Py_ssize_t want_size, const char* fmt, Py_ssize_t itemsize) noexcept:
-    # want: 'f', 'i' or 'u' (bf16 is declared 'u': its raw bits as uint16), 0 for any
-    if want == 0 or itemsize == 1:
-        return True  # untyped declaration, or raw bytes reinterpreted on purpose
-    return itemsize == want_size and _format_kind(fmt) == want
 
 
 @cython.final
@@ -272,7 +247,7 @@ cdef class Core:
         for i in range(<Py_ssize_t>p.checks.size()):
             ic = &p.checks[i]
             view = &views[ic.index]
-            if not _kind_ok(ic.kind, ic.itemsize, view.format, view.itemsize):
+            if not kind_ok(ic.kind, ic.itemsize, view.format, view.itemsize):
                 fmt = view.format.decode() if view.format != NULL else "B"
                 _release(views, n)
                 raise dtype_error(program, ic.index, fmt, view.itemsize, inputs[ic.index])
