@@ -8,7 +8,8 @@ from pathlib import Path
 
 from vyre_cuda import _counters, telemetry
 
-PACKAGE = Path(telemetry.__file__).parent
+# the source tree (checkout or unpacked sdist): an installed wheel carries no .pxd files
+PACKAGE = Path(__file__).resolve().parents[1] / "vyre_cuda"
 SLOT = re.compile(r"^    (T_[A-Z0-9_]+|N_COUNTERS)\b", re.M)
 
 

@@ -333,7 +333,7 @@ def _backend(caps):
     b._caps = caps
     b._ctx = 0
     b._plan_lock = threading.RLock()
-    b._core = Core(0, b._plan, 1 << 20, 1 << 20, False)
+    b._core = Core(0, 1 << 20, 1 << 20, False)
     b._modules = ModuleCache(0, caps.cc, caps.driver_version, on_evict=b._core.clear_prepared)
     b.telemetry = Telemetry(b._core)
     b._closed = False  # never closed: it holds no driver resources

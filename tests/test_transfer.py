@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vyre_cuda import _transfer
+from vyre_cuda import _windows
 
 # -- window planning ------------------------------------------------------------------------------
 KIB, MIB = 1 << 10, 1 << 20
@@ -68,7 +68,7 @@ def _staged_bytes(runs, direct):
 def test_upload_windows_cover_every_staged_byte_once(region, chunk):
     runs, direct = region
     staged = _staged_bytes(runs, direct)
-    window, windows = _transfer.plan_upload_windows(runs, direct, staged, chunk)
+    window, windows = _windows.plan_upload_windows(runs, direct, staged, chunk)
     assert MIB // 2 <= window <= chunk and window % (64 * KIB) == 0
     # where each device byte must come from: (source address or None for zero)
     expected = []
@@ -137,7 +137,7 @@ def test_readback_windows_deliver_every_byte_once(sizes, chunk, data):
     for k, n in enumerate(sizes):
         pieces.append((dev, (k + 1) << 40, n))
         dev += ((n + 255) // 256) * 256 + 256
-    window, windows = _transfer.plan_readback_windows(pieces, direct, chunk)
+    window, windows = _windows.plan_readback_windows(pieces, direct, chunk)
     assert MIB // 2 <= window <= chunk
     delivered = {}
     for k, (dmas, tasks) in enumerate(windows):
@@ -167,17 +167,17 @@ def test_readback_windows_deliver_every_byte_once(sizes, chunk, data):
 
 
 def test_window_is_an_eighth_of_the_transfer_within_bounds():
-    window, w = _transfer.plan_upload_windows([(0, 128 * MIB, 1, 0, 0)], [False], 128 * MIB, 8 * MIB)
+    window, w = _windows.plan_upload_windows([(0, 128 * MIB, 1, 0, 0)], [False], 128 * MIB, 8 * MIB)
     assert window == 8 * MIB and len(w) == 16  # capped at the ring's chunk
-    window, w = _transfer.plan_upload_windows([(0, 8 * MIB, 1, 0, 0)], [False], 8 * MIB, 8 * MIB)
+    window, w = _windows.plan_upload_windows([(0, 8 * MIB, 1, 0, 0)], [False], 8 * MIB, 8 * MIB)
     assert window == MIB and len(w) == 8  # a 4 MiB vecadd's upload pipelines in 8 windows
-    window, w = _transfer.plan_upload_windows([(0, 100, 1, 0, 0)], [False], 100, 8 * MIB)
+    window, w = _windows.plan_upload_windows([(0, 100, 1, 0, 0)], [False], 100, 8 * MIB)
     assert window == MIB // 2 and len(w) == 1
 
 
 def test_direct_inputs_never_touch_the_ring():
     runs = [(0, 3 * MIB, 1, 0, 0), (3 * MIB, 0, 0, -1, 0), (3 * MIB, 5 * MIB, 1, 1, 0), (8 * MIB, 16, 2, -1, 0)]
-    _, windows = _transfer.plan_upload_windows(runs, [True, False], 5 * MIB + 16, 8 * MIB)
+    _, windows = _windows.plan_upload_windows(runs, [True, False], 5 * MIB + 16, 8 * MIB)
     sources = [src for _, tasks in windows for _, src, _ in tasks if src is not None]
     assert all(src >> 40 != 1 for src in sources)  # input 0 is page-locked: DMA'd directly
     assert sum(n for _, tasks in windows for *_, n in tasks) == 5 * MIB + 16
@@ -208,7 +208,7 @@ def test_fuzzed_windows_reassemble_real_bytes():
                 device[off : off + n] = inputs[index]  # the direct DMA
         expected[offset : offset + 64] = params
         staged = _staged_bytes(runs, direct)
-        window, windows = _transfer.plan_upload_windows(runs, direct, staged, MIB)
+        window, windows = _windows.plan_upload_windows(runs, direct, staged, MIB)
         for pieces, tasks in windows:
             slot = np.zeros(window, np.uint8)
             for dst, src, n in tasks:
@@ -239,7 +239,7 @@ def test_streaming_copy_writes_exactly_its_range(n, dst_off, src_off, zero):
     src = rng.integers(0, 256, n + src_off, dtype=np.uint8)
     dst = rng.integers(0, 256, n + dst_off + 64, dtype=np.uint8)
     before = dst.copy()
-    _transfer._stream_copy(dst, None if zero else src, dst_off, src_off, n)
+    _windows._stream_copy(dst, None if zero else src, dst_off, src_off, n)
     want = before.copy()
     want[dst_off : dst_off + n] = 0 if zero else src[src_off : src_off + n]
     np.testing.assert_array_equal(dst, want)

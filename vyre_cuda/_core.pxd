@@ -17,7 +17,6 @@ cdef class Core:
     cdef dict prepared
     cdef public int stream_plans  # cached plans keyed on a caller's stream
     cdef list graphed  # prepared plans that may hold graph execs (released with the plans)
-    cdef object planner
     cdef unsigned long long tel[N_COUNTERS]
     cdef public object lost
     cdef public bint closed
@@ -30,14 +29,21 @@ cdef class Core:
 
     cdef int _check_usable(self) except -1
     cdef int _enter(self) except -1
-    cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d)
+    cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d,
+                          Prepared given)
+    cdef object _miss(self, key, config, inputs, PendingDispatch d)
     cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
                             PendingDispatch d, exc)
-    cdef PendingDispatch _begin(self, program, inputs, config, list into, bint want_done, bint timed,
-                                unsigned long long* marks)
+    cdef PendingDispatch _open(self, program, inputs, config, Prepared given)
+    cdef object _converted(self, program, config, bint blocking)
+    cdef PendingDispatch _open_traced(self, program, inputs, config, Prepared given, bint blocking)
+    cdef int _begin(self, PendingDispatch d, config, list into, bint want_done, bint timed,
+                    unsigned long long* marks) except -1
     cdef void _recycle(self, Prepared p, InFlight* f) noexcept
     cdef void _leak(self, Prepared p, InFlight* f) noexcept
     cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1
     cdef int _after_enqueue(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1
-    cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks)
-    cdef PendingDispatch _async(self, program, inputs, config, bint timed)
+    cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks, Prepared given)
+    cdef object _run_blocking(self, PendingDispatch d, config, list into, unsigned long long* marks)
+    cdef PendingDispatch _async(self, program, inputs, config, bint timed, Prepared given)
+    cdef PendingDispatch _run_async(self, PendingDispatch d, config, bint timed, unsigned long long t0)

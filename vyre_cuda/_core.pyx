@@ -2,8 +2,10 @@
 """Core: the per-backend entry points of the hot path, the plan lookup and the bookkeeping.
 
 A dispatch looks up its prepared plan (one dict lookup keyed on program, config and input byte
-lengths), then runs in C: pool acquisitions with the GIL held (a few C operations), every driver
-call, bulk copy and wait with the GIL released, no Python object per argument or per buffer.
+lengths; on a miss it raises :class:`PlanMiss` and the backend plans, inserts and calls again:
+the core never calls back into planning), then runs in C: pool acquisitions with the GIL held (a
+few C operations), every driver call, bulk copy and wait with the GIL released, no Python object
+per argument or per buffer.
 
 Device arrays (DLPack / CUDA Array Interface) are found only where the buffer protocol fails, so
 host buffers pay nothing for them; a device input's kernel argument is its own pointer (or a
@@ -35,12 +37,14 @@ from ._counters cimport (
 )
 from ._driver cimport bind_context, now_ns
 from ._resources cimport Resources, InFlight
-from ._transfer cimport TransferEngine, page_locked, SRC_INPUT
+from ._transfer cimport TransferEngine
+from ._windows cimport page_locked, SRC_INPUT
 from ._prepared cimport Prepared, InputCheck, ROUTE_COOPERATIVE, ROUTE_SPLIT
+from ._formats cimport kind_ok
 from ._launch cimport issue, collect, stream_waits, trial_record, G_REPLAY, G_CAPTURE, G_UPDATE, G_FALLBACK
 from ._waits cimport PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE
 from ._tracing cimport (
-    mark, nvtx_stage_open, nvtx_stage, nvtx_blocking, nvtx_async, stage_durations, trace_line,
+    mark, nvtx_stage_open, nvtx_stage, nvtx_blocking, nvtx_async, nvtx_refused, stage_durations, trace_line,
     TRACE_LOG, TRACE_NVTX, S_UPLOAD, M_START, M_LOOKUP, M_WAIT, M_COPYOUT, M_RELEASE, N_MARKS,
 )
 from ._driver import status_name
@@ -48,46 +52,22 @@ from ._resource_stats import flat_pool_stats
 from .config import DispatchConfig, as_config
 from .program import Program
 from .errors import DeviceLost, ValidationError, driver_error, STICKY_ERRORS
+from ._plan_miss import PlanMiss
 from ._io_checks import as_input_list, as_output_list, check_outputs, dtype_error, input_error, raw_bits
 from ._device_io import device_input
 
 cnp.import_array()
 
+
 # plans made for callers' streams kept at most (each new stream is a new plan key)
 cdef int MAX_STREAM_PLANS = 64
-
-
-cdef char _format_kind(const char* fmt) noexcept:
-    # struct-module format of a buffer: skip byte-order prefixes, classify the type code
-    cdef char c
-    if fmt == NULL:
-        return b'u'
-    if fmt[0] in b'>!':
-        return b'x'  # big-endian: the kernel would see swapped bytes
-    while fmt[0] in b'@=<':
-        fmt += 1
-    c = fmt[0]
-    if c in b'efdE':
-        return b'f'
-    if c in b'bhilqn':
-        return b'i'
-    if c in b'BHILQNc?':
-        return b'u'
-    return 0
-
-
-cdef inline bint _kind_ok(char want, Py_ssize_t want_size, const char* fmt, Py_ssize_t itemsize) noexcept:
-    # want: 'f', 'i' or 'u' (bf16 is declared 'u': its raw bits as uint16), 0 for any
-    if want == 0 or itemsize == 1:
-        return True  # untyped declaration, or raw bytes reinterpreted on purpose
-    return itemsize == want_size and _format_kind(fmt) == want
 
 
 @cython.final
 cdef class Core:
     """Per-backend driver state: context, the pools' owner, prepared plans, counters."""
 
-    def __init__(self, uintptr_t ctx, planner, size_t device_cap, size_t pinned_cap, int trace=0,
+    def __init__(self, uintptr_t ctx, size_t device_cap, size_t pinned_cap, int trace=0,
                  int device=0, size_t chunk_bytes=8 << 20, int n_chunks=4, int copy_threads=8,
                  size_t output_cache=4294967296):
         self.ctx = <cydriver.CUcontext>ctx
@@ -95,7 +75,6 @@ cdef class Core:
                                    copy_threads)
         self.prepared = {}
         self.graphed = []
-        self.planner = planner
         self.lost = None
         self.trace = trace
         import logging
@@ -163,6 +142,30 @@ cdef class Core:
     def prepared_for(self, key):
         return self.prepared.get(key)
 
+    def insert(self, miss, Prepared prep not None):
+        """Cache ``prep`` under the key of a :class:`PlanMiss` (the backend planned it)."""
+        if self.closed:
+            return  # closed while it was planned: the call that retries refuses with the reason
+        key = miss.key
+        config = key[1]
+        if config is not None and config.stream is not None:
+            # plans for callers' streams are bounded: every new stream is a new key
+            self.stream_plans += 1
+            if self.stream_plans > MAX_STREAM_PLANS:
+                self.clear_prepared()
+                self.stream_plans = 1
+        if len(self.prepared) >= 4096:
+            self.clear_prepared()  # bounded: distinct lengths should not grow memory forever
+        self.prepared[key] = prep
+        if prep.graphs != NULL:
+            self.graphed.append(prep)  # its graphs are released with the plans
+
+    def trace_refused(self, program, config, bint blocking=True):
+        """A traced dispatch refused while it was planned: its ranges, opened and closed at once
+        (a plan miss returns to the backend before any range opens)."""
+        if self.trace & TRACE_NVTX:
+            nvtx_refused(program, config, blocking)
+
     @property
     def context_handle(self):
         return <uintptr_t>self.ctx
@@ -193,10 +196,12 @@ cdef class Core:
         return 0
 
     # ---------------------------------------------------------------- lookup
-    cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d):
-        """Acquire every input buffer and find (or plan) the prepared dispatch. On failure every
-        buffer acquired so far is released. A device input (found only where the buffer protocol
-        fails, so host buffers pay nothing) marks its key entry ("device", bytes)."""
+    cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d,
+                          Prepared given):
+        """Acquire every input buffer and find the prepared dispatch (``given``: that plan, for a
+        measurement). On failure, a :class:`PlanMiss` included, every buffer acquired so far is
+        released. A device input (found only where the buffer protocol fails, so host buffers pay
+        nothing) marks its key entry ("device", bytes)."""
         cdef Py_ssize_t n, i
         cdef Py_buffer* view
         cdef object length  # an object: PyTuple_SET_ITEM steals this reference
@@ -227,44 +232,39 @@ cdef class Core:
                     raise
             Py_INCREF(length)
             PyTuple_SET_ITEM(key, i + 2, length)
-        try:
-            prep = self.prepared.get(key)
+        prep = given
+        if prep is None:
+            try:
+                prep = self.prepared.get(key)
+            except BaseException:  # an unhashable config field
+                _release(views, n)
+                raise
             if prep is None:
-                if config is not None and config.stream is not None:
-                    # a caller's stream: the cached plan and its key hold the handle, never the
-                    # stream object (the dispatch holds that while it runs); and such plans are
-                    # bounded, since every new stream is a new key
-                    config = config._without_stream_object()
-                    key = (program, config) + key[2:]
-                    self.stream_plans += 1
-                    if self.stream_plans > MAX_STREAM_PLANS:
-                        self.clear_prepared()
-                        self.stream_plans = 1
-                if d.dev_ptrs.size():  # device inputs: their key entries are ("device", nbytes)
-                    lengths = tuple(x[1] if type(x) is tuple else x for x in key[2:])
-                    on_device = frozenset(k for k, x in enumerate(key[2:]) if type(x) is tuple)
-                    prep = self.planner(program, lengths, config, on_device, inputs)
-                else:
-                    # the inputs themselves go along for autotune, which measures on them
-                    prep = self.planner(program, key[2:], config, frozenset(), inputs)
-                if len(self.prepared) >= 4096:
-                    self.clear_prepared()  # bounded: distinct lengths should not grow memory forever
-                self.prepared[key] = prep
-                if (<Prepared>prep).graphs != NULL:
-                    self.graphed.append(prep)  # its graphs are released with the plans
-        except BaseException:  # a planning error, or an unhashable config field
-            _release(views, n)
-            raise
+                _release(views, n)
+                raise self._miss(key, config, inputs, d)
         cdef Prepared p = <Prepared>prep
         cdef InputCheck* ic
         for i in range(<Py_ssize_t>p.checks.size()):
             ic = &p.checks[i]
             view = &views[ic.index]
-            if not _kind_ok(ic.kind, ic.itemsize, view.format, view.itemsize):
+            if not kind_ok(ic.kind, ic.itemsize, view.format, view.itemsize):
                 fmt = view.format.decode() if view.format != NULL else "B"
                 _release(views, n)
                 raise dtype_error(program, ic.index, fmt, view.itemsize, inputs[ic.index])
         return p
+
+    cdef object _miss(self, key, config, inputs, PendingDispatch d):
+        """The PlanMiss of ``key``: what the backend plans with."""
+        if config is not None and config.stream is not None:
+            # a caller's stream: the cached plan and its key hold the handle, never the stream
+            # object (the dispatch holds that while it runs)
+            config = config._without_stream_object()
+            key = (key[0], config) + key[2:]
+        if d.dev_ptrs.size():  # device inputs: their key entries are ("device", nbytes)
+            lengths = tuple(x[1] if type(x) is tuple else x for x in key[2:])
+            on_device = frozenset(k for k, x in enumerate(key[2:]) if type(x) is tuple)
+            return PlanMiss(key, lengths, config, on_device, inputs)
+        return PlanMiss(key, key[2:], config, frozenset(), inputs)
 
     cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
                             PendingDispatch d, exc):
@@ -297,20 +297,42 @@ cdef class Core:
         return view.len
 
     # ---------------------------------------------------------------- one owner per dispatch
-    cdef PendingDispatch _begin(self, program, inputs, config, list into, bint want_done, bint timed,
-                                unsigned long long* marks):
-        """Plan lookup, output checks and resources: from here on the returned owner holds
-        everything, and releases it on every path."""
+    cdef PendingDispatch _open(self, program, inputs, config, Prepared given):
+        """A new owner holding the input views and the prepared plan (``config`` already a
+        DispatchConfig or None); raises PlanMiss when no plan is cached."""
         cdef PendingDispatch d
-        cdef Prepared p
-        cdef size_t i, n
         self._check_usable()
-        if config is not None and type(config) is not DispatchConfig:
-            config = as_config(config)
         d = PendingDispatch.__new__(PendingDispatch)
         d.core = self
-        p = self._lookup(program, inputs, config, d.views, d)
-        d.prep = p
+        d.prep = self._lookup(program, inputs, config, d.views, d, given)
+        return d
+
+    cdef object _converted(self, program, config, bint blocking):
+        """A config given as a dict (or other mapping), checked; a traced refusal shows its ranges."""
+        try:
+            return as_config(config)
+        except BaseException:
+            if self.trace & TRACE_NVTX:
+                nvtx_refused(program, config, blocking)
+            raise
+
+    cdef PendingDispatch _open_traced(self, program, inputs, config, Prepared given, bint blocking):
+        """_open of an NVTX-traced dispatch: a refusal other than a plan miss shows its ranges
+        (opened and closed at once: the lookup precedes them)."""
+        try:
+            return self._open(program, inputs, config, given)
+        except PlanMiss:
+            raise
+        except BaseException:
+            nvtx_refused(program, config, blocking)
+            raise
+
+    cdef int _begin(self, PendingDispatch d, config, list into, bint want_done, bint timed,
+                    unsigned long long* marks) except -1:
+        """Output checks and resources of an opened owner: from here on it holds everything, and
+        releases it on every path."""
+        cdef Prepared p = d.prep
+        cdef size_t i, n
         d.no_graph = p.graph_off or p.trial_left > 0  # undecided plans issue (the trial alternates)
         if into is not None:
             d.out_checked = check_outputs(p.plan, into, self.device,
@@ -344,7 +366,7 @@ cdef class Core:
         if p.timeout is not None:
             d.deadline = now_ns() + timeout_ns(p.timeout)
             d.wait_timeout = p.timeout
-        return d
+        return 0
 
     cdef void _recycle(self, Prepared p, InFlight* f) noexcept:
         self.resources.recycle(f, p.bucket, p.staging_block)
@@ -415,22 +437,31 @@ cdef class Core:
         return 0
 
     # ---------------------------------------------------------------- entry points
-    def dispatch(self, program, inputs, config=None):
+    # Each raises PlanMiss when no plan is cached; the backend plans and calls again with the
+    # plan as ``prep`` (then the dispatch runs with it, whatever the cache holds by then).
+    def dispatch(self, program, inputs, config=None, Prepared prep=None):
         """Run and wait; return the outputs as new numpy arrays."""
         self._enter()
         try:
-            return self._blocking(program, inputs, config, None, NULL)
+            return self._blocking(program, inputs, config, None, NULL, prep)
         finally:
             self.busy -= 1
 
-    def dispatch_into(self, program, inputs, outputs, config=None):
+    def dispatch_into(self, program, inputs, outputs, config=None, Prepared prep=None):
+        cdef list outs
         self._enter()
         try:
-            return self._blocking(program, inputs, config, as_output_list(outputs), NULL)
+            outs = as_output_list(outputs)
+            try:
+                return self._blocking(program, inputs, config, outs, NULL, prep)
+            except PlanMiss as miss:
+                miss.outputs = outs  # (an iterator of outputs is used up: the retry takes these)
+                raise
         finally:
             self.busy -= 1
 
-    def dispatch_profiled(self, program, inputs, config=None, unsigned long long start_ns=0):
+    def dispatch_profiled(self, program, inputs, config=None, unsigned long long start_ns=0,
+                          Prepared prep=None):
         """Like dispatch, also returning the stage durations (ns) aligned with STAGES.
 
         ``start_ns`` (CLOCK_MONOTONIC, e.g. ``time.perf_counter_ns()`` on Linux) taken by the
@@ -441,33 +472,40 @@ cdef class Core:
         marks[M_START] = start_ns
         self._enter()
         try:
-            outs = self._blocking(program, inputs, config, None, marks)
+            outs = self._blocking(program, inputs, config, None, marks, prep)
         finally:
             self.busy -= 1
         return outs, stage_durations(marks)
 
-    cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks):
+    cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks,
+                          Prepared given):
+        """The lookup of a blocking dispatch; then, traced or not, the run."""
+        cdef PendingDispatch d
+        cdef unsigned long long trace_marks[N_MARKS]
+        if self.trace and marks == NULL:
+            marks = trace_marks
+            memset(marks, 0, sizeof(trace_marks))
+        if marks != NULL and marks[M_START] == 0:
+            marks[M_START] = now_ns()
+        if config is not None and type(config) is not DispatchConfig:
+            config = self._converted(program, config, True)
+        if self.trace & TRACE_NVTX:
+            d = self._open_traced(program, inputs, config, given, True)
+            return nvtx_blocking(self, d, program, config, into, marks)
+        d = self._open(program, inputs, config, given)
+        return self._run_blocking(d, config, into, marks)
+
+    cdef object _run_blocking(self, PendingDispatch d, config, list into, unsigned long long* marks):
         """The blocking dispatch: ONE GIL release covers the enqueue, the wait and the copy out,
         so other Python threads run meanwhile and this one re-takes the GIL once."""
-        cdef PendingDispatch d
-        cdef Prepared p
+        cdef Prepared p = d.prep
         cdef TransferEngine xfer
-        cdef unsigned long long trace_marks[N_MARKS]
         cdef cydriver.CUresult st, wst = cydriver.CUDA_SUCCESS, cst = cydriver.CUDA_SUCCESS
         cdef const char* call = NULL
         cdef const char* ccall = NULL
         cdef int outcome = W_DONE
         cdef unsigned long long t_trial = 0
-        if self.trace:
-            if self.trace & TRACE_NVTX and not nvtx_stage_open():
-                return nvtx_blocking(self, program, inputs, config, into, marks)
-            if marks == NULL:
-                marks = trace_marks
-                memset(marks, 0, sizeof(trace_marks))
-        if marks != NULL and marks[M_START] == 0:
-            marks[M_START] = now_ns()
-        d = self._begin(program, inputs, config, into, False, False, marks)
-        p = d.prep
+        self._begin(d, config, into, False, False, marks)
         if marks != NULL and nvtx_stage_open():
             nvtx_stage(S_UPLOAD)
         xfer = self.resources.xfer
@@ -498,25 +536,32 @@ cdef class Core:
             trace_line(self.logger, p, marks)
         return outs
 
-    def dispatch_async(self, program, inputs, config=None, bint timed=False):
+    def dispatch_async(self, program, inputs, config=None, bint timed=False, Prepared prep=None):
         """Enqueue and return the PendingDispatch that owns everything the GPU still uses."""
         self._enter()
         try:
-            if self.trace & TRACE_NVTX:
-                return nvtx_async(self, program, inputs, config, timed)
-            return self._async(program, inputs, config, timed)
+            return self._async(program, inputs, config, timed, prep)
         finally:
             self.busy -= 1
 
-    cdef PendingDispatch _async(self, program, inputs, config, bint timed):
+    cdef PendingDispatch _async(self, program, inputs, config, bint timed, Prepared given):
+        """The lookup of an async dispatch; then, traced or not, the enqueue."""
         cdef PendingDispatch d
-        cdef Prepared p
+        cdef unsigned long long t0 = now_ns()
+        if config is not None and type(config) is not DispatchConfig:
+            config = self._converted(program, config, False)
+        if self.trace & TRACE_NVTX:
+            d = self._open_traced(program, inputs, config, given, False)
+            return nvtx_async(self, d, program, config, timed, t0)
+        d = self._open(program, inputs, config, given)
+        return self._run_async(d, config, timed, t0)
+
+    cdef PendingDispatch _run_async(self, PendingDispatch d, config, bint timed, unsigned long long t0):
+        cdef Prepared p = d.prep
         cdef TransferEngine xfer = self.resources.xfer
         cdef cydriver.CUresult st
         cdef const char* call = NULL
-        cdef unsigned long long t0 = now_ns()
-        d = self._begin(program, inputs, config, None, True, timed, NULL)
-        p = d.prep
+        self._begin(d, config, None, True, timed, NULL)
         d.f.t_start = t0
         with nogil:
             st = issue(d, p, xfer, NULL, &call)
@@ -526,8 +571,8 @@ cdef class Core:
             d._release_views()  # every input byte is in staging or on the device: the caller may reuse them
         return d
 
-    def dispatch_timed(self, program, inputs, config=None):
-        cdef PendingDispatch pending = self.dispatch_async(program, inputs, config, True)
+    def dispatch_timed(self, program, inputs, config=None, Prepared prep=None):
+        cdef PendingDispatch pending = self.dispatch_async(program, inputs, config, True, prep)
         return pending.timed_result(pending.prep.timeout)  # a blocking call: the config's timeout
 
 

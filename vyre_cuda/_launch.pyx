@@ -14,7 +14,8 @@ from libc.string cimport memcpy, memset
 from cuda.bindings cimport cydriver
 
 from ._driver cimport check_cu, now_ns
-from ._transfer cimport TransferEngine, Source, Piece, CoopOrder, SRC_INPUT, SRC_PARAMS
+from ._transfer cimport TransferEngine, CoopOrder
+from ._windows cimport Source, Piece, SRC_INPUT, SRC_PARAMS
 from ._prepared cimport Prepared, DevArg, ROUTE_COOPERATIVE, MAX_ARGS
 from ._resources cimport InFlight
 from ._waits cimport PendingDispatch

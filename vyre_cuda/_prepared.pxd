@@ -3,7 +3,8 @@
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
-from ._transfer cimport Source, CoopOrder
+from ._transfer cimport CoopOrder
+from ._windows cimport Source
 from ._launch cimport CoopGate, GraphCache
 
 

@@ -12,7 +12,7 @@ from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
-from ._transfer cimport Source, SRC_ZERO, SRC_INPUT, SRC_PARAMS
+from ._windows cimport Source, SRC_ZERO, SRC_INPUT, SRC_PARAMS
 from ._launch cimport GraphCache, GRAPH_EXECS, TRIAL_WARMUP, TRIAL_SAMPLES
 
 

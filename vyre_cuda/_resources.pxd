@@ -3,7 +3,8 @@
 
 from cuda.bindings cimport cydriver
 
-from ._pools cimport DevicePool, PinnedPool, HostPool, StreamPool
+from ._pools cimport DevicePool, PinnedPool, HostPool
+from ._streams cimport StreamPool
 from ._transfer cimport TransferEngine
 
 

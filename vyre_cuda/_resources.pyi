@@ -2,8 +2,9 @@
 
 from typing import final
 
-from ._pools import DevicePool, HostPool, PinnedPool, StreamPool
+from ._pools import DevicePool, HostPool, PinnedPool
 from ._resource_stats import BackendPoolStats
+from ._streams import StreamPool
 from ._transfer import TransferEngine
 
 @final

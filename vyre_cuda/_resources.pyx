@@ -24,7 +24,8 @@ from libc.stdint cimport uintptr_t
 from cuda.bindings cimport cydriver
 
 from ._driver cimport bind_context
-from ._pools cimport DevicePool, PinnedPool, HostPool, StreamPool
+from ._pools cimport DevicePool, PinnedPool, HostPool
+from ._streams cimport StreamPool
 from ._transfer cimport TransferEngine
 from ._resource_stats import BackendPoolStats, BlockPoolStats, StreamPoolStats, TransferStats
 

@@ -51,8 +51,9 @@ cdef void nvtx_end(unsigned long long rid) noexcept nogil
 cdef void mark_stage(unsigned long long* marks, int k) noexcept nogil
 cdef tuple stage_durations(unsigned long long* m)
 cdef void trace_line(logger, Prepared p, unsigned long long* marks) noexcept
-cdef object nvtx_blocking(Core core, program, inputs, config, list into, unsigned long long* marks)
-cdef PendingDispatch nvtx_async(Core core, program, inputs, config, bint timed)
+cdef object nvtx_blocking(Core core, PendingDispatch d, program, config, list into, unsigned long long* marks)
+cdef PendingDispatch nvtx_async(Core core, PendingDispatch d, program, config, bint timed, unsigned long long t0)
+cdef void nvtx_refused(program, config, bint blocking) noexcept
 
 
 cdef inline void mark(unsigned long long* marks, int k) noexcept nogil:

@@ -12,6 +12,8 @@ from ._driver cimport now_ns
 from ._prepared cimport Prepared
 from ._core cimport Core
 from ._waits cimport PendingDispatch
+from .config import DispatchConfig
+from .program import Program
 
 cdef extern from "_nvtx.hpp" nogil:
     enum:
@@ -96,38 +98,41 @@ cdef void trace_line(logger, Prepared p, unsigned long long* marks) noexcept:
         pass
 
 
-def _nvtx_label(program, config):
+cdef bytes _nvtx_label(program, config):
     # the dispatch range's name: DispatchConfig.label, else the program's name, else its entry
+    # (a refused dispatch may carry neither a Program nor a DispatchConfig: then "dispatch")
     label = None
-    if config is not None:
-        label = config.get("label") if type(config) is dict else getattr(config, "label", None)
-    if not label:
-        label = getattr(program, "name", None) or getattr(getattr(program, "kernel", None), "entry", None)
+    if type(config) is DispatchConfig:
+        label = (<object>config).label
+    if not label and type(program) is Program:
+        label = (<object>program).name or (<object>program).kernel.entry
     return str(label or "dispatch").encode("utf-8", "replace")
 
 
-cdef object nvtx_blocking(Core core, program, inputs, config, list into, unsigned long long* marks):
-    """A blocking dispatch inside one NVTX range named by its label, with one nested range per
-    stage; every range is closed on every path (error, timeout, Ctrl-C)."""
+cdef object nvtx_blocking(Core core, PendingDispatch d, program, config, list into, unsigned long long* marks):
+    """A blocking dispatch (its plan already looked up) inside one NVTX range named by its
+    label, with one nested range per stage; every range is closed on every path (error,
+    timeout, Ctrl-C)."""
     cdef bytes label = _nvtx_label(program, config)
     vyre_nvtx_push(label, VYRE_NVTX_STAGES)
     vyre_nvtx_stage(S_LOOKUP)
     try:
-        return core._blocking(program, inputs, config, into, marks)
+        return core._run_blocking(d, config, into, marks)
     finally:
         vyre_nvtx_stage(-1)
         vyre_nvtx_pop()
 
 
-cdef PendingDispatch nvtx_async(Core core, program, inputs, config, bint timed):
-    """An async dispatch: a start/end range from here until its result is taken (or it fails or
-    is dropped; it may end on another thread), with an "enqueue" range nested here."""
+cdef PendingDispatch nvtx_async(Core core, PendingDispatch d, program, config, bint timed,
+                                unsigned long long t0):
+    """An async dispatch (its plan already looked up): a start/end range from here until its
+    result is taken (or it fails or is dropped; it may end on another thread), with an
+    "enqueue" range nested here."""
     cdef bytes label = _nvtx_label(program, config)
-    cdef PendingDispatch d
     cdef unsigned long long rid = vyre_nvtx_start(label)
     vyre_nvtx_push(b"enqueue", S_ENQUEUE)
     try:
-        d = core._async(program, inputs, config, timed)
+        d = core._run_async(d, config, timed, t0)
     except BaseException:
         vyre_nvtx_end(rid)
         raise
@@ -140,6 +145,28 @@ cdef PendingDispatch nvtx_async(Core core, program, inputs, config, bint timed):
         d.nvtx_range = rid
         d.nvtx_started = True
     return d
+
+
+cdef void nvtx_refused(program, config, bint blocking) noexcept:
+    """The ranges of a traced dispatch refused before it ran (planning or its input checks
+    raised): the lookup precedes the ranges (a plan miss returns to the backend to plan), so
+    the refusal shows as its ranges opened and closed at once, as a refused dispatch's were."""
+    cdef bytes label
+    cdef unsigned long long rid
+    try:
+        label = _nvtx_label(program, config)
+    except Exception:
+        label = b"dispatch"
+    if blocking:
+        vyre_nvtx_push(label, VYRE_NVTX_STAGES)
+        vyre_nvtx_stage(S_LOOKUP)
+        vyre_nvtx_stage(-1)
+        vyre_nvtx_pop()
+    else:
+        rid = vyre_nvtx_start(label)
+        vyre_nvtx_push(b"enqueue", S_ENQUEUE)
+        vyre_nvtx_pop()
+        vyre_nvtx_end(rid)
 
 
 def nvtx_available():

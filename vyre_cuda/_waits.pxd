@@ -5,7 +5,7 @@ from cpython.buffer cimport Py_buffer
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
-from ._transfer cimport Piece
+from ._windows cimport Piece
 from ._resources cimport InFlight
 from ._prepared cimport Prepared, DevCopy
 from ._core cimport Core

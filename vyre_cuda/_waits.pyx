@@ -25,7 +25,8 @@ from ._counters cimport (
 )
 from ._driver cimport check_cu, bind_context, now_ns
 from ._pools cimport lend_block
-from ._transfer cimport TransferEngine, Piece, page_locked
+from ._transfer cimport TransferEngine
+from ._windows cimport Piece, page_locked
 from ._prepared cimport Prepared, DevCopy
 from ._core cimport Core
 from ._launch cimport collect, late_device_outputs, stream_waits

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import numpy as np
 
 from . import _driver, tuning
+from ._plan_miss import PlanMiss
 from ._validate import check_int, check_size
 from .compile.modules import ModuleCache
 from .config import as_config
@@ -173,7 +174,6 @@ class CudaBackend:
         self._plan_lock = threading.RLock()
         self._core = Core(
             self._ctx,
-            self._plan,
             device_pool_bytes,
             pinned_pool_bytes,
             trace_bits,
@@ -245,7 +245,11 @@ class CudaBackend:
         ValidationError, InvalidProgram, UnsupportedFeature, KernelCompileFailed, DispatchFailed
             Each with the values involved and a ``Fix:`` line.
         """
-        return self._core.dispatch(program, inputs, config)
+        try:
+            return self._core.dispatch(program, inputs, config)
+        except PlanMiss as exc:  # plan, then call again with the plan (the core never plans)
+            miss = exc.with_traceback(None)  # (its traceback would hold this frame: a cycle)
+        return self._core.dispatch(program, miss.inputs, config, self._insert_plan(miss, program))
 
     def dispatch_async(
         self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None, *, timed: bool = False
@@ -262,7 +266,11 @@ class CudaBackend:
             ``is_ready()``, ``result()``, ``result_into(outputs)``, ``timed_result()``; dropping it
             un-awaited is safe (it waits, then recycles).
         """
-        return self._core.dispatch_async(program, inputs, config, timed)
+        try:
+            return self._core.dispatch_async(program, inputs, config, timed)
+        except PlanMiss as exc:
+            miss = exc.with_traceback(None)
+        return self._core.dispatch_async(program, miss.inputs, config, timed, self._insert_plan(miss, program, False))
 
     def dispatch_into(
         self, program: Program, inputs: Sequence[InputBuffer], outputs: Sequence[OutputT], config: ConfigLike = None
@@ -282,7 +290,13 @@ class CudaBackend:
         list
             ``outputs`` itself, as a list.
         """
-        return self._core.dispatch_into(program, inputs, outputs, config)
+        try:
+            return self._core.dispatch_into(program, inputs, outputs, config)
+        except PlanMiss as exc:
+            miss = exc.with_traceback(None)
+        prep = self._insert_plan(miss, program)
+        outputs = outputs if miss.outputs is None else miss.outputs
+        return self._core.dispatch_into(program, miss.inputs, outputs, config, prep)
 
     def dispatch_timed(
         self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None
@@ -296,13 +310,21 @@ class CudaBackend:
         TimedDispatchResult
             ``(outputs, wall_ns, device_ns, enqueue_ns, wait_ns)``.
         """
-        return self._core.dispatch_timed(program, inputs, config)
+        try:
+            return self._core.dispatch_timed(program, inputs, config)
+        except PlanMiss as exc:
+            miss = exc.with_traceback(None)
+        return self._core.dispatch_timed(program, miss.inputs, config, self._insert_plan(miss, program, False))
 
     def _dispatch_profiled(
         self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None, start_ns: int = 0
     ) -> tuple[list[Any], tuple[int, ...]]:
         """(outputs, stage_ns) with stage_ns aligned with ``vyre_cuda._tracing.STAGES``."""
-        return self._core.dispatch_profiled(program, inputs, config, start_ns)
+        try:
+            return self._core.dispatch_profiled(program, inputs, config, start_ns)
+        except PlanMiss as exc:
+            miss = exc.with_traceback(None)
+        return self._core.dispatch_profiled(program, miss.inputs, config, start_ns, self._insert_plan(miss, program))
 
     def _check_open(self):
         if self._closed or self._core.closed:
@@ -368,10 +390,35 @@ class CudaBackend:
         return tuple(lengths), frozenset(on_device)
 
     # ------------------------------------------------------------------ planning
+    def _insert_plan(self, miss, program, blocking=True):
+        """Plan a dispatch the core found no prepared plan for (its PlanMiss) and cache the plan
+        in the core. Runs outside the core: the dispatch holds nothing while it plans (autotune
+        measures here). A traced dispatch refused by planning still shows its ranges. Returns the
+        plan, for the call again (with ``miss.inputs``: the list the core read, since an iterator
+        the caller passed is used up)."""
+        try:
+            prep = self._plan(program, miss.lengths, miss.config, miss.device_inputs, miss.inputs)
+        except BaseException:
+            self._core.trace_refused(program, miss.config, blocking)
+            raise
+        self._core.insert(miss, prep)
+        return prep
+
+    def _measurer(self, program, inputs, config):
+        """A function that times one run of ``program`` on ``inputs`` (a TimedDispatchResult) with
+        a plan made now: autotune's measuring step, never a dispatch() re-entry. The plan is not
+        cached and launches without graphs (no cached plan would own its graph execs)."""
+        self._check_open()
+        cfg = dataclasses.replace(as_config(config), graph=False)
+        lengths, on_device = self._lengths(program, inputs, cfg)
+        prep = self._plan(program, lengths, cfg, on_device, inputs)
+        core = self._core
+        return lambda: core.dispatch_timed(program, inputs, cfg, prep)
+
     def _plan(self, program, lengths, config, device_inputs=frozenset(), inputs=None):
-        """Plan one (program, input lengths, config): the core's one call back on a plan miss; it
-        caches what this returns. ``device_inputs``: indices of the inputs in device memory;
-        ``inputs``: the dispatch's own inputs (autotune measures on them)."""
+        """The Prepared plan of one (program, input lengths, config) for the core.
+        ``device_inputs``: indices of the inputs in device memory; ``inputs``: the dispatch's own
+        inputs (autotune measures on them)."""
         plan = self._planned(program, lengths, config, device_inputs, inputs)
         if plan.route.kind == "streamed":
             # never hand the core a plan it would run on another route (planning.stream's flag)
@@ -586,7 +633,7 @@ class CudaBackend:
 
 
 def _buffer_span(obj):
-    from ._transfer import buffer_span  # noqa: PLC0415
+    from ._windows import buffer_span  # noqa: PLC0415
 
     try:
         return buffer_span(obj)

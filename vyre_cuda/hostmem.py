@@ -25,8 +25,8 @@ import numpy.typing as npt
 
 from . import _driver
 from ._pools import PinnedPool, lend_pinned
-from ._transfer import buffer_span, is_page_locked_address
 from ._validate import is_int
+from ._windows import buffer_span, is_page_locked_address
 from .errors import ValidationError
 
 __all__ = ["pinned_empty", "pinned_zeros", "pinned_like", "is_page_locked", "pinned_pool_stats", "trim_pinned_pool"]

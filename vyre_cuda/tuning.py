@@ -4,7 +4,7 @@ The width a program declares (``Program(workgroup_size=...)``) is a guess; the f
 on the kernel, the device and the size. :func:`tune` (``CudaBackend.tune``, ``vyre-cuda tune``)
 runs the program at each candidate width that the device and the kernel allow, checks that every
 candidate gives the same output bytes as the declared width, times each with device events
-(``dispatch_timed``: the median of a few runs after a warm-up), and stores the winner in the
+(``CudaBackend._measurer``: the median of a few runs after a warm-up), and stores the winner in the
 tuning cache. ``DispatchConfig(autotune=True)`` then plans with that width; without the flag
 nothing changes, whatever the cache holds. With no entry, an ``autotune=True`` dispatch runs
 :func:`tune` at plan time on its own inputs (never on made-up data: zeros make every width of a
@@ -339,12 +339,15 @@ def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeat
             _count("cache_hits")
             return _result(entry, key, cached=True)
     widths, rejected = candidate_widths(tuple(candidates), caps, kernel_max, baseline)
-    reference = backend.dispatch(program, inputs, cfg)
+    # measured through the backend's measuring step (a plan made per width, run on the inputs,
+    # never cached and never a dispatch() re-entry: this may run while a dispatch is planned)
+    reference = backend._measurer(program, inputs, cfg)().outputs
     timings = {}
     for width in widths:
         wcfg = dataclasses.replace(cfg, workgroup_override=(width, 1, 1))
         try:
-            warm = backend.dispatch_timed(program, inputs, wcfg)  # plans, loads, checks the output
+            run = backend._measurer(program, inputs, wcfg)  # plans and loads at this width
+            warm = run()  # its outputs are checked
         except DeviceLost:
             raise
         except BackendError as exc:  # e.g. out of resources at this width: not a candidate
@@ -353,7 +356,7 @@ def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeat
         if not _same(warm.outputs, reference):
             rejected[width] = f"its outputs differ from those of the declared width {baseline}"
             continue
-        samples = [backend.dispatch_timed(program, inputs, wcfg).device_ns for _ in range(repeats)]
+        samples = [run().device_ns for _ in range(repeats)]
         _count("timed_dispatches", repeats + 1)
         timings[width] = int(statistics.median(samples))
     # fastest first; on a tie the declared width, then the narrower one

@@ -317,5 +317,89 @@ def device_facts_come_from_the_driver_at_plan_time(fake):
     backend.close()
 
 
+# ------------------------------------------------------------------ planning outside the core
+@scenario
+def a_plan_miss_is_planned_outside_the_core_for_every_entry_point(fake):
+    # the core raises PlanMiss with nothing held; the backend plans (no call counted inside the
+    # core, so no input views held) and calls again; inputs given as an iterator survive the retry
+    backend = vecadd_backend(fake)
+    inside = []
+    plan = backend._plan
+
+    def watched(*args, **kw):
+        inside.append(backend._core.busy)
+        return plan(*args, **kw)
+
+    backend._plan = watched
+    for k, (name, entry) in enumerate(ENTRIES.items()):
+        a, b = pair(1000 + 16 * k)  # a new length: a plan miss
+        got = entry(backend, a, b)
+        out = got.outputs[0] if name == "dispatch_timed" else got[0]
+        assert np.array_equal(out, a + b), f"{name}: wrong result after a plan miss"
+    a, b = pair(2000)
+    (out,) = backend.dispatch(VECADD, iter([a, b]))
+    assert np.array_equal(out, a + b), "inputs given as an iterator: wrong result after a plan miss"
+    out = np.empty(a.size, np.float32)
+    backend.dispatch_into(VECADD, (x for x in (a, b)), iter([out]))
+    assert np.array_equal(out, a + b), "dispatch_into with iterators: wrong result after a plan miss"
+    assert len(inside) == len(ENTRIES) + 1, inside  # one plan per miss; the second call hits
+    assert inside == [0] * len(inside), f"planned while a call was running inside the core: {inside}"
+    assert live(backend) == dict.fromkeys(LIVE, 0), live(backend)
+    backend.close()
+
+
+@scenario
+def autotune_measures_without_reentering_dispatch(fake):
+    # autotune=True on a plan miss measures through the core's measuring step, never through
+    # the public entry points (they are refused here while the miss is planned)
+    import os
+    import tempfile
+
+    from vyre_cuda import tuning
+
+    backend = vecadd_backend(fake, 5000)
+    a, b = pair(5000)
+    entries = {name: getattr(backend, name) for name in ("dispatch", "dispatch_timed", "dispatch_async")}
+
+    def refused(*args, **kw):
+        raise AssertionError("autotune re-entered a dispatch entry point")
+
+    old = os.environ.get("VYRE_CUDA_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as folder:
+        os.environ["VYRE_CUDA_CACHE_DIR"] = folder
+        tuning.forget_memory()
+        before = tuning.stats()["tunes_measured"]
+        plan = backend._plan
+
+        depth = [0]  # (the tune's own plans come through here too: refused until the outermost returns)
+
+        def planning(*args, **kw):
+            depth[0] += 1
+            for name in entries:
+                setattr(backend, name, refused)
+            try:
+                return plan(*args, **kw)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    for name, fn in entries.items():
+                        setattr(backend, name, fn)
+
+        backend._plan = planning
+        try:
+            (out,) = backend.dispatch(VECADD, [a, b], vc.DispatchConfig(autotune=True))
+        finally:
+            del backend._plan
+            tuning.forget_memory()
+            if old is None:
+                os.environ.pop("VYRE_CUDA_CACHE_DIR", None)
+            else:
+                os.environ["VYRE_CUDA_CACHE_DIR"] = old
+    assert np.array_equal(out, a + b), "autotuned vecadd gave a wrong result"
+    assert tuning.stats()["tunes_measured"] == before + 1, tuning.stats()
+    assert live(backend) == dict.fromkeys(LIVE, 0), live(backend)
+    backend.close()
+
+
 if __name__ == "__main__":
     SCENARIOS.main(FakeDriver())

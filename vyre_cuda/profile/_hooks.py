@@ -52,9 +52,9 @@ def profiled_dispatch(backend) -> Callable[..., tuple[list, tuple[int, ...]]]:
 def set_min_window(upload: int, readback: int = 0) -> None:
     """Process-wide: the smallest window (bytes) a staged upload, and a readback when
     ``readback`` is given, is cut into. The defaults are 512 KiB and 1 MiB."""
-    from .. import _transfer
+    from .. import _windows
 
-    _transfer._set_min_window(upload, readback)
+    _windows._set_min_window(upload, readback)
 
 
 def set_streaming_copies(backend, upload_max: int, readback_max: int) -> None:
@@ -94,9 +94,9 @@ def mirror_max(limit: int) -> Iterator[None]:
 def is_page_locked_address(address: int, nbytes: int) -> bool:
     """What the transfer engine's detection says of ``nbytes`` at ``address``: page-locked
     (pinned or registered) over the whole range, or not."""
-    from .. import _transfer
+    from .. import _windows
 
-    return bool(_transfer.is_page_locked_address(address, nbytes))
+    return bool(_windows.is_page_locked_address(address, nbytes))
 
 
 def device_count() -> int:

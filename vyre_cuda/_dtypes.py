@@ -1,0 +1,109 @@
+"""Element types: DType, the DTYPES table, name aliases and dtype_of (re-exported by vyre_cuda.program)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InvalidProgram
+
+__all__ = ["DTYPES", "DType", "dtype_of"]
+
+
+@dataclass(frozen=True)
+class DType:
+    """An element type a buffer may hold.
+
+    ``min_cc`` is the compute capability it needs. ``kind`` is the buffer-protocol kind an input
+    of this type must have: ``"u"``, ``"i"`` or ``"f"`` (bf16 travels as its raw bits, so a bf16
+    input is a uint16 array: kind ``"u"``).
+    """
+
+    name: str
+    itemsize: int
+    numpy: np.dtype
+    capability: str = ""
+    min_cc: tuple = (0, 0)
+    kind: str = "u"
+
+    def __repr__(self) -> str:
+        return f"DType({self.name})"
+
+
+def _bf16_numpy() -> np.dtype:
+    # numpy has no bfloat16; the bits travel as uint16 unless ml_dtypes is installed.
+    try:
+        import ml_dtypes  # noqa: PLC0415
+
+        return np.dtype(ml_dtypes.bfloat16)
+    except ImportError:
+        return np.dtype(np.uint16)
+
+
+DTYPES: dict[str, DType] = {
+    d.name: d
+    for d in (
+        DType("u8", 1, np.dtype(np.uint8)),
+        DType("i8", 1, np.dtype(np.int8), kind="i"),
+        DType("u16", 2, np.dtype(np.uint16)),
+        DType("i16", 2, np.dtype(np.int16), kind="i"),
+        DType("f16", 2, np.dtype(np.float16), "f16", (5, 3), kind="f"),
+        DType("bf16", 2, _bf16_numpy(), "bf16", (8, 0), kind="u"),
+        DType("u32", 4, np.dtype(np.uint32)),
+        DType("i32", 4, np.dtype(np.int32), kind="i"),
+        DType("f32", 4, np.dtype(np.float32), kind="f"),
+        DType("u64", 8, np.dtype(np.uint64)),
+        DType("i64", 8, np.dtype(np.int64), kind="i"),
+        DType("f64", 8, np.dtype(np.float64), kind="f"),
+    )
+}
+
+_ALIASES = {
+    "uint8": "u8",
+    "int8": "i8",
+    "uint16": "u16",
+    "int16": "i16",
+    "float16": "f16",
+    "half": "f16",
+    "bfloat16": "bf16",
+    "uint32": "u32",
+    "int32": "i32",
+    "float32": "f32",
+    "float": "f32",
+    "uint64": "u64",
+    "int64": "i64",
+    "float64": "f64",
+    "double": "f64",
+}
+
+
+def dtype_of(value) -> DType:
+    """Resolve a dtype given as a :class:`DType`, a name ('f32', 'float32') or a numpy dtype.
+
+    Examples
+    --------
+    >>> dtype_of("float32"), dtype_of("bf16").itemsize
+    (DType(f32), 2)
+    """
+    if isinstance(value, DType):
+        return value
+    if isinstance(value, str):
+        key = _ALIASES.get(value, value)
+        if key in DTYPES:
+            return DTYPES[key]
+    elif value is not None:  # np.dtype(None) would be float64
+        try:
+            npd = np.dtype(value)
+        except (TypeError, ValueError):
+            npd = None
+        if npd is not None:
+            for d in DTYPES.values():
+                if d.numpy == npd and d.name != "bf16":
+                    return d
+            if npd.name == "bfloat16":
+                return DTYPES["bf16"]
+    raise InvalidProgram(
+        f"unknown element dtype {value!r}",
+        f"use one of {', '.join(DTYPES)} (or the matching numpy dtype)",
+    )

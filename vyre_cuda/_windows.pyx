@@ -1,0 +1,272 @@
+# cython: language_level=3
+"""What crosses the staging ring in which window, and which caller memory is page-locked.
+
+Pure C (no driver call but the pointer-attribute query, no state but the minimum window sizes):
+:class:`~vyre_cuda._transfer.TransferEngine` asks these per window; planning tests call the
+``plan_*_windows`` views.
+"""
+
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE
+from libc.stdint cimport uintptr_t
+from libcpp.vector cimport vector
+from cuda.bindings cimport cydriver
+
+cdef enum:
+    WINDOW_ALIGN = 64 << 10
+
+
+cdef bint page_locked(const void* ptr, size_t nbytes) noexcept nogil:
+    """Whether [ptr, ptr + nbytes) lies in one page-locked allocation the driver knows (allocated
+    with cuMemHostAlloc or registered with cuMemHostRegister). Asked per dispatch, never cached:
+    memory can be freed and reallocated between dispatches."""
+    cdef cydriver.CUpointer_attribute attrs[4]
+    cdef void* data[4]
+    cdef unsigned int memtype = 0
+    cdef cydriver.CUdeviceptr start = 0
+    cdef size_t size = 0
+    cdef unsigned long long buffer_id = 0, last_id = 0
+    cdef uintptr_t p = <uintptr_t>ptr
+    if nbytes == 0 or ptr == NULL:
+        return False
+    attrs[0] = cydriver.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+    attrs[1] = cydriver.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+    attrs[2] = cydriver.CU_POINTER_ATTRIBUTE_RANGE_SIZE
+    attrs[3] = cydriver.CU_POINTER_ATTRIBUTE_BUFFER_ID
+    data[0] = &memtype
+    data[1] = &start
+    data[2] = &size
+    data[3] = &buffer_id
+    # unknown (pageable) pointers succeed with zeroed attributes
+    if cydriver.cuPointerGetAttributes(4, attrs, data, <cydriver.CUdeviceptr>p) != cydriver.CUDA_SUCCESS:
+        return False
+    if memtype != cydriver.CU_MEMORYTYPE_HOST:
+        return False
+    if size:
+        return <uintptr_t>start <= p and p + nbytes <= <uintptr_t>start + size
+    # no range reported: the last byte must belong to the same allocation
+    memtype = 0
+    attrs[1] = cydriver.CU_POINTER_ATTRIBUTE_BUFFER_ID
+    data[1] = &last_id
+    if cydriver.cuPointerGetAttributes(2, attrs, data, <cydriver.CUdeviceptr>(p + nbytes - 1)) != cydriver.CUDA_SUCCESS:
+        return False
+    return memtype == cydriver.CU_MEMORYTYPE_HOST and buffer_id != 0 and buffer_id == last_id
+
+
+def buffer_span(obj, bint writable=True):
+    """(address, nbytes) of a C-contiguous buffer."""
+    cdef Py_buffer view
+    flags = PyBUF_C_CONTIGUOUS | (PyBUF_WRITABLE if writable else 0)
+    PyObject_GetBuffer(obj, &view, flags)
+    try:
+        return <uintptr_t>view.buf, <size_t>view.len
+    finally:
+        PyBuffer_Release(&view)
+
+
+def _stream_copy(dst, src, size_t dst_offset, size_t src_offset, size_t nbytes):
+    """For tests: ``stream_copy`` of ``nbytes`` from ``src[src_offset:]`` (zeros when ``src`` is
+    None) to ``dst[dst_offset:]``, bounds checked."""
+    cdef Py_buffer d, s
+    cdef const char* sp = NULL
+    PyObject_GetBuffer(dst, &d, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+    try:
+        if dst_offset + nbytes > <size_t>d.len:
+            raise ValueError("destination range out of bounds")
+        if src is not None:
+            PyObject_GetBuffer(src, &s, PyBUF_C_CONTIGUOUS)
+            try:
+                if src_offset + nbytes > <size_t>s.len:
+                    raise ValueError("source range out of bounds")
+                stream_copy(<char*>d.buf + dst_offset, <const char*>s.buf + src_offset, nbytes)
+            finally:
+                PyBuffer_Release(&s)
+        else:
+            stream_copy(<char*>d.buf + dst_offset, sp, nbytes)
+    finally:
+        PyBuffer_Release(&d)
+
+
+def is_page_locked_address(uintptr_t address, size_t nbytes):
+    """Python view of :func:`page_locked` (for tests and ``vyre_cuda.is_page_locked``)."""
+    cdef bint r
+    with nogil:
+        r = page_locked(<const void*>address, nbytes)
+    return r
+
+
+# below this a window's driver calls cost more than its overlap buys
+cdef size_t _min_window = 512 << 10
+cdef size_t _min_readback_window = 1 << 20  # 4 MiB readbacks: 140 -> 104 us against 512 KiB
+
+
+def _set_min_window(size_t nbytes, size_t readback=0):
+    """For measurements only: the smallest window an upload (and a readback, when ``readback``
+    is given) is cut into."""
+    global _min_window, _min_readback_window
+    _min_window = nbytes
+    if readback:
+        _min_readback_window = readback
+
+
+cdef size_t window_bytes(size_t total, size_t chunk) noexcept nogil:
+    """The window an upload of ``total`` staged bytes is cut into: about an eighth of it, so even
+    a 4 MiB buffer overlaps copy and DMA with a short tail, between 512 KiB and the ring's chunk."""
+    return _window(total, chunk, _min_window)
+
+
+cdef size_t readback_window_bytes(size_t total, size_t chunk) noexcept nogil:
+    """The window a readback of ``total`` staged bytes is cut into (its own minimum)."""
+    return _window(total, chunk, _min_readback_window)
+
+
+cdef inline size_t _window(size_t total, size_t chunk, size_t minimum) noexcept nogil:
+    cdef size_t w = total // 8
+    if w < minimum:
+        w = minimum
+    w = (w + WINDOW_ALIGN - 1) & ~(<size_t>WINDOW_ALIGN - 1)
+    return w if w < chunk else chunk
+
+
+cdef bint next_upload_window(Cursor* c, const Source* sources, size_t n_sources, const char* direct,
+                             size_t window, const char** input_ptrs, const char* params,
+                             vector[Piece]& pieces, vector[CopyTask]& tasks) noexcept nogil:
+    """The next ring window of an upload. Fills ``pieces`` (device range <- slot offset, stored in
+    ``host`` as an offset from NULL) and ``tasks`` (slot offset <- source bytes; a NULL source
+    zeroes). Direct inputs are skipped. Returns False when nothing is left. Pure: no driver."""
+    cdef size_t used = 0, take, dev_end = <size_t>-1
+    cdef const Source* src
+    cdef Piece piece
+    cdef CopyTask t
+    pieces.clear()
+    tasks.clear()
+    while used < window and c.i < n_sources:
+        src = &sources[c.i]
+        if src.n == 0 or (src.kind == SRC_INPUT and direct != NULL and direct[src.index]):
+            c.i += 1
+            c.pos = 0
+            continue
+        take = src.n - c.pos
+        if take > window - used:
+            take = window - used
+        if src.offset + c.pos != dev_end:
+            piece.dev_offset = src.offset + c.pos
+            piece.host = <char*>used
+            piece.n = 0
+            pieces.push_back(piece)
+        t.dst = <char*>used
+        t.n = take
+        if src.kind == SRC_INPUT:
+            t.src = input_ptrs[src.index] + src.src_offset + c.pos
+        elif src.kind == SRC_PARAMS:
+            t.src = params + src.src_offset + c.pos
+        else:
+            t.src = NULL
+        tasks.push_back(t)
+        pieces[pieces.size() - 1].n += take  # (indexing yields a reference; back() would copy)
+        used += take
+        c.pos += take
+        dev_end = src.offset + c.pos
+        if c.pos == src.n:
+            c.i += 1
+            c.pos = 0
+    return used != 0
+
+
+cdef bint next_readback_window(Cursor* c, const Piece* pieces, size_t n_pieces, const char* direct,
+                               size_t window, vector[Piece]& dmas, vector[CopyTask]& tasks) noexcept nogil:
+    """The next ring window of a readback: ``dmas`` (device range -> slot offset, in ``host``) and
+    ``tasks`` (slot offset, in ``src`` -> caller memory). Direct pieces are skipped. Pure."""
+    cdef size_t used = 0, take
+    cdef Piece dma
+    cdef CopyTask t
+    dmas.clear()
+    tasks.clear()
+    while used < window and c.i < n_pieces:
+        if pieces[c.i].n == 0 or (direct != NULL and direct[c.i]):
+            c.i += 1
+            c.pos = 0
+            continue
+        take = pieces[c.i].n - c.pos
+        if take > window - used:
+            take = window - used
+        dma.dev_offset = pieces[c.i].dev_offset + c.pos
+        dma.host = <char*>used
+        dma.n = take
+        dmas.push_back(dma)
+        t.dst = pieces[c.i].host + c.pos
+        t.src = <const char*>used
+        t.n = take
+        tasks.push_back(t)
+        used += take
+        c.pos += take
+        if c.pos == pieces[c.i].n:
+            c.i += 1
+            c.pos = 0
+    return used != 0
+
+
+def plan_upload_windows(list sources, list direct, size_t staged_total, size_t chunk_bytes):
+    """Pure view of the upload windowing, for property tests.
+
+    ``sources``: (offset, n, kind, index, src_offset) runs (kind 0 zero, 1 input, 2 params);
+    ``direct``: per input index. Input ``i``'s bytes are addressed as ``(i + 1) << 40`` and the
+    params blob as ``1 << 60`` so tests can check where every byte comes from. Returns the window
+    size and a list of windows, each ``(pieces, tasks)`` with pieces ``(device offset, slot
+    offset, n)`` and tasks ``(slot offset, source address or None, n)``.
+    """
+    cdef vector[Source] srcs
+    cdef vector[char] flags
+    cdef vector[const char*] ptrs
+    cdef vector[Piece] pieces
+    cdef vector[CopyTask] tasks
+    cdef Source src
+    cdef Cursor cur
+    cdef size_t window = window_bytes(staged_total, chunk_bytes)
+    for offset, n, kind, index, src_offset in sources:
+        src.offset, src.n, src.kind, src.index, src.src_offset = offset, n, kind, index, src_offset
+        srcs.push_back(src)
+    cdef char flag_c
+    for i, flag in enumerate(direct):
+        # (through a typed local: Cython 3.3 mistypes a conditional expression passed to push_back)
+        flag_c = 1 if flag else 0
+        flags.push_back(flag_c)
+        ptrs.push_back(<const char*><uintptr_t>((i + 1) << 40))
+    out = []
+    cur.i = cur.pos = 0
+    while next_upload_window(&cur, srcs.data(), srcs.size(), flags.data(), window, ptrs.data(),
+                             <const char*><uintptr_t>(1 << 60), pieces, tasks):
+        out.append((
+            [(p.dev_offset, <uintptr_t>p.host, p.n) for p in pieces],
+            [(<uintptr_t>t.dst, None if t.src == NULL else <uintptr_t>t.src, t.n) for t in tasks],
+        ))
+    return window, out
+
+
+def plan_readback_windows(list pieces, list direct, size_t chunk_bytes):
+    """Pure view of the readback windowing: ``pieces`` are (device offset, host address, n).
+    Returns the window size and windows of ``(dmas, tasks)``: dmas ``(device offset, slot offset,
+    n)``, tasks ``(host address, slot offset, n)``."""
+    cdef vector[Piece] ps
+    cdef vector[char] flags
+    cdef vector[Piece] dmas
+    cdef vector[CopyTask] tasks
+    cdef Piece piece
+    cdef Cursor cur
+    cdef size_t staged = 0
+    cdef char flag_c
+    for (dev, host, n), flag in zip(pieces, direct):
+        piece.dev_offset, piece.host, piece.n = dev, <char*><uintptr_t>host, n
+        ps.push_back(piece)
+        flag_c = 1 if flag else 0
+        flags.push_back(flag_c)
+        if not flag:
+            staged += n
+    cdef size_t window = readback_window_bytes(staged, chunk_bytes)
+    out = []
+    cur.i = cur.pos = 0
+    while next_readback_window(&cur, ps.data(), ps.size(), flags.data(), window, dmas, tasks):
+        out.append((
+            [(d.dev_offset, <uintptr_t>d.host, d.n) for d in dmas],
+            [(<uintptr_t>t.dst, <uintptr_t>t.src, t.n) for t in tasks],
+        ))
+    return window, out
