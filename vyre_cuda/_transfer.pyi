@@ -1,5 +1,3 @@
-from typing import Any
-
 from typing_extensions import disjoint_base
 
 @disjoint_base
