@@ -394,14 +394,11 @@ def test_a_worker_that_dies_mid_task_is_replaced_and_the_task_retried(dask_mods,
 def test_the_multi_gpu_benchmark_runs_end_to_end_on_fakes(dask_mods, tmp_path, monkeypatch):
     """A smoke run of benchmarks/bench_multi_gpu.py (every section, tiny sizes) on the numpy fake:
     the harness, its JSON and its target rows, not a measurement."""
-    import importlib.util
     import json
-    import pathlib
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_multi_gpu.py"
-    spec = importlib.util.spec_from_file_location("bench_multi_gpu", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from helpers.scripts import load_benchmark
+
+    bench = load_benchmark("bench_multi_gpu")
     out = tmp_path / "multi.json"
     rc = bench.main(
         ["--quick", "--reps", "1", "--item-mib", "0.25", "--dask-gib", "0.002", "--out", str(out)],

@@ -295,13 +295,9 @@ def test_vyre_cuda_cli_exposes_profile(fake_device, capsys):
 
 # -- benchmarks/ -----------------------------------------------------------------------------
 def _load_bench(name):
-    import importlib.util
+    from helpers.scripts import load_benchmark
 
-    path = ROOT / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(name)
 
 
 def _stored_report():
@@ -556,3 +552,13 @@ def test_from_plot_into_a_missing_folder(tmp_path, capsys, monkeypatch):
     assert P.main(_parser().parse_args(["--from", str(stored), "--plot", str(tmp_path / "no" / "p.png")])) == 2
     err = capsys.readouterr().err
     assert "cannot write the plot" in err and "No such file or directory" in err and "\nFix: " in err
+
+
+def test_loading_a_benchmark_leaves_sys_path_as_it_was():
+    # the scripts put the checkout first on sys.path; a test run against an installed wheel that
+    # kept it would hand the checkout's unbuilt vyre_cuda to the processes it spawns (Dask workers)
+    import sys
+
+    before = list(sys.path)
+    _load_bench("streamed_prototype")
+    assert sys.path == before

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 
 import fakecuda
 import numpy as np
 import pytest
+from helpers.scripts import load_benchmark
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "streamed_prototype.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("_bench_streamed_prototype", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-SP = _load()
+SP = load_benchmark("streamed_prototype")
 
 
 def spans_problem(spans, rows: int, chunk_rows: int) -> str:
