@@ -173,7 +173,9 @@ from fakecuda import FakeDriver, vecadd_emulation
 fake = FakeDriver()
 spec = importlib.util.spec_from_file_location("sp", sys.argv[1])
 sp = importlib.util.module_from_spec(spec)
+saved = list(sys.path)
 spec.loader.exec_module(sp)
+sys.path[:] = saved  # the script puts the checkout first; the installed vyre_cuda is the one under test
 
 
 def right(backend, program, inputs):
