@@ -8,6 +8,7 @@ and must reach the same plan, field for field, except the addresses of a loaded 
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import subprocess
 import sys
 import warnings
@@ -191,7 +192,10 @@ def test_profile_reports_a_kernel_compile_error_without_a_gpu(tmp_path):
     def run(path):
         argv = [sys.executable, "-c", code, "profile", "--kernel", str(path), "--buffers", "a:f32:in,o:f32:out"]
         argv += ["--no-peers", "--sizes", "4KiB"]
-        return subprocess.run(argv, capture_output=True, text=True, env={**env, "HOME": str(tmp_path)}, timeout=120)
+        # cwd and PYTHONPATH: the vyre_cuda under test (an installed one, not an unbuilt checkout)
+        package_root = str(pathlib.Path(vc.__file__).resolve().parents[1])
+        child_env = {**env, "HOME": str(tmp_path), "PYTHONPATH": package_root}
+        return subprocess.run(argv, capture_output=True, text=True, env=child_env, cwd=tmp_path, timeout=120)
 
     failed = run(bad)
     assert failed.returncode == 1, failed.stderr

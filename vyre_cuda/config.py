@@ -257,6 +257,10 @@ class DispatchConfig:
         self._check_streamed()
 
     def _check_streamed(self) -> None:
+        if self.streamed is None and self.device_memory_budget is None:
+            # the defaults need no check; skipping it keeps `import vyre_cuda` (which builds the
+            # default config) from loading the planner and its compiled byte arithmetic
+            return
         from .planning.stream import check_streamed_config  # noqa: PLC0415 (cycle: planning imports config)
 
         streamed, budget = check_streamed_config(self.streamed, self.device_memory_budget)
