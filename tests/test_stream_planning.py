@@ -55,12 +55,6 @@ def refused(kind, fn, *args, **kw):
     return info.value
 
 
-@pytest.fixture
-def route_on(monkeypatch):
-    """The streamed route switched on, as it will be once the core executes it."""
-    monkeypatch.setattr(stream, "STREAMED_ROUTE_AVAILABLE", True)
-
-
 # ------------------------------------------------------------------------------- programs
 def axpb(**kw) -> Program:
     """out = coef[0] * x + y: two cut inputs, a static input broadcast to every chunk."""
@@ -139,7 +133,7 @@ def numpy_outputs(name, inputs):
     return [x[0::2].astype(np.uint32) + x[1::2] + y]
 
 
-def planned(prog, inputs, config=None, *, device=NO_FILL, tuning=None, available=True, device_inputs=frozenset()):
+def planned(prog, inputs, config=None, *, device=NO_FILL, tuning=None, device_inputs=frozenset()):
     """plan_stream of a dispatch of ``prog`` on ``inputs`` (arrays, or byte lengths)."""
     cfg = as_config(config)
     lengths = [x if isinstance(x, int) else x.nbytes for x in inputs]
@@ -156,7 +150,6 @@ def planned(prog, inputs, config=None, *, device=NO_FILL, tuning=None, available
         device=device,
         tuning=tuning,
         device_inputs=device_inputs,
-        available=available,
     )
 
 
@@ -378,13 +371,7 @@ def test_config_values_are_stored_plainly():
     assert DispatchConfig().streamed is None and DispatchConfig().device_memory_budget is None
 
 
-def test_streamed_true_is_refused_while_the_route_is_unavailable():
-    assert stream.STREAMED_ROUTE_AVAILABLE is False  # the core does not run streamed plans yet
-    err = refused(UnsupportedFeature, DispatchConfig, streamed=True)
-    assert "streamed=True" in err.message
-
-
-def test_streamed_true_is_accepted_with_the_route_on(route_on):
+def test_streamed_true_is_accepted():
     assert DispatchConfig(streamed=True).streamed is True
 
 
@@ -394,7 +381,7 @@ def tuning_for(rows_per_chunk, itemsize, **kw):
 
 
 @pytest.mark.parametrize(("rows", "chunks", "last"), [(1000, 1, 1000), (999, 1, 999), (1001, 2, 1), (3000, 3, 1000)])
-def test_chunk_boundaries_one_short_of_and_one_past_a_chunk(rows, chunks, last, rng, route_on):
+def test_chunk_boundaries_one_short_of_and_one_past_a_chunk(rows, chunks, last, rng):
     prog = axpb()
     inputs = case_inputs("axpb", rows, rng)
     plan = planned(prog, inputs, DispatchConfig(streamed=True), tuning=tuning_for(1000, 4))
@@ -405,7 +392,7 @@ def test_chunk_boundaries_one_short_of_and_one_past_a_chunk(rows, chunks, last, 
         np.testing.assert_array_equal(got, want)
 
 
-def test_one_element_chunks(rng, route_on):
+def test_one_element_chunks(rng):
     prog = axpb()  # (a chunk covers at least one block; these programs' blocks are one thread)
     inputs = case_inputs("axpb", 7, rng)
     plan = planned(prog, inputs, DispatchConfig(streamed=True), tuning=tuning_for(1, 4))
@@ -416,7 +403,7 @@ def test_one_element_chunks(rng, route_on):
 
 
 @pytest.mark.parametrize(("align", "want"), [(1, 100), (3, 99), (64, 64), (128, 128), (5000, 4321)])
-def test_align_rounds_chunks_down_to_whole_multiples(align, want, rng, route_on):
+def test_align_rounds_chunks_down_to_whole_multiples(align, want, rng):
     prog = axpb(align=align)
     inputs = case_inputs("axpb", 4321, rng)
     plan = planned(prog, inputs, DispatchConfig(streamed=True), tuning=tuning_for(100, 4))
@@ -425,7 +412,7 @@ def test_align_rounds_chunks_down_to_whole_multiples(align, want, rng, route_on)
     np.testing.assert_array_equal(run_on_host(plan, prog, inputs, axpb_kernel)[0], numpy_outputs("axpb", inputs)[0])
 
 
-def test_static_inputs_go_whole_to_every_chunk_uploaded_once(rng, route_on):
+def test_static_inputs_go_whole_to_every_chunk_uploaded_once(rng):
     prog = axpb()
     inputs = case_inputs("axpb", 5000, rng)
     plan = planned(prog, inputs, DispatchConfig(streamed=True), tuning=tuning_for(512, 4))
@@ -439,7 +426,7 @@ def test_static_inputs_go_whole_to_every_chunk_uploaded_once(rng, route_on):
     np.testing.assert_array_equal(run_on_host(plan, prog, inputs, axpb_kernel)[0], numpy_outputs("axpb", inputs)[0])
 
 
-def test_read_write_bindings_go_in_and_out_of_the_same_chunk(rng, route_on):
+def test_read_write_bindings_go_in_and_out_of_the_same_chunk(rng):
     prog = inplace()
     inputs = case_inputs("inplace", 3333, rng)
     plan = planned(prog, inputs, DispatchConfig(streamed=True), tuning=tuning_for(256, 4))
@@ -452,7 +439,7 @@ def test_read_write_bindings_go_in_and_out_of_the_same_chunk(rng, route_on):
     np.testing.assert_array_equal(got[0], numpy_outputs("inplace", inputs)[0])
 
 
-def test_rows_of_several_elements(rng, route_on):
+def test_rows_of_several_elements(rng):
     prog = pairs()
     inputs = case_inputs("pairs", 2049, rng)
     plan = planned(prog, inputs, DispatchConfig(streamed=True), tuning=tuning_for(300, 4))
@@ -463,7 +450,7 @@ def test_rows_of_several_elements(rng, route_on):
     np.testing.assert_array_equal(run_on_host(plan, prog, inputs, pairs_kernel)[0], numpy_outputs("pairs", inputs)[0])
 
 
-def test_a_budget_below_one_chunk_names_the_bytes_needed(rng, route_on):
+def test_a_budget_below_one_chunk_names_the_bytes_needed(rng):
     prog = axpb(align=16)
     inputs = case_inputs("axpb", 10_000, rng)
     err = refused(ValidationError, planned, prog, inputs, DispatchConfig(streamed=True, device_memory_budget=1000))
@@ -476,14 +463,14 @@ def test_a_budget_below_one_chunk_names_the_bytes_needed(rng, route_on):
     refused(ValidationError, planned, prog, inputs, DispatchConfig(streamed=True, device_memory_budget=needed - 1))
 
 
-def test_free_device_memory_too_small_for_one_chunk_is_out_of_memory(rng, route_on):
+def test_free_device_memory_too_small_for_one_chunk_is_out_of_memory(rng):
     prog = axpb()
     inputs = case_inputs("axpb", 10_000, rng)
     err = refused(DeviceOutOfMemory, planned, prog, inputs, device=StreamDevice(free_memory=600, sm_count=1))
     assert err.status == "budget" and "600" in err.message
 
 
-def test_a_dispatch_over_free_memory_streams_instead_of_failing(rng, route_on):
+def test_a_dispatch_over_free_memory_streams_instead_of_failing(rng):
     prog = axpb()
     inputs = [1 << 30, 1 << 30, 4]  # byte lengths: 2 GiB in, 1 GiB out
     plan = planned(prog, inputs, device=StreamDevice(free_memory=100 << 20))
@@ -492,7 +479,7 @@ def test_a_dispatch_over_free_memory_streams_instead_of_failing(rng, route_on):
     check_invariants(plan, 1)
 
 
-def test_small_dispatches_keep_the_serial_route(rng, route_on):
+def test_small_dispatches_keep_the_serial_route(rng):
     prog = axpb(workgroup_size=256)
     small = planned(prog, [4 << 20, 4 << 20, 4], device=CAPS_DEVICE)
     assert small.route == "serial" and "< 2" in small.reason and small.chunk_count == 1
@@ -509,7 +496,7 @@ def test_small_dispatches_keep_the_serial_route(rng, route_on):
 CAPS_DEVICE = StreamDevice.from_caps(CAPS)
 
 
-def test_the_device_shapes_streams_and_chunks(rng, route_on):
+def test_the_device_shapes_streams_and_chunks(rng):
     prog = axpb(workgroup_size=256)
     lengths = [64 << 20, 64 << 20, 4]
     one_engine = planned(prog, lengths, device=StreamDevice(None, copy_engines=1, sm_count=132))
@@ -518,12 +505,6 @@ def test_the_device_shapes_streams_and_chunks(rng, route_on):
     # a chunk covers at least one wave of blocks over the SMs: 132 SMs x 256 threads
     tiny = planned(prog, lengths, device=StreamDevice(None, sm_count=132), tuning=StreamTuning(chunk_bytes=1024))
     assert tiny.chunk_rows == 132 * 256
-
-
-def test_the_flag_off_plans_but_never_chooses_the_route(rng):
-    plan = planned(axpb(), [1 << 30, 1 << 30, 4], device=StreamDevice(free_memory=100 << 20), available=None)
-    assert plan.route == "serial" and "not available" in plan.reason
-    assert plan.chunk_count > 1  # the geometry is still there to inspect
 
 
 @pytest.mark.parametrize(
@@ -537,7 +518,7 @@ def test_the_flag_off_plans_but_never_chooses_the_route(rng):
         ({}, (0,), "device memory"),
     ],
 )
-def test_what_keeps_an_elementwise_dispatch_serial(config, device_inputs, needle, route_on):
+def test_what_keeps_an_elementwise_dispatch_serial(config, device_inputs, needle):
     prog = axpb()
     lengths = [64 << 20, 64 << 20, 4]
     plan = planned(prog, lengths, config, device=CAPS_DEVICE, device_inputs=frozenset(device_inputs))
@@ -554,13 +535,13 @@ def test_what_keeps_an_elementwise_dispatch_serial(config, device_inputs, needle
     assert needle in err.message
 
 
-def test_streamed_true_needs_an_elementwise_program(route_on):
+def test_streamed_true_needs_an_elementwise_program():
     err = refused(ValidationError, planned, bp.vecadd_f32(), [4096, 4096], DispatchConfig(streamed=True))
     assert "not declared elementwise" in err.message and "elementwise=True" in err.fix
     assert planned(bp.vecadd_f32(), [4096, 4096]).reason.endswith("not declared elementwise")
 
 
-def test_a_launch_larger_than_the_chunk_is_not_streamed(route_on):
+def test_a_launch_larger_than_the_chunk_is_not_streamed():
     # the default rule with workgroup buffers sizes the launch by the largest binding: here a
     # static table larger than a chunk, so a chunk's threads would run past the chunk's rows
     prog = Program(
@@ -580,7 +561,7 @@ def test_a_launch_larger_than_the_chunk_is_not_streamed(route_on):
     assert planned(prog, lengths, tuning=tuning_for(5000, 4)).streamed  # chunks as large as the table
 
 
-def test_rows_need_whole_elements_per_row(route_on):
+def test_rows_need_whole_elements_per_row():
     prog = pairs()
     plan = planned(prog, [2 * 7, 4 * 3])  # x: 7 u16, y: 3 u32 -> out 3: 7 is no multiple of 3
     assert plan.route == "serial" and "share no row" in plan.reason
@@ -605,9 +586,8 @@ def test_tuning_constants_are_validated():
     seed=st.integers(0, 2**32 - 1),
 )
 def test_every_plan_tiles_the_rows_fits_the_budget_and_computes_what_numpy_does(
-    case, rows, align, chunk_rows, streams, engines, budget, seed, monkeypatch
+    case, rows, align, chunk_rows, streams, engines, budget, seed
 ):
-    monkeypatch.setattr(stream, "STREAMED_ROUTE_AVAILABLE", True)
     make, kernel = CASES[case]
     prog = make(align=align)
     inputs = case_inputs(case, rows, np.random.default_rng(seed))
@@ -654,7 +634,7 @@ def vecadd(**kw) -> Program:
     return Program(plain.kernel, plain.buffers, name="vecadd", **kw)
 
 
-def test_plan_info_routes_a_dispatch_over_device_memory_streamed(backend, route_on):
+def test_plan_info_routes_a_dispatch_over_device_memory_streamed(backend):
     a = np.zeros(12 << 20, np.float32)  # 3 x 48 MiB: over 90% of the 64 MiB device
     info = backend.plan_info(vecadd(elementwise=True), [a, a])
     assert info.route.kind == "streamed" and info.stream.streamed and info.route.reason == info.stream.reason
@@ -662,14 +642,14 @@ def test_plan_info_routes_a_dispatch_over_device_memory_streamed(backend, route_
     assert info.stream.budget == budget and info.stream.device_bytes <= budget
     assert info.stream.streams == 3 and info.stream.chunk_rows < 2 << 20 < 12 << 20  # shrunk to fit
     assert info.graph is False and info.graph_trial is False
-    # the core is never handed it: it would run it on the serial route
-    err = refused(UnsupportedFeature, backend._plan, info.program, (a.nbytes, a.nbytes), None)
-    assert "streamed route" in err.message
+    # the core's prepared plan runs it chunk by chunk
+    prep = backend._plan(info.program, (a.nbytes, a.nbytes), None)
+    assert prep.route_kind == "streamed" and prep.chunk_count == info.stream.chunk_count > 1
     small = backend.plan_info(vecadd(elementwise=True), [a[:1000], a[:1000]])
     assert small.route.kind == "regular" and small.stream.route == "serial"
 
 
-def test_free_memory_is_read_when_an_elementwise_plan_is_made(backend, route_on):
+def test_free_memory_is_read_when_an_elementwise_plan_is_made(backend):
     a = np.zeros(1 << 20, np.float32)  # 12 MiB in all: serial while 12 MiB fit the budget
     assert backend.plan_info(vecadd(), [a, a]).stream is None
     assert backend.plan_info(vecadd(elementwise=True), [a, a], DispatchConfig(streamed=False)).stream.route == "serial"
@@ -693,15 +673,6 @@ def test_the_device_facts_shape_the_planner_device():
     assert StreamDevice.from_caps(dataclasses.replace(CAPS, total_memory=0)).free_memory is None
 
 
-def test_with_the_flag_off_plans_are_unchanged(backend):
-    a = np.zeros(12 << 20, np.float32)
-    err = refused(DeviceOutOfMemory, backend.plan_info, vecadd(elementwise=True), [a, a])
-    assert err.status == "budget"
-    info = backend.plan_info(vecadd(elementwise=True), [a[: 4 << 20], a[: 4 << 20]])
-    assert info.route.kind == "regular" and "not available" in info.stream.reason
-    assert backend.plan_info(vecadd(), [a[:1000], a[:1000]]).stream is None
-
-
 def test_device_memory_budget_bounds_a_serial_dispatch(backend):
     a = np.zeros(1 << 16, np.float32)
     err = refused(DeviceOutOfMemory, backend.plan_info, vecadd(), [a, a], DispatchConfig(device_memory_budget=1 << 16))
@@ -709,7 +680,7 @@ def test_device_memory_budget_bounds_a_serial_dispatch(backend):
     assert backend.plan_info(vecadd(), [a, a], DispatchConfig(device_memory_budget=1 << 20)).route.kind == "regular"
 
 
-def test_device_memory_budget_streams_an_elementwise_dispatch(backend, route_on):
+def test_device_memory_budget_streams_an_elementwise_dispatch(backend):
     a = np.zeros(1 << 20, np.float32)
     info = backend.plan_info(vecadd(elementwise=True), [a, a], DispatchConfig(device_memory_budget=3 << 20))
     assert info.route.kind == "streamed" and info.stream.device_bytes <= 3 << 20

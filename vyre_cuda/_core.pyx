@@ -33,7 +33,7 @@ from ._counters cimport (
     N_COUNTERS, T_DISPATCHES, T_H2D_BYTES, T_H2D_OPS, T_TRANSIENT_ALLOC_BYTES, T_PARAM_UPLOAD_BYTES,
     T_LAUNCHES, T_COOPERATIVE_LAUNCHES, T_SPLIT_LAUNCHES, T_MEMSET_OPS, T_FAILED_DISPATCHES,
     T_LEAKED_ALLOCATIONS, T_STAGED_H2D_BYTES, T_DIRECT_H2D_BYTES, T_RING_CHUNKS, T_GRAPH_REPLAYS,
-    T_GRAPH_CAPTURES, T_GRAPH_UPDATES, T_GRAPH_FALLBACKS,
+    T_GRAPH_CAPTURES, T_GRAPH_UPDATES, T_GRAPH_FALLBACKS, T_STREAMED_DISPATCHES, T_STREAMED_CHUNKS,
 )
 from ._driver cimport bind_context, now_ns
 from ._resources cimport Resources, InFlight
@@ -340,7 +340,9 @@ cdef class Core:
         if marks != NULL:
             marks[M_LOOKUP] = now_ns()
         # a caller's stream: wait on an event, not on it
-        self.resources.acquire(&d.f, p.bucket, p.staging_block, p.ring, p.ext, p.ext_stream, want_done or p.ext, timed)
+        self.resources.acquire(&d.f, p.bucket, p.staging_block, p.ring, p.ext, p.ext_stream, want_done or p.ext, timed,
+                               p.s_streams - 1 if p.streamed else 0,
+                               p.s_streams + (p.s_streams > 1) if p.streamed else 0)
         self.outstanding += 1
         if p.ext:  # the caller's stream object stays alive while its dispatch runs
             if d.keep is None:
@@ -429,6 +431,10 @@ cdef class Core:
                 for i in range(p.sources.size()):
                     if p.sources[i].kind == SRC_INPUT and d.direct[p.sources[i].index]:
                         direct += p.sources[i].n
+            if p.streamed:
+                direct += d.s_direct_h2d
+                self.tel[T_STREAMED_DISPATCHES] += 1
+                self.tel[T_STREAMED_CHUNKS] += p.s_chunks
         else:
             self.tel[T_H2D_OPS] += p.tel_h2d_ops
         self.tel[T_DIRECT_H2D_BYTES] += direct
@@ -511,6 +517,7 @@ cdef class Core:
         xfer = self.resources.xfer
         outs = new_outputs(self, p) if into is None else into
         d._targets(outs)
+        d.s_drain = p.streamed  # a blocking streamed dispatch copies each chunk out as it lands
         if p.trial_left:
             # graph-or-issued trial: alternate the paths, time the whole round trip
             d.no_graph = (p.trial_left & 1) == 0
@@ -563,6 +570,11 @@ cdef class Core:
         cdef const char* call = NULL
         self._begin(d, config, None, True, timed, NULL)
         d.f.t_start = t0
+        if p.streamed:
+            # the chunks' outputs leave the device as the dispatch runs: into arrays of its own,
+            # which result() returns (result_into copies them)
+            d.s_outs = new_outputs(self, p)
+            d._targets(d.s_outs)
         with nogil:
             st = issue(d, p, xfer, NULL, &call)
         self._after_enqueue(d, st, call)

@@ -31,4 +31,6 @@ cpdef enum:
     T_GRAPH_CAPTURES  # launch sequences captured and instantiated (a new argument-pointer set)
     T_GRAPH_UPDATES  # cached graph execs updated in place to new argument pointers
     T_GRAPH_FALLBACKS  # dispatches of a graph plan that issued their launches instead
+    T_STREAMED_DISPATCHES  # dispatches that ran on the streamed route
+    T_STREAMED_CHUNKS  # chunks those dispatches were cut into
     N_COUNTERS  # the number of slots (not a counter; keep it last)

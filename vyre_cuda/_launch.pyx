@@ -19,6 +19,7 @@ from ._windows cimport Source, Piece, SRC_INPUT, SRC_PARAMS
 from ._prepared cimport Prepared, DevArg, ROUTE_COOPERATIVE, MAX_ARGS
 from ._resources cimport InFlight
 from ._waits cimport PendingDispatch
+from ._streamed cimport issue_streamed, drain_streamed
 from ._tracing cimport mark, M_STAGING, M_PARAMS, M_H2D, M_CLEAR, M_LAUNCH, M_READBACK, M_EVENT
 
 
@@ -120,6 +121,8 @@ cdef cydriver.CUresult collect(PendingDispatch d, Prepared p, TransferEngine xfe
     """Bring the outputs to their targets once the GPU work is done."""
     cdef size_t k
     cdef Piece* piece
+    if p.streamed:
+        return drain_streamed(d, p, xfer, call)
     if p.ring:
         return xfer.readback(d.f.stream, d.f.slab, d.out_pieces.data(), d.out_pieces.size(),
                              d.out_direct.data(), d.ops, call)
@@ -144,6 +147,10 @@ cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer,
     cdef cydriver.CUstream s = f.stream
     cdef unsigned long long t_begin = 0, copy_ns = 0
     cdef CoopOrder* order = p.coop_order
+    if p.streamed:
+        st = issue_streamed(d, p, xfer, call)
+        mark(marks, M_EVENT)
+        return st
     if marks != NULL:
         t_begin = now_ns()
     if p.upload_end:

@@ -12,6 +12,7 @@ cdef enum:
     ROUTE_REGULAR = 0
     ROUTE_COOPERATIVE = 1
     ROUTE_SPLIT = 2
+    ROUTE_STREAMED = 3
     MAX_ARGS = 256  # kernel arguments at most (planning refuses more)
 
 
@@ -40,6 +41,34 @@ cdef struct DevCopy:
 cdef struct Segment:
     size_t offset
     size_t nbytes
+
+
+cdef struct StreamCut:
+    # a binding the streamed route cuts into rows: its region in every device slot and in the
+    # staging slots of its directions
+    size_t arg  # kernel argument index
+    int input  # caller input index (-1: a pure output)
+    int output  # output index (-1: an input only)
+    bint upload
+    bint readback
+    bint clear  # a pure output: zeroed in its slot before each chunk's launch
+    size_t row_bytes
+    size_t region_offset  # within a device slot
+    size_t up_offset  # within an upload staging slot
+    size_t rb_offset  # within a readback staging slot
+
+
+cdef struct StreamWhole:
+    # a binding that goes whole to every chunk: its argument points into the shared region
+    size_t arg
+    size_t offset
+
+
+cdef struct ChunkShape:
+    # the launch of a full chunk, or of the last one
+    size_t rows
+    unsigned int grid[3]
+    size_t params_offset  # in the shared region
 
 
 cdef class Prepared:
@@ -91,3 +120,17 @@ cdef class Prepared:
     cdef bint ext  # DispatchConfig(stream=...): run on the caller's stream
     cdef cydriver.CUstream ext_stream
     cdef bint device_outputs  # DispatchConfig(outputs="device")
+    # the streamed route (planning.stream.StreamPlan); the slab is its device block, ``sources``
+    # its shared region, ``staging_block`` its staging slots (uploads first, then readbacks)
+    cdef bint streamed
+    cdef int s_streams
+    cdef size_t s_chunks
+    cdef size_t s_chunk_rows
+    cdef size_t s_shared
+    cdef size_t s_slot
+    cdef size_t s_up  # bytes of one upload staging slot
+    cdef size_t s_rb  # bytes of one readback staging slot
+    cdef vector[StreamCut] s_cut
+    cdef vector[StreamWhole] s_whole
+    cdef ChunkShape s_full
+    cdef ChunkShape s_last

@@ -8,6 +8,7 @@ the plan. The hot path then reads these C fields only.
 """
 
 cimport cython
+import struct
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
@@ -30,7 +31,6 @@ cdef class Prepared:
         cdef Prepared self = Prepared.__new__(Prepared)
         cdef InputCheck ic
         cdef Segment seg
-        cdef Source src
         cdef DevArg da
         layout, launch, route, config = plan.layout, plan.launch, plan.route, plan.config
         if plan.arg_count > MAX_ARGS:  # planning refuses these; the arrays below hold MAX_ARGS
@@ -52,20 +52,7 @@ cdef class Prepared:
             runs.append((offset, nbytes, SRC_INPUT, index, 0))
             runs.append((offset + nbytes, zero_end - offset - nbytes, SRC_ZERO, -1, 0))
         runs.append((layout.params_offsets[0], self.params_len, SRC_PARAMS, -1, 0))
-        cursor = 0
-        for offset, nbytes, kind, index, src_offset in sorted(runs):
-            if nbytes <= 0 or offset >= self.upload_end:
-                continue
-            if offset > cursor:
-                src.offset, src.n, src.kind, src.index, src.src_offset = cursor, offset - cursor, SRC_ZERO, -1, 0
-                self.sources.push_back(src)
-            nbytes = min(nbytes, self.upload_end - offset)
-            src.offset, src.n, src.kind, src.index, src.src_offset = offset, nbytes, kind, index, src_offset
-            self.sources.push_back(src)
-            cursor = offset + nbytes
-        if cursor < self.upload_end:
-            src.offset, src.n, src.kind, src.index, src.src_offset = cursor, self.upload_end - cursor, SRC_ZERO, -1, 0
-            self.sources.push_back(src)
+        self._cover(runs)
         for offset, nbytes in layout.readbacks:
             seg.offset = offset
             seg.nbytes = nbytes
@@ -89,7 +76,8 @@ cdef class Prepared:
             self.block[k] = launch.block[k]
         self.shared_bytes = launch.shared_bytes
         self.iterations = config.iterations
-        self.route = {"regular": ROUTE_REGULAR, "cooperative": ROUTE_COOPERATIVE, "split": ROUTE_SPLIT}[route.kind]
+        self.route = {"regular": ROUTE_REGULAR, "cooperative": ROUTE_COOPERATIVE, "split": ROUTE_SPLIT,
+                      "streamed": ROUTE_STREAMED}[route.kind]
         self.route_name = route.kind
         self.route_reason = route.reason
         self.function = <cydriver.CUfunction><uintptr_t>plan.function
@@ -124,7 +112,93 @@ cdef class Prepared:
         self.ext = stream is not None
         self.ext_stream = <cydriver.CUstream><uintptr_t>(stream or 0)
         self.device_outputs = config.outputs == "device"
+        if self.route == ROUTE_STREAMED:
+            self._streamed_from(plan.stream)
         return self
+
+    def _cover(self, runs):
+        """``sources``: the (offset, bytes, kind, input, src offset) ``runs`` sorted, cut at
+        ``upload_end`` and with every gap zeroed, so they cover [0, upload_end) exactly."""
+        cdef Source src
+        cursor = 0
+        self.sources.clear()
+        for offset, nbytes, kind, index, src_offset in sorted(runs):
+            if nbytes <= 0 or offset >= self.upload_end:
+                continue
+            if offset > cursor:
+                src.offset, src.n, src.kind, src.index, src.src_offset = cursor, offset - cursor, SRC_ZERO, -1, 0
+                self.sources.push_back(src)
+            nbytes = min(nbytes, self.upload_end - offset)
+            src.offset, src.n, src.kind, src.index, src.src_offset = offset, nbytes, kind, index, src_offset
+            self.sources.push_back(src)
+            cursor = offset + nbytes
+        if cursor < self.upload_end:
+            src.offset, src.n, src.kind, src.index, src.src_offset = cursor, self.upload_end - cursor, SRC_ZERO, -1, 0
+            self.sources.push_back(src)
+
+    def _streamed_from(self, stream):
+        """The streamed route's C data from its :class:`~vyre_cuda.planning.stream.StreamPlan`: the
+        device block (shared region, then one slot per stream), the staging slots, the bindings
+        cut into rows and those that go whole, and the launches of a full and of the last chunk."""
+        cdef StreamCut cut
+        cdef StreamWhole whole
+        cdef ChunkShape* shape
+        cdef size_t up = 0, rb = 0
+        self.streamed = True
+        self.ring = True  # page-locked inputs and outputs DMA directly; the rest is staged
+        self.s_streams = stream.streams
+        self.s_chunks = stream.chunk_count
+        self.s_chunk_rows = stream.chunk_rows
+        self.s_shared = stream.shared_bytes
+        self.s_slot = stream.slot_bytes
+        self.bucket = stream.device_bytes
+        self.slab_bytes = stream.device_bytes
+        # the shared region: inputs that go whole (zero-padded), then both params blocks, once
+        p_full, p_last = stream.full.params_offset, stream.last.params_offset
+        blob = bytearray(p_last - p_full + 4 * len(stream.last.params))
+        for launch in (stream.full, stream.last):
+            at = launch.params_offset - p_full
+            blob[at:at + 4 * len(launch.params)] = struct.pack(f"<{len(launch.params)}I", *launch.params)
+        self.params_blob = bytes(blob)
+        self.params_ptr = <const char*>self.params_blob
+        self.params_len = len(self.params_blob)
+        self.upload_end = stream.shared_bytes
+        runs = [(p_full, self.params_len, SRC_PARAMS, -1, 0)]
+        memsets = [0, 0]  # per full chunk, for the last chunk
+        for arg, b in enumerate(stream.bindings):
+            if not b.cut:
+                whole.arg, whole.offset = arg, b.region_offset
+                self.s_whole.push_back(whole)
+                runs.append((b.region_offset, b.total_bytes, SRC_INPUT, b.input_index, 0))
+                continue
+            cut.arg, cut.input, cut.output = arg, b.input_index, b.output_index
+            cut.upload, cut.readback, cut.clear = b.upload, b.readback, b.clear
+            cut.row_bytes = b.row_elements * b.itemsize
+            cut.region_offset = b.region_offset
+            cut.up_offset, cut.rb_offset = up, rb
+            if b.upload:
+                up += b.region_bytes
+            if b.readback:
+                rb += b.region_bytes
+            self.s_cut.push_back(cut)
+            for k, rows in enumerate((stream.chunk_rows, stream.last.rows)):
+                n = rows * cut.row_bytes
+                memsets[k] += 1 if cut.clear or (cut.upload and n % 16) else 0
+        self._cover(runs)
+        self.s_up, self.s_rb = up, rb
+        self.staging_block = stream.streams * (up + rb)
+        for which, launch in enumerate((stream.full, stream.last)):
+            shape = &self.s_full if which == 0 else &self.s_last
+            shape.rows = launch.rows
+            for k in range(3):
+                shape.grid[k] = launch.grid[k]
+            shape.params_offset = launch.params_offset
+        self.tel_h2d_bytes = stream.h2d_bytes
+        self.tel_d2h_bytes = stream.d2h_bytes
+        self.tel_param_bytes = self.params_len
+        self.tel_launches = stream.chunk_count * self.iterations
+        self.tel_d2h_ops = stream.chunk_count * sum(1 for b in stream.bindings if b.cut and b.readback)
+        self.tel_memsets = (stream.chunk_count - 1) * memsets[0] + memsets[1]
 
     def __dealloc__(self):
         # Core.clear_prepared / forget_context released every exec of a plan the core dispatched
@@ -180,6 +254,11 @@ cdef class Prepared:
     def slab_bytes_(self):
         """Bytes of the device slab."""
         return self.slab_bytes
+
+    @property
+    def chunk_count(self):
+        """Chunks of the streamed route (0 on every other route)."""
+        return self.s_chunks
 
     @property
     def route_kind(self):

@@ -8,6 +8,11 @@ from ._streams cimport StreamPool
 from ._transfer cimport TransferEngine
 
 
+cdef enum:
+    MAX_SIDE_STREAMS = 7  # a streamed dispatch's streams beside its own (planning caps its streams at 8)
+    MAX_SIDE_EVENTS = 9  # a streamed dispatch's events: one per staging slot and the fork
+
+
 cdef struct InFlight:
     # what one dispatch holds from the pools while it runs (its PendingDispatch owns this)
     cydriver.CUstream stream
@@ -24,6 +29,10 @@ cdef struct InFlight:
     bint ext_stream  # the caller's stream: never returned to the pool
     unsigned long long t_start
     unsigned long long t_enqueued
+    int n_side  # a streamed dispatch's own streams beside ``stream`` and its events (0: none)
+    int n_side_events
+    cydriver.CUstream side[MAX_SIDE_STREAMS]
+    cydriver.CUevent side_events[MAX_SIDE_EVENTS]
 
 
 cdef class Resources:
@@ -35,7 +44,10 @@ cdef class Resources:
     cdef readonly TransferEngine xfer
 
     cdef int acquire(self, InFlight* f, size_t bucket, size_t staging_block, bint ring, bint ext,
-                     cydriver.CUstream ext_stream, bint want_done, bint timed) except -1
+                     cydriver.CUstream ext_stream, bint want_done, bint timed, int side_streams=*,
+                     int side_events=*) except -1
+    cdef int _acquire_side(self, InFlight* f, int streams, int events) except -1
+    cdef void _release_side(self, InFlight* f) noexcept
     cdef void release_stream(self, InFlight* f) noexcept
     cdef void release_slab(self, InFlight* f, size_t bucket) noexcept
     cdef void recycle(self, InFlight* f, size_t bucket, size_t staging_block) noexcept

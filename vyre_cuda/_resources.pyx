@@ -45,10 +45,14 @@ cdef class Resources:
 
     # ---------------------------------------------------------------- per dispatch (GIL held)
     cdef int acquire(self, InFlight* f, size_t bucket, size_t staging_block, bint ring, bint ext,
-                     cydriver.CUstream ext_stream, bint want_done, bint timed) except -1:
-        """Stream, slab, staging and events of one dispatch; on failure nothing stays taken."""
+                     cydriver.CUstream ext_stream, bint want_done, bint timed, int side_streams=0,
+                     int side_events=0) except -1:
+        """Stream, slab, staging and events of one dispatch (and a streamed dispatch's side
+        streams and events); on failure nothing stays taken."""
         cdef uintptr_t block = 0
         f.active = False
+        f.n_side = 0
+        f.n_side_events = 0
         f.enqueued = False
         f.has_done = False
         f.timed = False
@@ -91,7 +95,12 @@ cdef class Resources:
                     self.spool.release_event(f.t0, True)
                     raise
                 f.timed = True
+            self._acquire_side(f, side_streams, side_events)
         except BaseException:
+            if f.timed:
+                self.spool.release_event(f.t0, True)
+                self.spool.release_event(f.t1, True)
+                f.timed = False
             if f.has_done:
                 self.spool.release_event(f.done, False)
             if f.staging != NULL:
@@ -101,6 +110,32 @@ cdef class Resources:
             raise
         f.active = True
         return 0
+
+    cdef int _acquire_side(self, InFlight* f, int streams, int events) except -1:
+        # all or nothing: what was taken goes back before the error propagates
+        if streams > MAX_SIDE_STREAMS or events > MAX_SIDE_EVENTS:
+            raise ValueError(f"a dispatch holds at most {MAX_SIDE_STREAMS} side streams and "
+                             f"{MAX_SIDE_EVENTS} side events (asked {streams}, {events})")
+        try:
+            while f.n_side < streams:
+                self.spool.acquire_stream(&f.side[f.n_side])
+                f.n_side += 1
+            while f.n_side_events < events:
+                self.spool.acquire_event(False, &f.side_events[f.n_side_events])
+                f.n_side_events += 1
+        except BaseException:
+            self._release_side(f)
+            raise
+        return 0
+
+    cdef void _release_side(self, InFlight* f) noexcept:
+        cdef int k
+        for k in range(f.n_side):
+            self.spool.release_stream(f.side[k])
+        for k in range(f.n_side_events):
+            self.spool.release_event(f.side_events[k], False)
+        f.n_side = 0
+        f.n_side_events = 0
 
     cdef void release_stream(self, InFlight* f) noexcept:
         # a caller's stream (DispatchConfig(stream=...)) is theirs: never returned to the pool
@@ -126,6 +161,7 @@ cdef class Resources:
         if f.timed:
             self.spool.release_event(f.t0, True)
             self.spool.release_event(f.t1, True)
+        self._release_side(f)
 
     cdef bint leak(self, InFlight* f, size_t bucket, size_t staging_block) noexcept:
         # The stream could not be synchronised: the GPU may still use these. Never recycle them.
@@ -139,7 +175,10 @@ cdef class Resources:
             self.dpool.forget(bucket)
         if f.staging != NULL:
             self.ppool.forget(staging_block)
-        self.spool.forget(0 if f.ext_stream else 1, (1 if f.has_done else 0) + (2 if f.timed else 0))
+        self.spool.forget((0 if f.ext_stream else 1) + f.n_side,
+                          (1 if f.has_done else 0) + (2 if f.timed else 0) + f.n_side_events)
+        f.n_side = 0
+        f.n_side_events = 0
         return True
 
     # ---------------------------------------------------------------- lifecycle

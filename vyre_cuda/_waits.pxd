@@ -48,6 +48,15 @@ cdef class PendingDispatch:
     cdef bint no_graph  # issue this dispatch's launches even though its plan has a graph
     cdef object wait_timeout  # seconds the current wait was bounded by (None: unbounded)
     cdef bint timed_out  # a wait has expired once: later default waits are unbounded
+    # the streamed route: chunks enqueued and copied out so far, whether the caller's call drains
+    # the readbacks itself (blocking), the direct H2D bytes, each output's device pointer (0: a
+    # host output), and the outputs a dispatch_async reads back into (result() returns them)
+    cdef size_t s_issued
+    cdef size_t s_out
+    cdef bint s_drain
+    cdef unsigned long long s_direct_h2d
+    cdef vector[cydriver.CUdeviceptr] s_out_dev
+    cdef list s_outs
 
     cdef void _release_views(self) noexcept
     cdef void _release_out_views(self) noexcept
@@ -63,6 +72,8 @@ cdef class PendingDispatch:
     cdef object _result(self, timeout)
     cdef object _result_into(self, outputs, timeout)
     cdef object _timed_result(self, timeout)
+    cdef list _new_outputs(self)
+    cdef int _copy_streamed(self, list outs) except -1
 
 
 cdef int wait_nogil(PendingDispatch d, cydriver.CUresult* status) noexcept nogil

@@ -26,7 +26,7 @@ from ._counters cimport (
 from ._driver cimport check_cu, bind_context, now_ns
 from ._pools cimport lend_block
 from ._transfer cimport TransferEngine
-from ._windows cimport Piece, page_locked
+from ._windows cimport CopyTask, Piece, page_locked
 from ._prepared cimport Prepared, DevCopy
 from ._core cimport Core
 from ._launch cimport collect, late_device_outputs, stream_waits
@@ -257,7 +257,7 @@ cdef class PendingDispatch:
         if status != cydriver.CUDA_SUCCESS:
             core._fail(d, status, call)
         if p.ring:
-            core.tel[T_D2H_OPS] += d.ops[0]
+            core.tel[T_D2H_OPS] += p.tel_d2h_ops if p.streamed else d.ops[0]
             core.tel[T_RING_CHUNKS] += d.ops[1]
             for k in range(d.out_direct.size()):
                 if d.out_direct[k]:
@@ -303,6 +303,8 @@ cdef class PendingDispatch:
         d.out_pieces.clear()
         d.out_dev.clear()
         d.out_direct.assign(n, 0)
+        if p.streamed:
+            d.s_out_dev.assign(n, 0)
         for k in range(n):
             piece.dev_offset = p.outputs[k].offset
             piece.n = p.outputs[k].nbytes
@@ -329,7 +331,10 @@ cdef class PendingDispatch:
                         raise exc
             if dv is not None:  # a device array: copied device-to-device from the slab, not read back
                 dc.ptr, dc.dev_offset, dc.n = <cydriver.CUdeviceptr>dv.ptr, piece.dev_offset, piece.n
-                d.out_dev.push_back(dc)
+                if p.streamed:
+                    d.s_out_dev[k] = dc.ptr  # each chunk's rows, device-to-device from its slot
+                else:
+                    d.out_dev.push_back(dc)
                 if d.keep is None:
                     d.keep = []
                 d.keep.append(dv.keep)
@@ -366,13 +371,56 @@ cdef class PendingDispatch:
         cdef const char* call = NULL
         cdef Prepared p = self.prep
         cdef TransferEngine xfer = self.core.resources.xfer
-        self._targets(outs)
+        if self.s_outs is None:
+            self._targets(outs)
         if self.out_dev.size() and not self.out_dev_issued:
             late_device_outputs(self)
         with nogil:
             st = collect(self, p, xfer, &call)
         self._after_collect(st, call)
         self._audit()
+        if self.s_outs is not None and outs is not self.s_outs:
+            self._copy_streamed(outs)
+        return 0
+
+    cdef list _new_outputs(self):
+        # a streamed dispatch_async read back into arrays of its own as it ran
+        return self.s_outs if self.s_outs is not None else new_outputs(self.core, self.prep)
+
+    cdef int _copy_streamed(self, list outs) except -1:
+        """result_into of a streamed dispatch_async: its outputs (complete, in its own arrays)
+        copied into the caller's, checked by check_outputs (host: the copy threads; device: one
+        upload each, on the dispatch's stream)."""
+        cdef Py_buffer view
+        cdef cnp.ndarray src
+        cdef size_t n
+        cdef Py_ssize_t k
+        cdef CopyTask task
+        cdef cydriver.CUdeviceptr dst
+        cdef void* data
+        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+        cdef TransferEngine xfer = self.core.resources.xfer
+        for k in range(len(outs)):
+            src = <cnp.ndarray>self.s_outs[k]
+            n = <size_t>cnp.PyArray_NBYTES(src)
+            dv = self.out_checked[k] if self.out_checked is not None else None
+            if dv is not None:
+                dst = <cydriver.CUdeviceptr><uintptr_t>dv.ptr
+                data = cnp.PyArray_DATA(src)
+                with nogil:
+                    st = cydriver.cuMemcpyHtoDAsync(dst, data, n, self.f.stream)
+                    if st == cydriver.CUDA_SUCCESS:
+                        st = cydriver.cuStreamSynchronize(self.f.stream)
+                if st != cydriver.CUDA_SUCCESS:
+                    self.core._fail(self, st, b"cuMemcpyHtoDAsync")
+                continue
+            PyObject_GetBuffer(outs[k], &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+            task.dst = <char*>view.buf
+            task.src = <const char*>cnp.PyArray_DATA(src)
+            task.n = n
+            with nogil:
+                xfer.pool.run(&task, 1, False)
+            PyBuffer_Release(&view)
         return 0
 
     def is_ready(self):
@@ -415,7 +463,7 @@ cdef class PendingDispatch:
     cdef object _result(self, timeout):
         self._take()
         self._wait(timeout)
-        outs = new_outputs(self.core, self.prep)
+        outs = self._new_outputs()
         self._collect(outs)
         self._finish()
         return outs
@@ -474,7 +522,7 @@ cdef class PendingDispatch:
         t_wait0 = now_ns()
         self._wait(timeout)
         check_cu(cydriver.cuEventElapsedTime(&ms, self.f.t0, self.f.t1), b"cuEventElapsedTime")
-        outs = new_outputs(self.core, self.prep)
+        outs = self._new_outputs()
         self._collect(outs)
         t_end = now_ns()
         wall = t_end - self.f.t_start

@@ -177,6 +177,7 @@ class CudaBackend:
         self._ctx = _driver.retain_primary_context(self.device)
         self._owns_context = True  # (the finalizer closes only a backend that retained a context)
         self._plan_lock = threading.RLock()
+        self._stream_tuning = None  # the streamed route's constants (profile._hooks.set_stream_tuning)
         self._core = Core(
             self._ctx,
             device_pool_bytes,
@@ -371,8 +372,6 @@ class CudaBackend:
         cfg = None if config is None else as_config(config)
         lengths, on_device = self._lengths(program, inputs, as_config(cfg))
         plan = self._planned(program, lengths, cfg, on_device, inputs)
-        if plan.route.kind == "streamed":
-            return plan  # planned only: the core does not prepare streamed plans (planning.stream)
         return self._prepare(plan).plan
 
     def _lengths(self, program, inputs, cfg):
@@ -425,13 +424,6 @@ class CudaBackend:
         ``device_inputs``: indices of the inputs in device memory; ``inputs``: the dispatch's own
         inputs (autotune measures on them)."""
         plan = self._planned(program, lengths, config, device_inputs, inputs)
-        if plan.route.kind == "streamed":
-            # never hand the core a plan it would run on another route (planning.stream's flag)
-            raise UnsupportedFeature(
-                f"the dispatch was planned on the streamed route ({plan.route.reason}), which this "
-                "release's core does not execute",
-                "pass DispatchConfig(streamed=False), or leave planning.stream.STREAMED_ROUTE_AVAILABLE False",
-            )
         return self._prepare(plan)
 
     def _prepare(self, plan):
@@ -444,7 +436,14 @@ class CudaBackend:
         cfg = as_config(config)
         with self._plan_lock:
             plan = plan_dispatch(
-                program, lengths, cfg, self._caps, self._modules, device_inputs, self._free_device_memory
+                program,
+                lengths,
+                cfg,
+                self._caps,
+                self._modules,
+                device_inputs,
+                self._free_device_memory,
+                self._stream_tuning,
             )
         if cfg.autotune:
             plan = self._tuned(program, lengths, cfg, plan, device_inputs, inputs)

@@ -170,8 +170,6 @@ class DispatchConfig:
         rows pipelined over a few streams, so uploads, kernels and readbacks overlap and a
         dispatch may exceed device memory. None (default): the planner decides by size and
         memory; True: always (refused for a program that is not elementwise); False: never.
-        The route is planned but not yet executed by this release, so the planner never picks
-        it and ``streamed=True`` is refused (``planning.stream.STREAMED_ROUTE_AVAILABLE``).
     device_memory_budget : int, optional
         The most device bytes one dispatch may hold (a positive int). A dispatch over it
         streams when its program is elementwise and is refused otherwise; None: bounded only by

@@ -25,7 +25,7 @@ from .binding import BindingPlan, input_spec, plan_bindings
 from .caps import DeviceCaps, check_capabilities
 from .launch import LaunchPlan, Route, barrier_ceiling, plan_launch, route_grid_sync
 from .layout import SlabLayout, plan_layout
-from .stream import StreamPlan, check_serial_budget, plan_stream
+from .stream import StreamPlan, StreamTuning, check_serial_budget, plan_stream
 
 __all__ = [
     "DispatchPlan",
@@ -199,11 +199,13 @@ def plan_dispatch(
     modules,
     device_inputs=frozenset(),
     free_memory: Callable[[], int | None] | None = None,
+    stream_tuning: StreamTuning | None = None,
 ) -> DispatchPlan:
     """Plan one dispatch of ``program`` on inputs of ``lengths`` bytes (see :class:`DispatchPlan`);
     ``device_inputs``: the indices of inputs that are device memory (used in place, not uploaded);
     ``free_memory``: reads the device's free bytes, called only when an elementwise dispatch's
-    streamed route is sized (without it, 90% of total memory stands in)."""
+    streamed route is sized (without it, 90% of total memory stands in); ``stream_tuning``: the
+    streamed route's constants (None: the measured defaults)."""
     bindings, launch, compiled, module, route = plan_route(program, lengths, config, caps, modules)
     cooperative = route.kind == "cooperative"
     if program.grid_sync and cooperative and not module.barrier:
@@ -223,6 +225,7 @@ def plan_dispatch(
             serial_bytes=layout.slab_bytes,
             device_inputs=device_inputs,
             free_memory=free_memory,
+            tuning=stream_tuning,
         )
         if stream.streamed:
             assert stream.full is not None

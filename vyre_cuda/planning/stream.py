@@ -17,12 +17,8 @@ applied to the chunk's binding counts (the chunk's element count), word ``bindin
 binding is the chunk's count and of any other binding its whole count. Pure outputs are cleared
 in the slot before each chunk's launch; read-write bindings upload and read back the same chunk.
 
-**The route is planned, not executed, in this release.** ``STREAMED_ROUTE_AVAILABLE`` is False
-until the core runs streamed plans: the planner then never chooses the route by itself (every
-dispatch keeps today's serial route), ``DispatchConfig(streamed=True)`` is refused, and a dispatch
-over device memory is refused as before. With the flag on (tests, ``plan_info``) the decision and
-the geometry are exercised in full. The constants below are first estimates, to be tuned by
-measurement on the GPU (notes/streamed-dispatch.md says how).
+The core executes the plan (``vyre_cuda._streamed``). The constants below were measured on an
+H200 (the README's "Streamed dispatch" section gives the figures).
 """
 
 from __future__ import annotations
@@ -42,7 +38,6 @@ from .layout import COPY_ALIGN, REGION_ALIGN
 from .stream_rules import serial_blocker, shared_rows
 
 __all__ = [
-    "STREAMED_ROUTE_AVAILABLE",
     "STREAM_CHUNK_BYTES",
     "STREAM_MIN_CHUNKS",
     "STREAM_COUNT",
@@ -58,9 +53,6 @@ __all__ = [
     "check_streamed_config",
     "check_serial_budget",
 ]
-
-# False until the core executes streamed plans: the one switch between "planned" and "run".
-STREAMED_ROUTE_AVAILABLE = False
 
 # To be tuned by measurement. Bytes of the largest cut buffer in one chunk: a CuPy prototype of this
 # pipeline reached 1.04x the duplex DMA limit of an H200 with 8 MiB chunks on 3-4 streams.
@@ -91,7 +83,8 @@ class StreamTuning:
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            object.__setattr__(self, f.name, _count(getattr(self, f.name), f"StreamTuning.{f.name}"))
+            low = 0 if f.name == "min_waves" else 1  # 0: no fill rule (chunks of any row count)
+            object.__setattr__(self, f.name, _count(getattr(self, f.name), f"StreamTuning.{f.name}", low))
 
 
 @dataclass(frozen=True)
@@ -260,12 +253,6 @@ def check_streamed_config(streamed, budget) -> tuple:
                 "elementwise program, False to forbid it",
             )
         streamed = bool(streamed)
-        if streamed and not STREAMED_ROUTE_AVAILABLE:
-            raise UnsupportedFeature(
-                "DispatchConfig(streamed=True): the streamed route is planned but not yet executed by "
-                "this release of vyre_cuda",
-                "pass streamed=None (the default) or False; the dispatch then runs on the serial route",
-            )
     if budget is not None:
         whole = isinstance(budget, (int, np.integer)) and not isinstance(budget, (bool, np.bool_))
         if not whole or not 1 <= budget <= U64_MAX:
@@ -293,8 +280,13 @@ def check_serial_budget(config, slab_bytes: int) -> None:
 
 
 # ---------------------------------------------------------------------------------- planning
+# streams one dispatch holds at most (the core keeps their handles in fixed arrays)
+MAX_STREAMS = 8
+
+
 def _stream_count(copy_engines: int, wanted: int) -> int:
     # two copy engines: upload, kernel and readback overlap; one: copies serialise, kernel overlaps
+    wanted = min(wanted, MAX_STREAMS)
     if copy_engines >= 2:
         return wanted
     return min(wanted, 2) if copy_engines == 1 else 1
@@ -396,7 +388,6 @@ def plan_stream(
     free_memory: Callable[[], int | None] | None = None,
     tuning: StreamTuning | None = None,
     device_inputs=frozenset(),
-    available: bool | None = None,
 ) -> StreamPlan:
     """The route of one dispatch and, when it can stream, its :class:`StreamPlan` (pure).
 
@@ -404,13 +395,11 @@ def plan_stream(
     device bytes the serial route would hold (its slab), ``device`` what the device offers (by
     default from ``caps`` and ``free_memory()``, the device's free bytes: a driver call, made only
     for a dispatch that could stream, once its route is being sized), ``tuning`` the constants,
-    ``available`` the route switch (default ``STREAMED_ROUTE_AVAILABLE``). The route is
-    ``"streamed"`` when available and forced (``DispatchConfig(streamed=True)``), when the serial
+    The route is ``"streamed"`` when forced (``DispatchConfig(streamed=True)``), when the serial
     route would exceed the memory budget (``device_memory_budget`` or free device memory), or when
     the dispatch makes at least ``tuning.min_chunks`` chunks; else ``"serial"``, with the reason.
     """
     tuning = tuning or StreamTuning()
-    available = STREAMED_ROUTE_AVAILABLE if available is None else available
     forced = config.streamed is True
     if config.streamed is False:
         return StreamPlan("serial", "DispatchConfig(streamed=False)")
@@ -485,14 +474,7 @@ def plan_stream(
     cut = [b for b in stream_bindings if b.cut]
     held = geometry.held(chunk_rows, streams)
     params_h2d = 4 * params_len * (1 if last_rows == chunk_rows else 2)
-    if not available:
-        if forced:  # (DispatchConfig refuses streamed=True already; a plan never runs it silently)
-            raise UnsupportedFeature(
-                "DispatchConfig(streamed=True): the streamed route is planned but not yet executed by this release",
-                "pass streamed=None (the default) or False",
-            )
-        route, reason = "serial", "the streamed route is not available in this release (STREAMED_ROUTE_AVAILABLE)"
-    elif forced:
+    if forced:
         route, reason = "streamed", "DispatchConfig(streamed=True)"
     elif needed:
         route = "streamed"

@@ -25,6 +25,8 @@ __all__ = [
     "prepared_plan",
     "profiled_dispatch",
     "set_min_window",
+    "set_stream_tuning",
+    "set_streamed_copy_mode",
     "set_streaming_copies",
     "set_wait_mode",
     "stage_names",
@@ -55,6 +57,22 @@ def set_min_window(upload: int, readback: int = 0) -> None:
     from .. import _windows
 
     _windows._set_min_window(upload, readback)
+
+
+def set_stream_tuning(backend, tuning) -> None:
+    """``backend``'s streamed-route constants: a :class:`~vyre_cuda.planning.stream.StreamTuning`
+    (chunk bytes, streams, the smallest chunk count, waves per chunk), or None for the measured
+    defaults. Cached plans are dropped, so the next dispatch plans with it."""
+    backend._stream_tuning = tuning
+    backend._core.clear_prepared()
+
+
+def set_streamed_copy_mode(mode: int) -> None:
+    """Process-wide: how the streamed route's copy threads store (0: the transfer engine's rule,
+    1: plain stores, 2: non-temporal stores)."""
+    from .. import _streamed
+
+    _streamed._set_copy_mode(mode)
 
 
 def set_streaming_copies(backend, upload_max: int, readback_max: int) -> None:
