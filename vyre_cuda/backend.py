@@ -120,13 +120,15 @@ class CudaBackend:
     device : int
         Device ordinal.
     device_pool_bytes, pinned_pool_bytes : int
-        How much freed device memory and pinned staging the pools keep cached (small dispatches;
-        large device slabs come from the driver's stream-ordered pool, which keeps what it grew to
-        until :meth:`trim`).
+        How much freed device memory and page-locked staging the pools keep cached: the pinned
+        mirrors of small dispatches and the staging slots of streamed ones (a streamed dispatch in
+        flight holds one block, about 72 MiB for three float32 buffers; the default keeps enough
+        for 16 in flight). Large device slabs come from the driver's stream-ordered pool, which
+        keeps what it grew to until :meth:`trim`.
     staging_chunk_bytes, staging_chunks : int
-        The staging ring that large transfers stream through: ``staging_chunks`` page-locked chunks
-        of ``staging_chunk_bytes`` each, allocated once at the first large dispatch. This is all
-        the page-locked memory large dispatches use, however large their buffers.
+        The staging ring that large serial transfers stream through: ``staging_chunks``
+        page-locked chunks of ``staging_chunk_bytes`` each, allocated once at the first large
+        dispatch, however large their buffers.
     copy_threads : int or None
         Native threads (besides the dispatching one) that split large host copies; None picks
         ``min(8, os.cpu_count() - 1)``. 0 copies on the dispatching thread only.
@@ -153,7 +155,7 @@ class CudaBackend:
         device: int = 0,
         *,
         device_pool_bytes: int = 256 << 20,
-        pinned_pool_bytes: int = 128 << 20,
+        pinned_pool_bytes: int = 2 << 30,
         staging_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         staging_chunks: int = DEFAULT_CHUNKS,
         copy_threads: int | None = None,
