@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._accounting import U64_MAX, align_up, checked_add, checked_mul
-from ..errors import DeviceOutOfMemory, UnsupportedFeature, ValidationError
+from ..errors import DeviceOutOfMemory, ValidationError
 from ..program import BindingRole
 from .caps import DeviceCaps
 from .launch import params_words, plan_launch
