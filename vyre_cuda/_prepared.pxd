@@ -124,6 +124,7 @@ cdef class Prepared:
     # its shared region, ``staging_block`` its staging slots (uploads first, then readbacks)
     cdef bint streamed
     cdef int s_streams
+    cdef int s_direct_streams  # streams used when nothing is staged
     cdef size_t s_chunks
     cdef size_t s_chunk_rows
     cdef size_t s_shared

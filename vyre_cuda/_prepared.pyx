@@ -147,6 +147,7 @@ cdef class Prepared:
         self.streamed = True
         self.ring = True  # page-locked inputs and outputs DMA directly; the rest is staged
         self.s_streams = stream.streams
+        self.s_direct_streams = stream.direct_streams
         self.s_chunks = stream.chunk_count
         self.s_chunk_rows = stream.chunk_rows
         self.s_shared = stream.shared_bytes

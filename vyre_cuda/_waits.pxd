@@ -52,6 +52,7 @@ cdef class PendingDispatch:
     # the readbacks itself (blocking), the direct H2D bytes, each output's device pointer (0: a
     # host output), and the outputs a dispatch_async reads back into (result() returns them)
     cdef size_t s_issued
+    cdef int s_used  # streams (and slots) this run uses: all of the plan's, or its direct count
     cdef size_t s_out
     cdef bint s_drain
     cdef unsigned long long s_direct_h2d

@@ -69,9 +69,21 @@ def _transfer_settings(chunk_bytes, chunks, threads):
         )
     chunks = whole("staging_chunks", chunks, 2, 64, "pass staging_chunks=4 (at least 2 to overlap copy and DMA)")
     if threads is None:
-        threads = min(8, max(0, (os.cpu_count() or 1) - 1))
+        threads = default_copy_threads()
     threads = whole("copy_threads", threads, 0, 256, "pass copy_threads=None for the default, or 0..256")
     return chunk_bytes, chunks, threads
+
+
+def default_copy_threads() -> int:
+    """Every core this process may run on but the dispatching one, at most 15: measured on an H200
+    host (16 cores), staged copies scale to 16 threads, and the streamed route from numpy arrays
+    reaches 1.23x the both-directions DMA time with 15 threads against 1.66x with 8. The threads
+    sleep between large copies."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return min(15, max(0, cores - 1))
 
 
 # what plan_info() returns (the name of earlier releases)
@@ -131,7 +143,8 @@ class CudaBackend:
         dispatch, however large their buffers.
     copy_threads : int or None
         Native threads (besides the dispatching one) that split large host copies; None picks
-        ``min(8, os.cpu_count() - 1)``. 0 copies on the dispatching thread only.
+        one per core this process may use but one, at most 15. 0 copies on the dispatching
+        thread only.
     output_cache_bytes : int
         Host memory kept for the outputs of large dispatches once those arrays die, so the next
         large output needs no fresh (page-faulting) memory. 0 turns the cache off.

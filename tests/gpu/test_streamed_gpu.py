@@ -118,7 +118,7 @@ def test_align(small_chunks, rng):
 @pytest.mark.parametrize("dtype", sorted(CTYPES))
 def test_every_dtype(small_chunks, rng, dtype):
     program = add_program(dtype)
-    n = 200_003
+    n = 700_001  # several 256 KiB chunks even of 1-byte elements
     a, b = random(rng, n, NUMPY[dtype]), random(rng, n, NUMPY[dtype])
     assert small_chunks.plan_info(program, [a, b], STREAMED).stream.chunk_count >= 2
     (out,) = small_chunks.dispatch(program, [a, b], STREAMED)
