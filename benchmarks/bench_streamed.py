@@ -309,7 +309,8 @@ def build_parser():
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--copy-threads", type=int, default=None)
-    ap.add_argument("--copy-mode", type=int, default=0, help="0: the engine's rule, 1: plain, 2: non-temporal stores")
+    ap.add_argument("--copy-mode", type=int, default=None,
+                    help="the streamed copy jobs' stores: 0 the engine's rule, 1 plain (default), 2 non-temporal")
     ap.add_argument("--tune", action="store_true", help="sweep chunk bytes x streams instead")
     ap.add_argument("--tune-chunks", type=proto.parse_list, default=proto.parse_list("2M,4M,8M,16M,32M"))
     ap.add_argument("--tune-streams", type=lambda s: proto.parse_list(s, int), default=[2, 3, 4])
@@ -329,7 +330,8 @@ def main(argv=None) -> int:
 
     rng = np.random.default_rng(args.seed)
     backend = vc.CudaBackend(0, copy_threads=args.copy_threads)
-    _hooks.set_streamed_copy_mode(args.copy_mode)
+    if args.copy_mode is not None:
+        _hooks.set_streamed_copy_mode(args.copy_mode)
     vecadd, heavy = programs(vc, args.heavy_steps)
     report = {"meta": {"device": backend.caps.name, "copy_engines": backend.caps.copy_engines,
                        "copy_threads": args.copy_threads, "copy_mode": args.copy_mode, "rounds": args.rounds, "warmup": args.warmup}}
