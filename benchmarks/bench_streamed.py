@@ -120,8 +120,9 @@ def measure_size(vc, backend, program, nbytes, args, rng) -> dict:
         configs = [
             proto.Config("ceiling.dma_h2d", "pinned", "dma H2D alone (2N)", ceilings.h2d, None, 2 * nbytes, None, None),
             proto.Config("ceiling.dma_d2h", "pinned", "dma D2H alone (N)", ceilings.d2h, None, nbytes, None, None),
-            proto.Config("ceiling.dma_both", "pinned", "dma both directions", ceilings.duplex, None, 3 * nbytes,
-                         None, None),
+            proto.Config(
+                "ceiling.dma_both", "pinned", "dma both directions", ceilings.duplex, None, 3 * nbytes, None, None
+            ),
         ]
         for kind, (a, b, out) in hosts.items():
             suffix = "_pinned" if kind == "pinned" else ""
@@ -140,8 +141,12 @@ def measure_size(vc, backend, program, nbytes, args, rng) -> dict:
         r["gb_s"] = r["bytes_moved"] / (r["median_ms"] * 1e6)
     info = backend.plan_info(program, [hosts["numpy"][0], hosts["numpy"][1]])
     print_table(nbytes, rows_out, f"planner's own choice: {info.route.kind} ({info.route.reason})")
-    return {"bytes_per_buffer": nbytes, "rows": rows_out, "planner_route": info.route.kind,
-            "planner_reason": info.route.reason}
+    return {
+        "bytes_per_buffer": nbytes,
+        "rows": rows_out,
+        "planner_route": info.route.kind,
+        "planner_reason": info.route.reason,
+    }
 
 
 def print_table(nbytes, rows, note=""):
@@ -164,20 +169,40 @@ def tune(vc, backend, program, nbytes, args, rng) -> dict:
     ceilings = proto.DmaCeilings(backend.context_handle, pa, pb, pout)
     results = []
     try:
-        duplex = measure([proto.Config("ceiling.dma_both", "pinned", "dma both", ceilings.duplex, None, 3 * nbytes,
-                                       None, None)], args.rounds, args.warmup)[0]["median_ms"]
+        duplex = measure(
+            [proto.Config("ceiling.dma_both", "pinned", "dma both", ceilings.duplex, None, 3 * nbytes, None, None)],
+            args.rounds,
+            args.warmup,
+        )[0]["median_ms"]
         for chunk in args.tune_chunks:
             for streams in args.tune_streams:
                 _hooks.set_stream_tuning(backend, StreamTuning(chunk_bytes=chunk, streams=streams))
-                configs = [dispatch_config(backend, program, DispatchConfig(streamed=True), a, b, out, expected,
-                                           "vyre.streamed", kind, f"{chunk // MIB}M x{streams}", nbytes,
-                                           chunk=chunk, streams=streams)
-                           for kind, (a, b, out) in hosts.items()]
+                configs = [
+                    dispatch_config(
+                        backend,
+                        program,
+                        DispatchConfig(streamed=True),
+                        a,
+                        b,
+                        out,
+                        expected,
+                        "vyre.streamed",
+                        kind,
+                        f"{chunk // MIB}M x{streams}",
+                        nbytes,
+                        chunk=chunk,
+                        streams=streams,
+                    )
+                    for kind, (a, b, out) in hosts.items()
+                ]
                 for r in measure(configs, args.rounds, args.warmup):
                     r["vs_duplex"] = r["median_ms"] / duplex
                     results.append(r)
-                    print(f"{nbytes / MIB:6g} MiB  chunk {chunk / MIB:5g} MiB  streams {streams}  {r['kind']:6} "
-                          f"{r['median_ms']:8.3f} ms  {r['vs_duplex']:.3f}x duplex", flush=True)
+                    print(
+                        f"{nbytes / MIB:6g} MiB  chunk {chunk / MIB:5g} MiB  streams {streams}  {r['kind']:6} "
+                        f"{r['median_ms']:8.3f} ms  {r['vs_duplex']:.3f}x duplex",
+                        flush=True,
+                    )
     finally:
         _hooks.set_stream_tuning(backend, None)
         ceilings.close()
@@ -197,8 +222,9 @@ def heavy_rows(vc, backend, heavy, nbytes, args, rng) -> dict:
     configs = []
     for name, prog in (("vyre.heavy", heavy), ("vyre.heavy_transfer", copy)):
         exp = expected if prog is heavy else hosts["numpy"][0] + hosts["numpy"][1]
-        c = dispatch_config(backend, prog, DispatchConfig(streamed=True), pa, pb, pout, exp, name, "pinned", name,
-                            nbytes)
+        c = dispatch_config(
+            backend, prog, DispatchConfig(streamed=True), pa, pb, pout, exp, name, "pinned", name, nbytes
+        )
         if prog is heavy:
             c.check_rtol = 1e-4
         configs.append(c)
@@ -214,15 +240,20 @@ def heavy_rows(vc, backend, heavy, nbytes, args, rng) -> dict:
             backend.dispatch_into(heavy, [da, db], [dout])
             return None
 
-        configs.append(proto.Config("vyre.heavy_compute", "device", "compute alone (device arrays)", compute, None,
-                                    0, None, None))
+        configs.append(
+            proto.Config("vyre.heavy_compute", "device", "compute alone (device arrays)", compute, None, 0, None, None)
+        )
     rows_out = measure_loose(configs, args, expected)
     for r in rows_out:
         r["gb_s"] = 3 * nbytes / (r["median_ms"] * 1e6)
     t = {r["name"]: r["median_ms"] for r in rows_out}
     limit = max(t.get("vyre.heavy_compute", 0.0), t["vyre.heavy_transfer"])
-    out = {"bytes_per_buffer": nbytes, "steps": args.heavy_steps, "rows": rows_out,
-           "overlap_vs_max": t["vyre.heavy"] / limit if limit else None}
+    out = {
+        "bytes_per_buffer": nbytes,
+        "steps": args.heavy_steps,
+        "rows": rows_out,
+        "overlap_vs_max": t["vyre.heavy"] / limit if limit else None,
+    }
     print(f"\n== heavy kernel, {nbytes / MIB:g} MiB per buffer, {args.heavy_steps} steps ==")
     for r in rows_out:
         print(f"{r['name']:24} {r['median_ms']:9.3f} ms")
@@ -253,8 +284,10 @@ def budget_rows(vc, backend, program, spec, args, rng) -> dict:
     idx = proto.sample_indices(rows, [(0, rows)])
     exp_idx = a[idx] + b[idx]
     results = {}
-    for name, cfg in (("budgeted", DispatchConfig(device_memory_budget=budget)),
-                      ("unbudgeted", DispatchConfig(streamed=True))):
+    for name, cfg in (
+        ("budgeted", DispatchConfig(device_memory_budget=budget)),
+        ("unbudgeted", DispatchConfig(streamed=True)),
+    ):
         info = backend.plan_info(program, [a, b], cfg)
         assert info.route.kind == "streamed" and (name != "budgeted" or info.stream.device_bytes <= budget)
         samples = []
@@ -269,11 +302,16 @@ def budget_rows(vc, backend, program, spec, args, rng) -> dict:
                 samples.append(dt)
         if name == "budgeted":
             np.testing.assert_array_equal(out, a + b)  # every row once
-        results[name] = {"median_ms": 1e3 * float(np.median(samples)), "device_bytes": info.stream.device_bytes,
-                         "chunks": info.stream.chunk_count}
+        results[name] = {
+            "median_ms": 1e3 * float(np.median(samples)),
+            "device_bytes": info.stream.device_bytes,
+            "chunks": info.stream.chunk_count,
+        }
     ratio = results["unbudgeted"]["median_ms"] / results["budgeted"]["median_ms"]
-    print(f"\n== {size / (1 << 30):g} GiB per buffer, budget {budget / (1 << 30):g} GiB ==  {results}  "
-          f"throughput ratio {ratio:.3f}")
+    print(
+        f"\n== {size / (1 << 30):g} GiB per buffer, budget {budget / (1 << 30):g} GiB ==  {results}  "
+        f"throughput ratio {ratio:.3f}"
+    )
     return {"bytes_per_buffer": size, "budget": budget, **results, "budget_vs_unbudgeted": ratio}
 
 
@@ -282,8 +320,11 @@ def targets(report) -> dict:
     by_size = {s["bytes_per_buffer"]: s for s in report.get("sizes", [])}
     for key, kind in (("streamed_pinned_vs_duplex", "pinned"), ("streamed_numpy_vs_duplex", "numpy")):
         name = "vyre.streamed_pinned" if kind == "pinned" else "vyre.streamed"
-        out[key] = {f"{n // MIB}MiB": next(r["vs_duplex"] for r in s["rows"] if r["name"] == name)
-                    for n, s in by_size.items() if n >= 256 * MIB}
+        out[key] = {
+            f"{n // MIB}MiB": next(r["vs_duplex"] for r in s["rows"] if r["name"] == name)
+            for n, s in by_size.items()
+            if n >= 256 * MIB
+        }
     if 4 * MIB in by_size:
         s = by_size[4 * MIB]
         out["streamed_4mib_vs_serial"] = {
@@ -309,8 +350,12 @@ def build_parser():
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--copy-threads", type=int, default=None)
-    ap.add_argument("--copy-mode", type=int, default=None,
-                    help="the streamed copy jobs' stores: 0 the engine's rule, 1 plain (default), 2 non-temporal")
+    ap.add_argument(
+        "--copy-mode",
+        type=int,
+        default=None,
+        help="the streamed copy jobs' stores: 0 the engine's rule, 1 plain (default), 2 non-temporal",
+    )
     ap.add_argument("--tune", action="store_true", help="sweep chunk bytes x streams instead")
     ap.add_argument("--tune-chunks", type=proto.parse_list, default=proto.parse_list("2M,4M,8M,16M,32M"))
     ap.add_argument("--tune-streams", type=lambda s: proto.parse_list(s, int), default=[2, 3, 4])
@@ -325,7 +370,6 @@ def build_parser():
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import vyre_cuda as vc
-
     from vyre_cuda.profile import _hooks
 
     rng = np.random.default_rng(args.seed)
@@ -333,8 +377,16 @@ def main(argv=None) -> int:
     if args.copy_mode is not None:
         _hooks.set_streamed_copy_mode(args.copy_mode)
     vecadd, heavy = programs(vc, args.heavy_steps)
-    report = {"meta": {"device": backend.caps.name, "copy_engines": backend.caps.copy_engines,
-                       "copy_threads": args.copy_threads, "copy_mode": args.copy_mode, "rounds": args.rounds, "warmup": args.warmup}}
+    report = {
+        "meta": {
+            "device": backend.caps.name,
+            "copy_engines": backend.caps.copy_engines,
+            "copy_threads": args.copy_threads,
+            "copy_mode": args.copy_mode,
+            "rounds": args.rounds,
+            "warmup": args.warmup,
+        }
+    }
     t0 = time.perf_counter()
     status = 0
     try:

@@ -25,7 +25,7 @@ from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program
 from vyre_cuda import builtin_programs as bp
 from vyre_cuda.config import as_config
 from vyre_cuda.dask import program_key
-from vyre_cuda.errors import DeviceOutOfMemory, InvalidProgram, UnsupportedFeature, ValidationError
+from vyre_cuda.errors import DeviceOutOfMemory, InvalidProgram, ValidationError
 from vyre_cuda.planning import stream
 from vyre_cuda.planning.binding import plan_bindings
 from vyre_cuda.planning.caps import DeviceCaps

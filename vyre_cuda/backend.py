@@ -28,7 +28,6 @@ from .errors import (
     BackendError,
     CooperativeResidencyExceeded,
     DeviceLost,
-    UnsupportedFeature,
     ValidationError,
 )
 from .planning.caps import DeviceCaps

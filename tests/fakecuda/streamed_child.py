@@ -46,8 +46,9 @@ def backend_with(fake, program, inputs, emulation, rows_per_chunk=None, streams=
     backend = vc.CudaBackend(0)
     if rows_per_chunk is not None:
         itemsize = np.asarray(inputs[0]).dtype.itemsize
-        _hooks.set_stream_tuning(backend, StreamTuning(chunk_bytes=rows_per_chunk * itemsize, streams=streams,
-                                                       min_waves=0))
+        _hooks.set_stream_tuning(
+            backend, StreamTuning(chunk_bytes=rows_per_chunk * itemsize, streams=streams, min_waves=0)
+        )
     fake.emulate(backend, program, inputs, emulation, STREAMED)
     return backend
 
@@ -130,8 +131,16 @@ def align_keeps_chunks_whole_multiples(fake):
 
 @scenario
 def every_dtype_matches_numpy(fake):
-    for name, dtype in (("f32", np.float32), ("f64", np.float64), ("i32", np.int32), ("u8", np.uint8),
-                        ("i16", np.int16), ("u64", np.uint64), ("f16", np.float16), ("i64", np.int64)):
+    for name, dtype in (
+        ("f32", np.float32),
+        ("f64", np.float64),
+        ("i32", np.int32),
+        ("u8", np.uint8),
+        ("i16", np.int16),
+        ("u64", np.uint64),
+        ("f16", np.float16),
+        ("i64", np.int64),
+    ):
         program = vecadd(name)
         n = 5003
         a, b = random(n, dtype), random(n, dtype)
@@ -147,8 +156,12 @@ def every_dtype_matches_numpy(fake):
 def axpb_program():
     return Program(
         Kernel.cuda(_SRC.format(t="float") + "// axpb\n"),
-        [BufferDecl.read("x", 0, "f32"), BufferDecl.read("y", 1, "f32"), BufferDecl.read("coef", 2, "f32", 2),
-         BufferDecl.output("out", 3, "f32")],
+        [
+            BufferDecl.read("x", 0, "f32"),
+            BufferDecl.read("y", 1, "f32"),
+            BufferDecl.read("coef", 2, "f32", 2),
+            BufferDecl.output("out", 3, "f32"),
+        ],
         name="axpb",
         elementwise=["x", "y"],
     )
@@ -336,8 +349,9 @@ def a_budget_below_one_chunk_names_the_bytes_needed(fake):
     n = 20_000
     a, b = random(n), random(n)
     backend = backend_with(fake, program, [a, b], vecadd_emulation(np.float32), 2000)
-    err = raises(vc.ValidationError, backend.dispatch, program, [a, b],
-                 DispatchConfig(streamed=True, device_memory_budget=100))
+    err = raises(
+        vc.ValidationError, backend.dispatch, program, [a, b], DispatchConfig(streamed=True, device_memory_budget=100)
+    )
     assert "device_memory_budget=100" in err.message and "bytes are needed" in err.message, err.message
     budget = 40_000
     cfg = DispatchConfig(device_memory_budget=budget)  # streamed by the budget, not forced

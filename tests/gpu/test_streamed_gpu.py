@@ -22,10 +22,26 @@ from vyre_cuda.profile import _hooks
 
 STREAMED = DispatchConfig(streamed=True)
 MIB = 1 << 20
-CTYPES = {"f32": "float", "f64": "double", "i32": "int", "u8": "unsigned char", "i16": "short",
-          "i64": "long long", "u32": "unsigned int", "f16": "__half"}
-NUMPY = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "u8": np.uint8, "i16": np.int16,
-         "i64": np.int64, "u32": np.uint32, "f16": np.float16}
+CTYPES = {
+    "f32": "float",
+    "f64": "double",
+    "i32": "int",
+    "u8": "unsigned char",
+    "i16": "short",
+    "i64": "long long",
+    "u32": "unsigned int",
+    "f16": "__half",
+}
+NUMPY = {
+    "f32": np.float32,
+    "f64": np.float64,
+    "i32": np.int32,
+    "u8": np.uint8,
+    "i16": np.int16,
+    "i64": np.int64,
+    "u32": np.uint32,
+    "f16": np.float16,
+}
 
 
 def add_program(dtype: str = "f32", **kw) -> Program:
@@ -297,11 +313,12 @@ print("VYRE_RESULT " + json.dumps(res), flush=True)
 def test_a_fault_in_the_middle_of_the_stream():
     root = pathlib.Path(vc.__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-c", FAULT_CHILD], capture_output=True, text=True, timeout=120,
-                          env=env, cwd=root.parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", FAULT_CHILD], capture_output=True, text=True, timeout=120, env=env, cwd=root.parent
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("VYRE_RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    res = json.loads(lines[-1][len("VYRE_RESULT "):])
+    res = json.loads(lines[-1][len("VYRE_RESULT ") :])
     assert res["warm_ok"]
     err = res["error"]
     assert err is not None and err["type"] == "DeviceLost", res

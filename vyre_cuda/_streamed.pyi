@@ -1,0 +1,3 @@
+"""The streamed route's executor (its entry points are cdef: the core calls them)."""
+
+def _set_copy_mode(mode: int) -> None: ...
