@@ -32,6 +32,7 @@ from .errors import (
 )
 from .planning.caps import DeviceCaps
 from .planning.dispatch import DispatchPlan, plan_dispatch, plan_route
+from .planning.stream import StreamTuning
 from .telemetry import Telemetry, TimedDispatchResult
 from .tracing import trace_flags
 
@@ -162,6 +163,9 @@ class CudaBackend:
     ...     assert np.array_equal(out, a + b)
     """
 
+    # the streamed route's constants (None: the measured defaults; profile._hooks.set_stream_tuning)
+    _stream_tuning: StreamTuning | None = None
+
     def __init__(
         self,
         device: int = 0,
@@ -191,7 +195,6 @@ class CudaBackend:
         self._ctx = _driver.retain_primary_context(self.device)
         self._owns_context = True  # (the finalizer closes only a backend that retained a context)
         self._plan_lock = threading.RLock()
-        self._stream_tuning = None  # the streamed route's constants (profile._hooks.set_stream_tuning)
         self._core = Core(
             self._ctx,
             device_pool_bytes,
