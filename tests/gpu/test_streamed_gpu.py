@@ -325,3 +325,14 @@ def test_a_fault_in_the_middle_of_the_stream():
     assert err["status"] == "CUDA_ERROR_ILLEGAL_ADDRESS" and err["last_line"].startswith("Fix: "), err
     assert res["lost"] is True
     assert all(v == 0 for v in res["live"].values()), res["live"]
+
+
+def test_dispatch_split_streams_on_each_device(rng):
+    program = add_program()
+    n = 32 * MIB  # 128 MiB per buffer: two chunks per device, each streamed
+    a, b = random(rng, n), random(rng, n)
+    with vc.DeviceGroup([0]) as group:
+        before = group.backend(0).telemetry.snapshot()["streamed_dispatches"]
+        (out,) = group.dispatch_split(program, [a, b])
+        np.testing.assert_array_equal(out, a + b)
+        assert group.backend(0).telemetry.snapshot()["streamed_dispatches"] - before >= 2
