@@ -34,6 +34,7 @@ from ._counters cimport (
     T_LAUNCHES, T_COOPERATIVE_LAUNCHES, T_SPLIT_LAUNCHES, T_MEMSET_OPS, T_FAILED_DISPATCHES,
     T_LEAKED_ALLOCATIONS, T_STAGED_H2D_BYTES, T_DIRECT_H2D_BYTES, T_RING_CHUNKS, T_GRAPH_REPLAYS,
     T_GRAPH_CAPTURES, T_GRAPH_UPDATES, T_GRAPH_FALLBACKS, T_STREAMED_DISPATCHES, T_STREAMED_CHUNKS,
+    T_IN_PLACE_OUTPUTS,
 )
 from ._driver cimport bind_context, now_ns
 from ._resources cimport Resources, InFlight
@@ -417,7 +418,8 @@ cdef class Core:
             self.tel[T_COOPERATIVE_LAUNCHES] += p.tel_launches
         elif p.route == ROUTE_SPLIT:
             self.tel[T_SPLIT_LAUNCHES] += p.tel_launches
-        self.tel[T_MEMSET_OPS] += p.tel_memsets
+        self.tel[T_MEMSET_OPS] += p.tel_memsets + d.out_inplace.size()
+        self.tel[T_IN_PLACE_OUTPUTS] += d.out_inplace.size()
         if d.graph_events:
             self.tel[T_GRAPH_REPLAYS] += (d.graph_events & G_REPLAY) != 0
             self.tel[T_GRAPH_CAPTURES] += (d.graph_events & G_CAPTURE) != 0

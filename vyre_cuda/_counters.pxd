@@ -33,4 +33,5 @@ cpdef enum:
     T_GRAPH_FALLBACKS  # dispatches of a graph plan that issued their launches instead
     T_STREAMED_DISPATCHES  # dispatches that ran on the streamed route
     T_STREAMED_CHUNKS  # chunks those dispatches were cut into
+    T_IN_PLACE_OUTPUTS  # device outputs the kernel wrote directly (no device-to-device copy)
     N_COUNTERS  # the number of slots (not a counter; keep it last)

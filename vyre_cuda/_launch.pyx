@@ -201,6 +201,13 @@ cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer,
         st = _device_args(d, p, argv, call)
         if st != cydriver.CUDA_SUCCESS:
             return st
+    for i in range(d.out_inplace.size()):
+        # a device output written in place: zeroed first (outputs start at zero), then its pointer
+        argv[d.out_inplace[i].arg] = d.out_inplace[i].ptr
+        call[0] = b"cuMemsetD8Async"
+        st = cydriver.cuMemsetD8Async(d.out_inplace[i].ptr, 0, d.out_inplace[i].n, s)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
     if order != NULL:
         order.lock()
         st = _launch_cooperative(d, p, f, order, argv, argp, n_args, call)

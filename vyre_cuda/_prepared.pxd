@@ -38,6 +38,14 @@ cdef struct DevCopy:
     size_t n
 
 
+cdef struct InPlace:
+    # a device output the kernel writes directly: argument ``arg`` takes ``ptr`` (``n`` bytes,
+    # zeroed first: outputs start at zero)
+    size_t arg
+    cydriver.CUdeviceptr ptr
+    size_t n
+
+
 cdef struct Segment:
     size_t offset
     size_t nbytes
@@ -120,6 +128,7 @@ cdef class Prepared:
     cdef bint ext  # DispatchConfig(stream=...): run on the caller's stream
     cdef cydriver.CUstream ext_stream
     cdef bint device_outputs  # DispatchConfig(outputs="device")
+    cdef vector[long] out_args  # per output: its kernel argument when it may be written in place, else -1
     # the streamed route (planning.stream.StreamPlan); the slab is its device block, ``sources``
     # its shared region, ``staging_block`` its staging slots (uploads first, then readbacks)
     cdef bint streamed

@@ -9,6 +9,8 @@ the plan. The hot path then reads these C fields only.
 
 cimport cython
 import struct
+
+from .program import BindingRole
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
@@ -112,6 +114,12 @@ cdef class Prepared:
         self.ext = stream is not None
         self.ext_stream = <cydriver.CUstream><uintptr_t>(stream or 0)
         self.device_outputs = config.outputs == "device"
+        # a device output may take the kernel's writes directly when the slab region it replaces
+        # is exactly its buffer (no byte range) and it is not also an input
+        position = {slot.binding: k for k, slot in enumerate(plan.bindings.slots)}
+        for slot, (_, nbytes) in zip(plan.bindings.outputs, layout.outputs):
+            whole = slot.decl.output_byte_range is None and nbytes == slot.byte_len
+            self.out_args.push_back(position[slot.binding] if whole and slot.role is BindingRole.OUTPUT else -1)
         if self.route == ROUTE_STREAMED:
             self._streamed_from(plan.stream)
         return self

@@ -7,7 +7,7 @@ from cuda.bindings cimport cydriver
 
 from ._windows cimport Piece
 from ._resources cimport InFlight
-from ._prepared cimport Prepared, DevCopy
+from ._prepared cimport Prepared, DevCopy, InPlace
 from ._core cimport Core
 
 
@@ -40,6 +40,7 @@ cdef class PendingDispatch:
     cdef unsigned long long nvtx_range
     cdef vector[cydriver.CUdeviceptr] dev_ptrs  # per input: its device pointer (empty: no device input)
     cdef vector[DevCopy] out_dev
+    cdef vector[InPlace] out_inplace  # device outputs the kernel writes directly (no copy)
     cdef bint out_dev_issued
     cdef list keep  # device arrays (and DLPack capsules) the GPU uses, held until completion
     cdef list waits  # streams the dispatch stream waits on before its first copy
@@ -65,6 +66,7 @@ cdef class PendingDispatch:
     cdef int _wait(self, timeout) except -1
     cdef int _after_wait(self, int outcome, cydriver.CUresult status, const char* call) except -1
     cdef int _targets(self, list outs) except -1
+    cdef bint _overlaps_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept
     cdef int _collect(self, list outs) except -1
     cdef int _after_collect(self, cydriver.CUresult status, const char* call) except -1
     cdef int _audit(self) except -1

@@ -299,9 +299,11 @@ cdef class PendingDispatch:
         cdef Py_ssize_t k, n = len(outs)
         cdef Piece piece
         cdef DevCopy dc
+        cdef InPlace ip
         cdef list waits = None
         d.out_pieces.clear()
         d.out_dev.clear()
+        d.out_inplace.clear()
         d.out_direct.assign(n, 0)
         if p.streamed:
             d.s_out_dev.assign(n, 0)
@@ -333,6 +335,11 @@ cdef class PendingDispatch:
                 dc.ptr, dc.dev_offset, dc.n = <cydriver.CUdeviceptr>dv.ptr, piece.dev_offset, piece.n
                 if p.streamed:
                     d.s_out_dev[k] = dc.ptr  # each chunk's rows, device-to-device from its slot
+                elif (not d.f.enqueued and p.out_args[k] >= 0 and piece.n
+                      and not d._overlaps_input(dc.ptr, piece.n)):
+                    # not yet launched, and no input shares its bytes: the kernel writes it
+                    ip.arg, ip.ptr, ip.n = <size_t>p.out_args[k], dc.ptr, piece.n
+                    d.out_inplace.push_back(ip)
                 else:
                     d.out_dev.push_back(dc)
                 if d.keep is None:
@@ -351,6 +358,22 @@ cdef class PendingDispatch:
                     if d.out_pieces[k].n and page_locked(d.out_pieces[k].host, d.out_pieces[k].n):
                         d.out_direct[k] = 1
         return 0
+
+    cdef bint _overlaps_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept:
+        # an output written in place must share no byte with a device input (nor with another
+        # output written in place): the kernel would read what it writes
+        cdef size_t i
+        cdef cydriver.CUdeviceptr start
+        cdef Prepared p = self.prep
+        for i in range(p.dev_args.size()):
+            start = self.dev_ptrs[p.dev_args[i].input]
+            if start < ptr + n and ptr < start + p.dev_args[i].nbytes:
+                return True
+        for i in range(self.out_inplace.size()):
+            start = self.out_inplace[i].ptr
+            if start < ptr + n and ptr < start + self.out_inplace[i].n:
+                return True
+        return False
 
     cdef int _wait(self, timeout) except -1:
         cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
