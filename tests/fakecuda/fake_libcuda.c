@@ -25,9 +25,9 @@
  * passing by luck. Each stream (the legacy and per-thread handles 1 and 2 too) has a FIFO queue:
  *  - queued, checked at enqueue exactly as in eager mode and again at execution (memory freed
  *    meanwhile is a violation): the async copies and memsets, kernel launches (arguments copied by
- *    value: the function's argument count must be known, fake_cuda_set_arg_count, else the launch
- *    fails with CUDA_ERROR_NOT_SUPPORTED and a violation) and graph launches (the exec's nodes
- *    copied at launch). A copy from pageable host memory reads its source at the call, as CUDA's
+ *    value, as many as fake_cuda_set_arg_count says; FakeDriver.emulate sets it) and graph
+ *    launches (the exec's nodes copied at launch). A launch of a function whose argument count is
+ *    unknown cannot be copied: it runs its stream's queue, then itself, before returning. A copy from pageable host memory reads its source at the call, as CUDA's
  *    staging does; page-locked sources and every destination are touched only when the op runs.
  *  - cuEventRecord marks the event at the end of the stream's queue; cuStreamWaitEvent queues a
  *    wait naming that mark (a never-recorded event: no wait), which first runs the other stream
@@ -41,6 +41,7 @@
  *    it is kept on its stream and returned (once) by the next synchronize or query of that stream
  *    or of an event recorded on it, or by cuCtxSynchronize.
  *  - counters move at enqueue as in eager mode; fake_cuda_lazy_pending() says how many ops wait.
+ *  - FAKE_CUDA_LAZY=1 in the environment turns it on when the library loads.
  * Lazy mode is meant for tests with ONE thread calling the driver: execution is serialised by its
  * own recursive mutex (a wait runs another stream from inside a run), and the launch hook runs
  * without the fake's lock but holding that mutex, so a second thread calling a running entry
@@ -1443,21 +1444,15 @@ static CUresult run_nodes(const Node* nodes, int n, CUstream s, int eager) {
 }
 
 /* ------------------------------------------------------------------ lazy mode: enqueue and run */
-/* caller holds lock: a launch checked as in eager mode, queued with its arguments' values */
+/* caller holds lock: a launch checked and counted as in eager mode, queued with its arguments'
+ * values. *now: the function's argument count is unknown, so its arguments cannot be copied: the
+ * caller runs the stream's queue, then the launch, before returning (a legal, earlier schedule). */
 static CUresult lazy_launch(CUstream s, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                            unsigned by, unsigned bz, unsigned shared, void** params, int cooperative) {
+                            unsigned by, unsigned bz, unsigned shared, void** params, int cooperative, int* now) {
   Function* fn = (Function*)f;
-  CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, cooperative, 0);
-  if (st != CUDA_SUCCESS) return st;
-  if (fn->arg_count <= 0) {
-    char text[512];
-    snprintf(text, sizeof(text),
-             "lazy mode: a launch of %s, whose argument count is unknown, cannot copy its arguments "
-             "(call fake_cuda_set_arg_count first: FakeDriver.emulate does)", fn->name);
-    violation_text(text);
-    return CUDA_ERROR_NOT_SUPPORTED;
-  }
-  launch(f, gx, gy, gz, bx, by, bz, shared, s, params, cooperative, 1); /* counts it */
+  CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, cooperative, 1);
+  *now = st == CUDA_SUCCESS && fn->arg_count <= 0;
+  if (st != CUDA_SUCCESS || *now) return st;
   Op* op = enqueue(s, OP_KERNELS);
   op->nodes = (Node*)calloc(1, sizeof(Node));
   op->n_nodes = 1;
@@ -1623,6 +1618,11 @@ int fake_cuda_set_lazy(int on) {
   return before;
 }
 
+__attribute__((constructor)) static void lazy_from_environment(void) {
+  const char* v = getenv("FAKE_CUDA_LAZY");
+  lazy = v != NULL && atoi(v) != 0;
+}
+
 long long fake_cuda_lazy_pending(void) {
   pthread_mutex_lock(&lock);
   long long n = lazy_queued;
@@ -1779,10 +1779,14 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     return rst;
   }
   if (lazy) {
-    CUresult rst = lazy_launch(s, f, gx, gy, gz, bx, by, bz, shared, params, 0);
+    int now;
+    CUresult rst = lazy_launch(s, f, gx, gy, gz, bx, by, bz, shared, params, 0, &now);
     last_block_x = (int)bx;
+    launch_hook_t hook = launch_hook;
     pthread_mutex_unlock(&lock);
-    return rst;
+    if (!now) return rst;
+    lazy_run_stream(s);
+    return hook ? (CUresult)hook(f, gx, gy, gz, bx, by, bz, shared, params, 0) : CUDA_SUCCESS;
   }
   CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, 0, 1);
   last_block_x = (int)bx;
@@ -1803,9 +1807,13 @@ CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsig
     return rst;
   }
   if (lazy) {
-    CUresult rst = lazy_launch(s, f, gx, gy, gz, bx, by, bz, shared, params, 1);
+    int now;
+    CUresult rst = lazy_launch(s, f, gx, gy, gz, bx, by, bz, shared, params, 1, &now);
+    launch_hook_t hook = launch_hook;
     pthread_mutex_unlock(&lock);
-    return rst;
+    if (!now) return rst;
+    lazy_run_stream(s);
+    return hook ? (CUresult)hook(f, gx, gy, gz, bx, by, bz, shared, params, 1) : CUDA_SUCCESS;
   }
   CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, 1, 1);
   launch_hook_t hook = launch_hook;

@@ -233,27 +233,38 @@ def launch_arguments_are_copied_at_enqueue(fake):
         image = b".version 8.0\n.target sm_90\n.entry lazy_probe()\n{\n}\n\0"
         raw.check(raw.lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(image)))
         raw.check(raw.lib.cuModuleGetFunction(ctypes.byref(function), module, b"lazy_probe"))
+        n = 256
+        dev, host, s = raw.device(4 * n), raw.pinned(n), raw.stream()
         seen = []
-        fake.emulators[function.value] = lambda launch: seen.append((launch.arg(0), launch.arg(1)))
+
+        def probe(launch):  # the arguments, and whether the upload queued before it had landed
+            landed = np.array_equal(array_at(dev, np.uint32, n), host)
+            seen.append((launch.arg(0), launch.arg(1), landed))
+
+        fake.emulators[function.value] = probe
         values = (U64 * 2)(11, 22)
         argp = (VP * 2)(ctypes.addressof(values), ctypes.addressof(values) + 8)
-        s = raw.stream()
 
         def launch_kernel():
-            return raw.lib.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, s, argp, None)
+            raw.check(raw.lib.cuLaunchKernel(function, 1, 1, 1, 32, 1, 1, 0, s, argp, None))
 
-        violations = fake.stats()["violations"]
-        assert launch_kernel() == 801  # CUDA_ERROR_NOT_SUPPORTED: the argument count is unknown
-        assert fake.stats()["violations"] == violations + 1 and "fake_cuda_set_arg_count" in fake.last_violation()
-        raw.lib.fake_cuda_set_arg_count(function, 2)
-        launches = fake.stats()["launches"]
-        raw.check(launch_kernel())
-        assert fake.stats()["launches"] == launches + 1 and not seen
-        values[0], values[1] = 33, 44  # the caller's argument memory changes after the enqueue
-        raw.check(raw.lib.cuStreamSynchronize(s))
-        assert seen == [(11, 22)], seen
-        del fake.emulators[function.value]
-        raw.lib.cuModuleUnload(module)
+        try:
+            host[:] = words(n)
+            raw.htod(dev, host, s)
+            launch_kernel()  # argument count unknown: it cannot be copied, so it runs now, in order
+            assert seen == [(11, 22, True)] and fake.lazy_pending() == 0, seen
+            raw.lib.fake_cuda_set_arg_count(function, 2)
+            host[:] = words(n)
+            raw.htod(dev, host, s)
+            launches = fake.stats()["launches"]
+            launch_kernel()
+            assert fake.stats()["launches"] == launches + 1 and len(seen) == 1  # counted, not run
+            values[0], values[1] = 33, 44  # the caller's argument memory changes after the enqueue
+            raw.check(raw.lib.cuStreamSynchronize(s))
+            assert seen[1] == (11, 22, True), seen
+        finally:
+            del fake.emulators[function.value]
+            raw.lib.cuModuleUnload(module)
 
 
 @scenario
