@@ -1,8 +1,9 @@
 """A fake CUDA driver for CPU tests: build it, run a child interpreter on it, control it.
 
 ``fake_libcuda.c`` is a small libcuda.so.1 whose device memory is host memory and whose stream
-operations run synchronously, or, in lazy mode (:func:`set_lazy`), as late as CUDA allows. A child interpreter started by :func:`run_python` loads it in place
-of the real driver (``LD_LIBRARY_PATH``), so the real :class:`vyre_cuda.CudaBackend`, its real
+operations run synchronously, or, in lazy mode (:func:`set_lazy`), as late as CUDA allows. A
+child interpreter started by :func:`run_python` loads it in place of the real driver
+(``LD_LIBRARY_PATH``), so the real :class:`vyre_cuda.CudaBackend`, its real
 pools and its real enqueue path run with no GPU: pool, stream and event counters move, copies
 are bounds-checked against live allocations, and a launch calls a Python emulation of the kernel
 when one is registered. Inside the child, :class:`FakeDriver` reads the fake's counters and

@@ -45,8 +45,8 @@
  * Lazy mode is meant for tests with ONE thread calling the driver: execution is serialised by its
  * own recursive mutex (a wait runs another stream from inside a run), and the launch hook runs
  * without the fake's lock but holding that mutex, so a second thread calling a running entry
- * point with the GIL held while a hook waits for the GIL would deadlock (vyre_cuda's copy threads
- * never call the driver).
+ * point with the GIL held while a hook waits for the GIL would deadlock; after 30 s of waiting
+ * the process aborts with that reason (vyre_cuda's copy threads never call the driver).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -1530,9 +1530,25 @@ static void lazy_mu_init(void) {
   pthread_mutexattr_destroy(&attr);
 }
 
-static CUresult lazy_run(CUstream s, unsigned long long serial, unsigned long long mark, int take_error) {
+/* Another thread runs queued work. It may be inside the launch hook, waiting for the GIL that this
+ * thread's caller holds: a deadlock that lazy mode's one-thread rule avoids. Rather than hang a
+ * test run, a wait this long ends the process with the reason. */
+#define LAZY_WAIT_LIMIT_S 30
+static void lazy_enter(void) {
   pthread_once(&lazy_mu_once, lazy_mu_init);
-  pthread_mutex_lock(&lazy_mu);
+  struct timespec limit;
+  clock_gettime(CLOCK_REALTIME, &limit);
+  limit.tv_sec += LAZY_WAIT_LIMIT_S;
+  if (pthread_mutex_timedlock(&lazy_mu, &limit) != 0) {
+    fprintf(stderr, "fake libcuda: lazy mode: waited %d s for another thread's queued stream work (a launch "
+                    "hook waiting for the GIL this thread holds?); lazy mode supports one thread calling the "
+                    "driver\n", LAZY_WAIT_LIMIT_S);
+    abort();
+  }
+}
+
+static CUresult lazy_run(CUstream s, unsigned long long serial, unsigned long long mark, int take_error) {
+  lazy_enter();
   for (;;) {
     pthread_mutex_lock(&lock);
     Queue* q = find_queue(s, serial, 0);
