@@ -1,8 +1,9 @@
 """A fake CUDA driver for CPU tests: build it, run a child interpreter on it, control it.
 
 ``fake_libcuda.c`` is a small libcuda.so.1 whose device memory is host memory and whose stream
-operations run synchronously. A child interpreter started by :func:`run_python` loads it in place
-of the real driver (``LD_LIBRARY_PATH``), so the real :class:`vyre_cuda.CudaBackend`, its real
+operations run synchronously, or, in lazy mode (:func:`set_lazy`), as late as CUDA allows. A
+child interpreter started by :func:`run_python` loads it in place of the real driver
+(``LD_LIBRARY_PATH``), so the real :class:`vyre_cuda.CudaBackend`, its real
 pools and its real enqueue path run with no GPU: pool, stream and event counters move, copies
 are bounds-checked against live allocations, and a launch calls a Python emulation of the kernel
 when one is registered. Inside the child, :class:`FakeDriver` reads the fake's counters and
@@ -182,6 +183,25 @@ class Launch:
         return array_at(address, np.uint32, n)
 
 
+def set_lazy(lib, on: bool = True) -> bool:
+    """Turn the fake driver's lazy mode on or off; return the previous setting.
+
+    ``lib`` is the loaded fake (``FakeDriver().lib`` or ``ctypes.CDLL("libcuda.so.1")`` in a child
+    of :func:`run_python`). In lazy mode every stream operation waits in its stream's queue until
+    a synchronize, a query or a wait forces it (``fake_libcuda.c`` lists what does), so work that
+    the caller does not order correctly gives wrong data. Launches need the function's argument
+    count (:meth:`FakeDriver.emulate` sets it). Turning it off runs every queued op first."""
+    lib.fake_cuda_set_lazy.restype = ctypes.c_int
+    lib.fake_cuda_set_lazy.argtypes = [ctypes.c_int]
+    return bool(lib.fake_cuda_set_lazy(int(bool(on))))
+
+
+def lazy_pending(lib) -> int:
+    """How many stream operations wait in the lazy queues of the fake ``lib`` now."""
+    lib.fake_cuda_lazy_pending.restype = ctypes.c_longlong
+    return int(lib.fake_cuda_lazy_pending())
+
+
 def array_at(address: int, dtype, count: int) -> np.ndarray:
     """A writable numpy view of ``count`` elements of fake device memory at ``address``."""
     dtype = np.dtype(dtype)
@@ -222,6 +242,14 @@ class FakeDriver:
 
     def clear_failures(self) -> None:
         self.lib.fake_cuda_clear_failures()
+
+    def set_lazy(self, on: bool = True) -> bool:
+        """Lazy mode on or off (:func:`set_lazy`); returns the previous setting."""
+        return set_lazy(self.lib, on)
+
+    def lazy_pending(self) -> int:
+        """Stream operations queued in lazy mode and not run yet."""
+        return lazy_pending(self.lib)
 
     def set_occupancy(self, blocks_per_sm: int) -> None:
         """Answer every occupancy query with ``blocks_per_sm`` (-1: compute it)."""

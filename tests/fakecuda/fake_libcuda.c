@@ -18,6 +18,35 @@
  * Graphs: stream capture records launches and 32-bit memsets into a graph (nothing runs), an
  * instantiated exec holds a copy, cuGraphExecUpdate replaces its parameters when the topology
  * matches, and cuGraphLaunch runs the nodes in order (calling the launch hook).
+ *
+ * Lazy mode (fake_cuda_set_lazy(1), off by default): stream work runs as LATE as CUDA allows, so
+ * an ordering bug (a host buffer reused before the DMA that reads it ran, a staging buffer read
+ * before the D2H that fills it ran, a missing cross-stream wait) gives wrong data instead of
+ * passing by luck. Each stream (the legacy and per-thread handles 1 and 2 too) has a FIFO queue:
+ *  - queued, checked at enqueue exactly as in eager mode and again at execution (memory freed
+ *    meanwhile is a violation): the async copies and memsets, kernel launches (arguments copied by
+ *    value, as many as fake_cuda_set_arg_count says; FakeDriver.emulate sets it) and graph
+ *    launches (the exec's nodes copied at launch). A launch of a function whose argument count is
+ *    unknown cannot be copied: it runs its stream's queue, then itself, before returning. A copy from pageable host memory reads its source at the call, as CUDA's
+ *    staging does; page-locked sources and every destination are touched only when the op runs.
+ *  - cuEventRecord marks the event at the end of the stream's queue; cuStreamWaitEvent queues a
+ *    wait naming that mark (a never-recorded event: no wait), which first runs the other stream
+ *    up to it.
+ *  - what runs the queues: cuStreamSynchronize, cuStreamQuery (then success) and cuStreamDestroy
+ *    run the whole stream; cuEventSynchronize, cuEventQuery and cuEventElapsedTime run up to the
+ *    event's mark; cuMemFreeAsync runs its stream; cuCtxSynchronize, cuMemcpyDtoH, cuMemFree,
+ *    cuMemFreeHost, cuMemHostUnregister, cuModuleUnload and fake_cuda_set_lazy(0) run every
+ *    stream. Nothing else runs anything.
+ *  - an op that fails when it runs (a violation, the launch hook's error) is an asynchronous error:
+ *    it is kept on its stream and returned (once) by the next synchronize or query of that stream
+ *    or of an event recorded on it, or by cuCtxSynchronize.
+ *  - counters move at enqueue as in eager mode; fake_cuda_lazy_pending() says how many ops wait.
+ *  - FAKE_CUDA_LAZY=1 in the environment turns it on when the library loads.
+ * Lazy mode is meant for tests with ONE thread calling the driver: execution is serialised by its
+ * own recursive mutex (a wait runs another stream from inside a run), and the launch hook runs
+ * without the fake's lock but holding that mutex, so a second thread calling a running entry
+ * point with the GIL held while a hook waits for the GIL would deadlock; after 30 s of waiting
+ * the process aborts with that reason (vyre_cuda's copy threads never call the driver).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -114,6 +143,9 @@ enum {
 };
 static long long stats[N_STATS];
 static char last_violation[512];
+static int lazy = 0; /* fake_cuda_set_lazy */
+static void lazy_run_all(void);   /* lazy mode: run every stream's queue (errors stay on the streams) */
+static CUresult lazy_sync_all(void); /* ... and take the first asynchronous error of any stream */
 
 static int n_devices(void) {
   const char* v = getenv("FAKE_CUDA_DEVICES");
@@ -124,6 +156,12 @@ static void violation(const char* what, unsigned long long addr, size_t n) {
   stats[S_VIOLATIONS]++;
   snprintf(last_violation, sizeof(last_violation), "%s: [0x%llx, +%zu) is not inside one live allocation", what,
            addr, n);
+  if (getenv("FAKE_CUDA_VERBOSE")) fprintf(stderr, "fake libcuda: %s\n", last_violation);
+}
+
+static void violation_text(const char* text) {
+  stats[S_VIOLATIONS]++;
+  snprintf(last_violation, sizeof(last_violation), "%s", text);
   if (getenv("FAKE_CUDA_VERBOSE")) fprintf(stderr, "fake libcuda: %s\n", last_violation);
 }
 
@@ -429,7 +467,7 @@ CUresult cuCtxSynchronize(void) {
   INJECT("cuCtxSynchronize");
   NEED_CTX();
   pthread_mutex_unlock(&lock);
-  return CUDA_SUCCESS;
+  return lazy ? lazy_sync_all() : CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------------ memory */
@@ -475,7 +513,14 @@ CUresult cuMemAlloc(CUdeviceptr* dptr, size_t bytesize) {
   return CUDA_SUCCESS;
 }
 
+static CUresult mem_free(CUdeviceptr dptr);
+
 CUresult cuMemFree(CUdeviceptr dptr) {
+  if (lazy) lazy_run_all();
+  return mem_free(dptr);
+}
+
+static CUresult mem_free(CUdeviceptr dptr) {
   pthread_mutex_lock(&lock);
   INJECT("cuMemFree");
   NEED_CTX();
@@ -514,6 +559,7 @@ CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
 }
 
 CUresult cuMemFreeHost(void* p) {
+  if (lazy) lazy_run_all();
   pthread_mutex_lock(&lock);
   INJECT("cuMemFreeHost");
   NEED_CTX();
@@ -547,6 +593,7 @@ CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int flags) {
 }
 
 CUresult cuMemHostUnregister(void* p) {
+  if (lazy) lazy_run_all();
   pthread_mutex_lock(&lock);
   INJECT("cuMemHostUnregister");
   NEED_CTX();
@@ -665,10 +712,13 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPoo
   return st;
 }
 
-/* The pool the memory came from is not recorded: a free from a pool only releases the memory. */
+/* The pool the memory came from is not recorded: a free from a pool only releases the memory
+ * (in lazy mode once the stream's work ran; work of other streams still reading it is a bug that
+ * shows as a violation when it runs). */
+static void lazy_run_stream(CUstream s);
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
-  (void)s;
-  return cuMemFree(dptr);
+  if (lazy) lazy_run_stream(s);
+  return mem_free(dptr);
 }
 
 /* ------------------------------------------------------------------ streams and events */
@@ -729,6 +779,107 @@ static CUresult record_memset32(Graph* g, CUdeviceptr dst, unsigned value, size_
   return CUDA_SUCCESS;
 }
 
+/* ------------------------------------------------------------------ lazy mode: the queues */
+enum { OP_HTOD = 1, OP_DTOH, OP_DTOD, OP_MEMSET8, OP_MEMSET32, OP_KERNELS, OP_WAIT };
+typedef struct Op {
+  int kind;
+  char* dst;          /* copies and memsets */
+  const char* src;
+  size_t n;           /* bytes (memset32: words) */
+  int dst_kind, src_kind; /* the allocation kinds checked again when it runs (0: pageable host) */
+  unsigned value;
+  char* snapshot;     /* a pageable source, read at enqueue */
+  Node* nodes;        /* OP_KERNELS: one launch, or a graph's nodes, by value */
+  int n_nodes;
+  CUstream wait_stream; /* OP_WAIT: run this stream (queue serial) up to mark first */
+  unsigned long long wait_serial, wait_mark;
+  struct Op* next;
+} Op;
+
+/* one stream's queue; serial tells a queue from a later one of a stream at the same address */
+typedef struct Queue {
+  CUstream stream;
+  unsigned long long serial, enqueued, done;
+  int running;     /* one of its ops runs now (a wait inside it runs other streams) */
+  CUresult error;  /* the first asynchronous error not yet reported */
+  Op *head, *tail;
+  struct Queue* next;
+} Queue;
+static Queue* queues = NULL;
+static unsigned long long next_queue_serial = 1;
+static long long lazy_queued = 0; /* ops in all queues (fake_cuda_lazy_pending) */
+
+/* caller holds lock */
+static Queue* find_queue(CUstream s, unsigned long long serial, int create) {
+  for (Queue* q = queues; q; q = q->next)
+    if (q->stream == s && (serial == 0 || q->serial == serial)) return q;
+  if (!create) return NULL;
+  Queue* q = (Queue*)calloc(1, sizeof(Queue));
+  q->stream = s;
+  q->serial = next_queue_serial++;
+  q->next = queues;
+  queues = q;
+  return q;
+}
+
+static void free_op(Op* op) {
+  free(op->snapshot);
+  free(op->nodes);
+  free(op);
+}
+
+/* caller holds lock: a new op at the end of s's queue */
+static Op* enqueue(CUstream s, int kind) {
+  Queue* q = find_queue(s, 0, 1);
+  Op* op = (Op*)calloc(1, sizeof(Op));
+  op->kind = kind;
+  if (q->tail) q->tail->next = op;
+  else q->head = op;
+  q->tail = op;
+  q->enqueued++;
+  lazy_queued++;
+  return op;
+}
+
+/* caller holds lock: the page-locked allocation kind holding [p, p + n), 0 for pageable memory */
+static int host_kind(const char* p, size_t n) {
+  if (find_range(p, n, KIND_HOST)) return KIND_HOST;
+  if (find_range(p, n, KIND_REGISTERED)) return KIND_REGISTERED;
+  return 0;
+}
+
+/* caller holds lock: queue a copy; a pageable host source is read now */
+static void enqueue_copy(CUstream s, int kind, char* dst, const char* src, size_t n) {
+  Op* op = enqueue(s, kind);
+  op->dst = dst;
+  op->src = src;
+  op->n = n;
+  op->dst_kind = kind == OP_DTOH ? host_kind(dst, n) : KIND_DEVICE;
+  op->src_kind = kind == OP_HTOD ? host_kind(src, n) : KIND_DEVICE;
+  if (kind == OP_HTOD && op->src_kind == 0) {
+    op->snapshot = (char*)malloc(n ? n : 1);
+    memcpy(op->snapshot, src, n);
+  }
+}
+
+/* caller holds lock: remove a destroyed stream's (drained) queue */
+static void drop_queue(CUstream s) {
+  for (Queue** pq = &queues; *pq; pq = &(*pq)->next) {
+    if ((*pq)->stream == s) {
+      Queue* q = *pq;
+      *pq = q->next;
+      for (Op* op = q->head; op;) {
+        Op* next = op->next;
+        free_op(op);
+        lazy_queued--;
+        op = next;
+      }
+      free(q);
+      return;
+    }
+  }
+}
+
 CUresult cuStreamCreate(CUstream* s, unsigned int flags) {
   (void)flags;
   pthread_mutex_lock(&lock);
@@ -760,7 +911,13 @@ static int capturing(CUstream s) { return is_stream(s) && (uintptr_t)s > 2 && ((
     }                                                 \
   } while (0)
 
+/* lazy mode: run s's whole queue, or up to mark of the queue with that serial (0: the live one);
+ * then take its asynchronous error when take_error */
+static CUresult lazy_run(CUstream s, unsigned long long serial, unsigned long long mark, int take_error);
+#define ALL_OPS (~0ull)
+
 CUresult cuStreamDestroy(CUstream s) {
+  if (lazy) lazy_run(s, 0, ALL_OPS, 0);
   pthread_mutex_lock(&lock);
   INJECT("cuStreamDestroy");
   NEED_CTX();
@@ -768,6 +925,7 @@ CUresult cuStreamDestroy(CUstream s) {
     pthread_mutex_unlock(&lock);
     return CUDA_ERROR_INVALID_HANDLE;
   }
+  drop_queue(s);
   ((Handle*)s)->magic = 0;
   free(s);
   stats[S_STREAMS]--;
@@ -783,6 +941,7 @@ CUresult cuStreamSynchronize(CUstream s) {
   stats[S_SYNCS]++;
   int ok = is_stream(s);
   pthread_mutex_unlock(&lock);
+  if (ok && lazy) return lazy_run(s, 0, ALL_OPS, 1);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
@@ -793,15 +952,19 @@ CUresult cuStreamQuery(CUstream s) {
   NO_CAPTURE(s);
   int ok = is_stream(s);
   pthread_mutex_unlock(&lock);
+  if (ok && lazy) return lazy_run(s, 0, ALL_OPS, 1);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
+
+/* lazy mode: where the last cuEventRecord put the event (recorded == 0: never, or in eager mode) */
+typedef struct { int magic; int recorded; CUstream stream; unsigned long long serial, mark; } Event;
 
 CUresult cuEventCreate(CUevent* e, unsigned int flags) {
   (void)flags;
   pthread_mutex_lock(&lock);
   INJECT("cuEventCreate");
   NEED_CTX();
-  Handle* h = (Handle*)malloc(sizeof(Handle));
+  Event* h = (Event*)calloc(1, sizeof(Event));
   h->magic = EVENT_MAGIC;
   stats[S_EVENTS]++;
   stats[S_EVENT_CREATES]++;
@@ -827,6 +990,14 @@ CUresult cuEventDestroy(CUevent e) {
   return CUDA_SUCCESS;
 }
 
+/* lazy mode: run the stream e was recorded on up to its mark (success for an unrecorded event) */
+static CUresult lazy_run_event(CUevent e, int take_error) {
+  pthread_mutex_lock(&lock);
+  Event copy = *(Event*)e;
+  pthread_mutex_unlock(&lock);
+  return copy.recorded ? lazy_run(copy.stream, copy.serial, copy.mark, take_error) : CUDA_SUCCESS;
+}
+
 #define EVENT_CALL(name)                                                  \
   CUresult name(CUevent e) {                                              \
     pthread_mutex_lock(&lock);                                            \
@@ -834,6 +1005,7 @@ CUresult cuEventDestroy(CUevent e) {
     NEED_CTX();                                                           \
     int ok = is_event(e);                                                 \
     pthread_mutex_unlock(&lock);                                          \
+    if (ok && lazy) return lazy_run_event(e, 1);                          \
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;                 \
   }
 EVENT_CALL(cuEventQuery)
@@ -845,6 +1017,16 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
   NEED_CTX();
   NO_CAPTURE(s);
   int ok = is_event(e) && is_stream(s);
+  if (ok) {
+    Event* ev = (Event*)e;
+    ev->recorded = lazy;
+    if (lazy) {
+      Queue* q = find_queue(s, 0, 1);
+      ev->stream = s;
+      ev->serial = q->serial;
+      ev->mark = q->enqueued;
+    }
+  }
   pthread_mutex_unlock(&lock);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
@@ -857,6 +1039,13 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
   NO_CAPTURE(s);
   int ok = is_event(e) && is_stream(s);
   if (ok) stats[S_STREAM_WAITS]++;
+  Event* ev = (Event*)e;
+  if (ok && lazy && ev->recorded) {
+    Op* op = enqueue(s, OP_WAIT);
+    op->wait_stream = ev->stream;
+    op->wait_serial = ev->serial;
+    op->wait_mark = ev->mark;
+  }
   pthread_mutex_unlock(&lock);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
@@ -867,6 +1056,10 @@ CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
   NEED_CTX();
   int ok = is_event(a) && is_event(b);
   pthread_mutex_unlock(&lock);
+  if (ok && lazy) {
+    lazy_run_event(a, 0);
+    lazy_run_event(b, 0);
+  }
   *ms = 0.001f;
   for (int k = 0; k < 16 && block_times[k].block; k++)
     if (block_times[k].block == last_block_x) *ms = block_times[k].ms;
@@ -885,8 +1078,10 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream 
     pthread_mutex_unlock(&lock);
     return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
   }
+  int deferred = lazy;
+  if (deferred) enqueue_copy(s, OP_HTOD, (char*)(uintptr_t)dst, (const char*)src, n);
   pthread_mutex_unlock(&lock);
-  memcpy((void*)(uintptr_t)dst, src, n);
+  if (!deferred) memcpy((void*)(uintptr_t)dst, src, n);
   return CUDA_SUCCESS;
 }
 
@@ -901,8 +1096,10 @@ CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
     pthread_mutex_unlock(&lock);
     return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
   }
+  int deferred = lazy;
+  if (deferred) enqueue_copy(s, OP_DTOH, (char*)dst, (const char*)(uintptr_t)src, n);
   pthread_mutex_unlock(&lock);
-  memcpy(dst, (const void*)(uintptr_t)src, n);
+  if (!deferred) memcpy(dst, (const void*)(uintptr_t)src, n);
   return CUDA_SUCCESS;
 }
 
@@ -917,12 +1114,15 @@ CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
     pthread_mutex_unlock(&lock);
     return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
   }
+  int deferred = lazy && !capturing(s);
+  if (deferred) enqueue_copy(s, OP_DTOD, (char*)(uintptr_t)dst, (const char*)(uintptr_t)src, n);
   pthread_mutex_unlock(&lock);
-  memmove((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, n);
+  if (!deferred) memmove((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, n);
   return CUDA_SUCCESS;
 }
 
 CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) {
+  if (lazy) lazy_run_all();
   pthread_mutex_lock(&lock);
   INJECT("cuMemcpyDtoH");
   NEED_CTX();
@@ -947,8 +1147,16 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstrea
     pthread_mutex_unlock(&lock);
     return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
   }
+  int deferred = lazy;
+  if (deferred) {
+    Op* op = enqueue(s, OP_MEMSET8);
+    op->dst = (char*)(uintptr_t)dst;
+    op->n = n;
+    op->value = value;
+    op->dst_kind = KIND_DEVICE;
+  }
   pthread_mutex_unlock(&lock);
-  memset((void*)(uintptr_t)dst, value, n);
+  if (!deferred) memset((void*)(uintptr_t)dst, value, n);
   return CUDA_SUCCESS;
 }
 
@@ -967,8 +1175,17 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, CUstrea
     pthread_mutex_unlock(&lock);
     return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
   }
+  int deferred = lazy;
+  if (deferred) {
+    Op* op = enqueue(s, OP_MEMSET32);
+    op->dst = (char*)(uintptr_t)dst;
+    op->n = n;
+    op->value = value;
+    op->dst_kind = KIND_DEVICE;
+  }
   pthread_mutex_unlock(&lock);
-  for (size_t k = 0; k < n; k++) ((unsigned int*)(uintptr_t)dst)[k] = value;
+  if (!deferred)
+    for (size_t k = 0; k < n; k++) ((unsigned int*)(uintptr_t)dst)[k] = value;
   return CUDA_SUCCESS;
 }
 
@@ -1053,6 +1270,7 @@ CUresult cuModuleLoadData(CUmodule* module, const void* image) {
 }
 
 CUresult cuModuleUnload(CUmodule module) {
+  if (lazy) lazy_run_all();
   pthread_mutex_lock(&lock);
   INJECT("cuModuleUnload");
   NEED_CTX();
@@ -1158,6 +1376,20 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
   return CUDA_SUCCESS;
 }
 
+/* a kernel node: the launch with its arguments' values (the function's arg_count of them) */
+static void fill_kernel_node(Node* node, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                             unsigned by, unsigned bz, unsigned shared, void** params, int cooperative) {
+  Function* fn = (Function*)f;
+  node->kind = NODE_KERNEL;
+  node->function = f;
+  node->grid[0] = gx, node->grid[1] = gy, node->grid[2] = gz;
+  node->block[0] = bx, node->block[1] = by, node->block[2] = bz;
+  node->shared = shared;
+  node->cooperative = cooperative;
+  node->n_args = fn->arg_count < MAX_NODE_ARGS ? fn->arg_count : MAX_NODE_ARGS;
+  for (int k = 0; k < node->n_args; k++) memcpy(&node->args[k], params[k], 8);
+}
+
 /* a launch on a capturing stream: checked like a launch, recorded with its arguments' values */
 static CUresult record_launch(CUstream s, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                               unsigned by, unsigned bz, unsigned shared, void** params, int cooperative) {
@@ -1170,16 +1402,248 @@ static CUresult record_launch(CUstream s, CUfunction f, unsigned gx, unsigned gy
     st->capture_invalid = 1;
     return check;
   }
-  Node* node = add_node(st->capture);
-  node->kind = NODE_KERNEL;
-  node->function = f;
-  node->grid[0] = gx, node->grid[1] = gy, node->grid[2] = gz;
-  node->block[0] = bx, node->block[1] = by, node->block[2] = bz;
-  node->shared = shared;
-  node->cooperative = cooperative;
-  node->n_args = fn->arg_count < MAX_NODE_ARGS ? fn->arg_count : MAX_NODE_ARGS;
-  for (int k = 0; k < node->n_args; k++) memcpy(&node->args[k], params[k], 8);
+  fill_kernel_node(add_node(st->capture), f, gx, gy, gz, bx, by, bz, shared, params, cooperative);
   return CUDA_SUCCESS;
+}
+
+/* Runs kernel and memset nodes in order, calling the launch hook without the lock. eager: a graph
+ * launch of eager mode, which checks and counts each node now; lazy ops were checked and counted
+ * at enqueue (a memset's range is checked again: memory freed meanwhile is a violation). */
+static CUresult run_nodes(const Node* nodes, int n, CUstream s, int eager) {
+  for (int k = 0; k < n; k++) {
+    const Node* node = &nodes[k];
+    CUresult st = CUDA_SUCCESS;
+    if (node->kind == NODE_MEMSET32) {
+      pthread_mutex_lock(&lock);
+      if (eager) stats[S_MEMSETS]++;
+      if ((node->dst & 3) || !find_range((const char*)(uintptr_t)node->dst, 4 * node->count, KIND_DEVICE)) {
+        violation("graph memset node", node->dst, 4 * node->count);
+        st = CUDA_ERROR_INVALID_VALUE;
+      } else {
+        for (size_t j = 0; j < node->count; j++) ((unsigned int*)(uintptr_t)node->dst)[j] = node->value;
+      }
+      pthread_mutex_unlock(&lock);
+    } else {
+      void* argp[MAX_NODE_ARGS];
+      unsigned long long args[MAX_NODE_ARGS];
+      memcpy(args, node->args, (size_t)node->n_args * 8); /* the hook gets pointers, as from a caller */
+      for (int j = 0; j < node->n_args; j++) argp[j] = &args[j];
+      pthread_mutex_lock(&lock);
+      if (eager)
+        st = launch(node->function, node->grid[0], node->grid[1], node->grid[2], node->block[0], node->block[1],
+                    node->block[2], node->shared, s, argp, node->cooperative, 1);
+      launch_hook_t hook = launch_hook;
+      pthread_mutex_unlock(&lock);
+      if (st == CUDA_SUCCESS && hook)
+        st = (CUresult)hook(node->function, node->grid[0], node->grid[1], node->grid[2], node->block[0],
+                            node->block[1], node->block[2], node->shared, argp, node->cooperative);
+    }
+    if (st != CUDA_SUCCESS) return st;
+  }
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ lazy mode: enqueue and run */
+/* caller holds lock: a launch checked and counted as in eager mode, queued with its arguments'
+ * values. *now: the function's argument count is unknown, so its arguments cannot be copied: the
+ * caller runs the stream's queue, then the launch, before returning (a legal, earlier schedule). */
+static CUresult lazy_launch(CUstream s, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                            unsigned by, unsigned bz, unsigned shared, void** params, int cooperative, int* now) {
+  Function* fn = (Function*)f;
+  CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, cooperative, 1);
+  *now = st == CUDA_SUCCESS && fn->arg_count <= 0;
+  if (st != CUDA_SUCCESS || *now) return st;
+  Op* op = enqueue(s, OP_KERNELS);
+  op->nodes = (Node*)calloc(1, sizeof(Node));
+  op->n_nodes = 1;
+  fill_kernel_node(op->nodes, f, gx, gy, gz, bx, by, bz, shared, params, cooperative);
+  return CUDA_SUCCESS;
+}
+
+/* caller holds lock: a graph launch, its nodes checked and counted now and queued by value (a
+ * later cuGraphExecUpdate or cuGraphExecDestroy does not change work already launched) */
+static CUresult lazy_graph_launch(const Graph* e, CUstream s) {
+  for (int k = 0; k < e->n; k++) {
+    const Node* node = &e->nodes[k];
+    CUresult st = CUDA_SUCCESS;
+    if (node->kind == NODE_MEMSET32) {
+      stats[S_MEMSETS]++;
+      if ((node->dst & 3) || !find_range((const char*)(uintptr_t)node->dst, 4 * node->count, KIND_DEVICE)) {
+        violation("graph memset node", node->dst, 4 * node->count);
+        st = CUDA_ERROR_INVALID_VALUE;
+      }
+    } else {
+      void* argp[MAX_NODE_ARGS];
+      st = launch(node->function, node->grid[0], node->grid[1], node->grid[2], node->block[0], node->block[1],
+                  node->block[2], node->shared, s, argp, node->cooperative, 1);
+    }
+    if (st != CUDA_SUCCESS) return st;
+  }
+  Op* op = enqueue(s, OP_KERNELS);
+  op->nodes = (Node*)malloc((size_t)(e->n ? e->n : 1) * sizeof(Node));
+  memcpy(op->nodes, e->nodes, (size_t)e->n * sizeof(Node));
+  op->n_nodes = e->n;
+  return CUDA_SUCCESS;
+}
+
+static const char* OP_NAMES[] = {"", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyDtoDAsync",
+                                 "cuMemsetD8Async", "cuMemsetD32Async"};
+
+/* one queued op of stream s, without the lock */
+static CUresult run_op(const Op* op, CUstream s) {
+  if (op->kind == OP_WAIT) {
+    lazy_run(op->wait_stream, op->wait_serial, op->wait_mark, 0);
+    return CUDA_SUCCESS;
+  }
+  if (op->kind == OP_KERNELS) return run_nodes(op->nodes, op->n_nodes, s, 0);
+  size_t bytes = op->kind == OP_MEMSET32 ? 4 * op->n : op->n;
+  pthread_mutex_lock(&lock);
+  int live = (op->dst_kind == 0 || find_range(op->dst, bytes, op->dst_kind)) &&
+             (op->src == NULL || op->src_kind == 0 || find_range(op->src, bytes, op->src_kind));
+  if (!live) {
+    char what[128];
+    snprintf(what, sizeof(what), "lazy %s, run after its memory was freed", OP_NAMES[op->kind]);
+    violation(what, (unsigned long long)(uintptr_t)op->dst, bytes);
+  }
+  pthread_mutex_unlock(&lock);
+  if (!live) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  switch (op->kind) {
+    case OP_HTOD:
+    case OP_DTOH:
+    case OP_DTOD: memmove(op->dst, op->snapshot ? op->snapshot : op->src, op->n); break;
+    case OP_MEMSET8: memset(op->dst, (int)op->value, op->n); break;
+    default:
+      for (size_t k = 0; k < op->n; k++) ((unsigned int*)op->dst)[k] = op->value;
+      break;
+  }
+  return CUDA_SUCCESS;
+}
+
+/* serialises lazy execution; recursive: a wait op runs another stream from inside a run */
+static pthread_mutex_t lazy_mu;
+static pthread_once_t lazy_mu_once = PTHREAD_ONCE_INIT;
+static void lazy_mu_init(void) {
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+  pthread_mutex_init(&lazy_mu, &attr);
+  pthread_mutexattr_destroy(&attr);
+}
+
+/* Another thread runs queued work. It may be inside the launch hook, waiting for the GIL that this
+ * thread's caller holds: a deadlock that lazy mode's one-thread rule avoids. Rather than hang a
+ * test run, a wait this long ends the process with the reason. */
+#define LAZY_WAIT_LIMIT_S 30
+static void lazy_enter(void) {
+  pthread_once(&lazy_mu_once, lazy_mu_init);
+  struct timespec limit;
+  clock_gettime(CLOCK_REALTIME, &limit);
+  limit.tv_sec += LAZY_WAIT_LIMIT_S;
+  if (pthread_mutex_timedlock(&lazy_mu, &limit) != 0) {
+    fprintf(stderr, "fake libcuda: lazy mode: waited %d s for another thread's queued stream work (a launch "
+                    "hook waiting for the GIL this thread holds?); lazy mode supports one thread calling the "
+                    "driver\n", LAZY_WAIT_LIMIT_S);
+    abort();
+  }
+}
+
+static CUresult lazy_run(CUstream s, unsigned long long serial, unsigned long long mark, int take_error) {
+  lazy_enter();
+  for (;;) {
+    pthread_mutex_lock(&lock);
+    Queue* q = find_queue(s, serial, 0);
+    if (!q || !q->head || q->done >= mark) {
+      pthread_mutex_unlock(&lock);
+      break;
+    }
+    if (q->running) { /* cannot happen with marks taken at call time; never loop on it */
+      violation_text("lazy mode: a stream waits on work queued after the wait that runs it");
+      pthread_mutex_unlock(&lock);
+      break;
+    }
+    Op* op = q->head;
+    q->head = op->next;
+    if (!q->head) q->tail = NULL;
+    q->running = 1;
+    lazy_queued--;
+    unsigned long long q_serial = q->serial;
+    pthread_mutex_unlock(&lock);
+    CUresult st = run_op(op, s);
+    free_op(op);
+    pthread_mutex_lock(&lock);
+    q = find_queue(s, q_serial, 0);
+    if (q) {
+      q->running = 0;
+      q->done++;
+      if (st != CUDA_SUCCESS && q->error == CUDA_SUCCESS) q->error = st;
+    }
+    pthread_mutex_unlock(&lock);
+  }
+  CUresult error = CUDA_SUCCESS;
+  if (take_error) {
+    pthread_mutex_lock(&lock);
+    Queue* q = find_queue(s, serial, 0);
+    if (q) {
+      error = q->error;
+      q->error = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&lock);
+  }
+  pthread_mutex_unlock(&lazy_mu);
+  return error;
+}
+
+static void lazy_run_stream(CUstream s) { lazy_run(s, 0, ALL_OPS, 0); }
+
+static void lazy_run_all(void) {
+  pthread_mutex_lock(&lock);
+  int n = 0;
+  for (Queue* q = queues; q; q = q->next) n++;
+  CUstream* streams = (CUstream*)malloc((size_t)(n ? n : 1) * sizeof(CUstream));
+  unsigned long long* serials = (unsigned long long*)malloc((size_t)(n ? n : 1) * sizeof(unsigned long long));
+  n = 0;
+  for (Queue* q = queues; q; q = q->next, n++) streams[n] = q->stream, serials[n] = q->serial;
+  pthread_mutex_unlock(&lock);
+  for (int k = 0; k < n; k++) lazy_run(streams[k], serials[k], ALL_OPS, 0);
+  free(streams);
+  free(serials);
+}
+
+static CUresult lazy_sync_all(void) {
+  lazy_run_all();
+  CUresult error = CUDA_SUCCESS;
+  pthread_mutex_lock(&lock);
+  for (Queue* q = queues; q; q = q->next) {
+    if (error == CUDA_SUCCESS) error = q->error;
+    q->error = CUDA_SUCCESS;
+  }
+  pthread_mutex_unlock(&lock);
+  return error;
+}
+
+/* Test controls: lazy mode on or off (returns the previous setting; turning it off runs every
+ * queue first and drops their unreported errors), and how many ops wait in the queues now. */
+int fake_cuda_set_lazy(int on) {
+  pthread_mutex_lock(&lock);
+  int before = lazy;
+  pthread_mutex_unlock(&lock);
+  if (before && !on) lazy_sync_all();
+  pthread_mutex_lock(&lock);
+  lazy = on ? 1 : 0;
+  pthread_mutex_unlock(&lock);
+  return before;
+}
+
+__attribute__((constructor)) static void lazy_from_environment(void) {
+  const char* v = getenv("FAKE_CUDA_LAZY");
+  lazy = v != NULL && atoi(v) != 0;
+}
+
+long long fake_cuda_lazy_pending(void) {
+  pthread_mutex_lock(&lock);
+  long long n = lazy_queued;
+  pthread_mutex_unlock(&lock);
+  return n;
 }
 
 CUresult cuStreamBeginCapture(CUstream s, int mode) {
@@ -1274,7 +1738,7 @@ CUresult cuGraphExecUpdate(void* exec, void* graph, void* info) {
   return CUDA_SUCCESS;
 }
 
-/* runs the nodes in order, synchronously, like every stream operation of the fake */
+/* runs the nodes in order, synchronously, like every stream operation of eager mode */
 CUresult cuGraphLaunch(void* exec, CUstream s) {
   delay_us(graph_launch_delay_us);
   pthread_mutex_lock(&lock);
@@ -1287,35 +1751,13 @@ CUresult cuGraphLaunch(void* exec, CUstream s) {
   }
   Graph* e = (Graph*)exec;
   stats[S_GRAPH_LAUNCHES]++;
-  pthread_mutex_unlock(&lock);
-  for (int k = 0; k < e->n; k++) {
-    Node* node = &e->nodes[k];
-    CUresult st = CUDA_SUCCESS;
-    if (node->kind == NODE_MEMSET32) {
-      pthread_mutex_lock(&lock);
-      stats[S_MEMSETS]++;
-      if ((node->dst & 3) || !find_range((const char*)(uintptr_t)node->dst, 4 * node->count, KIND_DEVICE)) {
-        violation("graph memset node", node->dst, 4 * node->count);
-        st = CUDA_ERROR_INVALID_VALUE;
-      } else {
-        for (size_t j = 0; j < node->count; j++) ((unsigned int*)(uintptr_t)node->dst)[j] = node->value;
-      }
-      pthread_mutex_unlock(&lock);
-    } else {
-      void* argp[MAX_NODE_ARGS];
-      for (int j = 0; j < node->n_args; j++) argp[j] = &node->args[j];
-      pthread_mutex_lock(&lock);
-      st = launch(node->function, node->grid[0], node->grid[1], node->grid[2], node->block[0], node->block[1],
-                  node->block[2], node->shared, s, argp, node->cooperative, 1);
-      launch_hook_t hook = launch_hook;
-      pthread_mutex_unlock(&lock);
-      if (st == CUDA_SUCCESS && hook)
-        st = (CUresult)hook(node->function, node->grid[0], node->grid[1], node->grid[2], node->block[0],
-                            node->block[1], node->block[2], node->shared, argp, node->cooperative);
-    }
-    if (st != CUDA_SUCCESS) return st;
+  if (lazy) {
+    CUresult rst = lazy_graph_launch(e, s);
+    pthread_mutex_unlock(&lock);
+    return rst;
   }
-  return CUDA_SUCCESS;
+  pthread_mutex_unlock(&lock);
+  return run_nodes(e->nodes, e->n, s, 1);
 }
 
 CUresult cuGraphDestroy(void* graph) {
@@ -1352,6 +1794,16 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     pthread_mutex_unlock(&lock);
     return rst;
   }
+  if (lazy) {
+    int now;
+    CUresult rst = lazy_launch(s, f, gx, gy, gz, bx, by, bz, shared, params, 0, &now);
+    last_block_x = (int)bx;
+    launch_hook_t hook = launch_hook;
+    pthread_mutex_unlock(&lock);
+    if (!now) return rst;
+    lazy_run_stream(s);
+    return hook ? (CUresult)hook(f, gx, gy, gz, bx, by, bz, shared, params, 0) : CUDA_SUCCESS;
+  }
   CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, 0, 1);
   last_block_x = (int)bx;
   launch_hook_t hook = launch_hook;
@@ -1369,6 +1821,15 @@ CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsig
     CUresult rst = record_launch(s, f, gx, gy, gz, bx, by, bz, shared, params, 1);
     pthread_mutex_unlock(&lock);
     return rst;
+  }
+  if (lazy) {
+    int now;
+    CUresult rst = lazy_launch(s, f, gx, gy, gz, bx, by, bz, shared, params, 1, &now);
+    launch_hook_t hook = launch_hook;
+    pthread_mutex_unlock(&lock);
+    if (!now) return rst;
+    lazy_run_stream(s);
+    return hook ? (CUresult)hook(f, gx, gy, gz, bx, by, bz, shared, params, 1) : CUDA_SUCCESS;
   }
   CUresult st = launch(f, gx, gy, gz, bx, by, bz, shared, s, params, 1, 1);
   launch_hook_t hook = launch_hook;

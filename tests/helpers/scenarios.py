@@ -103,10 +103,10 @@ def seed() -> int:
     return int(fixed, 0) if fixed else int.from_bytes(os.urandom(4), "little")
 
 
-def run_child(args, fake_libcuda, tmp_path_factory, timeout: float = 600) -> Any:
-    """Run ``python args...`` on the fake driver (with the session's kernel cache) and return the
-    last line it printed, parsed as JSON; a crash (a signal: a negative return code) or an
-    exception fails the calling test."""
+def run_child(args, fake_libcuda, tmp_path_factory, timeout: float = 600, env: dict | None = None) -> Any:
+    """Run ``python args...`` on the fake driver (with the session's kernel cache and the extra
+    environment ``env``) and return the last line it printed, parsed as JSON; a crash (a signal: a
+    negative return code) or an exception fails the calling test."""
     import fakecuda
 
     args = [str(a) for a in args]
@@ -115,17 +115,21 @@ def run_child(args, fake_libcuda, tmp_path_factory, timeout: float = 600) -> Any
         fake_libcuda,
         timeout=timeout,
         VYRE_CUDA_CACHE_DIR=tmp_path_factory.getbasetemp() / "kernel-cache",
+        **(env or {}),
     )
     assert proc.returncode == 0, f"child {args} exited with {proc.returncode}:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_scenarios(child: pathlib.Path, fake_libcuda, tmp_path_factory, timeout: float = 600) -> dict:
+def run_scenarios(
+    child: pathlib.Path, fake_libcuda, tmp_path_factory, timeout: float = 600, env: dict | None = None
+) -> dict:
     """Run every scenario of ``child`` (:meth:`Scenarios.main`) in one process with a fresh seed
-    (:func:`seed`): the records by name, after checking that the fake driver's emulation raised
-    nothing and that the child ran exactly the scenarios it declares (:func:`declared`)."""
+    (:func:`seed`) and the extra environment ``env`` (``{"FAKE_CUDA_LAZY": "1"}``: the fake's lazy
+    mode from the start): the records by name, after checking that the fake driver's emulation
+    raised nothing and that the child ran exactly the scenarios it declares (:func:`declared`)."""
     child_seed = seed()
-    results = run_child([child, child_seed], fake_libcuda, tmp_path_factory, timeout)
+    results = run_child([child, child_seed], fake_libcuda, tmp_path_factory, timeout, env)
     assert results.pop("_hook_errors") == []
     ran_all = sorted(results) == sorted(declared(child))
     assert ran_all, f"the child (seed {child_seed}) ran other scenarios than it declares"
