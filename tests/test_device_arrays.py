@@ -336,12 +336,26 @@ for n in (5, 1000, 200_000):  # the mirror and the ring
     (out,) = g.dispatch(prog, [CAI(da), DL(da)])  # CAI and DLPack inputs
     check(f"n={n} CAI + DLPack", out, (a + b) * 2)
     dst = g.dispatch(prog, [a, a], DEV)[0]
-    g.dispatch_into(prog, [b, da], [dst])  # a device output written in place
+    seen = []  # the output pointer each launch got
+    def recording(launch, run=vecadd_emulation(np.float32)):
+        seen.append(launch.arg(2))
+        run(launch)
+    fake.emulate(g, prog, [a, b], recording)
+    dtod, in_place = fake.stats()["dtod_copies"], g.telemetry.snapshot()["in_place_outputs"]
+    g.dispatch_into(prog, [b, da], [dst])  # a device output written in place: no copy
     check(f"n={n} dispatch_into device", dst.numpy(), b + (a + b))
+    if seen[-1] != dst.__cuda_array_interface__["data"][0] or fake.stats()["dtod_copies"] != dtod:
+        res["errors"].append(f"n={n}: the device output was not written in place")
+    if g.telemetry.snapshot()["in_place_outputs"] != in_place + 1:
+        res["errors"].append(f"n={n}: in_place_outputs did not count the output written in place")
     g.dispatch_into(prog, [a, b], [CAI(dst)])
     check(f"n={n} dispatch_into CAI", dst.numpy(), a + b)
+    dtod = fake.stats()["dtod_copies"]
     g.dispatch_into(prog, [dst, b], [dst])  # the output aliases an input: read first, then written
     check(f"n={n} aliased output", dst.numpy(), (a + b) + b)
+    if seen[-1] == dst.__cuda_array_interface__["data"][0] or fake.stats()["dtod_copies"] != dtod + 1:
+        res["errors"].append(f"n={n}: an output aliasing an input was written in place")
+    fake.emulate(g, prog, [a, b], vecadd_emulation(np.float32))
     before = sys.getrefcount(da)
     pending = g.dispatch_async(prog, [da, a])
     held = sys.getrefcount(da) > before  # the pending dispatch keeps the device input alive

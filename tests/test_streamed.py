@@ -8,7 +8,7 @@ mistake (a staging slot refilled before its DMA ran, a missing event wait or joi
 
 from __future__ import annotations
 
-import fakes
+import fakecuda
 import pytest
 from helpers import scenarios
 
@@ -19,7 +19,7 @@ MODES = ["eager", "lazy"]
 
 @pytest.fixture(scope="module", params=MODES)
 def results(request, fake_libcuda, tmp_path_factory):
-    if request.param == "lazy" and not hasattr(fakes, "set_lazy"):
+    if request.param == "lazy" and not hasattr(fakecuda.FakeDriver, "set_lazy"):
         pytest.skip("the fake driver has no lazy mode in this tree")
     seed = scenarios.seed()
     out = scenarios.run_child([CHILD, seed, request.param], fake_libcuda, tmp_path_factory)

@@ -188,3 +188,24 @@ def test_device_refusals(backend, rng, cupy, torch):
     np.testing.assert_array_equal(out, a + b)
     snap = backend.telemetry.snapshot()
     assert snap["streams_live"] == 0 and snap["device_pool_live_bytes"] == 0
+
+
+@pytest.mark.parametrize("n", [1000, 1 << 22])
+def test_device_outputs_are_written_in_place_unless_they_alias_an_input(backend, rng, cupy, n):
+    prog = bp.vecadd_f32()
+    a = cupy.asarray(rng.standard_normal(n).astype(np.float32))
+    b = cupy.asarray(rng.standard_normal(n).astype(np.float32))
+    out = cupy.full(n, cupy.nan, cupy.float32)
+    before = backend.telemetry.snapshot()["in_place_outputs"]
+    backend.dispatch_into(prog, [a, b], [out])
+    cupy.cuda.Device().synchronize()
+    np.testing.assert_array_equal(cupy.asnumpy(out), cupy.asnumpy(a + b))
+    assert backend.telemetry.snapshot()["in_place_outputs"] == before + 1
+    want = cupy.asnumpy(a + b) + cupy.asnumpy(b)
+    backend.dispatch_into(prog, [out, b], [out])  # aliases input 0: read whole, then written
+    cupy.cuda.Device().synchronize()
+    np.testing.assert_array_equal(cupy.asnumpy(out), want)
+    assert backend.telemetry.snapshot()["in_place_outputs"] == before + 1
+    (dev,) = backend.dispatch(prog, [a, b], vc.DispatchConfig(outputs="device"))  # a new array: in place
+    np.testing.assert_array_equal(dev.copy_to_host(), cupy.asnumpy(a + b))
+    assert backend.telemetry.snapshot()["in_place_outputs"] == before + 2
