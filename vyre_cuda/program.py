@@ -315,9 +315,11 @@ class Program:
     multiple of ``k`` rows. Grid-sync programs, statically sized outputs and output byte ranges
     cannot be elementwise (refused here with InvalidProgram).
 
-    Programs hash by identity: dispatch caches its prepared plan per program object, so build a
-    program once and dispatch it many times. A program pickles when its ``launch`` does (a name,
-    or a module-level function).
+    Programs compare and hash by what they compute: two programs equal in every field (the kernel
+    by its digest, a callable ``launch`` by the callable object) are equal, so a program rebuilt
+    per call finds the plans and modules of an equal one. The hash is computed once, when the
+    program is built. A program pickles when its ``launch`` does (a name, or a module-level
+    function).
 
     Examples
     --------
@@ -382,17 +384,37 @@ class Program:
         object.__setattr__(self, "elementwise", declared)
         object.__setattr__(self, "align", align)
         object.__setattr__(self, "_elementwise_bindings", cut)
+        # once: the dispatch hot path hashes the program on every call (its plan-cache key)
+        key = _structural_key(self)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hash(key))
 
     def _identity(self) -> tuple:
         """Everything that defines what this program computes: ``(field name, value)`` for every
         dataclass field, in field order; the kernel by its digest, ``launch`` as given (a name,
-        None or a callable). Equality stays by object, since the backend's plan cache keys on the
-        object; ``vyre_cuda.dask.program_key`` digests this, so a field added to Program is part
-        of the key by being a field."""
+        None or a callable). Programs with equal identities are equal (``==`` and ``hash``
+        compare :func:`_structural_key`, this with a callable ``launch`` taken by object), so the
+        backend's plan cache, the module cache and the tuning cache serve a rebuilt program as
+        the first; ``vyre_cuda.dask.program_key`` digests this, so a field added to Program is
+        part of every key by being a field."""
         return tuple(
             (f.name, self.kernel.digest if f.name == "kernel" else getattr(self, f.name))
             for f in dataclasses.fields(self)
         )
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if not isinstance(other, Program):
+            return NotImplemented
+        return self._hash == other._hash and self._key == other._key  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __reduce__(self):
+        # rebuilt from its fields: the cached hash is per process (str hashes are salted)
+        return (Program, tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
 
     @property
     def inputs(self) -> tuple:
@@ -409,6 +431,46 @@ class Program:
     def outputs(self) -> tuple:
         """Declarations read back, in declaration order."""
         return self._outputs  # type: ignore[attr-defined]
+
+
+class _ByObject:
+    """A callable ``launch`` inside a program's key: equal only to the same callable object.
+
+    Its own ``==`` is not asked (a callable may define none, an unhashable one, or one that is not
+    a bool); a plan made with one callable is never used with another."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _ByObject) and other.fn is self.fn
+
+    def __hash__(self) -> int:
+        return id(self.fn)
+
+
+def _structural_key(program) -> tuple:
+    """What ``Program.__eq__`` and ``__hash__`` compare: :meth:`Program._identity` with each
+    buffer as the tuple of its fields (compared in C, no Python ``__eq__`` per buffer) and a
+    callable ``launch`` by object. Every field is a str, int, bool, enum, None, a tuple of those,
+    or a frozen DType once the program is validated; anything unhashable is refused here, named."""
+    key = []
+    for name, value in program._identity():
+        if name == "buffers":
+            value = tuple(tuple(getattr(d, f.name) for f in dataclasses.fields(d)) for d in value)
+        elif name == "launch" and value is not None and not isinstance(value, str):
+            value = _ByObject(value)
+        try:
+            hash(value)
+        except TypeError:
+            raise InvalidProgram(
+                f"Program.{name} holds an unhashable value ({type(value).__name__} {value!r})",
+                f"pass {name} as the documented type (str, int, bool or a tuple of them)",
+            ) from None
+        key.append(value)
+    return tuple(key)
 
 
 def _validate_program(program) -> None:
