@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import operator
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -172,9 +173,11 @@ class BufferDecl:
             )
         output = is_output if is_output is not None else (False if output is None else output)
         values = (name, binding, access, dtype, count, output, output_byte_range, alignment, persistent)
-        for f, value in zip(dataclasses.fields(self), values):
-            object.__setattr__(self, f.name, value)
+        for name_, value in zip(_BUFFER_FIELDS, values):
+            object.__setattr__(self, name_, value)
         self._validate()
+        # derived once (planning asks it many times per plan); not a field: not compared, not in repr
+        object.__setattr__(self, "_role", self._derive_role())
 
     def _validate(self) -> None:
         object.__setattr__(self, "dtype", dtype_of(self.dtype))
@@ -241,9 +244,10 @@ class BufferDecl:
                 f"pass ({start - start % size}, {end + (-end) % size}) (whole elements), or declare "
                 "the buffer as u8 to read raw bytes",
             )
-        if self.role not in (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT):
+        role = self._derive_role()  # (validation runs before the role is stored)
+        if role not in (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT):
             raise InvalidProgram(
-                f"buffer {self.name!r} ({self.access.value}, role {self.role.value}) has an "
+                f"buffer {self.name!r} ({self.access.value}, role {role.value}) has an "
                 f"output_byte_range but is never read back",
                 "drop output_byte_range, or declare the buffer as an output "
                 "(BufferDecl.output / read_write / write_only)",
@@ -253,6 +257,12 @@ class BufferDecl:
     @property
     def role(self) -> BindingRole:
         """The binding role, first match wins (vyre's role table)."""
+        try:
+            return self._role  # type: ignore[attr-defined]
+        except AttributeError:  # unpickled from a release that did not store it
+            return self._derive_role()
+
+    def _derive_role(self) -> BindingRole:
         if self.access is BufferAccess.WORKGROUP:
             return BindingRole.SHARED
         if self.persistent:
@@ -398,8 +408,7 @@ class Program:
         the first; ``vyre_cuda.dask.program_key`` digests this, so a field added to Program is
         part of every key by being a field."""
         return tuple(
-            (f.name, self.kernel.digest if f.name == "kernel" else getattr(self, f.name))
-            for f in dataclasses.fields(self)
+            (name, self.kernel.digest if name == "kernel" else getattr(self, name)) for name in _PROGRAM_FIELDS
         )
 
     def __eq__(self, other):
@@ -433,6 +442,13 @@ class Program:
         return self._outputs  # type: ignore[attr-defined]
 
 
+# field names, in order, taken once (dataclasses.fields() per program built would cost more than
+# the rest of its key)
+_BUFFER_FIELDS = tuple(f.name for f in dataclasses.fields(BufferDecl))
+_PROGRAM_FIELDS = tuple(f.name for f in dataclasses.fields(Program))
+_buffer_fields = operator.attrgetter(*_BUFFER_FIELDS)  # a declaration as the tuple of its fields
+
+
 class _ByObject:
     """A callable ``launch`` inside a program's key: equal only to the same callable object.
 
@@ -452,25 +468,31 @@ class _ByObject:
 
 
 def _structural_key(program) -> tuple:
-    """What ``Program.__eq__`` and ``__hash__`` compare: :meth:`Program._identity` with each
-    buffer as the tuple of its fields (compared in C, no Python ``__eq__`` per buffer) and a
+    """What ``Program.__eq__`` and ``__hash__`` compare: :meth:`Program._identity`'s values with
+    each buffer as the tuple of its fields (compared in C, no Python ``__eq__`` per buffer) and a
     callable ``launch`` by object. Every field is a str, int, bool, enum, None, a tuple of those,
-    or a frozen DType once the program is validated; anything unhashable is refused here, named."""
+    or a frozen DType once the program is validated; anything unhashable is refused, named."""
     key = []
     for name, value in program._identity():
         if name == "buffers":
-            value = tuple(tuple(getattr(d, f.name) for f in dataclasses.fields(d)) for d in value)
+            value = tuple(map(_buffer_fields, value))
         elif name == "launch" and value is not None and not isinstance(value, str):
             value = _ByObject(value)
-        try:
-            hash(value)
-        except TypeError:
-            raise InvalidProgram(
-                f"Program.{name} holds an unhashable value ({type(value).__name__} {value!r})",
-                f"pass {name} as the documented type (str, int, bool or a tuple of them)",
-            ) from None
         key.append(value)
-    return tuple(key)
+    key = tuple(key)
+    try:
+        hash(key)
+    except TypeError:
+        for name, value in zip(_PROGRAM_FIELDS, key):
+            try:
+                hash(value)
+            except TypeError:
+                raise InvalidProgram(
+                    f"Program.{name} holds an unhashable value ({type(value).__name__} {value!r})",
+                    f"pass {name} as the documented type (str, int, bool or a tuple of them)",
+                ) from None
+        raise
+    return key
 
 
 def _validate_program(program) -> None:
