@@ -472,14 +472,14 @@ def _structural_key(program) -> tuple:
     each buffer as the tuple of its fields (compared in C, no Python ``__eq__`` per buffer) and a
     callable ``launch`` by object. Every field is a str, int, bool, enum, None, a tuple of those,
     or a frozen DType once the program is validated; anything unhashable is refused, named."""
-    key = []
+    values = []
     for name, value in program._identity():
         if name == "buffers":
             value = tuple(map(_buffer_fields, value))
         elif name == "launch" and value is not None and not isinstance(value, str):
             value = _ByObject(value)
-        key.append(value)
-    key = tuple(key)
+        values.append(value)
+    key = tuple(values)
     try:
         hash(key)
     except TypeError:
