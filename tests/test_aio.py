@@ -17,16 +17,12 @@ import time
 
 import pytest
 from helpers import scenarios
+from helpers.aio import run, ticking
 
 from vyre_cuda import _aio
 from vyre_cuda.errors import DispatchFailed
 
 CHILD = scenarios.FAKECUDA / "aio_child.py"
-
-
-def run(coro, timeout=30):
-    """asyncio.run with a bound: a waiter that never wakes fails the test instead of hanging it."""
-    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 class Handle:
@@ -139,20 +135,12 @@ def test_the_loop_keeps_ticking_while_dispatches_are_awaited():
     handles = [Handle(k) for k in range(16)]
 
     async def main():
-        ticks = []
-
-        async def ticker():
-            while True:
-                ticks.append(time.perf_counter())
-                await asyncio.sleep(0.001)
-
-        t = asyncio.ensure_future(ticker())
-        waits = asyncio.ensure_future(asyncio.gather(*(_aio.awaitable(h) for h in handles)))
-        await asyncio.sleep(0.1)
-        for h in handles:
-            h.finish()
-        out = await waits
-        t.cancel()
+        async with ticking() as ticks:
+            waits = asyncio.ensure_future(asyncio.gather(*(_aio.awaitable(h) for h in handles)))
+            await asyncio.sleep(0.1)
+            for h in handles:
+                h.finish()
+            out = await waits
         return out, ticks
 
     out, ticks = run(main())

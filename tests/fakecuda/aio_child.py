@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import sys
-import time
 
 import numpy as np
+from helpers.aio import run, ticking
 from helpers.scenarios import Scenarios, Skip
 
 import vyre_cuda as vc
@@ -27,11 +27,6 @@ SCENARIOS = Scenarios()
 scenario = SCENARIOS.register
 RNG = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 QUERIES = ("cuEventQuery", "cuStreamQuery")
-
-
-def run(coro, timeout=30):
-    """asyncio.run with a bound: a waiter that never wakes fails the test instead of hanging it."""
-    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 def backend_for(fake):
@@ -180,20 +175,12 @@ def the_loop_stays_responsive_while_dispatches_are_awaited(fake):
     inputs = [pair(500) for _ in range(16)]
 
     async def main():
-        ticks = []
-
-        async def ticker():
-            while True:
-                ticks.append(time.perf_counter())
-                await asyncio.sleep(0.001)
-
         hold(fake)
-        t = asyncio.ensure_future(ticker())
-        tasks = [asyncio.ensure_future(awaited(backend, backend.dispatch_async(VECADD, list(x)))) for x in inputs]
-        await asyncio.sleep(0.1)
-        release(fake)
-        outs = await asyncio.gather(*tasks)
-        t.cancel()
+        async with ticking() as ticks:
+            tasks = [asyncio.ensure_future(awaited(backend, backend.dispatch_async(VECADD, list(x)))) for x in inputs]
+            await asyncio.sleep(0.1)
+            release(fake)
+            outs = await asyncio.gather(*tasks)
         return outs, ticks
 
     outs, ticks = run(main())

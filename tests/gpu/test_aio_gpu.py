@@ -2,10 +2,10 @@
 
 import asyncio
 import gc
-import time
 
 import numpy as np
 import pytest
+from helpers.aio import run, ticking
 
 from vyre_cuda import BufferDecl, Kernel, Program, _aio
 from vyre_cuda import builtin_programs as bp
@@ -28,10 +28,6 @@ VYRE_KERNEL vyre_main(const unsigned long long* cycles, unsigned int* out, const
 """
 SPIN = Program(Kernel.cuda(_SPIN), [BufferDecl.read("cycles", 0, "u64", 1), BufferDecl.output("out", 1, "u32", 32)])
 SPIN_CYCLES = np.array([400_000_000], np.uint64)  # ~0.2 s at 2 GHz
-
-
-def run(coro, timeout=60):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
 def awaited(backend, pending):
@@ -67,16 +63,8 @@ def test_gather_of_64_dispatches_matches_numpy(backend, rng):
 
 def test_the_loop_ticks_while_a_long_dispatch_is_awaited(fresh_backend):
     async def main():
-        ticks = []
-
-        async def ticker():
-            while True:
-                ticks.append(time.perf_counter())
-                await asyncio.sleep(0.001)
-
-        t = asyncio.ensure_future(ticker())
-        (out,) = await awaited(fresh_backend, fresh_backend.dispatch_async(SPIN, [SPIN_CYCLES]))
-        t.cancel()
+        async with ticking() as ticks:
+            (out,) = await awaited(fresh_backend, fresh_backend.dispatch_async(SPIN, [SPIN_CYCLES]))
         return out, ticks
 
     out, ticks = run(main())
