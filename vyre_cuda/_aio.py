@@ -45,13 +45,14 @@ SPIN_S = 50e-6  # after activity: poll rounds separated only by a yield of the G
 MIN_NAP_S = 10e-6  # then sleep between rounds, doubling...
 MAX_NAP_S = 40e-6  # ...up to this (plus the timer slack of the kernel)
 JOIN_AT_EXIT_S = 1.0
+_DROPPED = object()  # a poll's outcome: the await was cancelled
 _COUNTS = ("threads_started", "submitted", "resolved", "failed", "dropped", "polls")
 
 
 class _Entry:
     """One awaited handle: what the waiter polls, where it reports, and the lock a cancel takes."""
 
-    __slots__ = ("pending", "ctx", "loop", "future", "lock")
+    __slots__ = ("pending", "ctx", "loop", "future", "lock", "pid")
 
     def __init__(self, pending, ctx: int, loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
         self.pending = pending
@@ -59,10 +60,16 @@ class _Entry:
         self.loop = loop
         self.future = future
         self.lock = threading.Lock()
+        self.pid = os.getpid()
 
     def drop(self) -> None:
         """Forget the handle: once this returns the waiter never touches it again (a poll in
         progress finishes first: one ``cuEventQuery``)."""
+        if self.pid != os.getpid():
+            # a forked child: the parent's waiter may have held the lock at the fork, and no
+            # waiter of this process ever polls this entry
+            self.pending = None
+            return
         with self.lock:
             self.pending = None
 
@@ -114,9 +121,21 @@ class _Waiter:
             return len(self._entries)
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # noqa: BLE001 (never leave an await hanging)
+            # an unexpected failure of this thread: every await it serves raises it, and the next
+            # await starts a new waiter
+            with self._cond:
+                entries, self._entries = self._entries, []
+                self._thread = None
+            for entry in entries:
+                entry.drop()
+                self._report(entry, exc)
+
+    def _serve(self) -> None:
         from . import _driver  # noqa: PLC0415 (the compiled driver module: loaded by then)
 
-        current = 0  # the context this thread made current last
         nap = 0.0
         spin_until = 0.0
         while True:
@@ -129,7 +148,7 @@ class _Waiter:
                 fresh, self._fresh = self._fresh, False
             done = []
             for entry in batch:
-                outcome, current = self._poll(entry, current, _driver)
+                outcome = self._poll(entry, _driver)
                 if outcome is not None:
                     done.append((entry, outcome))
             now = time.perf_counter()
@@ -147,28 +166,29 @@ class _Waiter:
             nap = MIN_NAP_S if nap == 0.0 else min(nap * 2, MAX_NAP_S)
             time.sleep(nap)
 
-    def _poll(self, entry: _Entry, current: int, driver) -> tuple:
-        """``(outcome, current context)``: outcome None while the GPU works, "dropped" for a
-        cancelled await, True when done, or the exception that polling raised."""
+    def _poll(self, entry: _Entry, driver):
+        """None while the GPU works, ``_DROPPED`` for a cancelled await, True when done, or the
+        exception that polling raised."""
         with entry.lock:
             pending = entry.pending
             if pending is None:
-                return "dropped", current
+                return _DROPPED
             self.counts["polls"] += 1
             try:
-                if entry.ctx and entry.ctx != current:
+                if entry.ctx:
+                    # every time: a cheap check (cuCtxGetCurrent) that stays right when a context
+                    # is released and another one made at its address
                     driver.make_current(entry.ctx)
-                    current = entry.ctx
                 if not pending.is_ready():
-                    return None, current
+                    return None
             except BaseException as exc:  # noqa: BLE001 (the awaiting task raises it)
                 entry.pending = None
-                return exc, current
+                return exc
             entry.pending = None  # the task holds the handle; the waiter keeps no reference
-            return True, current
+            return True
 
     def _report(self, entry: _Entry, outcome) -> None:
-        if outcome == "dropped":
+        if outcome is _DROPPED:
             self.counts["dropped"] += 1
             return
         error = None if outcome is True else outcome
