@@ -163,7 +163,7 @@ class FakeBackend(GroupBackend):
         self.delay = delay
         self.log_dir = pathlib.Path(log_dir) if log_dir else None
         self.dispatches = self.h2d_bytes = self.d2h_bytes = 0
-        self.programs_seen: dict = {}  # id -> program: one plan per program object, as the core
+        self.programs_seen: dict = {}  # program -> itself: one plan per distinct (equal) program, as the core
         self.threads: set = set()
         self._lost: str | None = None
         self.closed = False
@@ -202,7 +202,7 @@ class FakeBackend(GroupBackend):
                     f"input {d.name!r} holds {a.size} elements, declared {d.count}", f"pass exactly {d.count} elements"
                 )
         with self._lock:
-            self.programs_seen.setdefault(id(program), program)
+            self.programs_seen.setdefault(program, program)
             self.threads.add(threading.get_ident())
         first = float(arrays[0][0]) if arrays and arrays[0].size else 0.0
         if first == BAD:

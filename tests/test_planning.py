@@ -240,12 +240,13 @@ def test_histogram_by_the_default_rule_warns_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         launch_of(prog, (20_000,))  # once per program, not once per plan
+        launch_of(histogram(), (30_000,))  # an equal program rebuilt is the same program
         launch_of(histogram(launch="x"), (10_000,))  # a declared launch never warns
         launch_of(histogram(), (200,))  # nothing is left out: no warning
         launch_of(histogram(), (10_000,), DispatchConfig(elements=10_000))
         launch_of(histogram(), (10_000,), DispatchConfig(grid_override=40))
     with pytest.warns(LaunchSizeWarning):
-        launch_of(histogram(), (257,))  # another program warns for itself
+        launch_of(histogram(name="another"), (257,))  # another program warns for itself
 
 
 def test_launch_callable_gets_every_binding_count():

@@ -4,7 +4,8 @@
 Every size, offset and total of a dispatch goes through these functions: u64 arithmetic with
 overflow detection (never saturating), raising InvalidProgram that names the operands. Only
 planning calls them (on a plan miss), never a dispatch that hits its plan, so the operand check
-is the shared rule of ``_validate`` at the cost of one Python call per operand.
+is the shared rule of ``_validate`` (an exact ``int`` is checked in C, anything else by one
+Python call).
 """
 
 from libc.stdint cimport uint64_t
@@ -30,7 +31,8 @@ U64_MAX = 0xFFFFFFFFFFFFFFFF
 
 
 cdef inline uint64_t _u64(object value, str what) except? 0xFFFFFFFFFFFFFFFF:
-    if not is_int(value):
+    # an exact int (nearly every operand) needs no Python call; is_int answers for the rest
+    if type(value) is not int and not is_int(value):
         raise InvalidProgram(f"{what}: operand {value!r} is not an integer", "pass whole byte counts")
     if value < 0 or value > 0xFFFFFFFFFFFFFFFF:
         raise InvalidProgram(f"{what}: operand {value} does not fit unsigned 64-bit byte arithmetic", _FIX)

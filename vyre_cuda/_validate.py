@@ -19,6 +19,8 @@ __all__ = ["is_int", "is_flag", "check_int", "check_flag", "check_size", "requir
 # for any total of two.
 SIZE_MAX = (1 << 63) - 1
 
+_Program = None  # vyre_cuda.program.Program, looked up at the first require_program
+
 _PROGRAM_FIX = "build one with Program(Kernel.cuda(src), [BufferDecl...])"
 
 
@@ -90,8 +92,11 @@ def check_flag(name: str, value, *, fix: str) -> bool:
 def require_program(value, where: str, *, verb: str = "needs") -> None:
     """ValidationError "{where} {verb} a vyre_cuda.Program (got {type})" unless ``value`` is one."""
     # program.py builds on this module's int and flag checks, so the class is looked up here, at
-    # the first check, rather than imported with the module
-    from .program import Program  # noqa: PLC0415
+    # the first check, rather than imported with the module (then kept: planning checks per plan)
+    global _Program
+    if _Program is None:
+        from .program import Program  # noqa: PLC0415
 
-    if not isinstance(value, Program):
+        _Program = Program
+    if not isinstance(value, _Program):
         raise ValidationError(f"{where} {verb} a vyre_cuda.Program (got {type(value).__name__})", _PROGRAM_FIX)

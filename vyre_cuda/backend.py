@@ -464,18 +464,19 @@ class CudaBackend:
             )
         if cfg.autotune:
             plan = self._tuned(program, lengths, cfg, plan, device_inputs, inputs)
-        launch, route = plan.launch, plan.route
-        log.info(
-            "planned %s: route=%s (%s), grid=%s block=%s shared=%d slab=%d (%s)",
-            cfg.label or program.kernel.entry,
-            route.kind,
-            route.reason,
-            launch.grid,
-            launch.block,
-            launch.shared_bytes,
-            plan.layout.slab_bytes,
-            "mirror" if plan.mirror else "ring",
-        )
+        if log.isEnabledFor(logging.INFO):  # (its arguments cost more than the check, per plan miss)
+            launch, route = plan.launch, plan.route
+            log.info(
+                "planned %s: route=%s (%s), grid=%s block=%s shared=%d slab=%d (%s)",
+                cfg.label or program.kernel.entry,
+                route.kind,
+                route.reason,
+                launch.grid,
+                launch.block,
+                launch.shared_bytes,
+                plan.layout.slab_bytes,
+                "mirror" if plan.mirror else "ring",
+            )
         return plan
 
     def _free_device_memory(self) -> int:

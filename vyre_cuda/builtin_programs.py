@@ -1,7 +1,7 @@
 """Built-in programs: the profiling harness's vecadd, and the self-test's kernels.
 
-Each function returns a new :class:`~vyre_cuda.Program`; build it once and dispatch it many times
-(dispatch caches its plan per program object).
+Each function returns a new :class:`~vyre_cuda.Program`, equal to the one an earlier call returned
+(programs compare by their fields), so dispatches of either share one cached plan.
 """
 
 from __future__ import annotations

@@ -180,7 +180,8 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
 
     def program(self, key: str, program: Program) -> Program:
         """This worker's copy of the program with ``key``: the first one seen is kept, so every
-        task after it hits the backend's plan cache."""
+        task after it hits the backend's plan cache (equal programs would anyway, but a callable
+        ``launch`` arrives as a new object with every task, and programs compare it by object)."""
         return self.programs.setdefault(key, program)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import operator
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -172,9 +173,11 @@ class BufferDecl:
             )
         output = is_output if is_output is not None else (False if output is None else output)
         values = (name, binding, access, dtype, count, output, output_byte_range, alignment, persistent)
-        for f, value in zip(dataclasses.fields(self), values):
-            object.__setattr__(self, f.name, value)
+        for name_, value in zip(_BUFFER_FIELDS, values):
+            object.__setattr__(self, name_, value)
         self._validate()
+        # derived once (planning asks it many times per plan); not a field: not compared, not in repr
+        object.__setattr__(self, "_role", self._derive_role())
 
     def _validate(self) -> None:
         object.__setattr__(self, "dtype", dtype_of(self.dtype))
@@ -241,9 +244,10 @@ class BufferDecl:
                 f"pass ({start - start % size}, {end + (-end) % size}) (whole elements), or declare "
                 "the buffer as u8 to read raw bytes",
             )
-        if self.role not in (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT):
+        role = self._derive_role()  # (validation runs before the role is stored)
+        if role not in (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT):
             raise InvalidProgram(
-                f"buffer {self.name!r} ({self.access.value}, role {self.role.value}) has an "
+                f"buffer {self.name!r} ({self.access.value}, role {role.value}) has an "
                 f"output_byte_range but is never read back",
                 "drop output_byte_range, or declare the buffer as an output "
                 "(BufferDecl.output / read_write / write_only)",
@@ -253,6 +257,12 @@ class BufferDecl:
     @property
     def role(self) -> BindingRole:
         """The binding role, first match wins (vyre's role table)."""
+        try:
+            return self._role  # type: ignore[attr-defined]
+        except AttributeError:  # unpickled from a release that did not store it
+            return self._derive_role()
+
+    def _derive_role(self) -> BindingRole:
         if self.access is BufferAccess.WORKGROUP:
             return BindingRole.SHARED
         if self.persistent:
@@ -315,9 +325,11 @@ class Program:
     multiple of ``k`` rows. Grid-sync programs, statically sized outputs and output byte ranges
     cannot be elementwise (refused here with InvalidProgram).
 
-    Programs hash by identity: dispatch caches its prepared plan per program object, so build a
-    program once and dispatch it many times. A program pickles when its ``launch`` does (a name,
-    or a module-level function).
+    Programs compare and hash by what they compute: two programs equal in every field (the kernel
+    by its digest, a callable ``launch`` by the callable object) are equal, so a program rebuilt
+    per call finds the plans and modules of an equal one. The hash is computed once, when the
+    program is built. A program pickles when its ``launch`` does (a name, or a module-level
+    function).
 
     Examples
     --------
@@ -382,17 +394,36 @@ class Program:
         object.__setattr__(self, "elementwise", declared)
         object.__setattr__(self, "align", align)
         object.__setattr__(self, "_elementwise_bindings", cut)
+        # once: the dispatch hot path hashes the program on every call (its plan-cache key)
+        key = _structural_key(self)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hash(key))
 
     def _identity(self) -> tuple:
         """Everything that defines what this program computes: ``(field name, value)`` for every
         dataclass field, in field order; the kernel by its digest, ``launch`` as given (a name,
-        None or a callable). Equality stays by object, since the backend's plan cache keys on the
-        object; ``vyre_cuda.dask.program_key`` digests this, so a field added to Program is part
-        of the key by being a field."""
+        None or a callable). Programs with equal identities are equal (``==`` and ``hash``
+        compare :func:`_structural_key`, this with a callable ``launch`` taken by object), so the
+        backend's plan cache, the module cache and the tuning cache serve a rebuilt program as
+        the first; ``vyre_cuda.dask.program_key`` digests this, so a field added to Program is
+        part of every key by being a field."""
         return tuple(
-            (f.name, self.kernel.digest if f.name == "kernel" else getattr(self, f.name))
-            for f in dataclasses.fields(self)
+            (name, self.kernel.digest if name == "kernel" else getattr(self, name)) for name in _PROGRAM_FIELDS
         )
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if not isinstance(other, Program):
+            return NotImplemented
+        return self._hash == other._hash and self._key == other._key  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __reduce__(self):
+        # rebuilt from its fields: the cached hash is per process (str hashes are salted)
+        return (Program, tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
 
     @property
     def inputs(self) -> tuple:
@@ -409,6 +440,59 @@ class Program:
     def outputs(self) -> tuple:
         """Declarations read back, in declaration order."""
         return self._outputs  # type: ignore[attr-defined]
+
+
+# field names, in order, taken once (dataclasses.fields() per program built would cost more than
+# the rest of its key)
+_BUFFER_FIELDS = tuple(f.name for f in dataclasses.fields(BufferDecl))
+_PROGRAM_FIELDS = tuple(f.name for f in dataclasses.fields(Program))
+_buffer_fields = operator.attrgetter(*_BUFFER_FIELDS)  # a declaration as the tuple of its fields
+
+
+class _ByObject:
+    """A callable ``launch`` inside a program's key: equal only to the same callable object.
+
+    Its own ``==`` is not asked (a callable may define none, an unhashable one, or one that is not
+    a bool); a plan made with one callable is never used with another."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _ByObject) and other.fn is self.fn
+
+    def __hash__(self) -> int:
+        return id(self.fn)
+
+
+def _structural_key(program) -> tuple:
+    """What ``Program.__eq__`` and ``__hash__`` compare: :meth:`Program._identity`'s values with
+    each buffer as the tuple of its fields (compared in C, no Python ``__eq__`` per buffer) and a
+    callable ``launch`` by object. Every field is a str, int, bool, enum, None, a tuple of those,
+    or a frozen DType once the program is validated; anything unhashable is refused, named."""
+    values = []
+    for name, value in program._identity():
+        if name == "buffers":
+            value = tuple(map(_buffer_fields, value))
+        elif name == "launch" and value is not None and not isinstance(value, str):
+            value = _ByObject(value)
+        values.append(value)
+    key = tuple(values)
+    try:
+        hash(key)
+    except TypeError:
+        for name, value in zip(_PROGRAM_FIELDS, key):
+            try:
+                hash(value)
+            except TypeError:
+                raise InvalidProgram(
+                    f"Program.{name} holds an unhashable value ({type(value).__name__} {value!r})",
+                    f"pass {name} as the documented type (str, int, bool or a tuple of them)",
+                ) from None
+        raise
+    return key
 
 
 def _validate_program(program) -> None:

@@ -40,7 +40,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -310,6 +309,13 @@ def _result(entry: dict, key: str, cached: bool) -> TuneResult:
     )
 
 
+def _median(samples):
+    # statistics (with decimal, fractions, random) costs ~20 ms to import: only a tune pays it
+    import statistics  # noqa: PLC0415
+
+    return statistics.median(samples)
+
+
 def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeats: int = REPEATS, force=False):
     """Measure ``program``'s candidate block widths on ``inputs`` and cache the fastest.
 
@@ -358,7 +364,7 @@ def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeat
             continue
         samples = [run().device_ns for _ in range(repeats)]
         _count("timed_dispatches", repeats + 1)
-        timings[width] = int(statistics.median(samples))
+        timings[width] = int(_median(samples))
     # fastest first; on a tie the declared width, then the narrower one
     winner = min(timings, key=lambda w: (timings[w], w != baseline, w)) if timings else baseline
     entry = {

@@ -20,7 +20,6 @@ import logging
 import os
 import pathlib
 import re
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -254,6 +253,8 @@ def disk_store(compiled: CompiledKernel) -> None:
 
 
 def _atomic_write(path: pathlib.Path, data: bytes) -> None:
+    import tempfile  # noqa: PLC0415 (with shutil, bz2, lzma: ~10 ms; only a write needs it)
+
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

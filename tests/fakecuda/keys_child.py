@@ -1,0 +1,122 @@
+"""Child of tests/test_program_keys.py: structural program keys on a real CudaBackend over the fake
+driver. A program rebuilt per call (a new object equal to the first) finds the first one's
+prepared plan and loaded module; a program differing in one field gets its own plan; every result
+is checked against numpy. Prints one JSON object (tests/helpers/scenarios.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+from helpers.scenarios import Scenarios
+
+import vyre_cuda as vc
+from fakecuda import FakeDriver, vecadd_emulation
+from vyre_cuda import BufferDecl
+from vyre_cuda import builtin_programs as bp
+
+SCENARIOS = Scenarios()
+scenario = SCENARIOS.register
+RNG = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+N = 1024
+
+
+def pair(n=N):
+    return RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(n).astype(np.float32)
+
+
+def plans(backend) -> int:
+    return backend.telemetry.snapshot()["prepared_plans"]
+
+
+def vecadd_by_a(sizes) -> int:
+    """A module-level launch rule: the length of ``a``."""
+    return sizes["a"]
+
+
+def variants() -> list:
+    """``(field, program)``: vecadd changed in one field each, every one dispatchable on the fake
+    (grid_sync, phases and align are compared without a device in test_program_keys.py)."""
+    base = bp.vecadd_f32()
+    other = dataclasses.replace
+    a, b, out = base.buffers
+    return [
+        ("kernel", other(base, kernel=vc.Kernel.cuda(base.kernel.source, options=("-DVYRE_KEYS=1",)))),
+        ("buffers", other(base, buffers=(a, b, BufferDecl.output("c", out.binding, "f32")))),
+        ("buffers", other(base, buffers=(a, b, dataclasses.replace(out, alignment=256)))),
+        ("workgroup_size", other(base, workgroup_size=(128, 1, 1))),
+        ("name", other(base, name="vecadd_again")),
+        ("launch", other(base, launch="a")),
+        ("launch", other(base, launch=vecadd_by_a)),
+        ("elementwise", other(base, elementwise=True)),
+    ]
+
+
+@scenario
+def a_rebuilt_equal_program_hits_the_plan_and_module_caches(fake):
+    backend = vc.CudaBackend(0)
+    a, b = pair()
+    first = bp.vecadd_f32()
+    fake.emulate(backend, first, [a, b], vecadd_emulation(np.float32))
+    (out,) = backend.dispatch(first, [a, b])
+    assert np.array_equal(out, a + b)
+    held, modules, launches = plans(backend), len(backend._modules), fake.stats()["launches"]
+    for _ in range(20):
+        again = bp.vecadd_f32()  # a new object, equal to `first`
+        assert again is not first and again == first and hash(again) == hash(first)
+        a, b = pair()
+        (out,) = backend.dispatch(again, [a, b])
+        assert np.array_equal(out, a + b), "a rebuilt program gave a wrong result"
+        (out,) = backend.dispatch_async(again, [a, b]).result()
+        assert np.array_equal(out, a + b)
+    assert plans(backend) == held, f"{plans(backend)} plans after rebuilt dispatches, {held} before"
+    assert len(backend._modules) == modules
+    assert fake.stats()["launches"] == launches + 40
+    backend.close()
+
+
+@scenario
+def programs_differing_in_one_field_do_not_share_a_plan(fake):
+    backend = vc.CudaBackend(0)
+    a, b = pair()
+    base = bp.vecadd_f32()
+    fake.emulate(backend, base, [a, b], vecadd_emulation(np.float32))
+    backend.dispatch(base, [a, b])
+    seen = [base]
+    for field, program in variants():
+        assert program != base and hash(program) != hash(base), field
+        before = plans(backend)
+        fake.emulate(backend, program, [a, b], vecadd_emulation(np.float32))  # (plan_info caches nothing)
+        a, b = pair()
+        (out,) = backend.dispatch(program, [a, b])
+        assert np.array_equal(out, a + b), field
+        assert plans(backend) == before + 1, (field, plans(backend), before)
+        # and a rebuilt copy of the variant shares the variant's plan, no one else's
+        copy = dataclasses.replace(program)
+        assert copy is not program and copy == program, field
+        (out,) = backend.dispatch(copy, [a, b])
+        assert np.array_equal(out, a + b), field
+        assert plans(backend) == before + 1, (field, "a rebuilt variant planned again")
+        seen.append(program)
+    assert plans(backend) == len(seen)
+    backend.close()
+
+
+@scenario
+def a_rebuilt_program_with_other_lengths_plans_once_per_length(fake):
+    backend = vc.CudaBackend(0)
+    fake.emulate(backend, bp.vecadd_f32(), list(pair()), vecadd_emulation(np.float32))
+    held = plans(backend)
+    for n in (100, 200, 300):
+        for _ in range(3):
+            a, b = pair(n)
+            (out,) = backend.dispatch(bp.vecadd_f32(), [a, b])
+            assert np.array_equal(out, a + b), n
+    assert plans(backend) == held + 3, (plans(backend), held)
+    backend.close()
+
+
+if __name__ == "__main__":
+    SCENARIOS.main(FakeDriver())

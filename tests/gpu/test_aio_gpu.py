@@ -1,0 +1,106 @@
+"""Awaitable dispatches and structural program keys on the GPU, checked against numpy."""
+
+import asyncio
+import gc
+import threading
+
+import numpy as np
+import pytest
+from helpers.aio import run, ticking
+
+from vyre_cuda import BufferDecl, Kernel, Program, _aio
+from vyre_cuda import builtin_programs as bp
+from vyre_cuda._waits import PendingDispatch
+
+LIVE = ("device_pool_live_bytes", "pinned_pool_live_bytes", "streams_live", "events_live")
+
+# one block that spins for cycles[0] GPU clock cycles: a dispatch that is still running when awaited
+_SPIN = r"""
+#include "vyre_cuda.cuh"
+VYRE_KERNEL vyre_main(const unsigned long long* cycles, unsigned int* out, const vyre_u32* p) {
+  const vyre_u64 i = vyre_global_id();
+  if (i < vyre_count(p)) {
+    const long long start = clock64();
+    while (clock64() - start < (long long)cycles[0]) {
+    }
+    out[i] = 1u;
+  }
+}
+"""
+SPIN = Program(Kernel.cuda(_SPIN), [BufferDecl.read("cycles", 0, "u64", 1), BufferDecl.output("out", 1, "u32", 32)])
+SPIN_CYCLES = np.array([400_000_000], np.uint64)  # ~0.2 s at 2 GHz
+
+
+def awaited(backend, pending):
+    if hasattr(PendingDispatch, "__await__"):
+
+        async def direct():
+            return await pending
+
+        return direct()
+    return _aio.awaitable(pending, backend._ctx)
+
+
+def live(backend):
+    snap = backend.telemetry.snapshot()
+    return {k: snap[k] for k in LIVE}
+
+
+def test_gather_of_64_dispatches_matches_numpy(backend, rng):
+    prog = bp.vecadd_f32()
+    inputs = []
+    for _ in range(64):
+        n = int(rng.integers(1, 1 << 20))
+        inputs.append((rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)))
+
+    async def main():
+        return await asyncio.gather(*(awaited(backend, backend.dispatch_async(prog, [a, b])) for a, b in inputs))
+
+    outs = run(main())
+    for (a, b), (out,) in zip(inputs, outs):
+        np.testing.assert_array_equal(out, a + b)
+    assert sum(t.name == "vyre-cuda-aio-waiter" for t in threading.enumerate()) <= 1
+
+
+def test_the_loop_ticks_while_a_long_dispatch_is_awaited(fresh_backend):
+    async def main():
+        async with ticking() as ticks:
+            (out,) = await awaited(fresh_backend, fresh_backend.dispatch_async(SPIN, [SPIN_CYCLES]))
+        return out, ticks
+
+    out, ticks = run(main())
+    assert np.array_equal(out, np.ones(32, np.uint32))
+    assert len(ticks) >= 20, f"the loop ticked {len(ticks)} times during a ~0.2 s dispatch"
+
+
+def test_cancelling_an_await_leaves_the_work_with_the_pending(fresh_backend):
+    async def main():
+        kept = fresh_backend.dispatch_async(SPIN, [SPIN_CYCLES])
+        lost = fresh_backend.dispatch_async(SPIN, [SPIN_CYCLES])
+        tasks = [asyncio.ensure_future(awaited(fresh_backend, p)) for p in (kept, lost)]
+        await asyncio.sleep(0.01)
+        assert not any(t.done() for t in tasks)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with pytest.raises(asyncio.CancelledError):
+                await t
+        return kept
+
+    kept = run(main())
+    (out,) = kept.result()  # still owned by the handle: waits for the GPU, then collects
+    assert np.array_equal(out, np.ones(32, np.uint32))
+    gc.collect()  # the other handle was dropped un-awaited: it waited, then recycled
+    assert live(fresh_backend) == dict.fromkeys(LIVE, 0), live(fresh_backend)
+    assert fresh_backend.telemetry.snapshot()["leaked_allocations"] == 0
+
+
+def test_a_rebuilt_equal_program_reuses_the_plan(fresh_backend, rng):
+    a, b = rng.standard_normal(1024).astype(np.float32), rng.standard_normal(1024).astype(np.float32)
+    (out,) = fresh_backend.dispatch(bp.vecadd_f32(), [a, b])
+    np.testing.assert_array_equal(out, a + b)
+    plans = fresh_backend.telemetry.snapshot()["prepared_plans"]
+    for _ in range(10):
+        (out,) = fresh_backend.dispatch(bp.vecadd_f32(), [a, b])  # a new, equal program each time
+        np.testing.assert_array_equal(out, a + b)
+    assert fresh_backend.telemetry.snapshot()["prepared_plans"] == plans

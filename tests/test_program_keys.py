@@ -1,0 +1,192 @@
+"""Structural program keys: equal programs (equal in every field) are one key everywhere.
+
+Programs compare and hash by their fields (``Program._identity``), the hash is computed once when
+the program is built, and every cache keyed on programs (the core's plans, the module cache, the
+tuning cache, the launch-size warning) treats a rebuilt program as the first. The dispatch
+scenarios run the real backend on the fake driver (tests/fakecuda/keys_child.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import pickle
+import subprocess
+import sys
+import warnings
+
+import fakes
+import numpy as np
+import pytest
+from helpers import scenarios
+
+from vyre_cuda import BufferDecl, InvalidProgram, Kernel, LaunchSizeWarning, Program
+from vyre_cuda import builtin_programs as bp
+from vyre_cuda.planning.launch import _warn_if_undersized, _warned
+
+CHILD = scenarios.FAKECUDA / "keys_child.py"
+
+
+def every_variant():
+    """``(field, a, b)`` pairs differing in one field each (fakes.field_variants), plus the
+    fields of a buffer declaration one by one."""
+    out = list(fakes.field_variants())
+    base = fakes.scale_program()
+    x, o = base.buffers
+    for name, decl in (
+        ("name", dataclasses.replace(x, name="x2")),
+        ("binding", dataclasses.replace(x, binding=5)),
+        ("access", dataclasses.replace(x, access="uniform")),
+        ("dtype", dataclasses.replace(x, dtype="i32")),
+        ("count", dataclasses.replace(x, count=8)),
+        ("alignment", dataclasses.replace(x, alignment=64)),
+    ):
+        out.append((f"buffers.{name}", base, dataclasses.replace(base, buffers=(decl, o))))
+    ranged = dataclasses.replace(base, buffers=(x, dataclasses.replace(o, count=16)))
+    part = dataclasses.replace(ranged.buffers[1], output_byte_range=(0, 32))
+    out.append(("buffers.output_byte_range", ranged, dataclasses.replace(ranged, buffers=(x, part))))
+    rw = Program(base.kernel, [BufferDecl.read_write("x", 0, "f32")])
+    out.append(("buffers.is_output", rw, Program(base.kernel, [BufferDecl("x", 0, "read_write", "f32", output=True)])))
+    return out
+
+
+def test_every_field_and_buffer_field_is_covered():
+    fields = {f for f, _, _ in every_variant()}
+    assert {f.name for f in dataclasses.fields(Program)} <= fields
+    # persistent buffers are refused at plan time, not built into programs here; every other field
+    assert {f"buffers.{f.name}" for f in dataclasses.fields(BufferDecl)} - fields == {"buffers.persistent"}
+
+
+@pytest.mark.parametrize("field, a, b", every_variant(), ids=lambda v: v if isinstance(v, str) else "")
+def test_programs_differing_in_one_field_are_unequal(field, a, b):
+    assert a != b and b != a and (a == b) is False, field
+    assert hash(a) != hash(b), field  # (a collision is possible in principle, not for these)
+    assert len({a, b}) == 2 and {a: 1, b: 2}[b] == 2
+
+
+def test_programs_rebuilt_from_equal_fields_are_equal_and_hash_alike():
+    for (field, a, b), (_, a2, b2) in zip(fakes.field_variants(), fakes.field_variants()):
+        for p, q in ((a, a2), (b, b2)):
+            assert p is not q
+            if callable(p.launch) and p.launch.__name__ == "<lambda>":
+                assert p != q, field  # a new lambda each time: a different launch rule object
+                continue
+            assert p == q and hash(p) == hash(q) and {p: field}[q] == field, field
+            assert dataclasses.replace(p) == p and hash(dataclasses.replace(p)) == hash(p)
+
+
+def test_the_hash_is_computed_once_at_construction():
+    p = bp.vecadd_f32()
+    assert hash(p) == p._hash == hash(p._key)
+
+    # the key is not looked at again: __hash__ reads the cached attribute only
+    object.__setattr__(p, "_key", None)
+    try:
+        assert hash(p) == p._hash
+    finally:
+        object.__setattr__(p, "_key", bp.vecadd_f32()._key)
+    assert p == bp.vecadd_f32()
+
+
+def test_numpy_scalars_and_lists_normalise_to_the_same_program():
+    k = Kernel.cuda("VYRE_KERNEL vyre_main() {}")
+    decls = [BufferDecl.read("x", np.int64(0), "f32"), BufferDecl.output("o", 1, np.float32)]
+    a = Program(k, decls, workgroup_size=np.int32(128), grid_sync=np.bool_(False), requires=["f16"])
+    b = Program(k, tuple(decls), workgroup_size=(128, 1, 1), grid_sync=False, requires=("f16",))
+    c = Program(k, decls, workgroup_size=[128], elementwise=["x"], align=np.int64(2))
+    d = Program(k, decls, workgroup_size=128, elementwise="x", align=2)
+    assert a == b and hash(a) == hash(b)
+    assert c == d and hash(c) == hash(d)
+    assert type(a.workgroup_size[0]) is int and type(c.align) is int and c.elementwise == ("x",)
+
+
+def test_a_callable_launch_keys_by_object():
+    base = fakes.launch_elems_program()
+
+    def rule(sizes):
+        return sizes["x"]
+
+    same = (dataclasses.replace(base, launch=rule), dataclasses.replace(base, launch=rule))
+    assert same[0] == same[1] and hash(same[0]) == hash(same[1])
+    assert dataclasses.replace(base, launch=lambda s: s["x"]) != dataclasses.replace(base, launch=lambda s: s["x"])
+
+    class Rule:  # equal by value and unhashable: its own == is not asked
+        __hash__ = None  # type: ignore[assignment]
+
+        def __eq__(self, other):
+            return True
+
+        def __call__(self, sizes):
+            return sizes["x"]
+
+    r = Rule()
+    p, q = dataclasses.replace(base, launch=r), dataclasses.replace(base, launch=Rule())
+    assert p != q and p == dataclasses.replace(base, launch=r) and len({p, q}) == 2
+    partial = functools.partial(fakes.launch_by_y)
+    assert dataclasses.replace(base, launch=partial) == dataclasses.replace(base, launch=partial)
+    assert dataclasses.replace(base, launch=fakes.launch_by_y) != dataclasses.replace(base, launch=partial)
+
+
+def test_programs_compare_only_with_programs():
+    p = bp.vecadd_f32()
+    assert p != p._identity() and p != p._key and p != "vecadd" and (p == object()) is False
+
+
+def test_pickled_programs_are_rebuilt_with_the_hash_of_the_loading_process():
+    # str hashes are salted per process: an unpickled program must not carry the sender's hash
+    blob = pickle.dumps(fakes.launch_elems_program(launch=fakes.launch_by_y))
+    code = (
+        "import pickle, sys, fakes; p = pickle.loads(sys.stdin.buffer.read()); "
+        "q = fakes.launch_elems_program(launch=fakes.launch_by_y); "
+        "print(p == q and hash(p) == hash(q) and p._hash == hash(p._key))"
+    )
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(tests_dir)
+    env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=os.pathsep.join([root, tests_dir]))
+    proc = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, env=env, check=False)
+    assert proc.stdout.strip() == b"True", proc.stderr.decode()[-2000:]
+    here = pickle.loads(blob)
+    assert here == fakes.launch_elems_program(launch=fakes.launch_by_y) and hash(here) == here._hash
+
+
+def test_an_unhashable_field_is_refused_by_name():
+    from vyre_cuda.program import _structural_key
+
+    p = bp.vecadd_f32()
+    object.__setattr__(p, "name", ["not", "hashable"])  # (validation makes this unreachable)
+    with pytest.raises(InvalidProgram, match=r"Program\.name holds an unhashable value") as err:
+        _structural_key(p)
+    assert str(err.value).splitlines()[-1].startswith("Fix: ")
+
+
+def test_the_launch_size_warning_is_once_per_equal_program():
+    # the warning's WeakSet holds programs by their (structural) hash: a rebuilt one is not warned again
+    from vyre_cuda.planning.binding import plan_bindings
+
+    prog = fakes.scale_program()
+    _warned.discard(prog)
+    bplan = plan_bindings(prog, (4000,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _warn_if_undersized(prog, bplan, 10, "out", "x")
+        _warn_if_undersized(fakes.scale_program(), bplan, 10, "out", "x")
+    assert [type(w.message) for w in caught] == [LaunchSizeWarning]
+    _warned.discard(prog)
+
+
+# ---------------------------------------------------------------- on the fake driver
+SCENARIOS = scenarios.declared(CHILD)
+
+
+@pytest.fixture(scope="module")
+def results(fake_libcuda, tmp_path_factory):
+    return scenarios.run_scenarios(CHILD, fake_libcuda, tmp_path_factory)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_on_the_fake_driver(results, name):
+    result = results[name]
+    if result["skipped"]:
+        pytest.skip(result["skipped"])
+    assert result["ok"], result["error"]
