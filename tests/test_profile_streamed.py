@@ -135,7 +135,12 @@ def test_four_mib_target_streamed_met_missed_and_serial_kept():
     t = _by_key(_sizes())
     four = t[("streamed_4mib_vs_serial", 4 * MIB)]
     assert four.value == pytest.approx(420 / 600) and four.limit == 0.8 and four.met is True and four.kept == ""
-    slow = {"floor.pinned": 1_350_000, "ceiling.dma_both": 540_000, "vyre.dispatch_into": 600_000, "vyre.streamed": 590_000}
+    slow = {
+        "floor.pinned": 1_350_000,
+        "ceiling.dma_both": 540_000,
+        "vyre.dispatch_into": 600_000,
+        "vyre.streamed": 590_000,
+    }
     four = _by_key(_sizes(four=slow))[("streamed_4mib_vs_serial", 4 * MIB)]
     assert four.met is False and "0.90x the serial 0.60 ms" in four.note
     four = _by_key(_sizes(four=slow, four_route="regular"))[("streamed_4mib_vs_serial", 4 * MIB)]

@@ -184,8 +184,9 @@ def run_profile(
     warmup : int, optional
         Untimed samples per system first (default: a tenth of ``iterations``, at most 200).
     program : vyre_cuda.Program, optional
-        A user program instead of the built-in vecadd; peers and targets are vecadd-only and
-        are skipped, and the floor stays the vecadd loop moving the same bytes per buffer.
+        A user program instead of the built-in vecadd; peers, the streamed rows and targets are
+        vecadd-only and are skipped, and the floor stays the vecadd loop moving the same bytes
+        per buffer. The heavy kernel's rows run at 256 MiB (``streamed.HEAVY_SIZE``) only.
     peers, threads : bool
         Measure the peers, and the thread scaling (at the smallest size).
     progress : callable, optional

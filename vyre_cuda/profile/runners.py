@@ -182,8 +182,8 @@ def floor_runners(floor, a, b, expected, launch_batches_scale=None):
 
 def ceiling_runners(floor, a, b, thread_counts):
     """The transfer ceilings on the floor's buffers: DMA each way alone and both ways at once
-    from and to pinned memory, and host memcpy pageable -> pinned (the inputs) and pinned -> pageable (the output) at each
-    thread count."""
+    from and to pinned memory, and host memcpy pageable -> pinned (the inputs) and pinned ->
+    pageable (the output) at each thread count."""
     scratch = np.empty(floor.n, dtype=np.float32)  # copy_out's destination (a numpy array)
 
     def dma(count):

@@ -152,7 +152,7 @@ def streamed_runners(backend, twin, inputs, check, into, pinned):
         runners.append(
             Runner(
                 "vyre_cuda streamed page-locked",
-                _into_runner(backend, twin, config, "vyre.streamed_pinned", *pinned, last),
+                _into_runner(backend, twin, config, "vyre.streamed_pinned", pinned[0], pinned[1], last),
                 verifier("vyre.streamed_pinned"),
             )
         )
@@ -181,10 +181,7 @@ def heavy_runners(backend, plain, twin, a, b, rng, locked, steps: int = HEAVY_ST
 
     def heavy_ok(out):
         got = _host(out)
-        return bool(
-            np.isfinite(got).all()
-            and np.allclose(got[rows], expected_rows, rtol=HEAVY_RTOL, atol=HEAVY_ATOL)
-        )
+        return bool(np.isfinite(got).all() and np.allclose(got[rows], expected_rows, rtol=HEAVY_RTOL, atol=HEAVY_ATOL))
 
     def compute(count):
         pc = time.perf_counter_ns
