@@ -13,6 +13,7 @@ build_ext --inplace``)::
     python benchmarks/bench_dispatch.py --readme            # full suite, JSON + README
     python benchmarks/bench_dispatch.py --sizes 4KiB,64MiB  # some sizes
     python benchmarks/bench_dispatch.py --only bandwidth    # one benchmark
+    python benchmarks/bench_dispatch.py --only streamed     # the streamed route's rows and targets
 """
 
 from __future__ import annotations
@@ -69,6 +70,21 @@ def bench_bandwidth(loops=None, backend=None, progress=None, baseline=None):
     )
 
 
+def bench_streamed(loops=None, backend=None, progress=None, baseline=None):
+    """The streamed route at 4 MiB, 256 MiB and 1 GiB: the elementwise vecadd streamed from numpy
+    and page-locked arrays against the DMA of both directions at once and the serial
+    ``dispatch_into``, and the heavy kernel's overlap at 256 MiB."""
+    return profile.run_profile(
+        sizes=(4 * MIB, 256 * MIB, 1 * GIB),
+        iterations=loops,
+        threads=False,
+        peers=False,
+        backend=backend,
+        progress=progress,
+        baseline=baseline,
+    )
+
+
 def bench_two_threads(loops=None, backend=None, progress=None, baseline=None):
     """Throughput from 1 and 2 Python threads, vyre_cuda against the floor (4 KiB)."""
     return profile.run_profile(
@@ -113,6 +129,7 @@ BENCHES = {
     "small": bench_small_dispatch,
     "large": bench_large_dispatch,
     "bandwidth": bench_bandwidth,
+    "streamed": bench_streamed,
     "threads": bench_two_threads,
 }
 

@@ -30,6 +30,9 @@ _ROUND_TRIP = (
     ("vyre.dispatch", "vyre_cuda, numpy"),
     ("vyre.dispatch_into", "vyre_cuda `dispatch_into`, numpy"),
     ("vyre.pinned", "vyre_cuda, page-locked"),
+    ("vyre.streamed", "vyre_cuda streamed, numpy"),
+    ("vyre.streamed_pinned", "vyre_cuda streamed, page-locked"),
+    ("ceiling.dma_both", "DMA both directions at once"),
     ("floor.pinned", "floor, pinned staging"),
     ("floor.pageable", "driver's pageable path"),
     ("peer.cuda_bindings", "cuda.bindings"),
@@ -38,16 +41,31 @@ _ROUND_TRIP = (
 )
 
 
+# rows of the heavy kernel's table: key, what it measures
+_HEAVY = (
+    ("vyre.heavy", "streamed host round trip, page-locked"),
+    ("vyre.heavy_compute", "its compute alone (device-resident arrays)"),
+    ("vyre.heavy_transfer", "its bytes alone (through the elementwise vecadd, streamed, page-locked)"),
+)
+
+
 def _status(target) -> str:
     status = target_status(target)
-    return "**missed**" if status == "MISSED" else status
+    text = "**missed**" if status == "MISSED" else status
+    if target.kept:
+        text += f" ({target.kept}: {target.note})" if target.note else f" ({target.kept})"
+    elif status == "MISSED" and target.note:
+        text += f": {target.note}"
+    return text
 
 
 def _time(ns) -> str:
     if ns is None:
         return "-"
-    if ns >= 10_000_000:
+    if ns >= 100_000_000:
         return f"{ns / 1e6:,.0f} ms"
+    if ns >= 10_000_000:
+        return f"{ns / 1e6:,.1f} ms"
     if ns >= 1_000_000:
         return f"{ns / 1e6:,.2f} ms"
     return f"{ns / 1e3:,.1f} us"
@@ -88,7 +106,8 @@ def _ceiling_table(report) -> list:
     lines = [
         (
             "GB/s per direction: vyre_cuda from numpy arrays (stage clocks: inputs / upload, output "
-            "/ readback) against the ceilings measured in the same run:"
+            "/ readback) against the ceilings measured in the same run (the DMA of both directions at "
+            "once: all the bytes / its time):"
         ),
         "",
         "| per buffer | vyre_cuda H2D | vyre_cuda D2H | "
@@ -102,6 +121,33 @@ def _ceiling_table(report) -> list:
             f"{_gb(s.direction_gbps('d2h'))} | " + " | ".join(_gb(s.gbps(k)) for k in keys) + " |"
         )
     return lines
+
+
+def _heavy_table(report) -> list:
+    sizes = [s for s in report.sizes if "vyre.heavy" in s.systems]
+    if not sizes:
+        return []
+    lines = [
+        (
+            "The compute-heavy elementwise kernel (400 `__sinf` steps per element; the streamed route "
+            "overlaps its transfers with its compute):"
+        ),
+        "",
+        "| per buffer | row | median |",
+        "|---|---|---|",
+    ]
+    for s in sizes:
+        for key, what in _HEAVY:
+            lines.append(f"| {format_size(s.nbytes)} | {what} | {_cell(s, key)} |")
+    return lines
+
+
+def _routes(report) -> list:
+    sizes = [s for s in report.sizes if s.planner]
+    if not sizes:
+        return []
+    cells = ", ".join(f"{format_size(s.nbytes)}: {s.planner.get('route') or '?'}" for s in sizes)
+    return [f"Route the planner picks for an unforced dispatch of the elementwise vecadd: {cells}."]
 
 
 def render_results(report: ProfileReport, source=None) -> str:
@@ -139,6 +185,9 @@ def render_results(report: ProfileReport, source=None) -> str:
         ceilings = _ceiling_table(report)
         if ceilings:
             lines += [""] + ceilings
+        for block in (_heavy_table(report), _routes(report)):
+            if block:
+                lines += [""] + block
     lines += ["", "```text", report.format_table().rstrip("\n"), "```"]
     return "\n".join(lines) + "\n"
 

@@ -13,8 +13,8 @@ from helpers.contracts import ProfiledBackend
 
 import vyre_cuda
 from vyre_cuda import profile as P
-from vyre_cuda.profile import _hooks, engine
-from vyre_cuda.program import BufferDecl
+from vyre_cuda.profile import _hooks, engine, streamed
+from vyre_cuda.program import BufferDecl, Kernel, Program
 
 STAGES = P.STAGE_NAMES
 
@@ -29,6 +29,24 @@ class _FakePending:
 
 def _fake_add(inputs):
     return [inputs[0] + inputs[1] if len(inputs) > 1 else inputs[0] * 2]
+
+
+def _fake_run(program, inputs):
+    """What the fake device computes: the heavy kernel by its name, else vecadd."""
+    if getattr(program, "name", None) == "heavy":
+        return [streamed.heavy_reference(np.asarray(inputs[0]), np.asarray(inputs[1]), streamed.HEAVY_STEPS)]
+    return _fake_add([np.asarray(x) for x in inputs])
+
+
+class FakeDeviceArray(np.ndarray):
+    """A device output stand-in (``outputs="device"``): copied back with ``copy_to_host``."""
+
+    def copy_to_host(self):
+        return np.array(self, copy=True)
+
+
+# the planner's rule for an unforced dispatch of an elementwise program: at least 2 chunks of 8 MiB
+STREAM_FROM = 16 << 20
 
 
 class _FakeTelemetry:
@@ -63,6 +81,8 @@ class FakeBackend(ProfiledBackend):
         self.allocate_every = allocate_every
         self.threads_seen = set()
         self.into_inputs = []
+        self.calls = []  # (entry point, program name, config) of every dispatch
+        self.plans = []  # (program name, input bytes) of every plan_info call
         self.lock = threading.Lock()
         self.telemetry = _FakeTelemetry(self, with_allocations)
 
@@ -75,14 +95,28 @@ class FakeBackend(ProfiledBackend):
 
     def dispatch(self, program, inputs, config=None):
         self._count()
-        return _fake_add(inputs)
+        self.calls.append(("dispatch", getattr(program, "name", None), config))
+        outs = _fake_run(program, inputs)
+        if getattr(config, "outputs", "host") == "device":
+            return [np.array(o, copy=True).view(FakeDeviceArray) for o in outs]
+        return outs
 
     def dispatch_into(self, program, inputs, outputs, config=None):
         self._count()
+        self.calls.append(("dispatch_into", getattr(program, "name", None), config))
         self.into_inputs.append(type(inputs[0]))
-        for out, res in zip(outputs, _fake_add(inputs)):
+        for out, res in zip(outputs, _fake_run(program, inputs)):
             out[...] = res
         return outputs
+
+    def plan_info(self, program, inputs, config=None):
+        nbytes = max(np.asarray(x).nbytes for x in inputs)
+        self.plans.append((getattr(program, "name", None), nbytes))
+        if getattr(program, "elementwise", False) and nbytes >= STREAM_FROM:
+            route = types.SimpleNamespace(kind="streamed", reason="2 or more chunks of 8 MiB")
+        else:
+            route = types.SimpleNamespace(kind="regular", reason="fewer than 2 chunks of 8 MiB")
+        return types.SimpleNamespace(route=route)
 
     def _dispatch_profiled(self, program, inputs, config=None, start_ns=0):
         self._count()
@@ -151,6 +185,10 @@ def _fake_floor_module():
         def dma_d2h(self, count):
             return np.full(count, 500, np.int64)
 
+        def dma_both(self, count):
+            mod.calls.append("dma_both")
+            return np.full(count, 1_200, np.int64)
+
         def copy_in(self, a, b, threads, count):
             mod.calls.append(("copy_in", threads))
             assert a.shape == (self.n,) and b.shape == (self.n,)
@@ -173,10 +211,8 @@ def install(monkeypatch):
     compile_kernel) for one test; returns ``namespace(floor=module, created=[backends])``."""
     floor = _fake_floor_module()
     builtins: Any = types.ModuleType("vyre_cuda.builtin_programs")
-    builtins.vecadd_f32 = lambda: types.SimpleNamespace(
-        name="vecadd_f32",
-        inputs=(BufferDecl.read("a", 0, "f32"), BufferDecl.read("b", 1, "f32")),
-    )
+    decls = (BufferDecl.read("a", 0, "f32"), BufferDecl.read("b", 1, "f32"), BufferDecl.output("out", 2, "f32"))
+    builtins.vecadd_f32 = lambda: Program(Kernel.cuda("// fake vecadd"), decls, name="vecadd_f32")
     monkeypatch.setitem(sys.modules, "vyre_cuda.profile._floor", floor)
     monkeypatch.setattr(_hooks, "stage_names", lambda: STAGES)
     monkeypatch.setattr(P, "_floor", floor, raising=False)

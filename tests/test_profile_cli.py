@@ -404,7 +404,7 @@ def test_bench_dispatch_writes_json_and_compares_with_its_stored_result(fake_dev
         == 0
     )
     assert "baseline" not in json.loads(out.read_text())["meta"]
-    assert set(bench.BENCHES) == {"small", "large", "bandwidth", "threads"}
+    assert set(bench.BENCHES) == {"small", "large", "bandwidth", "streamed", "threads"}
     assert bench.main(["--out", str(out), "--sizes", "4KiB", "--baseline", str(tmp_path / "none.json")]) == 1
 
 
@@ -562,3 +562,12 @@ def test_loading_a_benchmark_leaves_sys_path_as_it_was():
     before = list(sys.path)
     _load_bench("streamed_prototype")
     assert sys.path == before
+
+
+def test_bench_dispatch_streamed_runs_the_streamed_sizes(monkeypatch):
+    bench = _load_bench("bench_dispatch")
+    seen = {}
+    monkeypatch.setattr(bench.profile, "run_profile", lambda **kw: seen.update(kw) or "report")
+    assert bench.BENCHES["streamed"](3) == "report"
+    assert seen["sizes"] == (4 * MIB, 256 * MIB, GIB) and seen["iterations"] == 3
+    assert seen["peers"] is False and seen["threads"] is False

@@ -16,7 +16,7 @@ from profile_fakes import STAGES, FakeBackend, Locked
 import vyre_cuda
 from vyre_cuda import profile as P
 from vyre_cuda.errors import ValidationError
-from vyre_cuda.profile import engine, run
+from vyre_cuda.profile import engine, run, streamed
 from vyre_cuda.program import BufferDecl
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -291,6 +291,8 @@ VYRE_KEYS = {
     "vyre.async_total",
     "vyre.dispatch_into",
     "vyre.pinned",
+    "vyre.streamed",
+    "vyre.streamed_pinned",
 }
 FLOOR_KEYS = {"floor.pinned", "floor.pinned_enqueue", "floor.pageable", "floor.pageable_enqueue"}
 
@@ -320,6 +322,7 @@ def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
     ceilings = {
         "ceiling.dma_h2d",
         "ceiling.dma_d2h",
+        "ceiling.dma_both",
         "ceiling.copy_in.1",
         "ceiling.copy_in.3",
         "ceiling.copy_out.1",
@@ -334,8 +337,12 @@ def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
         "floor.pinned",
         "ceiling.copy_in.3",
         "ceiling.dma_d2h",
+        "ceiling.dma_both",
+        "vyre.streamed",
+        "vyre.streamed_pinned",
     ):
         assert small.systems[key].n == 40, key
+    assert small.gbps("ceiling.dma_both") == pytest.approx(3 * 4096 / 1_200)  # 2 inputs up, 1 output down
     assert ("copy_in", 1) in fake_device.floor.calls and ("copy_in", 3) in fake_device.floor.calls
     assert small.median("floor.pinned") == 20_000
     assert small.gbps("ceiling.dma_h2d") == pytest.approx(8192 / 1_000)
@@ -347,13 +354,23 @@ def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
     assert small.moved == {"floor": (8192, 4096), "vyre": (8192, 4096)}
     # the page-locked row really got page-locked inputs; the numpy row ordinary ones
     assert Locked in backend.into_inputs and np.ndarray in backend.into_inputs
-    # telemetry over the timed dispatches only: 5 vyre rows x 40 samples (the async row's
+    # the streamed rows: the vecadd declared elementwise, dispatch_into forced onto the streamed
+    # route; the serial rows keep the plain vecadd (comparable with stored results)
+    streamed_calls = [c for c in backend.calls if c[1] == "vecadd_f32_elementwise"]
+    assert streamed_calls and all(kind == "dispatch_into" and cfg.streamed is True for kind, _, cfg in streamed_calls)
+    serial_calls = [c for c in backend.calls if c[1] == "vecadd_f32"]
+    assert serial_calls and all(cfg is None for _, _, cfg in serial_calls)
+    # the planner's own route for an unforced dispatch at each size (both below 2 chunks here)
+    assert small.planner == {"route": "regular", "reason": "fewer than 2 chunks of 8 MiB"}
+    assert ("vecadd_f32_elementwise", 4096) in backend.plans and ("vecadd_f32_elementwise", 8192) in backend.plans
+    assert "route of an unforced dispatch of the elementwise vecadd: regular" in report.format_table()
+    # telemetry over the timed dispatches only: 7 vyre rows x 40 samples (the async row's
     # enqueue and total come from the same dispatches)
-    assert small.telemetry["dispatches"] == 5 * 40
-    assert small.telemetry["pinned_alloc_calls"] == 5  # one in every 40 dispatches
+    assert small.telemetry["dispatches"] == 7 * 40
+    assert small.telemetry["pinned_alloc_calls"] == 7  # one in every 40 dispatches
     assert small.telemetry["ring_bytes"] == 32 << 20 and small.telemetry["copy_threads_live"] == 4
-    assert small.telemetry["ring_chunks"] == 3 * 5 * 40  # a counter: its change
-    assert small.allocations_per_dispatch("pinned") == pytest.approx(5 / 200)
+    assert small.telemetry["ring_chunks"] == 3 * 7 * 40  # a counter: its change
+    assert small.allocations_per_dispatch("pinned") == pytest.approx(7 / 280)
     t = {(x.key, x.size_bytes): x for x in report.targets}
     assert t[("pinned_allocations_per_dispatch", 4096)].met is False
     assert t[("device_allocations_per_dispatch", 4096)].met is True
@@ -377,7 +394,9 @@ def test_run_profile_without_page_locked_arrays_or_telemetry(fake_device, monkey
     )
     s = report.size(4096)
     assert "vyre.pinned" not in s.systems and "vyre.dispatch_into" in s.systems
+    assert "vyre.streamed_pinned" not in s.systems and "vyre.streamed" in s.systems
     assert "pinned_empty" in s.skipped["page-locked"]
+    assert s.skipped["streamed page-locked"] == s.skipped["page-locked"]
     assert s.telemetry == {}
     assert not any("allocations" in t.key for t in report.targets)
     assert {k for k in s.systems if k.startswith("ceiling.copy")} == {"ceiling.copy_in.1", "ceiling.copy_out.1"}
@@ -451,6 +470,8 @@ def test_run_profile_user_program_skips_peers_and_targets(fake_device):
     )
     s = report.size(4096)
     assert {"cuda_bindings", "cupy", "torch"} <= set(s.skipped)
+    assert "built-in vecadd" in s.skipped["streamed"] and "vyre.streamed" not in s.systems
+    assert s.planner == {}
     assert report.targets == [] and report.threads is None
     assert "scale" in report.meta["program"]
     assert s.moved["vyre"] == (4096, 4096)  # one f64 input, one f64 output
@@ -497,3 +518,77 @@ def test_a_missing_floor_extension_says_how_to_build_it(monkeypatch):
     with pytest.raises(vyre_cuda.UnsupportedFeature) as err:
         run.import_floor()
     assert "build_ext" in _fix_line(err.value)
+
+
+# -- the streamed route's rows ---------------------------------------------------------------
+def _heavy_run(backend, monkeypatch, **extra):
+    monkeypatch.setattr(streamed, "HEAVY_SIZE", 8 * KIB)  # the heavy rows' size, small for the fakes
+    options = dict(iterations=6, warmup=1, peers=False, threads=False, backend=backend, rounds=2, host_threads=1)
+    return P.run_profile(sizes="4KiB,8KiB", **{**options, **extra})
+
+
+def test_heavy_rows_run_at_their_size_only_and_check_the_kernel(fake_device, monkeypatch):
+    backend = FakeBackend()
+    report = _heavy_run(backend, monkeypatch)
+    small, heavy_size = report.sizes
+    heavy_keys = {"vyre.heavy", "vyre.heavy_compute", "vyre.heavy_transfer"}
+    assert not heavy_keys & set(small.systems)
+    assert heavy_keys <= set(heavy_size.systems)
+    assert all(heavy_size.systems[k].n == 6 for k in heavy_keys)
+    by_program = {}
+    for kind, name, cfg in backend.calls:
+        by_program.setdefault(name, []).append((kind, cfg))
+    # the heavy round trip: streamed from page-locked arrays; its compute: device-resident
+    # arrays (uploaded with outputs="device"), unforced
+    heavy = by_program["heavy"]
+    assert {cfg.streamed for _, cfg in heavy if cfg is not None} == {True}
+    assert sum(cfg is None for _, cfg in heavy) == 6 + 1  # vyre.heavy_compute: timed + warm-up
+    uploads = [cfg for kind, cfg in by_program["vecadd_f32"] if kind == "dispatch" and cfg is not None]
+    assert len(uploads) == 3 and all(cfg.outputs == "device" for cfg in uploads)
+    assert profile_fakes.FakeDeviceArray in backend.into_inputs and Locked in backend.into_inputs
+    assert heavy_size.gbps("vyre.heavy") is not None and heavy_size.gbps("vyre.heavy_compute") is None
+    t = {(x.key, x.size_bytes): x for x in report.targets}
+    overlap = t[("overlap_vs_max", 8 * KIB)]
+    want = heavy_size.median("vyre.heavy") / max(
+        heavy_size.median("vyre.heavy_compute"), heavy_size.median("vyre.heavy_transfer")
+    )
+    assert overlap.value == pytest.approx(want) and overlap.limit == 1.15
+    assert ("overlap_vs_max", 4 * KIB) not in t
+    assert "heavy kernel streamed, page-locked" in report.format_table()
+
+
+def test_heavy_rows_check_against_numpy(fake_device, monkeypatch):
+    real = profile_fakes._fake_run
+
+    def off_by_a_little(program, inputs):
+        outs = real(program, inputs)
+        if program.name == "heavy":
+            outs[0][len(outs[0]) // 2] += np.float32(1e-3)  # one row, past the tolerance
+        return outs
+
+    monkeypatch.setattr(profile_fakes, "_fake_run", off_by_a_little)
+    with pytest.raises(P.WrongResult, match="heavy kernel streamed"):
+        _heavy_run(FakeBackend(), monkeypatch)
+
+
+def test_heavy_rows_skipped_without_page_locked_arrays(fake_device, monkeypatch):
+    monkeypatch.setattr(vyre_cuda, "pinned_empty", None)
+    report = _heavy_run(FakeBackend(), monkeypatch)
+    s = report.size(8 * KIB)
+    assert "vyre.heavy" not in s.systems and "pinned_empty" in s.skipped["heavy"]
+    assert not any(t.key == "overlap_vs_max" for t in report.targets)
+
+
+def test_a_wrong_streamed_result_stops_the_run(fake_device, monkeypatch):
+    backend = FakeBackend()
+    into = backend.dispatch_into
+
+    def wrong_when_streamed(program, inputs, outputs, config=None):
+        into(program, inputs, outputs, config)
+        if getattr(config, "streamed", None):
+            outputs[0][-1] += 1  # the last row of the last chunk
+        return outputs
+
+    backend.dispatch_into = wrong_when_streamed
+    with pytest.raises(P.WrongResult, match="vyre_cuda streamed produced a wrong result"):
+        P.run_profile(sizes=(4096,), iterations=4, warmup=1, peers=False, threads=False, backend=backend)

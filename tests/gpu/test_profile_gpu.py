@@ -164,9 +164,20 @@ def test_ceilings_move_the_bytes_they_time(floor_kernel, rng, n, threads):
         t_down = floor.dma_d2h(3, warmup=1)
         t_out = floor.copy_out(out, threads, 3, warmup=1)
         np.testing.assert_array_equal(out, a + b)
-        for t in (t_in, t_up, t_down, t_out):
+        # both directions at once: new inputs go up while the old result comes down
+        a2, b2 = _inputs(rng, n)
+        floor.copy_in(a2, b2, threads, 1)
+        t_both = floor.dma_both(3, warmup=1)
+        out[:] = 0
+        floor.copy_out(out, threads, 1)
+        np.testing.assert_array_equal(out, a + b)  # the readback half
+        floor.launch_only(1, 1, 0)
+        floor.dma_d2h(1)
+        floor.copy_out(out, threads, 1)
+        np.testing.assert_array_equal(out, a2 + b2)  # the upload half
+        for t in (t_in, t_up, t_down, t_out, t_both):
             assert t.dtype == np.int64 and t.shape == (3,) and (t > 0).all()
-        assert floor.dma_h2d(0).shape == (0,)
+        assert floor.dma_h2d(0).shape == (0,) and floor.dma_both(0).shape == (0,)
         with pytest.raises(ValidationError):
             floor.copy_in(a, b, 0, 1)
         with pytest.raises(ValidationError):
@@ -181,14 +192,16 @@ def test_ceilings_run_near_the_hardware(floor_kernel, rng):
     with _floor.Floor(floor_kernel, n) as floor:
         up = P.gbps(2 * 4 * n, P.median(floor.dma_h2d(5, warmup=1)))
         down = P.gbps(4 * n, P.median(floor.dma_d2h(5, warmup=1)))
+        both = P.gbps(3 * 4 * n, P.median(floor.dma_both(5, warmup=1)))
         one = P.gbps(2 * 4 * n, P.median(floor.copy_in(a, b, 1, 3, warmup=1)))
         four = P.gbps(2 * 4 * n, P.median(floor.copy_in(a, b, 4, 3, warmup=1)))
         back = P.gbps(4 * n, P.median(floor.copy_out(out, 4, 3, warmup=1)))
     print(
-        f"DMA H2D {up:.1f} GB/s, D2H {down:.1f}; memcpy in 1 thread {one:.1f}, 4 threads "
+        f"DMA H2D {up:.1f} GB/s, D2H {down:.1f}, both at once {both:.1f}; memcpy in 1 thread {one:.1f}, 4 threads "
         f"{four:.1f}; out 4 threads {back:.1f}"
     )
     assert up > 5 and down > 5
+    assert both > 0.9 * min(up, down)  # two directions at once are never slower than one
     assert one > 1 and four > 1 and back > 1
 
 
@@ -228,21 +241,26 @@ def test_run_profile_end_to_end_small_sizes(backend, tmp_path, run_python):
             "vyre.async_enqueue",
             "vyre.async_total",
             "vyre.dispatch_into",
+            "vyre.streamed",
             "floor.pinned",
             "floor.pinned_enqueue",
             "floor.pageable",
             "floor.pageable_enqueue",
             "ceiling.dma_h2d",
             "ceiling.dma_d2h",
+            "ceiling.dma_both",
             "ceiling.copy_in.1",
             "ceiling.copy_in.4",
             "ceiling.copy_out.1",
             "ceiling.copy_out.4",
         ]
         if page_locked:
-            keys.append("vyre.pinned")
+            keys += ["vyre.pinned", "vyre.streamed_pinned"]
         else:
             assert "pinned_empty" in s.skipped["page-locked"]
+        assert not {"vyre.heavy", "vyre.heavy_compute", "vyre.heavy_transfer"} & set(s.systems)  # 256 MiB only
+        # 4 KiB and 4 MiB make fewer than 2 chunks of 8 MiB: an unforced dispatch stays serial
+        assert s.planner["route"] not in (None, "streamed"), s.planner
         for key in keys:
             assert s.systems[key].n == iterations, key
             assert s.systems[key].median > 0, key
@@ -260,8 +278,8 @@ def test_run_profile_end_to_end_small_sizes(backend, tmp_path, run_python):
             f"{P.format_size(s.nbytes)}: stages sum to {attributed / 1e3:.2f} us of a "
             f"{wall / 1e3:.2f} us dispatch (medians)\n{report.format_table()}"
         )
-        # telemetry over the timed dispatches of the vyre_cuda rows only
-        assert 3 * iterations <= s.telemetry["dispatches"] <= 6 * iterations
+        # telemetry over the timed dispatches of the vyre_cuda rows only (7 rows and CuPy's)
+        assert 5 * iterations <= s.telemetry["dispatches"] <= 8 * iterations
         assert s.allocations_per_dispatch("pinned") is not None
         for peer in P.PEERS:
             if importlib.util.find_spec(systems.PEER_MODULES[peer]) is None:
@@ -287,8 +305,11 @@ def test_run_profile_end_to_end_small_sizes(backend, tmp_path, run_python):
         ("vyre_vs_pageable", 4 << 20),
         ("async_enqueue_vs_floor_enqueue", 4 << 20),
         ("pinned_allocations_per_dispatch", 4096),
+        ("streamed_4mib_vs_serial", 4 << 20),
     ):
         assert key in targets, key
+    four = targets[("streamed_4mib_vs_serial", 4 << 20)]
+    assert four.value > 0 and four.kept == "serial kept" and four.met is True
     assert targets[("no_regression", 4096)].value > 0  # compared with the stored result
     assert report.meta["baseline"]["commit"]
     assert report.meta["device_name"] and report.meta["cc"] == list(backend.caps.cc)
@@ -337,7 +358,8 @@ def test_profile_cli_on_a_user_kernel(tmp_path, capsys):
     assert size["systems"]["vyre.dispatch"]["n"] == 100
     assert size["systems"]["floor.pinned"]["n"] == 100
     assert set(P.PEERS) <= set(size["skipped"])  # peers run vecadd only
-    assert set(size["skipped"]) - set(P.PEERS) <= {"page-locked"}
+    assert set(size["skipped"]) - set(P.PEERS) <= {"page-locked", "streamed page-locked", "streamed"}
+    assert "built-in vecadd" in size["skipped"]["streamed"]
     assert size["systems"]["vyre.dispatch_into"]["n"] == 100
     assert size["moved"]["vyre"] == [4096, 4096]  # one input, one output
     assert size["systems"]["ceiling.dma_h2d"]["median_ns"] > 0
@@ -355,3 +377,34 @@ def test_device_scaling_row_on_the_visible_devices():
     for key in ("first_device", "all_devices"):
         assert row[key]["seconds"] > 0 and row[key]["gbps"] > 0
     assert row["scaling"] > 0.5  # one device: about 1; two: up to about 2
+
+
+def test_streamed_and_heavy_rows_on_the_gpu(backend, rng):
+    # The rows the harness adds at large sizes, run here at 16 MiB (2 chunks of 8 MiB: the
+    # planner streams it unforced) with few samples; each row's check against numpy runs.
+    from vyre_cuda import builtin_programs
+    from vyre_cuda.profile import engine, runners, streamed
+
+    plain = builtin_programs.vecadd_f32()
+    twin = streamed.elementwise_twin(plain)
+    n = (16 << 20) // 4
+    a, b = (rng.random(n, dtype=np.float32) for _ in range(2))
+    expected = a + b
+    into = [np.empty(n, np.float32)]
+    pinned = (runners.page_locked_copies([a, b]), runners.page_locked_copies(into))
+
+    def check(outs):
+        return len(outs) == 1 and np.array_equal(np.asarray(outs[0]), expected)
+
+    rows = streamed.streamed_runners(backend, twin, [a, b], check, into, pinned)
+    rows += streamed.heavy_runners(backend, plain, twin, a, b, rng, runners.page_locked_copies)
+    samples = engine.run_rounds(rows, 3, 1, 3)
+    keys = {"vyre.streamed", "vyre.streamed_pinned", "vyre.heavy", "vyre.heavy_compute", "vyre.heavy_transfer"}
+    assert set(samples) == keys
+    assert all(len(samples[k]) == 3 and min(samples[k]) > 0 for k in keys)
+    assert streamed.planner_route(backend, twin, [a, b])["route"] == "streamed"
+    assert streamed.planner_route(backend, twin, [a[: n // 4], b[: n // 4]])["route"] not in (None, "streamed")
+    info = backend.plan_info(twin, [a, b], vyre_cuda.DispatchConfig(streamed=True))
+    assert info.route.kind == "streamed"
+    heavy = {k: P.median(samples[k]) for k in ("vyre.heavy", "vyre.heavy_compute", "vyre.heavy_transfer")}
+    print({k: f"{v / 1e6:.2f} ms" for k, v in heavy.items()})

@@ -8,11 +8,15 @@ each size (bytes per buffer; vecadd moves two inputs in and one output out):
   arrays; ``dispatch_into`` with page-locked inputs and outputs (``vyre_cuda.pinned_empty``);
   ``dispatch_async`` until the pending handle returns, and with ``.result()``. The backend's
   allocation counters give the allocations per dispatch.
+* **the streamed route** (:mod:`vyre_cuda.profile.streamed`): the vecadd declared elementwise,
+  ``dispatch_into`` with ``DispatchConfig(streamed=True)`` from numpy and page-locked arrays, and
+  the route the planner picks unforced; at 256 MiB a compute-heavy kernel's streamed round trip,
+  its compute alone and its transfers alone.
 * **the floor** (``vyre_cuda.profile._floor``): the same driver calls from a minimal C loop,
   through pinned staging (and its enqueue part), the driver's own pageable path, and the host
   time of one ``cuLaunchKernel``.
-* **the ceilings**: DMA from and to pinned memory, and host memcpy pageable -> pinned and
-  pinned -> pageable on 1 and N threads, of the same bytes.
+* **the ceilings**: DMA from and to pinned memory, each direction alone and both at once, and
+  host memcpy pageable -> pinned and pinned -> pageable on 1 and N threads, of the same bytes.
 * **peers**, when importable: cuda.bindings Python driver calls, CuPy ``RawKernel`` and PyTorch
   eager add; a missing peer is skipped by name.
 * **thread scaling**: throughput from 1 and 2 Python threads, vyre_cuda against the floor.

@@ -9,8 +9,9 @@ issues exactly what a borrowed-buffer dispatch needs and nothing else: memcpy of
 memcpy of ``out`` into the caller's array. Device buffers, pinned staging, the stream and the
 event are allocated once, outside the timed loops.
 
-The ceilings move the same bytes: the DMA engines from and to pinned memory (no host copy), and
-the host's memcpy between pageable (numpy) and pinned memory on 1 or N threads
+The ceilings move the same bytes: the DMA engines from and to pinned memory (no host copy), one
+direction alone or both at once on two streams (what a pipelined dispatch can reach), and the
+host's memcpy between pageable (numpy) and pinned memory on 1 or N threads
 (:mod:`vyre_cuda.profile._hostcopy`).
 
 This module is for measurement only; the runtime API never imports it. The clock and the driver
@@ -179,7 +180,8 @@ cdef class FloorKernel:
 
 cdef class Floor:
     """One floor loop's resources: three device buffers of ``n`` float32, pinned staging for
-    them, a non-blocking stream and an event, all allocated once.
+    them, a non-blocking stream and an event (and a second pair for the readback of the
+    both-directions ceiling), all allocated once.
 
     Each timed method makes the context current in the calling thread, then runs its whole
     loop with the GIL released. Use one Floor per thread.
@@ -201,6 +203,8 @@ cdef class Floor:
     cdef char* _h_out
     cdef CUstream _stream
     cdef CUevent _event
+    cdef CUstream _stream2  # the both-directions ceiling's readback runs here
+    cdef CUevent _event2
     cdef size_t _nbytes
     cdef unsigned int _n
     cdef unsigned int _grid
@@ -213,6 +217,8 @@ cdef class Floor:
         self._pinned = NULL
         self._stream = NULL
         self._event = NULL
+        self._stream2 = NULL
+        self._event2 = NULL
         self._d_a = 0
         self._d_b = 0
         self._d_out = 0
@@ -252,6 +258,10 @@ cdef class Floor:
                 check_cu(cydriver.cuStreamCreate(&self._stream, cydriver.CU_STREAM_NON_BLOCKING),
                          b"cuStreamCreate")
                 check_cu(cydriver.cuEventCreate(&self._event, cydriver.CU_EVENT_DISABLE_TIMING),
+                         b"cuEventCreate")
+                check_cu(cydriver.cuStreamCreate(&self._stream2, cydriver.CU_STREAM_NON_BLOCKING),
+                         b"cuStreamCreate")
+                check_cu(cydriver.cuEventCreate(&self._event2, cydriver.CU_EVENT_DISABLE_TIMING),
                          b"cuEventCreate")
         except BaseException:
             self._release_quiet()
@@ -323,6 +333,9 @@ cdef class Floor:
         if self._stream != NULL:
             with nogil:
                 cydriver.cuStreamSynchronize(self._stream)
+        if self._stream2 != NULL:
+            with nogil:
+                cydriver.cuStreamSynchronize(self._stream2)
 
     cdef int _ready(self) except -1:
         if self._stream == NULL:
@@ -333,7 +346,8 @@ cdef class Floor:
                    Py_ssize_t iterations, Py_ssize_t warmup, int64_t* tv,
                    int64_t* ev) except -1 nogil:
         # variant 0: full through pinned staging; 1: the driver's pageable path; 2: the DMA
-        # ceiling upload (both inputs, pinned -> device); 3: the DMA ceiling readback.
+        # ceiling upload (both inputs, pinned -> device); 3: the DMA ceiling readback; 4: both
+        # at once, the upload on the stream and the readback on the second stream.
         cdef Py_ssize_t i
         cdef unsigned long long t0, t1
         check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
@@ -348,6 +362,12 @@ cdef class Floor:
             elif variant == 2:
                 self._upload()
                 check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
+            elif variant == 4:
+                self._upload()
+                check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
+                check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes,
+                                                    self._stream2), b"cuMemcpyDtoHAsync")
+                check_cu(cydriver.cuEventRecord(self._event2, self._stream2), b"cuEventRecord")
             else:
                 check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes,
                                                     self._stream), b"cuMemcpyDtoHAsync")
@@ -357,6 +377,8 @@ cdef class Floor:
                 self._finish_pinned(po)
             else:
                 self._sync()
+                if variant == 4:
+                    check_cu(cydriver.cuEventSynchronize(self._event2), b"cuEventSynchronize")
             if i >= warmup:
                 tv[i - warmup] = <int64_t>(now_ns() - t0)
                 if ev != NULL:
@@ -468,6 +490,12 @@ cdef class Floor:
         Returns int64 ns per readback."""
         return self._timed(3, None, None, None, iterations, warmup, False)
 
+    def dma_both(self, Py_ssize_t iterations, Py_ssize_t warmup=0):
+        """DMA ceiling, both directions at once: the upload of both inputs on one stream and
+        the readback of the output on another, issued together and both waited for (the
+        dispatch's bytes: 2 x n up, n down). Returns int64 ns per pair."""
+        return self._timed(4, None, None, None, iterations, warmup, False)
+
     def copy_in(self, a, b, int threads, Py_ssize_t iterations, Py_ssize_t warmup=0):
         """Host memcpy ceiling, pageable -> pinned: ``a`` and ``b`` into the pinned staging
         with ``threads`` threads (started once). Returns int64 ns per pass (both buffers)."""
@@ -506,6 +534,15 @@ cdef class Floor:
         if self._stream != NULL:
             _note(cydriver.cuStreamSynchronize(self._stream), b"cuStreamSynchronize",
                   first, first_call)
+        if self._stream2 != NULL:
+            _note(cydriver.cuStreamSynchronize(self._stream2), b"cuStreamSynchronize",
+                  first, first_call)
+        if self._event2 != NULL:
+            _note(cydriver.cuEventDestroy(self._event2), b"cuEventDestroy", first, first_call)
+            self._event2 = NULL
+        if self._stream2 != NULL:
+            _note(cydriver.cuStreamDestroy(self._stream2), b"cuStreamDestroy", first, first_call)
+            self._stream2 = NULL
         if self._event != NULL:
             _note(cydriver.cuEventDestroy(self._event), b"cuEventDestroy", first, first_call)
             self._event = NULL

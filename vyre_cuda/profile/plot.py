@@ -1,8 +1,10 @@
 """The figure of a :class:`~vyre_cuda.profile.ProfileReport` (needs matplotlib).
 
 Top row: one panel per size, the vyre_cuda dispatch as stacked stage bars beside the floor,
-the driver's pageable path and the peers (host time per dispatch). Bottom: GB/s against the
-size per system, with the DMA and host memcpy ceilings measured in the same run as lines.
+the driver's pageable path, the streamed route and the peers (host time per dispatch). Bottom:
+GB/s against the size per system (the streamed rows and, at its one size, the heavy kernel
+included), with the DMA ceilings (each direction alone, both at once) and the host memcpy
+ceilings measured in the same run as lines.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ _BANDWIDTH_SYSTEMS = (
     ("vyre.dispatch", "vyre_cuda, numpy", "o"),
     ("vyre.dispatch_into", "vyre_cuda dispatch_into, numpy", "s"),
     ("vyre.pinned", "vyre_cuda, page-locked", "D"),
+    ("vyre.streamed", "vyre_cuda streamed, numpy", "P"),
+    ("vyre.streamed_pinned", "vyre_cuda streamed, page-locked", "X"),
+    ("vyre.heavy", "heavy kernel streamed, page-locked", "h"),
+    ("vyre.heavy_transfer", "heavy's bytes through vecadd, streamed", "8"),
     ("floor.pinned", "floor, pinned staging", "v"),
     ("floor.pageable", "driver's pageable path", "^"),
     ("peer.cuda_bindings", "cuda.bindings", "x"),
@@ -28,6 +34,8 @@ _BANDWIDTH_SYSTEMS = (
 _BARS = (
     ("floor.pageable", "driver\npageable"),
     ("vyre.pinned", "vyre_cuda\npage-locked"),
+    ("vyre.streamed", "vyre_cuda\nstreamed"),
+    ("vyre.streamed_pinned", "streamed\npage-locked"),
     ("peer.cuda_bindings", "cuda.bindings"),
     ("peer.cupy", "CuPy"),
     ("peer.torch", "PyTorch"),
@@ -147,8 +155,10 @@ def _ceiling_series(report):
 
 
 def _ceiling_style(key):
-    # DMA in black, host memcpy in olive (into pinned) or brown (out of pinned); one thread
-    # dotted, N threads dashed.
+    # DMA in black (both directions at once solid: the streamed route's ceiling), host memcpy in
+    # olive (into pinned) or brown (out of pinned); one thread dotted, N threads dashed.
+    if key == "ceiling.dma_both":
+        return {"color": "0.0", "linestyle": "-", "linewidth": 1.8}
     if key == "ceiling.dma_h2d":
         return {"color": "0.1", "linestyle": "--"}
     if key == "ceiling.dma_d2h":
@@ -176,9 +186,8 @@ def _bandwidth_panel(ax, report):
     for key in _ceiling_series(report):
         points = [(s.nbytes, s.gbps(key)) for s in report.sizes if s.gbps(key) is not None]
         if points:
-            ax.plot(
-                *zip(*points), linewidth=1.1, label=systems.label(key).replace(" ceiling", ""), **_ceiling_style(key)
-            )
+            style = {"linewidth": 1.1, **_ceiling_style(key)}
+            ax.plot(*zip(*points), label=systems.label(key).replace(" ceiling", ""), **style)
     _size_axis(ax, sorted(sizes))
     ax.set_xlabel("bytes per buffer (log scale)")
     ax.set_ylabel("GB/s (1 GB/s = 1e9 B/s): effective, or per direction")

@@ -31,7 +31,12 @@ _READABLE = ("vyre_cuda.profile/1", SCHEMA)
 @dataclass
 class Target:
     """One target: ``value op limit`` (``op`` is ``<=``, ``>=``, or ``report`` for a figure
-    stated without a limit); ``unit`` is how the value reads (``x``, ``GB/s``...)."""
+    stated without a limit); ``unit`` is how the value reads (``x``, ``GB/s``...).
+
+    ``note`` says what the run measured that explains a miss (the physical limit), or how a
+    ``kept`` target holds; ``kept`` names a condition measured in the run under which the target
+    holds whatever its value (``serial kept``: the planner does not stream that size).
+    """
 
     key: str
     description: str
@@ -40,10 +45,16 @@ class Target:
     op: str
     size_bytes: int | None = None
     unit: str = ""
+    note: str = ""
+    kept: str = ""
 
     @property
     def met(self):
-        if self.op == "report" or self.value is None or self.limit is None:
+        if self.op == "report":
+            return None
+        if self.kept:
+            return True
+        if self.value is None or self.limit is None:
             return None
         return self.value <= self.limit if self.op == "<=" else self.value >= self.limit
 
@@ -57,11 +68,23 @@ class Target:
             "size_bytes": self.size_bytes,
             "unit": self.unit,
             "met": self.met,
+            "note": self.note,
+            "kept": self.kept,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> Target:
-        return cls(d["key"], d["description"], d["value"], d["limit"], d["op"], d.get("size_bytes"), d.get("unit", ""))
+        return cls(
+            d["key"],
+            d["description"],
+            d["value"],
+            d["limit"],
+            d["op"],
+            d.get("size_bytes"),
+            d.get("unit", ""),
+            d.get("note", ""),
+            d.get("kept", ""),
+        )
 
 
 @dataclass
@@ -72,6 +95,8 @@ class SizeResult:
     (the floor and the peers run vecadd: two inputs and one output of ``nbytes``; vyre_cuda runs
     the profiled program). ``telemetry`` holds the backend's counter deltas over the timed
     dispatches and its staging ring afterwards (empty when the backend has no telemetry).
+    ``planner`` is the route the planner picks for an unforced dispatch of the elementwise
+    vecadd at this size, ``{"route": ..., "reason": ...}`` (empty for a user program).
     """
 
     nbytes: int
@@ -84,6 +109,7 @@ class SizeResult:
     skipped: dict = field(default_factory=dict)  # system -> reason
     moved: dict = field(default_factory=dict)
     telemetry: dict = field(default_factory=dict)
+    planner: dict = field(default_factory=dict)
 
     def median(self, key):
         s = self.systems.get(key)
@@ -150,6 +176,7 @@ class SizeResult:
             "skipped": dict(self.skipped),
             "moved": {k: list(v) for k, v in self.moved.items()},
             "telemetry": dict(self.telemetry),
+            "planner": dict(self.planner),
         }
 
     @classmethod
@@ -165,6 +192,7 @@ class SizeResult:
             skipped=dict(d.get("skipped", {})),
             moved={k: tuple(v) for k, v in d.get("moved", {}).items()},
             telemetry=dict(d.get("telemetry", {})),
+            planner=dict(d.get("planner", {})),
         )
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from .._validate import check_int
 from ..errors import BackendError, UnsupportedFeature, ValidationError
-from . import _hooks, engine, runners
+from . import _hooks, engine, runners, streamed
 from .peers import PEERS, missing_reason, open_peer, peer_available, peer_version
 from .report import ProfileReport
 from .specs import GIB, KIB, MIB, format_size, parse_sizes
@@ -184,8 +184,9 @@ def run_profile(
     warmup : int, optional
         Untimed samples per system first (default: a tenth of ``iterations``, at most 200).
     program : vyre_cuda.Program, optional
-        A user program instead of the built-in vecadd; peers and targets are vecadd-only and
-        are skipped, and the floor stays the vecadd loop moving the same bytes per buffer.
+        A user program instead of the built-in vecadd; peers, the streamed rows and targets are
+        vecadd-only and are skipped, and the floor stays the vecadd loop moving the same bytes
+        per buffer. The heavy kernel's rows run at 256 MiB (``streamed.HEAVY_SIZE``) only.
     peers, threads : bool
         Measure the peers, and the thread scaling (at the smallest size).
     progress : callable, optional
@@ -331,6 +332,8 @@ class _SizeRun:
         self.stage_names = stage_names
         self.thread_counts = thread_counts
         self.rng = rng
+        # the built-in vecadd declared elementwise: the streamed rows' program
+        self.twin = streamed.elementwise_twin(program) if builtin else None
 
     def measure(self, nbytes, count, warm, progress):
         n = nbytes // 4
@@ -342,7 +345,9 @@ class _SizeRun:
         opened: list = []  # the peers started, closed in reverse order
         floor = self.floor_module.Floor(self.kernel, n)
         try:
-            rows, moved = self._vyre_rows(inputs, expected, skipped)
+            rows, moved, planner = self._vyre_rows(inputs, expected, skipped)
+            if self.builtin and nbytes == streamed.HEAVY_SIZE:
+                rows += self._heavy_rows(a, b, skipped)
             launch_scale = max(1, count // max(8, count // 64)) if nbytes <= engine.LAUNCH_ONLY_MAX else None
             rows += runners.floor_runners(floor, a, b, expected, launch_scale)
             rows += runners.ceiling_runners(floor, a, b, self.thread_counts)
@@ -373,6 +378,7 @@ class _SizeRun:
         result = engine.assemble(nbytes, n, count, samples, self.stage_names, skipped)
         result.moved = moved
         result.telemetry = telemetry
+        result.planner = planner
         del rows, samples
         gc.collect()  # large arrays (page-locked ones included) go before the next size
         return result
@@ -403,7 +409,33 @@ class _SizeRun:
             skipped["page-locked"] = f"failed to allocate: {type(exc).__name__}: {exc}"
         # a user program's outputs may not suit dispatch_into (read-write buffers): skip, not fail
         group = None if self.builtin else "dispatch_into"
-        return runners.vyre_runners(backend, program, inputs, check, into, pinned, group), moved
+        rows = runners.vyre_runners(backend, program, inputs, check, into, pinned, group)
+        planner = {}
+        if self.builtin:
+            rows += streamed.streamed_runners(backend, self.twin, inputs, check, into, pinned)
+            if pinned is None:
+                skipped["streamed page-locked"] = skipped["page-locked"]
+            planner = streamed.planner_route(backend, self.twin, inputs)
+        else:
+            skipped["streamed"] = "the streamed rows run the built-in vecadd (declared elementwise) only"
+        return rows, moved, planner
+
+    def _heavy_rows(self, a, b, skipped):
+        import vyre_cuda
+
+        device = self.backend.device
+        if getattr(vyre_cuda, "pinned_empty", None) is None:
+            skipped["heavy"] = "this vyre_cuda has no vyre_cuda.pinned_empty (the heavy rows are page-locked)"
+            return []
+        return streamed.heavy_runners(
+            self.backend,
+            self.program,
+            self.twin,
+            a,
+            b,
+            self.rng,
+            lambda arrays: runners.page_locked_copies(arrays, device),
+        )
 
     def _peer_rows(self, a, b, expected, launch_scale, skipped, opened):
         if not self.peers:

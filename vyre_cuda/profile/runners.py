@@ -181,13 +181,17 @@ def floor_runners(floor, a, b, expected, launch_batches_scale=None):
 
 
 def ceiling_runners(floor, a, b, thread_counts):
-    """The transfer ceilings on the floor's buffers: DMA both ways from and to pinned memory,
-    and host memcpy pageable -> pinned (the inputs) and pinned -> pageable (the output) at each
-    thread count."""
+    """The transfer ceilings on the floor's buffers: DMA each way alone and both ways at once
+    from and to pinned memory, and host memcpy pageable -> pinned (the inputs) and pinned ->
+    pageable (the output) at each thread count."""
     scratch = np.empty(floor.n, dtype=np.float32)  # copy_out's destination (a numpy array)
 
     def dma(count):
-        return {"ceiling.dma_h2d": floor.dma_h2d(count), "ceiling.dma_d2h": floor.dma_d2h(count)}
+        return {
+            "ceiling.dma_h2d": floor.dma_h2d(count),
+            "ceiling.dma_d2h": floor.dma_d2h(count),
+            "ceiling.dma_both": floor.dma_both(count),
+        }
 
     def copies(threads):
         def run(count):

@@ -59,12 +59,20 @@ _SYSTEMS = (
     ("floor.launch_only", "floor: launch only, per launch", "floor.launch_only", None),
     ("ceiling.dma_h2d", "DMA ceiling: pinned -> device (inputs)", None, IN),
     ("ceiling.dma_d2h", "DMA ceiling: device -> pinned (output)", None, OUT),
+    ("ceiling.dma_both", "DMA ceiling: both directions at once", None, FULL),
     ("vyre.dispatch", "vyre_cuda dispatch, numpy", "floor.pinned", FULL),
     ("vyre.dispatch_profiled", "vyre_cuda dispatch, stage clocks on", "floor.pinned", FULL),
     ("vyre.dispatch_into", "vyre_cuda dispatch_into, numpy", "floor.pinned", FULL),
     ("vyre.pinned", "vyre_cuda dispatch_into, page-locked", "floor.pinned", FULL),
     ("vyre.async_enqueue", "vyre_cuda dispatch_async enqueue", "floor.pinned_enqueue", None),
     ("vyre.async_total", "vyre_cuda dispatch_async + result()", "floor.pinned", FULL),
+    # the elementwise vecadd on the streamed route (DispatchConfig(streamed=True)), dispatch_into
+    ("vyre.streamed", "vyre_cuda streamed, numpy", "floor.pinned", FULL),
+    ("vyre.streamed_pinned", "vyre_cuda streamed, page-locked", "floor.pinned", FULL),
+    # the compute-heavy elementwise kernel (its own kernel: no floor of this harness runs it)
+    ("vyre.heavy", "heavy kernel streamed, page-locked", None, FULL),
+    ("vyre.heavy_transfer", "heavy's bytes through vecadd, streamed", None, FULL),
+    ("vyre.heavy_compute", "heavy kernel on device arrays (compute)", None, None),
     ("peer.cuda_bindings", "cuda.bindings Python calls, full", "floor.pinned", FULL),
     ("peer.cuda_bindings.launch_only", "cuda.bindings launch only", "floor.launch_only", None),
     ("peer.cupy", "CuPy RawKernel, full", "floor.pinned", FULL),
@@ -78,6 +86,7 @@ _SYSTEMS = (
 )
 _BY_KEY = {key: (i, lab, ref, kind) for i, (key, lab, ref, kind) in enumerate(_SYSTEMS)}
 # Host memcpy ceilings carry their thread count: ceiling.copy_in.8, ceiling.copy_out.1, ...
+_LAST_DMA = "ceiling.dma_both"
 _COPY_RE = re.compile(r"ceiling\.copy_(in|out)\.(\d+)\Z")
 
 
@@ -120,8 +129,8 @@ def order(key: str) -> tuple:
     if key in _BY_KEY:
         index = _BY_KEY[key][0]
         # the memcpy ceilings go right after the DMA ceilings
-        return (index if index <= _BY_KEY["ceiling.dma_d2h"][0] else index + 1000, (), key)
+        return (index if index <= _BY_KEY[_LAST_DMA][0] else index + 1000, (), key)
     m = _COPY_RE.match(key)
     if m:
-        return (_BY_KEY["ceiling.dma_d2h"][0] + 1, (m.group(1) == "out", int(m.group(2))), key)
+        return (_BY_KEY[_LAST_DMA][0] + 1, (m.group(1) == "out", int(m.group(2))), key)
     return (10_000, (), key)

@@ -16,7 +16,9 @@ LEGEND = (
     "GB/s: 10^9 bytes per second. A full dispatch's GB/s is effective: (input + output bytes) / "
     "median wall;\na ceiling's is the bytes it moves / its median. x floor: median over the "
     "floor's (full, enqueue part\nor launch only, as fits); x pageable: over the driver's "
-    "pageable path; x vyre: a peer's median over\nvyre_cuda dispatch's."
+    "pageable path; x vyre: a peer's median over\nvyre_cuda dispatch's. streamed: the vecadd declared "
+    "elementwise, dispatch_into with DispatchConfig(streamed=True);\nheavy: 400 __sinf steps per "
+    "element, streamed, page-locked (see vyre_cuda.profile.streamed)."
 )
 
 
@@ -112,6 +114,12 @@ def size_lines(report, s) -> list:
         )
     for name, reason in sorted(s.skipped.items()):
         lines.append(f"  skipped {name}: {reason}")
+    if s.planner:
+        why = s.planner.get("reason")
+        lines.append(
+            f"  route of an unforced dispatch of the elementwise vecadd: {s.planner.get('route') or '?'}"
+            + (f" ({why})" if why else "")
+        )
     if s.stages:
         lines += [""] + _stage_lines(report, s, unit)
     lines += _telemetry_lines(s)
@@ -232,7 +240,10 @@ def target_lines(report) -> list:
     lines = ["targets (ratios within this run)"]
     for t in report.targets:
         limit = "" if t.op == "report" else f" (target {t.op} {t.limit:g})"
-        lines.append(f"  [{target_status(t):^6}] {t.description}: {target_value(t)}{limit}")
+        kept = f"; {t.kept}" if t.kept else ""
+        lines.append(f"  [{target_status(t):^6}] {t.description}: {target_value(t)}{limit}{kept}")
+        if t.note and (t.kept or t.met is False):
+            lines.append(f"           {'how' if t.kept else 'why'}: {t.note}")
     return lines
 
 
