@@ -585,6 +585,18 @@ cdef class PendingDispatch:
                 except BaseException:  # (noexcept: a failed release is logged by the callback)
                     pass
 
+    def __await__(self):
+        """``await pending``: the outputs (as :meth:`result`) once the GPU is done, without blocking
+        the event loop; cancelling the await leaves the work owned by this handle."""
+        from ._aio import awaitable
+        return awaitable(self, <uintptr_t>self.core.ctx).__await__()
+
+    def wait_async(self):
+        """An awaitable that completes when the GPU is done (the outputs stay here: then
+        :meth:`result`, :meth:`result_into` or :meth:`timed_result` return at once)."""
+        from ._aio import ready
+        return ready(self, <uintptr_t>self.core.ctx)
+
     @property
     def route(self):
         return self.prep.route_name
