@@ -19,6 +19,7 @@ import pytest
 from helpers import scenarios
 from helpers.aio import run, ticking
 
+import vyre_cuda
 from vyre_cuda import _aio
 from vyre_cuda.errors import DispatchFailed
 
@@ -269,7 +270,9 @@ _, status = os.waitpid(pid, 0)
 print("child", os.waitstatus_to_exitcode(status))
 """
     tests_dir = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(tests_dir), tests_dir]))
+    # the vyre_cuda under test (a built checkout or an installed wheel), never an unbuilt checkout
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(vyre_cuda.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, tests_dir]))
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-c", code, tests_dir], capture_output=True, text=True, env=env, timeout=60, check=False

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from helpers import scenarios
 
+import vyre_cuda
 from vyre_cuda import BufferDecl, InvalidProgram, Kernel, LaunchSizeWarning, Program
 from vyre_cuda import builtin_programs as bp
 from vyre_cuda.planning.launch import _warn_if_undersized, _warned
@@ -142,7 +143,7 @@ def test_pickled_programs_are_rebuilt_with_the_hash_of_the_loading_process():
         "print(p == q and hash(p) == hash(q) and p._hash == hash(p._key))"
     )
     tests_dir = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(tests_dir)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(vyre_cuda.__file__)))  # the vyre_cuda under test
     env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=os.pathsep.join([root, tests_dir]))
     proc = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, env=env, check=False)
     assert proc.stdout.strip() == b"True", proc.stderr.decode()[-2000:]
