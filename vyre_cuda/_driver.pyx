@@ -258,7 +258,9 @@ def load_module(bytes image, str entry, bint want_barrier):
 
 
 def unload_module(uintptr_t module):
-    cydriver.cuModuleUnload(<cydriver.CUmodule>module)
+    # the unload waits for the device's work: other Python threads run meanwhile
+    with nogil:
+        cydriver.cuModuleUnload(<cydriver.CUmodule>module)
 
 
 def set_max_dynamic_shared(uintptr_t function, int nbytes):
