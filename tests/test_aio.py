@@ -275,7 +275,13 @@ print("child", os.waitstatus_to_exitcode(status))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, tests_dir]))
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-c", code, tests_dir], capture_output=True, text=True, env=env, timeout=60, check=False
+        [sys.executable, "-c", code, tests_dir],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+        cwd=tests_dir,  # (a `-c` child puts its folder first: a checkout's unbuilt package must not shadow)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "child 0", proc.stdout + proc.stderr

@@ -145,7 +145,9 @@ def test_pickled_programs_are_rebuilt_with_the_hash_of_the_loading_process():
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(os.path.abspath(vyre_cuda.__file__)))  # the vyre_cuda under test
     env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=os.pathsep.join([root, tests_dir]))
-    proc = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, env=env, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], input=blob, capture_output=True, env=env, check=False, cwd=tests_dir
+    )
     assert proc.stdout.strip() == b"True", proc.stderr.decode()[-2000:]
     here = pickle.loads(blob)
     assert here == fakes.launch_elems_program(launch=fakes.launch_by_y) and hash(here) == here._hash
