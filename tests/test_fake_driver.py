@@ -52,6 +52,4 @@ def _marks(name):
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in SCENARIOS])
 def test_scenario(scenario_results, name):
     result = scenario_results[name]
-    if result["skipped"]:
-        pytest.skip(result["skipped"])
-    assert result["ok"], result["error"]
+    scenarios.check(result)

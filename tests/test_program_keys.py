@@ -190,6 +190,4 @@ def results(fake_libcuda, tmp_path_factory):
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_on_the_fake_driver(results, name):
     result = results[name]
-    if result["skipped"]:
-        pytest.skip(result["skipped"])
-    assert result["ok"], result["error"]
+    scenarios.check(result)

@@ -31,6 +31,4 @@ def results(request, fake_libcuda, tmp_path_factory):
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_streamed_scenario(results, name):
     result = results[name]
-    if result["skipped"]:
-        pytest.skip(result["skipped"])
-    assert result["ok"], result["error"]
+    scenarios.check(result)

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 from helpers.aio import run, ticking
-from helpers.scenarios import Scenarios, Skip
+from helpers.scenarios import LIVE, Scenarios, Skip, live
 
 import vyre_cuda as vc
 from fakecuda import FakeDriver, vecadd_emulation
@@ -22,7 +22,6 @@ from vyre_cuda import builtin_programs as bp
 from vyre_cuda._waits import PendingDispatch
 
 VECADD = bp.vecadd_f32()
-LIVE = ("device_pool_live_bytes", "pinned_pool_live_bytes", "streams_live", "events_live")
 SCENARIOS = Scenarios()
 scenario = SCENARIOS.register
 RNG = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
@@ -38,11 +37,6 @@ def backend_for(fake):
 
 def pair(n):
     return RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(n).astype(np.float32)
-
-
-def live(backend):
-    snap = backend.telemetry.snapshot()
-    return {k: snap[k] for k in LIVE}
 
 
 def hold(fake):

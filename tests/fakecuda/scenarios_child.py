@@ -15,7 +15,7 @@ import sys
 import threading
 
 import numpy as np
-from helpers.scenarios import Scenarios, Skip
+from helpers.scenarios import LIVE, Scenarios, Skip, live, raises
 
 import vyre_cuda as vc
 from fakecuda import FakeDriver, vecadd_emulation
@@ -23,7 +23,6 @@ from vyre_cuda import BufferDecl, Program
 from vyre_cuda import builtin_programs as bp
 
 VECADD = bp.vecadd_f32()
-LIVE = ("device_pool_live_bytes", "pinned_pool_live_bytes", "streams_live", "events_live")
 SCENARIOS = Scenarios()
 scenario = SCENARIOS.register
 RNG = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
@@ -44,19 +43,6 @@ def check_vecadd(backend, n=1000):
     a, b = pair(n)
     (out,) = backend.dispatch(VECADD, [a, b])
     assert np.array_equal(out, a + b), "vecadd gave a wrong result"
-
-
-def live(backend):
-    snap = backend.telemetry.snapshot()
-    return {k: snap[k] for k in LIVE}
-
-
-def raises(exc_type, fn, *args, **kw):
-    try:
-        fn(*args, **kw)
-    except exc_type as exc:
-        return exc
-    raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {exc_type.__name__}")
 
 
 ENTRIES = {

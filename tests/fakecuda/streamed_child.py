@@ -13,7 +13,7 @@ import sys
 import threading
 
 import numpy as np
-from helpers.scenarios import Scenarios
+from helpers.scenarios import Scenarios, live, raises
 
 import vyre_cuda as vc
 from fakecuda import FakeDriver, array_at, vecadd_emulation
@@ -26,7 +26,6 @@ scenario = SCENARIOS.register
 RNG = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 LAZY = "lazy" in sys.argv[2:]
 STREAMED = DispatchConfig(streamed=True)
-LIVE = ("device_pool_live_bytes", "pinned_pool_live_bytes", "streams_live", "events_live")
 
 _SRC = '#include "vyre_cuda.cuh"\nVYRE_KERNEL vyre_main(const {t}* a, const {t}* b, {t}* out, const vyre_u32* p) {{}}\n'
 
@@ -65,19 +64,6 @@ def streamed_plan(backend, program, inputs, config=STREAMED):
     info = backend.plan_info(program, inputs, config)
     assert info.route.kind == "streamed", info.route
     return info.stream
-
-
-def live(backend):
-    snap = backend.telemetry.snapshot()
-    return {k: snap[k] for k in LIVE}
-
-
-def raises(exc_type, fn, *args, **kw):
-    try:
-        fn(*args, **kw)
-    except exc_type as exc:
-        return exc
-    raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {exc_type.__name__}")
 
 
 # ------------------------------------------------------------------ chunk geometry

@@ -29,13 +29,44 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Scenarios", "Skip", "declared", "record", "run_child", "run_scenarios", "seed"]
+__all__ = [
+    "LIVE",
+    "Scenarios",
+    "Skip",
+    "check",
+    "declared",
+    "live",
+    "raises",
+    "record",
+    "run_child",
+    "run_scenarios",
+    "seed",
+]
 
 FAKECUDA = pathlib.Path(__file__).resolve().parents[1] / "fakecuda"
 
 
 class Skip(Exception):
     """Raised by a scenario that cannot run here; its record says why."""
+
+
+# the telemetry keys of what a backend holds now (all 0 once its work is done and recycled)
+LIVE = ("device_pool_live_bytes", "pinned_pool_live_bytes", "streams_live", "events_live")
+
+
+def live(backend) -> dict:
+    """``backend``'s :data:`LIVE` telemetry."""
+    snap = backend.telemetry.snapshot()
+    return {k: snap[k] for k in LIVE}
+
+
+def raises(exc_type, fn, *args, **kw):
+    """The ``exc_type`` exception ``fn(*args, **kw)`` raises; AssertionError when it raises none."""
+    try:
+        fn(*args, **kw)
+    except exc_type as exc:
+        return exc
+    raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {exc_type.__name__}")
 
 
 def record(ok: bool, error: str = "", skipped: str | None = None) -> dict:
@@ -85,6 +116,15 @@ class Scenarios:
 
 
 # ---------------------------------------------------------------------------- in the parent
+def check(result: dict) -> None:
+    """A scenario's :func:`record` as the parent's test outcome: skipped, passed or failed."""
+    import pytest
+
+    if result["skipped"]:
+        pytest.skip(result["skipped"])
+    assert result["ok"], result["error"]
+
+
 def declared(child: pathlib.Path, decorator: str = "scenario") -> list[str]:
     """The names of the functions in ``child``'s source decorated with ``@decorator``, in source
     order (read with ``ast``: the child is not imported)."""
