@@ -19,7 +19,9 @@ the pools (_resources). Every planning decision stays in planning/.
 """
 
 cimport cython
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT
+from cpython.buffer cimport (
+    PyObject_GetBuffer, PyObject_CheckBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT,
+)
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport uintptr_t
@@ -34,14 +36,15 @@ from ._counters cimport (
     T_LAUNCHES, T_COOPERATIVE_LAUNCHES, T_SPLIT_LAUNCHES, T_MEMSET_OPS, T_FAILED_DISPATCHES,
     T_LEAKED_ALLOCATIONS, T_STAGED_H2D_BYTES, T_DIRECT_H2D_BYTES, T_RING_CHUNKS, T_GRAPH_REPLAYS,
     T_GRAPH_CAPTURES, T_GRAPH_UPDATES, T_GRAPH_FALLBACKS, T_STREAMED_DISPATCHES, T_STREAMED_CHUNKS,
-    T_IN_PLACE_OUTPUTS,
+    T_IN_PLACE_OUTPUTS, T_DEVICE_ARRAYS_READ_IN_C, T_DEVICE_ARRAYS_READ_IN_PYTHON,
 )
 from ._driver cimport bind_context, now_ns
 from ._resources cimport Resources, InFlight
 from ._transfer cimport TransferEngine
 from ._windows cimport page_locked, SRC_INPUT
-from ._prepared cimport Prepared, InputCheck, ROUTE_COOPERATIVE, ROUTE_SPLIT
+from ._prepared cimport Prepared, InputCheck, OutCheck, ROUTE_COOPERATIVE, ROUTE_SPLIT
 from ._formats cimport kind_ok
+from ._devview cimport DevView, read_device, device_type
 from ._launch cimport issue, collect, stream_waits, trial_record, G_REPLAY, G_CAPTURE, G_UPDATE, G_FALLBACK
 from ._waits cimport PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE
 from ._tracing cimport (
@@ -222,15 +225,25 @@ cdef class Core:
         PyTuple_SET_ITEM(key, 1, config)
         for i in range(n):
             view = &views[i]
-            try:
-                PyObject_GetBuffer(inputs[i], view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-                length = view.len
-            except Exception as exc:
+            obj = inputs[i]
+            # not numpy: a device array (no buffer protocol, or a refusing one, as CuPy's), read in
+            # C when its producer allows
+            length = None
+            if type(obj) is not cnp.ndarray and (not PyObject_CheckBuffer(obj) or device_type(obj)):
+                length = self._device_input(obj, i, n, config, view, d)
+            if length is None:
                 try:
-                    length = self._cold_input(program, inputs[i], i, n, config, view, d, exc)
-                except BaseException:
-                    _release(views, i)
-                    raise
+                    PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                    length = view.len
+                except Exception as exc:
+                    try:
+                        if type(obj) is not cnp.ndarray and PyObject_CheckBuffer(obj):
+                            length = self._device_input(obj, i, n, config, view, d)  # (and learns its type)
+                        if length is None:
+                            length = self._cold_input(program, obj, i, n, config, view, d, exc)
+                    except BaseException:
+                        _release(views, i)
+                        raise
             Py_INCREF(length)
             PyTuple_SET_ITEM(key, i + 2, length)
         prep = given
@@ -245,6 +258,8 @@ cdef class Core:
                 raise self._miss(key, config, inputs, d)
         cdef Prepared p = <Prepared>prep
         cdef InputCheck* ic
+        if d.dev_kind.size():
+            self._check_device_inputs(program, inputs, config, p, views, d)
         for i in range(<Py_ssize_t>p.checks.size()):
             ic = &p.checks[i]
             view = &views[ic.index]
@@ -267,6 +282,46 @@ cdef class Core:
             return PlanMiss(key, lengths, config, on_device, inputs)
         return PlanMiss(key, key[2:], config, frozenset(), inputs)
 
+    cdef object _device_input(self, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
+                              PendingDispatch d):
+        """A device input read in C (_devview): its key entry ("device", bytes), or None when the
+        C reader leaves it to the Python one (which also words every refusal)."""
+        bind_context(self.ctx)  # the pointer queries want our context
+        cdef DevView dv = read_device(obj, self.device, None if config is None else config.stream)
+        if dv is None:
+            return None
+        _hold_device(d, i, n, view, dv.ptr, dv.keep, dv.wait)
+        self.tel[T_DEVICE_ARRAYS_READ_IN_C] += 1
+        if d.dev_kind.size() == 0:
+            d.dev_kind.assign(n, 0)
+            d.dev_size.assign(n, 0)
+        d.dev_kind[i] = dv.kind_code
+        d.dev_size[i] = dv.itemsize
+        return ("device", dv.nbytes)
+
+    cdef int _check_device_inputs(self, program, inputs, config, Prepared p, vector[Py_buffer]& views,
+                                  PendingDispatch d) except -1:
+        """The declared element type of each device input read in C (the Python reader checks
+        its own as it reads); a mismatch is refused with the Python reader's own error."""
+        cdef InputCheck* ic
+        cdef size_t k
+        cdef char got
+        for k in range(p.dev_checks.size()):
+            ic = &p.dev_checks[k]
+            got = d.dev_kind[ic.index]
+            if got == 0 or ic.kind == 0 or d.dev_size[ic.index] == 1:
+                continue  # read by the Python reader (checked there), untyped, or raw bytes
+            if d.dev_size[ic.index] != ic.itemsize or got != ic.kind:
+                _release(views, views.size())
+                device_input(program, ic.index, inputs[ic.index], self.device,
+                             None if config is None else config.stream)  # raises the typed error
+                raise ValidationError(  # (the two readers disagree: never expected)
+                    f"input {ic.index} has element kind {chr(got)!r}, {d.dev_size[ic.index]} bytes, but the "
+                    f"buffer is declared kind {chr(ic.kind)!r}, {ic.itemsize} bytes",
+                    "pass a device array of the declared dtype",
+                )
+        return 0
+
     cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
                             PendingDispatch d, exc):
         """An input the buffer protocol refused: raw bits of a format-less dtype, a CPU DLPack
@@ -278,17 +333,8 @@ cdef class Core:
             if dv is None:
                 raise input_error(program, i, obj, exc) from None
             if type(dv) is not cnp.ndarray:
-                # the GPU reads it where it is; an empty placeholder view keeps the release loops uniform
-                PyObject_GetBuffer(b"", view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-                if d.dev_ptrs.size() == 0:
-                    d.dev_ptrs.assign(n, 0)
-                    d.keep = []
-                d.dev_ptrs[i] = <cydriver.CUdeviceptr>dv.ptr
-                d.keep.append(dv.keep)
-                if dv.wait is not None:
-                    if d.waits is None:
-                        d.waits = []
-                    d.waits.append(dv.wait)
+                _hold_device(d, i, n, view, <cydriver.CUdeviceptr>dv.ptr, dv.keep, dv.wait)
+                self.tel[T_DEVICE_ARRAYS_READ_IN_PYTHON] += 1
                 return ("device", dv.nbytes)
             bits = dv  # a CPU DLPack tensor as numpy: the host path
         try:
@@ -335,9 +381,15 @@ cdef class Core:
         cdef Prepared p = d.prep
         cdef size_t i, n
         d.no_graph = p.graph_off or p.trial_left > 0  # undecided plans issue (the trial alternates)
-        if into is not None:
-            d.out_checked = check_outputs(p.plan, into, self.device,
-                                          <uintptr_t>p.ext_stream if p.ext else None)  # before it runs
+        if into is not None:  # checked before it runs
+            d.out_checked = self._device_outputs(p, into)
+            if d.out_checked is None:
+                d.out_checked = check_outputs(p.plan, into, self.device, <uintptr_t>p.ext_stream if p.ext else None)
+                for v in d.out_checked:
+                    if v is not None:
+                        self.tel[T_DEVICE_ARRAYS_READ_IN_PYTHON] += 1
+            else:
+                self.tel[T_DEVICE_ARRAYS_READ_IN_C] += len(into)
         if marks != NULL:
             marks[M_LOOKUP] = now_ns()
         # a caller's stream: wait on an event, not on it
@@ -370,6 +422,30 @@ cdef class Core:
             d.deadline = now_ns() + timeout_ns(p.timeout)
             d.wait_timeout = p.timeout
         return 0
+
+    cdef list _device_outputs(self, Prepared p, list into):
+        """The views of ``into`` when every output is a device array read in C and right for its
+        slot (dtype, exact size, writable); else None, and the Python checks run (and word any
+        refusal)."""
+        cdef Py_ssize_t k, n = len(into)
+        cdef DevView dv
+        cdef OutCheck* oc
+        if n != <Py_ssize_t>p.out_checks.size():
+            return None
+        bind_context(self.ctx)
+        views = []
+        for k in range(n):
+            obj = into[k]
+            if type(obj) is cnp.ndarray:
+                return None  # a host output: the Python checks take them all
+            dv = read_device(obj, self.device, <uintptr_t>p.ext_stream if p.ext else None)
+            if dv is None:
+                return None
+            oc = &p.out_checks[k]
+            if dv.read_only or dv.nbytes != oc.nbytes or dv.itemsize != oc.itemsize or dv.kind_code != oc.kind:
+                return None
+            views.append(dv)
+        return views
 
     cdef void _recycle(self, Prepared p, InFlight* f) noexcept:
         self.resources.recycle(f, p.bucket, p.staging_block)
@@ -597,3 +673,22 @@ cdef void _release(vector[Py_buffer]& views, Py_ssize_t n) noexcept:
     for i in range(n):
         PyBuffer_Release(&views[i])
     views.clear()
+
+
+cdef int _hold_device(PendingDispatch d, Py_ssize_t i, Py_ssize_t n, Py_buffer* view, cydriver.CUdeviceptr ptr,
+                      keep, wait) except -1:
+    """Input ``i`` of ``n`` is device memory at ``ptr``: the kernel reads it in place, ``keep``
+    stays referenced until the dispatch completes, and the dispatch stream waits on ``wait``
+    (a producer's stream, or None) first."""
+    # an empty placeholder view keeps the release loops uniform
+    PyObject_GetBuffer(b"", view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    if d.dev_ptrs.size() == 0:
+        d.dev_ptrs.assign(n, 0)
+        d.keep = []
+    d.dev_ptrs[i] = ptr
+    d.keep.append(keep)
+    if wait is not None:
+        if d.waits is None:
+            d.waits = []
+        d.waits.append(wait)
+    return 0

@@ -34,4 +34,6 @@ cpdef enum:
     T_STREAMED_DISPATCHES  # dispatches that ran on the streamed route
     T_STREAMED_CHUNKS  # chunks those dispatches were cut into
     T_IN_PLACE_OUTPUTS  # device outputs the kernel wrote directly (no device-to-device copy)
+    T_DEVICE_ARRAYS_READ_IN_C  # device inputs and outputs whose protocol the core read in C
+    T_DEVICE_ARRAYS_READ_IN_PYTHON  # ... and those the Python reader took (a producer the C reader leaves alone)
     N_COUNTERS  # the number of slots (not a counter; keep it last)

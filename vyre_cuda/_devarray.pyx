@@ -8,20 +8,21 @@ in device memory that CuPy, torch, numba and cuda.core wrap without a copy, thro
 on the device's primary context, so its memory stays valid after the backend is closed, and it
 frees the memory when the last reference (its own, or a DLPack consumer's) goes away.
 
-DLPack structures are declared here by hand (the ABI of dlpack.h v1.x, which is stable): the
+DLPack structures come from _dlpack.h (the ABI of dlpack.h v1.x, which is stable): the
 legacy ``DLManagedTensor`` (capsule ``"dltensor"``) and the versioned ``DLManagedTensorVersioned``
 (capsule ``"dltensor_versioned"``, given to consumers that pass ``max_version >= (1, 0)``).
 """
 
 from cpython.pycapsule cimport (PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer)
 from cpython.ref cimport Py_INCREF, Py_DECREF
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
 import numpy as np
 from cuda.bindings cimport cydriver
 
 from ._driver cimport check_cu
+from ._dlpack cimport DLDataType, DLTensor, DLManagedTensor, DLManagedTensorVersioned
 
 __all__ = ["DeviceArray", "pointer_device", "dlpack_info", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST",
            "KDL_CUDA_MANAGED"]
@@ -33,53 +34,6 @@ KDL_CUDA_MANAGED = 13
 DLPACK_MAJOR = 1
 DLPACK_MINOR = 0
 FLAG_READ_ONLY = 1
-
-
-cdef extern from *:
-    """
-    typedef struct { int32_t device_type; int32_t device_id; } vyre_DLDevice;
-    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } vyre_DLDataType;
-    typedef struct {
-        void* data; vyre_DLDevice device; int32_t ndim; vyre_DLDataType dtype;
-        int64_t* shape; int64_t* strides; uint64_t byte_offset;
-    } vyre_DLTensor;
-    typedef struct vyre_DLManagedTensor {
-        vyre_DLTensor dl_tensor; void* manager_ctx; void (*deleter)(struct vyre_DLManagedTensor*);
-    } vyre_DLManagedTensor;
-    typedef struct { uint32_t major; uint32_t minor; } vyre_DLPackVersion;
-    typedef struct vyre_DLManagedTensorVersioned {
-        vyre_DLPackVersion version; void* manager_ctx;
-        void (*deleter)(struct vyre_DLManagedTensorVersioned*); uint64_t flags; vyre_DLTensor dl_tensor;
-    } vyre_DLManagedTensorVersioned;
-    """
-    ctypedef struct DLDevice "vyre_DLDevice":
-        int32_t device_type
-        int32_t device_id
-    ctypedef struct DLDataType "vyre_DLDataType":
-        uint8_t code
-        uint8_t bits
-        uint16_t lanes
-    ctypedef struct DLTensor "vyre_DLTensor":
-        void* data
-        DLDevice device
-        int32_t ndim
-        DLDataType dtype
-        int64_t* shape
-        int64_t* strides
-        uint64_t byte_offset
-    ctypedef struct DLManagedTensor "vyre_DLManagedTensor":
-        DLTensor dl_tensor
-        void* manager_ctx
-        void (*deleter)(DLManagedTensor*) noexcept
-    ctypedef struct DLPackVersion "vyre_DLPackVersion":
-        uint32_t major
-        uint32_t minor
-    ctypedef struct DLManagedTensorVersioned "vyre_DLManagedTensorVersioned":
-        DLPackVersion version
-        void* manager_ctx
-        void (*deleter)(DLManagedTensorVersioned*) noexcept
-        uint64_t flags
-        DLTensor dl_tensor
 
 
 # one allocation per exported tensor: the managed tensor (either kind) plus its shape and strides
@@ -186,14 +140,6 @@ cdef class DeviceArray:
     consumers need no stream synchronisation (``__cuda_array_interface__["stream"]`` is None).
     """
 
-    cdef readonly uintptr_t ptr
-    cdef readonly size_t nbytes
-    cdef readonly object dtype
-    cdef readonly Py_ssize_t size
-    cdef readonly int device
-    cdef cydriver.CUcontext ctx
-    cdef bint owns
-
     def __init__(self):
         raise TypeError("DeviceArray is made by a dispatch with DispatchConfig(outputs='device')")
 
@@ -224,6 +170,9 @@ cdef class DeviceArray:
         self.nbytes = nbytes
         self.dtype = dtype
         self.size = count
+        # what a dispatch's input check compares, without a Python attribute per dispatch
+        self.kind = ord({"b": "u", "V": "u"}.get(dtype.kind, dtype.kind)) if dtype.kind in "biufV" else 0
+        self.itemsize = dtype.itemsize
         return self
 
     def __dealloc__(self):

@@ -22,6 +22,13 @@ cdef struct InputCheck:
     char kind  # 'f', 'i', 'u', 'b' (bf16: raw 2-byte words) or 0 (any)
 
 
+cdef struct OutCheck:
+    # what a device output must be: its element kind ('f', 'i', 'u'), item size and exact bytes
+    char kind
+    Py_ssize_t itemsize
+    size_t nbytes
+
+
 cdef struct DevArg:
     # a device input: its kernel argument takes the caller's pointer (offset < 0), or a slab region
     # at ``offset`` that a device-to-device copy fills (read-write inputs are private copies)
@@ -81,6 +88,8 @@ cdef struct ChunkShape:
 
 cdef class Prepared:
     cdef vector[InputCheck] checks
+    cdef vector[InputCheck] dev_checks  # the same for the inputs in device memory (read in C)
+    cdef vector[OutCheck] out_checks  # per output (device outputs read in C are checked on these)
     cdef vector[Source] sources
     cdef vector[Segment] readbacks
     cdef vector[Segment] outputs

@@ -11,6 +11,7 @@ cimport cython
 import struct
 
 from .program import BindingRole
+from .planning.binding import input_spec
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
@@ -34,6 +35,7 @@ cdef class Prepared:
         cdef InputCheck ic
         cdef Segment seg
         cdef DevArg da
+        cdef OutCheck oc
         layout, launch, route, config = plan.layout, plan.launch, plan.route, plan.config
         if plan.arg_count > MAX_ARGS:  # planning refuses these; the arrays below hold MAX_ARGS
             raise ValueError(f"{plan.arg_count} kernel arguments exceed {MAX_ARGS}")
@@ -43,6 +45,18 @@ cdef class Prepared:
             ic.itemsize = itemsize
             ic.kind = ord(kind) if kind else 0
             self.checks.push_back(ic)
+        device_inputs = sorted({index for _, index, _, _ in layout.device_args})
+        for index in device_inputs:
+            itemsize, kind = input_spec(plan.program.inputs[index])
+            ic.index = index
+            ic.itemsize = itemsize
+            ic.kind = ord(kind) if kind else 0
+            self.dev_checks.push_back(ic)
+        for (want, _), (_, need) in zip(plan.output_specs, layout.outputs):
+            oc.kind = ord({"b": "u", "V": "u"}.get(want.kind, want.kind))
+            oc.itemsize = want.itemsize
+            oc.nbytes = need
+            self.out_checks.push_back(oc)
         self.params_blob = layout.params_blob
         self.params_ptr = <const char*>self.params_blob
         self.params_len = len(self.params_blob)

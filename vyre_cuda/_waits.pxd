@@ -39,6 +39,8 @@ cdef class PendingDispatch:
     cdef bint nvtx_started  # its NVTX start/end range is open (ended when it settles)
     cdef unsigned long long nvtx_range
     cdef vector[cydriver.CUdeviceptr] dev_ptrs  # per input: its device pointer (empty: no device input)
+    cdef vector[char] dev_kind  # per input read in C: its element kind, checked once the plan is found (0: not)
+    cdef vector[int] dev_size  # ... and its item size
     cdef vector[DevCopy] out_dev
     cdef vector[InPlace] out_inplace  # device outputs the kernel writes directly (no copy)
     cdef bint out_dev_issued

@@ -21,6 +21,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import numpy as np
 
@@ -113,6 +114,30 @@ def build(folder: pathlib.Path) -> pathlib.Path:
     if proc.returncode != 0:
         raise RuntimeError(f"building the fake CUDA driver failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
     os.replace(tmp, lib)
+    return out_dir
+
+
+def build_exchange(folder: pathlib.Path) -> pathlib.Path:
+    """Compile the test producer of DLPack's C exchange API (fake_exchange.c, a Python extension
+    module) into ``folder/<source hash>/`` (once); return that folder, to put on ``sys.path``."""
+    source_path = SOURCE.parent / "fake_exchange.c"
+    header = SOURCE.parents[2] / "vyre_cuda" / "_dlpack.h"
+    digest = hashlib.sha256(source_path.read_bytes() + header.read_bytes()).hexdigest()[:16]
+    out_dir = pathlib.Path(folder) / f"exchange-{digest}"
+    module = out_dir / f"fake_exchange{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if module.is_file():
+        return out_dir
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH to build the fake exchange producer")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f"fake_exchange.{os.getpid()}.so"
+    cmd = [cc, "-O1", "-Wall", "-Werror", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
+           "-o", str(tmp), str(source_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the fake exchange producer failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+    os.replace(tmp, module)
     return out_dir
 
 

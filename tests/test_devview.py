@@ -1,0 +1,251 @@
+"""The C reader of device arrays (vyre_cuda._devview) on the fake CUDA driver.
+
+Every producer shape it takes (vyre_cuda's DeviceArray, CUDA Array Interface v3 mappings, a
+producer of DLPack's C exchange API built from tests/fakecuda/fake_exchange.c) must give the same
+pointer, size, element type, read-only flag and stream as the Python reader; everything it
+leaves alone (strides, masks, big-endian types, stream 0, a failing export, another device,
+memory the driver does not know) must go to the Python reader, which accepts it or refuses it
+with its typed error, exactly as before. Dispatches on each producer are checked against numpy,
+and the telemetry says which reader took each array.
+"""
+
+from __future__ import annotations
+
+import json
+
+import fakecuda
+import pytest
+
+CHILD = r"""
+import json, sys
+import numpy as np
+import vyre_cuda as vc
+from fakecuda import FakeDriver, vecadd_emulation
+from helpers.scenarios import live, raises
+from vyre_cuda import builtin_programs as bp
+from vyre_cuda._devview import device_view, fallback_reason, protocol_of
+from vyre_cuda._device_io import device_input
+sys.path.insert(0, sys.argv[2])
+import fake_exchange as fx
+
+fake = FakeDriver()
+prog = bp.vecadd_f32()
+rng = np.random.default_rng(int(sys.argv[1]))
+g = vc.CudaBackend(0)
+DEV = vc.DispatchConfig(outputs="device")
+res = {"errors": [], "checked": 0}
+
+
+def fail(msg):
+    res["errors"].append(msg)
+
+
+def same(what, got, want):
+    res["checked"] += 1
+    if not np.array_equal(np.asarray(got), want):
+        fail(f"{what}: wrong result")
+
+
+class CAI:
+    def __init__(self, **d):
+        self.d = d
+
+    @property
+    def __cuda_array_interface__(self):
+        return dict(self.d)
+
+
+def cai_of(x, **over):
+    d = {"shape": (x.size,), "typestr": x.dtype.str, "data": (x.ptr, False), "version": 3, "strides": None,
+         "stream": None}
+    d.update(over)
+    return CAI(**d)
+
+
+def compare(what, obj, stream=None):
+    # the C reader's view against the Python reader's
+    c = device_view(obj, 0, stream)
+    if c is None:
+        fail(f"{what}: left to the Python reader ({fallback_reason(obj, 0, stream)})")
+        return None
+    p = device_input(None, 0, obj, 0, stream)
+    got = (c.ptr, c.nbytes, c.readonly, c.wait, c.kind, c.itemsize)
+    want = (p.ptr, p.nbytes, p.readonly, p.wait, p.kind, p.itemsize)
+    res["checked"] += 1
+    if got != want:
+        fail(f"{what}: C reader {got} != Python reader {want}")
+    return c
+
+
+def left_alone(what, obj, words, stream=None):
+    res["checked"] += 1
+    if device_view(obj, 0, stream) is not None:
+        fail(f"{what}: the C reader took it")
+    elif words not in fallback_reason(obj, 0, stream):
+        fail(f"{what}: reason {fallback_reason(obj, 0, stream)!r} lacks {words!r}")
+
+
+n = 777
+a = rng.standard_normal(n).astype(np.float32)
+b = rng.standard_normal(n).astype(np.float32)
+fake.emulate(g, prog, [a, b], vecadd_emulation(np.float32))
+(x,) = g.dispatch(prog, [a, np.zeros_like(a)], DEV)  # x == a, on the device
+(y,) = g.dispatch(prog, [b, np.zeros_like(b)], DEV)
+
+# -- DeviceArray
+if protocol_of(x) != "DeviceArray":
+    fail(f"DeviceArray protocol {protocol_of(x)}")
+compare("DeviceArray", x)
+
+# -- CUDA Array Interface v3
+for ts in ("<f4", "<i4", "<u2", "|u1", "|b1", "<f8", "|V4"):
+    compare(f"CAI {ts}", cai_of(x, typestr=ts, shape=(x.nbytes // np.dtype(ts).itemsize,)))
+compare("CAI 2-D, contiguous strides", cai_of(x, shape=(7, 111), strides=(444, 4)))
+compare("CAI read-only", cai_of(x, data=(x.ptr, True)))
+compare("CAI 0-size", cai_of(x, shape=(0,), data=(0, False)))
+compare("CAI 0-size, strided", cai_of(x, shape=(0, 3), strides=(4, 8), data=(0, False)))
+compare("CAI stream 7", cai_of(x, stream=7))
+c = compare("CAI on the caller's own stream", cai_of(x, stream=7), stream=7)
+if c is not None and c.wait is not None:
+    fail(f"a producer on the dispatch's own stream is waited on ({c.wait})")
+left_alone("CAI strided", cai_of(x, shape=(388,), strides=(8,)), "contiguous")
+left_alone("CAI masked", cai_of(x, mask=cai_of(x)), "mask")
+left_alone("CAI big-endian", cai_of(x, typestr=">f4"), "big-endian")
+left_alone("CAI complex", cai_of(x, typestr="<c8", shape=(n // 2,)), "big-endian or unknown")
+left_alone("CAI stream 0", cai_of(x, stream=0), "stream")
+left_alone("CAI stream True", cai_of(x, stream=True), "stream")
+left_alone("CAI pointer as float", cai_of(x, data=(float(x.ptr), False)), "pointer")
+left_alone("CAI host pointer", cai_of(x, data=(a.ctypes.data, False)), "does not know")
+left_alone("CAI shape as list", cai_of(x, shape=[n]), "tuple")
+v2 = cai_of(x, version=2)
+left_alone("CAI v2", v2, "not a CUDA Array Interface v3")
+
+# -- the per-type cache follows the type's changes
+class Versioned:
+    version = 2
+    def __init__(self, base):
+        self.base = base
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": (self.base.size,), "typestr": "<f4", "data": (self.base.ptr, False),
+                "version": type(self).version}
+if protocol_of(Versioned(x)) != "python":
+    fail(f"a CAI v2 type read as {protocol_of(Versioned(x))}")
+Versioned.version = 3  # modifies the type: its version tag changes, the cache entry is stale
+if protocol_of(Versioned(x)) != "cai":
+    fail(f"after the type changed to v3: {protocol_of(Versioned(x))} (a stale cache entry)")
+res["checked"] += 1
+
+# -- DLPack's C exchange API
+t = fx.Tensor(x.ptr, (n,))
+if protocol_of(t) != "dlpack-exchange":
+    fail(f"exchange producer protocol {protocol_of(t)}")
+for handle, want in ((0, 1), (9, 9)):  # NULL: the producer's legacy default stream
+    fx.set_stream(handle)
+    v = device_view(t, 0, None)
+    res["checked"] += 1
+    if v is None or (v.ptr, v.nbytes, v.readonly, v.wait, v.kind, v.itemsize) != (x.ptr, x.nbytes, False, want, "f", 4):
+        fail(f"exchange view with stream {handle}: {v!r} ({fallback_reason(t)})")
+    del v
+fx.set_stream(9)
+v = device_view(t, 0, 9)
+if v is None or v.wait is not None:
+    fail(f"an exchange producer on the dispatch's own stream: {v!r}")
+del v
+v = device_view(fx.Tensor(x.ptr, (n,), flags=1), 0, None)
+if v is None or not v.readonly:
+    fail(f"the read-only flag of an exchange tensor was lost: {v!r}")
+del v
+v = device_view(fx.Tensor(x.ptr, (3, 259), strides=(259, 1), code=0, bits=32), 0, None)
+if v is None or (v.nbytes, v.kind) != (x.nbytes, "i"):
+    fail(f"a 2-D int32 exchange tensor: {v!r}")
+del v
+fx.set_stream(0)
+left_alone("exchange strided", fx.Tensor(x.ptr, (388,), strides=(2,)), "contiguous")
+left_alone("exchange device 3", fx.Tensor(x.ptr, (n,), device_id=3), "this CUDA device")
+left_alone("exchange CPU", fx.Tensor(a.ctypes.data, (n,), device_type=1), "this CUDA device")
+left_alone("exchange vector lanes", fx.Tensor(x.ptr, (n // 2,), lanes=2), "element type")
+left_alone("exchange complex", fx.Tensor(x.ptr, (n // 2,), code=5, bits=64), "element type")
+left_alone("exchange export fails", fx.Tensor(x.ptr, (n,), fail=True), "refused")
+fx.set_stream(0, fail=True)
+left_alone("exchange stream fails", fx.Tensor(x.ptr, (n,)), "stream")
+fx.set_stream(0)
+if fx.live() != 0:
+    fail(f"{fx.live()} exchange tensors were never given back (deleter not run)")
+
+# -- dispatches through each producer, against numpy; the counters say which reader took them
+before = g.telemetry.snapshot()
+(out,) = g.dispatch(prog, [x, y])
+same("DeviceArray inputs", out, a + b)
+(out,) = g.dispatch(prog, [cai_of(x, stream=1), fx.Tensor(y.ptr, (n,))])
+same("CAI + exchange inputs", out, a + b)
+(z,) = g.dispatch(prog, [a, b], DEV)
+g.dispatch_into(prog, [fx.Tensor(y.ptr, (n,)), cai_of(x)], [fx.Tensor(z.ptr, (n,))])
+same("exchange output", z.copy_to_host(), a + b)
+g.dispatch_into(prog, [x, x], [cai_of(z)])
+same("CAI output", z.copy_to_host(), a + a)
+pending = g.dispatch_async(prog, [fx.Tensor(x.ptr, (n,)), y])
+if fx.live() != 1:
+    fail(f"an exchange input in flight is not held ({fx.live()} live)")
+same("async exchange input", pending.result()[0], a + b)
+del pending
+if fx.live() != 0:
+    fail(f"exchange tensors still held after the dispatches: {fx.live()}")
+after = g.telemetry.snapshot()
+res["read_in_c"] = after["device_arrays_read_in_c"] - before["device_arrays_read_in_c"]
+res["read_in_python"] = after["device_arrays_read_in_python"] - before["device_arrays_read_in_python"]
+(out,) = g.dispatch(prog, [v2, y])  # CAI v2: the Python reader
+same("CAI v2 input", out, a + b)
+res["python_after_v2"] = g.telemetry.snapshot()["device_arrays_read_in_python"] - after["device_arrays_read_in_python"]
+
+# -- refusals: the Python reader's typed errors, and nothing held afterwards
+def refusal(fn):
+    return str(raises(vc.ValidationError, fn))
+
+
+res["refusals"] = {
+    "dtype": refusal(lambda: g.dispatch(prog, [cai_of(x, typestr="<i4"), a])),
+    "exchange dtype": refusal(lambda: g.dispatch(prog, [fx.Tensor(x.ptr, (n,), code=0), a])),
+    "exchange strided": refusal(lambda: g.dispatch(prog, [fx.Tensor(x.ptr, (388,), strides=(2,)), a[:388]])),
+    "exchange export fails": refusal(lambda: g.dispatch(prog, [fx.Tensor(x.ptr, (n,), fail=True), a])),
+    "read-only output": refusal(lambda: g.dispatch_into(prog, [a, b], [fx.Tensor(z.ptr, (n,), flags=1)])),
+    "short output": refusal(lambda: g.dispatch_into(prog, [a, b], [cai_of(z, shape=(n - 1,))])),
+}
+(out,) = g.dispatch(prog, [x, y])
+same("after the refusals", out, a + b)
+res["exchange_live"] = fx.live()
+res["live"] = live(g)
+del x, y, z, t
+g.close()
+print(json.dumps(res))
+"""
+
+
+@pytest.fixture(scope="module")
+def exchange_dir(tmp_path_factory):
+    if fakecuda.compiler() is None:
+        pytest.skip("no C compiler on PATH to build the fake exchange producer")
+    return fakecuda.build_exchange(tmp_path_factory.getbasetemp() / "fake_exchange")
+
+
+def test_device_arrays_read_in_c_match_the_python_reader(fake_libcuda, exchange_dir, rng):
+    seed = int(rng.integers(0, 2**31))
+    proc = fakecuda.run_python(["-c", CHILD, str(seed), str(exchange_dir)], fake_libcuda, timeout=300)
+    assert proc.returncode == 0, f"child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["errors"] == [], res["errors"]
+    assert res["checked"] >= 40
+    # 2 + 2 inputs, 2 inputs and 1 output twice, 1 async input: 11 arrays (a dispatch whose plan
+    # was not cached yet reads its inputs again once planned)
+    assert res["read_in_python"] == 0 and res["read_in_c"] >= 11, res
+    assert res["python_after_v2"] == 1, res
+    refusals = res["refusals"]
+    assert all("Fix:" in text for text in refusals.values()), refusals
+    assert "float32" in refusals["dtype"] and "int32" in refusals["dtype"], refusals
+    assert "int32" in refusals["exchange dtype"], refusals
+    assert "strided" in refusals["exchange strided"], refusals
+    assert "refuses export" in refusals["exchange export fails"], refusals
+    assert "read-only" in refusals["read-only output"], refusals
+    assert "bytes" in refusals["short output"], refusals
+    assert res["exchange_live"] == 0
+    assert set(res["live"].values()) == {0}, res["live"]

@@ -1,0 +1,352 @@
+# cython: language_level=3
+"""Device arrays read in C: a dispatch's device inputs and outputs taken from vyre_cuda's
+``DeviceArray``, the DLPack C exchange API (torch, cuda.core) or a CUDA Array Interface v3
+mapping (CuPy, numba), with no Python call per array beyond the producer's own.
+
+Which protocol a type speaks is decided once per type and kept with the type's version tag, which
+CPython changes whenever the type is modified (a library that patches ``torch.Tensor`` with an
+exchange API after the first dispatch is seen at the next one): the cache cannot go stale.
+
+This reader takes only what it can prove well-formed: a device array on this backend's device,
+C-contiguous, of a type the checks know, with a usable stream. Anything else returns None, and
+the dispatch takes the Python reader (:mod:`vyre_cuda._device_io`), which accepts the rest (CPU
+DLPack tensors, legacy producers) or refuses it with its typed error. So the two readers cannot
+disagree on an error: this one never raises one.
+"""
+
+cimport cython
+from cpython.exc cimport PyErr_Clear
+from cpython.pycapsule cimport PyCapsule_IsValid, PyCapsule_GetPointer
+from libc.stdint cimport int64_t, uintptr_t
+from cuda.bindings cimport cydriver
+
+import numpy as np
+
+from ._dlpack cimport (
+    DLTensor, DLManagedTensorVersioned, DLPackExchangeAPI, KDL_CUDA, DL_FLAG_READ_ONLY,
+)
+from ._devarray cimport DeviceArray
+from ._io_checks import is_little_endian
+
+__all__ = ["DevView", "device_view", "fallback_reason", "protocol_of"]
+
+cdef enum:
+    P_SLOW = 0  # the Python reader
+    P_DEVARRAY = 1
+    P_EXCHANGE = 2
+    P_CAI = 3
+
+cdef unsigned long long LEGACY_STREAM = 1  # CU_STREAM_LEGACY
+cdef unsigned int CU_MEMORYTYPE_HOST = 1
+cdef Py_ssize_t TYPESTR_CACHE_MAX = 256
+_PROTOCOL_NAMES = {P_SLOW: "python", P_DEVARRAY: "DeviceArray", P_EXCHANGE: "dlpack-exchange", P_CAI: "cai"}
+_EXCHANGE_ATTRS = ("__dlpack_c_exchange_api__", "__c_dlpack_exchange_api__")  # newer name first
+
+
+cdef extern from *:
+    """
+    static inline unsigned int vyre_type_tag(PyObject* t) {
+        /* 0: no valid tag (then nothing is cached for the type) */
+        return PyType_HasFeature((PyTypeObject*)t, Py_TPFLAGS_VALID_VERSION_TAG)
+            ? ((PyTypeObject*)t)->tp_version_tag : 0;
+    }
+    """
+    unsigned int type_tag "vyre_type_tag"(object t)
+
+
+@cython.final
+cdef class DevView:
+    """One device array as a dispatch uses it: the same fields as the Python reader's view."""
+
+    def __repr__(self):
+        return (f"DevView(ptr=0x{self.ptr:x}, nbytes={self.nbytes}, readonly={self.read_only}, "
+                f"wait={self.wait!r}, kind={chr(self.kind_code) if self.kind_code else ''!r}, "
+                f"itemsize={self.itemsize})")
+
+    @property
+    def readonly(self):
+        return self.read_only
+
+    @property
+    def kind(self):
+        return chr(self.kind_code) if self.kind_code else ""
+
+
+@cython.final
+cdef class _Held:
+    """A tensor taken through the exchange API: the producer's reference, given back (its
+    deleter) when the dispatch lets go of it, and the producer's object."""
+
+    cdef DLManagedTensorVersioned* mt
+    cdef object owner
+
+    def __dealloc__(self):
+        if self.mt != NULL and self.mt.deleter != NULL:
+            self.mt.deleter(self.mt)
+        self.mt = NULL
+
+
+cdef str _why = ""  # why the last array was left to the Python reader (diagnostics: fallback_reason)
+
+
+cdef inline object _no(str why):
+    global _why
+    _why = why
+    return None
+
+
+cdef dict _protocols = {}  # type -> (protocol, the type's version tag, exchange API capsule)
+cdef dict _typestrs = {}  # CAI typestr -> (kind, itemsize), or False for one this reader leaves alone
+
+
+cdef tuple _classify(obj, t):
+    if t is DeviceArray:
+        return (P_DEVARRAY, 0, None)
+    for name in _EXCHANGE_ATTRS:
+        cap = getattr(t, name, None)
+        if cap is not None and PyCapsule_IsValid(cap, b"dlpack_exchange_api"):
+            api = <DLPackExchangeAPI*>PyCapsule_GetPointer(cap, b"dlpack_exchange_api")
+            if (api != NULL and api.header.version.major == 1
+                    and api.managed_tensor_from_py_object_no_sync != NULL and api.current_work_stream != NULL):
+                return (P_EXCHANGE, 0, cap)
+    try:
+        cai = obj.__cuda_array_interface__
+    except Exception:  # noqa: BLE001 (torch raises on a CPU tensor; the Python reader decides)
+        cai = None
+    if type(cai) is dict:
+        version = (<dict>cai).get("version")
+        if type(version) is int and version >= 3:
+            return (P_CAI, 0, None)
+    return (P_SLOW, 0, None)
+
+
+cdef tuple _protocol(obj):
+    t = type(obj)
+    entry = _protocols.get(t)
+    cdef unsigned int tag = type_tag(t)
+    if entry is not None and tag != 0 and (<tuple>entry)[1] == tag:
+        return <tuple>entry
+    entry = _classify(obj, t)
+    tag = type_tag(t)  # the lookups above gave the type a tag if it had none
+    if tag != 0:
+        entry = ((<tuple>entry)[0], tag, (<tuple>entry)[2])
+        _protocols[t] = entry
+    return <tuple>entry
+
+
+cdef bint device_type(obj) noexcept:
+    """Whether ``obj``'s type is known (cached, current) to speak a protocol this reader takes:
+    for producers whose arrays also export a buffer protocol that refuses (CuPy), so the core
+    tries this reader before the buffer protocol's exception."""
+    t = type(obj)
+    entry = _protocols.get(t)
+    cdef unsigned int tag = type_tag(t)
+    return entry is not None and tag != 0 and (<tuple>entry)[1] == tag and (<tuple>entry)[0] != P_SLOW
+
+
+def protocol_of(obj):
+    """The name of the protocol a dispatch reads ``obj`` through in C ("python": the Python reader)."""
+    return _PROTOCOL_NAMES[(<tuple>_protocol(obj))[0]]
+
+
+cdef bint _c_contiguous(int ndim, const int64_t* shape, const int64_t* strides, Py_ssize_t* count) noexcept:
+    # DLPack strides count elements; NULL strides mean C-contiguous
+    cdef int k
+    cdef Py_ssize_t expected = 1, n = 1
+    for k in range(ndim):
+        if shape[k] < 0:
+            return False
+        n *= shape[k]
+    count[0] = n
+    if strides == NULL or n == 0:
+        return True
+    for k in range(ndim - 1, -1, -1):
+        if shape[k] != 1 and strides[k] != expected:
+            return False
+        expected *= shape[k]
+    return True
+
+
+cdef inline char _dl_kind(unsigned char code) noexcept:
+    if code == 0:
+        return b'i'
+    if code == 1 or code == 4 or code == 6:  # uint, bfloat16 and bool: raw bits
+        return b'u'
+    if code == 2:
+        return b'f'
+    return 0
+
+
+cdef inline object _waited(unsigned long long producer, object own):
+    # the stream to wait on, or None when the dispatch already runs on it
+    cdef unsigned long long mine
+    if own is not None:
+        mine = <unsigned long long>own
+        if mine == 0:
+            mine = LEGACY_STREAM
+        if producer == mine:
+            return None
+    return producer
+
+
+cdef DevView _from_devarray(DeviceArray da, int device):
+    if da.device != device or da.kind == 0:
+        return _no("a DeviceArray of another device, or of an element type no check knows")
+    cdef DevView v = DevView.__new__(DevView)
+    v.ptr = <cydriver.CUdeviceptr>da.ptr
+    v.nbytes = da.nbytes
+    v.read_only = False
+    v.wait = None  # complete when handed out: no stream of its own
+    v.keep = da
+    v.kind_code = da.kind
+    v.itemsize = da.itemsize
+    return v
+
+
+cdef DevView _from_exchange(obj, cap, int device, own):
+    cdef DLPackExchangeAPI* api = <DLPackExchangeAPI*>PyCapsule_GetPointer(cap, b"dlpack_exchange_api")
+    cdef DLManagedTensorVersioned* mt = NULL
+    cdef DLTensor* t
+    cdef void* stream = NULL
+    cdef Py_ssize_t count
+    cdef char kind
+    if api.managed_tensor_from_py_object_no_sync(<void*>obj, &mt) != 0 or mt == NULL:
+        PyErr_Clear()  # the Python reader exports it again and words the refusal
+        return _no("the producer's exchange API refused to export it")
+    cdef _Held held = _Held.__new__(_Held)
+    held.mt = mt  # from here on the producer's reference is given back whatever happens
+    held.owner = obj
+    t = &mt.dl_tensor
+    if mt.version.major != 1 or t.device.device_type != KDL_CUDA or t.device.device_id != device:
+        return _no("not a DLPack 1.x tensor on this CUDA device")
+    kind = _dl_kind(t.dtype.code)
+    if kind == 0 or t.dtype.lanes != 1 or t.dtype.bits == 0 or t.dtype.bits % 8:
+        return _no("an element type no check knows")
+    if not _c_contiguous(t.ndim, t.shape, t.strides, &count):
+        return _no("not C-contiguous")
+    if api.current_work_stream(KDL_CUDA, device, &stream) != 0:
+        PyErr_Clear()
+        return _no("the producer's exchange API gave no current stream")
+    cdef DevView v = DevView.__new__(DevView)
+    v.ptr = <cydriver.CUdeviceptr>(<uintptr_t>t.data + t.byte_offset)
+    v.itemsize = t.dtype.bits // 8
+    v.nbytes = <size_t>count * v.itemsize
+    v.read_only = (mt.flags & DL_FLAG_READ_ONLY) != 0
+    # the producer's current stream (NULL: its legacy default stream) orders its pending writes
+    v.wait = _waited(<uintptr_t>stream if stream != NULL else LEGACY_STREAM, own)
+    v.keep = held
+    v.kind_code = kind
+    return v
+
+
+cdef object _typestr_spec(ts):
+    spec = _typestrs.get(ts)
+    if spec is not None:
+        return spec
+    spec = False
+    if type(ts) is str:
+        try:
+            dt = np.dtype(ts)
+        except (TypeError, ValueError):
+            dt = None
+        if dt is not None and is_little_endian(dt) and dt.kind in "biufV":
+            spec = (ord({"b": "u", "V": "u"}.get(dt.kind, dt.kind)), dt.itemsize)
+        if len(_typestrs) < TYPESTR_CACHE_MAX:
+            _typestrs[ts] = spec
+    return spec
+
+
+cdef bint _pointer_on(cydriver.CUdeviceptr ptr, int device) noexcept:
+    # device memory of this device, or page-locked host memory (reachable from any device)
+    cdef cydriver.CUpointer_attribute attrs[2]
+    cdef void* data[2]
+    cdef unsigned int memtype = 0
+    cdef int ordinal = -1
+    attrs[0] = cydriver.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+    attrs[1] = cydriver.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    data[0] = &memtype
+    data[1] = &ordinal
+    with nogil:
+        if cydriver.cuPointerGetAttributes(2, attrs, data, ptr) != cydriver.CUDA_SUCCESS:
+            return False
+    return memtype != 0 and (memtype == CU_MEMORYTYPE_HOST or ordinal == device)
+
+
+cdef DevView _from_cai(obj, int device, own):
+    cdef Py_ssize_t count = 1, expected, k, extent
+    try:
+        cai = obj.__cuda_array_interface__
+    except Exception:  # noqa: BLE001
+        return _no("reading __cuda_array_interface__ raised")
+    if type(cai) is not dict:
+        return _no("__cuda_array_interface__ is not a dict")
+    version = (<dict>cai).get("version")
+    if type(version) is not int or version < 3 or (<dict>cai).get("mask") is not None:
+        return _no("not a CUDA Array Interface v3 without a mask")
+    shape = (<dict>cai).get("shape")
+    data = (<dict>cai).get("data")
+    if type(shape) is not tuple or type(data) is not tuple or len(<tuple>data) != 2:
+        return _no("shape or data is not a tuple")
+    spec = _typestr_spec((<dict>cai).get("typestr"))
+    if spec is False:
+        return _no("typestr names a big-endian or unknown element type")
+    for x in <tuple>shape:
+        if type(x) is not int or x < 0:
+            return _no("shape holds a value that is not a non-negative int")
+        count *= <Py_ssize_t>x
+    strides = (<dict>cai).get("strides")
+    cdef Py_ssize_t itemsize = (<tuple>spec)[1]
+    if strides is not None:
+        if type(strides) is not tuple or len(<tuple>strides) != len(<tuple>shape):
+            return _no("strides is not a tuple of the shape's length")
+        if count:
+            expected = itemsize
+            for k in range(len(<tuple>shape) - 1, -1, -1):
+                extent = (<tuple>shape)[k]
+                if extent != 1 and (<tuple>strides)[k] != expected:
+                    return _no("not C-contiguous")
+                expected *= extent
+    ptr, readonly = <tuple>data
+    if type(ptr) is not int or ptr < 0:
+        return _no(f"the data pointer is a {type(ptr).__name__}, not a non-negative int")
+    stream = (<dict>cai).get("stream")
+    if stream is not None and (type(stream) is not int or stream <= 0):
+        return _no(f"the stream is {stream!r} ({type(stream).__name__}), not a positive int or None")
+    cdef cydriver.CUdeviceptr p = <cydriver.CUdeviceptr><unsigned long long>ptr
+    if count and not _pointer_on(p, device):
+        return _no("the driver does not know the pointer as memory this device can reach")
+    cdef DevView v = DevView.__new__(DevView)
+    v.ptr = p
+    v.nbytes = <size_t>count * itemsize
+    v.read_only = bool(readonly)
+    v.wait = None if stream is None else _waited(<unsigned long long>stream, own)
+    v.keep = obj
+    v.kind_code = <char>(<tuple>spec)[0]
+    v.itemsize = <int>itemsize
+    return v
+
+
+cdef DevView read_device(obj, int device, own):
+    """``obj`` as a :class:`DevView` read in C, or None for the Python reader. ``own`` is the
+    dispatch's caller stream handle (None: the backend's own streams)."""
+    cdef tuple proto = _protocol(obj)
+    cdef int code = proto[0]
+    if code == P_DEVARRAY:
+        return _from_devarray(<DeviceArray>obj, device)
+    if code == P_EXCHANGE:
+        return _from_exchange(obj, proto[2], device, own)
+    if code == P_CAI:
+        return _from_cai(obj, device, own)
+    return _no("its type speaks no protocol this reader takes (DLPack without the exchange API, CAI v2)")
+
+
+def device_view(obj, int device=0, stream=None):
+    """Python access to the C reader (tests and diagnostics): a :class:`DevView` or None."""
+    return read_device(obj, device, stream)
+
+
+def fallback_reason(obj, int device=0, stream=None):
+    """Why a dispatch leaves ``obj`` to the Python reader ("" when the C reader takes it)."""
+    global _why
+    _why = ""
+    return "" if read_device(obj, device, stream) is not None else _why
