@@ -168,6 +168,11 @@ def _fake_floor_module():
         def full_pageable(self, a, b, out, count):
             return self._run(a, b, out, count, 24_000, 14_000)
 
+        def full_pinned_direct(self, a, b, out, count):
+            assert all(isinstance(x, Locked) for x in (a, b, out))  # page-locked arrays only
+            mod.calls.append("full_pinned_direct")
+            return self._run(a, b, out, count, 16_000, 9_000)
+
         def launch_only(self, batches, batch_size, warmup_batches):
             assert batch_size == engine.LAUNCH_BATCH
             return np.full(batches, 3_500, np.int64)
