@@ -393,24 +393,23 @@ def fake_cuda_core(stream_first=True) -> tuple[Any, Any]:
         core.launches.append(kernel)
         np.add(at(a, n), at(b, n), out=at(out, n))
 
+    def launch(stream, config, kernel, *args):  # cuda.core 0.2 and later
+        assert isinstance(stream, Stream)
+        run(kernel, args)
+
+    def launch_in_config(kernel, config, *args):  # older: the stream in the LaunchConfig
+        assert isinstance(config.stream, Stream)
+        run(kernel, args)
+
     core.Device = Device
     core.Program = Program
     core.ProgramOptions = lambda arch: types.SimpleNamespace(arch=arch)
     if stream_first:
         core.LaunchConfig = lambda grid, block: types.SimpleNamespace(grid=grid, block=block)
-
-        def launch(stream, config, kernel, *args):
-            assert isinstance(stream, Stream)
-            run(kernel, args)
-
+        core.launch = launch
     else:
         core.LaunchConfig = lambda grid, block, stream: types.SimpleNamespace(grid=grid, block=block, stream=stream)
-
-        def launch(kernel, config, *args):
-            assert isinstance(config.stream, Stream)
-            run(kernel, args)
-
-    core.launch = launch
+        core.launch = launch_in_config
 
     def copy(dst, src, nbytes):
         ctypes.memmove(dst, src, nbytes)

@@ -82,7 +82,9 @@ def test_new_series_labels_traffic_and_references():
     for key in NEW_DEVICE_KEYS:
         assert systems.label(key) != key, key  # a label of its own
         assert systems.traffic_kind(key) is None, key  # device-resident: moves nothing host-side
-    assert systems.reference("vyre.device.enqueue") == systems.reference("peer.cuda_core.enqueue") == "floor.launch_only"
+    assert (
+        systems.reference("vyre.device.enqueue") == systems.reference("peer.cuda_core.enqueue") == "floor.launch_only"
+    )
     assert systems.reference("vyre.device.out") is None
     # table order: floor and vyre rows before the device-resident ones, which follow the peers
     order = sorted(["peer.cuda_core.device", "vyre.rebuilt", "floor.pinned_direct", "vyre.dispatch"], key=systems.order)
@@ -91,7 +93,7 @@ def test_new_series_labels_traffic_and_references():
 
 def test_device_targets_values_and_miss_notes():
     t = _by_key(targets.evaluate_targets([_size(4 * KIB, SMALL)], None))
-    assert DEVICE_TARGETS <= {k for k, _ in t}
+    assert {k for k, _ in t} >= DEVICE_TARGETS
     expect = {
         "device_vs_cupy": (9_000 / 8_000, 1.1),
         "device_vs_cuda_core": (9_000 / 7_500, 1.15),
@@ -181,7 +183,7 @@ def test_table_and_json_carry_the_new_rows_and_targets():
     data = json.loads(report.to_json())
     assert set(SMALL) <= set(data["sizes"][0]["systems"])
     stored = {t["key"]: t for t in data["targets"]}
-    assert DEVICE_TARGETS <= set(stored)
+    assert set(stored) >= DEVICE_TARGETS
     assert stored["device_vs_cupy"]["met"] is False and "host cost above CuPy's" in stored["device_vs_cupy"]["note"]
 
 
@@ -215,9 +217,11 @@ def test_every_device_row_runs_on_faked_peers(fake_device, monkeypatch, stream_f
     assert s.systems["vyre.device.enqueue"].n == s.systems["peer.cuda_core.enqueue"].n >= 2
     assert "peer.cuda_core" not in s.systems and "peer.cuda_core.launch_only" not in s.systems  # no such series
     keys = {t.key for t in report.targets}
-    assert DEVICE_TARGETS <= keys
+    assert keys >= DEVICE_TARGETS
     # outputs="device" from CuPy inputs; the enqueue row on the caller's CuPy stream, handed as its handle
-    device_out = [cfg for kind, _, cfg in backend.calls if kind == "dispatch" and getattr(cfg, "outputs", "") == "device"]
+    device_out = [
+        cfg for kind, _, cfg in backend.calls if kind == "dispatch" and getattr(cfg, "outputs", "") == "device"
+    ]
     assert device_out and all(cfg.stream is None for cfg in device_out)
     enqueued = [cfg for kind, _, cfg in backend.calls if kind == "dispatch_async" and cfg is not None]
     assert enqueued and all(cfg.stream == 0x5000 and cfg.outputs == "device" for cfg in enqueued)

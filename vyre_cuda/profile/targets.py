@@ -397,7 +397,11 @@ def _device(s) -> list:
             out.append(target)
         if s.median("vyre.dispatch") is not None and s.median("floor.pinned_direct") is not None:
             out.append(_versus_issued(s))
-    if s.nbytes >= DEVICE_LARGE_MIN and s.median("vyre.device") is not None and s.median("peer.cupy.device") is not None:
+    if (
+        s.nbytes >= DEVICE_LARGE_MIN
+        and s.median("vyre.device") is not None
+        and s.median("peer.cupy.device") is not None
+    ):
         target = Target(
             "device_large_vs_cupy",
             f"{label}: {systems.label('vyre.device')} / {systems.label('peer.cupy.device')}",

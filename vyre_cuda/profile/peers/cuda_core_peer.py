@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from typing import Any
 
 import numpy as np
 
@@ -58,8 +59,8 @@ class CudaCorePeer:
         self.cu = cu
         self.dev = core.Device(device)
         self.dev.set_current()
-        self.stream = None
-        self.buffers = []
+        self.stream: Any = None
+        self.buffers: list = []
         self.n = a.shape[0]
         self.nbytes = a.nbytes
         self.expected = expected

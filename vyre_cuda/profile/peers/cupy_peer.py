@@ -159,7 +159,7 @@ class CupyPeer:
             per = []
             last = None
             for _ in range(batches):
-                pending = []
+                pending: list = []
                 append = pending.append
                 t0 = pc()
                 for _ in range(LAUNCH_BATCH):
