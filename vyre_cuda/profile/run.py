@@ -345,11 +345,12 @@ class _SizeRun:
         opened: list = []  # the peers started, closed in reverse order
         floor = self.floor_module.Floor(self.kernel, n)
         try:
-            rows, moved, planner = self._vyre_rows(inputs, expected, skipped)
+            rows, moved, planner, floor_inputs = self._vyre_rows(inputs, expected, skipped)
             if self.builtin and nbytes == streamed.HEAVY_SIZE:
                 rows += self._heavy_rows(a, b, skipped)
             launch_scale = max(1, count // max(8, count // 64)) if nbytes <= engine.LAUNCH_ONLY_MAX else None
-            rows += runners.floor_runners(floor, a, b, expected, launch_scale, self._floor_locked(a, b, skipped))
+            locked = self._floor_locked(a, b, floor_inputs, skipped)
+            rows += runners.floor_runners(floor, a, b, expected, launch_scale, locked)
             rows += runners.ceiling_runners(floor, a, b, self.thread_counts)
             rows += self._peer_rows(a, b, expected, launch_scale, skipped, opened)
             marks: dict[str, dict | None] = {}  # "before": the telemetry before the timed rounds
@@ -422,19 +423,24 @@ class _SizeRun:
             planner = streamed.planner_route(backend, self.twin, inputs)
         else:
             skipped["streamed"] = "the streamed rows run the built-in vecadd (declared elementwise) only"
-        return rows, moved, planner
+        # the built-in vecadd's page-locked inputs are copies of a and b: the issued floor reads them too
+        floor_inputs = pinned[0] if pinned is not None and self.builtin else None
+        return rows, moved, planner, floor_inputs
 
-    def _floor_locked(self, a, b, skipped):
-        """Page-locked copies of ``a``, ``b`` and an output for the issued floor
-        (``floor.pinned_direct``), or None (then skipped, with the reason)."""
+    def _floor_locked(self, a, b, locked_in, skipped):
+        """Page-locked ``a``, ``b`` (``locked_in`` when given: vyre_cuda's page-locked row's copies,
+        never written) and a page-locked output for the issued floor (``floor.pinned_direct``),
+        or None (then skipped, with the reason)."""
         try:
-            locked = runners.page_locked_copies([a, b, np.zeros_like(a)], self.backend.device)
+            arrays = [np.zeros_like(a)] if locked_in is not None else [a, b, np.zeros_like(a)]
+            locked = runners.page_locked_copies(arrays, self.backend.device)
         except BackendError as exc:
             skipped["floor pinned arrays"] = f"failed to allocate: {type(exc).__name__}: {exc}"
             return None
         if locked is None:
             skipped["floor pinned arrays"] = "this vyre_cuda has no vyre_cuda.pinned_empty"
-        return locked
+            return None
+        return (*locked_in, *locked) if locked_in is not None else tuple(locked)
 
     def _heavy_rows(self, a, b, skipped):
         import vyre_cuda
