@@ -406,3 +406,19 @@ def test_issued_floor_and_rebuilt_program_on_the_fake_driver(fake_libcuda, rng):
     assert res["rebuilt_distinct"] and res["rebuilt_equal"]
     assert res["prepared_plans"] == [1, 1] and res["dispatches"] == 6
     assert res["other_plans"] == 2  # a Program that differs does plan again (the count is live)
+
+
+def test_profile_cli_json_carries_the_new_series_and_targets(fake_device, monkeypatch, tmp_path):
+    import argparse
+
+    profile_fakes.install_peer_libraries(monkeypatch)
+    monkeypatch.setattr(run, "peer_available", lambda name: name != "cuda_bindings")
+    parser = P.add_arguments(argparse.ArgumentParser(prog="vyre-cuda profile"))
+    out = tmp_path / "out.json"
+    args = parser.parse_args(["--sizes", "4KiB", "--iterations", "6", "--no-threads", "--json", str(out)])
+    assert P.main(args) == 0
+    data = json.loads(out.read_text())
+    series = set(data["sizes"][0]["systems"])
+    assert {*NEW_DEVICE_KEYS, "floor.pinned_direct", "vyre.rebuilt", "vyre.device"} <= series
+    assert DEVICE_TARGETS <= {t["key"] for t in data["targets"]}
+    assert P.ProfileReport.load(out).size(4096).median("floor.pinned_direct") == 16_000  # the fake floor's figure
