@@ -14,6 +14,11 @@ build_ext --inplace``)::
     python benchmarks/bench_dispatch.py --sizes 4KiB,64MiB  # some sizes
     python benchmarks/bench_dispatch.py --only bandwidth    # one benchmark
     python benchmarks/bench_dispatch.py --only streamed     # the streamed route's rows and targets
+    python benchmarks/bench_dispatch.py --only device       # data already on the device, the launch floor
+
+The device-resident rows (vyre_cuda on CuPy arrays and torch tensors, against CuPy, PyTorch and
+cuda.core on the same arrays) run in every benchmark that measures peers, for the peers that are
+importable.
 """
 
 from __future__ import annotations
@@ -85,6 +90,21 @@ def bench_streamed(loops=None, backend=None, progress=None, baseline=None):
     )
 
 
+def bench_device_resident(loops=None, backend=None, progress=None, baseline=None):
+    """Data already on the device at 4 KiB and 64 MiB: vyre_cuda ``dispatch_into`` on CuPy arrays
+    and torch tensors, ``outputs="device"``, and the ``dispatch_async`` enqueue on a caller's
+    stream, against CuPy, PyTorch and cuda.core on the same arrays and the launch floor; with the
+    issued floor from page-locked arrays and the rebuilt-Program row at 4 KiB."""
+    return profile.run_profile(
+        sizes=(4 * KIB, 64 * MIB),
+        iterations=loops,
+        threads=False,
+        backend=backend,
+        progress=progress,
+        baseline=baseline,
+    )
+
+
 def bench_two_threads(loops=None, backend=None, progress=None, baseline=None):
     """Throughput from 1 and 2 Python threads, vyre_cuda against the floor (4 KiB)."""
     return profile.run_profile(
@@ -130,6 +150,7 @@ BENCHES = {
     "large": bench_large_dispatch,
     "bandwidth": bench_bandwidth,
     "streamed": bench_streamed,
+    "device": bench_device_resident,
     "threads": bench_two_threads,
 }
 

@@ -127,7 +127,11 @@ class FakeBackend(ProfiledBackend):
 
     def dispatch_async(self, program, inputs, config=None):
         self._count()
-        return _FakePending(_fake_add(inputs))
+        self.calls.append(("dispatch_async", getattr(program, "name", None), config))
+        outs = _fake_add([np.asarray(x) for x in inputs])
+        if getattr(config, "outputs", "host") == "device":
+            outs = [np.array(o, copy=True).view(FakeDeviceArray) for o in outs]
+        return _FakePending(outs)
 
     def close(self):
         self.closed = True
@@ -167,6 +171,11 @@ def _fake_floor_module():
 
         def full_pageable(self, a, b, out, count):
             return self._run(a, b, out, count, 24_000, 14_000)
+
+        def full_pinned_direct(self, a, b, out, count):
+            assert all(isinstance(x, Locked) for x in (a, b, out))  # page-locked arrays only
+            mod.calls.append("full_pinned_direct")
+            return self._run(a, b, out, count, 16_000, 9_000)
 
         def launch_only(self, batches, batch_size, warmup_batches):
             assert batch_size == engine.LAUNCH_BATCH
@@ -240,3 +249,191 @@ def install(monkeypatch):
 
 if TYPE_CHECKING:  # mypy (scripts/lint): the fake implements every member of its contract
     _implements: type[ProfiledBackend] = FakeBackend
+
+
+# -- the peers' libraries, faked: CuPy, PyTorch and cuda.core on host memory ------------------
+class FakeCupyArray(np.ndarray):
+    """A CuPy array stand-in: ``.get()`` copies it to a numpy array."""
+
+    def get(self):
+        return np.array(self, copy=True)
+
+
+class FakeTensor(np.ndarray):
+    """A torch tensor stand-in: ``.to``/``.cuda``/``.cpu`` copy, ``.numpy()`` views."""
+
+    def to(self, device):
+        return np.array(self, copy=True).view(FakeTensor)
+
+    def cuda(self, device=None):
+        return self.to(device)
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def numpy(self):
+        return np.asarray(self)
+
+
+class _FakeStream:
+    def __init__(self, ptr=0x5000):
+        self.ptr = ptr
+        self.syncs = 0
+
+    def synchronize(self):
+        self.syncs += 1
+
+
+def fake_cupy() -> Any:
+    """A ``cupy`` module stand-in: RawKernel runs vecadd with numpy."""
+    cp: Any = types.ModuleType("cupy")
+    cp.float32 = np.float32
+    cp.asarray = lambda x: np.array(x, copy=True).view(FakeCupyArray)
+    cp.zeros = lambda n, dtype: np.zeros(n, dtype).view(FakeCupyArray)
+    current = _FakeStream(0)
+
+    class Device:
+        def __init__(self, ordinal=0):
+            self.ordinal = ordinal
+
+        def use(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+    class RawKernel:
+        def __init__(self, source, entry):
+            self.source, self.entry = source, entry
+
+        def __call__(self, grid, block, args):
+            a, b, out, n = args
+            np.add(a[:n], b[:n], out=out[:n])
+
+    cp.RawKernel = RawKernel
+    cp.cuda = types.SimpleNamespace(
+        Device=Device, Stream=lambda non_blocking=False: _FakeStream(), get_current_stream=lambda: current
+    )
+    return cp
+
+
+def fake_torch() -> Any:
+    """A ``torch`` module stand-in: tensors are FakeTensor (numpy) arrays."""
+    torch: Any = types.ModuleType("torch")
+    torch.device = lambda kind, index=0: (kind, index)
+    torch.from_numpy = lambda a: a.view(FakeTensor)
+    torch.empty_like = lambda t: np.empty_like(t).view(FakeTensor)
+    torch.zeros_like = lambda t: np.zeros_like(t).view(FakeTensor)
+    torch.add = lambda a, b, out: np.add(a, b, out=out)
+    torch.cuda = types.SimpleNamespace(is_available=lambda: True, synchronize=lambda device=None: None)
+    return torch
+
+
+def fake_cuda_core(stream_first=True) -> tuple[Any, Any]:
+    """``(cuda.core, cuda.bindings.driver)`` stand-ins: device buffers are host memory, ``launch``
+    runs the floor's vecadd (three pointers and the count) with numpy. ``stream_first=False``:
+    the older ``launch(kernel, config, *args)`` with the stream in the LaunchConfig."""
+    import ctypes
+
+    def at(address, n):
+        return np.frombuffer((ctypes.c_char * (4 * n)).from_address(address), np.float32)
+
+    core: Any = types.ModuleType("cuda.core")
+    core.launches = []
+
+    class Buffer:
+        def __init__(self, nbytes):
+            self.memory = np.zeros(nbytes, np.uint8)
+            self.handle = self.memory.ctypes.data
+            self.closed = False
+
+        def close(self, stream=None):
+            self.closed = True
+
+    class Stream:
+        def __init__(self):
+            self.syncs = 0
+            self.closed = False
+
+        def sync(self):
+            self.syncs += 1
+
+        def close(self):
+            self.closed = True
+
+    class Device:
+        compute_capability = (9, 0)
+
+        def __init__(self, ordinal=0):
+            self.buffers = []
+
+        def set_current(self):
+            pass
+
+        def create_stream(self):
+            return Stream()
+
+        def allocate(self, nbytes, stream=None):
+            self.buffers.append(Buffer(nbytes))
+            return self.buffers[-1]
+
+    class Program:
+        def __init__(self, source, code_type, options=None):
+            assert code_type == "c++" and options.arch == "sm_90"
+            self.source = source
+
+        def compile(self, target):
+            assert target == "cubin"
+            return types.SimpleNamespace(get_kernel=lambda entry: ("kernel", entry))
+
+    def run(kernel, args):
+        a, b, out, n = args
+        assert isinstance(n, np.uint32)
+        n = int(n)
+        core.launches.append(kernel)
+        np.add(at(a, n), at(b, n), out=at(out, n))
+
+    def launch(stream, config, kernel, *args):  # cuda.core 0.2 and later
+        assert isinstance(stream, Stream)
+        run(kernel, args)
+
+    def launch_in_config(kernel, config, *args):  # older: the stream in the LaunchConfig
+        assert isinstance(config.stream, Stream)
+        run(kernel, args)
+
+    core.Device = Device
+    core.Program = Program
+    core.ProgramOptions = lambda arch: types.SimpleNamespace(arch=arch)
+    if stream_first:
+        core.LaunchConfig = lambda grid, block: types.SimpleNamespace(grid=grid, block=block)
+        core.launch = launch
+    else:
+        core.LaunchConfig = lambda grid, block, stream: types.SimpleNamespace(grid=grid, block=block, stream=stream)
+        core.launch = launch_in_config
+
+    def copy(dst, src, nbytes):
+        ctypes.memmove(dst, src, nbytes)
+        return (0,)
+
+    def memset(ptr, value, nbytes):
+        ctypes.memset(ptr, value, nbytes)
+        return (0,)
+
+    cu = types.SimpleNamespace(
+        CUresult=types.SimpleNamespace(CUDA_SUCCESS=0), cuMemcpyHtoD=copy, cuMemcpyDtoH=copy, cuMemsetD8=memset
+    )
+    return core, cu
+
+
+def install_peer_libraries(monkeypatch, stream_first=True):
+    """Install the fake CuPy, torch and cuda.core (and the cuda.bindings driver the cuda.core peer
+    copies with) for one test; returns the fake cuda.core module."""
+    import cuda.bindings
+
+    core, cu = fake_cuda_core(stream_first)
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy())
+    monkeypatch.setitem(sys.modules, "torch", fake_torch())
+    monkeypatch.setitem(sys.modules, "cuda.core", core)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", cu)
+    monkeypatch.setattr(cuda.bindings, "driver", cu, raising=False)
+    return core

@@ -404,7 +404,7 @@ def test_bench_dispatch_writes_json_and_compares_with_its_stored_result(fake_dev
         == 0
     )
     assert "baseline" not in json.loads(out.read_text())["meta"]
-    assert set(bench.BENCHES) == {"small", "large", "bandwidth", "streamed", "threads"}
+    assert set(bench.BENCHES) == {"small", "large", "bandwidth", "streamed", "device", "threads"}
     assert bench.main(["--out", str(out), "--sizes", "4KiB", "--baseline", str(tmp_path / "none.json")]) == 1
 
 
@@ -571,3 +571,12 @@ def test_bench_dispatch_streamed_runs_the_streamed_sizes(monkeypatch):
     assert bench.BENCHES["streamed"](3) == "report"
     assert seen["sizes"] == (4 * MIB, 256 * MIB, GIB) and seen["iterations"] == 3
     assert seen["peers"] is False and seen["threads"] is False
+
+
+def test_bench_dispatch_device_runs_the_device_sizes_with_peers(monkeypatch):
+    bench = _load_bench("bench_dispatch")
+    seen = {}
+    monkeypatch.setattr(bench.profile, "run_profile", lambda **kw: seen.update(kw) or "report")
+    assert bench.BENCHES["device"](7) == "report"
+    assert seen["sizes"] == (4 * KIB, 64 * MIB) and seen["iterations"] == 7
+    assert seen.get("peers", True) is True and seen["threads"] is False  # the peers are the bar

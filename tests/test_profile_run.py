@@ -246,7 +246,7 @@ def test_the_harness_imports_no_peer_and_no_core_until_a_run():
         "import sys, vyre_cuda.cli, vyre_cuda.profile\n"
         "vyre_cuda.cli.build_parser()\n"
         "from vyre_cuda.profile import peers\n"
-        "assert peers.PEERS == ('cuda_bindings', 'cupy', 'torch')\n"
+        "assert peers.PEERS == ('cuda_bindings', 'cupy', 'torch', 'cuda_core')\n"
         "wanted = ('cupy', 'torch', 'cuda', 'vyre_cuda.profile.peers.', 'vyre_cuda._')\n"
         "shared = ('vyre_cuda._validate', 'vyre_cuda._accounting', 'vyre_cuda._dtypes')\n"
         "loaded = [m for m in sys.modules if (m.split('.')[0] in wanted[:3] or m.startswith(wanted[3:]))"
@@ -293,8 +293,9 @@ VYRE_KEYS = {
     "vyre.pinned",
     "vyre.streamed",
     "vyre.streamed_pinned",
+    "vyre.rebuilt",  # sizes up to 64 KiB
 }
-FLOOR_KEYS = {"floor.pinned", "floor.pinned_enqueue", "floor.pageable", "floor.pageable_enqueue"}
+FLOOR_KEYS = {"floor.pinned", "floor.pinned_enqueue", "floor.pageable", "floor.pageable_enqueue", "floor.pinned_direct"}
 
 
 def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
@@ -364,13 +365,13 @@ def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
     assert small.planner == {"route": "regular", "reason": "fewer than 2 chunks of 8 MiB"}
     assert ("vecadd_f32_elementwise", 4096) in backend.plans and ("vecadd_f32_elementwise", 8192) in backend.plans
     assert "route of an unforced dispatch of the elementwise vecadd: regular" in report.format_table()
-    # telemetry over the timed dispatches only: 7 vyre rows x 40 samples (the async row's
+    # telemetry over the timed dispatches only: 8 vyre rows x 40 samples (the async row's
     # enqueue and total come from the same dispatches)
-    assert small.telemetry["dispatches"] == 7 * 40
-    assert small.telemetry["pinned_alloc_calls"] == 7  # one in every 40 dispatches
+    assert small.telemetry["dispatches"] == 8 * 40
+    assert small.telemetry["pinned_alloc_calls"] == 8  # one in every 40 dispatches
     assert small.telemetry["ring_bytes"] == 32 << 20 and small.telemetry["copy_threads_live"] == 4
-    assert small.telemetry["ring_chunks"] == 3 * 7 * 40  # a counter: its change
-    assert small.allocations_per_dispatch("pinned") == pytest.approx(7 / 280)
+    assert small.telemetry["ring_chunks"] == 3 * 8 * 40  # a counter: its change
+    assert small.allocations_per_dispatch("pinned") == pytest.approx(8 / 320)
     t = {(x.key, x.size_bytes): x for x in report.targets}
     assert t[("pinned_allocations_per_dispatch", 4096)].met is False
     assert t[("device_allocations_per_dispatch", 4096)].met is True
@@ -455,6 +456,7 @@ def test_run_profile_peers_measured_or_skipped_by_name(fake_device, monkeypatch)
         "cuda_bindings": "cuda.bindings is not installed",
         "cupy": "cupy is not installed",
         "torch": "torch is not installed",
+        "cuda_core": "cuda.core is not installed",
     }
 
 

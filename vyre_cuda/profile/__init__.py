@@ -13,12 +13,17 @@ each size (bytes per buffer; vecadd moves two inputs in and one output out):
   the route the planner picks unforced; at 256 MiB a compute-heavy kernel's streamed round trip,
   its compute alone and its transfers alone.
 * **the floor** (``vyre_cuda.profile._floor``): the same driver calls from a minimal C loop,
-  through pinned staging (and its enqueue part), the driver's own pageable path, and the host
-  time of one ``cuLaunchKernel``.
+  through pinned staging (and its enqueue part), the driver's own pageable path, issued straight
+  from and into page-locked arrays with no host copy, and the host time of one
+  ``cuLaunchKernel``.
 * **the ceilings**: DMA from and to pinned memory, each direction alone and both at once, and
   host memcpy pageable -> pinned and pinned -> pageable on 1 and N threads, of the same bytes.
-* **peers**, when importable: cuda.bindings Python driver calls, CuPy ``RawKernel`` and PyTorch
-  eager add; a missing peer is skipped by name.
+* **peers**, when importable: cuda.bindings Python driver calls, CuPy ``RawKernel``, PyTorch
+  eager add and cuda.core ``launch``; a missing peer is skipped by name.
+* **data already on the device**: vyre_cuda on the peers' own arrays (``dispatch_into`` on CuPy
+  arrays and torch tensors, ``outputs="device"``, the ``dispatch_async`` enqueue on a caller's
+  stream) beside each peer's kernel and synchronize; and the numpy round trip with a new, equal
+  Program built for every dispatch.
 * **thread scaling**: throughput from 1 and 2 Python threads, vyre_cuda against the floor.
 
 Every time is a median with p10 and p90, given beside its GB/s (see

@@ -9,6 +9,10 @@ issues exactly what a borrowed-buffer dispatch needs and nothing else: memcpy of
 memcpy of ``out`` into the caller's array. Device buffers, pinned staging, the stream and the
 event are allocated once, outside the timed loops.
 
+Its issued twin (:meth:`Floor.full_pinned_direct`) starts from page-locked arrays: the DMA reads
+the inputs and writes the output in place, so the loop is two ``cuMemcpyHtoDAsync``,
+``cuLaunchKernel``, ``cuMemcpyDtoHAsync`` and ``cuStreamSynchronize``, with no host memcpy at all.
+
 The ceilings move the same bytes: the DMA engines from and to pinned memory (no host copy), one
 direction alone or both at once on two streams (what a pipelined dispatch can reach), and the
 host's memcpy between pageable (numpy) and pinned memory on 1 or N threads
@@ -39,6 +43,7 @@ from vyre_cuda.profile._hostcopy cimport check_counts, copy_passes, i64_data
 
 import numpy as np
 
+from vyre_cuda import _windows
 from vyre_cuda.errors import ValidationError
 
 __all__ = [
@@ -311,6 +316,18 @@ cdef class Floor:
         check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
         return 0
 
+    cdef int _enqueue_direct(self, const char* a, const char* b, char* out) except -1 nogil:
+        # The caller's page-locked arrays are the DMA's host side: nothing is copied on the host,
+        # and the kernel writes every element of out, so nothing is cleared either.
+        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_a, a, self._nbytes, self._stream),
+                 b"cuMemcpyHtoDAsync")
+        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_b, b, self._nbytes, self._stream),
+                 b"cuMemcpyHtoDAsync")
+        self._launch()
+        check_cu(cydriver.cuMemcpyDtoHAsync(out, self._d_out, self._nbytes, self._stream),
+                 b"cuMemcpyDtoHAsync")
+        return 0
+
     cdef inline int _upload(self) except -1 nogil:
         check_cu(cydriver.cuMemcpyHtoDAsync(self._d_a, self._h_a, self._nbytes, self._stream),
                  b"cuMemcpyHtoDAsync")
@@ -347,7 +364,8 @@ cdef class Floor:
                    int64_t* ev) except -1 nogil:
         # variant 0: full through pinned staging; 1: the driver's pageable path; 2: the DMA
         # ceiling upload (both inputs, pinned -> device); 3: the DMA ceiling readback; 4: both
-        # at once, the upload on the stream and the readback on the second stream.
+        # at once, the upload on the stream and the readback on the second stream; 5: issued
+        # from page-locked arrays (DMA straight from and into them, then a stream synchronize).
         cdef Py_ssize_t i
         cdef unsigned long long t0, t1
         check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
@@ -362,6 +380,8 @@ cdef class Floor:
             elif variant == 2:
                 self._upload()
                 check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
+            elif variant == 5:
+                self._enqueue_direct(pa, pb, po)
             elif variant == 4:
                 self._upload()
                 check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
@@ -375,6 +395,8 @@ cdef class Floor:
             t1 = now_ns()
             if variant == 0:
                 self._finish_pinned(po)
+            elif variant == 5:
+                check_cu(cydriver.cuStreamSynchronize(self._stream), b"cuStreamSynchronize")
             else:
                 self._sync()
                 if variant == 4:
@@ -440,6 +462,25 @@ cdef class Floor:
         (the driver's own pageable path). Returns ``(total_ns, enqueue_ns)`` like
         :meth:`full_pinned`."""
         return self._timed(1, a, b, out, iterations, warmup, True)
+
+    def full_pinned_direct(self, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup=0):
+        """Full dispatch from page-locked ``a`` and ``b`` into page-locked ``out`` (e.g.
+        ``vyre_cuda.pinned_empty`` arrays): two ``cuMemcpyHtoDAsync`` straight from them,
+        ``cuLaunchKernel``, ``cuMemcpyDtoHAsync`` straight into ``out`` and
+        ``cuStreamSynchronize``, issued one by one with no host memcpy.
+
+        Returns ``(total_ns, enqueue_ns)`` like :meth:`full_pinned`. Raises ValidationError when
+        an array is not page-locked (the driver would stage it: not this floor).
+        """
+        for name, x in (("a", a), ("b", b), ("out", out)):
+            _as_f32(x, name, self.n, name == "out")
+            if not _windows.is_page_locked_address(x.ctypes.data, self._nbytes):
+                raise ValidationError(
+                    f"floor buffer {name!r} is not page-locked memory ({self._nbytes:,} bytes at "
+                    f"0x{x.ctypes.data:x})",
+                    "pass arrays from vyre_cuda.pinned_empty (or registered with CudaBackend.register)",
+                )
+        return self._timed(5, a, b, out, iterations, warmup, True)
 
     def launch_only(self, Py_ssize_t batches, Py_ssize_t batch_size=256,
                     Py_ssize_t warmup_batches=1):

@@ -26,6 +26,7 @@ _BANDWIDTH_SYSTEMS = (
     ("vyre.heavy_transfer", "heavy's bytes through vecadd, streamed", "8"),
     ("floor.pinned", "floor, pinned staging", "v"),
     ("floor.pageable", "driver's pageable path", "^"),
+    ("floor.pinned_direct", "floor, page-locked arrays", "1"),
     ("peer.cuda_bindings", "cuda.bindings", "x"),
     ("peer.cupy", "CuPy", "+"),
     ("peer.torch", "PyTorch", "*"),
@@ -33,12 +34,21 @@ _BANDWIDTH_SYSTEMS = (
 # bars beside the stage stack: key, tick label
 _BARS = (
     ("floor.pageable", "driver\npageable"),
+    ("floor.pinned_direct", "floor\npage-locked"),
+    ("vyre.rebuilt", "vyre_cuda\nProgram rebuilt"),
     ("vyre.pinned", "vyre_cuda\npage-locked"),
     ("vyre.streamed", "vyre_cuda\nstreamed"),
     ("vyre.streamed_pinned", "streamed\npage-locked"),
     ("peer.cuda_bindings", "cuda.bindings"),
     ("peer.cupy", "CuPy"),
     ("peer.torch", "PyTorch"),
+    # data already on the device (no transfers): vyre_cuda and the peers on the same arrays
+    ("vyre.device", "vyre_cuda\ndevice (CuPy)"),
+    ("vyre.device.out", "vyre_cuda\noutputs=device"),
+    ("vyre.device.torch", "vyre_cuda\ndevice (torch)"),
+    ("peer.cupy.device", "CuPy\ndevice"),
+    ("peer.torch.device", "PyTorch\ndevice"),
+    ("peer.cuda_core.device", "cuda.core\ndevice"),
 )
 
 

@@ -15,10 +15,10 @@ import numpy as np
 from .._validate import check_int
 from ..errors import BackendError, UnsupportedFeature, ValidationError
 from . import _hooks, engine, runners, streamed
-from .peers import PEERS, missing_reason, open_peer, peer_available, peer_version
+from .peers import PEERS, VYRE_HOOKS, missing_reason, open_peer, peer_available, peer_version
 from .report import ProfileReport
 from .specs import GIB, KIB, MIB, format_size, parse_sizes
-from .targets import evaluate_targets
+from .targets import SMALL_MAX, evaluate_targets
 from .threads import measure_threads
 
 __all__ = ["DEFAULT_SIZES", "import_floor", "load_floor_kernel", "run_profile"]
@@ -345,11 +345,12 @@ class _SizeRun:
         opened: list = []  # the peers started, closed in reverse order
         floor = self.floor_module.Floor(self.kernel, n)
         try:
-            rows, moved, planner = self._vyre_rows(inputs, expected, skipped)
+            rows, moved, planner, floor_inputs = self._vyre_rows(inputs, expected, skipped)
             if self.builtin and nbytes == streamed.HEAVY_SIZE:
                 rows += self._heavy_rows(a, b, skipped)
             launch_scale = max(1, count // max(8, count // 64)) if nbytes <= engine.LAUNCH_ONLY_MAX else None
-            rows += runners.floor_runners(floor, a, b, expected, launch_scale)
+            locked = self._floor_locked(a, b, floor_inputs, skipped)
+            rows += runners.floor_runners(floor, a, b, expected, launch_scale, locked)
             rows += runners.ceiling_runners(floor, a, b, self.thread_counts)
             rows += self._peer_rows(a, b, expected, launch_scale, skipped, opened)
             marks: dict[str, dict | None] = {}  # "before": the telemetry before the timed rounds
@@ -411,6 +412,10 @@ class _SizeRun:
         group = None if self.builtin else "dispatch_into"
         rows = runners.vyre_runners(backend, program, inputs, check, into, pinned, group)
         planner = {}
+        if self.builtin and expected.nbytes <= SMALL_MAX:
+            from .. import builtin_programs
+
+            rows.append(runners.rebuilt_runner(backend, builtin_programs.vecadd_f32, inputs, check))
         if self.builtin:
             rows += streamed.streamed_runners(backend, self.twin, inputs, check, into, pinned)
             if pinned is None:
@@ -418,7 +423,24 @@ class _SizeRun:
             planner = streamed.planner_route(backend, self.twin, inputs)
         else:
             skipped["streamed"] = "the streamed rows run the built-in vecadd (declared elementwise) only"
-        return rows, moved, planner
+        # the built-in vecadd's page-locked inputs are copies of a and b: the issued floor reads them too
+        floor_inputs = pinned[0] if pinned is not None and self.builtin else None
+        return rows, moved, planner, floor_inputs
+
+    def _floor_locked(self, a, b, locked_in, skipped):
+        """Page-locked ``a``, ``b`` (``locked_in`` when given: vyre_cuda's page-locked row's copies,
+        never written) and a page-locked output for the issued floor (``floor.pinned_direct``),
+        or None (then skipped, with the reason)."""
+        try:
+            arrays = [np.zeros_like(a)] if locked_in is not None else [a, b, np.zeros_like(a)]
+            locked = runners.page_locked_copies(arrays, self.backend.device)
+        except BackendError as exc:
+            skipped["floor pinned arrays"] = f"failed to allocate: {type(exc).__name__}: {exc}"
+            return None
+        if locked is None:
+            skipped["floor pinned arrays"] = "this vyre_cuda has no vyre_cuda.pinned_empty"
+            return None
+        return (*locked_in, *locked) if locked_in is not None else tuple(locked)
 
     def _heavy_rows(self, a, b, skipped):
         import vyre_cuda
@@ -455,17 +477,36 @@ class _SizeRun:
                 skipped[name] = f"failed to start: {type(exc).__name__}: {exc}".splitlines()[0]
                 continue
             opened.append(peer)
-            rows.append(engine.Runner(f"peer {name}", peer.full, peer.verify, group=name))
+            if hasattr(peer, "full"):
+                rows.append(engine.Runner(f"peer {name}", peer.full, peer.verify, group=name))
             if hasattr(peer, "device_resident"):  # data already on the device, beside vyre_cuda's own
                 resident = engine.Runner(f"peer {name} device-resident", peer.device_resident, peer.verify, group=name)
                 rows.append(resident)
-            if hasattr(peer, "vyre_device"):
-                run, verify = peer.vyre_device(self.backend, self.program)
-                rows.append(engine.Runner("vyre_cuda device-resident (CuPy arrays)", run, verify, group=name))
-            if launch_scale is not None:
+            rows += self._vyre_hook_rows(name, peer, a.nbytes, launch_scale, skipped)
+            if launch_scale is not None and hasattr(peer, "launch_only"):
                 rows.append(
                     engine.Runner(f"peer {name} launch only", peer.launch_only, unit_scale=launch_scale, group=name)
                 )
+        return rows
+
+    def _vyre_hook_rows(self, name, peer, nbytes, launch_scale, skipped):
+        """vyre_cuda on the peer's device arrays (the peer's :data:`~.peers.VYRE_HOOKS`). Each
+        row is its own group: a failing one is skipped alone, the peer's own rows stay."""
+        rows = []
+        for hook, title, batched in VYRE_HOOKS:
+            if not hasattr(peer, hook):
+                continue
+            group = f"{name} {hook}"
+            # enqueue-only rows keep LAUNCH_BATCH dispatches in flight: small sizes only
+            if batched and (launch_scale is None or nbytes > SMALL_MAX):
+                continue
+            try:
+                run, verify = getattr(peer, hook)(self.backend, self.program)
+            except Exception as exc:  # noqa: BLE001 (a peer's arrays vyre_cuda refuses must not stop the run)
+                skipped[group] = f"failed to start: {type(exc).__name__}: {exc}".splitlines()[0]
+                continue
+            scale = launch_scale if batched else 1
+            rows.append(engine.Runner(title.format(name=name), run, verify, unit_scale=scale, group=group))
         return rows
 
 

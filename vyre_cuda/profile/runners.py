@@ -16,6 +16,7 @@ __all__ = [
     "floor_runners",
     "make_inputs",
     "page_locked_copies",
+    "rebuilt_runner",
     "vyre_runners",
 ]
 
@@ -153,9 +154,32 @@ def vyre_runners(backend, program, inputs, check, into=None, pinned=None, into_g
     return runners
 
 
-def floor_runners(floor, a, b, expected, launch_batches_scale=None):
-    """The floor's rows: full through pinned staging, the driver's pageable path, and (with
-    ``launch_batches_scale``) one ``cuLaunchKernel``."""
+def rebuilt_runner(backend, program_factory, inputs, check):
+    """``dispatch(program_factory(), inputs)``: a new Program object per dispatch, equal to the
+    last (``vyre.rebuilt``), so each one pays for building the Program and for finding its
+    cached plan by value instead of by the same object."""
+    pc = time.perf_counter_ns
+    dispatch = backend.dispatch
+    last = {}
+
+    def run(count):
+        walls = []
+        for _ in range(count):
+            t0 = pc()
+            outs = dispatch(program_factory(), inputs)
+            t1 = pc()
+            walls.append(t1 - t0)
+            last["outs"] = outs  # freed outside the timed window
+        return {"vyre.rebuilt": walls}
+
+    return Runner("vyre_cuda dispatch, Program rebuilt", run, None if check is None else (lambda: check(last["outs"])))
+
+
+def floor_runners(floor, a, b, expected, launch_batches_scale=None, locked=None):
+    """The floor's rows: full through pinned staging, the driver's pageable path, (with
+    ``launch_batches_scale``) one ``cuLaunchKernel``, and (with ``locked``, page-locked copies
+    of ``a``, ``b`` and an output) the same calls issued straight from and into page-locked
+    arrays, with no host copy."""
     out = np.zeros(floor.n, dtype=np.float32)
 
     def pinned(count):
@@ -177,6 +201,18 @@ def floor_runners(floor, a, b, expected, launch_batches_scale=None):
     runners = [Runner("floor pinned", pinned, ok), Runner("driver's pageable path", pageable, ok)]
     if launch_batches_scale is not None:
         runners.append(Runner("floor launch only", launch, unit_scale=launch_batches_scale))
+    if locked is not None:
+        la, lb, lout = locked
+
+        def direct(count):
+            lout[:] = 0
+            total, _ = floor.full_pinned_direct(la, lb, lout, count)
+            return {"floor.pinned_direct": total}
+
+        def direct_ok():
+            return np.array_equal(lout, expected)
+
+        runners.append(Runner("floor pinned arrays", direct, direct_ok, group="floor pinned arrays"))
     return runners
 
 

@@ -56,11 +56,14 @@ _SYSTEMS = (
     ("floor.pinned_enqueue", "floor: pinned, enqueue part", "floor.pinned_enqueue", None),
     ("floor.pageable", "driver's pageable path, full", "floor.pinned", FULL),
     ("floor.pageable_enqueue", "driver's pageable path, enqueue part", "floor.pinned_enqueue", None),
+    ("floor.pinned_direct", "floor: pinned arrays, no host copies", "floor.pinned", FULL),
     ("floor.launch_only", "floor: launch only, per launch", "floor.launch_only", None),
     ("ceiling.dma_h2d", "DMA ceiling: pinned -> device (inputs)", None, IN),
     ("ceiling.dma_d2h", "DMA ceiling: device -> pinned (output)", None, OUT),
     ("ceiling.dma_both", "DMA ceiling: both directions at once", None, FULL),
     ("vyre.dispatch", "vyre_cuda dispatch, numpy", "floor.pinned", FULL),
+    # a new (equal) Program object built for every dispatch: what a plan lookup by value costs
+    ("vyre.rebuilt", "vyre_cuda dispatch, Program rebuilt per call", "floor.pinned", FULL),
     ("vyre.dispatch_profiled", "vyre_cuda dispatch, stage clocks on", "floor.pinned", FULL),
     ("vyre.dispatch_into", "vyre_cuda dispatch_into, numpy", "floor.pinned", FULL),
     ("vyre.pinned", "vyre_cuda dispatch_into, page-locked", "floor.pinned", FULL),
@@ -81,8 +84,13 @@ _SYSTEMS = (
     ("peer.torch.launch_only", "PyTorch add launch only", "floor.launch_only", None),
     # data already on the device: no transfers, so no floor of this harness to divide by
     ("vyre.device", "vyre_cuda dispatch_into, CuPy device arrays", None, None),
+    ("vyre.device.out", "vyre_cuda dispatch, outputs='device' (CuPy in)", None, None),
+    ("vyre.device.torch", "vyre_cuda dispatch_into, torch CUDA tensors", None, None),
+    ("vyre.device.enqueue", "vyre_cuda dispatch_async enqueue, caller stream", "floor.launch_only", None),
     ("peer.cupy.device", "CuPy RawKernel on device arrays + sync", None, None),
     ("peer.torch.device", "PyTorch add on device tensors + sync", None, None),
+    ("peer.cuda_core.device", "cuda.core launch on device buffers + sync", None, None),
+    ("peer.cuda_core.enqueue", "cuda.core launch enqueue, per launch", "floor.launch_only", None),
 )
 _BY_KEY = {key: (i, lab, ref, kind) for i, (key, lab, ref, kind) in enumerate(_SYSTEMS)}
 # Host memcpy ceilings carry their thread count: ceiling.copy_in.8, ceiling.copy_out.1, ...

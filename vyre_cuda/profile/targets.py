@@ -9,16 +9,20 @@ hardware needs for those bytes).
 
 from __future__ import annotations
 
+from . import systems
 from .report import Target
 from .specs import KIB, MIB, format_size
 from .stats import ratio
 
 __all__ = [
     "BANDWIDTH_MIN",
+    "DEVICE_LARGE_MIN",
+    "DEVICE_LIMITS",
     "LARGE_MIN",
     "OVERLAP_VS_MAX",
     "PAGEABLE_LIMITS",
     "SMALL_MAX",
+    "SMALL_VS_FLOOR_ISSUED",
     "STREAMED_NUMPY_VS_DUPLEX",
     "STREAMED_PINNED_VS_DUPLEX",
     "STREAMED_VS_SERIAL",
@@ -51,6 +55,22 @@ STREAMED_NUMPY_VS_DUPLEX = 1.3
 OVERLAP_VS_MAX = 1.15
 STREAMED_VS_SERIAL = 0.8
 STREAMED_VS_SERIAL_SIZE = 4 * MIB
+# Data already on the device, and the launch floor: key -> (series, reference series, limit) at
+# the small sizes; the large one from DEVICE_LARGE_MIN on. Every one is evaluated only where the
+# run measured both of its series (a peer not installed gives no target).
+DEVICE_LIMITS = {
+    "device_vs_cupy": ("vyre.device", "peer.cupy.device", 1.1),
+    "device_vs_cuda_core": ("vyre.device", "peer.cuda_core.device", 1.15),
+    "device_torch_vs_torch": ("vyre.device.torch", "peer.torch.device", 1.1),
+    "device_out_vs_into": ("vyre.device.out", "vyre.device", 1.2),
+    "enqueue_vs_cuda_core": ("vyre.device.enqueue", "peer.cuda_core.enqueue", 1.2),
+    "rebuilt_vs_same": ("vyre.rebuilt", "vyre.dispatch", 1.1),
+}
+DEVICE_LARGE_MIN = 64 * MIB
+DEVICE_LARGE_VS_CUPY = 1.1
+# vyre_cuda's numpy round trip must beat the same driver calls issued one by one from page-locked
+# arrays (no host copy at all): only fewer driver calls per dispatch (a graph replay) get there.
+SMALL_VS_FLOOR_ISSUED = 0.9
 
 
 def evaluate_targets(sizes, threads, builtin: bool = True, baseline=None) -> list:
@@ -68,6 +88,7 @@ def evaluate_targets(sizes, threads, builtin: bool = True, baseline=None) -> lis
         out += _large(s)
         out += _bandwidth(s)
         out += _streamed(s)
+        out += _device(s)
         label = format_size(s.nbytes)
         out.append(
             Target(
@@ -347,4 +368,139 @@ def _versus_serial(s) -> Target:
             if both and serial
             else "the DMA ceiling of both directions was not measured"
         )
+    return target
+
+
+def _us(ns) -> str:
+    return f"{ns / 1e3:,.2f} us"
+
+
+def _device(s) -> list:
+    """The device-resident and launch-floor targets of one size, where both series were measured."""
+    label = format_size(s.nbytes)
+    out = []
+    if s.nbytes <= SMALL_MAX:
+        for key, (row, ref, limit) in DEVICE_LIMITS.items():
+            if s.median(row) is None or s.median(ref) is None:
+                continue
+            target = Target(
+                key,
+                f"{label}: {systems.label(row)} / {systems.label(ref)}",
+                s.ratio(row, ref),
+                limit,
+                "<=",
+                s.nbytes,
+                "x",
+            )
+            if target.met is False:
+                target.note = _DEVICE_NOTES[key](s, row, ref)
+            out.append(target)
+        if s.median("vyre.dispatch") is not None and s.median("floor.pinned_direct") is not None:
+            out.append(_versus_issued(s))
+    if (
+        s.nbytes >= DEVICE_LARGE_MIN
+        and s.median("vyre.device") is not None
+        and s.median("peer.cupy.device") is not None
+    ):
+        target = Target(
+            "device_large_vs_cupy",
+            f"{label}: {systems.label('vyre.device')} / {systems.label('peer.cupy.device')}",
+            s.ratio("vyre.device", "peer.cupy.device"),
+            DEVICE_LARGE_VS_CUPY,
+            "<=",
+            s.nbytes,
+            "x",
+        )
+        if target.met is False:
+            vyre, cupy = s.median("vyre.device"), s.median("peer.cupy.device")
+            target.note = (
+                f"on the same arrays CuPy took {_ms(cupy)} and vyre_cuda {_ms(vyre)}, {_ms(vyre - cupy)} more: "
+                "both run the same bytes through one kernel, so the difference is device work vyre_cuda added "
+                "(a copy of the output, a clear) or host time that did not overlap it"
+            )
+        out.append(target)
+    return out
+
+
+def _launch_floors(s, peer_launch) -> str:
+    """``the launch floor alone (...) is X / Y us``, from the launch-only series the run has."""
+    c, peer = s.median("floor.launch_only"), s.median(peer_launch)
+    if c is None and peer is None:
+        return "no launch-only series was measured at this size"
+    parts = [f"{_us(v)} ({k})" for k, v in (("floor.launch_only", c), (peer_launch, peer)) if v is not None]
+    return "the launch floor alone is " + " and ".join(parts)
+
+
+def _host_cost_note(peer_name, peer_launch):
+    def note(s, row, ref):
+        extra = s.median(row) - s.median(ref)
+        return f"{_launch_floors(s, peer_launch)}; vyre_cuda's host cost above {peer_name}'s is {_us(extra)}"
+
+    return note
+
+
+def _out_note(s, row, ref):
+    out, into = s.median(row), s.median(ref)
+    return (
+        f"a new DeviceArray per dispatch (its stream-ordered allocation and free, and the Python object) "
+        f"costs {_us(out - into)} above dispatch_into's {_us(into)} into the same CuPy output"
+    )
+
+
+def _enqueue_note(s, row, ref):
+    vyre, core = s.median(row), s.median(ref)
+    c = s.median("floor.launch_only")
+    floor = f"one cuLaunchKernel from C costs {_us(c)}; " if c is not None else ""
+    return (
+        f"{floor}one cuda.core launch {_us(core)}; vyre_cuda's device-resident dispatch_async on the caller's "
+        f"stream enqueued in {_us(vyre)}, {_us(vyre - core)} more (its output allocation, the pending handle "
+        "and its event)"
+    )
+
+
+def _rebuilt_note(s, row, ref):
+    rebuilt, same = s.median(row), s.median(ref)
+    return (
+        f"building an equal Program and finding its cached plan by value cost {_us(rebuilt - same)} per dispatch "
+        f"above the {_us(same)} of the same Program object"
+    )
+
+
+_DEVICE_NOTES = {
+    "device_vs_cupy": _host_cost_note("CuPy", "peer.cupy.launch_only"),
+    "device_vs_cuda_core": _host_cost_note("cuda.core", "peer.cuda_core.enqueue"),
+    "device_torch_vs_torch": _host_cost_note("PyTorch", "peer.torch.launch_only"),
+    "device_out_vs_into": _out_note,
+    "enqueue_vs_cuda_core": _enqueue_note,
+    "rebuilt_vs_same": _rebuilt_note,
+}
+
+
+def _versus_issued(s) -> Target:
+    target = Target(
+        "small_vs_floor_issued",
+        f"{format_size(s.nbytes)}: vyre_cuda dispatch, numpy / {systems.label('floor.pinned_direct')}",
+        s.ratio("vyre.dispatch", "floor.pinned_direct"),
+        SMALL_VS_FLOOR_ISSUED,
+        "<=",
+        s.nbytes,
+        "x",
+    )
+    if target.met is False:
+        vyre, issued = s.median("vyre.dispatch"), s.median("floor.pinned_direct")
+        text = (
+            f"the issued floor (2 H2D, 1 launch, 1 D2H, a stream synchronize, no host copy) takes {_us(issued)}, "
+            f"vyre_cuda {_us(vyre)}"
+        )
+        replays, dispatches = s.telemetry.get("graph_replays"), s.telemetry.get("dispatches")
+        if replays:
+            text += f"; {replays:,} of the {dispatches:,} timed vyre_cuda dispatches replayed a graph"
+        else:
+            c = s.median("floor.launch_only")
+            launch = f" and one cuLaunchKernel from C costs {_us(c)}" if c is not None else ""
+            text += (
+                f"; no timed dispatch replayed a graph{launch}: issued one by one, the same driver calls "
+                "cannot take less than the floor's"
+            )
+        target.note = text
     return target

@@ -1,15 +1,18 @@
 """The peers: the same vecadd round trip written as a user of each library would write it.
 
 Each peer is an optional plugin: one module here per library (``cuda_bindings_peer``,
-``cupy_peer``, ``torch_peer``) with a ``start(backend, image, entry, source, a, b, expected)``
+``cupy_peer``, ``torch_peer``, ``cuda_core_peer``) with a
+``start(backend, image, entry, source, a, b, expected)``
 that imports its library when called. Nothing here imports a peer's library, or a peer module,
 before a run measures that peer: a peer whose library is not installed is skipped with the reason
 (:func:`missing_reason`), one that fails to start or gives a wrong result is skipped by the run.
 Every peer moves numpy arrays in and out (pageable host memory), as vyre_cuda's numpy row does.
 
-A started peer has ``full(count)``, ``launch_only(batches)``, ``verify()`` and ``close()``, and
-may have ``device_resident(count)`` (data already on the device) and ``vyre_device(backend,
-program)`` (vyre_cuda on the peer's own device arrays).
+A started peer has ``verify()`` and ``close()``, and the series it measures: ``full(count)`` (the
+round trip from numpy), ``launch_only(batches)`` (host time per launch, synchronized between
+batches), ``device_resident(count)`` (data already on the device). vyre_cuda's rows on the
+peer's own device arrays come from the hooks of :data:`VYRE_HOOKS`: each returns ``(run,
+verify)`` for one runner, ``run(count)`` returning ``{series key: samples}``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,17 @@ import sys
 import warnings
 from dataclasses import dataclass
 
-__all__ = ["PEERS", "PEER_MODULES", "REGISTRY", "Peer", "missing_reason", "open_peer", "peer_available", "peer_version"]
+__all__ = [
+    "PEERS",
+    "PEER_MODULES",
+    "REGISTRY",
+    "VYRE_HOOKS",
+    "Peer",
+    "missing_reason",
+    "open_peer",
+    "peer_available",
+    "peer_version",
+]
 
 
 @dataclass(frozen=True)
@@ -39,10 +52,19 @@ REGISTRY = {
         Peer("cuda_bindings", "cuda.bindings", "cuda_bindings_peer"),
         Peer("cupy", "cupy", "cupy_peer"),
         Peer("torch", "torch", "torch_peer"),
+        Peer("cuda_core", "cuda.core", "cuda_core_peer"),
     )
 }
 PEERS = tuple(REGISTRY)  # the order of the rows in a run
 PEER_MODULES = {name: p.library for name, p in REGISTRY.items()}
+# A peer's optional hooks that measure vyre_cuda on that peer's device arrays: the hook's name,
+# what the runner is called, and whether it counts launch batches (runs only where the launch-only
+# series run, in batches of LAUNCH_BATCH) instead of dispatches.
+VYRE_HOOKS = (
+    ("vyre_device", "vyre_cuda device-resident ({name} arrays)", False),
+    ("vyre_device_out", "vyre_cuda outputs='device' ({name} arrays)", False),
+    ("vyre_enqueue", "vyre_cuda dispatch_async enqueue ({name} stream)", True),
+)
 
 
 def peer_available(name):

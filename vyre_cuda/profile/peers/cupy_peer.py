@@ -111,8 +111,79 @@ class CupyPeer:
 
         return run, verify
 
+    def vyre_device_out(self, backend, program):
+        """vyre_cuda ``dispatch`` on the same CuPy inputs with ``DispatchConfig(outputs="device")``:
+        a new vyre_cuda DeviceArray per dispatch, dropped inside the timed loop (its allocation
+        and free are part of the sample)."""
+        import vyre_cuda
+
+        config = vyre_cuda.DispatchConfig(outputs="device")
+        ins = [self.d_a, self.d_b]
+        dispatch = backend.dispatch
+        state = {}
+
+        def run(count):
+            pc = time.perf_counter_ns
+            walls = []
+            for _ in range(count):
+                t0 = pc()
+                dispatch(program, ins, config)  # the DeviceArray it returns is freed here, in the sample
+                walls.append(pc() - t0)
+            # the result is read from one more dispatch, outside the timing
+            state["out"] = dispatch(program, ins, config)[0].copy_to_host()
+            return {"vyre.device.out": walls}
+
+        def verify():
+            out = state.get("out")
+            return out is not None and np.array_equal(out, self.expected)
+
+        return run, verify
+
+    def vyre_enqueue(self, backend, program):
+        """vyre_cuda ``dispatch_async`` of the same CuPy inputs on a caller's CuPy stream, with
+        ``outputs="device"``: the host time of the enqueue alone, per dispatch over batches of
+        LAUNCH_BATCH; each batch is completed with ``.result()`` outside the timing."""
+        import vyre_cuda
+
+        cp = self.cp
+        self.device.use()
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        cp.cuda.Device().synchronize()  # the inputs were written on CuPy's current stream
+        config = vyre_cuda.DispatchConfig(stream=self.stream.ptr, outputs="device")
+        ins = [self.d_a, self.d_b]
+        dispatch_async = backend.dispatch_async
+        state = {}
+
+        def run(batches):
+            pc = time.perf_counter_ns
+            per = []
+            last = None
+            for _ in range(batches):
+                pending: list = []
+                append = pending.append
+                t0 = pc()
+                for _ in range(LAUNCH_BATCH):
+                    append(dispatch_async(program, ins, config))
+                t1 = pc()
+                for p in pending:
+                    last = p.result()
+                per.append((t1 - t0) / LAUNCH_BATCH)
+                del pending
+            state["out"] = None if last is None else last[0].copy_to_host()
+            return {"vyre.device.enqueue": per}
+
+        def verify():
+            out = state.get("out")
+            return out is not None and np.array_equal(out, self.expected)
+
+        return run, verify
+
     def close(self):
         self.cp.cuda.get_current_stream().synchronize()
+        stream = getattr(self, "stream", None)
+        if stream is not None:
+            stream.synchronize()
+            self.stream = None
         self.d_a = self.d_b = self.d_out = None
 
 

@@ -76,6 +76,30 @@ class TorchPeer:
         self.out = d_out.cpu().numpy()
         return {"peer.torch.device": walls}
 
+    def vyre_device(self, backend, program):
+        """vyre_cuda on the same torch CUDA tensors: ``dispatch_into`` with the device tensors
+        as inputs and a device tensor as the output (no host memory touched)."""
+        d_out = self.torch.zeros_like(self.d_a)
+        ins, outs = [self.d_a, self.d_b], [d_out]
+        into = backend.dispatch_into
+        state = {}
+
+        def run(count):
+            pc = time.perf_counter_ns
+            walls = []
+            for _ in range(count):
+                t0 = pc()
+                into(program, ins, outs)
+                walls.append(pc() - t0)
+            state["out"] = d_out.cpu().numpy()
+            return {"vyre.device.torch": walls}
+
+        def verify():
+            out = state.get("out")  # None: run() failed before its readback
+            return out is not None and np.array_equal(out, self.expected)
+
+        return run, verify
+
     def close(self):
         self.torch.cuda.synchronize(self.dev)
         self.d_a = self.d_b = self.d_out = None
