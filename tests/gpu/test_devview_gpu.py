@@ -1,0 +1,127 @@
+"""Device arrays read in C on the GPU: CuPy (CUDA Array Interface v3), torch (DLPack's C exchange
+API) and vyre_cuda's DeviceArray, against numpy, with the producers' work still queued when the
+dispatch starts; and ``outputs="device"`` arrays from the stream-ordered pool, whose memory must
+not be reused while a consumer stream that was recorded still reads it.
+
+A slow kernel (it spins ~50 ms, then writes) stands for the producer's or consumer's work: a
+dispatch not ordered after it reads stale data, a free not ordered after it lets the next
+allocation overwrite what the consumer reads, and the comparison with numpy fails.
+"""
+
+import numpy as np
+import pytest
+
+import vyre_cuda as vc
+from vyre_cuda import builtin_programs as bp
+from vyre_cuda._devview import fallback_reason, protocol_of
+
+SPIN = r"""
+extern "C" __global__ void spin_copy(float* dst, const float* src, int n, long long cycles) {
+  long long t0 = clock64();
+  while (clock64() - t0 < cycles) { }
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = src[i];
+}
+"""
+CYCLES = 100_000_000  # ~50 ms at H200 clocks
+DEV = vc.DispatchConfig(outputs="device")
+
+
+def _spin_copy(cupy, dst, src):
+    n = dst.shape[0]
+    cupy.RawKernel(SPIN, "spin_copy")(((n + 255) // 256,), (256,), (dst, src, np.int32(n), np.int64(CYCLES)))
+
+
+def _read_counts(backend):
+    snap = backend.telemetry.snapshot()
+    return snap["device_arrays_read_in_c"], snap["device_arrays_read_in_python"]
+
+
+@pytest.mark.parametrize("n", [1000, 300_000])
+def test_cupy_arrays_are_read_in_c_and_ordered_after_their_stream(backend, rng, cupy, n):
+    prog = bp.vecadd_f32()
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        src, d_b = cupy.asarray(a), cupy.asarray(b)
+        d_a = cupy.zeros(n, cupy.float32)
+        assert protocol_of(d_a) == "cai" and fallback_reason(d_a, backend.device) == ""
+        c0, p0 = _read_counts(backend)
+        for _ in range(3):  # the first teaches the core the type (CuPy's buffer protocol refuses)
+            _spin_copy(cupy, d_a, src)  # d_a holds a only after the spin, on s
+            d_out = cupy.full(n, cupy.nan, cupy.float32)
+            backend.dispatch_into(prog, [d_a, d_b], [d_out])  # on the pooled stream: must wait for s
+            np.testing.assert_array_equal(d_out.get(), a + b)
+            d_a.fill(0)
+        c1, p1 = _read_counts(backend)
+    assert p1 == p0 and c1 - c0 >= 9, (c1 - c0, p1 - p0)
+
+
+@pytest.mark.parametrize("n", [1000, 300_000])
+def test_torch_tensors_are_read_in_c_and_ordered_after_torch_s_stream(backend, rng, torch, n):
+    prog = bp.vecadd_f32()
+    if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__") and not hasattr(
+        torch.Tensor, "__c_dlpack_exchange_api__"
+    ):
+        pytest.skip(f"torch {torch.__version__} offers no DLPack C exchange API (torch 2.10+ does)")
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+    side = torch.cuda.Stream()
+    c0, p0 = _read_counts(backend)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # keeps side busy: the work below lands late
+        x = ta * 2  # queued on torch's current stream (side)
+        out = torch.full((n,), float("nan"), device="cuda")
+        backend.dispatch_into(prog, [x, tb], [out])
+        np.testing.assert_array_equal(out.cpu().numpy(), a * 2 + b)
+    c1, p1 = _read_counts(backend)
+    assert protocol_of(ta) == "dlpack-exchange"
+    assert (c1 - c0, p1 - p0) == (3, 0)
+    (host,) = backend.dispatch(prog, [ta, tb])
+    np.testing.assert_array_equal(host, a + b)
+
+
+def test_device_array_inputs_and_outputs_read_in_c(backend, rng):
+    prog = bp.vecadd_f32()
+    n = 4097
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    (x,) = backend.dispatch(prog, [a, np.zeros_like(a)], DEV)
+    (y,) = backend.dispatch(prog, [b, np.zeros_like(b)], DEV)
+    (z,) = backend.dispatch(prog, [a, b], DEV)
+    c0, p0 = _read_counts(backend)
+    backend.dispatch_into(prog, [y, x], [z])
+    np.testing.assert_array_equal(z.copy_to_host(), b + a)
+    assert _read_counts(backend) == (c0 + 3, p0)
+
+
+def test_pooled_device_output_is_not_reused_while_a_recorded_stream_reads_it(backend, rng, cupy):
+    prog = bp.vecadd_f32()
+    n = 1 << 20
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    s = cupy.cuda.Stream(non_blocking=True)
+    for how in ("record_stream", "dlpack"):
+        (o,) = backend.dispatch(prog, [a, b], DEV)
+        with s:
+            if how == "record_stream":
+                view = cupy.asarray(o)  # CAI: no stream handed over, so declare it
+                o.record_stream(s)
+            else:
+                view = cupy.from_dlpack(o)  # CuPy passes its stream to __dlpack__: recorded
+            got = cupy.empty(n, cupy.float32)
+            _spin_copy(cupy, got, view)  # reads o ~50 ms from now, on s
+        del view, o  # the last references: the memory goes back to the pool, after s's work
+        for _ in range(4):  # the next allocations, written at once on the pooled stream
+            (other,) = backend.dispatch(prog, [b, b], DEV)
+            del other
+        s.synchronize()
+        np.testing.assert_array_equal(got.get(), a + b, err_msg=how)
+
+
+def test_pooled_device_outputs_outlive_the_backend(rng, cupy):
+    prog = bp.vecadd_f32()
+    a = rng.standard_normal(5000).astype(np.float32)
+    with vc.CudaBackend(0) as g:
+        (o,) = g.dispatch(prog, [a, a], DEV)
+    np.testing.assert_array_equal(cupy.asarray(o).get(), a + a)
+    np.testing.assert_array_equal(o.copy_to_host(), a + a)
+    del o
