@@ -14,12 +14,3 @@ cdef class DeviceArray:
     cdef int itemsize
     cdef cydriver.CUcontext ctx
     cdef bint owns
-    cdef bint pooled  # from a stream-ordered pool: freed with cuMemFreeAsync, not cuMemFree
-    cdef object streams  # consumer streams its free waits for (record_stream, __dlpack__(stream=)), or None
-
-    cdef _describe(self, Py_ssize_t count, dtype, size_t nbytes)
-    cdef _record(self, handle)
-
-
-cdef DeviceArray pooled_array(Py_ssize_t count, dtype, int device, cydriver.CUmemoryPool pool,
-                              cydriver.CUstream stream)

@@ -17,7 +17,6 @@ from cpython.pycapsule cimport (PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetP
 from cpython.ref cimport Py_INCREF, Py_DECREF
 from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport malloc, free
-from libcpp.vector cimport vector
 
 import numpy as np
 from cuda.bindings cimport cydriver
@@ -32,7 +31,6 @@ KDL_CPU = 1
 KDL_CUDA = 2
 KDL_CUDA_HOST = 3
 KDL_CUDA_MANAGED = 13
-cdef uintptr_t LEGACY_STREAM = 1  # CU_STREAM_LEGACY
 DLPACK_MAJOR = 1
 DLPACK_MINOR = 0
 FLAG_READ_ONLY = 1
@@ -133,56 +131,6 @@ def dlpack_info(capsule):
             (t.device.device_type, t.device.device_id), readonly)
 
 
-cdef void _free_after(cydriver.CUdeviceptr ptr, vector[cydriver.CUstream]& consumers) noexcept nogil:
-    """Give pooled memory back on the legacy default stream, which every blocking stream
-    (CuPy's and torch's default streams among them) synchronises with, after the work queued so
-    far on each recorded consumer stream."""
-    cdef cydriver.CUevent ev
-    cdef size_t k
-    for k in range(consumers.size()):
-        if cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING) != cydriver.CUDA_SUCCESS:
-            continue
-        if cydriver.cuEventRecord(ev, consumers[k]) == cydriver.CUDA_SUCCESS:
-            cydriver.cuStreamWaitEvent(<cydriver.CUstream>LEGACY_STREAM, ev, 0)
-        cydriver.cuEventDestroy(ev)
-    cydriver.cuMemFreeAsync(ptr, <cydriver.CUstream>LEGACY_STREAM)
-
-
-cdef DeviceArray pooled_array(Py_ssize_t count, dtype, int device, cydriver.CUmemoryPool pool,
-                              cydriver.CUstream stream):
-    """``count`` elements of ``dtype`` from the stream-ordered ``pool``, allocated in ``stream``
-    order (the dispatch stream: the launch that fills it runs after the allocation); a driver
-    allocation when the pool cannot serve it. Its free returns the memory to the pool (see
-    :meth:`DeviceArray.record_stream`)."""
-    cdef DeviceArray self
-    cdef cydriver.CUcontext ctx, prev
-    cdef cydriver.CUdeviceptr p = 0
-    cdef cydriver.CUdevice dev
-    cdef cydriver.CUresult st
-    cdef size_t nbytes
-    dtype = np.dtype(dtype)
-    nbytes = <size_t>count * dtype.itemsize
-    with nogil:
-        check_cu(cydriver.cuDeviceGet(&dev, device), b"cuDeviceGet")
-        check_cu(cydriver.cuDevicePrimaryCtxRetain(&ctx, dev), b"cuDevicePrimaryCtxRetain")
-        st = cydriver.cuCtxPushCurrent(ctx)
-        if st == cydriver.CUDA_SUCCESS:
-            st = cydriver.cuMemAllocFromPoolAsync(&p, nbytes if nbytes > 16 else 16, pool, stream)
-            cydriver.cuCtxPopCurrent(&prev)
-    if st != cydriver.CUDA_SUCCESS:
-        with nogil:
-            cydriver.cuDevicePrimaryCtxRelease(dev)
-        return DeviceArray._empty(count, dtype, device)  # (raises the driver's error if it fails too)
-    self = DeviceArray.__new__(DeviceArray)
-    self.ctx = ctx
-    self.device = device
-    self.owns = True
-    self.pooled = True
-    self.ptr = <uintptr_t>p
-    self._describe(count, dtype, nbytes)
-    return self
-
-
 cdef class DeviceArray:
     """A 1-D C-contiguous array in device memory, owned by vyre_cuda.
 
@@ -219,53 +167,26 @@ cdef class DeviceArray:
             cydriver.cuCtxPopCurrent(&prev)
             check_cu(st, b"cuMemAlloc")
         self.ptr = <uintptr_t>p
-        self._describe(count, dtype, nbytes)
-        return self
-
-    cdef _describe(self, Py_ssize_t count, dtype, size_t nbytes):
         self.nbytes = nbytes
         self.dtype = dtype
         self.size = count
         # what a dispatch's input check compares, without a Python attribute per dispatch
         self.kind = ord({"b": "u", "V": "u"}.get(dtype.kind, dtype.kind)) if dtype.kind in "biufV" else 0
         self.itemsize = dtype.itemsize
+        return self
 
     def __dealloc__(self):
         cdef cydriver.CUcontext prev
         cdef cydriver.CUdevice dev
-        cdef vector[cydriver.CUstream] consumers
         if not self.owns:
             return
-        if self.streams is not None:
-            for s in self.streams:
-                consumers.push_back(<cydriver.CUstream><uintptr_t>s)
         with nogil:
             if cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
-                if self.ptr and self.pooled:
-                    _free_after(<cydriver.CUdeviceptr>self.ptr, consumers)
-                elif self.ptr:
+                if self.ptr:
                     cydriver.cuMemFree(<cydriver.CUdeviceptr>self.ptr)
                 cydriver.cuCtxPopCurrent(&prev)
             if cydriver.cuDeviceGet(&dev, self.device) == cydriver.CUDA_SUCCESS:
                 cydriver.cuDevicePrimaryCtxRelease(dev)
-
-    def record_stream(self, stream):
-        """Declare that work on ``stream`` (a CuPy, torch or cuda.core stream, or a CUstream
-        int) uses this array: when the array is freed, the memory goes back to the pool only
-        after the work queued on ``stream`` by then. Needed for a stream that does not
-        synchronise with the legacy default stream (non-blocking streams) when the array's last
-        reference may be dropped while that stream still reads or writes it; a stream passed to
-        ``__dlpack__(stream=...)`` is recorded by itself."""
-        from .config import stream_handle  # noqa: PLC0415 (config imports nothing compiled)
-
-        self._record(stream_handle(stream))
-
-    cdef _record(self, handle):
-        if handle in (None, 0, LEGACY_STREAM):
-            return  # the legacy default stream orders the free already
-        if self.streams is None:
-            self.streams = set()
-        self.streams.add(int(handle))
 
     @property
     def shape(self):
@@ -298,8 +219,6 @@ cdef class DeviceArray:
         # any stream is fine: the contents are complete (no work of ours is pending on them)
         if stream is not None and not isinstance(stream, int):
             raise BufferError(f"stream must be None or an int CUDA stream (got {stream!r})")
-        if stream is not None and stream > 0 and self.pooled:
-            self._record(stream)  # the consumer works on it there: the free waits for that stream
         if dl_device is not None and tuple(dl_device) != (KDL_CUDA, self.device):
             raise BufferError(f"DeviceArray lives on CUDA device {self.device}; cannot export to {dl_device}")
         if copy:

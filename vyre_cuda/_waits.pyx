@@ -24,8 +24,7 @@ from ._counters cimport (
     T_TIMED_ENQUEUE_NS, T_TIMED_WAIT_NS,
 )
 from ._driver cimport check_cu, bind_context, now_ns
-from ._pools cimport lend_block, DevicePool
-from ._devarray cimport DeviceArray, pooled_array
+from ._pools cimport lend_block
 from ._transfer cimport TransferEngine
 from ._windows cimport CopyTask, Piece, page_locked
 from ._prepared cimport Prepared, DevCopy
@@ -37,6 +36,7 @@ from .errors import DispatchFailed, ValidationError
 from .telemetry import TimedDispatchResult
 from ._io_checks import as_output_list, check_outputs
 from ._device_io import device_output
+from ._devarray import DeviceArray
 from numpy import frombuffer as _frombuffer
 
 cnp.import_array()
@@ -146,25 +146,18 @@ cdef extern from *:
     void _relax "vyre_relax"() noexcept nogil
 
 
-cdef list new_outputs(Core core, Prepared p, cydriver.CUstream stream):
+cdef list new_outputs(Core core, Prepared p):
     """New output arrays of a dispatch: numpy (large ones in recycled host memory) or, with
-    ``DispatchConfig(outputs="device")``, device arrays from the backend's stream-ordered pool,
-    allocated in ``stream`` order (the dispatch's)."""
+    ``DispatchConfig(outputs="device")``, device arrays."""
     cdef list outs = []
     cdef cnp.npy_intp dim
     cdef Py_ssize_t k
     cdef size_t nbytes
-    cdef DevicePool dpool = core.resources.dpool
     if p.device_outputs:
-        if dpool.stream_ordered and dpool.mempool == NULL:
-            dpool._ensure_mempool()
         for k in range(len(p.out_counts)):
             nbytes = p.outputs[k].nbytes
-            dim = nbytes // (<cnp.dtype>p.out_dtypes[k]).itemsize
-            if dpool.stream_ordered:
-                outs.append(pooled_array(dim, p.out_dtypes[k], core.device, dpool.mempool, stream))
-            else:
-                outs.append(DeviceArray._empty(dim, p.out_dtypes[k], core.device))
+            outs.append(DeviceArray._empty(nbytes // (<cnp.dtype>p.out_dtypes[k]).itemsize, p.out_dtypes[k],
+                                           core.device))
         return outs
     for k in range(len(p.out_counts)):
         dim = p.out_counts[k]
@@ -415,7 +408,7 @@ cdef class PendingDispatch:
 
     cdef list _new_outputs(self):
         # a streamed dispatch_async read back into arrays of its own as it ran
-        return self.s_outs if self.s_outs is not None else new_outputs(self.core, self.prep, self.f.stream)
+        return self.s_outs if self.s_outs is not None else new_outputs(self.core, self.prep)
 
     cdef int _copy_streamed(self, list outs) except -1:
         """result_into of a streamed dispatch_async: its outputs (complete, in its own arrays)

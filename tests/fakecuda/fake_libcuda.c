@@ -389,9 +389,6 @@ CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) 
     case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: *pi = 32; break;
     case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: *pi = 1; break;
     case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: *pi = FAKE_COPY_ENGINES; break;
-    /* stream-ordered pools (CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED): off unless asked for, so
-     * the suite keeps covering the cuMemAlloc paths; FAKE_CUDA_POOLS=1 turns them on */
-    case 115: *pi = getenv("FAKE_CUDA_POOLS") != NULL; break;
     default: *pi = 0; break;
   }
   return CUDA_SUCCESS;
