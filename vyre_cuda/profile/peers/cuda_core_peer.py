@@ -12,6 +12,7 @@ versions export the names from ``cuda.core``, older ones from ``cuda.core.experi
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import time
 from typing import Any
@@ -27,13 +28,12 @@ __all__ = ["CudaCorePeer", "import_cuda_core", "start"]
 def import_cuda_core():
     """The module that exports ``Device``, ``LaunchConfig``, ``Program``, ``ProgramOptions`` and
     ``launch``: ``cuda.core`` itself, or ``cuda.core.experimental`` in older versions."""
-    import cuda.core as core
-
+    # import_module reads sys.modules: `import cuda.core as core` would take the `cuda` package's
+    # attribute instead, which cuda.core 0.4+ points at its cu12/cu13 build
+    core = importlib.import_module("cuda.core")
     if all(hasattr(core, n) for n in ("Device", "LaunchConfig", "Program", "ProgramOptions", "launch")):
         return core
-    from cuda.core import experimental
-
-    return experimental
+    return importlib.import_module("cuda.core.experimental")
 
 
 def _stream_first(launch) -> bool:
