@@ -191,3 +191,55 @@ def results(fake_libcuda, tmp_path_factory):
 def test_on_the_fake_driver(results, name):
     result = results[name]
     scenarios.check(result)
+
+
+# -- building again from the same arguments skips validation, never a refusal ---------------------
+def _saxpy(**program_kw):
+    return Program(
+        Kernel.cuda("VYRE_KERNEL vyre_main(const float* x, float* o, const vyre_u32* p) {}"),
+        [BufferDecl.read("x", 0, "f32"), BufferDecl.output("o", 1, "f32")],
+        **program_kw,
+    )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"phases": True}, {"grid_sync": 1}, {"workgroup_size": (True, 1, 1)}, {"align": True}, {"phases": 1.0}],
+)
+def test_a_refused_argument_stays_refused_after_an_equal_valid_one(bad):
+    # 1 == True == 1.0 as dict keys: the reuse of validated fields must tell them apart by type
+    (field,) = bad
+    good = {"phases": 1, "grid_sync": True, "workgroup_size": (1, 1, 1), "align": 1}[field]
+    for _ in range(2):
+        _saxpy(**{field: good})
+        with pytest.raises(InvalidProgram):
+            _saxpy(**bad)
+
+
+def test_a_refused_declaration_stays_refused():
+    for _ in range(2):
+        BufferDecl.read("x", 1, "f32")
+        with pytest.raises(InvalidProgram, match="binding"):
+            BufferDecl.read("x", True, "f32")
+        with pytest.raises(InvalidProgram, match="alignment"):
+            BufferDecl.read("x", 1, "f32", alignment=3)
+    with pytest.raises(InvalidProgram, match="NUL"):
+        Kernel.cuda("VYRE_KERNEL vyre_main() {}\0")
+    with pytest.raises(InvalidProgram, match="NUL"):
+        Kernel.cuda("VYRE_KERNEL vyre_main() {}\0")
+
+
+def test_a_program_built_again_is_its_own_object_with_its_own_buffers():
+    first, again = bp.vecadd_f32(), bp.vecadd_f32()
+    assert first == again and hash(first) == hash(again) and first is not again
+    # the derived views point at the program's own declarations, in declaration order
+    assert again.inputs == (again.buffers[0], again.buffers[1])
+    assert all(a is b for a, b in zip(again.inputs, again.buffers[:2]))
+    assert again.outputs[0] is again.buffers[2]
+    assert again.kernel.digest == first.kernel.digest and again.elementwise_bindings == first.elementwise_bindings
+    # a normalised field comes back normalised: a list of buffers is stored as a tuple
+    listed = Program(first.kernel, list(first.buffers), workgroup_size=256)
+    assert type(listed.buffers) is tuple and listed.workgroup_size == (256, 1, 1)
+    assert Program(first.kernel, list(first.buffers), workgroup_size=256).workgroup_size == (256, 1, 1)
+    # a field that differs still gives a different program
+    assert bp.vecadd("f32", workgroup=128) != first

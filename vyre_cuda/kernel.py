@@ -55,6 +55,12 @@ def _options(options) -> tuple:
     return tuple(_text(o, f"kernel option {i}") for i, o in enumerate(items))
 
 
+# the checked fields and digest of kernels built before, by their arguments (a pure function of
+# them); bounded, since a program may generate sources
+_DIGESTS: dict = {}
+_DIGESTS_MAX = 1024
+
+
 class Kernel:
     """Kernel code: CUDA C++ for NVRTC (:meth:`cuda`) or PTX text (:meth:`ptx`). Immutable.
 
@@ -84,6 +90,22 @@ class Kernel:
     _digest: str
 
     def __init__(self, kind, source, entry, options=()):
+        # the same text built again (a program made inside a function): its checks and digest
+        key = (kind, source, entry, options) if type(source) is str and type(options) in (tuple, type(None)) else None
+        try:
+            known = _DIGESTS.get(key) if key is not None else None
+        except TypeError:  # an unhashable option
+            key = known = None
+        if known is None:
+            known = self._checked(kind, source, entry, options)
+            if key is not None and len(_DIGESTS) < _DIGESTS_MAX:
+                _DIGESTS[key] = known
+        for name, value in zip(("kind", "source", "entry", "options", "_digest"), known):
+            object.__setattr__(self, name, value)
+
+    @staticmethod
+    def _checked(kind, source, entry, options) -> tuple:
+        """(kind, source, entry, options, digest), every argument checked and normalised."""
         if kind not in ("cuda", "ptx"):
             raise InvalidProgram(
                 f"Kernel kind must be 'cuda' or 'ptx' (got {kind!r})",
@@ -116,14 +138,7 @@ class Kernel:
             h.update(len(raw).to_bytes(8, "little"))  # length-prefixed: no two part lists collide
             h.update(raw)
         # every field is final before the digest is taken from it, and none can change after
-        for name, value in (
-            ("kind", kind),
-            ("source", source),
-            ("entry", entry),
-            ("options", options),
-            ("_digest", h.hexdigest()),
-        ):
-            object.__setattr__(self, name, value)
+        return (kind, source, entry, options, h.hexdigest())
 
     def __setattr__(self, name, value):
         raise dataclasses.FrozenInstanceError(

@@ -173,11 +173,21 @@ class BufferDecl:
             )
         output = is_output if is_output is not None else (False if output is None else output)
         values = (name, binding, access, dtype, count, output, output_byte_range, alignment, persistent)
+        key = _typed_key(values)
+        known = _VALIDATED_DECLS.get(key) if key is not None else None
+        if known is not None:  # the same arguments were validated before: their fields and role
+            for name_, value in zip(_BUFFER_FIELDS, known[0]):
+                object.__setattr__(self, name_, value)
+            object.__setattr__(self, "_role", known[1])
+            return
         for name_, value in zip(_BUFFER_FIELDS, values):
             object.__setattr__(self, name_, value)
         self._validate()
         # derived once (planning asks it many times per plan); not a field: not compared, not in repr
-        object.__setattr__(self, "_role", self._derive_role())
+        role = self._derive_role()
+        object.__setattr__(self, "_role", role)
+        if key is not None and len(_VALIDATED_DECLS) < _VALIDATED_MAX:
+            _VALIDATED_DECLS[key] = (_buffer_fields(self), role)
 
     def _validate(self) -> None:
         object.__setattr__(self, "dtype", dtype_of(self.dtype))
@@ -354,6 +364,57 @@ class Program:
     align: int = 1
 
     def __post_init__(self):
+        raw = _typed_key(tuple(getattr(self, f) for f in _PROGRAM_FIELDS if f not in ("kernel", "buffers")))
+        if raw is not None and isinstance(self.buffers, (tuple, list)) and self._derive_known(raw):
+            return
+        self._derive()
+        if raw is not None:
+            self._remember(raw)
+
+    def _derive_known(self, raw) -> bool:
+        """Take the derived fields of an equal program validated before (same kernel, same
+        buffer declarations, same other arguments, each of the same type): validation and
+        normalisation are a pure function of them. False when none was."""
+        buffers = tuple(self.buffers)
+        if type(self.kernel) is not Kernel or not all(type(b) is BufferDecl for b in buffers):
+            return False  # the full path words the refusal
+        try:
+            known = _VALIDATED_PROGRAMS.get((raw, self.kernel, tuple(map(_buffer_fields, buffers))))
+        except TypeError:  # an unhashable field: likewise
+            return False
+        if known is None:
+            return False
+        fields, inputs, outputs, cut, key, hashed = known
+        object.__setattr__(self, "buffers", buffers)
+        for name, value in fields:
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_inputs", tuple(buffers[i] for i in inputs))
+        object.__setattr__(self, "_outputs", tuple(buffers[i] for i in outputs))
+        object.__setattr__(self, "_elementwise_bindings", cut)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hashed)
+        return True
+
+    def _remember(self, raw) -> None:
+        if len(_VALIDATED_PROGRAMS) >= _VALIDATED_MAX:
+            return
+        try:
+            lookup = (raw, self.kernel, tuple(map(_buffer_fields, self.buffers)))
+            hash(lookup)
+        except TypeError:
+            return
+        position = {id(b): i for i, b in enumerate(self.buffers)}
+        fields = tuple((f, getattr(self, f)) for f in _PROGRAM_FIELDS if f not in ("kernel", "buffers"))
+        _VALIDATED_PROGRAMS[lookup] = (
+            fields,
+            tuple(position[id(b)] for b in self._inputs),  # type: ignore[attr-defined]
+            tuple(position[id(b)] for b in self._outputs),  # type: ignore[attr-defined]
+            self._elementwise_bindings,  # type: ignore[attr-defined]
+            self._key,  # type: ignore[attr-defined]
+            self._hash,  # type: ignore[attr-defined]
+        )
+
+    def _derive(self) -> None:
         for attr in ("buffers", "requires"):
             value = getattr(self, attr)
             if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
@@ -447,6 +508,26 @@ class Program:
 _BUFFER_FIELDS = tuple(f.name for f in dataclasses.fields(BufferDecl))
 _PROGRAM_FIELDS = tuple(f.name for f in dataclasses.fields(Program))
 _buffer_fields = operator.attrgetter(*_BUFFER_FIELDS)  # a declaration as the tuple of its fields
+
+# Declarations and programs built again from the same arguments (a program built inside a
+# function, each call) skip their validation: it is a pure function of the arguments, so the
+# fields it produced are reused. Keys tag each argument with its exact type, so 1, True and 1.0
+# (equal in a dict) stay apart; only plain values are keyed (anything else validates every time).
+_VALIDATED_DECLS: dict = {}
+_VALIDATED_PROGRAMS: dict = {}
+_VALIDATED_MAX = 4096
+_PLAIN_TYPES = frozenset((str, int, bool, float, type(None), DType, BufferAccess))
+
+
+def _typed_key(values: tuple) -> tuple | None:
+    types_: tuple[Any, ...] = tuple(map(type, values))
+    if not _PLAIN_TYPES.issuperset(types_):
+        if not all(
+            t in _PLAIN_TYPES or (t is tuple and _PLAIN_TYPES.issuperset(map(type, v))) for t, v in zip(types_, values)
+        ):
+            return None
+        types_ = tuple(tuple(map(type, v)) if t is tuple else t for t, v in zip(types_, values))
+    return (types_, values)
 
 
 class _ByObject:
