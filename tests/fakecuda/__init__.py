@@ -82,63 +82,44 @@ def compiler() -> str | None:
     return None
 
 
+def _compile_once(folder: pathlib.Path, tag: str, sources: list, name: str, flags: tuple, what: str) -> pathlib.Path:
+    """Compile ``sources[0]`` into ``folder/<tag><hash of sources>/<name>`` once (the other
+    sources are headers it includes: they count in the hash); return that folder. Raises
+    RuntimeError with the compiler's output when there is no compiler or it fails."""
+    digest = hashlib.sha256(b"".join(pathlib.Path(p).read_bytes() for p in sources)).hexdigest()[:16]
+    out_dir = pathlib.Path(folder) / f"{tag}{digest}"
+    target = out_dir / name
+    if target.is_file():
+        return out_dir
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError(f"no C compiler (cc, gcc or clang) on PATH to build {what}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f"{name}.{os.getpid()}"  # renamed into place: parallel sessions never see half a file
+    cmd = [cc, "-O1", "-Wall", "-Werror", "-shared", "-fPIC", *flags[0], "-o", str(tmp), str(sources[0]), *flags[1]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building {what} failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+    os.replace(tmp, target)
+    return out_dir
+
+
 def build(folder: pathlib.Path) -> pathlib.Path:
     """Compile the fake into ``folder/<source hash>/libcuda.so.1`` (once); return that folder.
 
     Raises RuntimeError with the compiler's output when there is no compiler or it fails.
     """
-    source = SOURCE.read_bytes()
-    out_dir = pathlib.Path(folder) / hashlib.sha256(source).hexdigest()[:16]
-    lib = out_dir / "libcuda.so.1"
-    if lib.is_file():
-        return out_dir
-    cc = compiler()
-    if cc is None:
-        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH to build the fake CUDA driver")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f"libcuda.so.1.{os.getpid()}"
-    cmd = [
-        cc,
-        "-O1",
-        "-Wall",
-        "-Werror",
-        "-shared",
-        "-fPIC",
-        "-Wl,-soname,libcuda.so.1",
-        "-o",
-        str(tmp),
-        str(SOURCE),
-        "-lpthread",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"building the fake CUDA driver failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
-    os.replace(tmp, lib)
-    return out_dir
+    flags = (["-Wl,-soname,libcuda.so.1"], ["-lpthread"])
+    return _compile_once(folder, "", [SOURCE], "libcuda.so.1", flags, "the fake CUDA driver")
 
 
 def build_exchange(folder: pathlib.Path) -> pathlib.Path:
     """Compile the test producer of DLPack's C exchange API (fake_exchange.c, a Python extension
-    module) into ``folder/<source hash>/`` (once); return that folder, to put on ``sys.path``."""
-    source_path = SOURCE.parent / "fake_exchange.c"
-    header = SOURCE.parents[2] / "vyre_cuda" / "_dlpack.h"
-    digest = hashlib.sha256(source_path.read_bytes() + header.read_bytes()).hexdigest()[:16]
-    out_dir = pathlib.Path(folder) / f"exchange-{digest}"
-    module = out_dir / f"fake_exchange{sysconfig.get_config_var('EXT_SUFFIX')}"
-    if module.is_file():
-        return out_dir
-    cc = compiler()
-    if cc is None:
-        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH to build the fake exchange producer")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f"fake_exchange.{os.getpid()}.so"
-    cmd = [cc, "-O1", "-Wall", "-Werror", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
-           "-o", str(tmp), str(source_path)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"building the fake exchange producer failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
-    os.replace(tmp, module)
-    return out_dir
+    module) into ``folder/exchange-<source hash>/`` (once); return that folder, to put on ``sys.path``."""
+    sources = [SOURCE.parent / "fake_exchange.c", SOURCE.parents[2] / "vyre_cuda" / "_dlpack.h"]
+    name = f"fake_exchange{sysconfig.get_config_var('EXT_SUFFIX')}"
+    flags: tuple[list[str], list[str]] = ([f"-I{sysconfig.get_paths()['include']}"], [])
+    return _compile_once(folder, "exchange-", sources, name, flags, "the fake exchange producer")
 
 
 def child_env(libdir: pathlib.Path, **extra) -> dict:
