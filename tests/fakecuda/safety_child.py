@@ -297,5 +297,48 @@ def result_after_a_timeout_waits_for_the_end():
     assert waited >= 0.25, f"returned after {waited:.3f} s, before the work was done"
 
 
+@case
+def close_while_a_thread_plans_loads_no_module():
+    # the plan of a new program is made outside the core (a close() does not wait for it): a
+    # module loaded after close() would be one nobody unloads
+    from vyre_cuda.compile import modules
+
+    base = FAKE.stats()
+    g = backend()
+    prog = bp.vecadd("i32")  # not planned on this backend yet
+    a = np.arange(64, dtype=np.int32)
+    compiling, release, seen = threading.Event(), threading.Event(), []
+    real = modules.compile_kernel
+
+    def slow_compile(*args, **kw):
+        out = real(*args, **kw)
+        compiling.set()
+        release.wait(30)  # close() runs now
+        return out
+
+    def plan_it():
+        try:
+            g.dispatch(prog, [a, a])
+            seen.append("ran")
+        except vc.BackendError as exc:
+            seen.append(f"{type(exc).__name__}: {exc.message}")
+
+    modules.compile_kernel = slow_compile
+    try:
+        t = threading.Thread(target=plan_it)
+        t.start()
+        assert compiling.wait(30), "the planning thread never reached the compile"
+        g.close()
+        release.set()
+        t.join(30)
+    finally:
+        modules.compile_kernel = real
+    assert seen == ["ValidationError: this CudaBackend is closed"], seen
+    gc.collect()
+    after = FAKE.stats()
+    for name in ("modules", "context_refs", "streams", "events", "device_allocs"):
+        assert after[name] == base[name], f"{name}: {after[name] - base[name]} left after close"
+
+
 if __name__ == "__main__":
     CASES.main_one(sys.argv[1], FAKE)

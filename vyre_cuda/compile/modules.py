@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 
 from .. import _driver
-from ..errors import KernelCompileFailed
+from ..errors import KernelCompileFailed, ValidationError
 from ..planning.launch import DEFAULT_SHARED_LIMIT
 from . import compile_kernel
 from .loading import explain_load_failure
@@ -69,6 +69,9 @@ class ModuleCache:
         self._on_evict = on_evict
         self._modules: OrderedDict = OrderedDict()
         self._lock = threading.RLock()
+        # set by close()/clear(): a thread still planning when the backend closed must not load a
+        # module nobody would unload (it gets the closed error its next dispatch would get)
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._modules)
@@ -78,6 +81,11 @@ class ModuleCache:
         defines = {"VYRE_PHASE_WORD": str(bindings.max_binding + 2)} if program.kernel.kind == "cuda" else None
         compiled = compile_kernel(program.kernel, arch=self._arch, defines=defines)
         with self._lock:
+            if self._closed:
+                raise ValidationError(
+                    "this CudaBackend is closed",
+                    "create a new CudaBackend() (or dispatch inside its `with` block)",
+                )
             _driver.make_current(self._ctx)  # planning may run on any thread
             module = self._modules.get(compiled.key)
             if module is not None:
@@ -108,6 +116,7 @@ class ModuleCache:
     def close(self) -> None:
         """Unload every module (the backend has waited for its work)."""
         with self._lock:
+            self._closed = True
             while self._modules:
                 _, module = self._modules.popitem(last=False)
                 module.unload()
@@ -115,4 +124,5 @@ class ModuleCache:
     def clear(self) -> None:
         """Forget every module without unloading (their context is gone)."""
         with self._lock:
+            self._closed = True
             self._modules.clear()
