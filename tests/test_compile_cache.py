@@ -256,26 +256,28 @@ def test_clear_cache_deletes_only_its_own_entries(cache, tmp_path):
     compiled = compile_kernel(variant(4), arch=(9, 0))
     shard = cache / compiled.key[:2]
     assert len(list(shard.iterdir())) == 3  # .json, .ptx, .cubin
-    other_key = "f" * 64
+    # The key hangs on the toolchain's versions, so the other folders are picked to miss its shard.
+    a, c, f = [name for name in ("ab", "cd", "ff", "12") if name != shard.name][:3]
+    other_key = f * 32
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / f"{other_key}.json").write_text("{}")
     keep = [
         cache / "notes.txt",
-        cache / "ab" / "data.json",  # a two-character folder, but not our file name
-        cache / "ab" / "model.cubin",
+        cache / a / "data.json",  # a two-character folder, but not our file name
+        cache / a / "model.cubin",
         cache / "zz" / f"{'a' * 62}zz.json",  # not a hex folder
-        cache / "ab" / f"{other_key}.json",  # a key that does not belong in folder ab
-        cache / "ab" / f"{'ab' * 32}.json.bak",
+        cache / a / f"{other_key}.json",  # a key that does not belong in this folder
+        cache / a / f"{a * 32}.json.bak",
         shard / f"{compiled.key}.ptx.orig",
         shard / "README",
-        cache / "cd" / f"{'CD' * 32}.json",  # upper case: not ours
+        cache / c / f"{c.upper() * 32}.json",  # upper case: not ours
         outside / f"{other_key}.json",
     ]
     for path in keep:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("not ours")
-    (cache / "ff").symlink_to(outside, target_is_directory=True)  # never followed
+    (cache / f).symlink_to(outside, target_is_directory=True)  # never followed
     (shard / f".{compiled.key}.json.abc123_x.tmp").write_text("a crashed write")
     assert cache_info()["disk_entries"] == 1
     assert clear_cache() == 1
