@@ -211,6 +211,46 @@ def test_nvrtc_library_not_found_is_a_compile_failure(monkeypatch):
         compile_kernel(kernel())
 
 
+_PRELOAD_CHILD = """
+import sys, threading, vyre_cuda
+from vyre_cuda.compile import nvrtc as n
+calls = []
+real = n._preload
+n._preload = lambda: (calls.append(1), real())
+assert "cuda.bindings.nvrtc" not in sys.modules, "loaded before any backend"
+backends = [vyre_cuda.CudaBackend(0), vyre_cuda.CudaBackend(0)]
+for t in threading.enumerate():
+    if t.name == "vyre_cuda-nvrtc-preload":
+        t.join(60)
+print("preloads", len(calls), "cuda.bindings.nvrtc" in sys.modules)
+for b in backends:
+    b.close()
+"""
+
+
+def test_the_first_backend_preloads_nvrtc_once(fake_libcuda):
+    import fakecuda  # noqa: PLC0415 (tests/ is on the path under pytest)
+
+    proc = fakecuda.run_python(["-c", _PRELOAD_CHILD], fake_libcuda, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-3:] == ["preloads", "1", "True"], proc.stdout
+
+
+def test_a_failing_preload_is_silent_and_the_load_still_reports(monkeypatch):
+    def broken(name):
+        raise ImportError(f"{name}: libnvrtc.so.13: cannot open shared object file")
+
+    monkeypatch.setattr(nvrtc_mod, "importlib", type("M", (), {"import_module": staticmethod(broken)}))
+    nvrtc_mod._preload()  # raises nothing: the dispatch that needs NVRTC says what is wrong
+
+    def missing():
+        raise ImportError("libnvrtc.so.13: cannot open shared object file")
+
+    monkeypatch.setattr(nvrtc_mod, "_import_nvrtc", missing)
+    with pytest.raises(KernelCompileFailed, match="libnvrtc.so.13"):
+        compile_kernel(kernel(), arch=(9, 0))
+
+
 def test_include_dir_holds_the_header():
     folder = pathlib.Path(include_dir())
     assert folder.is_absolute()

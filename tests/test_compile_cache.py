@@ -339,10 +339,65 @@ def test_missing_header_names_the_package_that_provides_it(monkeypatch, header, 
 
 def test_key_covers_the_cuda_headers(monkeypatch):
     options = ("-std=c++17", "-arch=sm_90")
-    k = variant(5)
-    base = cache_mod.cache_key((13, 3), options, k)
+    reads_headers = Kernel.cuda("#include <cuda_fp16.h>\n" + SOURCE)
+    own_only = variant(5)
+    before = [cache_mod.cache_key((13, 3), options, k) for k in (reads_headers, own_only)]
     monkeypatch.setattr(cache_mod, "headers_fingerprint", lambda: (("/somewhere/include", "cuda_runtime_api.h", 1, 2),))
-    assert cache_mod.cache_key((13, 3), options, k) != base
+    after = [cache_mod.cache_key((13, 3), options, k) for k in (reads_headers, own_only)]
+    assert after[0] != before[0]
+    assert after[1] == before[1]  # it reads no CUDA header: their change does not recompile it
+
+
+OWN = '#include "vyre_cuda.cuh"\n'
+
+
+@pytest.mark.parametrize(
+    ("source", "options", "needs"),
+    [
+        (OWN + "VYRE_KERNEL vyre_main() {}", (), False),
+        ("  #  include   \"vyre_cuda.cuh\"  \nVYRE_KERNEL vyre_main() {}", ("-lineinfo", "-DX=1"), False),
+        ("VYRE_KERNEL vyre_main() {}", ("--use_fast_math",), False),
+        ("#include <cuda_fp16.h>\n" + OWN, (), True),
+        ("# include <cuda/std/cstdint>\n", (), True),
+        ("%:include <mma.h>\n", (), True),
+        ("#inc\\\nlude <mma.h>\n", (), True),  # a backslash-newline inside the directive name
+        ("#inc\\\r\nlude <mma.h>\n", (), True),
+        ('#include "helpers.cuh"\n', (), True),
+        ("#if __has_include(<cuda_fp16.h>)\n#endif\n", (), True),
+        (OWN.rstrip() + "  // and a comment\n", (), True),  # read as text: kept on the safe side
+        ("// include nothing\n", (), True),
+        (OWN, ("-I/opt/mine",), True),
+        (OWN, ("--include-path=/opt/mine",), True),
+        (OWN, ("--pre-include=extra.h",), True),
+        (OWN, ("-include", "extra.h"), True),
+    ],
+)
+def test_needs_cuda_headers_reads_every_way_a_source_can_include(source, options, needs):
+    assert headers_mod.needs_cuda_headers(Kernel.cuda(source, options=options)) is needs
+
+
+def test_vyre_cudas_own_headers_include_nothing():
+    # needs_cuda_headers() takes `#include "vyre_cuda.cuh"` as reading no other file
+    own = [p for p in pathlib.Path(headers_mod.include_dir()).iterdir() if p.is_file()]
+    assert own and all("include" not in p.read_text() for p in own)
+
+
+def test_a_kernel_reading_no_cuda_header_never_searches_for_them(monkeypatch):
+    calls = []
+
+    def searched():
+        calls.append(1)
+        return ()
+
+    monkeypatch.setattr(nvrtc_mod, "cuda_include_dirs", searched)
+    monkeypatch.setattr(cache_mod, "headers_fingerprint", searched)
+    compiled = compile_kernel(variant(6), arch=(9, 0))
+    clear_cache(memory=True, disk=False)
+    assert compile_kernel(variant(6), arch=(9, 0)).key == compiled.key  # the disk hit
+    assert cache_info()["disk_hits"] >= 1
+    assert calls == []
+    compile_kernel(Kernel.cuda("// include nothing\n" + SOURCE), arch=(9, 0))
+    assert len(calls) == 2  # options and key
 
 
 def test_headers_fingerprint_names_each_folder():

@@ -23,6 +23,7 @@ from . import _driver, tuning
 from ._plan_miss import PlanMiss
 from ._validate import check_int, check_size
 from .compile.modules import ModuleCache
+from .compile.nvrtc import preload_nvrtc
 from .config import as_config
 from .errors import (
     BackendError,
@@ -190,6 +191,7 @@ class CudaBackend:
         chunk_bytes, chunks, threads = _transfer_settings(staging_chunk_bytes, staging_chunks, copy_threads)
         trace_bits = trace_flags(trace)  # before the context is retained: a bad value leaks nothing
         self.device = int(device)
+        preload_nvrtc()  # overlaps the driver's start below; the first dispatch needs NVRTC's version
         _driver.init_driver()
         self._caps = DeviceCaps(**_driver.device_caps(self.device))
         self._ctx = _driver.retain_primary_context(self.device)

@@ -24,7 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from .headers import header_digest, headers_fingerprint
+from .headers import header_digest, headers_fingerprint, needs_cuda_headers
 from .nvrtc import FORMAT, CompiledKernel
 
 __all__ = [
@@ -123,7 +123,8 @@ def cache_key(version, options, kernel) -> str:
         "entry": kernel.entry,
         "digest": kernel.digest,
         "header": header_digest(),
-        "cuda_headers": [list(mark) for mark in headers_fingerprint()],
+        # a kernel that reads no CUDA header is not recompiled when those headers change
+        "cuda_headers": [list(mark) for mark in headers_fingerprint()] if needs_cuda_headers(kernel) else [],
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 

@@ -20,6 +20,7 @@ __all__ = [
     "cuda_include_dirs",
     "header_digest",
     "headers_fingerprint",
+    "needs_cuda_headers",
     "missing_header",
     "missing_header_fix",
 ]
@@ -111,6 +112,21 @@ _STD_HEADERS = frozenset(
         "vector",
     ]
 )
+# Where these appear, a compile may read a header outside vyre_cuda's own folder. ``include``
+# covers ``#include``, ``# include``, ``%:include``, ``__has_include`` and the include options;
+# backslash-newlines are spliced first, since NVRTC splices them before it reads directives.
+_OWN_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"vyre_cuda\.cuh"[ \t]*$', re.MULTILINE)
+_HEADER_OPTIONS = (
+    "-I",
+    "-include",
+    "-isystem",
+    "--include-path",
+    "--pre-include",
+    "-pch",
+    "--pch",
+    "--create-pch",
+    "--use-pch",
+)
 _MISSING = re.compile(r'(?:could not|cannot) open source file "([^"]+)"')
 
 
@@ -165,6 +181,29 @@ def _search_without_pathfinder():
         if os.path.isfile(os.path.join(folder, "cuda_fp16.h")):
             yield os.path.abspath(folder)
             return
+
+
+def needs_cuda_headers(kernel) -> bool:
+    """Whether compiling ``kernel`` may read a header other than vyre_cuda's own.
+
+    Only then are the CUDA include folders searched for and made part of the compile and of its
+    disk cache key. A source whose only include is ``#include "vyre_cuda.cuh"`` (which includes
+    nothing) and whose options name no header cannot read any other file, so the search (a
+    subprocess where no header wheel is installed) stays off its first dispatch. The test is on
+    the text: any other ``include`` in the source, in a comment too, counts as a need.
+
+    Examples
+    --------
+    >>> from vyre_cuda import Kernel
+    >>> needs_cuda_headers(Kernel.cuda('#include "vyre_cuda.cuh"\\nVYRE_KERNEL vyre_main() {}'))
+    False
+    >>> needs_cuda_headers(Kernel.cuda('#include <cuda_fp16.h>\\nVYRE_KERNEL vyre_main() {}'))
+    True
+    """
+    if any(opt.startswith(_HEADER_OPTIONS) for opt in kernel.options):
+        return True
+    source = kernel.source.replace("\\\r\n", "").replace("\\\n", "")
+    return "include" in _OWN_INCLUDE.sub("", source)
 
 
 @functools.lru_cache(maxsize=1)

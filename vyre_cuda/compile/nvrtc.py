@@ -7,11 +7,13 @@ cubin; ``notes/compile-cache.md`` measures this against cuda.core's ``Program``.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import re
+import threading
 from dataclasses import dataclass
 
 from ..errors import KernelCompileFailed, ValidationError
-from .headers import cuda_include_dirs, include_dir, missing_header, missing_header_fix
+from .headers import cuda_include_dirs, include_dir, missing_header, missing_header_fix, needs_cuda_headers
 
 __all__ = [
     "CompiledKernel",
@@ -23,6 +25,7 @@ __all__ = [
     "pass_through",
     "compile_source",
     "FORMAT",
+    "preload_nvrtc",
 ]
 
 # Bump when the disk layout or the key material changes, so old entries are never misread.
@@ -75,6 +78,34 @@ def _import_nvrtc():
     from cuda.bindings import nvrtc  # noqa: PLC0415 (resolved at first use, never at import)
 
     return nvrtc
+
+
+_preload_lock = threading.Lock()
+_preload_started = False
+
+
+def preload_nvrtc() -> None:
+    """Start loading NVRTC on a background thread, once per process; return at once.
+
+    ``CudaBackend()`` calls it before it initialises the driver: importing
+    ``cuda.bindings.nvrtc`` and loading the library (tens of milliseconds) then overlaps the
+    driver's start instead of adding to the first dispatch, which needs NVRTC's version for
+    the kernel cache key even on a hit. Any failure is left for :func:`load_nvrtc` to report
+    where it is called.
+    """
+    global _preload_started
+    with _preload_lock:
+        if _preload_started:
+            return
+        _preload_started = True
+    threading.Thread(target=_preload, name="vyre_cuda-nvrtc-preload", daemon=True).start()
+
+
+def _preload() -> None:
+    try:
+        importlib.import_module("cuda.bindings.nvrtc").nvrtcVersion()
+    except Exception:  # noqa: BLE001 (reported by the load that needs it, with its fix)
+        pass
 
 
 def load_nvrtc():
@@ -183,10 +214,11 @@ def target(nvrtc, version, arch):
 
 def compile_options(kernel, arch_option: str, define_opts: tuple) -> tuple:
     """Every NVRTC option of one compile, in order (also the cache key's option material)."""
+    cuda_dirs = cuda_include_dirs() if needs_cuda_headers(kernel) else ()
     return (
         "-std=c++17",
         f"--include-path={include_dir()}",
-        *(f"--include-path={d}" for d in cuda_include_dirs()),
+        *(f"--include-path={d}" for d in cuda_dirs),
         f"-arch={arch_option}",
         *define_opts,
         *kernel.options,
