@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
 
 import fakes
@@ -537,6 +538,87 @@ def test_digest_covers_kind_entry_options_and_source():
 def test_config_defaults():
     c = DispatchConfig()
     assert (c.workgroup_override, c.grid_override, c.iterations, c.cooperative, c.label) == (None, None, 1, False, None)
+
+
+_CONFIG_CHANGES = {
+    "workgroup_override": 64,
+    "grid_override": (8, 2),
+    "fixpoint_iterations": 3,
+    "cooperative": True,
+    "label": "x",
+    "timeout": 2.5,
+    "elements": 100,
+    "autotune": True,
+    "stream": 7,
+    "outputs": "device",
+    "graph": False,
+    "streamed": True,
+    "device_memory_budget": 1 << 30,
+}
+
+
+def test_configs_equal_field_by_field_and_hash_alike():
+    assert set(_CONFIG_CHANGES) == {f.name for f in dataclasses.fields(DispatchConfig)}
+    base = DispatchConfig()
+    for name, value in _CONFIG_CHANGES.items():
+        one, two = DispatchConfig(**{name: value}), DispatchConfig(**{name: value})
+        assert one == two and hash(one) == hash(two) and one is not two, name
+        assert one != base and base != one, name
+        assert {one: 1}[two] == 1
+    everything = DispatchConfig(**_CONFIG_CHANGES)
+    assert everything == dataclasses.replace(DispatchConfig(), **_CONFIG_CHANGES)
+    assert hash(everything) == hash(dataclasses.replace(DispatchConfig(), **_CONFIG_CHANGES))
+    assert DispatchConfig() != (None,) * len(_CONFIG_CHANGES)
+
+
+class _Stream:
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+def test_a_stream_object_is_held_by_the_config_and_not_by_its_plan_key_copy():
+    import weakref  # noqa: PLC0415
+
+    stream = _Stream(0x1234)
+    gone = weakref.ref(stream)
+    cfg = DispatchConfig(stream=stream, label="s")
+    keyed = cfg._without_stream_object()
+    assert keyed == cfg and hash(keyed) == hash(cfg) and keyed.stream == 0x1234
+    assert keyed == DispatchConfig(stream=0x1234, label="s")
+    del stream
+    assert gone() is not None  # the config keeps the caller's stream alive
+    del cfg
+    assert gone() is None  # the key copy does not
+    plain = DispatchConfig(stream=0x1234)
+    assert plain._without_stream_object() is plain  # an int handle: nothing held, nothing copied
+
+
+def test_a_pickled_config_hashes_by_the_loading_process(tmp_path):
+    # str hashes are salted per process: a config must not carry its hash across
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    blob = tmp_path / "cfg.pickle"
+    blob.write_bytes(pickle.dumps(DispatchConfig(label="a label", outputs="device", stream=_Stream(99))))
+    code = (
+        "import pickle, sys; from vyre_cuda.config import DispatchConfig\n"
+        "cfg = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+        "same = DispatchConfig(label='a label', outputs='device', stream=99)\n"
+        "assert cfg == same and hash(cfg) == hash(same) and {same: 1}[cfg] == 1, (hash(cfg), hash(same))\n"
+        "print('ok')\n"
+    )
+    for seed in ("1", "2"):
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(blob)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Literal
@@ -244,8 +243,10 @@ class DispatchConfig:
                 )
             object.__setattr__(self, "elements", int(n))
         if self.stream is not None:
-            # equality and hash go by the handle; the object stays referenced so it stays alive
-            object.__setattr__(self, "_stream_source", self.stream)
+            # equality and hash go by the handle; a stream object stays referenced so it stays
+            # alive (an int handle is the caller's to keep alive: nothing to hold)
+            if not is_int(self.stream):
+                object.__setattr__(self, "_stream_source", self.stream)
             object.__setattr__(self, "stream", stream_handle(self.stream))
         if self.outputs not in ("host", "device"):
             raise ValidationError(
@@ -253,6 +254,31 @@ class DispatchConfig:
                 "pass outputs='device' to keep the outputs in device memory, else leave it 'host'",
             )
         self._check_streamed()
+        # Every dispatch hashes its config for the plan lookup: once here, not 13 fields each time.
+        try:
+            hashed = hash(self._fields())
+        except TypeError:
+            hashed = None  # an unhashable field: __hash__ raises it where the dispatch looks up
+        object.__setattr__(self, "_hash", hashed)
+
+    def _fields(self) -> tuple:
+        return tuple(getattr(self, name) for name in _CONFIG_FIELDS)
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if other.__class__ is not DispatchConfig:
+            return NotImplemented
+        return self._hash == other._hash and self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        hashed = self._hash  # type: ignore[attr-defined]
+        return hash(self._fields()) if hashed is None else hashed
+
+    def __reduce__(self):
+        # rebuilt from its fields: the cached hash is per process (str hashes are salted), and a
+        # stream travels as its handle
+        return (DispatchConfig, self._fields())
 
     def _check_streamed(self) -> None:
         if self.streamed is None and self.device_memory_budget is None:
@@ -275,11 +301,13 @@ class DispatchConfig:
         stores this one: a cached plan must not hold a stream the caller dropped)."""
         if "_stream_source" not in self.__dict__:
             return self
-        keyed = copy.copy(self)
-        object.__delattr__(keyed, "_stream_source")
+        keyed = object.__new__(DispatchConfig)
+        keyed.__dict__.update(self.__dict__)
+        del keyed.__dict__["_stream_source"]
         return keyed
 
 
+_CONFIG_FIELDS = tuple(f.name for f in fields(DispatchConfig))
 _DEFAULT = DispatchConfig()
 
 
