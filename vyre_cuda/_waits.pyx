@@ -36,7 +36,8 @@ from .errors import DispatchFailed, ValidationError
 from .telemetry import TimedDispatchResult
 from ._io_checks import as_output_list, check_outputs
 from ._device_io import device_output
-from ._devarray import DeviceArray
+from ._devarray cimport DeviceArray
+from ._devview cimport DevView, read_device
 from numpy import frombuffer as _frombuffer
 
 cnp.import_array()
@@ -315,7 +316,11 @@ cdef class PendingDispatch:
                 piece.host = <char*>cnp.PyArray_DATA(<cnp.ndarray>outs[k])
             elif d.out_checked is not None and d.out_checked[k] is not None:
                 dv = d.out_checked[k]  # a device array check_outputs already checked
-            else:
+            elif p.device_outputs and type(outs[k]) is DeviceArray:
+                dv = read_device(outs[k], core.device, None)  # one new_outputs made for this slot
+                if dv is not None and dv.nbytes != piece.n:
+                    dv = None
+            if dv is None and type(outs[k]) is not cnp.ndarray:
                 d.out_views.resize(d.out_views.size() + 1)
                 try:
                     PyObject_GetBuffer(outs[k], &d.out_views.back(), PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
@@ -382,7 +387,7 @@ cdef class PendingDispatch:
             return 0
         if timeout is None and not self.timed_out:
             timeout = self.prep.timeout  # the dispatch's own timeout, until it has expired once
-        self.wait_timeout = _check_timeout(timeout)
+        self.wait_timeout = None if timeout is None else _check_timeout(timeout)
         self.deadline = 0 if self.wait_timeout is None else now_ns() + timeout_ns(self.wait_timeout)
         with nogil:
             outcome = wait_nogil(self, &st)
