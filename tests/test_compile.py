@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 
+import fakecuda
 import pytest
 
 from vyre_cuda.compile import (
@@ -229,8 +230,6 @@ for b in backends:
 
 
 def test_the_first_backend_preloads_nvrtc_once(fake_libcuda):
-    import fakecuda  # noqa: PLC0415 (tests/ is on the path under pytest)
-
     proc = fakecuda.run_python(["-c", _PRELOAD_CHILD], fake_libcuda, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-3:] == ["preloads", "1", "True"], proc.stdout

@@ -355,7 +355,7 @@ OWN = '#include "vyre_cuda.cuh"\n'
     ("source", "options", "needs"),
     [
         (OWN + "VYRE_KERNEL vyre_main() {}", (), False),
-        ("  #  include   \"vyre_cuda.cuh\"  \nVYRE_KERNEL vyre_main() {}", ("-lineinfo", "-DX=1"), False),
+        ('  #  include   "vyre_cuda.cuh"  \nVYRE_KERNEL vyre_main() {}', ("-lineinfo", "-DX=1"), False),
         ("VYRE_KERNEL vyre_main() {}", ("--use_fast_math",), False),
         ("#include <cuda_fp16.h>\n" + OWN, (), True),
         ("# include <cuda/std/cstdint>\n", (), True),

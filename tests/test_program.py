@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import subprocess
+import sys
+import weakref
 
 import fakes
 import numpy as np
@@ -580,8 +583,6 @@ class _Stream:
 
 
 def test_a_stream_object_is_held_by_the_config_and_not_by_its_plan_key_copy():
-    import weakref  # noqa: PLC0415
-
     stream = _Stream(0x1234)
     gone = weakref.ref(stream)
     cfg = DispatchConfig(stream=stream, label="s")
@@ -598,9 +599,6 @@ def test_a_stream_object_is_held_by_the_config_and_not_by_its_plan_key_copy():
 
 def test_a_pickled_config_hashes_by_the_loading_process(tmp_path):
     # str hashes are salted per process: a config must not carry its hash across
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
     blob = tmp_path / "cfg.pickle"
     blob.write_bytes(pickle.dumps(DispatchConfig(label="a label", outputs="device", stream=_Stream(99))))
     code = (

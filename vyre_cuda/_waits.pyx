@@ -37,7 +37,7 @@ from .telemetry import TimedDispatchResult
 from ._io_checks import as_output_list, check_outputs
 from ._device_io import device_output
 from ._devarray cimport DeviceArray
-from ._devview cimport DevView, read_device
+from ._devview cimport read_device
 from numpy import frombuffer as _frombuffer
 
 cnp.import_array()

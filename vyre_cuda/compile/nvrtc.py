@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import logging
 import re
 import threading
 from dataclasses import dataclass
@@ -104,8 +105,8 @@ def preload_nvrtc() -> None:
 def _preload() -> None:
     try:
         importlib.import_module("cuda.bindings.nvrtc").nvrtcVersion()
-    except Exception:  # noqa: BLE001 (reported by the load that needs it, with its fix)
-        pass
+    except Exception as exc:  # noqa: BLE001 (reported, with its fix, by the load that needs it)
+        logging.getLogger("vyre_cuda").debug("NVRTC preload failed (%s: %s)", type(exc).__name__, exc)
 
 
 def load_nvrtc():
