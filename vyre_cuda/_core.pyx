@@ -653,6 +653,10 @@ cdef class Core:
             # which result() returns (result_into copies them)
             d.s_outs = new_outputs(self, p)
             d._targets(d.s_outs)
+        elif p.device_outputs and not p.ring:
+            # result() copies the outputs device-to-device from the slab: no readback, unless
+            # result_into() takes them into host arrays (then read back late)
+            d.readback_skipped = True
         with nogil:
             st = issue(d, p, xfer, NULL, &call)
         self._after_enqueue(d, st, call)

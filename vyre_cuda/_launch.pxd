@@ -53,4 +53,5 @@ cdef cydriver.CUresult collect(PendingDispatch d, Prepared p, TransferEngine xfe
 cdef cydriver.CUresult device_copies(PendingDispatch d, const char** call) noexcept nogil
 cdef int stream_waits(PendingDispatch d, list streams) except -1
 cdef int late_device_outputs(PendingDispatch d) except -1
+cdef int late_readbacks(PendingDispatch d) except -1
 cdef void trial_record(Prepared p, bint issued, unsigned long long ns) noexcept

@@ -116,6 +116,43 @@ cdef int late_device_outputs(PendingDispatch d) except -1:
     return 0
 
 
+cdef int late_readbacks(PendingDispatch d) except -1:
+    """A dispatch enqueued without its readbacks (``outputs="device"``) whose outputs are taken
+    into host arrays after all (``result_into``): read the slab's outputs back to staging now,
+    on the dispatch stream, and wait for them."""
+    cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+    cdef const char* call = NULL
+    cdef Prepared p = d.prep
+    cdef size_t i
+    cdef bint needed = False
+    for i in range(d.out_pieces.size()):
+        if d.out_pieces[i].n:
+            needed = True
+    if not needed:
+        return 0
+    d.readback_skipped = False
+    with nogil:
+        for i in range(p.readbacks.size()):
+            call = b"cuMemcpyDtoHAsync"
+            st = cydriver.cuMemcpyDtoHAsync(d.f.staging + p.readbacks[i].offset, d.f.slab + p.readbacks[i].offset,
+                                            p.readbacks[i].nbytes, d.f.stream)
+            if st != cydriver.CUDA_SUCCESS:
+                break
+        if st == cydriver.CUDA_SUCCESS:
+            if d.f.has_done:
+                call = b"cuEventRecord"
+                st = cydriver.cuEventRecord(d.f.done, d.f.stream)
+                if st == cydriver.CUDA_SUCCESS:
+                    call = b"cuEventSynchronize"
+                    st = cydriver.cuEventSynchronize(d.f.done)
+            else:
+                call = b"cuStreamSynchronize"
+                st = cydriver.cuStreamSynchronize(d.f.stream)
+    if st != cydriver.CUDA_SUCCESS:
+        d.core._fail(d, st, call)
+    return 0
+
+
 cdef cydriver.CUresult collect(PendingDispatch d, Prepared p, TransferEngine xfer,
                                const char** call) noexcept nogil:
     """Bring the outputs to their targets once the GPU work is done."""
@@ -224,7 +261,7 @@ cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer,
         if st != cydriver.CUDA_SUCCESS:
             return st
     mark(marks, M_LAUNCH)
-    if not p.ring:
+    if not p.ring and not d.readback_skipped:
         for i in range(p.readbacks.size()):
             call[0] = b"cuMemcpyDtoHAsync"
             st = cydriver.cuMemcpyDtoHAsync(staging + p.readbacks[i].offset, f.slab + p.readbacks[i].offset,

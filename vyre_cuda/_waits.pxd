@@ -44,6 +44,7 @@ cdef class PendingDispatch:
     cdef vector[DevCopy] out_dev
     cdef vector[InPlace] out_inplace  # device outputs the kernel writes directly (no copy)
     cdef bint out_dev_issued
+    cdef bint readback_skipped  # no output was read back to staging at the enqueue (all device)
     cdef list keep  # device arrays (and DLPack capsules) the GPU uses, held until completion
     cdef list waits  # streams the dispatch stream waits on before its first copy
     cdef list out_checked  # per output: its checked device view (None: host), from check_outputs

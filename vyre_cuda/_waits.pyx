@@ -29,7 +29,7 @@ from ._transfer cimport TransferEngine
 from ._windows cimport CopyTask, Piece, page_locked
 from ._prepared cimport Prepared, DevCopy
 from ._core cimport Core
-from ._launch cimport collect, late_device_outputs, stream_waits
+from ._launch cimport collect, late_device_outputs, late_readbacks, stream_waits
 from ._tracing cimport nvtx_push, nvtx_pop, nvtx_end, S_RESULT
 from .config import _timeout as _check_timeout
 from .errors import DispatchFailed, ValidationError
@@ -263,11 +263,12 @@ cdef class PendingDispatch:
             for k in range(d.out_direct.size()):
                 if d.out_direct[k]:
                     direct += d.out_pieces[k].n
-        else:
+        elif not d.readback_skipped:
             core.tel[T_D2H_OPS] += p.tel_d2h_ops
-        core.tel[T_D2H_BYTES] += p.tel_d2h_bytes
-        core.tel[T_DIRECT_D2H_BYTES] += direct
-        core.tel[T_STAGED_D2H_BYTES] += p.tel_d2h_bytes - direct
+        if p.ring or not d.readback_skipped:
+            core.tel[T_D2H_BYTES] += p.tel_d2h_bytes
+            core.tel[T_DIRECT_D2H_BYTES] += direct
+            core.tel[T_STAGED_D2H_BYTES] += p.tel_d2h_bytes - direct
         d.ops[0] = d.ops[1] = 0
         return 0
 
@@ -357,6 +358,13 @@ cdef class PendingDispatch:
             d.out_pieces.push_back(piece)
         if waits is not None:
             stream_waits(d, waits)  # before the copies into them are enqueued
+        if not d.f.enqueued and not p.ring and not p.streamed:
+            # every output a device array: the slab's output bytes need not come back to staging
+            d.readback_skipped = True
+            for k in range(n):
+                if d.out_pieces[k].n:
+                    d.readback_skipped = False
+                    break
         if p.ring:
             with nogil:
                 for k in range(n):
@@ -401,6 +409,8 @@ cdef class PendingDispatch:
         cdef TransferEngine xfer = self.core.resources.xfer
         if self.s_outs is None:
             self._targets(outs)
+        if self.readback_skipped:
+            late_readbacks(self)  # (only when an output turned out to be host memory)
         if self.out_dev.size() and not self.out_dev_issued:
             late_device_outputs(self)
         with nogil:

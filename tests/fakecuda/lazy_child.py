@@ -385,6 +385,47 @@ def async_dispatches_in_flight_are_right(fake):
                 assert np.array_equal(out, a + b), (n, k)
 
 
+@scenario
+def device_outputs_are_right_without_a_readback(fake):
+    # outputs that are device arrays are never read back to staging at the enqueue; an
+    # outputs="device" dispatch_async taken into host arrays after all reads back late
+    dev = DispatchConfig(outputs="device")
+    with lazy_backend(fake, (1000,)) as backend:
+
+        def d2h_ops() -> int:
+            return backend.telemetry.snapshot()["d2h_ops"]
+
+        def on_device(x):
+            (arr,) = backend.dispatch(VECADD, [x, np.zeros_like(x)], dev)
+            return arr
+
+        for _ in range(2):
+            a, b = inputs(1000)
+            before = d2h_ops()
+            (out,) = backend.dispatch(VECADD, [a, b], dev)
+            assert d2h_ops() == before, "a blocking outputs='device' dispatch read its output back"
+            assert np.array_equal(out.copy_to_host(), a + b)
+            da, db = on_device(a), on_device(b)
+            target = on_device(np.zeros_like(a))
+            before = d2h_ops()
+            backend.dispatch_into(VECADD, [da, db], [target])
+            assert d2h_ops() == before, "dispatch_into a device array read its output back"
+            assert np.array_equal(target.copy_to_host(), a + b)
+            pending = [backend.dispatch_async(VECADD, [da, db], dev) for _ in range(3)]
+            assert fake.lazy_pending() > 0, "the dispatches ran at enqueue"
+            assert np.array_equal(pending[0].result()[0].copy_to_host(), a + b)
+            host = np.full(1000, -1.0, np.float32)
+            before = d2h_ops()
+            pending[1].result_into([host])
+            assert np.array_equal(host, a + b), "result_into a host array after outputs='device'"
+            assert d2h_ops() == before + 1, "the late readback was not counted once"
+            into_dev = on_device(np.zeros_like(a))
+            pending[2].result_into([into_dev])
+            assert np.array_equal(into_dev.copy_to_host(), a + b)
+            (host_out,) = backend.dispatch(VECADD, [da, db])  # host outputs still read back
+            assert np.array_equal(host_out, a + b)
+
+
 def accumulate(launch: Launch) -> None:
     """out += a + b per launch (u32): after N launches out = N (a + b)."""
     n = int(launch.words(launch.arg(3), 1)[0])
