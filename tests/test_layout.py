@@ -249,3 +249,57 @@ def test_bucket_is_the_pool_bucket_of_the_slab():
         lay = plan([BufferDecl.read("a", 0, "f64"), BufferDecl.output("o", 1, "f64")], (8 * n,))[3]
         assert lay.bucket_bytes == bucket_size(lay.slab_bytes) >= lay.slab_bytes >= 2 * 8 * n
         assert np.log2(lay.bucket_bytes).is_integer()  # small slabs: power-of-two buckets
+
+
+# ---------------------------------------------------------------- params-only slab
+def on_device(buffers, lengths, device_inputs, config=None):
+    prog = Program(KERNEL, list(buffers))
+    bplan = plan_bindings(prog, lengths)
+    launch = plan_launch(prog, bplan, config or DispatchConfig(grid_override=1), CAPS)
+    return plan_layout(bplan, launch, (None,), frozenset(device_inputs))
+
+
+VEC = [BufferDecl.read("a", 0, "f32"), BufferDecl.read("b", 1, "f32"), BufferDecl.output("o", 2, "f32")]
+
+
+@pytest.mark.parametrize("n", [1, 1000, 1 << 24])
+def test_device_inputs_and_whole_outputs_need_only_the_params_blocks(n):
+    lay = on_device(VEC, (4 * n, 4 * n), {0, 1})
+    assert lay.params_offsets[0] == 0 and lay.params_only_bytes == params_end(lay)
+    assert lay.params_only_bytes < lay.arg_offsets[2] <= lay.slab_bytes  # the output's region lies past them
+
+
+@pytest.mark.parametrize(
+    ("buffers", "lengths", "device_inputs", "why"),
+    [
+        (VEC, (4000, 4000), {1}, "a host input is uploaded"),
+        (VEC, (4000, 4000), set(), "host inputs"),
+        (
+            [BufferDecl.read("a", 0, "f32"), BufferDecl.read_write("io", 1, "f32"), BufferDecl.output("o", 2, "f32")],
+            (4000, 4000),
+            {0, 1},
+            "a read-write device input is copied into the slab",
+        ),
+        (
+            [BufferDecl.read("a", 0, "f32"), BufferDecl.output("o", 1, "f32", 1000, output_byte_range=(0, 16))],
+            (4000,),
+            {0},
+            "a byte range reads part of the slab's output",
+        ),
+        (VEC, (0, 0), {0, 1}, "an empty output"),
+    ],
+)
+def test_no_params_only_slab_when_a_dispatch_needs_more(buffers, lengths, device_inputs, why):
+    assert on_device(buffers, lengths, device_inputs).params_only_bytes == 0, why
+
+
+def test_prepared_keeps_the_params_only_slab_for_the_plain_route_only():
+    prog = Program(KERNEL, list(VEC))
+    bplan = plan_bindings(prog, (4000, 4000))
+    launch = plan_launch(prog, bplan, DispatchConfig(), CAPS)
+    lay = plan_layout(bplan, launch, (None,), frozenset({0, 1}))
+    assert prepared(prog, bplan, launch, lay).params_only_bucket == bucket_size(256)
+    split = Route("split", "test", launch.grid_blocks, 0)
+    assert prepared(prog, bplan, launch, lay, split).params_only_bucket == 0
+    host = plan_layout(bplan, launch, (None,), frozenset({0}))
+    assert prepared(prog, bplan, launch, host).params_only_bucket == 0

@@ -392,8 +392,16 @@ cdef class Core:
                 self.tel[T_DEVICE_ARRAYS_READ_IN_C] += len(into)
         if marks != NULL:
             marks[M_LOOKUP] = now_ns()
+        if p.compact_bucket:
+            if into is not None:
+                d.compact = d.out_checked is not None and d._fits_in_place(d.out_checked)
+            else:
+                # blocking outputs="device": new arrays, which overlap nothing (an async dispatch
+                # makes them only at result(), from the slab)
+                d.compact = p.device_outputs and not want_done
         # a caller's stream: wait on an event, not on it
-        self.resources.acquire(&d.f, p.bucket, p.staging_block, p.ring, p.ext, p.ext_stream, want_done or p.ext, timed,
+        self.resources.acquire(&d.f, p.compact_bucket if d.compact else p.bucket, p.staging_block,
+                               p.ring and not d.compact, p.ext, p.ext_stream, want_done or p.ext, timed,
                                p.s_streams - 1 if p.streamed else 0,
                                p.s_streams + (p.s_streams > 1) if p.streamed else 0)
         self.outstanding += 1
@@ -448,11 +456,11 @@ cdef class Core:
         return views
 
     cdef void _recycle(self, Prepared p, InFlight* f) noexcept:
-        self.resources.recycle(f, p.bucket, p.staging_block)
+        self.resources.recycle(f, f.bucket, p.staging_block)
 
     cdef void _leak(self, Prepared p, InFlight* f) noexcept:
         # the GPU may still use these (the stream could not be synchronised): written off
-        if self.resources.leak(f, p.bucket, p.staging_block):
+        if self.resources.leak(f, f.bucket, p.staging_block):
             self.tel[T_LEAKED_ALLOCATIONS] += 1
 
     cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1:
@@ -487,14 +495,14 @@ cdef class Core:
         d.f.enqueued = True
         self.tel[T_DISPATCHES] += 1
         self.tel[T_H2D_BYTES] += p.tel_h2d_bytes
-        self.tel[T_TRANSIENT_ALLOC_BYTES] += p.bucket
+        self.tel[T_TRANSIENT_ALLOC_BYTES] += d.f.bucket
         self.tel[T_PARAM_UPLOAD_BYTES] += p.tel_param_bytes
         self.tel[T_LAUNCHES] += p.tel_launches
         if p.route == ROUTE_COOPERATIVE:
             self.tel[T_COOPERATIVE_LAUNCHES] += p.tel_launches
         elif p.route == ROUTE_SPLIT:
             self.tel[T_SPLIT_LAUNCHES] += p.tel_launches
-        self.tel[T_MEMSET_OPS] += p.tel_memsets + d.out_inplace.size()
+        self.tel[T_MEMSET_OPS] += (0 if d.compact else p.tel_memsets) + d.out_inplace.size()
         self.tel[T_IN_PLACE_OUTPUTS] += d.out_inplace.size()
         if d.graph_events:
             self.tel[T_GRAPH_REPLAYS] += (d.graph_events & G_REPLAY) != 0

@@ -184,13 +184,15 @@ cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer,
     cdef cydriver.CUstream s = f.stream
     cdef unsigned long long t_begin = 0, copy_ns = 0
     cdef CoopOrder* order = p.coop_order
+    # a dispatch writing every output in place has a slab of params blocks only (Prepared)
+    cdef size_t upload_end = p.compact_upload_end if d.compact else p.upload_end
     if p.streamed:
         st = issue_streamed(d, p, xfer, call)
         mark(marks, M_EVENT)
         return st
     if marks != NULL:
         t_begin = now_ns()
-    if p.upload_end:
+    if upload_end:
         if p.ring:
             st = xfer.upload(s, f.slab, p.sources.data(), p.sources.size(), d.input_ptrs.data(),
                              d.direct.data(), p.params_ptr, &copy_ns, d.ops, call)
@@ -200,6 +202,8 @@ cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer,
             # the mirror: inputs, params and zeros into staging, then ONE upload
             for i in range(p.sources.size()):
                 src = &p.sources[i]
+                if src.offset >= upload_end:
+                    break  # (sorted: what follows are the outputs' zeros, which a compact slab lacks)
                 if src.kind == SRC_INPUT:
                     memcpy(staging + src.offset, d.input_ptrs[src.index] + src.src_offset, src.n)
                 elif src.kind == SRC_PARAMS:
@@ -209,7 +213,7 @@ cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer,
             if marks != NULL:
                 copy_ns = now_ns() - t_begin
             call[0] = b"cuMemcpyHtoDAsync"
-            st = cydriver.cuMemcpyHtoDAsync(f.slab, staging, p.upload_end, s)
+            st = cydriver.cuMemcpyHtoDAsync(f.slab, staging, upload_end, s)
             if st != cydriver.CUDA_SUCCESS:
                 return st
     if marks != NULL:
@@ -217,7 +221,7 @@ cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer,
         marks[M_STAGING] = t_begin + copy_ns
         marks[M_PARAMS] = marks[M_STAGING]
         marks[M_H2D] = now_ns()
-    if p.clear_end > p.clear_begin:
+    if p.clear_end > p.clear_begin and not d.compact:
         call[0] = b"cuMemsetD8Async"
         st = cydriver.cuMemsetD8Async(f.slab + p.clear_begin, 0, p.clear_end - p.clear_begin, s)
         if st != cydriver.CUDA_SUCCESS:
@@ -261,7 +265,7 @@ cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer,
         if st != cydriver.CUDA_SUCCESS:
             return st
     mark(marks, M_LAUNCH)
-    if not p.ring and not d.readback_skipped:
+    if not p.ring and not d.readback_skipped and not d.compact:
         for i in range(p.readbacks.size()):
             call[0] = b"cuMemcpyDtoHAsync"
             st = cydriver.cuMemcpyDtoHAsync(staging + p.readbacks[i].offset, f.slab + p.readbacks[i].offset,

@@ -138,6 +138,10 @@ cdef class Prepared:
     cdef cydriver.CUstream ext_stream
     cdef bint device_outputs  # DispatchConfig(outputs="device")
     cdef vector[long] out_args  # per output: its kernel argument when it may be written in place, else -1
+    # a dispatch whose every output is written in place uses only the slab's params blocks: this
+    # device block (0: the plan cannot: host or read-write inputs, byte ranges, another route)
+    cdef size_t compact_bucket
+    cdef size_t compact_upload_end  # the params blocks' end: what such a dispatch uploads
     # the streamed route (planning.stream.StreamPlan); the slab is its device block, ``sources``
     # its shared region, ``staging_block`` its staging slots (uploads first, then readbacks)
     cdef bint streamed
@@ -153,3 +157,5 @@ cdef class Prepared:
     cdef vector[StreamWhole] s_whole
     cdef ChunkShape s_full
     cdef ChunkShape s_last
+
+    cdef int _compact_from(self, layout) except -1

@@ -12,6 +12,7 @@ import struct
 
 from .program import BindingRole
 from .planning.binding import input_spec
+from ._accounting import align_up, bucket_size
 from libc.stdint cimport uintptr_t
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
@@ -134,9 +135,24 @@ cdef class Prepared:
         for slot, (_, nbytes) in zip(plan.bindings.outputs, layout.outputs):
             whole = slot.decl.output_byte_range is None and nbytes == slot.byte_len
             self.out_args.push_back(position[slot.binding] if whole and slot.role is BindingRole.OUTPUT else -1)
+        self._compact_from(layout)
         if self.route == ROUTE_STREAMED:
             self._streamed_from(plan.stream)
         return self
+
+    cdef int _compact_from(self, layout) except -1:
+        # the layout's params-only slab (every output written in place), for the plain route
+        # (cooperative launches read a barrier counter back through the full slab's staging)
+        cdef size_t end = layout.params_only_bytes
+        self.compact_bucket = 0
+        self.compact_upload_end = 0
+        if end == 0 or self.route != ROUTE_REGULAR or self.coop is not None:
+            return 0
+        if self.ring and end != self.upload_end:
+            return 0  # (the ring uploads every source: the upload must end with the params)
+        self.compact_upload_end = end
+        self.compact_bucket = bucket_size(align_up(end, 256))
+        return 0
 
     def _cover(self, runs):
         """``sources``: the (offset, bytes, kind, input, src offset) ``runs`` sorted, cut at
@@ -277,6 +293,11 @@ cdef class Prepared:
     def slab_bytes_(self):
         """Bytes of the device slab."""
         return self.slab_bytes
+
+    @property
+    def params_only_bucket(self):
+        """The device block of a dispatch writing every output in place (0: none can)."""
+        return self.compact_bucket
 
     @property
     def chunk_count(self):

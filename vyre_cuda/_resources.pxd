@@ -20,6 +20,7 @@ cdef struct InFlight:
     cydriver.CUevent t0
     cydriver.CUevent t1
     cydriver.CUdeviceptr slab
+    size_t bucket  # the device block size ``slab`` came as (the plan's, or its compact one)
     char* staging
     bint has_done
     bint timed

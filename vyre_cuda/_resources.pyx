@@ -57,6 +57,7 @@ cdef class Resources:
         f.has_done = False
         f.timed = False
         f.async_slab = ring and self.dpool.stream_ordered
+        f.bucket = bucket
         # any thread may dispatch: make the backend's context current before the first driver
         # call (GIL kept: this is cheaper than a GIL release and re-acquire)
         bind_context(self.ctx)

@@ -44,6 +44,7 @@ cdef class PendingDispatch:
     cdef vector[DevCopy] out_dev
     cdef vector[InPlace] out_inplace  # device outputs the kernel writes directly (no copy)
     cdef bint out_dev_issued
+    cdef bint compact  # every output written in place: the slab holds the params blocks only
     cdef bint readback_skipped  # no output was read back to staging at the enqueue (all device)
     cdef list keep  # device arrays (and DLPack capsules) the GPU uses, held until completion
     cdef list waits  # streams the dispatch stream waits on before its first copy
@@ -70,6 +71,7 @@ cdef class PendingDispatch:
     cdef int _after_wait(self, int outcome, cydriver.CUresult status, const char* call) except -1
     cdef int _targets(self, list outs) except -1
     cdef bint _overlaps_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept
+    cdef int _fits_in_place(self, list views) except -1
     cdef int _collect(self, list outs) except -1
     cdef int _after_collect(self, cydriver.CUresult status, const char* call) except -1
     cdef int _audit(self) except -1

@@ -346,6 +346,9 @@ cdef class PendingDispatch:
                     # not yet launched, and no input shares its bytes: the kernel writes it
                     ip.arg, ip.ptr, ip.n = <size_t>p.out_args[k], dc.ptr, piece.n
                     d.out_inplace.push_back(ip)
+                elif d.compact:
+                    # (decided in Core._begin by _fits_in_place: the slab has no room for it)
+                    raise RuntimeError(f"vyre_cuda internal error: output {k} was planned in place")
                 else:
                     d.out_dev.push_back(dc)
                 if d.keep is None:
@@ -371,6 +374,29 @@ cdef class PendingDispatch:
                     if d.out_pieces[k].n and page_locked(d.out_pieces[k].host, d.out_pieces[k].n):
                         d.out_direct[k] = 1
         return 0
+
+    cdef int _fits_in_place(self, list views) except -1:
+        """Whether every output of ``views`` (checked device views, in order) will be written in
+        place by :meth:`_targets`: the same rule, decided before the slab is taken."""
+        cdef Prepared p = self.prep
+        cdef size_t k, j, n, m
+        cdef cydriver.CUdeviceptr ptr, other, start
+        if len(views) != <Py_ssize_t>p.out_args.size():
+            return 0
+        for k in range(len(views)):
+            v = views[k]
+            if v is None or p.out_args[k] < 0 or p.outputs[k].nbytes == 0:
+                return 0
+            ptr, n = <cydriver.CUdeviceptr>v.ptr, p.outputs[k].nbytes
+            for j in range(p.dev_args.size()):
+                start = self.dev_ptrs[p.dev_args[j].input]
+                if start < ptr + n and ptr < start + p.dev_args[j].nbytes:
+                    return 0
+            for j in range(k):
+                other, m = <cydriver.CUdeviceptr>views[j].ptr, p.outputs[j].nbytes
+                if other < ptr + n and ptr < other + m:
+                    return 0
+        return 1
 
     cdef bint _overlaps_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept:
         # an output written in place must share no byte with a device input (nor with another

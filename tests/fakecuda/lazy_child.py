@@ -426,6 +426,47 @@ def device_outputs_are_right_without_a_readback(fake):
             assert np.array_equal(host_out, a + b)
 
 
+@scenario
+def outputs_all_written_in_place_take_a_params_only_slab(fake):
+    # every input on the device and every output written in place: the slab holds the params
+    # blocks only (no output region, no clear), at both sizes (mirror and ring plans)
+    dev = DispatchConfig(outputs="device")
+    with lazy_backend(fake, (1000, LARGE)) as backend:
+
+        def counters() -> dict:
+            return backend.telemetry.snapshot()
+
+        def on_device(x):
+            (arr,) = backend.dispatch(VECADD, [x, np.zeros_like(x)], dev)
+            return arr
+
+        for n in (1000, LARGE, 1000):
+            a, b = inputs(n)
+            da, db = on_device(a), on_device(b)
+            target = on_device(np.full(n, -1.0, np.float32))
+            full = backend.plan_info(VECADD, [da, db]).layout.bucket_bytes
+            before = counters()
+            backend.dispatch_into(VECADD, [da, db], [target])
+            after = counters()
+            assert np.array_equal(target.copy_to_host(), a + b), n
+            slab = after["transient_alloc_bytes"] - before["transient_alloc_bytes"]
+            assert 0 < slab <= 4096 < full, (n, slab, full)
+            assert after["memset_ops"] - before["memset_ops"] == 1, "only the in-place output is zeroed"
+            assert after["in_place_outputs"] - before["in_place_outputs"] == 1
+            before = counters()
+            (out,) = backend.dispatch(VECADD, [da, db], dev)  # new arrays: in place too
+            assert np.array_equal(out.copy_to_host(), a + b), n
+            assert counters()["transient_alloc_bytes"] - before["transient_alloc_bytes"] <= 4096
+            # an output that is also an input is copied from a full slab, and right
+            backend.dispatch_into(VECADD, [da, db], [da])
+            assert np.array_equal(da.copy_to_host(), a + b), n
+            # a host input: the full slab, and right
+            before = counters()
+            backend.dispatch_into(VECADD, [a, db], [target])
+            assert np.array_equal(target.copy_to_host(), a + b), n
+            assert counters()["transient_alloc_bytes"] - before["transient_alloc_bytes"] > 4096
+
+
 def accumulate(launch: Launch) -> None:
     """out += a + b per launch (u32): after N launches out = N (a + b)."""
     n = int(launch.words(launch.arg(3), 1)[0])

@@ -48,6 +48,10 @@ class SlabLayout:
     bucket_bytes: int  # pool bucket of the slab
     # (argument position, input index, slab offset or -1 when used in place, byte_len) per device input
     device_args: tuple = ()
+    # When every input is on the device and read-only and every output is whole and non-empty,
+    # a dispatch that writes all its outputs in place needs the slab's params blocks only:
+    # [0, params_only_bytes) (0: this layout has no such dispatch)
+    params_only_bytes: int = 0
 
 
 def _merge(segments):
@@ -108,7 +112,7 @@ def plan_layout(bplan, launch, phase_ranges=(None,), device_inputs=frozenset()) 
         blob += raw + bytes(block_bytes - len(raw))
         offset = checked_add(offset, block_bytes, "params offset")
         h2d = checked_add(h2d, 4 * len(words), "uploaded bytes")
-    upload_end = offset
+    upload_end = params_end = offset
     # zero each input's tail up to the next region, so every uploaded byte is defined
     starts = [start for _, start, _, _ in inputs] + [params_start]
     inputs = [(i, start, n, starts[k + 1]) for k, (i, start, n, _) in enumerate(inputs)]
@@ -175,4 +179,15 @@ def plan_layout(bplan, launch, phase_ranges=(None,), device_inputs=frozenset()) 
         d2h_bytes=d2h,
         bucket_bytes=bucket,
         device_args=device_args,
+        params_only_bytes=_params_only_bytes(bplan, uploads, device_regions, params_start, params_end),
     )
+
+
+def _params_only_bytes(bplan, uploads, device_regions, params_start, params_end) -> int:
+    # with nothing uploaded the params blocks start the slab
+    if uploads or device_regions or not bplan.outputs or params_start != 0:
+        return 0
+    for slot in bplan.outputs:
+        if slot.role is not BindingRole.OUTPUT or slot.decl.output_byte_range is not None or slot.byte_len == 0:
+            return 0
+    return params_end
