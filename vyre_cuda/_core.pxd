@@ -49,5 +49,5 @@ cdef class Core:
     cdef int _after_enqueue(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1
     cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks, Prepared given)
     cdef object _run_blocking(self, PendingDispatch d, config, list into, unsigned long long* marks)
-    cdef PendingDispatch _async(self, program, inputs, config, bint timed, Prepared given)
-    cdef PendingDispatch _run_async(self, PendingDispatch d, config, bint timed, unsigned long long t0)
+    cdef PendingDispatch _async(self, program, inputs, config, bint timed, Prepared given, list into)
+    cdef PendingDispatch _run_async(self, PendingDispatch d, config, bint timed, unsigned long long t0, list into)

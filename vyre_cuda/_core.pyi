@@ -77,6 +77,7 @@ class Core:
         config: Any = ...,
         timed: bool = ...,
         prep: Prepared | None = ...,
+        outputs: Sequence[Any] | None = ...,
     ) -> PendingDispatch: ...
     def dispatch_timed(
         self, program: Any, inputs: Sequence[Any], config: Any = ..., prep: Prepared | None = ...

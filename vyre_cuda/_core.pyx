@@ -629,15 +629,24 @@ cdef class Core:
             trace_line(self.logger, p, marks)
         return outs
 
-    def dispatch_async(self, program, inputs, config=None, bint timed=False, Prepared prep=None):
-        """Enqueue and return the PendingDispatch that owns everything the GPU still uses."""
+    def dispatch_async(self, program, inputs, config=None, bint timed=False, Prepared prep=None, outputs=None):
+        """Enqueue and return the PendingDispatch that owns everything the GPU still uses;
+        ``outputs``: the caller's arrays it writes (checked before anything runs), else its own."""
+        cdef list outs = None
         self._enter()
         try:
-            return self._async(program, inputs, config, timed, prep)
+            if outputs is not None:
+                outs = as_output_list(outputs)
+            try:
+                return self._async(program, inputs, config, timed, prep, outs)
+            except PlanMiss as miss:
+                if outs is not None:
+                    miss.outputs = outs  # (an iterator of outputs is used up: the retry takes these)
+                raise
         finally:
             self.busy -= 1
 
-    cdef PendingDispatch _async(self, program, inputs, config, bint timed, Prepared given):
+    cdef PendingDispatch _async(self, program, inputs, config, bint timed, Prepared given, list into):
         """The lookup of an async dispatch; then, traced or not, the enqueue."""
         cdef PendingDispatch d
         cdef unsigned long long t0 = now_ns()
@@ -645,18 +654,25 @@ cdef class Core:
             config = self._converted(program, config, False)
         if self.trace & TRACE_NVTX:
             d = self._open_traced(program, inputs, config, given, False)
-            return nvtx_async(self, d, program, config, timed, t0)
+            return nvtx_async(self, d, program, config, timed, t0, into)
         d = self._open(program, inputs, config, given)
-        return self._run_async(d, config, timed, t0)
+        return self._run_async(d, config, timed, t0, into)
 
-    cdef PendingDispatch _run_async(self, PendingDispatch d, config, bint timed, unsigned long long t0):
+    cdef PendingDispatch _run_async(self, PendingDispatch d, config, bint timed, unsigned long long t0,
+                                    list into):
         cdef Prepared p = d.prep
         cdef TransferEngine xfer = self.resources.xfer
         cdef cydriver.CUresult st
         cdef const char* call = NULL
-        self._begin(d, config, None, True, timed, NULL)
+        self._begin(d, config, into, True, timed, NULL)
         d.f.t_start = t0
-        if p.streamed:
+        if into is not None:
+            # the caller's arrays, checked by _begin: device ones are written in stream order
+            # (in place when they can be), host ones when the result is taken
+            d.s_outs = into
+            d.named_outputs = True
+            d._targets(into)
+        elif p.streamed:
             # the chunks' outputs leave the device as the dispatch runs: into arrays of its own,
             # which result() returns (result_into copies them)
             d.s_outs = new_outputs(self, p)

@@ -52,7 +52,8 @@ cdef void mark_stage(unsigned long long* marks, int k) noexcept nogil
 cdef tuple stage_durations(unsigned long long* m)
 cdef void trace_line(logger, Prepared p, unsigned long long* marks) noexcept
 cdef object nvtx_blocking(Core core, PendingDispatch d, program, config, list into, unsigned long long* marks)
-cdef PendingDispatch nvtx_async(Core core, PendingDispatch d, program, config, bint timed, unsigned long long t0)
+cdef PendingDispatch nvtx_async(Core core, PendingDispatch d, program, config, bint timed, unsigned long long t0,
+                                list into)
 cdef void nvtx_refused(program, config, bint blocking) noexcept
 
 

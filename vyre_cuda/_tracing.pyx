@@ -124,7 +124,7 @@ cdef object nvtx_blocking(Core core, PendingDispatch d, program, config, list in
 
 
 cdef PendingDispatch nvtx_async(Core core, PendingDispatch d, program, config, bint timed,
-                                unsigned long long t0):
+                                unsigned long long t0, list into):
     """An async dispatch (its plan already looked up): a start/end range from here until its
     result is taken (or it fails or is dropped; it may end on another thread), with an
     "enqueue" range nested here."""
@@ -132,7 +132,7 @@ cdef PendingDispatch nvtx_async(Core core, PendingDispatch d, program, config, b
     cdef unsigned long long rid = vyre_nvtx_start(label)
     vyre_nvtx_push(b"enqueue", S_ENQUEUE)
     try:
-        d = core._run_async(d, config, timed, t0)
+        d = core._run_async(d, config, timed, t0, into)
     except BaseException:
         vyre_nvtx_end(rid)
         raise

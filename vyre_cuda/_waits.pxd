@@ -63,6 +63,7 @@ cdef class PendingDispatch:
     cdef unsigned long long s_direct_h2d
     cdef vector[cydriver.CUdeviceptr] s_out_dev
     cdef list s_outs
+    cdef bint named_outputs  # s_outs are the caller's: dispatch_async(outputs=...)
 
     cdef void _release_views(self) noexcept
     cdef void _release_out_views(self) noexcept

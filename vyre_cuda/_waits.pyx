@@ -504,7 +504,8 @@ cdef class PendingDispatch:
         self.core._fail(self, status, b"cuEventQuery")
 
     def result(self, timeout=None):
-        """Wait, then return the outputs as new numpy arrays (declaration order).
+        """Wait, then return the outputs (declaration order): new numpy arrays, new device arrays
+        (``outputs="device"``) or the arrays named in ``dispatch_async(..., outputs=...)``.
 
         ``timeout`` (seconds) bounds this wait. None (the default) applies the dispatch's
         ``DispatchConfig(timeout=...)`` until that has expired once, and then waits until the GPU
@@ -550,6 +551,12 @@ cdef class PendingDispatch:
 
     cdef object _result_into(self, outputs, timeout):
         outputs = as_output_list(outputs)
+        if self.named_outputs:
+            raise ValidationError(
+                "this dispatch writes the outputs named in dispatch_async(..., outputs=...); "
+                "result_into cannot send them elsewhere",
+                "call result() (it returns those arrays), or name the arrays you want in dispatch_async",
+            )
         self._take()
         stream = <uintptr_t>self.prep.ext_stream if self.prep.ext else None
         self.out_checked = check_outputs(self.prep.plan, outputs, self.core.device, stream)

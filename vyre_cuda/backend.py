@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from .config import DispatchConfig
     from .program import Program
     from .tuning import TuneResult
-    from .typing import ConfigLike, HostOutput, InputBuffer, OutputT
+    from .typing import ConfigLike, HostOutput, InputBuffer, OutputBuffer, OutputT
 
 __all__ = ["CudaBackend", "TimedDispatchResult", "driver_status", "reset_device", "PlanInfo"]
 
@@ -277,13 +277,26 @@ class CudaBackend:
         return self._core.dispatch(program, miss.inputs, config, self._insert_plan(miss, program))
 
     def dispatch_async(
-        self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None, *, timed: bool = False
+        self,
+        program: Program,
+        inputs: Sequence[InputBuffer],
+        config: ConfigLike = None,
+        *,
+        timed: bool = False,
+        outputs: Sequence[OutputBuffer] | None = None,
     ) -> PendingDispatch:
         """Enqueue the dispatch and return at once.
 
         Parameters are those of :meth:`dispatch`; ``timed=True`` records device events so that
         :meth:`PendingDispatch.timed_result` can report device time. The inputs may be reused as
         soon as this returns.
+
+        ``outputs`` names the arrays to write, as :meth:`dispatch_into` does (checked before
+        anything runs): device arrays are written in the dispatch's stream order (by the kernel
+        itself when no input shares their memory), host arrays when the result is taken, and
+        ``result()`` returns them. On a caller's stream (``DispatchConfig(stream=s)``) with device
+        arrays in and out, this only enqueues: a pipeline of dispatches and other libraries'
+        kernels on ``s`` runs with no host wait until ``result()`` or ``s`` is synchronised.
 
         Returns
         -------
@@ -292,10 +305,12 @@ class CudaBackend:
             un-awaited is safe (it waits, then recycles).
         """
         try:
-            return self._core.dispatch_async(program, inputs, config, timed)
+            return self._core.dispatch_async(program, inputs, config, timed, None, outputs)
         except PlanMiss as exc:
             miss = exc.with_traceback(None)
-        return self._core.dispatch_async(program, miss.inputs, config, timed, self._insert_plan(miss, program, False))
+        outputs = outputs if miss.outputs is None else miss.outputs
+        prep = self._insert_plan(miss, program, False)
+        return self._core.dispatch_async(program, miss.inputs, config, timed, prep, outputs)
 
     def dispatch_into(
         self, program: Program, inputs: Sequence[InputBuffer], outputs: Sequence[OutputT], config: ConfigLike = None

@@ -467,6 +467,58 @@ def outputs_all_written_in_place_take_a_params_only_slab(fake):
             assert counters()["transient_alloc_bytes"] - before["transient_alloc_bytes"] > 4096
 
 
+@scenario
+def a_pipeline_of_dispatches_on_a_callers_stream_only_enqueues(fake):
+    # 100 dependent steps x <- x + b on device arrays, each dispatch_async writing the next
+    # array: nothing runs until the result is taken (lazy mode runs stream work only when the
+    # host waits for it), and every step's array holds its partial sum after
+    dev = DispatchConfig(outputs="device")
+    steps = 100
+    with lazy_backend(fake, (1000,)) as backend:
+        a, b = inputs(1000)
+        x0, db = (backend.dispatch(VECADD, [v, np.zeros_like(v)], dev)[0] for v in (a, b))
+        arrays = [backend.dispatch(VECADD, [np.zeros_like(a), np.zeros_like(a)], dev)[0] for _ in range(steps)]
+        stream = VP()
+        assert fake.lib.cuStreamCreate(ctypes.byref(stream), 1) == 0
+        try:
+            cfg = DispatchConfig(stream=stream.value)
+            queued = fake.lazy_pending()
+            pending, cur = [], x0
+            for nxt in arrays:
+                pending.append(backend.dispatch_async(VECADD, [cur, db], cfg, outputs=[nxt]))
+                cur = nxt
+            assert fake.lazy_pending() - queued >= 2 * steps, "a dispatch waited for the stream"
+            first = array_at(arrays[0].__cuda_array_interface__["data"][0], np.float32, 1000)  # (reads, forces nothing)
+            assert not np.array_equal(first, a + b), "step 0 ran before its result was taken"
+            (last,) = pending[-1].result()
+            assert last is arrays[-1]
+            want = a.copy()
+            for k, p in enumerate(pending):
+                want = want + b
+                (got,) = p.result() if k < steps - 1 else (last,)
+                assert got is arrays[k] and np.array_equal(got.copy_to_host(), want), k
+            host = np.empty_like(a)
+            (same,) = backend.dispatch_async(VECADD, [x0, db], cfg, outputs=[host]).result()
+            assert same is host and np.array_equal(host, a + b), "a host output named at dispatch_async"
+            named = backend.dispatch_async(VECADD, [x0, db], cfg, outputs=[arrays[0]])
+            try:
+                named.result_into([host])
+                raise AssertionError("result_into of a dispatch with named outputs was taken")
+            except vc.ValidationError as err:
+                assert "outputs=" in err.message and str(err).splitlines()[-1].startswith("Fix: ")
+            assert named.result()[0] is arrays[0]
+            for bad in ([np.empty(1000, np.float64)], [np.empty(999, np.float32)], [arrays[0], host]):
+                try:
+                    backend.dispatch_async(VECADD, [x0, db], cfg, outputs=bad)
+                    raise AssertionError(f"outputs {[(o.dtype, o.size) for o in bad]} were taken")
+                except vc.ValidationError as err:
+                    assert str(err).splitlines()[-1].startswith("Fix: "), err
+            (again,) = backend.dispatch_async(VECADD, [x0, db], cfg, outputs=[host]).result()
+            assert np.array_equal(again, a + b), "a dispatch after the refusals"
+        finally:
+            assert fake.lib.cuStreamDestroy(stream) == 0
+
+
 def accumulate(launch: Launch) -> None:
     """out += a + b per launch (u32): after N launches out = N (a + b)."""
     n = int(launch.words(launch.arg(3), 1)[0])
