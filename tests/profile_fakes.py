@@ -82,6 +82,7 @@ class FakeBackend(ProfiledBackend):
         self.threads_seen = set()
         self.into_inputs = []
         self.calls = []  # (entry point, program name, config) of every dispatch
+        self.async_outputs: list = []  # the outputs= of every dispatch_async (None: its own)
         self.plans = []  # (program name, input bytes) of every plan_info call
         self.lock = threading.Lock()
         self.telemetry = _FakeTelemetry(self, with_allocations)
@@ -125,11 +126,16 @@ class FakeBackend(ProfiledBackend):
         spent = time.perf_counter_ns() - t0
         return outs, tuple([spent // len(STAGES)] * len(STAGES))
 
-    def dispatch_async(self, program, inputs, config=None):
+    def dispatch_async(self, program, inputs, config=None, *, outputs=None):
         self._count()
         self.calls.append(("dispatch_async", getattr(program, "name", None), config))
+        self.async_outputs.append(outputs)
         outs = _fake_add([np.asarray(x) for x in inputs])
-        if getattr(config, "outputs", "host") == "device":
+        if outputs is not None:
+            for out, res in zip(outputs, outs):
+                out[...] = res
+            outs = list(outputs)
+        elif getattr(config, "outputs", "host") == "device":
             outs = [np.array(o, copy=True).view(FakeDeviceArray) for o in outs]
         return _FakePending(outs)
 

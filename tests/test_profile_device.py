@@ -218,13 +218,16 @@ def test_every_device_row_runs_on_faked_peers(fake_device, monkeypatch, stream_f
     assert "peer.cuda_core" not in s.systems and "peer.cuda_core.launch_only" not in s.systems  # no such series
     keys = {t.key for t in report.targets}
     assert keys >= DEVICE_TARGETS
-    # outputs="device" from CuPy inputs; the enqueue row on the caller's CuPy stream, handed as its handle
+    # outputs="device" from CuPy inputs; the enqueue row on the caller's CuPy stream (its handle),
+    # writing a CuPy output it names
     device_out = [
         cfg for kind, _, cfg in backend.calls if kind == "dispatch" and getattr(cfg, "outputs", "") == "device"
     ]
     assert device_out and all(cfg.stream is None for cfg in device_out)
     enqueued = [cfg for kind, _, cfg in backend.calls if kind == "dispatch_async" and cfg is not None]
-    assert enqueued and all(cfg.stream == 0x5000 and cfg.outputs == "device" for cfg in enqueued)
+    assert enqueued and all(cfg.stream == 0x5000 and cfg.outputs == "host" for cfg in enqueued)
+    named = [outs for outs in backend.async_outputs if outs is not None]
+    assert len(named) == len(enqueued) and all(len(outs) == 1 for outs in named)  # one CuPy output, named
     assert len(enqueued) % engine.LAUNCH_BATCH == 0
     assert core.launches and all(k == ("kernel", "vecadd") for k in core.launches)  # the floor's entry
 

@@ -140,36 +140,37 @@ class CupyPeer:
         return run, verify
 
     def vyre_enqueue(self, backend, program):
-        """vyre_cuda ``dispatch_async`` of the same CuPy inputs on a caller's CuPy stream, with
-        ``outputs="device"``: the host time of the enqueue alone, per dispatch over batches of
-        LAUNCH_BATCH; each batch is completed with ``.result()`` outside the timing."""
+        """vyre_cuda ``dispatch_async`` of the same CuPy inputs on a caller's CuPy stream, writing
+        a CuPy output it names (``outputs=[...]``, as cuda.core's ``launch`` writes its buffer):
+        the host time of the enqueue alone, per dispatch over batches of LAUNCH_BATCH; each batch
+        is completed with ``.result()`` outside the timing."""
         import vyre_cuda
 
         cp = self.cp
         self.device.use()
         self.stream = cp.cuda.Stream(non_blocking=True)
+        d_out = cp.zeros(self.d_a.shape[0], cp.float32)
         cp.cuda.Device().synchronize()  # the inputs were written on CuPy's current stream
-        config = vyre_cuda.DispatchConfig(stream=self.stream.ptr, outputs="device")
-        ins = [self.d_a, self.d_b]
+        config = vyre_cuda.DispatchConfig(stream=self.stream.ptr)
+        ins, outs = [self.d_a, self.d_b], [d_out]
         dispatch_async = backend.dispatch_async
         state = {}
 
         def run(batches):
             pc = time.perf_counter_ns
             per = []
-            last = None
             for _ in range(batches):
                 pending: list = []
                 append = pending.append
                 t0 = pc()
                 for _ in range(LAUNCH_BATCH):
-                    append(dispatch_async(program, ins, config))
+                    append(dispatch_async(program, ins, config, outputs=outs))
                 t1 = pc()
                 for p in pending:
-                    last = p.result()
+                    p.result()
                 per.append((t1 - t0) / LAUNCH_BATCH)
                 del pending
-            state["out"] = None if last is None else last[0].copy_to_host()
+            state["out"] = d_out.get()
             return {"vyre.device.enqueue": per}
 
         def verify():
