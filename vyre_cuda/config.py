@@ -267,7 +267,7 @@ class DispatchConfig:
     def __eq__(self, other):
         if self is other:
             return True
-        if other.__class__ is not DispatchConfig:
+        if other.__class__ is not self.__class__:
             return NotImplemented
         return self._hash == other._hash and self._fields() == other._fields()  # type: ignore[attr-defined]
 
@@ -278,7 +278,7 @@ class DispatchConfig:
     def __reduce__(self):
         # rebuilt from its fields: the cached hash is per process (str hashes are salted), and a
         # stream travels as its handle
-        return (DispatchConfig, self._fields())
+        return (type(self), self._fields())
 
     def _check_streamed(self) -> None:
         if self.streamed is None and self.device_memory_budget is None:
@@ -301,7 +301,7 @@ class DispatchConfig:
         stores this one: a cached plan must not hold a stream the caller dropped)."""
         if "_stream_source" not in self.__dict__:
             return self
-        keyed = object.__new__(DispatchConfig)
+        keyed = object.__new__(type(self))
         keyed.__dict__.update(self.__dict__)
         del keyed.__dict__["_stream_source"]
         return keyed
