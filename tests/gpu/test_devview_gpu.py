@@ -8,26 +8,13 @@ ordered after it reads stale data, and the comparison with numpy fails.
 
 import numpy as np
 import pytest
+from helpers.spin import spin_copy
 
 import vyre_cuda as vc
 from vyre_cuda import builtin_programs as bp
 from vyre_cuda._devview import fallback_reason, protocol_of
 
-SPIN = r"""
-extern "C" __global__ void spin_copy(float* dst, const float* src, int n, long long cycles) {
-  long long t0 = clock64();
-  while (clock64() - t0 < cycles) { }
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = src[i];
-}
-"""
-CYCLES = 100_000_000  # ~50 ms at H200 clocks
 DEV = vc.DispatchConfig(outputs="device")
-
-
-def _spin_copy(cupy, dst, src):
-    n = dst.shape[0]
-    cupy.RawKernel(SPIN, "spin_copy")(((n + 255) // 256,), (256,), (dst, src, np.int32(n), np.int64(CYCLES)))
 
 
 def _read_counts(backend):
@@ -46,7 +33,7 @@ def test_cupy_arrays_are_read_in_c_and_ordered_after_their_stream(backend, rng, 
         assert protocol_of(d_a) == "cai" and fallback_reason(d_a, backend.device) == ""
         c0, p0 = _read_counts(backend)
         for _ in range(3):  # the first teaches the core the type (CuPy's buffer protocol refuses)
-            _spin_copy(cupy, d_a, src)  # d_a holds a only after the spin, on s
+            spin_copy(cupy, d_a, src)  # d_a holds a only after the spin, on s
             d_out = cupy.full(n, cupy.nan, cupy.float32)
             backend.dispatch_into(prog, [d_a, d_b], [d_out])  # on the pooled stream: must wait for s
             np.testing.assert_array_equal(d_out.get(), a + b)

@@ -7,25 +7,10 @@ fails. Work queued after the dispatch on the same stream must see its outputs.
 
 import numpy as np
 import pytest
+from helpers.spin import CYCLES, spin_copy
 
 import vyre_cuda as vc
 from vyre_cuda import builtin_programs as bp
-
-SPIN = r"""
-extern "C" __global__ void spin_fill(float* dst, const float* src, int n, long long cycles) {
-  long long t0 = clock64();
-  while (clock64() - t0 < cycles) { }
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) dst[i] = src[i];
-}
-"""
-CYCLES = 100_000_000  # ~50 ms at H200 clocks
-
-
-def _spin_fill(cupy, dst, src):
-    kernel = cupy.RawKernel(SPIN, "spin_fill")
-    n = dst.shape[0]
-    kernel(((n + 255) // 256,), (256,), (dst, src, np.int32(n), np.int64(CYCLES)))
 
 
 @pytest.mark.parametrize("n", [1000, 400_000])
@@ -37,7 +22,7 @@ def test_cupy_stream_orders_before_and_after(backend, rng, cupy, n):
     with s:
         src, d_b = cupy.asarray(a), cupy.asarray(b)
         d_a = cupy.zeros(n, cupy.float32)
-        _spin_fill(cupy, d_a, src)  # d_a is filled only after the spin
+        spin_copy(cupy, d_a, src)  # d_a is filled only after the spin
         d_out = cupy.zeros(n, cupy.float32)
     backend.dispatch_into(prog, [d_a, d_b], [d_out], vc.DispatchConfig(stream=s))
     with s:
@@ -46,7 +31,7 @@ def test_cupy_stream_orders_before_and_after(backend, rng, cupy, n):
     # the same through dispatch_async on a raw handle, result() as numpy
     with s:
         d_a.fill(0)
-        _spin_fill(cupy, d_a, src)
+        spin_copy(cupy, d_a, src)
     (out,) = backend.dispatch_async(prog, [d_a, d_b], vc.DispatchConfig(stream=s.ptr)).result()
     np.testing.assert_array_equal(out, a + b)
     snap = backend.telemetry.snapshot()
@@ -80,7 +65,7 @@ def test_pooled_stream_waits_for_the_producers_stream(backend, rng, cupy, torch)
     with s:
         src = cupy.asarray(a)
         d_a = cupy.zeros(n, cupy.float32)
-        _spin_fill(cupy, d_a, src)
+        spin_copy(cupy, d_a, src)
         (out,) = backend.dispatch(prog, [d_a, b])  # DLPack: cupy orders its stream before ours
     np.testing.assert_array_equal(out, a + b)
 
@@ -93,7 +78,7 @@ def test_pooled_stream_waits_for_the_producers_stream(backend, rng, cupy, torch)
 
     with s:
         d_a.fill(0)
-        _spin_fill(cupy, d_a, src)
+        spin_copy(cupy, d_a, src)
     (out,) = backend.dispatch(prog, [CAIOnly(d_a, s.ptr), b])  # CAI v3: we wait on its stream
     np.testing.assert_array_equal(out, a + b)
     # torch on its default (legacy) stream
@@ -121,6 +106,6 @@ def test_cuda_core_stream_protocol(backend, rng, cupy):
     with s:
         src = cupy.asarray(a)
         d_a = cupy.zeros(n, cupy.float32)
-        _spin_fill(cupy, d_a, src)
+        spin_copy(cupy, d_a, src)
     (out,) = backend.dispatch(prog, [d_a, b], vc.DispatchConfig(stream=Proto(s.ptr)))
     np.testing.assert_array_equal(out, a + b)
