@@ -47,6 +47,21 @@ def test_import_is_light_and_needs_no_driver():
     assert proc.stdout.strip() == f"imported {vyre_cuda.__version__}"
 
 
+def test_the_backend_module_leaves_the_streamed_planner_to_elementwise_programs():
+    # the first CudaBackend() imports vyre_cuda.backend; the streamed route's planner (a dozen
+    # frozen dataclasses) is imported by the first elementwise plan instead
+    code = (
+        "import sys, vyre_cuda.backend\n"
+        "assert 'vyre_cuda.planning.stream' not in sys.modules\n"
+        "import vyre_cuda.planning.dispatch\n"
+        "assert 'vyre_cuda.planning.stream' not in sys.modules\n"
+        "print('deferred')\n"
+    )
+    proc = python("-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "deferred"
+
+
 def test_driver_status():
     res = child_json("import json, vyre_cuda\nok, why = vyre_cuda.driver_status()\nprint(json.dumps([ok, why]))")
     ok, reason = res

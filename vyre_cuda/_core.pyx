@@ -543,7 +543,7 @@ cdef class Core:
         cdef list outs
         self._enter()
         try:
-            outs = as_output_list(outputs)
+            outs = outputs if type(outputs) is list else as_output_list(outputs)
             try:
                 return self._blocking(program, inputs, config, outs, NULL, prep)
             except PlanMiss as miss:
@@ -636,7 +636,7 @@ cdef class Core:
         self._enter()
         try:
             if outputs is not None:
-                outs = as_output_list(outputs)
+                outs = outputs if type(outputs) is list else as_output_list(outputs)
             try:
                 return self._async(program, inputs, config, timed, prep, outs)
             except PlanMiss as miss:

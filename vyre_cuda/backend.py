@@ -33,7 +33,6 @@ from .errors import (
 )
 from .planning.caps import DeviceCaps
 from .planning.dispatch import DispatchPlan, plan_dispatch, plan_route
-from .planning.stream import StreamTuning
 from .telemetry import Telemetry, TimedDispatchResult
 from .tracing import trace_flags
 
@@ -42,6 +41,7 @@ if TYPE_CHECKING:
 
     from ._waits import PendingDispatch
     from .config import DispatchConfig
+    from .planning.stream import StreamTuning
     from .program import Program
     from .tuning import TuneResult
     from .typing import ConfigLike, HostOutput, InputBuffer, OutputBuffer, OutputT

@@ -15,6 +15,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .._accounting import bucket_size
 from .._validate import require_program
@@ -25,7 +26,10 @@ from .binding import BindingPlan, input_spec, plan_bindings
 from .caps import DeviceCaps, check_capabilities
 from .launch import LaunchPlan, Route, barrier_ceiling, plan_launch, route_grid_sync
 from .layout import SlabLayout, plan_layout
-from .stream import StreamPlan, StreamTuning, check_serial_budget, plan_stream
+from .stream_rules import check_serial_budget
+
+if TYPE_CHECKING:
+    from .stream import StreamPlan, StreamTuning
 
 __all__ = [
     "DispatchPlan",
@@ -216,6 +220,8 @@ def plan_dispatch(
     layout = plan_layout(bindings, launch, _phase_ranges(program, route), frozenset(device_inputs))
     stream = None
     if program.elementwise or config.streamed:
+        from .stream import plan_stream  # noqa: PLC0415 (elementwise programs only: kept off the first import)
+
         stream = plan_stream(
             program,
             bindings,

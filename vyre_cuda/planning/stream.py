@@ -35,7 +35,7 @@ from ..program import BindingRole
 from .caps import DeviceCaps
 from .launch import params_words, plan_launch
 from .layout import COPY_ALIGN, REGION_ALIGN
-from .stream_rules import serial_blocker, shared_rows
+from .stream_rules import check_serial_budget, serial_blocker, shared_rows
 
 __all__ = [
     "STREAM_CHUNK_BYTES",
@@ -272,19 +272,6 @@ def check_streamed_config(streamed, budget) -> tuple:
             )
         budget = int(budget)
     return streamed, budget
-
-
-def check_serial_budget(config, slab_bytes: int) -> None:
-    """Refuse a serial dispatch whose device slab exceeds ``DispatchConfig(device_memory_budget)``."""
-    budget = config.device_memory_budget
-    if budget is not None and slab_bytes > budget:
-        raise DeviceOutOfMemory(
-            f"the dispatch needs {slab_bytes:,} bytes of device memory but "
-            f"DispatchConfig(device_memory_budget={budget:,}) allows {budget:,}",
-            f"raise device_memory_budget to at least {slab_bytes:,}, or split the dispatch into bounded chunks",
-            status="budget",
-            call="plan",
-        )
 
 
 # ---------------------------------------------------------------------------------- planning

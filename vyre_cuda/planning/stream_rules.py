@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["serial_blocker", "shared_rows"]
+from ..errors import DeviceOutOfMemory
+
+__all__ = ["check_serial_budget", "serial_blocker", "shared_rows"]
 
 
 def serial_blocker(program, config, device_inputs) -> tuple:
@@ -63,3 +65,16 @@ def shared_rows(program, bindings) -> tuple:
             ),
         )
     return rows, {n: c // rows for n, c in counts.items()}, ""
+
+
+def check_serial_budget(config, slab_bytes: int) -> None:
+    """Refuse a serial dispatch whose device slab exceeds ``DispatchConfig(device_memory_budget)``."""
+    budget = config.device_memory_budget
+    if budget is not None and slab_bytes > budget:
+        raise DeviceOutOfMemory(
+            f"the dispatch needs {slab_bytes:,} bytes of device memory but "
+            f"DispatchConfig(device_memory_budget={budget:,}) allows {budget:,}",
+            f"raise device_memory_budget to at least {slab_bytes:,}, or split the dispatch into bounded chunks",
+            status="budget",
+            call="plan",
+        )
