@@ -31,7 +31,16 @@ from vyre_cuda import builtin_programs as bp
 from vyre_cuda import hostmem
 
 VECADD = bp.vecadd_f32()
-OPS = ("dispatch", "dispatch_into", "dispatch_async", "device_input", "pinned_input")
+OPS = (
+    "dispatch",
+    "dispatch_into",
+    "dispatch_async",
+    "device_input",
+    "device_in_place",
+    "late_readback",
+    "pinned_input",
+)
+DEV = vc.DispatchConfig(outputs="device")
 CHAOS = ("trim", "close", "pinned", "clear_prepared")
 LIVE = ("device_pool_live_bytes", "pinned_pool_live_bytes", "streams_live", "events_live")
 
@@ -147,6 +156,18 @@ class Stress:
             (dev,) = backend.dispatch(VECADD, [a, b], vc.DispatchConfig(outputs="device"))
             c = fresh(a.size)
             return backend.dispatch(VECADD, [dev, c])[0], (a + b) + c
+        if op == "device_in_place":
+            # device arrays in and a named device output: written in place, a params-only slab
+            (s,) = backend.dispatch(VECADD, [a, b], DEV)
+            (out,) = backend.dispatch(VECADD, [b, b], DEV)  # a device array of the right size
+            (got,) = backend.dispatch_async(VECADD, [s, s], outputs=[out]).result()
+            assert got is out
+            return out.copy_to_host(), (a + b) + (a + b)
+        if op == "late_readback":
+            # an outputs="device" dispatch_async taken into a host array after all: read back late
+            host = np.empty_like(a)
+            backend.dispatch_async(VECADD, [a, b], DEV).result_into([host])
+            return host, a + b
         # pinned_input: page-locked inputs DMA directly (no staging copy)
         pa = vc.pinned_empty(a.size, np.float32)
         pa[:] = a
