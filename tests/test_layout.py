@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import numpy as np
@@ -303,3 +304,20 @@ def test_prepared_keeps_the_params_only_slab_for_the_plain_route_only():
     assert prepared(prog, bplan, launch, lay, split).params_only_bucket == 0
     host = plan_layout(bplan, launch, (None,), frozenset({0}))
     assert prepared(prog, bplan, launch, host).params_only_bucket == 0
+
+
+# ---------------------------------------------------------------- zeroed=False outputs
+@pytest.mark.parametrize("n", [1000, 1 << 22])  # zeros in the upload, and a device memset
+def test_outputs_declared_zeroed_false_lie_past_the_cleared_span(n):
+    buffers = [
+        BufferDecl.read("a", 0, "f32"),
+        BufferDecl.output("full", 1, "f32", zeroed=False),
+        BufferDecl.output("sparse", 2, "f32"),
+    ]
+    _, _, _, lay = plan(buffers, (4 * n,))
+    full, sparse = lay.arg_offsets[1], lay.arg_offsets[2]
+    begin, end = zeroed(lay)
+    assert begin <= sparse and sparse + 4 * n <= end  # the zeroed output is cleared
+    assert full >= end  # the other lies past the span, never cleared
+    _, _, _, both = plan([buffers[0], dataclasses.replace(buffers[1], zeroed=True), buffers[2]], (4 * n,))
+    assert zeroed(both)[1] - zeroed(both)[0] > end - begin

@@ -718,3 +718,32 @@ def test_as_config():
     raises(ValidationError, as_config, [("label", "x")])
     raises(ValidationError, as_config, "label=x")
     raises(ValidationError, as_config, {"fixpoint_iterations": 0})
+
+
+# ---------------------------------------------------------------- BufferDecl.zeroed
+def test_outputs_start_at_zero_unless_declared_zeroed_false():
+    assert BufferDecl.output("o", 0, "f32").zeroed is True
+    assert BufferDecl.output("o", 0, "f32", zeroed=False).zeroed is False
+    assert BufferDecl.write_only("o", 0, "f32", zeroed=False).zeroed is False
+
+
+@pytest.mark.parametrize(
+    "decl",
+    [
+        lambda: BufferDecl.read("a", 0, "f32", zeroed=False),
+        lambda: BufferDecl.uniform("u", 0, "u32", 4, zeroed=False),
+        lambda: BufferDecl.read_write("io", 0, "f32", zeroed=False),
+        lambda: BufferDecl.workgroup("s", 0, "u32", 8, zeroed=False),
+    ],
+)
+def test_zeroed_false_is_refused_where_nothing_is_zeroed(decl):
+    with pytest.raises(InvalidProgram) as info:
+        decl()
+    assert "zeroed=False" in info.value.message
+    assert str(info.value).splitlines()[-1].startswith("Fix: ")
+
+
+@pytest.mark.parametrize("flag", [0, 1, "no", None])
+def test_zeroed_must_be_a_bool(flag):
+    with pytest.raises(InvalidProgram, match="zeroed must be True or False"):
+        BufferDecl.output("o", 0, "f32", zeroed=flag)

@@ -47,6 +47,8 @@ def every_variant():
     ranged = dataclasses.replace(base, buffers=(x, dataclasses.replace(o, count=16)))
     part = dataclasses.replace(ranged.buffers[1], output_byte_range=(0, 32))
     out.append(("buffers.output_byte_range", ranged, dataclasses.replace(ranged, buffers=(x, part))))
+    unzeroed = dataclasses.replace(o, zeroed=False)
+    out.append(("buffers.zeroed", base, dataclasses.replace(base, buffers=(x, unzeroed))))
     rw = Program(base.kernel, [BufferDecl.read_write("x", 0, "f32")])
     out.append(("buffers.is_output", rw, Program(base.kernel, [BufferDecl("x", 0, "read_write", "f32", output=True)])))
     return out

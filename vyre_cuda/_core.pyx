@@ -502,7 +502,9 @@ cdef class Core:
             self.tel[T_COOPERATIVE_LAUNCHES] += p.tel_launches
         elif p.route == ROUTE_SPLIT:
             self.tel[T_SPLIT_LAUNCHES] += p.tel_launches
-        self.tel[T_MEMSET_OPS] += (0 if d.compact else p.tel_memsets) + d.out_inplace.size()
+        for i in range(d.out_inplace.size()):
+            self.tel[T_MEMSET_OPS] += d.out_inplace[i].zero
+        self.tel[T_MEMSET_OPS] += 0 if d.compact else p.tel_memsets
         self.tel[T_IN_PLACE_OUTPUTS] += d.out_inplace.size()
         if d.graph_events:
             self.tel[T_GRAPH_REPLAYS] += (d.graph_events & G_REPLAY) != 0

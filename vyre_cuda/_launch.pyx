@@ -245,6 +245,8 @@ cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer,
     for i in range(d.out_inplace.size()):
         # a device output written in place: zeroed first (outputs start at zero), then its pointer
         argv[d.out_inplace[i].arg] = d.out_inplace[i].ptr
+        if not d.out_inplace[i].zero:
+            continue  # declared zeroed=False: the kernel writes it in full
         call[0] = b"cuMemsetD8Async"
         st = cydriver.cuMemsetD8Async(d.out_inplace[i].ptr, 0, d.out_inplace[i].n, s)
         if st != cydriver.CUDA_SUCCESS:

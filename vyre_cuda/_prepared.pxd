@@ -47,10 +47,11 @@ cdef struct DevCopy:
 
 cdef struct InPlace:
     # a device output the kernel writes directly: argument ``arg`` takes ``ptr`` (``n`` bytes,
-    # zeroed first: outputs start at zero)
+    # zeroed first unless declared zeroed=False: outputs start at zero)
     size_t arg
     cydriver.CUdeviceptr ptr
     size_t n
+    bint zero
 
 
 cdef struct Segment:
@@ -138,6 +139,7 @@ cdef class Prepared:
     cdef cydriver.CUstream ext_stream
     cdef bint device_outputs  # DispatchConfig(outputs="device")
     cdef vector[long] out_args  # per output: its kernel argument when it may be written in place, else -1
+    cdef vector[char] out_zero  # per output: zeroed before the launch (BufferDecl.zeroed)
     # a dispatch whose every output is written in place uses only the slab's params blocks: this
     # device block (0: the plan cannot: host or read-write inputs, byte ranges, another route)
     cdef size_t compact_bucket

@@ -37,6 +37,7 @@ cdef class Prepared:
         cdef Segment seg
         cdef DevArg da
         cdef OutCheck oc
+        cdef bint zero
         layout, launch, route, config = plan.layout, plan.launch, plan.route, plan.config
         if plan.arg_count > MAX_ARGS:  # planning refuses these; the arrays below hold MAX_ARGS
             raise ValueError(f"{plan.arg_count} kernel arguments exceed {MAX_ARGS}")
@@ -135,6 +136,9 @@ cdef class Prepared:
         for slot, (_, nbytes) in zip(plan.bindings.outputs, layout.outputs):
             whole = slot.decl.output_byte_range is None and nbytes == slot.byte_len
             self.out_args.push_back(position[slot.binding] if whole and slot.role is BindingRole.OUTPUT else -1)
+            zero = slot.role is not BindingRole.OUTPUT or bool(slot.decl.zeroed)
+            self.out_zero.push_back(zero)  # (through a typed local: a conditional expression here
+            # became a dangling temporary reference in Cython's C++)
         self._compact_from(layout)
         if self.route == ROUTE_STREAMED:
             self._streamed_from(plan.stream)

@@ -344,7 +344,7 @@ cdef class PendingDispatch:
                 elif (not d.f.enqueued and p.out_args[k] >= 0 and piece.n
                       and not d._overlaps_input(dc.ptr, piece.n)):
                     # not yet launched, and no input shares its bytes: the kernel writes it
-                    ip.arg, ip.ptr, ip.n = <size_t>p.out_args[k], dc.ptr, piece.n
+                    ip.arg, ip.ptr, ip.n, ip.zero = <size_t>p.out_args[k], dc.ptr, piece.n, p.out_zero[k] != 0
                     d.out_inplace.push_back(ip)
                 elif d.compact:
                     # (decided in Core._begin by _fits_in_place: the slab has no room for it)

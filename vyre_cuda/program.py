@@ -131,6 +131,11 @@ class BufferDecl:
         Preferred byte alignment of the device allocation (a power of two up to 4096).
     persistent : bool
         Declares a resident buffer (refused by the borrowed-buffer dispatch).
+    zeroed : bool
+        Whether an output starts at zero (the default, for every output). Pass ``zeroed=False``
+        for an output the kernel writes in full: the dispatch then skips its zeroing (a memset,
+        or zeros in the upload), and an element the kernel does not write holds whatever the
+        memory held (as with ``cupy.empty``). Only pure outputs take it.
 
     Examples
     --------
@@ -149,6 +154,7 @@ class BufferDecl:
     output_byte_range: tuple | None = None
     alignment: int | None = None
     persistent: bool = False
+    zeroed: bool = True
 
     output = _OutputAttribute()
 
@@ -163,6 +169,7 @@ class BufferDecl:
         output_byte_range: tuple | None = None,
         alignment: int | None = None,
         persistent: bool = False,
+        zeroed: bool = True,
         *,
         is_output: bool | None = None,  # the field's own name, so dataclasses.replace works
     ) -> None:
@@ -172,7 +179,7 @@ class BufferDecl:
                 "pass one of them (dataclasses.replace takes is_output=)",
             )
         output = is_output if is_output is not None else (False if output is None else output)
-        values = (name, binding, access, dtype, count, output, output_byte_range, alignment, persistent)
+        values = (name, binding, access, dtype, count, output, output_byte_range, alignment, persistent, zeroed)
         key = _typed_key(values)
         known = _VALIDATED_DECLS.get(key) if key is not None else None
         if known is not None:  # the same arguments were validated before: their fields and role
@@ -212,7 +219,7 @@ class BufferDecl:
                     f"pass {attr} as an int >= 0",
                 )
             object.__setattr__(self, attr, int(v))
-        for attr, kwarg in (("is_output", "output"), ("persistent", "persistent")):
+        for attr, kwarg in (("is_output", "output"), ("persistent", "persistent"), ("zeroed", "zeroed")):
             v = getattr(self, attr)
             if not is_flag(v):
                 raise InvalidProgram(
@@ -230,6 +237,12 @@ class BufferDecl:
             object.__setattr__(self, "alignment", int(a))
         if self.output_byte_range is not None:
             self._validate_byte_range()
+        if not self.zeroed and self._derive_role() is not BindingRole.OUTPUT:
+            raise InvalidProgram(
+                f"buffer {self.name!r} ({self.access.value}, role {self._derive_role().value}) is "
+                "declared zeroed=False, but only a pure output is zeroed before the launch",
+                "drop zeroed=False, or declare the buffer as an output (BufferDecl.output / write_only)",
+            )
         if self.access is BufferAccess.WORKGROUP and self.count == 0:
             raise InvalidProgram(
                 f"workgroup buffer {self.name!r} has count 0; shared memory is sized at plan time",

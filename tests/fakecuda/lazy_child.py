@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import sys
 
 import numpy as np
@@ -517,6 +518,34 @@ def a_pipeline_of_dispatches_on_a_callers_stream_only_enqueues(fake):
             assert np.array_equal(again, a + b), "a dispatch after the refusals"
         finally:
             assert fake.lib.cuStreamDestroy(stream) == 0
+
+
+@scenario
+def outputs_declared_zeroed_false_are_not_zeroed(fake):
+    # the same vecadd with its output declared zeroed=False: right where the kernel writes, no
+    # memset or zeros for it, and what the kernel does not write keeps what the memory held
+    a_decl, b_decl, out_decl = VECADD.buffers
+    full = dataclasses.replace(VECADD, buffers=(a_decl, b_decl, dataclasses.replace(out_decl, zeroed=False)))
+    dev = DispatchConfig(outputs="device")
+    with lazy_backend(fake, (1000, LARGE)) as backend:
+        for n in (1000, LARGE):
+            a, b = inputs(n)
+            for prog, memsets in ((VECADD, 1), (full, 0)):
+                before = backend.telemetry.snapshot()["memset_ops"]
+                (out,) = backend.dispatch(prog, [a, b])
+                assert np.array_equal(out, a + b), (n, prog is full)
+                cleared = backend.telemetry.snapshot()["memset_ops"] - before
+                assert cleared == (memsets if n == LARGE else 0), (n, prog is full, cleared)  # small: zeros uploaded
+            da, db = (backend.dispatch(VECADD, [v, np.zeros_like(v)], dev)[0] for v in (a, b))
+            for prog, memsets in ((VECADD, 1), (full, 0)):
+                target = backend.dispatch(VECADD, [np.full(n, 7.0, np.float32), np.zeros(n, np.float32)], dev)[0]
+                before = backend.telemetry.snapshot()["memset_ops"]
+                backend.dispatch_into(prog, [da, db], [target], DispatchConfig(elements=10))
+                assert backend.telemetry.snapshot()["memset_ops"] - before == memsets, (n, prog is full)
+                got = target.copy_to_host()
+                assert np.array_equal(got[:10], (a + b)[:10])
+                rest = 7.0 if prog is full else 0.0  # beyond the 10 elements the kernel wrote
+                assert np.all(got[10:] == rest), (n, prog is full, got[10:12])
 
 
 def accumulate(launch: Launch) -> None:

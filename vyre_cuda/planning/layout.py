@@ -89,7 +89,10 @@ def plan_layout(bplan, launch, phase_ranges=(None,), device_inputs=frozenset()) 
     for slot in on_device:
         if slot.role is BindingRole.INPUT:
             arg_offset[slot.binding] = 0  # the caller's pointer replaces it per dispatch
-    cleared = [s for s in bplan.slots if s.role is BindingRole.OUTPUT]
+    # outputs that start at zero first, so one clear covers them; those the kernel writes in full
+    # (zeroed=False) after them, never cleared
+    outputs_ = [s for s in bplan.slots if s.role is BindingRole.OUTPUT]
+    cleared = [s for s in outputs_ if s.decl.zeroed] + [s for s in outputs_ if not s.decl.zeroed]
     for slot in uploads:
         align = max(slot.decl.alignment or 1, slot.decl.dtype.itemsize)
         start = place(slot.byte_len, align, f"buffer {slot.decl.name!r} slab offset")
@@ -117,14 +120,17 @@ def plan_layout(bplan, launch, phase_ranges=(None,), device_inputs=frozenset()) 
     starts = [start for _, start, _, _ in inputs] + [params_start]
     inputs = [(i, start, n, starts[k + 1]) for k, (i, start, n, _) in enumerate(inputs)]
 
-    clear_begin = None
+    clear_begin: int | None = None
+    clear_end = 0
     for slot in cleared:
         align = max(slot.decl.alignment or 1, slot.decl.dtype.itemsize)
         start = place(slot.byte_len, align, f"buffer {slot.decl.name!r} slab offset")
         arg_offset[slot.binding] = start
-        if clear_begin is None:
-            clear_begin = start
-    clear = (clear_begin, offset) if clear_begin is not None else (0, 0)
+        if slot.decl.zeroed:
+            if clear_begin is None:
+                clear_begin = start
+            clear_end = offset
+    clear = (clear_begin, clear_end) if clear_begin is not None else (0, 0)
     host_clear = (0, 0)
     if clear[1] > clear[0] and clear[1] - upload_end <= HOST_CLEAR_MAX:
         # small outputs: zero them in staging and extend the one upload over them

@@ -133,6 +133,7 @@ class StreamBinding:
     region_bytes: int
     input_index: int
     output_index: int
+    zeroed: bool = True  # a pure output's BufferDecl.zeroed
 
     @property
     def upload(self) -> bool:
@@ -144,8 +145,9 @@ class StreamBinding:
 
     @property
     def clear(self) -> bool:
-        """Zeroed on the device before each chunk's launch (outputs start at zero, as serially)."""
-        return self.role is BindingRole.OUTPUT
+        """Zeroed on the device before each chunk's launch (outputs start at zero, as serially,
+        unless declared ``zeroed=False``)."""
+        return self.role is BindingRole.OUTPUT and self.zeroed
 
 
 @dataclass(frozen=True)
@@ -463,6 +465,7 @@ def plan_stream(
             region_bytes=sizes[s.decl.name] if s.decl.name in widths else _padded(s.byte_len),
             input_index=s.input_index,
             output_index=s.output_index,
+            zeroed=s.decl.zeroed,
         )
         for s in bindings.slots
     )
