@@ -686,3 +686,18 @@ def test_device_memory_budget_streams_an_elementwise_dispatch(backend):
     info = backend.plan_info(vecadd(elementwise=True), [a, a], DispatchConfig(device_memory_budget=3 << 20))
     assert info.route.kind == "streamed" and info.stream.device_bytes <= 3 << 20
     assert info.stream.chunk_rows * 12 * info.stream.streams <= 3 << 20
+
+
+def test_an_output_declared_zeroed_false_is_not_cleared_per_chunk(rng):
+    prog = axpb()
+    x, y, coef, out = prog.buffers
+    full = dataclasses.replace(prog, buffers=(x, y, coef, dataclasses.replace(out, zeroed=False)))
+    inputs = case_inputs("axpb", 3000, rng)
+    for program, clear in ((prog, True), (full, False)):
+        plan = planned(program, inputs, DispatchConfig(streamed=True), tuning=tuning_for(1000, 4))
+        (o,) = (b for b in plan.bindings if b.name == "out")
+        assert plan.streamed and o.cut and o.readback and o.clear is clear
+        # the kernel writes every row: right either way (run_on_host fills memory with garbage)
+        np.testing.assert_array_equal(
+            run_on_host(plan, program, inputs, axpb_kernel)[0], numpy_outputs("axpb", inputs)[0]
+        )
