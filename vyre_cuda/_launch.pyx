@@ -94,6 +94,34 @@ cdef int stream_waits(PendingDispatch d, list streams) except -1:
     return 0
 
 
+cdef cydriver.CUresult _wait_late(PendingDispatch d, const char** call) noexcept nogil:
+    # copies enqueued after the dispatch completed: wait for them (an event on a caller's stream,
+    # which may hold the caller's later work)
+    cdef cydriver.CUresult st
+    if d.f.has_done:
+        call[0] = b"cuEventRecord"
+        st = cydriver.cuEventRecord(d.f.done, d.f.stream)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+        call[0] = b"cuEventSynchronize"
+        return cydriver.cuEventSynchronize(d.f.done)
+    call[0] = b"cuStreamSynchronize"
+    return cydriver.cuStreamSynchronize(d.f.stream)
+
+
+cdef cydriver.CUresult _readbacks(PendingDispatch d, Prepared p, const char** call) noexcept nogil:
+    # the slab's output segments to staging, on the dispatch stream (the small-slab route)
+    cdef size_t i
+    cdef cydriver.CUresult st
+    for i in range(p.readbacks.size()):
+        call[0] = b"cuMemcpyDtoHAsync"
+        st = cydriver.cuMemcpyDtoHAsync(d.f.staging + p.readbacks[i].offset, d.f.slab + p.readbacks[i].offset,
+                                        p.readbacks[i].nbytes, d.f.stream)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+    return cydriver.CUDA_SUCCESS
+
+
 cdef int late_device_outputs(PendingDispatch d) except -1:
     """Device outputs named after the enqueue (result_into of an async dispatch): copy them
     now, on the dispatch stream, and wait for the copies."""
@@ -102,15 +130,7 @@ cdef int late_device_outputs(PendingDispatch d) except -1:
     with nogil:
         st = device_copies(d, &call)
         if st == cydriver.CUDA_SUCCESS:
-            if d.f.has_done:
-                call = b"cuEventRecord"
-                st = cydriver.cuEventRecord(d.f.done, d.f.stream)
-                if st == cydriver.CUDA_SUCCESS:
-                    call = b"cuEventSynchronize"
-                    st = cydriver.cuEventSynchronize(d.f.done)
-            else:
-                call = b"cuStreamSynchronize"
-                st = cydriver.cuStreamSynchronize(d.f.stream)
+            st = _wait_late(d, &call)
     if st != cydriver.CUDA_SUCCESS:
         d.core._fail(d, st, call)
     return 0
@@ -120,9 +140,8 @@ cdef int late_readbacks(PendingDispatch d) except -1:
     """A dispatch enqueued without its readbacks (``outputs="device"``) whose outputs are taken
     into host arrays after all (``result_into``): read the slab's outputs back to staging now,
     on the dispatch stream, and wait for them."""
-    cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+    cdef cydriver.CUresult st
     cdef const char* call = NULL
-    cdef Prepared p = d.prep
     cdef size_t i
     cdef bint needed = False
     for i in range(d.out_pieces.size()):
@@ -132,22 +151,9 @@ cdef int late_readbacks(PendingDispatch d) except -1:
         return 0
     d.readback_skipped = False
     with nogil:
-        for i in range(p.readbacks.size()):
-            call = b"cuMemcpyDtoHAsync"
-            st = cydriver.cuMemcpyDtoHAsync(d.f.staging + p.readbacks[i].offset, d.f.slab + p.readbacks[i].offset,
-                                            p.readbacks[i].nbytes, d.f.stream)
-            if st != cydriver.CUDA_SUCCESS:
-                break
+        st = _readbacks(d, d.prep, &call)
         if st == cydriver.CUDA_SUCCESS:
-            if d.f.has_done:
-                call = b"cuEventRecord"
-                st = cydriver.cuEventRecord(d.f.done, d.f.stream)
-                if st == cydriver.CUDA_SUCCESS:
-                    call = b"cuEventSynchronize"
-                    st = cydriver.cuEventSynchronize(d.f.done)
-            else:
-                call = b"cuStreamSynchronize"
-                st = cydriver.cuStreamSynchronize(d.f.stream)
+            st = _wait_late(d, &call)
     if st != cydriver.CUDA_SUCCESS:
         d.core._fail(d, st, call)
     return 0
@@ -268,12 +274,9 @@ cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer,
             return st
     mark(marks, M_LAUNCH)
     if not p.ring and not d.readback_skipped and not d.compact:
-        for i in range(p.readbacks.size()):
-            call[0] = b"cuMemcpyDtoHAsync"
-            st = cydriver.cuMemcpyDtoHAsync(staging + p.readbacks[i].offset, f.slab + p.readbacks[i].offset,
-                                            p.readbacks[i].nbytes, s)
-            if st != cydriver.CUDA_SUCCESS:
-                return st
+        st = _readbacks(d, p, call)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
     if d.out_dev.size():
         st = device_copies(d, call)
         if st != cydriver.CUDA_SUCCESS:
