@@ -10,12 +10,14 @@ import profile_fakes
 import pytest
 from profile_fakes import FakeBackend
 
+from vyre_cuda import builtin_programs as bp
 from vyre_cuda import profile as P
 from vyre_cuda.profile import engine, peers, run, systems, targets
 from vyre_cuda.profile.peers import cuda_core_peer, cupy_peer, torch_peer
 
 KIB, MIB = 1024, 1 << 20
 NEW_DEVICE_KEYS = (
+    "vyre.device.unzeroed",
     "vyre.device.out",
     "vyre.device.torch",
     "vyre.device.enqueue",
@@ -57,6 +59,7 @@ SMALL = {
     "floor.pinned_direct": 15_000,
     "floor.launch_only": 2_000,
     "vyre.device": 9_000,
+    "vyre.device.unzeroed": 8_500,
     "vyre.device.out": 12_000,
     "vyre.device.torch": 12_000,
     "vyre.device.enqueue": 3_500,
@@ -251,9 +254,9 @@ def test_vyre_hooks_verify_against_the_expected_sum(monkeypatch):
     profile_fakes.install_peer_libraries(monkeypatch)
     rng = np.random.default_rng(3)
     a, b = rng.random(256, dtype=np.float32), rng.random(256, dtype=np.float32)
-    backend, program = FakeBackend(), object()
+    backend, program = FakeBackend(), bp.vecadd_f32()
     cp = cupy_peer.start(backend, b"", "vecadd", "// src", a, b, a + b)
-    for hook in ("vyre_device", "vyre_device_out", "vyre_enqueue"):
+    for hook in ("vyre_device", "vyre_device_unzeroed", "vyre_device_out", "vyre_enqueue"):
         run_fn, verify = getattr(cp, hook)(backend, program)
         assert verify() is False  # nothing measured yet
         run_fn(2)
@@ -425,3 +428,10 @@ def test_profile_cli_json_carries_the_new_series_and_targets(fake_device, monkey
     assert {*NEW_DEVICE_KEYS, "floor.pinned_direct", "vyre.rebuilt", "vyre.device"} <= series
     assert {t["key"] for t in data["targets"]} >= DEVICE_TARGETS
     assert P.ProfileReport.load(out).size(4096).median("floor.pinned_direct") == 16_000  # the fake floor's figure
+
+
+def test_the_unzeroed_row_runs_the_program_with_outputs_not_zeroed():
+    prog = bp.vecadd_f32()
+    variant = cupy_peer.unzeroed(prog)
+    assert [b.zeroed for b in variant.buffers] == [True, True, False]
+    assert variant != prog and variant.kernel == prog.kernel

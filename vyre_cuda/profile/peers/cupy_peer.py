@@ -5,10 +5,12 @@ Imported only when the peer is measured; it imports CuPy itself when started.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
 
+from ...program import BindingRole
 from ..engine import LAUNCH_BATCH
 
 __all__ = ["CupyPeer", "start"]
@@ -88,12 +90,13 @@ class CupyPeer:
         self.out = self.d_out.get()
         return {"peer.cupy.device": walls}
 
-    def vyre_device(self, backend, program):
+    def vyre_device(self, backend, program, series="vyre.device"):
         """vyre_cuda on the same CuPy arrays: ``dispatch_into`` with device inputs and output
         (used in place and written device-to-device: no host memory touched)."""
         d_out = self.cp.zeros(self.d_a.shape[0], self.cp.float32)
         ins, outs = [self.d_a, self.d_b], [d_out]
         into = backend.dispatch_into
+        state = {}
 
         def run(count):
             pc = time.perf_counter_ns
@@ -102,14 +105,19 @@ class CupyPeer:
                 t0 = pc()
                 into(program, ins, outs)
                 walls.append(pc() - t0)
-            self.vyre_out = d_out.get()
-            return {"vyre.device": walls}
+            state["out"] = d_out.get()
+            return {series: walls}
 
         def verify():
-            out = getattr(self, "vyre_out", None)  # None: run() failed before its readback
+            out = state.get("out")  # None: run() failed before its readback
             return out is not None and np.array_equal(out, self.expected)
 
         return run, verify
+
+    def vyre_device_unzeroed(self, backend, program):
+        """The same with the program's outputs declared ``zeroed=False`` (the kernel writes every
+        element, as CuPy's does): no zeroing memset before the launch."""
+        return self.vyre_device(backend, unzeroed(program), "vyre.device.unzeroed")
 
     def vyre_device_out(self, backend, program):
         """vyre_cuda ``dispatch`` on the same CuPy inputs with ``DispatchConfig(outputs="device")``:
@@ -191,3 +199,11 @@ class CupyPeer:
 def start(backend, image, entry, source, a, b, expected):
     """The peer compiling the floor's ``source`` on ``backend``'s device."""
     return CupyPeer(backend.device, source, entry, a, b, expected)
+
+
+def unzeroed(program):
+    """``program`` with every output declared ``zeroed=False``."""
+    buffers = tuple(
+        dataclasses.replace(b, zeroed=False) if b.role is BindingRole.OUTPUT else b for b in program.buffers
+    )
+    return dataclasses.replace(program, buffers=buffers)
