@@ -71,6 +71,7 @@ cdef class PendingDispatch:
     cdef int _wait(self, timeout) except -1
     cdef int _after_wait(self, int outcome, cydriver.CUresult status, const char* call) except -1
     cdef int _targets(self, list outs) except -1
+    cdef bint _shares_device_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept
     cdef bint _overlaps_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept
     cdef int _fits_in_place(self, list views) except -1
     cdef int _collect(self, list outs) except -1

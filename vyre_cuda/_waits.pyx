@@ -380,7 +380,7 @@ cdef class PendingDispatch:
         place by :meth:`_targets`: the same rule, decided before the slab is taken."""
         cdef Prepared p = self.prep
         cdef size_t k, j, n, m
-        cdef cydriver.CUdeviceptr ptr, other, start
+        cdef cydriver.CUdeviceptr ptr, other
         if len(views) != <Py_ssize_t>p.out_args.size():
             return 0
         for k in range(len(views)):
@@ -388,19 +388,15 @@ cdef class PendingDispatch:
             if v is None or p.out_args[k] < 0 or p.outputs[k].nbytes == 0:
                 return 0
             ptr, n = <cydriver.CUdeviceptr>v.ptr, p.outputs[k].nbytes
-            for j in range(p.dev_args.size()):
-                start = self.dev_ptrs[p.dev_args[j].input]
-                if start < ptr + n and ptr < start + p.dev_args[j].nbytes:
-                    return 0
+            if self._shares_device_input(ptr, n):
+                return 0
             for j in range(k):
                 other, m = <cydriver.CUdeviceptr>views[j].ptr, p.outputs[j].nbytes
                 if other < ptr + n and ptr < other + m:
                     return 0
         return 1
 
-    cdef bint _overlaps_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept:
-        # an output written in place must share no byte with a device input (nor with another
-        # output written in place): the kernel would read what it writes
+    cdef bint _shares_device_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept:
         cdef size_t i
         cdef cydriver.CUdeviceptr start
         cdef Prepared p = self.prep
@@ -408,6 +404,15 @@ cdef class PendingDispatch:
             start = self.dev_ptrs[p.dev_args[i].input]
             if start < ptr + n and ptr < start + p.dev_args[i].nbytes:
                 return True
+        return False
+
+    cdef bint _overlaps_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept:
+        # an output written in place must share no byte with a device input (nor with another
+        # output written in place): the kernel would read what it writes
+        cdef size_t i
+        cdef cydriver.CUdeviceptr start
+        if self._shares_device_input(ptr, n):
+            return True
         for i in range(self.out_inplace.size()):
             start = self.out_inplace[i].ptr
             if start < ptr + n and ptr < start + self.out_inplace[i].n:
