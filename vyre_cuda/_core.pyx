@@ -400,7 +400,8 @@ cdef class Core:
                 # makes them only at result(), from the slab)
                 d.compact = p.device_outputs and not want_done
         # a caller's stream: wait on an event, not on it
-        self.resources.acquire(&d.f, p.compact_bucket if d.compact else p.bucket, p.staging_block,
+        self.resources.acquire(&d.f, p.compact_bucket if d.compact else p.bucket,
+                               p.compact_staging if d.compact else p.staging_block,
                                p.ring and not d.compact, p.ext, p.ext_stream, want_done or p.ext, timed,
                                p.s_streams - 1 if p.streamed else 0,
                                p.s_streams + (p.s_streams > 1) if p.streamed else 0)
@@ -456,11 +457,11 @@ cdef class Core:
         return views
 
     cdef void _recycle(self, Prepared p, InFlight* f) noexcept:
-        self.resources.recycle(f, f.bucket, p.staging_block)
+        self.resources.recycle(f)
 
     cdef void _leak(self, Prepared p, InFlight* f) noexcept:
         # the GPU may still use these (the stream could not be synchronised): written off
-        if self.resources.leak(f, f.bucket, p.staging_block):
+        if self.resources.leak(f):
             self.tel[T_LEAKED_ALLOCATIONS] += 1
 
     cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1:

@@ -199,7 +199,7 @@ cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer,
     if marks != NULL:
         t_begin = now_ns()
     if upload_end:
-        if p.ring:
+        if p.ring and not d.compact:
             st = xfer.upload(s, f.slab, p.sources.data(), p.sources.size(), d.input_ptrs.data(),
                              d.direct.data(), p.params_ptr, &copy_ns, d.ops, call)
             if st != cydriver.CUDA_SUCCESS:

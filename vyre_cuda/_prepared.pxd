@@ -144,6 +144,10 @@ cdef class Prepared:
     # device block (0: the plan cannot: host or read-write inputs, byte ranges, another route)
     cdef size_t compact_bucket
     cdef size_t compact_upload_end  # the params blocks' end: what such a dispatch uploads
+    # its page-locked staging: the params go up in one copy from it, on every route (the ring's
+    # slots are reused only after a host wait for their last copy, which on a caller's stream
+    # queued behind its work is a wait for that work)
+    cdef size_t compact_staging
     # the streamed route (planning.stream.StreamPlan); the slab is its device block, ``sources``
     # its shared region, ``staging_block`` its staging slots (uploads first, then readbacks)
     cdef bint streamed

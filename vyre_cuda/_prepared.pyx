@@ -150,12 +150,14 @@ cdef class Prepared:
         cdef size_t end = layout.params_only_bytes
         self.compact_bucket = 0
         self.compact_upload_end = 0
+        self.compact_staging = 0
         if end == 0 or self.route != ROUTE_REGULAR or self.coop is not None:
             return 0
         if self.ring and end != self.upload_end:
             return 0  # (the ring uploads every source: the upload must end with the params)
         self.compact_upload_end = end
         self.compact_bucket = bucket_size(align_up(end, 256))
+        self.compact_staging = bucket_size(align_up(end, 256)) if self.ring else self.staging_block
         return 0
 
     def _cover(self, runs):

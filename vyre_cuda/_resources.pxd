@@ -22,6 +22,7 @@ cdef struct InFlight:
     cydriver.CUdeviceptr slab
     size_t bucket  # the device block size ``slab`` came as (the plan's, or its compact one)
     char* staging
+    size_t staging_bytes  # the page-locked block size ``staging`` came as
     bint has_done
     bint timed
     bint active
@@ -51,5 +52,5 @@ cdef class Resources:
     cdef void _release_side(self, InFlight* f) noexcept
     cdef void release_stream(self, InFlight* f) noexcept
     cdef void release_slab(self, InFlight* f, size_t bucket) noexcept
-    cdef void recycle(self, InFlight* f, size_t bucket, size_t staging_block) noexcept
-    cdef bint leak(self, InFlight* f, size_t bucket, size_t staging_block) noexcept
+    cdef void recycle(self, InFlight* f) noexcept  # (the sizes taken are recorded in ``f``)
+    cdef bint leak(self, InFlight* f) noexcept

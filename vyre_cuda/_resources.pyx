@@ -76,6 +76,7 @@ cdef class Resources:
             self.release_stream(f)
             raise
         f.staging = NULL
+        f.staging_bytes = staging_block
         try:
             if staging_block:
                 self.ppool.acquire(staging_block, &block)
@@ -149,13 +150,13 @@ cdef class Resources:
         else:
             self.dpool.release(<uintptr_t>f.slab, bucket)
 
-    cdef void recycle(self, InFlight* f, size_t bucket, size_t staging_block) noexcept:
+    cdef void recycle(self, InFlight* f) noexcept:
         if not f.active:
             return
         f.active = False
-        self.release_slab(f, bucket)
+        self.release_slab(f, f.bucket)
         if f.staging != NULL:
-            self.ppool.release(<uintptr_t>f.staging, staging_block)
+            self.ppool.release(<uintptr_t>f.staging, f.staging_bytes)
         self.release_stream(f)
         if f.has_done:
             self.spool.release_event(f.done, False)
@@ -164,18 +165,18 @@ cdef class Resources:
             self.spool.release_event(f.t1, True)
         self._release_side(f)
 
-    cdef bint leak(self, InFlight* f, size_t bucket, size_t staging_block) noexcept:
+    cdef bint leak(self, InFlight* f) noexcept:
         # The stream could not be synchronised: the GPU may still use these. Never recycle them.
         # Returns whether anything was written off.
         if not f.active:
             return False
         f.active = False
         if f.async_slab:
-            self.dpool.forget_async(bucket)
+            self.dpool.forget_async(f.bucket)
         else:
-            self.dpool.forget(bucket)
+            self.dpool.forget(f.bucket)
         if f.staging != NULL:
-            self.ppool.forget(staging_block)
+            self.ppool.forget(f.staging_bytes)
         self.spool.forget((0 if f.ext_stream else 1) + f.n_side,
                           (1 if f.has_done else 0) + (2 if f.timed else 0) + f.n_side_events)
         f.n_side = 0

@@ -473,10 +473,15 @@ def a_pipeline_of_dispatches_on_a_callers_stream_only_enqueues(fake):
     # 100 dependent steps x <- x + b on device arrays, each dispatch_async writing the next
     # array: nothing runs until the result is taken (lazy mode runs stream work only when the
     # host waits for it), and every step's array holds its partial sum after
+    for n in (1000, 1 << 20):  # 4 MiB per buffer as well: a size past every small-dispatch path
+        pipeline_only_enqueues(fake, n)
+
+
+def pipeline_only_enqueues(fake, n: int) -> None:
     dev = DispatchConfig(outputs="device")
     steps = 100
-    with lazy_backend(fake, (1000,)) as backend:
-        a, b = inputs(1000)
+    with lazy_backend(fake, (n,)) as backend:
+        a, b = inputs(n)
         x0, db = (backend.dispatch(VECADD, [v, np.zeros_like(v)], dev)[0] for v in (a, b))
         arrays = [backend.dispatch(VECADD, [np.zeros_like(a), np.zeros_like(a)], dev)[0] for _ in range(steps)]
         stream = VP()
@@ -489,7 +494,7 @@ def a_pipeline_of_dispatches_on_a_callers_stream_only_enqueues(fake):
                 pending.append(backend.dispatch_async(VECADD, [cur, db], cfg, outputs=[nxt]))
                 cur = nxt
             assert fake.lazy_pending() - queued >= 2 * steps, "a dispatch waited for the stream"
-            first = array_at(arrays[0].__cuda_array_interface__["data"][0], np.float32, 1000)  # (reads, forces nothing)
+            first = array_at(arrays[0].__cuda_array_interface__["data"][0], np.float32, n)  # (reads, forces nothing)
             assert not np.array_equal(first, a + b), "step 0 ran before its result was taken"
             (last,) = pending[-1].result()
             assert last is arrays[-1]
@@ -498,6 +503,8 @@ def a_pipeline_of_dispatches_on_a_callers_stream_only_enqueues(fake):
                 want = want + b
                 (got,) = p.result() if k < steps - 1 else (last,)
                 assert got is arrays[k] and np.array_equal(got.copy_to_host(), want), k
+            if n != 1000:
+                return
             host = np.empty_like(a)
             (same,) = backend.dispatch_async(VECADD, [x0, db], cfg, outputs=[host]).result()
             assert same is host and np.array_equal(host, a + b), "a host output named at dispatch_async"
