@@ -231,7 +231,42 @@ def test_a_refused_declaration_stays_refused():
         Kernel.cuda("VYRE_KERNEL vyre_main() {}\0")
 
 
-def test_a_program_built_again_is_its_own_object_with_its_own_buffers():
+def test_declarations_hash_once_compare_by_fields_and_pickle_through_the_constructor():
+    a, b = BufferDecl.read("a", 0, "f32"), BufferDecl.read("a", 0, "f32")
+    assert a == b and hash(a) == hash(b) and a is not b
+    for other in (
+        BufferDecl.read("b", 0, "f32"),
+        BufferDecl.read("a", 1, "f32"),
+        BufferDecl.read("a", 0, "i32"),
+        BufferDecl.read("a", 0, "f32", 4),
+        BufferDecl.read_write("a", 0, "f32"),
+        BufferDecl.read("a", 0, "f32", alignment=16),
+    ):
+        assert other != a and a != other and hash(other) != hash(a), other
+    again = pickle.loads(pickle.dumps(a))
+    assert again == a and hash(again) == hash(a) and again.role is a.role
+    renamed = dataclasses.replace(a, name="z")
+    assert renamed.name == "z" and renamed != a and renamed.role is a.role
+    out = BufferDecl.output("o", 2, "f32", zeroed=False)
+    assert pickle.loads(pickle.dumps(out)) == out and not dataclasses.replace(out, binding=3).zeroed
+    assert (a == "a") is False and a != object()
+
+
+def test_a_program_built_again_takes_the_first_builds_checked_fields():
+    first = bp.vecadd_f32()
+    again = bp.vecadd_f32()
+    # one update from the first equal build: its (equal, immutable) declarations too
+    assert again == first and again is not first and again.buffers is first.buffers
+    assert again.inputs is first.inputs and again.outputs is first.outputs
+    renamed = dataclasses.replace(again, name="other")
+    assert renamed.name == "other" and renamed != again and renamed.buffers == again.buffers
+    assert pickle.loads(pickle.dumps(again)) == first
+    # positional and keyword arguments in field order, as the generated constructor took them
+    same = Program(first.kernel, first.buffers, (256, 1, 1), False, 1, (), "vecadd_f32")
+    assert same == first and Program(kernel=first.kernel, buffers=first.buffers, name="vecadd_f32") == first
+
+
+def test_a_program_built_again_is_its_own_object_equal_to_the_first():
     first, again = bp.vecadd_f32(), bp.vecadd_f32()
     assert first == again and hash(first) == hash(again) and first is not again
     # the derived views point at the program's own declarations, in declaration order

@@ -27,6 +27,11 @@ class DType:
     min_cc: tuple = (0, 0)
     kind: str = "u"
 
+    def __hash__(self) -> int:
+        # by name (equal types have equal names): a declaration's cache key hashes its dtype on
+        # every build, and the generated hash would hash the numpy dtype too
+        return hash(self.name)
+
     def __repr__(self) -> str:
         return f"DType({self.name})"
 

@@ -182,19 +182,36 @@ class BufferDecl:
         values = (name, binding, access, dtype, count, output, output_byte_range, alignment, persistent, zeroed)
         key = _typed_key(values)
         known = _VALIDATED_DECLS.get(key) if key is not None else None
-        if known is not None:  # the same arguments were validated before: their fields and role
-            for name_, value in zip(_BUFFER_FIELDS, known[0]):
-                object.__setattr__(self, name_, value)
-            object.__setattr__(self, "_role", known[1])
+        if known is not None:  # the same arguments were validated before: their fields, role, hash
+            self.__dict__.update(known)  # (one call: a frozen instance's attributes, set once)
             return
         for name_, value in zip(_BUFFER_FIELDS, values):
             object.__setattr__(self, name_, value)
         self._validate()
-        # derived once (planning asks it many times per plan); not a field: not compared, not in repr
-        role = self._derive_role()
-        object.__setattr__(self, "_role", role)
+        # derived once (planning asks it many times per plan); not fields: not compared, not in repr
+        object.__setattr__(self, "_role", self._derive_role())
+        object.__setattr__(self, "_hash", hash(_buffer_fields(self)))
         if key is not None and len(_VALIDATED_DECLS) < _VALIDATED_MAX:
-            _VALIDATED_DECLS[key] = (_buffer_fields(self), role)
+            _VALIDATED_DECLS[key] = dict(self.__dict__)
+
+    def __eq__(self, other):
+        # (a program's cache keys compare its declarations on every build: the hash first)
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return hash(self) == hash(other) and _buffer_fields(self) == _buffer_fields(other)
+
+    def __hash__(self) -> int:
+        # computed once (a program's cache keys hash its declarations on every build)
+        try:
+            return self._hash  # type: ignore[attr-defined]
+        except AttributeError:  # unpickled from a release that did not store it
+            return hash(_buffer_fields(self))
+
+    def __reduce__(self):
+        # rebuilt through the constructor: the cached hash is per process (str hashes are salted)
+        return (BufferDecl, _buffer_fields(self))  # (the constructor takes the fields in order)
 
     def _validate(self) -> None:
         object.__setattr__(self, "dtype", dtype_of(self.dtype))
@@ -330,7 +347,7 @@ class BufferDecl:
         return cls(name, binding, BufferAccess.WORKGROUP, dtype, count, **kw)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, init=False)
 class Program:
     """A kernel plus its buffer declarations and launch shape.
 
@@ -376,56 +393,64 @@ class Program:
     elementwise: bool | Sequence[str] = False  # stored as False, True or a tuple of names
     align: int = 1
 
-    def __post_init__(self):
-        raw = _typed_key(tuple(getattr(self, f) for f in _PROGRAM_FIELDS if f not in ("kernel", "buffers")))
-        if raw is not None and isinstance(self.buffers, (tuple, list)) and self._derive_known(raw):
+    def __init__(
+        self,
+        kernel: Kernel,
+        buffers: Sequence[BufferDecl],
+        workgroup_size: tuple = (256, 1, 1),
+        grid_sync: bool = False,
+        phases: int = 1,
+        requires: Sequence[str] = (),
+        name: str = "",
+        launch: str | Callable[[Mapping[str, int]], int] | None = None,
+        elementwise: bool | Sequence[str] = False,
+        align: int = 1,
+    ) -> None:
+        rest = (workgroup_size, grid_sync, phases, requires, name, launch, elementwise, align)
+        raw = _typed_key(rest)
+        if raw is not None and self._derive_known(raw, kernel, buffers):
             return
+        for name_, value in zip(_PROGRAM_FIELDS, (kernel, buffers, *rest)):
+            object.__setattr__(self, name_, value)
         self._derive()
         if raw is not None:
             self._remember(raw)
 
-    def _derive_known(self, raw) -> bool:
-        """Take the derived fields of an equal program validated before (same kernel, same
-        buffer declarations, same other arguments, each of the same type): validation and
-        normalisation are a pure function of them. False when none was."""
-        buffers = tuple(self.buffers)
-        if type(self.kernel) is not Kernel or not all(type(b) is BufferDecl for b in buffers):
-            return False  # the full path words the refusal
+    def _derive_known(self, raw, kernel, buffers) -> bool:
+        """Take the fields of an equal program validated before (same kernel, same buffer
+        declarations, same other arguments, each of the same type): validation and
+        normalisation are a pure function of them. False when none was.
+
+        Everything but the kernel is taken from that first program in one update, its buffer
+        tuple too: the declarations are equal immutable values, and the first program's derived
+        inputs and outputs are made of them."""
+        if type(kernel) is not Kernel or type(buffers) not in (tuple, list):
+            return False  # the full path words any refusal
+        buffers = tuple(buffers)
+        for b in buffers:
+            if type(b) is not BufferDecl:
+                return False
         try:
-            known = _VALIDATED_PROGRAMS.get((raw, self.kernel, tuple(map(_buffer_fields, buffers))))
+            known = _VALIDATED_PROGRAMS.get((raw, kernel, buffers))
         except TypeError:  # an unhashable field: likewise
             return False
         if known is None:
             return False
-        fields, inputs, outputs, cut, key, hashed = known
-        object.__setattr__(self, "buffers", buffers)
-        for name, value in fields:
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "_inputs", tuple(buffers[i] for i in inputs))
-        object.__setattr__(self, "_outputs", tuple(buffers[i] for i in outputs))
-        object.__setattr__(self, "_elementwise_bindings", cut)
-        object.__setattr__(self, "_key", key)
-        object.__setattr__(self, "_hash", hashed)
+        attrs = self.__dict__  # (a frozen instance: its attributes, set once)
+        attrs["kernel"] = kernel
+        attrs.update(known)
         return True
 
     def _remember(self, raw) -> None:
         if len(_VALIDATED_PROGRAMS) >= _VALIDATED_MAX:
             return
         try:
-            lookup = (raw, self.kernel, tuple(map(_buffer_fields, self.buffers)))
+            lookup = (raw, self.kernel, self.buffers)
             hash(lookup)
         except TypeError:
             return
-        position = {id(b): i for i, b in enumerate(self.buffers)}
-        fields = tuple((f, getattr(self, f)) for f in _PROGRAM_FIELDS if f not in ("kernel", "buffers"))
-        _VALIDATED_PROGRAMS[lookup] = (
-            fields,
-            tuple(position[id(b)] for b in self._inputs),  # type: ignore[attr-defined]
-            tuple(position[id(b)] for b in self._outputs),  # type: ignore[attr-defined]
-            self._elementwise_bindings,  # type: ignore[attr-defined]
-            self._key,  # type: ignore[attr-defined]
-            self._hash,  # type: ignore[attr-defined]
-        )
+        # the key holds the declarations by value (their hash and == are their fields')
+        _VALIDATED_PROGRAMS[lookup] = {k: v for k, v in self.__dict__.items() if k != "kernel"}
 
     def _derive(self) -> None:
         for attr in ("buffers", "requires"):
@@ -534,13 +559,18 @@ _PLAIN_TYPES = frozenset((str, int, bool, float, type(None), DType, BufferAccess
 
 def _typed_key(values: tuple) -> tuple | None:
     types_: tuple[Any, ...] = tuple(map(type, values))
-    if not _PLAIN_TYPES.issuperset(types_):
-        if not all(
-            t in _PLAIN_TYPES or (t is tuple and _PLAIN_TYPES.issuperset(map(type, v))) for t, v in zip(types_, values)
-        ):
+    if _PLAIN_TYPES.issuperset(types_):
+        return (types_, values)
+    tagged = []
+    for t, v in zip(types_, values):
+        if t is tuple:
+            t = tuple(map(type, v))
+            if not _PLAIN_TYPES.issuperset(t):
+                return None
+        elif t not in _PLAIN_TYPES:
             return None
-        types_ = tuple(tuple(map(type, v)) if t is tuple else t for t, v in zip(types_, values))
-    return (types_, values)
+        tagged.append(t)
+    return (tuple(tagged), values)
 
 
 class _ByObject:
