@@ -421,6 +421,7 @@ cdef class Core:
             d.input_ptrs[i] = <const char*>d.views[i].buf
         if p.ring:
             self.resources.xfer.ensure_ring()
+        if p.ring and not d.compact:  # (a params-only dispatch copies nothing through the ring)
             self.resources.xfer.wake()  # the copy threads wake while the rest is set up
             with nogil:
                 for i in range(n):
