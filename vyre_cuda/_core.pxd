@@ -7,13 +7,14 @@ from cuda.bindings cimport cydriver
 
 from ._counters cimport N_COUNTERS
 from ._resources cimport Resources, InFlight
-from ._prepared cimport Prepared
+from ._prepared cimport Prepared, ResidentBlocks
 from ._waits cimport PendingDispatch
 
 
 cdef class Core:
     cdef cydriver.CUcontext ctx
     cdef readonly Resources resources  # the one owner of this backend's pools
+    cdef readonly ResidentBlocks resident_blocks  # the plans' resident params blocks
     cdef dict prepared
     cdef public int stream_plans  # cached plans keyed on a caller's stream
     cdef list graphed  # prepared plans that may hold graph execs (released with the plans)
@@ -27,6 +28,7 @@ cdef class Core:
     cdef object logger
     cdef public int device
 
+    cdef int _ensure_resident(self, Prepared p) except -1
     cdef int _check_usable(self) except -1
     cdef int _enter(self) except -1
     cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d,

@@ -6,7 +6,7 @@ from typing import Any, TypeVar, final
 import numpy as np
 
 from ._plan_miss import PlanMiss
-from ._prepared import Prepared
+from ._prepared import Prepared, ResidentBlocks
 from ._resources import Resources
 from ._transfer import TransferEngine
 from ._waits import PendingDispatch
@@ -16,6 +16,7 @@ _T = TypeVar("_T")
 
 @final
 class Core:
+    resident_blocks: ResidentBlocks
     lost: tuple[str, str] | None
     closed: bool
     outstanding: int

@@ -42,7 +42,7 @@ from ._driver cimport bind_context, now_ns
 from ._resources cimport Resources, InFlight
 from ._transfer cimport TransferEngine
 from ._windows cimport page_locked, SRC_INPUT
-from ._prepared cimport Prepared, InputCheck, OutCheck, ROUTE_COOPERATIVE, ROUTE_SPLIT
+from ._prepared cimport Prepared, ResidentBlocks, InputCheck, OutCheck, ROUTE_COOPERATIVE, ROUTE_SPLIT
 from ._formats cimport kind_ok
 from ._devview cimport DevView, read_device, device_type
 from ._launch cimport issue, collect, stream_waits, trial_record, G_REPLAY, G_CAPTURE, G_UPDATE, G_FALLBACK
@@ -78,6 +78,7 @@ cdef class Core:
         self.resources = Resources(ctx, device, device_cap, pinned_cap, output_cache, chunk_bytes, n_chunks,
                                    copy_threads)
         self.prepared = {}
+        self.resident_blocks = ResidentBlocks(ctx)
         self.graphed = []
         self.lost = None
         self.trace = trace
@@ -140,6 +141,7 @@ cdef class Core:
         """Called once the backend's context is released after a fault: every pool drops its
         handles without a driver call (they died with the context)."""
         self._release_graphs(False)
+        self.resident_blocks.forget()
         self.resources.forget_context()
         self.ctx = NULL  # handles still pending write their resources off instead
 
@@ -399,12 +401,19 @@ cdef class Core:
                 # blocking outputs="device": new arrays, which overlap nothing (an async dispatch
                 # makes them only at result(), from the slab)
                 d.compact = p.device_outputs and not want_done
-        # a caller's stream: wait on an event, not on it
-        self.resources.acquire(&d.f, p.compact_bucket if d.compact else p.bucket,
-                               p.compact_staging if d.compact else p.staging_block,
+        if d.compact:
+            if not p.resident_tried:
+                self._ensure_resident(p)
+            d.resident = p.resident != 0
+        # a caller's stream: wait on an event, not on it (a resident params block is the slab:
+        # no device block and no staging are taken)
+        self.resources.acquire(&d.f, 0 if d.resident else (p.compact_bucket if d.compact else p.bucket),
+                               0 if d.resident else (p.compact_staging if d.compact else p.staging_block),
                                p.ring and not d.compact, p.ext, p.ext_stream, want_done or p.ext, timed,
                                p.s_streams - 1 if p.streamed else 0,
                                p.s_streams + (p.s_streams > 1) if p.streamed else 0)
+        if d.resident:
+            d.f.slab = p.resident
         self.outstanding += 1
         if p.ext:  # the caller's stream object stays alive while its dispatch runs
             if d.keep is None:
@@ -457,6 +466,41 @@ cdef class Core:
             views.append(dv)
         return views
 
+    cdef int _ensure_resident(self, Prepared p) except -1:
+        """Once per plan, at its first params-only dispatch: its params blocks uploaded to a block
+        of their own, kept for the plan's life. Synchronous, on a pool stream (a copy from pageable
+        memory is complete only once its stream is). Any failure leaves the plan on its
+        params-only slab."""
+        cdef cydriver.CUdeviceptr block = 0
+        cdef cydriver.CUstream s = NULL
+        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+        cdef const char* src
+        cdef size_t n = p.compact_upload_end
+        p.resident_tried = True  # (under the GIL: one thread tries; the others use the slab)
+        if p.compact_image is None or self.ctx == NULL or not self.resident_blocks.alive or n == 0:
+            return 0
+        src = p.compact_image
+        bind_context(self.ctx)
+        try:
+            self.resources.spool.acquire_stream(&s)
+        except BaseException:
+            return 0
+        with nogil:
+            st = cydriver.cuMemAlloc(&block, n)
+            if st == cydriver.CUDA_SUCCESS:
+                st = cydriver.cuMemcpyHtoDAsync(block, src, n, s)
+                if st == cydriver.CUDA_SUCCESS:
+                    st = cydriver.cuStreamSynchronize(s)
+        self.resources.spool.release_stream(s)
+        if st != cydriver.CUDA_SUCCESS:
+            if block:
+                cydriver.cuMemFree(block)
+            return 0
+        self.resident_blocks.add(block, n)
+        p.resident_owner = self.resident_blocks
+        p.resident = block
+        return 0
+
     cdef void _recycle(self, Prepared p, InFlight* f) noexcept:
         self.resources.recycle(f)
 
@@ -496,9 +540,10 @@ cdef class Core:
             self._fail(d, status, call)
         d.f.enqueued = True
         self.tel[T_DISPATCHES] += 1
-        self.tel[T_H2D_BYTES] += p.tel_h2d_bytes
+        cdef size_t h2d = 0 if d.resident else p.tel_h2d_bytes
+        self.tel[T_H2D_BYTES] += h2d
         self.tel[T_TRANSIENT_ALLOC_BYTES] += d.f.bucket
-        self.tel[T_PARAM_UPLOAD_BYTES] += p.tel_param_bytes
+        self.tel[T_PARAM_UPLOAD_BYTES] += 0 if d.resident else p.tel_param_bytes
         self.tel[T_LAUNCHES] += p.tel_launches
         if p.route == ROUTE_COOPERATIVE:
             self.tel[T_COOPERATIVE_LAUNCHES] += p.tel_launches
@@ -515,7 +560,8 @@ cdef class Core:
             self.tel[T_GRAPH_FALLBACKS] += (d.graph_events & G_FALLBACK) != 0
             d.graph_events = 0
         if p.ring:
-            self.tel[T_H2D_OPS] += d.ops[0]
+            # (a params-only dispatch sends its params in one copy outside the ring, or none)
+            self.tel[T_H2D_OPS] += d.ops[0] + (d.compact and not d.resident)
             self.tel[T_RING_CHUNKS] += d.ops[1]
             if d.any_direct:
                 for i in range(p.sources.size()):
@@ -526,9 +572,9 @@ cdef class Core:
                 self.tel[T_STREAMED_DISPATCHES] += 1
                 self.tel[T_STREAMED_CHUNKS] += p.s_chunks
         else:
-            self.tel[T_H2D_OPS] += p.tel_h2d_ops
+            self.tel[T_H2D_OPS] += 0 if d.resident else p.tel_h2d_ops
         self.tel[T_DIRECT_H2D_BYTES] += direct
-        self.tel[T_STAGED_H2D_BYTES] += p.tel_h2d_bytes - direct
+        self.tel[T_STAGED_H2D_BYTES] += h2d - direct
         d.ops[0] = d.ops[1] = 0
         return 0
 

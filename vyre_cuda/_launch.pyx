@@ -191,7 +191,7 @@ cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer,
     cdef unsigned long long t_begin = 0, copy_ns = 0
     cdef CoopOrder* order = p.coop_order
     # a dispatch writing every output in place has a slab of params blocks only (Prepared)
-    cdef size_t upload_end = p.compact_upload_end if d.compact else p.upload_end
+    cdef size_t upload_end = 0 if d.resident else (p.compact_upload_end if d.compact else p.upload_end)
     if p.streamed:
         st = issue_streamed(d, p, xfer, call)
         mark(marks, M_EVENT)

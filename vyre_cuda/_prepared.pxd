@@ -87,6 +87,16 @@ cdef struct ChunkShape:
     size_t params_offset  # in the shared region
 
 
+cdef class ResidentBlocks:
+    # one backend's resident params blocks: freed when their plan dies (no dispatch holds it
+    # then), or all at close() once the device is idle; never after the context went away
+    cdef cydriver.CUcontext ctx
+    cdef bint alive
+    cdef dict live  # pointer -> bytes
+    cdef int add(self, cydriver.CUdeviceptr ptr, size_t nbytes) except -1
+    cdef void free_block(self, cydriver.CUdeviceptr ptr) noexcept
+
+
 cdef class Prepared:
     cdef vector[InputCheck] checks
     cdef vector[InputCheck] dev_checks  # the same for the inputs in device memory (read in C)
@@ -148,6 +158,13 @@ cdef class Prepared:
     # slots are reused only after a host wait for their last copy, which on a caller's stream
     # queued behind its work is a wait for that work)
     cdef size_t compact_staging
+    # the same params blocks kept on the device for the plan's life (uploaded by its first
+    # params-only dispatch, Core._ensure_resident): such a dispatch then uploads nothing and
+    # takes no slab. ``compact_image``: the blocks' bytes (None: the plan cannot)
+    cdef bytes compact_image
+    cdef bint resident_tried
+    cdef cydriver.CUdeviceptr resident  # 0: none (yet)
+    cdef ResidentBlocks resident_owner
     # the streamed route (planning.stream.StreamPlan); the slab is its device block, ``sources``
     # its shared region, ``staging_block`` its staging slots (uploads first, then readbacks)
     cdef bint streamed
@@ -165,3 +182,4 @@ cdef class Prepared:
     cdef ChunkShape s_last
 
     cdef int _compact_from(self, layout) except -1
+    cdef bytes _params_image(self, size_t end)

@@ -6,6 +6,14 @@ from ._launch import CoopGate
 from .planning.dispatch import DispatchPlan
 
 @final
+class ResidentBlocks:
+    def __new__(cls, ctx: int) -> ResidentBlocks: ...
+    @property
+    def nbytes(self) -> int: ...
+    def close(self) -> None: ...
+    def forget(self) -> None: ...
+
+@final
 class Prepared:
     graph_choice: str | None
     route_name: str

@@ -19,6 +19,54 @@ from cuda.bindings cimport cydriver
 
 from ._windows cimport Source, SRC_ZERO, SRC_INPUT, SRC_PARAMS
 from ._launch cimport GraphCache, GRAPH_EXECS, TRIAL_WARMUP, TRIAL_SAMPLES
+from ._driver cimport bind_context
+
+
+@cython.final
+cdef class ResidentBlocks:
+    """The resident params blocks of one backend's plans (``Prepared.resident``).
+
+    A block lives as long as its plan: every dispatch holds its plan until its GPU work is done,
+    so when the plan dies nothing can still read the block, and it is freed then. ``close()``
+    frees the rest once the device is idle (the backend's close, after its context synchronize);
+    ``forget()`` drops them with no driver call (the context went away after a fault). The GIL
+    guards the table: every method runs with it."""
+
+    def __cinit__(self, uintptr_t ctx):
+        self.ctx = <cydriver.CUcontext>ctx
+        self.alive = True
+        self.live = {}
+
+    cdef int add(self, cydriver.CUdeviceptr ptr, size_t nbytes) except -1:
+        self.live[<uintptr_t>ptr] = nbytes
+        return 0
+
+    cdef void free_block(self, cydriver.CUdeviceptr ptr) noexcept:
+        if not self.alive or self.live.pop(<uintptr_t>ptr, None) is None:
+            return
+        try:
+            bind_context(self.ctx)
+        except BaseException:
+            return  # (the driver refused the context: the block goes with it)
+        cydriver.cuMemFree(ptr)
+
+    @property
+    def nbytes(self):
+        return sum(self.live.values())
+
+    def close(self):
+        """Free every block (the device is idle: no dispatch runs and none can start)."""
+        cdef uintptr_t ptr
+        blocks, self.live = self.live, {}
+        self.alive = False
+        if blocks:
+            bind_context(self.ctx)
+            for ptr in blocks:
+                cydriver.cuMemFree(<cydriver.CUdeviceptr>ptr)
+
+    def forget(self):
+        self.alive = False
+        self.live = {}
 
 
 @cython.final
@@ -151,6 +199,7 @@ cdef class Prepared:
         self.compact_bucket = 0
         self.compact_upload_end = 0
         self.compact_staging = 0
+        self.compact_image = None
         if end == 0 or self.route != ROUTE_REGULAR or self.coop is not None:
             return 0
         if self.ring and end != self.upload_end:
@@ -158,7 +207,22 @@ cdef class Prepared:
         self.compact_upload_end = end
         self.compact_bucket = bucket_size(align_up(end, 256))
         self.compact_staging = bucket_size(align_up(end, 256)) if self.ring else self.staging_block
+        self.compact_image = self._params_image(end)
         return 0
+
+    cdef bytes _params_image(self, size_t end):
+        # the bytes [0, end) of the upload: params blocks and the zeros between them (None if an
+        # input's bytes fall there: its plan cannot keep them resident)
+        cdef Source src
+        image = bytearray(end)
+        for src in self.sources:
+            if src.offset >= end:
+                break
+            if src.kind == SRC_INPUT:
+                return None
+            if src.kind == SRC_PARAMS:
+                image[src.offset:src.offset + src.n] = self.params_blob[src.src_offset:src.src_offset + src.n]
+        return bytes(image)
 
     def _cover(self, runs):
         """``sources``: the (offset, bytes, kind, input, src offset) ``runs`` sorted, cut at
@@ -246,6 +310,10 @@ cdef class Prepared:
         self.tel_memsets = (stream.chunk_count - 1) * memsets[0] + memsets[1]
 
     def __dealloc__(self):
+        # the resident params block: no dispatch holds this plan, so none reads it (its owner
+        # makes no driver call once the backend closed or lost its context)
+        if self.resident and self.resident_owner is not None:
+            self.resident_owner.free_block(self.resident)
         # Core.clear_prepared / forget_context released every exec of a plan the core dispatched
         # (with or without driver calls); a plan never registered there never captured. So no
         # driver call here: this may run after the context is gone.

@@ -67,7 +67,9 @@ cdef class Resources:
         else:
             self.spool.acquire_stream(&f.stream)
         try:
-            if f.async_slab:
+            if bucket == 0:
+                f.slab = 0  # (the caller lends the dispatch a block of its own: a resident one)
+            elif f.async_slab:
                 self.dpool.acquire_async(bucket, f.stream, &f.slab)
             else:
                 self.dpool.acquire(bucket, &block)
@@ -145,6 +147,8 @@ cdef class Resources:
             self.spool.release_stream(f.stream)
 
     cdef void release_slab(self, InFlight* f, size_t bucket) noexcept:
+        if bucket == 0:
+            return  # none was taken from the pools
         if f.async_slab:
             self.dpool.release_async(f.slab, bucket, f.stream)
         else:
@@ -171,7 +175,9 @@ cdef class Resources:
         if not f.active:
             return False
         f.active = False
-        if f.async_slab:
+        if f.bucket == 0:
+            pass
+        elif f.async_slab:
             self.dpool.forget_async(f.bucket)
         else:
             self.dpool.forget(f.bucket)

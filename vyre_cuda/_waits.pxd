@@ -45,6 +45,7 @@ cdef class PendingDispatch:
     cdef vector[InPlace] out_inplace  # device outputs the kernel writes directly (no copy)
     cdef bint out_dev_issued
     cdef bint compact  # every output written in place: the slab holds the params blocks only
+    cdef bint resident  # ... and that slab is the plan's resident params block (nothing uploaded)
     cdef bint readback_skipped  # no output was read back to staging at the enqueue (all device)
     cdef list keep  # device arrays (and DLPack capsules) the GPU uses, held until completion
     cdef list waits  # streams the dispatch stream waits on before its first copy

@@ -618,6 +618,7 @@ class CudaBackend:
             try:
                 _driver.make_current(self._ctx)
                 _driver.context_synchronize()  # every dispatch's GPU work, pending handles' too
+                core.resident_blocks.close()
                 core.resources.close()
                 self._modules.close()
             except BackendError as exc:
@@ -641,6 +642,8 @@ class CudaBackend:
                 core.resources.close_late()
             except BackendError as exc:
                 log.warning("CudaBackend.close: %s", exc.message)
+        # no resident params block is freed once the context goes (close() freed them)
+        core.resident_blocks.forget()
         # a lost backend gives its context back too: the last release destroys a faulted context
         try:
             _driver.release_primary_context(self.device)
