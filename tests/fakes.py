@@ -75,6 +75,15 @@ def inplace_program() -> Program:
     return Program(Kernel.cuda(_SRC + "// inplace\n"), [BufferDecl.read_write("x", 0, "f32")], name="inplace")
 
 
+def built_anew(value):
+    """An object equal to ``value`` (a Program, BufferDecl or Kernel) that is not ``value``: its
+    constructor run on its fields past the interning of equal builds, as a build with non-plain
+    arguments (numpy integers, say) or past the interning limit gives one."""
+    if isinstance(value, Kernel):
+        return type.__call__(Kernel, value.kind, value.source, value.entry, value.options)
+    return type.__call__(type(value), *(getattr(value, f.name) for f in dataclasses.fields(value)))
+
+
 def launch_elems_program(launch="x", **kw) -> Program:
     """n[0] = the element count the launch covers: two u8 inputs of any lengths, ``launch`` (a
     binding name or a callable) says which one sizes the launch. Programs differing only in

@@ -70,7 +70,7 @@ def test_programs_differing_in_one_field_are_unequal(field, a, b):
 
 def test_programs_rebuilt_from_equal_fields_are_equal_and_hash_alike():
     for (field, a, b), (_, a2, b2) in zip(fakes.field_variants(), fakes.field_variants()):
-        for p, q in ((a, a2), (b, b2)):
+        for p, q in ((a, fakes.built_anew(a2)), (b, fakes.built_anew(b2))):
             assert p is not q
             if callable(p.launch) and p.launch.__name__ == "<lambda>":
                 assert p != q, field  # a new lambda each time: a different launch rule object
@@ -80,15 +80,16 @@ def test_programs_rebuilt_from_equal_fields_are_equal_and_hash_alike():
 
 
 def test_the_hash_is_computed_once_at_construction():
-    p = bp.vecadd_f32()
+    p = fakes.built_anew(bp.vecadd_f32())  # (its own object: the test breaks its key below)
     assert hash(p) == p._hash == hash(p._key)
 
     # the key is not looked at again: __hash__ reads the cached attribute only
+    key = p._key
     object.__setattr__(p, "_key", None)
     try:
         assert hash(p) == p._hash
     finally:
-        object.__setattr__(p, "_key", bp.vecadd_f32()._key)
+        object.__setattr__(p, "_key", key)
     assert p == bp.vecadd_f32()
 
 
@@ -158,7 +159,7 @@ def test_pickled_programs_are_rebuilt_with_the_hash_of_the_loading_process():
 def test_an_unhashable_field_is_refused_by_name():
     from vyre_cuda.program import _structural_key
 
-    p = bp.vecadd_f32()
+    p = fakes.built_anew(bp.vecadd_f32())  # (its own object: the test breaks it)
     object.__setattr__(p, "name", ["not", "hashable"])  # (validation makes this unreachable)
     with pytest.raises(InvalidProgram, match=r"Program\.name holds an unhashable value") as err:
         _structural_key(p)
@@ -232,7 +233,9 @@ def test_a_refused_declaration_stays_refused():
 
 
 def test_declarations_hash_once_compare_by_fields_and_pickle_through_the_constructor():
-    a, b = BufferDecl.read("a", 0, "f32"), BufferDecl.read("a", 0, "f32")
+    a = BufferDecl.read("a", 0, "f32")
+    assert BufferDecl.read("a", 0, "f32") is a  # built again: the first build
+    b = fakes.built_anew(a)
     assert a == b and hash(a) == hash(b) and a is not b
     for other in (
         BufferDecl.read("b", 0, "f32"),
@@ -252,31 +255,81 @@ def test_declarations_hash_once_compare_by_fields_and_pickle_through_the_constru
     assert (a == "a") is False and a != object()
 
 
-def test_a_program_built_again_takes_the_first_builds_checked_fields():
+def test_a_program_built_again_from_plain_arguments_is_the_first_build():
     first = bp.vecadd_f32()
-    again = bp.vecadd_f32()
-    # one update from the first equal build: its (equal, immutable) declarations too
-    assert again == first and again is not first and again.buffers is first.buffers
-    assert again.inputs is first.inputs and again.outputs is first.outputs
-    renamed = dataclasses.replace(again, name="other")
-    assert renamed.name == "other" and renamed != again and renamed.buffers == again.buffers
-    assert pickle.loads(pickle.dumps(again)) == first
-    # positional and keyword arguments in field order, as the generated constructor took them
+    # its Kernel, BufferDecls and the Program itself: each call with the same arguments
+    assert bp.vecadd_f32() is first
+    assert Kernel.cuda(first.kernel.source) is first.kernel
+    f32 = first.buffers[0].dtype  # (the factory passes the DType: "f32" is another argument)
+    assert BufferDecl.read("a", 0, f32) is first.buffers[0] and BufferDecl.output("out", 2, f32) is first.buffers[2]
+    assert BufferDecl.read("a", 0, "f32") == first.buffers[0]
+    renamed = dataclasses.replace(first, name="other")
+    assert renamed.name == "other" and renamed != first and renamed.buffers == first.buffers
+    # pickle rebuilds through the constructor with every field, replace() with every field by
+    # keyword: other calls than the factory's, so equal programs, each built once
+    loaded = pickle.loads(pickle.dumps(first))
+    assert loaded == first and pickle.loads(pickle.dumps(first)) is loaded
+    assert dataclasses.replace(first) == first and dataclasses.replace(first) is dataclasses.replace(first)
+    # positional and keyword spellings are other calls: equal programs, each built once
     same = Program(first.kernel, first.buffers, (256, 1, 1), False, 1, (), "vecadd_f32")
-    assert same == first and Program(kernel=first.kernel, buffers=first.buffers, name="vecadd_f32") == first
-
-
-def test_a_program_built_again_is_its_own_object_equal_to_the_first():
-    first, again = bp.vecadd_f32(), bp.vecadd_f32()
-    assert first == again and hash(first) == hash(again) and first is not again
-    # the derived views point at the program's own declarations, in declaration order
-    assert again.inputs == (again.buffers[0], again.buffers[1])
-    assert all(a is b for a, b in zip(again.inputs, again.buffers[:2]))
-    assert again.outputs[0] is again.buffers[2]
-    assert again.kernel.digest == first.kernel.digest and again.elementwise_bindings == first.elementwise_bindings
-    # a normalised field comes back normalised: a list of buffers is stored as a tuple
+    assert same == first and Program(first.kernel, first.buffers, (256, 1, 1), False, 1, (), "vecadd_f32") is same
+    assert Program(kernel=first.kernel, buffers=first.buffers, name="vecadd_f32") == first
+    # a list of buffers is keyed by its items (a list is unhashable) and stored as a tuple
     listed = Program(first.kernel, list(first.buffers), workgroup_size=256)
     assert type(listed.buffers) is tuple and listed.workgroup_size == (256, 1, 1)
-    assert Program(first.kernel, list(first.buffers), workgroup_size=256).workgroup_size == (256, 1, 1)
-    # a field that differs still gives a different program
+    assert Program(first.kernel, list(first.buffers), workgroup_size=256) is listed
     assert bp.vecadd("f32", workgroup=128) != first
+
+
+def test_arguments_that_are_not_plain_values_build_a_new_equal_program():
+    first = bp.vecadd_f32()
+    k, decls = first.kernel, first.buffers
+    a = Program(k, decls, workgroup_size=(np.int64(256), 1, 1), name="vecadd_f32")
+    b = Program(k, decls, workgroup_size=(np.int64(256), 1, 1), name="vecadd_f32")
+    assert a is not b and a is not first and a == b == first and hash(a) == hash(first)
+    # the derived views point at the program's own declarations, in declaration order
+    assert a.inputs == (a.buffers[0], a.buffers[1]) and a.outputs[0] is a.buffers[2]
+    assert type(a.workgroup_size[0]) is int
+
+    # a subclass is built as usual, every time
+    class Sub(Program):
+        pass
+
+    s1, s2 = Sub(k, decls), Sub(k, decls)
+    assert s1 is not s2 and type(s1) is Sub and s1 == s2
+
+
+def test_interning_stops_at_its_limit(monkeypatch):
+    monkeypatch.setattr(BufferDecl, "_interned_values", {})
+    monkeypatch.setattr(BufferDecl, "_interned_limit", 2, raising=False)
+    a, b, c = (BufferDecl.read(f"x{i}", 0, "f32") for i in range(3))
+    assert BufferDecl.read("x0", 0, "f32") is a and BufferDecl.read("x1", 0, "f32") is b
+    again = BufferDecl.read("x2", 0, "f32")
+    assert again is not c and again == c  # past the limit: built, equal, not remembered
+    assert len(BufferDecl._interned_values) == 2
+
+
+def test_values_keyed_by_identity_are_held_by_their_entry():
+    # a DType argument is keyed by its address: the entry keeps the object alive, so no other
+    # object can take that address and be mistaken for it while the entry lives
+    import gc
+    import weakref
+
+    from vyre_cuda._dtypes import DTYPES, DType
+
+    f32 = DTYPES["f32"]
+    twin = DType(f32.name, f32.itemsize, f32.numpy, f32.capability, f32.min_cc, f32.kind)
+    assert twin == f32 and twin is not f32
+    decl = BufferDecl.read("held", 0, twin)
+    assert BufferDecl.read("held", 0, twin) is decl
+    # an equal object that is another object is a miss: built, equal
+    assert BufferDecl.read("held", 0, f32) == decl and BufferDecl.read("held", 0, f32) is not decl
+    ref = weakref.ref(twin)
+    del twin, decl
+    gc.collect()
+    assert ref() is not None, "the interned entry let its key's object go"
+    # the table's types load as the table's objects, so unpickled declarations are interned too
+    assert pickle.loads(pickle.dumps(f32)) is f32
+    d = BufferDecl.read("p", 0, f32)
+    loaded = pickle.loads(pickle.dumps(d))  # (built through the constructor with every field)
+    assert loaded == d and pickle.loads(pickle.dumps(d)) is loaded

@@ -35,6 +35,17 @@ class DType:
     def __repr__(self) -> str:
         return f"DType({self.name})"
 
+    def __reduce__(self):
+        # one of the table's types loads as the table's object (a declaration built again with it
+        # is then the one built first: declarations key their DType by identity)
+        if DTYPES.get(self.name) == self:
+            return (_named, (self.name,))
+        return (DType, (self.name, self.itemsize, self.numpy, self.capability, self.min_cc, self.kind))
+
+
+def _named(name: str) -> DType:
+    return DTYPES[name]
+
 
 def _bf16_numpy() -> np.dtype:
     # numpy has no bfloat16; the bits travel as uint16 unless ml_dtypes is installed.

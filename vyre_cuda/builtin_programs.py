@@ -38,6 +38,9 @@ _CTYPES = {
     "bf16": "__nv_bfloat16",
 }
 _PRELUDES = {"f16": "#include <cuda_fp16.h>\n", "bf16": "#include <cuda_bf16.h>\n"}
+# one source text per element type, made once: a program built again passes the same str (its
+# hash is kept, and the kernel built from it is found without comparing the text)
+_VECADD_SOURCES = {name: _PRELUDES.get(name, "") + f"typedef {c} T;\n" + _VECADD for name, c in _CTYPES.items()}
 
 
 def vecadd(dtype="f32", workgroup: int = 256) -> Program:
@@ -60,7 +63,7 @@ def vecadd(dtype="f32", workgroup: int = 256) -> Program:
             f"use one of {', '.join(DTYPES)}, an alias such as 'float32', 'half' or 'bfloat16', "
             "or the matching numpy dtype",
         ) from None
-    source = _PRELUDES.get(d.name, "") + f"typedef {_CTYPES[d.name]} T;\n" + _VECADD
+    source = _VECADD_SOURCES[d.name]
     return Program(
         Kernel.cuda(source),
         [BufferDecl.read("a", 0, d), BufferDecl.read("b", 1, d), BufferDecl.output("out", 2, d)],

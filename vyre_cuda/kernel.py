@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+from ._interned import Interned
 from .errors import InvalidProgram
 
 __all__ = ["Kernel"]
@@ -55,17 +56,12 @@ def _options(options) -> tuple:
     return tuple(_text(o, f"kernel option {i}") for i, o in enumerate(items))
 
 
-# the checked fields and digest of kernels built before, by their arguments (a pure function of
-# them); bounded, since a program may generate sources
-_DIGESTS: dict = {}
-_DIGESTS_MAX = 1024
-
-
-class Kernel:
+class Kernel(metaclass=Interned):
     """Kernel code: CUDA C++ for NVRTC (:meth:`cuda`) or PTX text (:meth:`ptx`). Immutable.
 
     Use the factories; ``Kernel(...)`` directly is not supported. Two kernels with the same
-    kind, entry, options and source are equal (and hash alike).
+    kind, entry, options and source are equal (and hash alike); a kernel built again from the
+    same arguments is the one built first.
 
     Examples
     --------
@@ -83,6 +79,10 @@ class Kernel:
         "_digest": "SHA-256 over kind, entry, options and source (:attr:`digest`).",
     }
 
+    # (kernels built again from the same text: at most this many remembered, since a program
+    # may generate sources)
+    _interned_limit = 1024
+
     kind: str
     source: str
     entry: str
@@ -90,17 +90,9 @@ class Kernel:
     _digest: str
 
     def __init__(self, kind, source, entry, options=()):
-        # the same text built again (a program made inside a function): its checks and digest
-        key = (kind, source, entry, options) if type(source) is str and type(options) in (tuple, type(None)) else None
-        try:
-            known = _DIGESTS.get(key) if key is not None else None
-        except TypeError:  # an unhashable option
-            key = known = None
-        if known is None:
-            known = self._checked(kind, source, entry, options)
-            if key is not None and len(_DIGESTS) < _DIGESTS_MAX:
-                _DIGESTS[key] = known
-        for name, value in zip(("kind", "source", "entry", "options", "_digest"), known):
+        # (built again from the same arguments, the first build is returned: _interned)
+        checked = self._checked(kind, source, entry, options)
+        for name, value in zip(("kind", "source", "entry", "options", "_digest"), checked):
             object.__setattr__(self, name, value)
 
     @staticmethod

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from ._dtypes import DTYPES, DType, dtype_of
+from ._interned import Interned, register_plain
 from ._validate import is_flag, is_int
 from .errors import InvalidProgram
 from .kernel import Kernel
@@ -87,7 +88,7 @@ class BindingRole(enum.Enum):
 
 def _output_decl(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
     """An output with no input: cleared to zero before the launch, read back after."""
-    return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, output=True, **kw)
+    return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, True, **kw)  # (True: output)
 
 
 class _OutputAttribute:
@@ -110,7 +111,7 @@ class _OutputAttribute:
 
 
 @dataclass(frozen=True, init=False)
-class BufferDecl:
+class BufferDecl(metaclass=Interned):
     """One buffer of a program.
 
     Parameters
@@ -180,19 +181,12 @@ class BufferDecl:
             )
         output = is_output if is_output is not None else (False if output is None else output)
         values = (name, binding, access, dtype, count, output, output_byte_range, alignment, persistent, zeroed)
-        key = _typed_key(values)
-        known = _VALIDATED_DECLS.get(key) if key is not None else None
-        if known is not None:  # the same arguments were validated before: their fields, role, hash
-            self.__dict__.update(known)  # (one call: a frozen instance's attributes, set once)
-            return
         for name_, value in zip(_BUFFER_FIELDS, values):
             object.__setattr__(self, name_, value)
         self._validate()
         # derived once (planning asks it many times per plan); not fields: not compared, not in repr
         object.__setattr__(self, "_role", self._derive_role())
         object.__setattr__(self, "_hash", hash(_buffer_fields(self)))
-        if key is not None and len(_VALIDATED_DECLS) < _VALIDATED_MAX:
-            _VALIDATED_DECLS[key] = dict(self.__dict__)
 
     def __eq__(self, other):
         # (a program's cache keys compare its declarations on every build: the hash first)
@@ -348,7 +342,7 @@ class BufferDecl:
 
 
 @dataclass(frozen=True, eq=False, init=False)
-class Program:
+class Program(metaclass=Interned):
     """A kernel plus its buffer declarations and launch shape.
 
     ``launch`` says what sizes the launch (word 0 of the params block and the grid): None for
@@ -406,51 +400,10 @@ class Program:
         elementwise: bool | Sequence[str] = False,
         align: int = 1,
     ) -> None:
-        rest = (workgroup_size, grid_sync, phases, requires, name, launch, elementwise, align)
-        raw = _typed_key(rest)
-        if raw is not None and self._derive_known(raw, kernel, buffers):
-            return
-        for name_, value in zip(_PROGRAM_FIELDS, (kernel, buffers, *rest)):
+        values = (kernel, buffers, workgroup_size, grid_sync, phases, requires, name, launch, elementwise, align)
+        for name_, value in zip(_PROGRAM_FIELDS, values):
             object.__setattr__(self, name_, value)
         self._derive()
-        if raw is not None:
-            self._remember(raw)
-
-    def _derive_known(self, raw, kernel, buffers) -> bool:
-        """Take the fields of an equal program validated before (same kernel, same buffer
-        declarations, same other arguments, each of the same type): validation and
-        normalisation are a pure function of them. False when none was.
-
-        Everything but the kernel is taken from that first program in one update, its buffer
-        tuple too: the declarations are equal immutable values, and the first program's derived
-        inputs and outputs are made of them."""
-        if type(kernel) is not Kernel or type(buffers) not in (tuple, list):
-            return False  # the full path words any refusal
-        buffers = tuple(buffers)
-        for b in buffers:
-            if type(b) is not BufferDecl:
-                return False
-        try:
-            known = _VALIDATED_PROGRAMS.get((raw, kernel, buffers))
-        except TypeError:  # an unhashable field: likewise
-            return False
-        if known is None:
-            return False
-        attrs = self.__dict__  # (a frozen instance: its attributes, set once)
-        attrs["kernel"] = kernel
-        attrs.update(known)
-        return True
-
-    def _remember(self, raw) -> None:
-        if len(_VALIDATED_PROGRAMS) >= _VALIDATED_MAX:
-            return
-        try:
-            lookup = (raw, self.kernel, self.buffers)
-            hash(lookup)
-        except TypeError:
-            return
-        # the key holds the declarations by value (their hash and == are their fields')
-        _VALIDATED_PROGRAMS[lookup] = {k: v for k, v in self.__dict__.items() if k != "kernel"}
 
     def _derive(self) -> None:
         for attr in ("buffers", "requires"):
@@ -547,30 +500,10 @@ _BUFFER_FIELDS = tuple(f.name for f in dataclasses.fields(BufferDecl))
 _PROGRAM_FIELDS = tuple(f.name for f in dataclasses.fields(Program))
 _buffer_fields = operator.attrgetter(*_BUFFER_FIELDS)  # a declaration as the tuple of its fields
 
-# Declarations and programs built again from the same arguments (a program built inside a
-# function, each call) skip their validation: it is a pure function of the arguments, so the
-# fields it produced are reused. Keys tag each argument with its exact type, so 1, True and 1.0
-# (equal in a dict) stay apart; only plain values are keyed (anything else validates every time).
-_VALIDATED_DECLS: dict = {}
-_VALIDATED_PROGRAMS: dict = {}
-_VALIDATED_MAX = 4096
-_PLAIN_TYPES = frozenset((str, int, bool, float, type(None), DType, BufferAccess))
-
-
-def _typed_key(values: tuple) -> tuple | None:
-    types_: tuple[Any, ...] = tuple(map(type, values))
-    if _PLAIN_TYPES.issuperset(types_):
-        return (types_, values)
-    tagged = []
-    for t, v in zip(types_, values):
-        if t is tuple:
-            t = tuple(map(type, v))
-            if not _PLAIN_TYPES.issuperset(t):
-                return None
-        elif t not in _PLAIN_TYPES:
-            return None
-        tagged.append(t)
-    return (tuple(tagged), values)
+# DTypes and access kinds are immutable and compare by value: a declaration or program built
+# again with them is the one built first (_interned)
+register_plain(DType)
+register_plain(BufferAccess)
 
 
 class _ByObject:

@@ -10,6 +10,7 @@ import dataclasses
 import sys
 
 import numpy as np
+from fakes import built_anew
 from helpers.scenarios import Scenarios
 
 import vyre_cuda as vc
@@ -64,8 +65,12 @@ def a_rebuilt_equal_program_hits_the_plan_and_module_caches(fake):
     assert np.array_equal(out, a + b)
     held, modules, launches = plans(backend), len(backend._modules), fake.stats()["launches"]
     for _ in range(20):
-        again = bp.vecadd_f32()  # a new object, equal to `first`
-        assert again is not first and again == first and hash(again) == hash(first)
+        again = bp.vecadd_f32()  # built again: the first build's object
+        assert again is first
+        anew = built_anew(first)  # an equal object (as non-plain arguments build): found by value
+        assert anew is not first and anew == first and hash(anew) == hash(first)
+        (out,) = backend.dispatch(anew, [a, b])
+        assert np.array_equal(out, a + b), "an equal program gave a wrong result"
         a, b = pair()
         (out,) = backend.dispatch(again, [a, b])
         assert np.array_equal(out, a + b), "a rebuilt program gave a wrong result"
@@ -73,7 +78,7 @@ def a_rebuilt_equal_program_hits_the_plan_and_module_caches(fake):
         assert np.array_equal(out, a + b)
     assert plans(backend) == held, f"{plans(backend)} plans after rebuilt dispatches, {held} before"
     assert len(backend._modules) == modules
-    assert fake.stats()["launches"] == launches + 40
+    assert fake.stats()["launches"] == launches + 60
     backend.close()
 
 
@@ -94,7 +99,7 @@ def programs_differing_in_one_field_do_not_share_a_plan(fake):
         assert np.array_equal(out, a + b), field
         assert plans(backend) == before + 1, (field, plans(backend), before)
         # and a rebuilt copy of the variant shares the variant's plan, no one else's
-        copy = dataclasses.replace(program)
+        copy = built_anew(program)
         assert copy is not program and copy == program, field
         (out,) = backend.dispatch(copy, [a, b])
         assert np.array_equal(out, a + b), field

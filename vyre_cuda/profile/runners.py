@@ -155,9 +155,9 @@ def vyre_runners(backend, program, inputs, check, into=None, pinned=None, into_g
 
 
 def rebuilt_runner(backend, program_factory, inputs, check):
-    """``dispatch(program_factory(), inputs)``: a new Program object per dispatch, equal to the
-    last (``vyre.rebuilt``), so each one pays for building the Program and for finding its
-    cached plan by value instead of by the same object."""
+    """``dispatch(program_factory(), inputs)``: the Program built again per dispatch
+    (``vyre.rebuilt``) from its parts, as a function building its program does, so each one pays
+    for building it (equal builds return the first build's object) and finding its plan."""
     pc = time.perf_counter_ns
     dispatch = backend.dispatch
     last = {}
