@@ -442,6 +442,23 @@ fake.fail("cuStreamQuery", "CUDA_ERROR_NOT_READY")
 (out,) = g.dispatch(prog, [CAI(x, stream=2), a])
 check("busy producer", out, x.numpy() + a)
 res["busy_waits"] = fake.stats()["stream_waits"] - waits - res["idle_waits"]
+# the outputs' producer streams too, each stream once per dispatch: an input and an output on one
+# busy stream cost one wait, an output on another busy stream one more
+# (the k-th next stream query answers NOT_READY: k=1 the first producer stream's, k=2 a second
+# stream's, or a second query of the first)
+target = g.dispatch(prog, [a, a], DEV)[0]
+other = ctypes.c_void_p()
+assert fake.lib.cuStreamCreate(ctypes.byref(other), 1) == 0
+res["busy_output_waits"] = []
+for out_stream, k in ((2, 1), (2, 2), (other.value, 2)):
+    fake.fail("cuStreamQuery", "CUDA_ERROR_NOT_READY", countdown=k)
+    waits = fake.stats()["stream_waits"]
+    g.dispatch_into(prog, [CAI(x, stream=2), a], [CAI(target, stream=out_stream)])
+    res["busy_output_waits"].append(fake.stats()["stream_waits"] - waits)
+    fake.clear_failures()
+    check(f"busy producer of an output ({k})", target.copy_to_host(), x.numpy() + a)
+assert fake.lib.cuStreamDestroy(other) == 0
+del target
 # a driver failure while ordering after the producer's stream: typed error, nothing held, next works
 fake.fail("cuStreamQuery", "CUDA_ERROR_NOT_READY")
 fake.fail("cuStreamWaitEvent", "CUDA_ERROR_INVALID_VALUE")
@@ -470,7 +487,7 @@ def test_device_arrays_and_streams_on_the_fake_driver(fake_libcuda, rng):
     assert proc.returncode == 0, f"child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["errors"] == [] and res["hook_errors"] == [], res
-    assert res["checked"] == 3 * 12 + 4 + 4 + 2
+    assert res["checked"] == 3 * 12 + 4 + 4 + 2 + 3  # (+3: the busy producers of an output)
     assert res["dtod"] >= 1  # the read-write device input went device-to-device
     assert res["live"] == [0, 0, 0, 0]
     refusals = res["refusals"]
@@ -492,3 +509,6 @@ def test_device_arrays_and_streams_on_the_fake_driver(fake_libcuda, rng):
     assert res["violations"] == 0
     assert res["device_allocs_after"] == 0  # every DeviceArray freed its memory
     assert (res["idle_waits"], res["busy_waits"]) == (0, 1)  # only a busy producer costs a wait
+    # an input and an output on one busy stream: one query, one wait; an output on a stream of
+    # its own: that stream is queried (and waited on) too
+    assert res["busy_output_waits"] == [1, 0, 1]

@@ -392,6 +392,13 @@ cdef class Core:
                         self.tel[T_DEVICE_ARRAYS_READ_IN_PYTHON] += 1
             else:
                 self.tel[T_DEVICE_ARRAYS_READ_IN_C] += len(into)
+            # their producers' streams are waited on with the inputs' (one query per stream; every
+            # export was read before that wait is issued, and before any GPU work of the dispatch)
+            for v in d.out_checked:
+                if v is not None and (<DevView>v).wait is not None:
+                    if d.waits is None:
+                        d.waits = []
+                    d.waits.append((<DevView>v).wait)
         if marks != NULL:
             marks[M_LOOKUP] = now_ns()
         if p.compact_bucket:

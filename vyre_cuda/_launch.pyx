@@ -69,28 +69,38 @@ cdef int stream_waits(PendingDispatch d, list streams) except -1:
     dependency, the larger part of a small device-array dispatch's cost when the producer is
     idle. The event goes back to the pool at once: a wait applies to the record made before
     it, whatever is recorded on the event later."""
-    cdef cydriver.CUevent ev
     cdef cydriver.CUstream other
-    cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
-    cdef const char* call = b"cuEventRecord"
-    for w in set(streams):
-        other = <cydriver.CUstream><uintptr_t>w
+    cdef Py_ssize_t i, j, n = len(streams)
+    for i in range(n):
+        other = <cydriver.CUstream><uintptr_t>streams[i]
         if other == d.f.stream:
             continue
-        with nogil:
-            st = cydriver.cuStreamQuery(other)
+        for j in range(i):  # each stream once (a few arrays, often of one producer stream)
+            if <cydriver.CUstream><uintptr_t>streams[j] == other:
+                break
+        else:
+            _wait_for(d, other)
+    return 0
+
+
+cdef int _wait_for(PendingDispatch d, cydriver.CUstream other) except -1:
+    cdef cydriver.CUevent ev
+    cdef cydriver.CUresult st
+    cdef const char* call = b"cuStreamQuery"
+    with nogil:
+        st = cydriver.cuStreamQuery(other)
+    if st == cydriver.CUDA_SUCCESS:
+        return 0  # any other answer (busy, capturing, an error): wait through an event
+    d.core.resources.spool.acquire_event(False, &ev)
+    with nogil:
+        call = b"cuEventRecord"
+        st = cydriver.cuEventRecord(ev, other)
         if st == cydriver.CUDA_SUCCESS:
-            continue  # any other answer (busy, capturing, an error): wait through an event
-        d.core.resources.spool.acquire_event(False, &ev)
-        with nogil:
-            call = b"cuEventRecord"
-            st = cydriver.cuEventRecord(ev, other)
-            if st == cydriver.CUDA_SUCCESS:
-                call = b"cuStreamWaitEvent"
-                st = cydriver.cuStreamWaitEvent(d.f.stream, ev, 0)
-        d.core.resources.spool.release_event(ev, False)
-        if st != cydriver.CUDA_SUCCESS:
-            d.core._fail(d, st, call)
+            call = b"cuStreamWaitEvent"
+            st = cydriver.cuStreamWaitEvent(d.f.stream, ev, 0)
+    d.core.resources.spool.release_event(ev, False)
+    if st != cydriver.CUDA_SUCCESS:
+        d.core._fail(d, st, call)
     return 0
 
 

@@ -303,6 +303,7 @@ cdef class PendingDispatch:
         cdef DevCopy dc
         cdef InPlace ip
         cdef list waits = None
+        cdef bint checked
         d.out_pieces.clear()
         d.out_dev.clear()
         d.out_inplace.clear()
@@ -313,10 +314,12 @@ cdef class PendingDispatch:
             piece.dev_offset = p.outputs[k].offset
             piece.n = p.outputs[k].nbytes
             dv = None
+            checked = False
             if type(outs[k]) is cnp.ndarray:
                 piece.host = <char*>cnp.PyArray_DATA(<cnp.ndarray>outs[k])
             elif d.out_checked is not None and d.out_checked[k] is not None:
                 dv = d.out_checked[k]  # a device array check_outputs already checked
+                checked = True  # (its producer's stream was waited on with the inputs')
             elif p.device_outputs and type(outs[k]) is DeviceArray:
                 dv = read_device(outs[k], core.device, None)  # one new_outputs made for this slot
                 if dv is not None and dv.nbytes != piece.n:
@@ -354,7 +357,7 @@ cdef class PendingDispatch:
                 if d.keep is None:
                     d.keep = []
                 d.keep.append(dv.keep)
-                if dv.wait is not None:
+                if dv.wait is not None and not checked:
                     waits = [dv.wait] if waits is None else waits + [dv.wait]
                 piece.host = NULL
                 piece.n = 0
