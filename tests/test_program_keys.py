@@ -333,3 +333,30 @@ def test_values_keyed_by_identity_are_held_by_their_entry():
     d = BufferDecl.read("p", 0, f32)
     loaded = pickle.loads(pickle.dumps(d))  # (built through the constructor with every field)
     assert loaded == d and pickle.loads(pickle.dumps(d)) is loaded
+
+
+def test_threads_building_equal_programs_get_equal_values():
+    # the tables are shared: threads racing to build one new value each get an equal one, and
+    # once one is remembered every thread gets that object
+    import threading
+
+    dtypes = ("u8", "i16", "u32", "f32", "f64", "i64")
+    wanted = {(d, w): fakes.built_anew(bp.vecadd(d, workgroup=w)) for d in dtypes for w in (64, 96)}
+    errors: list = []
+    start = threading.Barrier(6)
+
+    def build(seed):
+        start.wait()
+        rng = np.random.default_rng(seed)
+        for _ in range(400):
+            key = (dtypes[rng.integers(len(dtypes))], (64, 96)[rng.integers(2)])
+            got = bp.vecadd(key[0], workgroup=key[1])
+            if got != wanted[key] or got is not bp.vecadd(key[0], workgroup=key[1]):
+                errors.append(key)
+
+    threads = [threading.Thread(target=build, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

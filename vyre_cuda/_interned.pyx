@@ -14,8 +14,8 @@ every time. Values of registered types are keyed by identity, and the remembered
 (so no other object takes their address while it lives): no Python ``__hash__`` runs, and an
 equal value that is another object is only a miss, built as usual. A call that raises is not
 remembered. Past its class's ``_interned_limit`` values (``LIMIT`` unless the class says), calls
-build new ones. The GIL guards the tables (two threads building one new value may both build it,
-equal; the one stored last is remembered).
+build new ones. The GIL guards the tables (two threads building one new value may both build it;
+both return the one stored first).
 """
 
 from cpython.dict cimport PyDict_GetItem, PyDict_Next
@@ -118,6 +118,8 @@ class Interned(type):
         if known != NULL:
             return (<object>known)[0]
         value = type.__call__(cls, *args, **kw)
-        if len(values) < getattr(cls, "_interned_limit", LIMIT):
-            values[key] = (value, keep)
-        return value
+        if len(values) >= getattr(cls, "_interned_limit", LIMIT):
+            return value
+        # (two threads may have built it: the first stored is every call's; the key holds only
+        # strs, numbers, types and tuples, so setdefault runs no Python code and is atomic)
+        return values.setdefault(key, (value, keep))[0]
