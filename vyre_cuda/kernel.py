@@ -5,8 +5,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from ._interned import Interned
 from .errors import InvalidProgram
+
+try:
+    from ._interned import Interned, register_plain
+except ImportError:  # a source tree whose compiled modules are not built: every build is new
+    Interned = type  # type: ignore[misc,assignment]
+
+    def register_plain(cls: type) -> None:
+        """(nothing is interned without the compiled module)"""
+
 
 __all__ = ["Kernel"]
 

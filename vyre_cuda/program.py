@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from ._dtypes import DTYPES, DType, dtype_of
-from ._interned import Interned, register_plain
 from ._validate import is_flag, is_int
 from .errors import InvalidProgram
-from .kernel import Kernel
+from .kernel import Interned, Kernel, register_plain  # (Interned: the compiled metaclass, or type)
 
 __all__ = [
     "DType",
