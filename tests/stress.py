@@ -62,7 +62,10 @@ class Stress:
         self.counts = dict.fromkeys(
             ("dispatches", "checked", "wrong", "errors", "refused", "closes", "trims", "pinned_arrays", "clears"), 0
         )
-        self.by_op = dict.fromkeys(OPS, 0)
+        self.ops = tuple(op for op in OPS if op in args.ops.split(","))
+        if not self.ops:
+            raise SystemExit(f"--ops {args.ops!r} names none of {', '.join(OPS)}")
+        self.by_op = dict.fromkeys(self.ops, 0)
         self.failures = []  # the first few wrong results and unexpected errors, described
         self.stop = threading.Event()
 
@@ -108,7 +111,7 @@ class Stress:
                 return
             done += 1
             n = self._size(rng)
-            op = OPS[rng.integers(len(OPS))]
+            op = self.ops[rng.integers(len(self.ops))]
             a, b = fresh(n), fresh(n)
             with self.lock:
                 backend = self.slots[slot]
@@ -298,6 +301,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="per backend")
     ap.add_argument("--dispatches", type=int, default=200, help="per thread")
     ap.add_argument("--max-mib", type=int, default=8, help="largest buffer, MiB")
+    ap.add_argument("--ops", default=",".join(OPS), help="comma-separated: " + ", ".join(OPS))
     ap.add_argument("--chaos", default=",".join(CHAOS), help="comma-separated: " + ", ".join(CHAOS))
     ap.add_argument("--chaos-ms", type=float, default=5.0, help="mean pause between chaos actions")
     ap.add_argument("--chunk-mib", type=int, default=1, help="staging ring chunk (small: many windows)")

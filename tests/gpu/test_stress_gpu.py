@@ -36,6 +36,8 @@ def test_stress_on_the_gpu(backends, threads):
     per_thread = -(-TOTAL // (len(MATRIX) * backends * threads))  # (rounded up: at least TOTAL in all)
     args = [
         sys.executable,
+        "-X",
+        "faulthandler",  # a crash prints every thread's Python stack to the stderr shown below
         str(STRESS),
         "--seed",
         str(seed),
