@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.crash_trace import preload_env
 
 import vyre_cuda
 
@@ -31,7 +32,7 @@ def _seed() -> int:
 
 
 @pytest.mark.parametrize(("backends", "threads"), MATRIX, ids=[f"{b}x{t}" for b, t in MATRIX])
-def test_stress_on_the_gpu(backends, threads):
+def test_stress_on_the_gpu(backends, threads, tmp_path_factory):
     seed = _seed()
     per_thread = -(-TOTAL // (len(MATRIX) * backends * threads))  # (rounded up: at least TOTAL in all)
     args = [
@@ -55,8 +56,9 @@ def test_stress_on_the_gpu(backends, threads):
         "4",
     ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = preload_env(tmp_path_factory.getbasetemp() / "crash-trace", env)  # a crash's C stack too
     proc = subprocess.run(args, capture_output=True, text=True, timeout=1800, check=False, env=env, cwd="/")
-    assert proc.returncode == 0, f"seed {seed}: the stress child exited with {proc.returncode}:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, f"seed {seed}: the stress child exited with {proc.returncode}:\n{proc.stderr[-8000:]}"
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     log = os.environ.get("VYRE_CUDA_STRESS_LOG")  # scripts/gpu-check collects one line per configuration
     if log:
