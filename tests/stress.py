@@ -29,6 +29,7 @@ import numpy as np
 import vyre_cuda as vc
 from vyre_cuda import builtin_programs as bp
 from vyre_cuda import hostmem
+from vyre_cuda.telemetry import COUNTERS
 
 VECADD = bp.vecadd_f32()
 OPS = (
@@ -246,6 +247,9 @@ class Stress:
         if chaos:
             chaos.join()
         seconds = time.perf_counter() - t0
+        # graph launches (the graph-or-issued trial of each new plan replays some): the counters
+        # of closed backends are still readable
+        replays = sum(dict(zip(COUNTERS, b._core.counters()))["graph_replays"] for b in self.slots + self.retired)
         leaks = {}
         gc.collect()
         for k, backend in enumerate(self.slots):
@@ -282,6 +286,7 @@ class Stress:
         return dict(
             self.counts,
             by_op=self.by_op,
+            graph_replays=replays,
             leaks=leaks,
             failures=self.failures,
             seconds=round(seconds, 2),

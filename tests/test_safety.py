@@ -31,6 +31,17 @@ MATRIX = [(1, 1), (1, 4), (2, 2), (3, 3)]
 def test_stress(backends, threads, fake_libcuda, tmp_path_factory):
     """The short profile of the stress: every operation, every chaos action, outputs checked
     against numpy, nothing left behind (tests/stress.py runs the long one on a GPU)."""
+    _stress(backends, threads, fake_libcuda, tmp_path_factory)
+
+
+def test_stress_with_graph_replays(fake_libcuda, tmp_path_factory):
+    """The same with the graph-or-issued trial on, as on a GPU: each new plan's first dispatches
+    capture and replay graphs while other threads close, trim and clear the plans under them."""
+    res = _stress(3, 2, fake_libcuda, tmp_path_factory, env={"VYRE_CUDA_GRAPH_TRIAL": "1"})
+    assert res["graph_replays"] > 0, res
+
+
+def _stress(backends, threads, fake_libcuda, tmp_path_factory, env=None):
     seed = scenarios.seed()
     res = scenarios.run_child(
         [
@@ -50,9 +61,11 @@ def test_stress(backends, threads, fake_libcuda, tmp_path_factory):
         fake_libcuda,
         tmp_path_factory,
         timeout=600,
+        env=env,
     )
     where = f"seed {seed}: {res}"
     assert res["wrong"] == 0 and res["errors"] == 0, where
     assert res["leaks"] == {}, where
     assert res["dispatches"] >= 100 and all(res["by_op"].values()), where
     assert res["trims"] and res["clears"] and res["pinned_arrays"], where
+    return res
