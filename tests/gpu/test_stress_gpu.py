@@ -1,7 +1,8 @@
 """The concurrency stress (tests/stress.py) on a real GPU: several backends on one device times
 several threads, with close(), trim(), page-locked array churn and clear_prepared() running
 alongside, every output checked against numpy, nothing left behind. Each configuration runs in a
-child process, so a crash is counted as one.
+child process, so a crash is counted as one; the failure then shows the child's Python stacks
+(faulthandler) and its faulting thread's C stack (tests/helpers/segv_trace.c).
 
 VYRE_CUDA_STRESS_DISPATCHES sets the dispatches per configuration (default 1,200 in all four;
 scripts/gpu-check runs the long profile: at least 20,000).
