@@ -313,7 +313,9 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", type=int, default=2)
     ap.add_argument("--fake", action="store_true", help="running on the fake CUDA driver")
     args = ap.parse_args(argv)
-    print(json.dumps(Stress(args).run()))
+    # flushed now: a crash in the interpreter's exit would otherwise lose the buffered result line,
+    # and its presence tells a crash at exit from one during the run
+    print(json.dumps(Stress(args).run()), flush=True)
     return 0
 
 

@@ -512,3 +512,67 @@ def test_device_arrays_and_streams_on_the_fake_driver(fake_libcuda, rng):
     # an input and an output on one busy stream: one query, one wait; an output on a stream of
     # its own: that stream is queried (and waited on) too
     assert res["busy_output_waits"] == [1, 0, 1]
+
+
+HOLD_CHILD = r"""
+import gc, json, sys, threading
+import numpy as np
+import vyre_cuda as vc
+from fakecuda import FakeDriver, vecadd_emulation
+from vyre_cuda import builtin_programs as bp
+
+fake = FakeDriver()
+prog = bp.vecadd_f32()
+rng = np.random.default_rng(int(sys.argv[1]))
+refs = lambda: fake.stats()["context_refs"]
+allocs = lambda: fake.stats()["device_allocs"]
+res = {"base": [refs(), allocs()]}
+g = vc.CudaBackend(0)
+res["open"] = [refs(), allocs()]
+n = int(rng.integers(1, 5000))
+a = rng.standard_normal(n).astype(np.float32)
+b = rng.standard_normal(n).astype(np.float32)
+fake.emulate(g, prog, [a, b], vecadd_emulation(np.float32))
+DEV = vc.DispatchConfig(outputs="device")
+outs = [g.dispatch(prog, [a, b], DEV)[0] for _ in range(3)]
+res["three_arrays"] = [refs(), allocs()]
+g.close()
+res["closed"] = [refs(), allocs()]
+res["right_after_close"] = all(np.array_equal(o.copy_to_host(), a + b) for o in outs)
+# one freed on a thread with no current context, one plainly, the last from a collected cycle
+# (its memory freed before the reference goes)
+t = threading.Thread(target=outs.pop)
+t.start(); t.join()
+outs.pop()
+res["one_left"] = [refs(), allocs()]
+box = [outs.pop()]  # (made after the array: a collection visits the array first)
+box.append(box)
+del outs, box
+gc.collect()
+res["none_left"] = [refs(), allocs()]
+x = vc.DeviceArray._empty(7, "f4", 0)
+res["standalone"] = [refs(), allocs()]
+del x
+res["end"] = [refs(), allocs()]
+res["violations"] = fake.stats()["violations"]
+print(json.dumps(res))
+"""
+
+
+def test_device_outputs_share_one_context_reference_that_outlives_close(fake_libcuda, rng):
+    # a backend's DeviceArrays hold one reference on the context between them (no retain and
+    # release per array); after close() they keep it, and each frees its memory on any thread,
+    # from a collected cycle too, before the last one gives the reference back
+    seed = int(rng.integers(0, 2**31))
+    proc = fakecuda.run_python(["-c", HOLD_CHILD, str(seed)], fake_libcuda, timeout=120)
+    assert proc.returncode == 0, f"child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    (r0, m0), (r1, m1) = res["base"], res["open"]
+    # one shared reference; three allocations (besides the backend's pools and params block)
+    assert res["three_arrays"][0] == r1 + 1 and res["three_arrays"][1] >= m1 + 3, res
+    assert res["closed"] == [r0 + 1, m0 + 3], res  # the backend's reference went, the arrays' stays
+    assert res["right_after_close"], res
+    assert res["one_left"] == [r0 + 1, m0 + 1], res
+    assert res["none_left"] == [r0, m0], res
+    assert res["standalone"] == [r0 + 1, m0 + 1] and res["end"] == [r0, m0], res
+    assert res["violations"] == 0, res

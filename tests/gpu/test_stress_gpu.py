@@ -59,7 +59,11 @@ def test_stress_on_the_gpu(backends, threads, tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env = preload_env(tmp_path_factory.getbasetemp() / "crash-trace", env)  # a crash's C stack too
     proc = subprocess.run(args, capture_output=True, text=True, timeout=1800, check=False, env=env, cwd="/")
-    assert proc.returncode == 0, f"seed {seed}: the stress child exited with {proc.returncode}:\n{proc.stderr[-8000:]}"
+    # stdout says whether the child got as far as its result line (a crash after it is one at exit)
+    assert proc.returncode == 0, (
+        f"seed {seed}: the stress child exited with {proc.returncode}:\n"
+        f"stdout: {proc.stdout[-2000:]!r}\nstderr:\n{proc.stderr[-8000:]}"
+    )
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     log = os.environ.get("VYRE_CUDA_STRESS_LOG")  # scripts/gpu-check collects one line per configuration
     if log:
