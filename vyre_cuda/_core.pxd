@@ -6,7 +6,6 @@ from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
 from ._counters cimport N_COUNTERS
-from ._devarray cimport ContextHold
 from ._resources cimport Resources, InFlight
 from ._prepared cimport Prepared, ResidentBlocks
 from ._waits cimport PendingDispatch
@@ -28,7 +27,6 @@ cdef class Core:
     cdef public int trace  # TRACE_LOG | TRACE_NVTX bits; 0: untraced (the hot path's one test)
     cdef object logger
     cdef public int device
-    cdef ContextHold array_hold  # the context reference of the DeviceArrays it returns (made at the first)
 
     cdef int _ensure_resident(self, Prepared p) except -1
     cdef int _check_usable(self) except -1

@@ -123,11 +123,6 @@ cdef class Core:
         finally:
             self.busy -= 1
 
-    def drop_array_hold(self):
-        """Give up the core's reference on the context of the DeviceArrays it returned (close()):
-        the arrays still alive keep it until the last of them goes."""
-        self.array_hold = None
-
     def clear_prepared(self):
         self._release_graphs(self.ctx != NULL)
         self.prepared.clear()

@@ -1,4 +1,4 @@
-from typing import Any, final
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -18,9 +18,6 @@ def pointer_device(ptr: int) -> tuple[int, int]: ...
 def dlpack_info(
     capsule: object,
 ) -> tuple[int, tuple[int, ...], tuple[int, ...] | None, tuple[int, int, int], tuple[int, int], bool]: ...
-
-@final
-class ContextHold: ...
 
 @disjoint_base
 class DeviceArray:

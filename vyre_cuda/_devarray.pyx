@@ -5,9 +5,8 @@ the pointer query behind the device checks of inputs and outputs.
 A ``DeviceArray`` is what ``DispatchConfig(outputs="device")`` returns: a 1-D C-contiguous array
 in device memory that CuPy, torch, numba and cuda.core wrap without a copy, through
 ``__cuda_array_interface__`` (v3) or ``__dlpack__`` / ``__dlpack_device__``. It holds a reference
-on the device's primary context (a :class:`ContextHold` shared by the arrays of one backend), so
-its memory stays valid after the backend is closed, and it frees the memory when the last
-reference (its own, or a DLPack consumer's) goes away.
+on the device's primary context, so its memory stays valid after the backend is closed, and it
+frees the memory when the last reference (its own, or a DLPack consumer's) goes away.
 
 DLPack structures come from _dlpack.h (the ABI of dlpack.h v1.x, which is stable): the
 legacy ``DLManagedTensor`` (capsule ``"dltensor"``) and the versioned ``DLManagedTensorVersioned``
@@ -19,17 +18,11 @@ from cpython.ref cimport Py_INCREF, Py_DECREF
 from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
-cimport cython
-cimport numpy as cnp
-
+import numpy as np
 from cuda.bindings cimport cydriver
 
 from ._driver cimport check_cu
 from ._dlpack cimport DLDataType, DLTensor, DLManagedTensor, DLManagedTensorVersioned
-
-import numpy as np
-
-cnp.import_array()
 
 __all__ = ["DeviceArray", "pointer_device", "dlpack_info", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST",
            "KDL_CUDA_MANAGED"]
@@ -138,71 +131,6 @@ def dlpack_info(capsule):
             (t.device.device_type, t.device.device_id), readonly)
 
 
-@cython.final
-cdef class ContextHold:
-    """One reference on a device's primary context. A backend makes one for the DeviceArrays its
-    dispatches return, which share it: an array's memory then needs no retain and release of its
-    own, and the context outlives the backend while any of them lives."""
-
-    def __dealloc__(self):
-        cdef cydriver.CUdevice dev
-        if self.retained:
-            with nogil:
-                if cydriver.cuDeviceGet(&dev, self.device) == cydriver.CUDA_SUCCESS:
-                    cydriver.cuDevicePrimaryCtxRelease(dev)
-
-
-cdef ContextHold hold_context(int device):
-    """A new reference on ``device``'s primary context."""
-    cdef ContextHold hold = ContextHold.__new__(ContextHold)
-    cdef cydriver.CUcontext ctx
-    cdef cydriver.CUdevice dev
-    with nogil:
-        check_cu(cydriver.cuDeviceGet(&dev, device), b"cuDeviceGet")
-        check_cu(cydriver.cuDevicePrimaryCtxRetain(&ctx, dev), b"cuDevicePrimaryCtxRetain")
-    hold.ctx = ctx
-    hold.device = device
-    hold.retained = True
-    return hold
-
-
-cdef DeviceArray new_device_array(Py_ssize_t count, dtype, ContextHold hold):
-    """``count`` elements of numpy dtype ``dtype`` on ``hold``'s context (contents undefined)."""
-    cdef DeviceArray self = DeviceArray.__new__(DeviceArray)
-    cdef cydriver.CUcontext ctx = hold.ctx, prev, current = NULL
-    cdef cydriver.CUdeviceptr p = 0
-    cdef cydriver.CUresult st
-    cdef cnp.dtype dt = <cnp.dtype?>dtype
-    cdef size_t nbytes = <size_t>count * <size_t>dt.itemsize
-    cdef char kind = dt.kind
-    with nogil:
-        # a zero-size array still gets a real (16-byte) allocation: consumers want a non-null
-        # pointer; a dispatch's thread has the context current already (no push and pop)
-        cydriver.cuCtxGetCurrent(&current)
-        if current == ctx:
-            st = cydriver.cuMemAlloc(&p, nbytes if nbytes > 16 else 16)
-        else:
-            check_cu(cydriver.cuCtxPushCurrent(ctx), b"cuCtxPushCurrent")
-            st = cydriver.cuMemAlloc(&p, nbytes if nbytes > 16 else 16)
-            cydriver.cuCtxPopCurrent(&prev)
-        check_cu(st, b"cuMemAlloc")
-    self.hold = hold
-    self.ctx = ctx
-    self.device = hold.device
-    self.owns = True  # from here on __dealloc__ frees the memory
-    self.ptr = <uintptr_t>p
-    self.nbytes = nbytes
-    self.dtype = dt
-    self.size = count
-    # what a dispatch's input check compares, without a Python attribute per dispatch
-    self.kind = b"u" if kind == b"b" or kind == b"V" else (kind if kind in b"iuf" else 0)
-    self.itemsize = dt.itemsize
-    return self
-
-
-# (no gc clear: the context hold must outlive __dealloc__'s free even when a collected cycle
-# holds the array; neither of its object fields can lead back to it)
-@cython.no_gc_clear
 cdef class DeviceArray:
     """A 1-D C-contiguous array in device memory, owned by vyre_cuda.
 
@@ -218,19 +146,47 @@ cdef class DeviceArray:
     @staticmethod
     def _empty(Py_ssize_t count, dtype, int device):
         """Allocate ``count`` elements of ``dtype`` on ``device`` (contents undefined)."""
-        return new_device_array(count, np.dtype(dtype), hold_context(device))
+        cdef DeviceArray self = DeviceArray.__new__(DeviceArray)
+        cdef cydriver.CUcontext ctx, prev
+        cdef cydriver.CUdeviceptr p = 0
+        cdef cydriver.CUdevice dev
+        cdef cydriver.CUresult st
+        cdef size_t nbytes
+        dtype = np.dtype(dtype)
+        nbytes = <size_t>count * dtype.itemsize
+        with nogil:
+            check_cu(cydriver.cuDeviceGet(&dev, device), b"cuDeviceGet")
+            check_cu(cydriver.cuDevicePrimaryCtxRetain(&ctx, dev), b"cuDevicePrimaryCtxRetain")
+        self.ctx = ctx
+        self.device = device
+        self.owns = True  # from here on __dealloc__ releases the context reference
+        with nogil:
+            check_cu(cydriver.cuCtxPushCurrent(ctx), b"cuCtxPushCurrent")
+            # a zero-size array still gets a real (16-byte) allocation: consumers want a non-null pointer
+            st = cydriver.cuMemAlloc(&p, nbytes if nbytes > 16 else 16)
+            cydriver.cuCtxPopCurrent(&prev)
+            check_cu(st, b"cuMemAlloc")
+        self.ptr = <uintptr_t>p
+        self.nbytes = nbytes
+        self.dtype = dtype
+        self.size = count
+        # what a dispatch's input check compares, without a Python attribute per dispatch
+        self.kind = ord({"b": "u", "V": "u"}.get(dtype.kind, dtype.kind)) if dtype.kind in "biufV" else 0
+        self.itemsize = dtype.itemsize
+        return self
 
     def __dealloc__(self):
-        cdef cydriver.CUcontext prev, current = NULL
-        if not self.owns or not self.ptr:
+        cdef cydriver.CUcontext prev
+        cdef cydriver.CUdevice dev
+        if not self.owns:
             return
         with nogil:
-            cydriver.cuCtxGetCurrent(&current)
-            if current == self.ctx:
-                cydriver.cuMemFree(<cydriver.CUdeviceptr>self.ptr)
-            elif cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
-                cydriver.cuMemFree(<cydriver.CUdeviceptr>self.ptr)
+            if cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
+                if self.ptr:
+                    cydriver.cuMemFree(<cydriver.CUdeviceptr>self.ptr)
                 cydriver.cuCtxPopCurrent(&prev)
+            if cydriver.cuDeviceGet(&dev, self.device) == cydriver.CUDA_SUCCESS:
+                cydriver.cuDevicePrimaryCtxRelease(dev)
 
     @property
     def shape(self):

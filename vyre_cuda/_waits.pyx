@@ -36,7 +36,7 @@ from .errors import DispatchFailed, ValidationError
 from .telemetry import TimedDispatchResult
 from ._io_checks import as_output_list, check_outputs
 from ._device_io import device_output
-from ._devarray cimport ContextHold, DeviceArray, hold_context, new_device_array
+from ._devarray cimport DeviceArray
 from ._devview cimport read_device
 from numpy import frombuffer as _frombuffer
 
@@ -154,16 +154,11 @@ cdef list new_outputs(Core core, Prepared p):
     cdef cnp.npy_intp dim
     cdef Py_ssize_t k
     cdef size_t nbytes
-    cdef ContextHold hold
     if p.device_outputs:
-        hold = core.array_hold
-        if hold is None:
-            hold = hold_context(core.device)
-            if not core.closed:  # (close() drops the core's; a late one stays with its arrays)
-                core.array_hold = hold
         for k in range(len(p.out_counts)):
             nbytes = p.outputs[k].nbytes
-            outs.append(new_device_array(nbytes // (<cnp.dtype>p.out_dtypes[k]).itemsize, p.out_dtypes[k], hold))
+            outs.append(DeviceArray._empty(nbytes // (<cnp.dtype>p.out_dtypes[k]).itemsize, p.out_dtypes[k],
+                                           core.device))
         return outs
     for k in range(len(p.out_counts)):
         dim = p.out_counts[k]

@@ -614,7 +614,6 @@ class CudaBackend:
             return
         self._closed = True
         core.clear_prepared()
-        core.drop_array_hold()
         if core.lost is None:
             try:
                 _driver.make_current(self._ctx)
