@@ -81,7 +81,7 @@ class PlanningDriver(contracts.PlanningDriver):
         total = self.caps.total_memory
         return total - total // 8, total  # (free, total): a device with an eighth in use
 
-    def context_synchronize(self):
+    def context_synchronize(self, capture_wait_s=10.0):
         pass
 
     def load_module(self, image, entry, want_barrier):
@@ -170,7 +170,7 @@ def stub_backend(monkeypatch, caps, **overrides):
         "retain_primary_context": lambda ordinal: 0,
         "release_primary_context": lambda ordinal: None,
         "make_current": lambda ctx: None,
-        "context_synchronize": lambda: None,
+        "context_synchronize": lambda capture_wait_s=10.0: None,
         "load_module": lambda image, entry, want_barrier: (0, 0, 0, 0),
         "unload_module": lambda module: None,
         "set_max_dynamic_shared": lambda function, nbytes: None,

@@ -259,12 +259,28 @@ class Stress:
                     leaks[f"backend {k} {name}"] = snap[name]
             if backend._core.outstanding:
                 leaks[f"backend {k} outstanding"] = backend._core.outstanding
-        for backend in self.slots + self.retired:
+        closed = self.slots + self.retired
+        for backend in closed:
             backend.close()
             if backend._core.xfer.live_threads:
                 leaks["copy threads after close"] = backend._core.xfer.live_threads
         self.slots = self.retired = []
         gc.collect()
+        # every closed backend freed its pools and streams, those closed during the work too (on
+        # the GPU, where the driver's counters cannot be read, this is what shows a close() that
+        # left them allocated)
+        for k, backend in enumerate(closed):
+            s = backend._core.resources.stats()
+            held = {
+                "device": s.device.allocated_bytes,
+                "pinned": s.pinned.allocated_bytes,
+                "output cache": s.output_cache.allocated_bytes,
+                "streams": s.streams.streams_live,
+                "events": s.streams.events_live,
+            }
+            if any(held.values()):
+                leaks[f"closed backend {k}"] = held
+        del closed
         hostmem.trim_pinned_pool()
         pinned = hostmem.pinned_pool_stats()
         if pinned["live_bytes"] or pinned["cached_bytes"]:

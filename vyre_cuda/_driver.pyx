@@ -4,7 +4,7 @@
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset
-from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from posix.time cimport clock_gettime, nanosleep, timespec, CLOCK_MONOTONIC
 
 from cuda.bindings cimport cydriver
 
@@ -196,9 +196,28 @@ def mem_get_info():
     return free_b, total_b
 
 
-def context_synchronize():
+def context_synchronize(double capture_wait_s=10.0):
+    """cuCtxSynchronize of the current context.
+
+    While any stream of the context is being captured into a CUDA graph (another backend's graph
+    trial, a CuPy or torch graph capture on another thread), the driver refuses it with
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: the call is retried, pausing 50 us and doubling up to
+    10 ms, until the capture ends or ``capture_wait_s`` has passed; then the refusal is raised."""
+    cdef cydriver.CUresult st
+    cdef unsigned long long deadline = now_ns() + <unsigned long long>(max(capture_wait_s, 0.0) * 1e9)
+    cdef timespec nap
+    cdef long pause = 50000
     with nogil:
-        check_cu(cydriver.cuCtxSynchronize(), b"cuCtxSynchronize")
+        while True:
+            st = cydriver.cuCtxSynchronize()
+            if st != cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED or now_ns() >= deadline:
+                break
+            nap.tv_sec = 0
+            nap.tv_nsec = pause
+            nanosleep(&nap, NULL)
+            if pause < 10000000:
+                pause *= 2
+        check_cu(st, b"cuCtxSynchronize")
 
 
 _LOG_BYTES = 16384

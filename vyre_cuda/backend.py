@@ -29,6 +29,7 @@ from .errors import (
     BackendError,
     CooperativeResidencyExceeded,
     DeviceLost,
+    DispatchFailed,
     ValidationError,
 )
 from .planning.caps import DeviceCaps
@@ -54,6 +55,10 @@ log = logging.getLogger("vyre_cuda")
 # the H200 (notes/transfer-engine.md)
 DEFAULT_CHUNK_BYTES = 8 << 20
 DEFAULT_CHUNKS = 4
+# how long close() waits for a graph capture elsewhere on the device to end (the driver refuses a
+# context synchronize meanwhile): with dispatch handles still held, and with none
+CLOSE_CAPTURE_WAIT_S = 10.0
+CLOSE_CAPTURE_WAIT_IDLE_S = 1.0
 
 
 def _transfer_settings(chunk_bytes, chunks, threads):
@@ -617,7 +622,7 @@ class CudaBackend:
         if core.lost is None:
             try:
                 _driver.make_current(self._ctx)
-                _driver.context_synchronize()  # every dispatch's GPU work, pending handles' too
+                self._synchronize_for_close(core)
                 core.resident_blocks.close()
                 core.resources.close()
                 self._modules.close()
@@ -633,6 +638,27 @@ class CudaBackend:
             # closed); the last one to go gives the context back
             log.info("CudaBackend.close: %d dispatch handle(s) still held", core.outstanding)
             core.on_settled = self._release_context
+
+    def _synchronize_for_close(self, core) -> None:
+        """Wait for every dispatch's GPU work, pending handles' too (a context synchronize).
+
+        A graph capture elsewhere on this device (another backend's graph trial, a CuPy or torch
+        capture on another thread) makes the driver refuse that while it lasts; the wait retries
+        (``_driver.context_synchronize``). With no dispatch handle held, nothing of this backend's
+        can still run on the GPU (a blocking dispatch waited before it returned, a handle before
+        it settled), so a capture outlasting the shorter wait does not keep close() from freeing
+        the pools and modules. With handles held, the refusal is raised and they are left."""
+        idle = core.outstanding == 0  # (closed and not busy: it can only fall from here)
+        try:
+            _driver.context_synchronize(CLOSE_CAPTURE_WAIT_IDLE_S if idle else CLOSE_CAPTURE_WAIT_S)
+        except DispatchFailed as exc:
+            if not (idle and exc.status == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"):
+                raise
+            log.info(
+                "CudaBackend.close: a graph capture on device %d outlasted the wait for it; no dispatch "
+                "of this backend is in flight, so its memory is freed without the context synchronize",
+                self.device,
+            )
 
     def _release_context(self):
         core = self._core

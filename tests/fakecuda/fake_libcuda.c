@@ -462,10 +462,19 @@ CUresult cuCtxGetCurrent(CUcontext* ctx) {
   return CUDA_SUCCESS;
 }
 
+/* streams being captured now: as on the driver, a context synchronize is refused while any of
+   its streams captures, whichever thread captures and in whatever capture mode (the fake has one
+   context per device and its tests run one device) */
+static int captures_open = 0;
+
 CUresult cuCtxSynchronize(void) {
   pthread_mutex_lock(&lock);
   INJECT("cuCtxSynchronize");
   NEED_CTX();
+  if (captures_open > 0) {
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   pthread_mutex_unlock(&lock);
   return lazy ? lazy_sync_all() : CUDA_SUCCESS;
 }
@@ -926,6 +935,10 @@ CUresult cuStreamDestroy(CUstream s) {
     return CUDA_ERROR_INVALID_HANDLE;
   }
   drop_queue(s);
+  if (capturing(s)) {  /* (the driver ends a capture with its stream) */
+    free_graph(((Stream*)s)->capture);
+    captures_open--;
+  }
   ((Handle*)s)->magic = 0;
   free(s);
   stats[S_STREAMS]--;
@@ -1657,6 +1670,7 @@ CUresult cuStreamBeginCapture(CUstream s, int mode) {
   }
   ((Stream*)s)->capture = new_graph(GRAPH_MAGIC);
   ((Stream*)s)->capture_invalid = 0;
+  captures_open++;
   pthread_mutex_unlock(&lock);
   return CUDA_SUCCESS;
 }
@@ -1672,6 +1686,7 @@ CUresult cuStreamEndCapture(CUstream s, void** graph) {
   Stream* st = (Stream*)s;
   Graph* g = st->capture;
   st->capture = NULL;
+  captures_open--;
   CUresult injected_status = injected("cuStreamEndCapture");
   if (st->capture_invalid || injected_status != CUDA_SUCCESS) {
     free_graph(g);

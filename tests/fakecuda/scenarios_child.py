@@ -9,10 +9,12 @@ object: scenario name -> {"ok": bool, "error": text, "skipped": reason or None}
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import pathlib
 import sys
 import threading
+import time
 
 import numpy as np
 from helpers.scenarios import LIVE, Scenarios, Skip, live, raises
@@ -197,6 +199,93 @@ def close_frees_every_allocation_module_and_the_context(fake):
     for key in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs"):
         assert after[key] == before[key], (key, before[key], after[key])
     assert after["violations"] == before["violations"] and after["no_context"] == before["no_context"]
+
+
+def begin_foreign_capture(fake):
+    """A stream of the device's primary context being captured into a graph, as a CuPy or torch
+    capture on another thread would be (that library holds its own reference on the context)."""
+    ctx, stream = ctypes.c_void_p(), ctypes.c_void_p()
+    assert fake.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    assert fake.lib.cuCtxSetCurrent(ctx) == 0
+    assert fake.lib.cuStreamCreate(ctypes.byref(stream), 1) == 0
+    assert fake.lib.cuStreamBeginCapture(stream, 1) == 0  # (thread-local mode, as vyre_cuda's own)
+    assert fake.lib.cuCtxSynchronize() != 0  # refused while the capture lasts, as on the driver
+    return ctx, stream
+
+
+def end_foreign_capture(fake, ctx, stream, ended):
+    fake.lib.cuCtxSetCurrent(ctx)
+    graph = ctypes.c_void_p()
+    ended.append(fake.lib.cuStreamEndCapture(stream, ctypes.byref(graph)))
+    ended.append(fake.lib.cuGraphDestroy(graph))
+    ended.append(fake.lib.cuStreamDestroy(stream))
+    ended.append(fake.lib.cuDevicePrimaryCtxRelease(0))
+
+
+def close_frees_everything(fake, before):
+    after = fake.stats()
+    for key in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs", "graphs"):
+        assert after[key] == before[key], (key, before[key], after[key])
+
+
+@scenario
+def close_waits_for_a_graph_capture_elsewhere_on_the_device_to_end(fake):
+    # the driver refuses a context synchronize while any stream of the context captures: close()
+    # retries until the capture ends, then frees everything (it once logged the refusal and left
+    # its pools, streams and modules allocated)
+    before = fake.stats()
+    backend = vecadd_backend(fake)
+    check_vecadd(backend)
+    backend.dispatch_async(VECADD, list(pair())).result()
+    ctx, stream = begin_foreign_capture(fake)
+    ended = []
+    ender = threading.Timer(0.05, end_foreign_capture, (fake, ctx, stream, ended))
+    t0 = time.monotonic()
+    ender.start()
+    backend.close()
+    waited = time.monotonic() - t0
+    ender.join()
+    assert ended == [0, 0, 0, 0], ended
+    assert waited >= 0.04, waited
+    close_frees_everything(fake, before)
+
+
+@scenario
+def close_frees_everything_when_a_capture_outlasts_its_wait_and_no_handle_is_held(fake):
+    from vyre_cuda import backend as backend_module
+
+    before = fake.stats()
+    backend = vecadd_backend(fake)
+    check_vecadd(backend)
+    ctx, stream = begin_foreign_capture(fake)
+    wait, backend_module.CLOSE_CAPTURE_WAIT_IDLE_S = backend_module.CLOSE_CAPTURE_WAIT_IDLE_S, 0.02
+    ended = []
+    try:
+        backend.close()  # nothing of this backend's runs: the capture does not keep its memory
+    finally:
+        backend_module.CLOSE_CAPTURE_WAIT_IDLE_S = wait
+        end_foreign_capture(fake, ctx, stream, ended)
+    assert ended == [0, 0, 0, 0], ended
+    close_frees_everything(fake, before)
+
+
+@scenario
+def register_waits_for_a_graph_capture_elsewhere_before_it_unregisters(fake):
+    # leaving the with block synchronises the context before unregistering the buffer (the DMA of
+    # work in flight may still use it): refused while a capture lasts, so it retries
+    backend = vecadd_backend(fake)
+    a, b = pair()
+    with backend.register(a):
+        (out,) = backend.dispatch(VECADD, [a, b])
+        ctx, stream = begin_foreign_capture(fake)
+        ended = []
+        ender = threading.Timer(0.05, end_foreign_capture, (fake, ctx, stream, ended))
+        ender.start()
+    ender.join()
+    assert ended == [0, 0, 0, 0], ended
+    assert np.array_equal(out, a + b)
+    assert fake.stats()["registered"] == 0
+    backend.close()
 
 
 @scenario

@@ -177,3 +177,65 @@ def test_replay_on_a_callers_blocking_stream(backend, rng, cupy):
     d = _delta(before, _counters(backend))
     assert d["graph_replays"] == 3 and d["graph_captures"] >= 1 and d["graph_fallbacks"] == 0, d
     assert backend.telemetry.snapshot()["streams_live"] == 0
+
+
+def test_close_during_a_graph_capture_elsewhere_waits_and_frees_everything(rng, caplog):
+    """The driver refuses a context synchronize while any stream of the context is being captured
+    (here a capture begun through the driver, as CuPy's or torch's graph capture on another thread
+    would be). close() waits for it to end, then frees its pools: it once logged the refusal and
+    left them allocated (seen under the stress, where another backend's graph trial captured)."""
+    import logging
+    import time
+
+    from cuda.bindings import driver as cu
+
+    import vyre_cuda as vc
+    from vyre_cuda import builtin_programs as bp
+
+    backend = vc.CudaBackend(0)
+    prog = bp.vecadd_f32()
+    a, b = (rng.standard_normal(4096).astype(np.float32) for _ in range(2))
+    for _ in range(3):
+        (out,) = backend.dispatch(prog, [a, b])
+    assert np.array_equal(out, a + b)
+    held = backend._core.resources.stats()
+    assert held.device.allocated_bytes > 0 and held.pinned.allocated_bytes > 0, held
+
+    err, dev = cu.cuDeviceGet(0)
+    err, ctx = cu.cuDevicePrimaryCtxRetain(dev)  # the capturing library's own reference
+    assert int(err) == 0, err
+    begun, steps = threading.Event(), []
+
+    def capture_for_a_while():  # (thread-local mode, as vyre_cuda's graph trial captures)
+        cu.cuCtxSetCurrent(ctx)
+        err, stream = cu.cuStreamCreate(1)
+        steps.append(int(err))
+        steps.append(
+            int(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)[0])
+        )
+        begun.set()
+        time.sleep(0.05)
+        err, graph = cu.cuStreamEndCapture(stream)
+        steps.append(int(err))
+        steps.append(int(cu.cuGraphDestroy(graph)[0]))
+        steps.append(int(cu.cuStreamDestroy(stream)[0]))
+
+    capturer = threading.Thread(target=capture_for_a_while)
+    try:
+        capturer.start()
+        assert begun.wait(10), steps
+        t0 = time.monotonic()
+        (refused,) = cu.cuCtxSynchronize()  # the driver's rule this test is about
+        with caplog.at_level(logging.INFO, logger="vyre_cuda"):
+            backend.close()
+        waited = time.monotonic() - t0
+        capturer.join()
+    finally:
+        cu.cuDevicePrimaryCtxRelease(dev)
+    assert steps == [0, 0, 0, 0, 0], steps
+    assert refused == cu.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, refused
+    assert waited >= 0.03, waited  # close() returned only after the capture ended
+    after = backend._core.resources.stats()
+    assert after.device.allocated_bytes == 0 and after.pinned.allocated_bytes == 0, after
+    assert after.streams.streams_live == 0, after
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
