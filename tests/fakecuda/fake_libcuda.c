@@ -463,15 +463,18 @@ CUresult cuCtxGetCurrent(CUcontext* ctx) {
 }
 
 /* streams being captured now: as on the driver, a context synchronize is refused while any of
-   its streams captures, whichever thread captures and in whatever capture mode (the fake has one
-   context per device and its tests run one device) */
+   its streams captures, whichever thread captures and in whatever capture mode, and the refusal
+   invalidates every capture then open (the fake has one context per device and its tests run one
+   device) */
 static int captures_open = 0;
+static unsigned long long sync_refusals = 0;
 
 CUresult cuCtxSynchronize(void) {
   pthread_mutex_lock(&lock);
   INJECT("cuCtxSynchronize");
   NEED_CTX();
   if (captures_open > 0) {
+    sync_refusals++;
     pthread_mutex_unlock(&lock);
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
@@ -733,7 +736,7 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
 /* ------------------------------------------------------------------ streams and events */
 typedef struct { int magic; } Handle;
 struct Graph;
-typedef struct { int magic; struct Graph* capture; int capture_invalid; } Stream;
+typedef struct { int magic; struct Graph* capture; int capture_invalid; unsigned long long refusals_at_begin; } Stream;
 #define STREAM_MAGIC 0x5157
 #define EVENT_MAGIC 0x4556
 #define GRAPH_MAGIC 0x4752
@@ -1670,6 +1673,7 @@ CUresult cuStreamBeginCapture(CUstream s, int mode) {
   }
   ((Stream*)s)->capture = new_graph(GRAPH_MAGIC);
   ((Stream*)s)->capture_invalid = 0;
+  ((Stream*)s)->refusals_at_begin = sync_refusals;
   captures_open++;
   pthread_mutex_unlock(&lock);
   return CUDA_SUCCESS;
@@ -1687,6 +1691,7 @@ CUresult cuStreamEndCapture(CUstream s, void** graph) {
   Graph* g = st->capture;
   st->capture = NULL;
   captures_open--;
+  if (st->refusals_at_begin != sync_refusals) st->capture_invalid = 1;  /* a refused sync meanwhile */
   CUresult injected_status = injected("cuStreamEndCapture");
   if (st->capture_invalid || injected_status != CUDA_SUCCESS) {
     free_graph(g);
@@ -1701,7 +1706,8 @@ CUresult cuStreamEndCapture(CUstream s, void** graph) {
 CUresult cuStreamIsCapturing(CUstream s, int* status) {
   pthread_mutex_lock(&lock);
   NEED_CTX();
-  *status = capturing(s) ? (((Stream*)s)->capture_invalid ? 2 : 1) : 0;
+  *status = !capturing(s) ? 0
+            : (((Stream*)s)->capture_invalid || ((Stream*)s)->refusals_at_begin != sync_refusals) ? 2 : 1;
   pthread_mutex_unlock(&lock);
   return is_stream(s) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }

@@ -20,7 +20,7 @@ import numpy as np
 from helpers.scenarios import LIVE, Scenarios, Skip, live, raises
 
 import vyre_cuda as vc
-from fakecuda import FakeDriver, vecadd_emulation
+from fakecuda import STATUS, FakeDriver, vecadd_emulation
 from vyre_cuda import BufferDecl, Program
 from vyre_cuda import builtin_programs as bp
 
@@ -209,7 +209,6 @@ def begin_foreign_capture(fake):
     assert fake.lib.cuCtxSetCurrent(ctx) == 0
     assert fake.lib.cuStreamCreate(ctypes.byref(stream), 1) == 0
     assert fake.lib.cuStreamBeginCapture(stream, 1) == 0  # (thread-local mode, as vyre_cuda's own)
-    assert fake.lib.cuCtxSynchronize() != 0  # refused while the capture lasts, as on the driver
     return ctx, stream
 
 
@@ -217,9 +216,13 @@ def end_foreign_capture(fake, ctx, stream, ended):
     fake.lib.cuCtxSetCurrent(ctx)
     graph = ctypes.c_void_p()
     ended.append(fake.lib.cuStreamEndCapture(stream, ctypes.byref(graph)))
-    ended.append(fake.lib.cuGraphDestroy(graph))
+    if ended[-1] == 0:
+        fake.lib.cuGraphDestroy(graph)
     ended.append(fake.lib.cuStreamDestroy(stream))
     ended.append(fake.lib.cuDevicePrimaryCtxRelease(0))
+
+
+INVALIDATED = STATUS["CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"]
 
 
 def close_frees_everything(fake, before):
@@ -245,7 +248,7 @@ def close_waits_for_a_graph_capture_elsewhere_on_the_device_to_end(fake):
     backend.close()
     waited = time.monotonic() - t0
     ender.join()
-    assert ended == [0, 0, 0, 0], ended
+    assert ended == [INVALIDATED, 0, 0], ended  # (the refused synchronize broke it, as on the driver)
     assert waited >= 0.04, waited
     close_frees_everything(fake, before)
 
@@ -265,7 +268,7 @@ def close_frees_everything_when_a_capture_outlasts_its_wait_and_no_handle_is_hel
     finally:
         backend_module.CLOSE_CAPTURE_WAIT_IDLE_S = wait
         end_foreign_capture(fake, ctx, stream, ended)
-    assert ended == [0, 0, 0, 0], ended
+    assert ended == [INVALIDATED, 0, 0], ended  # (the refused synchronize broke it, as on the driver)
     close_frees_everything(fake, before)
 
 
@@ -282,7 +285,7 @@ def register_waits_for_a_graph_capture_elsewhere_before_it_unregisters(fake):
         ender = threading.Timer(0.05, end_foreign_capture, (fake, ctx, stream, ended))
         ender.start()
     ender.join()
-    assert ended == [0, 0, 0, 0], ended
+    assert ended == [INVALIDATED, 0, 0], ended  # (the refused synchronize broke it, as on the driver)
     assert np.array_equal(out, a + b)
     assert fake.stats()["registered"] == 0
     backend.close()
