@@ -1662,6 +1662,11 @@ long long fake_cuda_lazy_pending(void) {
   return n;
 }
 
+/* invalidated by work the fake cannot record, or by a context synchronize refused meanwhile */
+static int capture_broken(const Stream* st) {
+  return st->capture_invalid || st->refusals_at_begin != sync_refusals;
+}
+
 CUresult cuStreamBeginCapture(CUstream s, int mode) {
   (void)mode;
   pthread_mutex_lock(&lock);
@@ -1691,9 +1696,8 @@ CUresult cuStreamEndCapture(CUstream s, void** graph) {
   Graph* g = st->capture;
   st->capture = NULL;
   captures_open--;
-  if (st->refusals_at_begin != sync_refusals) st->capture_invalid = 1;  /* a refused sync meanwhile */
   CUresult injected_status = injected("cuStreamEndCapture");
-  if (st->capture_invalid || injected_status != CUDA_SUCCESS) {
+  if (capture_broken(st) || injected_status != CUDA_SUCCESS) {
     free_graph(g);
     pthread_mutex_unlock(&lock);
     return injected_status != CUDA_SUCCESS ? injected_status : CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
@@ -1706,8 +1710,7 @@ CUresult cuStreamEndCapture(CUstream s, void** graph) {
 CUresult cuStreamIsCapturing(CUstream s, int* status) {
   pthread_mutex_lock(&lock);
   NEED_CTX();
-  *status = !capturing(s) ? 0
-            : (((Stream*)s)->capture_invalid || ((Stream*)s)->refusals_at_begin != sync_refusals) ? 2 : 1;
+  *status = capturing(s) ? (capture_broken((Stream*)s) ? 2 : 1) : 0;
   pthread_mutex_unlock(&lock);
   return is_stream(s) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }

@@ -179,7 +179,7 @@ def test_replay_on_a_callers_blocking_stream(backend, rng, cupy):
     assert backend.telemetry.snapshot()["streams_live"] == 0
 
 
-def test_close_during_a_graph_capture_elsewhere_waits_and_frees_everything(rng, caplog):
+def test_close_during_a_graph_capture_elsewhere_waits_and_frees_everything(fresh_backend, rng, caplog):
     """The driver refuses a context synchronize while any stream of the context is being captured
     (here a capture begun through the driver, as CuPy's or torch's graph capture on another thread
     would be). close() waits for it to end, then frees its pools: it once logged the refusal and
@@ -189,10 +189,9 @@ def test_close_during_a_graph_capture_elsewhere_waits_and_frees_everything(rng, 
 
     from cuda.bindings import driver as cu
 
-    import vyre_cuda as vc
     from vyre_cuda import builtin_programs as bp
 
-    backend = vc.CudaBackend(0)
+    backend = fresh_backend
     prog = bp.vecadd_f32()
     a, b = (rng.standard_normal(4096).astype(np.float32) for _ in range(2))
     for _ in range(3):
