@@ -299,14 +299,19 @@ def test_arguments_that_are_not_plain_values_build_a_new_equal_program():
     assert s1 is not s2 and type(s1) is Sub and s1 == s2
 
 
-def test_interning_stops_at_its_limit(monkeypatch):
-    monkeypatch.setattr(BufferDecl, "_interned_values", {})
-    monkeypatch.setattr(BufferDecl, "_interned_limit", 2, raising=False)
-    a, b, c = (BufferDecl.read(f"x{i}", 0, "f32") for i in range(3))
-    assert BufferDecl.read("x0", 0, "f32") is a and BufferDecl.read("x1", 0, "f32") is b
-    again = BufferDecl.read("x2", 0, "f32")
-    assert again is not c and again == c  # past the limit: built, equal, not remembered
-    assert len(BufferDecl._interned_values) == 2
+def test_interning_stops_at_its_limit():
+    # (the table and the limit are the metaclass's fields, set and restored here)
+    values, limit = BufferDecl._interned_values, BufferDecl._interned_limit
+    assert limit == 4096 and Kernel._interned_limit == 1024  # (a class body's limit is taken)
+    BufferDecl._interned_values, BufferDecl._interned_limit = {}, 2
+    try:
+        a, b, c = (BufferDecl.read(f"x{i}", 0, "f32") for i in range(3))
+        assert BufferDecl.read("x0", 0, "f32") is a and BufferDecl.read("x1", 0, "f32") is b
+        again = BufferDecl.read("x2", 0, "f32")
+        assert again is not c and again == c  # past the limit: built, equal, not remembered
+        assert len(BufferDecl._interned_values) == 2
+    finally:
+        BufferDecl._interned_values, BufferDecl._interned_limit = values, limit
 
 
 def test_values_keyed_by_identity_are_held_by_their_entry():
@@ -333,6 +338,37 @@ def test_values_keyed_by_identity_are_held_by_their_entry():
     d = BufferDecl.read("p", 0, f32)
     loaded = pickle.loads(pickle.dumps(d))  # (built through the constructor with every field)
     assert loaded == d and pickle.loads(pickle.dumps(d)) is loaded
+
+
+def test_a_remembered_call_is_compared_with_the_call_item_by_item():
+    # the table is keyed by a hash of the arguments; a lookup must still compare the entry's
+    # arguments with the call's (a 64-bit collision would otherwise return another value)
+    x, y = BufferDecl.read("cx", 0, "f32"), BufferDecl.read("cy", 0, "f32")
+    table = BufferDecl._interned_values
+    key_x = next(k for k, e in table.items() if e.value is x)
+    key_y = next(k for k, e in table.items() if e.value is y)
+    saved = table[key_x]
+    table[key_x] = table[key_y]  # x's hash now finds y's entry, as a collision would
+    try:
+        again = BufferDecl.read("cx", 0, "f32")
+        assert again == x and again is not y and again is not x  # built, and not kept
+        assert table[key_x] is table[key_y]
+    finally:
+        table[key_x] = saved
+    assert BufferDecl.read("cx", 0, "f32") is x
+
+
+def test_a_list_argument_changed_after_the_call_is_another_call():
+    first = bp.vecadd_f32()
+    decls = list(first.buffers)
+    p1 = Program(first.kernel, decls, name="listed_then_changed")
+    decls[2] = BufferDecl.output("other", 2, "f32")  # the caller's list, changed afterwards
+    p2 = Program(first.kernel, decls, name="listed_then_changed")
+    assert p2 is not p1 and p2.buffers[2].name == "other" and p1.buffers[2].name == "out"
+    assert Program(first.kernel, list(first.buffers), name="listed_then_changed") is p1
+    # a tuple and a list of the same items are other calls (the type is matched), equal values
+    p3 = Program(first.kernel, tuple(first.buffers), name="listed_then_changed")
+    assert p3 == p1 and p3 is not p1
 
 
 def test_threads_building_equal_programs_get_equal_values():

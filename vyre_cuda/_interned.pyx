@@ -8,21 +8,29 @@ dict lookup instead of the checks, and the plan cache then finds the very same o
 
 Only calls whose every argument is a plain value are remembered: a str, bytes, int, bool, float or
 None, a value of a registered type (DType, BufferAccess, and the interned classes themselves), or
-a tuple or list of those. The key tags each argument (and each element of a tuple or list) with
+a tuple or list of those. Each argument (and each element of a tuple or list) is matched with
 its exact type, so 1, True and 1.0, equal as dict keys, stay apart: a refused argument is refused
 every time. Values of registered types are keyed by identity, and the remembered entry holds them
 (so no other object takes their address while it lives): no Python ``__hash__`` runs, and an
-equal value that is another object is only a miss, built as usual. A call that raises is not
+equal value that is another object is only a miss, built as usual.
+
+A call that finds its value builds no key: the arguments are hashed in C (a str's or an int's
+own hash, a registered value's address, each mixed with its exact type) and the entry under that
+hash is compared with them item by item. An entry whose arguments differ under the same hash (a
+64-bit collision) is left as it is and the call builds a new value. A call that raises is not
 remembered. Past its class's ``_interned_limit`` values (``LIMIT`` unless the class says), calls
 build new ones. The GIL guards the tables (two threads building one new value may both build it;
 both return the one stored first).
 """
 
-from cpython.dict cimport PyDict_GetItem, PyDict_Next
-from cpython.long cimport PyLong_FromVoidPtr
-from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_Size
+from cpython.object cimport PyObject, PyObject_Hash, PyObject_RichCompareBool, Py_EQ
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+
+cdef extern from "Python.h":
+    ctypedef size_t Py_uhash_t
+    PyObject* Py_TYPE(object o)
 
 __all__ = ["Interned", "register_plain", "LIMIT"]
 
@@ -30,96 +38,190 @@ LIMIT = 4096
 # arguments keyed by identity: immutable values of registered types
 cdef set _BY_ID = set()
 
+# kinds of argument (a plain value's kind is fixed by its exact type)
+cdef enum:
+    NOT_PLAIN = 0
+    BY_VALUE = 1   # str, int, bool, float, None, bytes: compared with ==, hashed by value
+    BY_ID = 2      # a registered type: compared and hashed by identity
+    SEQUENCE = 3   # a tuple or list of the two kinds above
+
 
 def register_plain(cls):
     """Let values of ``cls`` (immutable) appear in remembered calls, keyed by identity."""
     _BY_ID.add(cls)
 
 
-cdef inline bint _put(tuple key, Py_ssize_t i, object v, list keep) except -1:
-    """``key[i]``: ``v``'s exact type, ``key[i + 1]``: ``v`` itself or, for a registered type, its
-    address (``keep`` holds ``v``, so no other object takes the address while the entry lives).
-    False when ``v`` is not plain. A tuple or list is keyed by its items, flat, in a tuple."""
-    cdef object t = type(v), k
-    cdef Py_ssize_t j = 0
-    # by value: == and hash are the value's, and none equals a value of another of these types
-    # but the numbers, which the type tags keep apart
+cdef inline int _kind(object v):
+    cdef object t = type(v)
     if t is str or t is int or t is bool or t is float or v is None or t is bytes:
-        k = v
-    elif t is tuple or t is list:
-        k = PyTuple_New(2 * len(v))
-        for e in v:
-            if type(e) is tuple or type(e) is list or not _put(<tuple>k, j, e, keep):
+        return BY_VALUE
+    if t is tuple or t is list:
+        return SEQUENCE
+    if t in _BY_ID:
+        return BY_ID
+    return NOT_PLAIN
+
+
+cdef inline Py_uhash_t _mix(Py_uhash_t h, Py_uhash_t v) noexcept:
+    # (xxHash's round, as CPython's tuple hash uses)
+    h += v * <Py_uhash_t>14029467366897019727ULL
+    h = (h << 31) | (h >> 33)
+    return h * <Py_uhash_t>11400714785074694791ULL
+
+
+cdef inline bint _hash_item(object v, Py_uhash_t* h, bint nested) except -1:
+    """Mix ``v``'s exact type and value into ``h``; False when ``v`` is not plain."""
+    cdef int kind = _kind(v)
+    cdef Py_ssize_t i, n
+    cdef PyObject* t = <PyObject*>Py_TYPE(v)
+    h[0] = _mix(h[0], <Py_uhash_t>t)
+    if kind == BY_VALUE:
+        h[0] = _mix(h[0], <Py_uhash_t>PyObject_Hash(v))  # (cached for str and bytes)
+    elif kind == BY_ID:
+        h[0] = _mix(h[0], <Py_uhash_t><void*>v)
+    elif kind == SEQUENCE and not nested:
+        n = len(v)
+        h[0] = _mix(h[0], <Py_uhash_t>n)
+        for i in range(n):
+            e = <object>PyTuple_GET_ITEM(v, i) if type(v) is tuple else <object>PyList_GET_ITEM(v, i)
+            if not _hash_item(e, h, True):
                 return False  # (one level of nesting only)
-            j += 2
-    elif t in _BY_ID:
-        keep.append(v)
-        k = PyLong_FromVoidPtr(<void*>v)
     else:
         return False
-    Py_INCREF(t)
-    PyTuple_SET_ITEM(key, i, t)
-    Py_INCREF(k)
-    PyTuple_SET_ITEM(key, i + 1, k)
     return True
 
 
-cdef tuple _key(tuple args, dict kw, list keep):
-    """(keyword names, then each argument's type and key, flat), or None when one is not
-    plain. A tuple left partly filled (None) holds NULL items, which its deallocation skips."""
-    cdef Py_ssize_t n = len(args), m = len(kw) if kw else 0, i, pos = 0
+cdef inline bint _same_item(object stored, object v) except -1:
+    """Whether ``v`` is the argument remembered as ``stored`` (a sequence is remembered as a
+    tuple of its items). Runs no Python code: == only between equal exact types of BY_VALUE."""
+    cdef object t = type(v)
+    cdef Py_ssize_t i, n
+    if t is list or t is tuple:
+        if type(stored) is not _Items:
+            return False
+        items = (<_Items>stored).items
+        n = PyTuple_GET_SIZE(items)
+        if (PyList_GET_SIZE(v) if t is list else PyTuple_GET_SIZE(v)) != n or (<_Items>stored).kind is not t:
+            return False
+        for i in range(n):
+            e = <object>PyList_GET_ITEM(v, i) if t is list else <object>PyTuple_GET_ITEM(v, i)
+            if not _same_item(<object>PyTuple_GET_ITEM(items, i), e):
+                return False
+        return True
+    if stored is v:
+        return True
+    if type(stored) is not t or t in _BY_ID:
+        return False  # (a registered value is its own key: another object is a miss)
+    return PyObject_RichCompareBool(stored, v, Py_EQ)
+
+
+cdef class _Items:
+    """A remembered tuple or list argument: its type and its items (a list is copied, so a
+    caller changing it later does not change the entry)."""
+    cdef readonly object kind
+    cdef readonly tuple items
+
+    def __cinit__(self, kind, items):
+        self.kind = kind
+        self.items = tuple(items)
+
+
+cdef class _Entry:
+    """One remembered call: its arguments (holding every value keyed by identity) and its value."""
+    cdef readonly tuple args
+    cdef readonly tuple names  # keyword names in call order, or None
+    cdef readonly tuple kwvalues
+    cdef readonly object value
+
+    cdef bint matches(self, tuple args, dict kw) except -1:
+        cdef Py_ssize_t n = PyTuple_GET_SIZE(args), m = PyDict_Size(kw) if kw else 0, i, pos = 0
+        cdef PyObject* name
+        cdef PyObject* value
+        if n != PyTuple_GET_SIZE(self.args):
+            return False
+        if m != (PyTuple_GET_SIZE(self.names) if self.names is not None else 0):
+            return False
+        for i in range(n):
+            if not _same_item(<object>PyTuple_GET_ITEM(self.args, i), <object>PyTuple_GET_ITEM(args, i)):
+                return False
+        i = 0
+        while m and PyDict_Next(kw, &pos, &name, &value):
+            stored = <object>PyTuple_GET_ITEM(self.names, i)
+            if stored is not <object>name and stored != <object>name:  # (str == str)
+                return False
+            if not _same_item(<object>PyTuple_GET_ITEM(self.kwvalues, i), <object>value):
+                return False
+            i += 1
+        return True
+
+
+cdef object _remembered(object v):
+    return _Items(type(v), v) if type(v) is tuple or type(v) is list else v
+
+
+cdef _Entry _entry(tuple args, dict kw, object value):
+    cdef _Entry e = _Entry.__new__(_Entry)
+    e.args = tuple([_remembered(a) for a in args])
+    e.names = tuple(kw) if kw else None
+    e.kwvalues = tuple([_remembered(v) for v in kw.values()]) if kw else None
+    e.value = value
+    return e
+
+
+cdef object _call_hash(tuple args, dict kw):
+    """The arguments' hash (keyword names and order included), or None when one is not plain."""
+    cdef Py_uhash_t h = <Py_uhash_t>PyTuple_GET_SIZE(args)
     cdef PyObject* name
     cdef PyObject* value
-    cdef tuple key = PyTuple_New(1 + 2 * (n + m))
-    cdef tuple names
-    for i in range(n):
-        if not _put(key, 1 + 2 * i, args[i], keep):
+    cdef Py_ssize_t i, pos = 0
+    for i in range(PyTuple_GET_SIZE(args)):
+        if not _hash_item(<object>PyTuple_GET_ITEM(args, i), &h, False):
             return None
-    if m:
-        names = PyTuple_New(m)
-        i = 0
+    if kw:
         while PyDict_Next(kw, &pos, &name, &value):
-            Py_INCREF(<object>name)
-            PyTuple_SET_ITEM(names, i, <object>name)
-            if not _put(key, 1 + 2 * (n + i), <object>value, keep):
+            h = _mix(h, <Py_uhash_t>PyObject_Hash(<object>name))
+            if not _hash_item(<object>value, &h, False):
                 return None
-            i += 1
-        Py_INCREF(names)
-        PyTuple_SET_ITEM(key, 0, names)
-    else:
-        Py_INCREF(None)
-        PyTuple_SET_ITEM(key, 0, None)
-    return key
+    return <Py_ssize_t>h
 
 
-class Interned(type):
+cdef class Interned(type):
     """Metaclass of an immutable value class: a call with the same plain arguments as an earlier
     one returns the earlier call's value (see the module's docstring). Subclasses of such a class
-    are built as usual."""
+    are built as usual.
+
+    A C type, so a call reaches ``__call__`` with no Python-level method lookup: a remembered
+    call costs about as much as a call of the class's ``__init__`` alone would."""
+
+    #: The remembered calls (hash -> entry); None for a subclass of an interned class.
+    cdef public dict _interned_values
+    #: At most this many values remembered (a class body's ``_interned_limit``, else ``LIMIT``).
+    cdef public Py_ssize_t _interned_limit
 
     def __init__(cls, name, bases, namespace, **kw):
         super().__init__(name, bases, namespace, **kw)
         # a subclass may add state, or compare equal to its base's values: built as usual
         root = not any(isinstance(b, Interned) for b in bases)
-        cls._interned_class = cls if root else None
+        cls._interned_values = {} if root else None
+        cls._interned_limit = namespace.get("_interned_limit", LIMIT)
         if root:
-            cls._interned_values = {}
             _BY_ID.add(cls)
 
     def __call__(cls, *args, **kw):
-        if cls._interned_class is not cls:
-            return type.__call__(cls, *args, **kw)
-        cdef list keep = []
-        key = _key(args, kw, keep)
-        if key is None:
-            return type.__call__(cls, *args, **kw)
         cdef dict values = cls._interned_values
-        cdef PyObject* known = PyDict_GetItem(values, key)  # (hashes ints, strs and types only)
+        if values is None:
+            return type.__call__(cls, *args, **kw)
+        h = _call_hash(args, kw)
+        if h is None:
+            return type.__call__(cls, *args, **kw)
+        cdef PyObject* known = PyDict_GetItem(values, h)  # (an int key: no Python code runs)
         if known != NULL:
-            return (<object>known)[0]
+            if (<_Entry>known).matches(args, kw):
+                return (<_Entry>known).value
+            return type.__call__(cls, *args, **kw)  # another call under the same hash: not kept
         value = type.__call__(cls, *args, **kw)
-        if len(values) >= getattr(cls, "_interned_limit", LIMIT):
+        if len(values) >= cls._interned_limit:
             return value
-        # (two threads may have built it: the first stored is every call's; the key holds only
-        # strs, numbers, types and tuples, so setdefault runs no Python code and is atomic)
-        return values.setdefault(key, (value, keep))[0]
+        # (two threads may have built it: the first stored is every call's; the key is an int,
+        # so setdefault runs no Python code and is atomic)
+        return (<_Entry>values.setdefault(h, _entry(args, kw, value))).value
