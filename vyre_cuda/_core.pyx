@@ -137,6 +137,15 @@ cdef class Core:
         for p in graphed:
             (<Prepared>p).release_graphs(destroy)
 
+    def when_settled(self, callback):
+        """Call ``callback`` once no dispatch owner is left: now when none is, else when the last
+        settles (``PendingDispatch._settle``). The check and the hand-off run under the GIL with
+        no Python code between them, so the last owner settling meanwhile cannot miss it."""
+        if self.outstanding:
+            self.on_settled = callback
+            return
+        callback()
+
     def forget_context(self):
         """Called once the backend's context is released after a fault: every pool drops its
         handles without a driver call (they died with the context)."""

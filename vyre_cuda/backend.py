@@ -29,7 +29,6 @@ from .errors import (
     BackendError,
     CooperativeResidencyExceeded,
     DeviceLost,
-    DispatchFailed,
     ValidationError,
 )
 from .planning.caps import DeviceCaps
@@ -55,10 +54,9 @@ log = logging.getLogger("vyre_cuda")
 # the H200 (notes/transfer-engine.md)
 DEFAULT_CHUNK_BYTES = 8 << 20
 DEFAULT_CHUNKS = 4
-# how long close() waits for a graph capture elsewhere on the device to end (the driver refuses a
-# context synchronize meanwhile): with dispatch handles still held, and with none
+# how long close(), with dispatch handles still held, waits for a graph capture elsewhere on the
+# device to end (the driver refuses a context synchronize meanwhile)
 CLOSE_CAPTURE_WAIT_S = 10.0
-CLOSE_CAPTURE_WAIT_IDLE_S = 1.0
 
 
 def _transfer_settings(chunk_bytes, chunks, threads):
@@ -595,11 +593,14 @@ class CudaBackend:
         try:
             yield array
         finally:
-            try:
-                _driver.make_current(self._ctx)
+            _driver.make_current(self._ctx)
+            if self._core.outstanding:
+                # a dispatch handle's copies may still read or write the buffer: wait for them (a
+                # context synchronize; with none held, nothing of this backend's can still run,
+                # and a graph capture elsewhere on the device is left alone). If the wait fails
+                # the buffer stays registered: unregistered under a DMA, it could be read wrong.
                 _driver.context_synchronize()
-            finally:
-                _driver.host_unregister(address)
+            _driver.host_unregister(address)
 
     def close(self) -> None:
         """Refuse new work, wait for the calls other threads are running, then free the pools,
@@ -619,46 +620,68 @@ class CudaBackend:
             return
         self._closed = True
         core.clear_prepared()
-        if core.lost is None:
+        freed = core.lost is not None  # (a lost context frees nothing: it went with the fault)
+        if not freed:
             try:
                 _driver.make_current(self._ctx)
                 self._synchronize_for_close(core)
-                core.resident_blocks.close()
-                core.resources.close()
-                self._modules.close()
             except BackendError as exc:
-                log.warning("CudaBackend.close: %s", exc.message)
+                # the held handles' work may still run: what it uses is freed after the last goes
+                log.warning(
+                    "CudaBackend.close: %s; the pools and modules are freed once its %d dispatch "
+                    "handle(s) still held are dropped",
+                    exc.message,
+                    core.outstanding,
+                )
+            else:
+                self._free_resources()
+                freed = True
         # the copy threads are joined on every path, a lost context included
         core.resources.stop_threads()
-        self._modules.clear()
-        if core.lost is not None or core.outstanding == 0:
-            self._release_context()
-        else:
+        if freed:
+            self._modules.clear()
+        if core.outstanding:
             # handles still hold slabs and streams (freed as they are dropped, since the pools are
             # closed); the last one to go gives the context back
             log.info("CudaBackend.close: %d dispatch handle(s) still held", core.outstanding)
-            core.on_settled = self._release_context
+        core.when_settled(self._release_context if freed else self._free_and_release)
+
+    def _free_resources(self) -> None:
+        """Free the resident params blocks, the pools, the staging ring, the streams and the
+        modules (no work of this backend's runs: close() waited for it)."""
+        core = self._core
+        try:
+            core.resident_blocks.close()
+            core.resources.close()
+            self._modules.close()
+        except BackendError as exc:
+            log.warning("CudaBackend.close: %s", exc.message)
+
+    def _free_and_release(self) -> None:
+        """After close() could not wait for the held handles: the last one has settled now."""
+        if self._core.lost is None:
+            try:
+                _driver.make_current(self._ctx)
+            except BackendError as exc:
+                log.warning("CudaBackend.close: %s", exc.message)
+            else:
+                self._free_resources()
+        self._modules.clear()
+        self._release_context()
 
     def _synchronize_for_close(self, core) -> None:
-        """Wait for every dispatch's GPU work, pending handles' too (a context synchronize).
+        """Wait for the GPU work of the dispatch handles still held (a context synchronize).
 
-        A graph capture elsewhere on this device (another backend's graph trial, a CuPy or torch
-        capture on another thread) makes the driver refuse that while it lasts; the wait retries
-        (``_driver.context_synchronize``). With no dispatch handle held, nothing of this backend's
-        can still run on the GPU (a blocking dispatch waited before it returned, a handle before
-        it settled), so a capture outlasting the shorter wait does not keep close() from freeing
-        the pools and modules. With handles held, the refusal is raised and they are left."""
-        idle = core.outstanding == 0  # (closed and not busy: it can only fall from here)
-        try:
-            _driver.context_synchronize(CLOSE_CAPTURE_WAIT_IDLE_S if idle else CLOSE_CAPTURE_WAIT_S)
-        except DispatchFailed as exc:
-            if not (idle and exc.status == "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"):
-                raise
-            log.info(
-                "CudaBackend.close: a graph capture on device %d outlasted the wait for it; no dispatch "
-                "of this backend is in flight, so its memory is freed without the context synchronize",
-                self.device,
-            )
+        With none held, nothing of this backend's can still run on the GPU (a blocking dispatch
+        waited before it returned, a handle before it settled), so close() frees with no wait at
+        all: a graph capture elsewhere on the device (another backend's graph trial, a CuPy or
+        torch capture on another thread), which the driver would break by refusing a context
+        synchronize, is left alone. With handles held, the refusal is retried for up to
+        ``CLOSE_CAPTURE_WAIT_S`` (``_driver.context_synchronize``), then raised, and the pools
+        are left to the handles."""
+        if core.outstanding == 0:  # (closed and not busy: it can only fall from here)
+            return
+        _driver.context_synchronize(CLOSE_CAPTURE_WAIT_S)
 
     def _release_context(self):
         core = self._core

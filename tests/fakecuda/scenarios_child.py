@@ -232,14 +232,37 @@ def close_frees_everything(fake, before):
 
 
 @scenario
-def close_waits_for_a_graph_capture_elsewhere_on_the_device_to_end(fake):
-    # the driver refuses a context synchronize while any stream of the context captures: close()
-    # retries until the capture ends, then frees everything (it once logged the refusal and left
-    # its pools, streams and modules allocated)
+def close_with_no_handle_held_leaves_a_capture_elsewhere_alone(fake):
+    # the driver refuses a context synchronize while any stream of the context captures, and the
+    # refusal breaks that capture. With no dispatch handle held nothing of the backend's runs, so
+    # close() frees everything without one (it once logged the refusal and left its pools,
+    # streams and modules allocated; then it retried, breaking the capture)
     before = fake.stats()
     backend = vecadd_backend(fake)
     check_vecadd(backend)
     backend.dispatch_async(VECADD, list(pair())).result()
+    ctx, stream = begin_foreign_capture(fake)
+    ended = []
+    try:
+        backend.close()
+        during = fake.stats()
+    finally:
+        end_foreign_capture(fake, ctx, stream, ended)
+    assert ended == [0, 0, 0], ended  # the capture was not broken
+    for key in ("device_allocs", "host_allocs", "events", "modules"):
+        assert during[key] == before[key], (key, before[key], during[key])  # freed at once
+    assert during["context_refs"] == before["context_refs"] + 1, during  # (the capturer's own)
+    close_frees_everything(fake, before)
+
+
+@scenario
+def close_with_a_handle_held_waits_for_a_graph_capture_elsewhere_to_end(fake):
+    # a held handle's work may still run: close() waits for it with a context synchronize, which
+    # the driver refuses (and breaks the capture with) until the capture ends; it retries
+    before = fake.stats()
+    backend = vecadd_backend(fake)
+    check_vecadd(backend)
+    pending = backend.dispatch_async(VECADD, list(pair()))
     ctx, stream = begin_foreign_capture(fake)
     ended = []
     ender = threading.Timer(0.05, end_foreign_capture, (fake, ctx, stream, ended))
@@ -250,44 +273,60 @@ def close_waits_for_a_graph_capture_elsewhere_on_the_device_to_end(fake):
     ender.join()
     assert ended == [INVALIDATED, 0, 0], ended  # (the refused synchronize broke it, as on the driver)
     assert waited >= 0.04, waited
+    del pending  # its slab and stream go back as it is dropped, then the context reference
     close_frees_everything(fake, before)
 
 
 @scenario
-def close_frees_everything_when_a_capture_outlasts_its_wait_and_no_handle_is_held(fake):
+def close_frees_everything_after_the_last_handle_when_a_capture_outlasts_its_wait(fake):
     from vyre_cuda import backend as backend_module
 
     before = fake.stats()
     backend = vecadd_backend(fake)
     check_vecadd(backend)
+    a, b = pair()
+    pending = backend.dispatch_async(VECADD, [a, b])
     ctx, stream = begin_foreign_capture(fake)
-    wait, backend_module.CLOSE_CAPTURE_WAIT_IDLE_S = backend_module.CLOSE_CAPTURE_WAIT_IDLE_S, 0.02
+    wait, backend_module.CLOSE_CAPTURE_WAIT_S = backend_module.CLOSE_CAPTURE_WAIT_S, 0.02
     ended = []
     try:
-        backend.close()  # nothing of this backend's runs: the capture does not keep its memory
+        backend.close()  # the wait is refused throughout: the handle's work may still run
     finally:
-        backend_module.CLOSE_CAPTURE_WAIT_IDLE_S = wait
+        backend_module.CLOSE_CAPTURE_WAIT_S = wait
         end_foreign_capture(fake, ctx, stream, ended)
-    assert ended == [INVALIDATED, 0, 0], ended  # (the refused synchronize broke it, as on the driver)
+    assert ended == [INVALIDATED, 0, 0], ended
+    held = fake.stats()
+    # nothing was freed under the handle: the modules, the pools and the context stay
+    assert held["modules"] > before["modules"] and held["context_refs"] > before["context_refs"], held
+    assert "closed" in raises(vc.ValidationError, backend.dispatch, VECADD, [a, b]).message  # all the same
+    del pending  # the last handle: it waits for its own work, then everything goes
     close_frees_everything(fake, before)
 
 
 @scenario
-def register_waits_for_a_graph_capture_elsewhere_before_it_unregisters(fake):
-    # leaving the with block synchronises the context before unregistering the buffer (the DMA of
-    # work in flight may still use it): refused while a capture lasts, so it retries
+def register_waits_for_a_graph_capture_elsewhere_only_with_a_handle_held(fake):
+    # leaving the with block waits for the work that may still use the buffer (a held handle's
+    # DMA) before unregistering it: a context synchronize, refused while a capture lasts, so it
+    # retries. With no handle held nothing can still use it, and the capture is left alone.
     backend = vecadd_backend(fake)
     a, b = pair()
     with backend.register(a):
         (out,) = backend.dispatch(VECADD, [a, b])
+        ctx, stream = begin_foreign_capture(fake)
+    ended = []
+    end_foreign_capture(fake, ctx, stream, ended)
+    assert ended == [0, 0, 0], ended
+    assert np.array_equal(out, a + b) and fake.stats()["registered"] == 0
+    with backend.register(a):
+        pending = backend.dispatch_async(VECADD, [a, b])
         ctx, stream = begin_foreign_capture(fake)
         ended = []
         ender = threading.Timer(0.05, end_foreign_capture, (fake, ctx, stream, ended))
         ender.start()
     ender.join()
     assert ended == [INVALIDATED, 0, 0], ended  # (the refused synchronize broke it, as on the driver)
-    assert np.array_equal(out, a + b)
-    assert fake.stats()["registered"] == 0
+    (out,) = pending.result()
+    assert np.array_equal(out, a + b) and fake.stats()["registered"] == 0
     backend.close()
 
 
