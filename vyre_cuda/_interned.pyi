@@ -2,6 +2,8 @@
 
 from typing import Any, TypeVar
 
+from typing_extensions import disjoint_base
+
 __all__ = ["Interned", "register_plain", "LIMIT"]
 
 _T = TypeVar("_T")
@@ -10,8 +12,9 @@ LIMIT: int
 
 def register_plain(cls: type) -> None: ...
 
+@disjoint_base
 class Interned(type):
     _interned_values: dict[int, Any] | None
     _interned_limit: int
-    def __init__(cls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kw: Any) -> None: ...
-    def __call__(cls: type[_T], *args: Any, **kw: Any) -> _T: ...
+    def __init__(self, name: str, bases: tuple[type, ...], namespace: dict[str, Any], /, **kw: Any) -> None: ...
+    def __call__(self: type[_T], /, *args: Any, **kw: Any) -> _T: ...
