@@ -371,6 +371,16 @@ def test_a_list_argument_changed_after_the_call_is_another_call():
     assert p3 == p1 and p3 is not p1
 
 
+def test_the_interned_classes_show_their_constructors_signatures():
+    # (help(), IDEs and the API reference read them through inspect: a Python-level metaclass
+    # __call__ once made every one of them read (*args, **kw))
+    import inspect
+
+    assert list(inspect.signature(Program).parameters)[:3] == ["kernel", "buffers", "workgroup_size"]
+    assert list(inspect.signature(BufferDecl).parameters)[:4] == ["name", "binding", "access", "dtype"]
+    assert list(inspect.signature(Kernel).parameters) == ["kind", "source", "entry", "options"]
+
+
 def test_threads_building_equal_programs_get_equal_values():
     # the tables are shared: threads racing to build one new value each get an equal one, and
     # once one is remembered every thread gets that object
