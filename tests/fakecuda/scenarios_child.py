@@ -231,6 +231,18 @@ def close_frees_everything(fake, before):
         assert after[key] == before[key], (key, before[key], after[key])
 
 
+def handle_held_during_a_capture(fake):
+    """A backend with a dispatch_async handle held while a foreign capture begins: (the fake's
+    counts before the backend, the backend, the handle, its inputs, the capture's ctx and stream)."""
+    before = fake.stats()
+    backend = vecadd_backend(fake)
+    check_vecadd(backend)
+    inputs = list(pair())
+    pending = backend.dispatch_async(VECADD, inputs)
+    ctx, stream = begin_foreign_capture(fake)
+    return before, backend, pending, inputs, ctx, stream
+
+
 @scenario
 def close_with_no_handle_held_leaves_a_capture_elsewhere_alone(fake):
     # the driver refuses a context synchronize while any stream of the context captures, and the
@@ -259,11 +271,7 @@ def close_with_no_handle_held_leaves_a_capture_elsewhere_alone(fake):
 def close_with_a_handle_held_waits_for_a_graph_capture_elsewhere_to_end(fake):
     # a held handle's work may still run: close() waits for it with a context synchronize, which
     # the driver refuses (and breaks the capture with) until the capture ends; it retries
-    before = fake.stats()
-    backend = vecadd_backend(fake)
-    check_vecadd(backend)
-    pending = backend.dispatch_async(VECADD, list(pair()))
-    ctx, stream = begin_foreign_capture(fake)
+    before, backend, pending, _, ctx, stream = handle_held_during_a_capture(fake)
     ended = []
     ender = threading.Timer(0.05, end_foreign_capture, (fake, ctx, stream, ended))
     t0 = time.monotonic()
@@ -281,12 +289,7 @@ def close_with_a_handle_held_waits_for_a_graph_capture_elsewhere_to_end(fake):
 def close_frees_everything_after_the_last_handle_when_a_capture_outlasts_its_wait(fake):
     from vyre_cuda import backend as backend_module
 
-    before = fake.stats()
-    backend = vecadd_backend(fake)
-    check_vecadd(backend)
-    a, b = pair()
-    pending = backend.dispatch_async(VECADD, [a, b])
-    ctx, stream = begin_foreign_capture(fake)
+    before, backend, pending, inputs, ctx, stream = handle_held_during_a_capture(fake)
     wait, backend_module.CLOSE_CAPTURE_WAIT_S = backend_module.CLOSE_CAPTURE_WAIT_S, 0.02
     ended = []
     try:
@@ -298,7 +301,7 @@ def close_frees_everything_after_the_last_handle_when_a_capture_outlasts_its_wai
     held = fake.stats()
     # nothing was freed under the handle: the modules, the pools and the context stay
     assert held["modules"] > before["modules"] and held["context_refs"] > before["context_refs"], held
-    assert "closed" in raises(vc.ValidationError, backend.dispatch, VECADD, [a, b]).message  # all the same
+    assert "closed" in raises(vc.ValidationError, backend.dispatch, VECADD, inputs).message  # all the same
     del pending  # the last handle: it waits for its own work, then everything goes
     close_frees_everything(fake, before)
 
