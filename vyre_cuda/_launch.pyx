@@ -449,8 +449,8 @@ cdef cydriver.CUresult _launches(Prepared p, InFlight* f, bint cooperative, unsi
     return _regular_launches(p, f, argv, argp, n_args, call)
 
 
-cdef cydriver.CUresult _zero_and_launch(PendingDispatch d, Prepared p, InFlight* f, bint cooperative, bint zeroing,
-                                        unsigned long long* argv, void** argp, size_t n_args,
+cdef cydriver.CUresult _zero_and_launch(PendingDispatch d, Prepared p, InFlight* f, bint cooperative,
+                                        bint zeroing, unsigned long long* argv, void** argp, size_t n_args,
                                         const char** call) noexcept nogil:
     # what a graph of the plan holds, issued (or recorded, while capturing): the in-place outputs'
     # zeroing memsets when ``zeroing``, then the launch sequence
@@ -488,13 +488,14 @@ cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint 
     the outputs written in place before it when ``zeroing``.
 
     The exec is found by the exact argument values (every buffer pointer, then the slab the params
-    pointers derive from, then which outputs it zeroes): a graph bakes its parameters in. A miss captures the sequence (stream
-    capture in thread-local mode, so other threads keep dispatching) and instantiates it; with the
-    cache full it updates the least recently used exec instead (cuGraphExecUpdate), which is legal
-    while a launch of that exec is in flight: an update only affects later launches, and launches
-    of one exec run in order. Graph objects are not thread-safe, so lookup, capture, update and
-    launch hold the plan's cache lock. When the launches cannot be captured or instantiated (a
-    driver without cooperative nodes in graphs, say), the plan issues its launches from then on.
+    pointers derive from, then which outputs it zeroes): a graph bakes its parameters in. A miss
+    captures the sequence (stream capture in thread-local mode, so other threads keep dispatching)
+    and instantiates it; with the cache full it updates the least recently used exec instead
+    (cuGraphExecUpdate), which is legal while a launch of that exec is in flight: an update only
+    affects later launches, and launches of one exec run in order. Graph objects are not
+    thread-safe, so lookup, capture, update and launch hold the plan's cache lock. When the
+    launches cannot be captured or instantiated (a driver without cooperative nodes in graphs,
+    say), the plan issues its launches from then on.
     """
     cdef GraphCache* cache = p.graphs
     cdef unsigned long long key[2 * MAX_ARGS + 2]
