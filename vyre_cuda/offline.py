@@ -254,4 +254,4 @@ def plan(
     on_device = frozenset(i for i, (_, dev) in enumerate(sized) if dev)
     planned = plan_dispatch(program, lengths, cfg, caps, OfflineModules(caps, occupancy), on_device)
     tuning = "offline plan: autotune measures on a device; the declared width is planned" if cfg.autotune else ""
-    return dataclasses.replace(planned, function=0, barrier=0, gate=None, tuning=tuning)
+    return dataclasses.replace(planned, function=0, barrier=0, gate=None, module=None, tuning=tuning)

@@ -1230,6 +1230,8 @@ typedef struct Module {
   char* image; /* a copy: PTX text, or the ELF bytes of a cubin */
   size_t size;
   unsigned int* barrier; /* the _vyre_grid_barrier global, when the image defines it */
+  int unloaded;          /* kept (not freed) after cuModuleUnload, so a later launch of one of its
+                            functions is seen and counted as a violation instead of reading freed memory */
 } Module;
 
 typedef struct Function {
@@ -1311,12 +1313,20 @@ CUresult cuModuleUnload(CUmodule module) {
   INJECT("cuModuleUnload");
   NEED_CTX();
   Module* m = (Module*)module;
+  if (m->unloaded) {
+    violation_text("cuModuleUnload of a module already unloaded");
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
   if (m->barrier) {
     untrack((char*)m->barrier, KIND_GLOBAL);
     free(m->barrier);
+    m->barrier = NULL;
   }
   free(m->image);
-  free(m);
+  m->image = NULL;
+  m->size = 0;
+  m->unloaded = 1;
   stats[S_MODULES]--;
   pthread_mutex_unlock(&lock);
   return CUDA_SUCCESS;
@@ -1399,6 +1409,10 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
   Function* fn = (Function*)f;
   unsigned long long threads = (unsigned long long)bx * by * bz;
   if (!is_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+  if (fn->module->unloaded) {
+    violation_text("launch of a function of an unloaded module");
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
   if (!gx || !gy || !gz || !threads || threads > 1024 || bx > 1024 || by > 1024 || bz > 64 || gy > 65535 ||
       gz > 65535 || gx > 2147483647u)
     return CUDA_ERROR_INVALID_VALUE;

@@ -268,6 +268,54 @@ def close_with_no_handle_held_leaves_a_capture_elsewhere_alone(fake):
 
 
 @scenario
+def an_evicted_module_stays_loaded_while_a_plan_made_from_it_can_launch(fake):
+    # past the module cache's capacity the least recently planned module is evicted and the cached
+    # plans are dropped, while another thread may have looked its plan up just before and be about
+    # to launch from it (here: a plan held, then dispatched with). The module stays loaded until the
+    # last plan made from it goes (it used to be unloaded at once, under that launch), and the
+    # eviction waits for nothing: a graph capture elsewhere on the device stays intact (it used to
+    # synchronize the context, which the driver refuses, breaking the capture)
+    from vyre_cuda._plan_miss import PlanMiss
+
+    before = fake.stats()
+    backend = vecadd_backend(fake)
+    backend._modules._capacity = 1
+    a, b = pair()
+    try:
+        backend._core.dispatch(VECADD, [a, b])
+        raise AssertionError("a new backend's core held a plan")
+    except PlanMiss as miss:
+        key = miss.key
+    check_vecadd(backend)
+    held = backend._core.prepared_for(key)
+    assert held is not None
+    loaded = fake.stats()["modules"]
+    ctx, stream = begin_foreign_capture(fake)
+    ended = []
+    ender = threading.Timer(0.05, end_foreign_capture, (fake, ctx, stream, ended))
+    ender.start()
+    other = bp.vecadd("u32")
+    words = [RNG.integers(0, 2**32, 1000, dtype=np.uint64).astype(np.uint32) for _ in range(2)]
+    backend.plan_info(other, words)  # loads a second module: the first is evicted
+    ender.join()
+    assert ended == [0, 0, 0], ended  # the capture was not broken
+    assert backend._core.prepared_for(key) is None, "the evicted module's plans stayed cached"
+    assert fake.stats()["modules"] == loaded + 1 and backend._modules.evicted_held == 1, fake.stats()
+    (out,) = backend._core.dispatch(VECADD, [a, b], None, held)
+    assert np.array_equal(out, a + b) and fake.stats()["violations"] == 0, fake.last_violation()
+    del held
+    gc.collect()
+    assert fake.stats()["modules"] == loaded and backend._modules.evicted_held == 0, "not unloaded"
+    # planned and loaded again (a new function: the emulation is registered for it); the second
+    # module goes at once, as no plan holds it
+    fake.emulate(backend, VECADD, [a, b], vecadd_emulation(np.float32))
+    check_vecadd(backend)
+    assert fake.stats()["modules"] == loaded and fake.stats()["violations"] == 0, fake.stats()
+    backend.close()
+    close_frees_everything(fake, before)
+
+
+@scenario
 def close_with_a_handle_held_waits_for_a_graph_capture_elsewhere_to_end(fake):
     # a held handle's work may still run: close() waits for it with a context synchronize, which
     # the driver refuses (and breaks the capture with) until the capture ends; it retries

@@ -3,12 +3,21 @@
 A :class:`ModuleCache` owns each module the backend has loaded into its context, with what belongs
 to it: the function and grid-barrier addresses, the dynamic shared memory the function was opted
 into, and the gate that orders the module's cooperative launches on the GPU. It is bounded (like
-vyre's, 2,048 modules) and unloads the least recently planned module on eviction.
+vyre's, 2,048 modules) and evicts the least recently planned module past that.
+
+An evicted module is unloaded only once nothing can launch from it: every plan made from it holds
+it (``DispatchPlan.module``), and every dispatch holds its plan until its GPU work is done, so the
+module goes when the last of those plans goes. A thread that looked its plan up just before the
+eviction still launches from a loaded module, and no context synchronize is needed (which would
+break a graph capture elsewhere on the device).
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
+import weakref
 from collections import OrderedDict
 
 from .. import _driver
@@ -23,12 +32,29 @@ __all__ = ["LoadedModule", "ModuleCache", "CAPACITY"]
 CAPACITY = 2048
 
 
+_log = logging.getLogger("vyre_cuda")
+
+# a module's life: in the cache; evicted, unloaded when its last holder goes; unloaded or forgotten
+_CACHED, _EVICTED, _GONE = 0, 1, 2
+_state_lock = threading.Lock()  # guards the transitions (the unload itself runs outside it)
+
+
 class LoadedModule:
     """One module in the backend's context: function, barrier global, shared opt-in, gate."""
 
-    __slots__ = ("module", "function", "barrier", "barrier_size", "shared_optin", "gate")
+    __slots__ = (
+        "module",
+        "function",
+        "barrier",
+        "barrier_size",
+        "shared_optin",
+        "gate",
+        "ctx",
+        "_state",
+        "__weakref__",
+    )
 
-    def __init__(self, module, function, barrier, barrier_size):
+    def __init__(self, module, function, barrier, barrier_size, ctx: int = 0):
         from .._launch import CoopGate  # noqa: PLC0415 (the compiled core loads at first use)
 
         self.module = module
@@ -38,6 +64,28 @@ class LoadedModule:
         self.shared_optin = DEFAULT_SHARED_LIMIT
         # cooperative launches of one module share its barrier counter: ordered on the GPU
         self.gate = CoopGate() if barrier else None
+        self.ctx = ctx
+        self._state = _CACHED
+
+    def _leave(self, *states) -> bool:
+        """Move to _GONE if the module is in one of ``states``; True for the one caller that did."""
+        with _state_lock:
+            if self._state not in states:
+                return False
+            self._state = _GONE
+            return True
+
+    def __del__(self):
+        # the last holder of an evicted module went (its plans, the dispatches running them): no
+        # launch from it can be queued or run any more (not at interpreter exit: the driver
+        # library may already be gone)
+        if sys.is_finalizing() or not self._leave(_EVICTED):
+            return
+        try:
+            _driver.make_current(self.ctx)
+            self.unload()
+        except Exception as exc:  # noqa: BLE001 (a finalizer must not raise)
+            _log.warning("unloading an evicted kernel module failed: %s", exc)
 
     def ensure_shared(self, nbytes: int) -> None:
         """Opt the function into ``nbytes`` of dynamic shared memory (above the 48 KiB default)."""
@@ -57,8 +105,8 @@ class LoadedModule:
 class ModuleCache:
     """The modules a backend has loaded, keyed by compiled-kernel key, least recently used first.
 
-    ``on_evict`` runs before a module is unloaded (the backend drops the plans that point into it,
-    and waits for the work that may still run it).
+    ``on_evict`` runs when a module is evicted (the backend drops its cached plans, which hold
+    their modules); the module is unloaded once the last plan holding it goes.
     """
 
     def __init__(self, ctx: int, arch, driver_version: int, capacity: int = CAPACITY, on_evict=None):
@@ -68,6 +116,7 @@ class ModuleCache:
         self._capacity = capacity
         self._on_evict = on_evict
         self._modules: OrderedDict = OrderedDict()
+        self._evicted: weakref.WeakSet = weakref.WeakSet()  # evicted, still held by plans
         self._lock = threading.RLock()
         # set by close()/clear(): a thread still planning when the backend closed must not load a
         # module nobody would unload (it gets the closed error its next dispatch would get)
@@ -99,7 +148,7 @@ class ModuleCache:
                     message, fix = explain_load_failure(status, compiled.kind, nvrtc_version(), self._driver_version)
                     raise KernelCompileFailed(f"{exc.message}; {message}", fix, log=exc.log) from None
                 raise
-            module = LoadedModule(*handles)
+            module = LoadedModule(*handles, ctx=self._ctx)
             self._modules[compiled.key] = module
             while len(self._modules) > self._capacity:
                 self._evict()
@@ -108,21 +157,36 @@ class ModuleCache:
     def _evict(self) -> None:
         _, module = self._modules.popitem(last=False)
         if self._on_evict is not None:
-            self._on_evict()
-        _driver.make_current(self._ctx)
-        _driver.context_synchronize()  # a launch in flight may still run the module's code
-        module.unload()
+            self._on_evict()  # the backend drops its cached plans: only dispatches still hold some
+        # unloaded when its last holder goes (LoadedModule.__del__): at once, or after the
+        # dispatches running its plans have finished with them
+        self._evicted.add(module)
+        with _state_lock:
+            module._state = _EVICTED
+        del module
+
+    @property
+    def evicted_held(self) -> int:
+        """Evicted modules not unloaded yet: plans of dispatches in flight still hold them."""
+        return len(self._evicted)
 
     def close(self) -> None:
-        """Unload every module (the backend has waited for its work)."""
+        """Unload every module, the evicted ones still held by plans too (the backend has waited
+        for its work: nothing launches from them any more)."""
         with self._lock:
             self._closed = True
             while self._modules:
                 _, module = self._modules.popitem(last=False)
-                module.unload()
+                if module._leave(_CACHED):
+                    module.unload()
+            for module in list(self._evicted):
+                if module._leave(_EVICTED):
+                    module.unload()
 
     def clear(self) -> None:
         """Forget every module without unloading (their context is gone)."""
         with self._lock:
             self._closed = True
+            for module in [*self._modules.values(), *self._evicted]:
+                module._leave(_CACHED, _EVICTED)
             self._modules.clear()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .._accounting import bucket_size
@@ -103,6 +103,9 @@ class DispatchPlan:
     # the streamed route's plan (planning.stream) of an elementwise dispatch, None for other programs;
     # route.kind == "streamed" when it was chosen
     stream: StreamPlan | None = None
+    # the loaded module ``function`` belongs to (compile.modules.LoadedModule), None offline: the
+    # plan holds it, so an evicted module stays loaded while a plan made from it may still launch
+    module: object = field(default=None, compare=False, repr=False)
 
     @property
     def iterations(self) -> int:
@@ -259,12 +262,13 @@ def plan_dispatch(
         module.function,
         barrier,
         module.gate if cooperative and barrier else None,
+        module,
     )
     return plan if stream is None else dataclasses.replace(plan, stream=stream)
 
 
 def assemble_plan(
-    program, config, bindings, launch, layout, route, kernel=None, function=0, barrier=0, gate=None
+    program, config, bindings, launch, layout, route, kernel=None, function=0, barrier=0, gate=None, module=None
 ) -> DispatchPlan:
     """The executable decisions derived from the planning stages' results (pure)."""
     arg_count = len(layout.arg_offsets) + 1
@@ -308,4 +312,5 @@ def assemble_plan(
         graph=graph,
         graph_reason=graph_reason,
         graph_trial=graph_trial,
+        module=module,
     )
