@@ -278,3 +278,39 @@ def test_close_with_a_handle_held_waits_for_a_graph_capture_elsewhere(fresh_back
     del pending
     _freed(backend)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_an_evicted_module_stays_loaded_for_a_plan_held_across_the_eviction(fresh_backend, rng):
+    """Past the module cache's capacity the least recently planned module is evicted while a plan
+    made from it may still be about to launch (another thread looked it up just before): the module
+    stays loaded until that plan goes, and the eviction waits for nothing, so a graph capture on
+    another thread ends intact (the eviction used to synchronise the context, breaking it)."""
+    import gc
+
+    from vyre_cuda import builtin_programs as bp
+    from vyre_cuda._plan_miss import PlanMiss
+
+    backend = fresh_backend
+    backend._modules._capacity = 1
+    prog, other = bp.vecadd_f32(), bp.vecadd("u32")
+    a, b = (rng.standard_normal(4096).astype(np.float32) for _ in range(2))
+    with pytest.raises(PlanMiss) as miss:
+        backend._core.dispatch(prog, [a, b])
+    (out,) = backend.dispatch(prog, [a, b])
+    assert np.array_equal(out, a + b)
+    held = backend._core.prepared_for(miss.value.key)
+    assert held is not None
+    x, y = (rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32) for _ in range(2))
+    with _ForeignCapture(0.3) as capture:
+        (w,) = backend.dispatch(other, [x, y])  # loads a second module: the first is evicted
+    assert capture.steps == [0, 0, 0, 0], capture.steps  # the capture was not broken
+    assert np.array_equal(w, x + y)
+    assert backend._core.prepared_for(miss.value.key) is None and backend._modules.evicted_held == 1
+    a, b = (rng.standard_normal(4096).astype(np.float32) for _ in range(2))
+    (out,) = backend._core.dispatch(prog, [a, b], None, held)  # launches from the evicted module
+    assert np.array_equal(out, a + b)
+    del held
+    gc.collect()
+    assert backend._modules.evicted_held == 0  # unloaded with its last plan
+    (out,) = backend.dispatch(prog, [a, b])
+    assert np.array_equal(out, a + b)
