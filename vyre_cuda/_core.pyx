@@ -566,7 +566,7 @@ cdef class Core:
         elif p.route == ROUTE_SPLIT:
             self.tel[T_SPLIT_LAUNCHES] += p.tel_launches
         for i in range(d.out_inplace.size()):
-            self.tel[T_MEMSET_OPS] += d.out_inplace[i].zero and d.out_inplace[i].n != 0
+            self.tel[T_MEMSET_OPS] += d.out_inplace[i].zero
         self.tel[T_MEMSET_OPS] += 0 if d.compact else p.tel_memsets
         self.tel[T_IN_PLACE_OUTPUTS] += d.out_inplace.size()
         if d.graph_events:

@@ -259,21 +259,22 @@ cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer,
         if st != cydriver.CUDA_SUCCESS:
             return st
     for i in range(d.out_inplace.size()):
-        argv[d.out_inplace[i].arg] = d.out_inplace[i].ptr  # a device output written in place
-    if order != NULL:
-        st = _zero_in_place(d, s, call)
+        # a device output written in place: zeroed first (outputs start at zero), then its pointer
+        argv[d.out_inplace[i].arg] = d.out_inplace[i].ptr
+        if not d.out_inplace[i].zero:
+            continue  # declared zeroed=False: the kernel writes it in full
+        call[0] = b"cuMemsetD8Async"
+        st = cydriver.cuMemsetD8Async(d.out_inplace[i].ptr, 0, d.out_inplace[i].n, s)
         if st != cydriver.CUDA_SUCCESS:
             return st
+    if order != NULL:
         order.lock()
         st = _launch_cooperative(d, p, f, order, argv, argp, n_args, call)
         order.unlock()
     elif p.graphs != NULL and not d.no_graph:
-        # the zeroing memsets are nodes of the graph: one graph launch instead of two calls
-        st = _replay(d, p, f, False, True, argv, argp, n_args, call)
+        st = _replay(d, p, f, False, argv, argp, n_args, call)
     else:
-        st = _zero_in_place(d, s, call)
-        if st == cydriver.CUDA_SUCCESS:
-            st = _regular_launches(p, f, argv, argp, n_args, call)
+        st = _regular_launches(p, f, argv, argp, n_args, call)
     if st != cydriver.CUDA_SUCCESS:
         return st
     if f.timed:
@@ -298,35 +299,6 @@ cdef cydriver.CUresult issue(PendingDispatch d, Prepared p, TransferEngine xfer,
             return st
     mark(marks, M_EVENT)
     return cydriver.CUDA_SUCCESS
-
-
-cdef cydriver.CUresult _zero_in_place(PendingDispatch d, cydriver.CUstream s, const char** call) noexcept nogil:
-    """Zero the device outputs written in place (outputs start at zero), on ``s``: the dispatch's
-    stream, or its capture stream while the launch sequence is recorded as a graph."""
-    cdef size_t i
-    cdef cydriver.CUresult st
-    for i in range(d.out_inplace.size()):
-        # (declared zeroed=False: the kernel writes it in full; an empty one has nothing to zero,
-        # and a graph takes no zero-length memset node)
-        if d.out_inplace[i].zero and d.out_inplace[i].n:
-            call[0] = b"cuMemsetD8Async"
-            st = cydriver.cuMemsetD8Async(d.out_inplace[i].ptr, 0, d.out_inplace[i].n, s)
-            if st != cydriver.CUDA_SUCCESS:
-                return st
-    return cydriver.CUDA_SUCCESS
-
-
-cdef size_t _zeroing_key(PendingDispatch d, unsigned long long* key) noexcept nogil:
-    # which argument slots a graph's memset nodes zero, then how many, written at ``key`` (part of
-    # an exec's key: the same pointers with and without a captured memset are different graphs);
-    # returns the words written
-    cdef size_t i, n = 0
-    for i in range(d.out_inplace.size()):
-        if d.out_inplace[i].zero and d.out_inplace[i].n:
-            key[n] = d.out_inplace[i].arg
-            n += 1
-    key[n] = n
-    return n + 1
 
 
 cdef cydriver.CUresult _device_args(PendingDispatch d, Prepared p, unsigned long long* argv,
@@ -403,7 +375,7 @@ cdef cydriver.CUresult _launch_cooperative(PendingDispatch d, Prepared p, InFlig
         if st != cydriver.CUDA_SUCCESS:
             return st
     if p.graphs != NULL and not d.no_graph:
-        st = _replay(d, p, f, True, False, argv, argp, n_args, call)
+        st = _replay(d, p, f, True, argv, argp, n_args, call)
     else:
         st = _cooperative_launches(p, f, argv, argp, n_args, call)
     if st != cydriver.CUDA_SUCCESS:
@@ -449,28 +421,13 @@ cdef cydriver.CUresult _launches(Prepared p, InFlight* f, bint cooperative, unsi
     return _regular_launches(p, f, argv, argp, n_args, call)
 
 
-cdef cydriver.CUresult _zero_and_launch(PendingDispatch d, Prepared p, InFlight* f, bint cooperative,
-                                        bint zeroing, unsigned long long* argv, void** argp, size_t n_args,
-                                        const char** call) noexcept nogil:
-    # what a graph of the plan holds, issued (or recorded, while capturing): the in-place outputs'
-    # zeroing memsets when ``zeroing``, then the launch sequence
-    cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
-    if zeroing:
-        st = _zero_in_place(d, f.stream, call)
-    if st == cydriver.CUDA_SUCCESS:
-        st = _launches(p, f, cooperative, argv, argp, n_args, call)
-    return st
-
-
-cdef cydriver.CUresult _capture(PendingDispatch d, Prepared p, InFlight* f, bint cooperative, bint zeroing,
-                                unsigned long long* argv, void** argp, size_t n_args, cydriver.CUgraph* graph,
-                                const char** call) noexcept nogil:
-    """Record the launch sequence (after the zeroing memsets, when ``zeroing``) into ``graph`` on
-    the dispatch's stream, which is capturing (nothing runs). The capture is ended on every path;
-    on failure ``graph`` is NULL."""
+cdef cydriver.CUresult _capture(Prepared p, InFlight* f, bint cooperative, unsigned long long* argv, void** argp,
+                                size_t n_args, cydriver.CUgraph* graph, const char** call) noexcept nogil:
+    """Record the launch sequence into ``graph`` on the dispatch's stream, which is capturing
+    (nothing runs). The capture is ended on every path; on failure ``graph`` is NULL."""
     cdef cydriver.CUresult st, end
     graph[0] = NULL
-    st = _zero_and_launch(d, p, f, cooperative, zeroing, argv, argp, n_args, call)
+    st = _launches(p, f, cooperative, argv, argp, n_args, call)
     end = cydriver.cuStreamEndCapture(f.stream, graph)
     if st == cydriver.CUDA_SUCCESS:
         st = end
@@ -481,24 +438,22 @@ cdef cydriver.CUresult _capture(PendingDispatch d, Prepared p, InFlight* f, bint
     return st
 
 
-cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint cooperative, bint zeroing,
+cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint cooperative,
                                unsigned long long* argv, void** argp, size_t n_args,
                                const char** call) noexcept nogil:
-    """The launch sequence as ONE graph launch (see notes/graphs.md), with the zeroing memsets of
-    the outputs written in place before it when ``zeroing``.
+    """The launch sequence as ONE graph launch (see notes/graphs.md).
 
     The exec is found by the exact argument values (every buffer pointer, then the slab the params
-    pointers derive from, then which outputs it zeroes): a graph bakes its parameters in. A miss
-    captures the sequence (stream capture in thread-local mode, so other threads keep dispatching)
-    and instantiates it; with the cache full it updates the least recently used exec instead
-    (cuGraphExecUpdate), which is legal while a launch of that exec is in flight: an update only
-    affects later launches, and launches of one exec run in order. Graph objects are not
-    thread-safe, so lookup, capture, update and launch hold the plan's cache lock. When the
-    launches cannot be captured or instantiated (a driver without cooperative nodes in graphs,
-    say), the plan issues its launches from then on.
+    pointers derive from): a graph bakes its parameters in. A miss captures the sequence (stream
+    capture in thread-local mode, so other threads keep dispatching) and instantiates it; with the
+    cache full it updates the least recently used exec instead (cuGraphExecUpdate), which is legal
+    while a launch of that exec is in flight: an update only affects later launches, and launches
+    of one exec run in order. Graph objects are not thread-safe, so lookup, capture, update and
+    launch hold the plan's cache lock. When the launches cannot be captured or instantiated (a
+    driver without cooperative nodes in graphs, say), the plan issues its launches from then on.
     """
     cdef GraphCache* cache = p.graphs
-    cdef unsigned long long key[2 * MAX_ARGS + 2]
+    cdef unsigned long long key[MAX_ARGS + 1]
     cdef cydriver.CUstream cs = f.stream, saved
     cdef cydriver.CUgraph graph = NULL
     cdef cydriver.CUgraphExec ex = NULL
@@ -508,16 +463,11 @@ cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint 
     cdef size_t n = n_args + 1
     memcpy(key, argv, n_args * sizeof(unsigned long long))
     key[n_args] = f.slab
-    if zeroing:
-        n += _zeroing_key(d, key + n)
-    else:
-        key[n] = 0
-        n += 1
     cache.lock()
     if cache.disabled or cache.closed:
         cache.unlock()
         d.graph_events |= G_FALLBACK
-        return _zero_and_launch(d, p, f, cooperative, zeroing, argv, argp, n_args, call)
+        return _launches(p, f, cooperative, argv, argp, n_args, call)
     i = cache.find(key, n)
     if i >= 0:
         ex = <cydriver.CUgraphExec>cache.exec(i)
@@ -539,11 +489,11 @@ cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint 
             # this stream cannot be captured now (it is being captured by someone else): issue
             cache.unlock()
             d.graph_events |= G_FALLBACK
-            return _zero_and_launch(d, p, f, cooperative, zeroing, argv, argp, n_args, call)
+            return _launches(p, f, cooperative, argv, argp, n_args, call)
         # the issuing code launches on f.stream: point it at the capture stream meanwhile
         saved = f.stream
         f.stream = cs
-        st = _capture(d, p, f, cooperative, zeroing, argv, argp, n_args, &graph, call)
+        st = _capture(p, f, cooperative, argv, argp, n_args, &graph, call)
         f.stream = saved
         if st == cydriver.CUDA_SUCCESS and cache.full():
             i = cache.oldest()
@@ -569,7 +519,7 @@ cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint 
             cache.disabled = True
             cache.unlock()
             d.graph_events |= G_FALLBACK
-            return _zero_and_launch(d, p, f, cooperative, zeroing, argv, argp, n_args, call)
+            return _launches(p, f, cooperative, argv, argp, n_args, call)
     call[0] = b"cuGraphLaunch"
     st = cydriver.cuGraphLaunch(ex, f.stream)
     cache.unlock()

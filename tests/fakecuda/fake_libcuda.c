@@ -15,7 +15,7 @@
  * fake_cuda_set_arg_count() (how many u64 kernel arguments a function takes: stream capture copies
  * them by value, as the real driver does from the kernel's signature).
  *
- * Graphs: stream capture records launches and memsets (8- and 32-bit) into a graph (nothing runs), an
+ * Graphs: stream capture records launches and 32-bit memsets into a graph (nothing runs), an
  * instantiated exec holds a copy, cuGraphExecUpdate replaces its parameters when the topology
  * matches, and cuGraphLaunch runs the nodes in order (calling the launch hook).
  *
@@ -744,7 +744,7 @@ typedef struct { int magic; struct Graph* capture; int capture_invalid; unsigned
 #define MAX_NODE_ARGS 257
 
 /* ------------------------------------------------------------------ graphs (recorded work) */
-enum { NODE_KERNEL = 1, NODE_MEMSET = 2 };
+enum { NODE_KERNEL = 1, NODE_MEMSET32 = 2 };
 typedef struct Node {
   int kind;
   void* function;
@@ -753,8 +753,7 @@ typedef struct Node {
   unsigned long long args[MAX_NODE_ARGS]; /* kernel arguments by value (all u64 in vyre's ABI) */
   CUdeviceptr dst;                        /* memset */
   unsigned value;
-  size_t count;                           /* elements of `width` bytes (1: cuMemsetD8Async, 4: D32) */
-  unsigned width;
+  size_t count;
 } Node;
 typedef struct Graph { int magic; int n, cap; Node* nodes; } Graph; /* also an exec (EXEC_MAGIC) */
 
@@ -783,28 +782,13 @@ static void free_graph(Graph* g) {
   free(g);
 }
 
-static CUresult record_memset(Graph* g, CUdeviceptr dst, unsigned value, size_t n, unsigned width) {
+static CUresult record_memset32(Graph* g, CUdeviceptr dst, unsigned value, size_t n) {
   Node* node = add_node(g);
-  node->kind = NODE_MEMSET;
+  node->kind = NODE_MEMSET32;
   node->dst = dst;
   node->value = value;
   node->count = n;
-  node->width = width;
   return CUDA_SUCCESS;
-}
-
-/* a memset node's target is live device memory, aligned to its element width */
-static int memset_node_ok(const Node* node) {
-  return !(node->dst & (node->width - 1)) &&
-         find_range((const char*)(uintptr_t)node->dst, node->width * node->count, KIND_DEVICE);
-}
-
-static void run_memset_node(const Node* node) {
-  if (node->width == 1) {
-    memset((void*)(uintptr_t)node->dst, (int)node->value, node->count);
-  } else {
-    for (size_t j = 0; j < node->count; j++) ((unsigned int*)(uintptr_t)node->dst)[j] = node->value;
-  }
 }
 
 /* ------------------------------------------------------------------ lazy mode: the queues */
@@ -1172,11 +1156,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstrea
   pthread_mutex_lock(&lock);
   INJECT("cuMemsetD8Async");
   NEED_CTX();
-  if (capturing(s)) {
-    CUresult rst = record_memset(((Stream*)s)->capture, dst, value, n, 1);
-    pthread_mutex_unlock(&lock);
-    return rst;
-  }
+  NO_CAPTURE(s);
   stats[S_MEMSETS]++;
   if (!is_stream(s) || !find_range((const char*)(uintptr_t)dst, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemsetD8Async", dst, n);
@@ -1201,7 +1181,7 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, CUstrea
   INJECT("cuMemsetD32Async");
   NEED_CTX();
   if (capturing(s)) {
-    CUresult rst = record_memset(((Stream*)s)->capture, dst, value, n, 4);
+    CUresult rst = record_memset32(((Stream*)s)->capture, dst, value, n);
     pthread_mutex_unlock(&lock);
     return rst;
   }
@@ -1463,14 +1443,14 @@ static CUresult run_nodes(const Node* nodes, int n, CUstream s, int eager) {
   for (int k = 0; k < n; k++) {
     const Node* node = &nodes[k];
     CUresult st = CUDA_SUCCESS;
-    if (node->kind == NODE_MEMSET) {
+    if (node->kind == NODE_MEMSET32) {
       pthread_mutex_lock(&lock);
       if (eager) stats[S_MEMSETS]++;
-      if (!memset_node_ok(node)) {
-        violation("graph memset node", node->dst, node->width * node->count);
+      if ((node->dst & 3) || !find_range((const char*)(uintptr_t)node->dst, 4 * node->count, KIND_DEVICE)) {
+        violation("graph memset node", node->dst, 4 * node->count);
         st = CUDA_ERROR_INVALID_VALUE;
       } else {
-        run_memset_node(node);
+        for (size_t j = 0; j < node->count; j++) ((unsigned int*)(uintptr_t)node->dst)[j] = node->value;
       }
       pthread_mutex_unlock(&lock);
     } else {
@@ -1516,10 +1496,10 @@ static CUresult lazy_graph_launch(const Graph* e, CUstream s) {
   for (int k = 0; k < e->n; k++) {
     const Node* node = &e->nodes[k];
     CUresult st = CUDA_SUCCESS;
-    if (node->kind == NODE_MEMSET) {
+    if (node->kind == NODE_MEMSET32) {
       stats[S_MEMSETS]++;
-      if (!memset_node_ok(node)) {
-        violation("graph memset node", node->dst, node->width * node->count);
+      if ((node->dst & 3) || !find_range((const char*)(uintptr_t)node->dst, 4 * node->count, KIND_DEVICE)) {
+        violation("graph memset node", node->dst, 4 * node->count);
         st = CUDA_ERROR_INVALID_VALUE;
       }
     } else {
@@ -1785,7 +1765,7 @@ CUresult cuGraphExecUpdate(void* exec, void* graph, void* info) {
   int same = e->n == g->n;
   for (int k = 0; same && k < g->n; k++)
     same = e->nodes[k].kind == g->nodes[k].kind && e->nodes[k].function == g->nodes[k].function &&
-           e->nodes[k].cooperative == g->nodes[k].cooperative && e->nodes[k].width == g->nodes[k].width;
+           e->nodes[k].cooperative == g->nodes[k].cooperative;
   if (!same) {
     pthread_mutex_unlock(&lock);
     return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;

@@ -8,7 +8,6 @@ here. Prints one JSON object: scenario name -> {"ok": bool, "error": text, "skip
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import threading
 
@@ -18,7 +17,7 @@ from helpers.scenarios import Scenarios
 
 import vyre_cuda as vc
 from fakecuda import FakeDriver, array_at
-from vyre_cuda import BindingRole, DispatchConfig
+from vyre_cuda import DispatchConfig
 from vyre_cuda import builtin_programs as bp
 
 RNG = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
@@ -220,50 +219,6 @@ def device_input_plans_replay_and_release_their_graphs(fake):
     assert fake.stats()["graph_execs"] >= 1
     backend.close()
     assert fake.stats()["graph_execs"] == 0 and fake.stats()["graphs"] == 0, fake.stats()
-
-
-@scenario
-def in_place_outputs_are_zeroed_by_a_node_of_the_graph(fake):
-    # a device output written in place is zeroed before the launch: in a replayed plan by a
-    # memset node of the graph (one graph launch, no memset issued beside it), so the output the
-    # accumulating kernel adds into holds exactly the dispatch's result each time; an output
-    # declared zeroed=False gets no node and keeps what it held; the same pointers as a copied
-    # (aliased) output replay another graph
-    backend = acc_backend(fake)
-    dev = DispatchConfig(outputs="device")
-    kept = unzeroed(ACC)
-    a, b = pair(1000)
-    da, db = (backend.dispatch(ACC, [v, np.zeros_like(v)], dev)[0] for v in (a, b))
-    (out,) = backend.dispatch(ACC, [np.full_like(a, 7), np.zeros_like(a)], dev)  # holds 7s
-    for iterations, graph in ((1, True), (3, True), (1, None)):
-        cfg = DispatchConfig(fixpoint_iterations=iterations, graph=graph)
-        before, fb = counters(backend), fake.stats()
-        for _ in range(3):
-            backend.dispatch_into(ACC, [da, db], [out], cfg)
-            assert np.array_equal(out.copy_to_host(), expect(a, b, iterations)), (iterations, graph)
-        d, fd = delta(before, counters(backend)), delta(fb, fake.stats())
-        if graph:
-            assert d["graph_replays"] == 3 and d["graph_captures"] == 1, d
-            assert fd["captured_nodes"] == 1 + iterations, ("a memset node, then the launches", fd)
-            assert fd["memsets"] == 3 and fd["graph_launches"] == 3, ("one memset per dispatch, in the graph", fd)
-    # zeroed=False: the kernel's sums land on what the output held
-    before, fb = counters(backend), fake.stats()
-    held = out.copy_to_host()
-    backend.dispatch_into(kept, [da, db], [out], DispatchConfig(graph=True))
-    assert np.array_equal(out.copy_to_host(), (held.astype(np.uint64) + a + b) % 2**32), "zeroed=False"
-    fd = delta(fb, fake.stats())
-    assert fd["memsets"] == 0 and fd["captured_nodes"] == 1, fd
-    # the output is an input too: copied from the slab (no node zeroes the caller's array)
-    backend.dispatch_into(ACC, [da, db], [da], DispatchConfig(graph=True))
-    assert np.array_equal(da.copy_to_host(), expect(a, b, 1)), "aliased output"
-    backend.close()
-    assert fake.stats()["graph_execs"] == 0 and fake.stats()["graphs"] == 0, fake.stats()
-
-
-def unzeroed(program):
-    """``program`` with its outputs declared ``zeroed=False``."""
-    buffers = [dataclasses.replace(b, zeroed=False) if b.role is BindingRole.OUTPUT else b for b in program.buffers]
-    return dataclasses.replace(program, buffers=buffers)
 
 
 # ------------------------------------------------------------------ fallback and failures
