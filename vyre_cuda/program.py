@@ -87,7 +87,11 @@ class BindingRole(enum.Enum):
 
 def _output_decl(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
     """An output with no input: cleared to zero before the launch, read back after."""
-    return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, True, **kw)  # (True: output)
+    # (True: output; a call with no keywords skips building an empty dict: programs built per
+    # call go through these constructors, see notes/plan-miss.md)
+    if kw:
+        return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, True, **kw)
+    return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, True)
 
 
 class _OutputAttribute:
@@ -103,9 +107,15 @@ class _OutputAttribute:
     @overload
     def __get__(self, obj: BufferDecl, owner: type) -> bool: ...
 
+    def __init__(self) -> None:
+        self._bound: dict = {}  # owner class -> its bound constructor (made once, not per call)
+
     def __get__(self, obj, owner):
         if obj is None:
-            return types.MethodType(_output_decl, owner)
+            bound = self._bound.get(owner)
+            if bound is None:
+                bound = self._bound[owner] = types.MethodType(_output_decl, owner)
+            return bound
         return obj.is_output
 
 
@@ -317,27 +327,37 @@ class BufferDecl(metaclass=Interned):
     @classmethod
     def read(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
         """An input the kernel only reads."""
-        return cls(name, binding, BufferAccess.READ_ONLY, dtype, count, **kw)
+        if kw:
+            return cls(name, binding, BufferAccess.READ_ONLY, dtype, count, **kw)
+        return cls(name, binding, BufferAccess.READ_ONLY, dtype, count)
 
     @classmethod
     def uniform(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
         """A small read-only input (vyre's uniform); treated as an input."""
-        return cls(name, binding, BufferAccess.UNIFORM, dtype, count, **kw)
+        if kw:
+            return cls(name, binding, BufferAccess.UNIFORM, dtype, count, **kw)
+        return cls(name, binding, BufferAccess.UNIFORM, dtype, count)
 
     @classmethod
     def read_write(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
         """An input the kernel updates in place; it is read back as an output."""
-        return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, **kw)
+        if kw:
+            return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, **kw)
+        return cls(name, binding, BufferAccess.READ_WRITE, dtype, count)
 
     @classmethod
     def write_only(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
         """An output the kernel only writes; cleared to zero before the launch."""
-        return cls(name, binding, BufferAccess.WRITE_ONLY, dtype, count, **kw)
+        if kw:
+            return cls(name, binding, BufferAccess.WRITE_ONLY, dtype, count, **kw)
+        return cls(name, binding, BufferAccess.WRITE_ONLY, dtype, count)
 
     @classmethod
     def workgroup(cls, name, binding, dtype, count, **kw) -> BufferDecl:
         """Per-block shared memory; not an argument, sized into dynamic shared memory."""
-        return cls(name, binding, BufferAccess.WORKGROUP, dtype, count, **kw)
+        if kw:
+            return cls(name, binding, BufferAccess.WORKGROUP, dtype, count, **kw)
+        return cls(name, binding, BufferAccess.WORKGROUP, dtype, count)
 
 
 @dataclass(frozen=True, eq=False, init=False)
