@@ -101,14 +101,14 @@ class _OutputAttribute:
     with distinct types (a constructor on the class, a bool on an instance).
     """
 
+    def __init__(self) -> None:
+        self._bound: dict = {}  # owner class -> its bound constructor (made once, not per call)
+
     @overload
     def __get__(self, obj: None, owner: type) -> Callable[..., BufferDecl]: ...
 
     @overload
     def __get__(self, obj: BufferDecl, owner: type) -> bool: ...
-
-    def __init__(self) -> None:
-        self._bound: dict = {}  # owner class -> its bound constructor (made once, not per call)
 
     def __get__(self, obj, owner):
         if obj is None:
