@@ -120,6 +120,84 @@ left_alone("CAI shape as list", cai_of(x, shape=[n]), "tuple")
 v2 = cai_of(x, version=2)
 left_alone("CAI v2", v2, "not a CUDA Array Interface v3")
 
+# -- CuPy's ndarray: its fields, and the CAI of a dispatch's first CuPy array for the stream
+class MemoryPointer:
+    __module__ = "cupy.cuda.memory"
+
+    def __init__(self, ptr, device_id=0):
+        self.ptr, self.device_id = ptr, device_id
+
+
+cupy_state = {"cai_reads": 0, "stream": None}  # (not class attributes: setting one modifies the type)
+
+
+class _ndarray_base:
+    __module__ = "cupy._core.core"
+
+    def __init__(self, base, dtype=np.float32, shape=None, contiguous=True, device_id=0):
+        self._dtype = np.dtype(dtype)
+        self._shape = (base.nbytes // self._dtype.itemsize,) if shape is None else shape
+        self._data = MemoryPointer(base.ptr, device_id)
+        self._contiguous = contiguous
+
+    data = property(lambda self: self._data)
+    dtype = property(lambda self: self._dtype)
+    size = property(lambda self: int(np.prod(self._shape)))
+    _c_contiguous = property(lambda self: self._contiguous)
+
+    @property
+    def __cuda_array_interface__(self):
+        cupy_state["cai_reads"] += 1
+        strides = None if self._contiguous else tuple(2 * self._dtype.itemsize for _ in self._shape)
+        d = {"shape": self._shape, "typestr": self._dtype.str, "data": (self._data.ptr if self.size else 0, False),
+             "version": 3, "strides": strides}
+        if cupy_state["stream"] is not None:  # what CuPy's CAI names: its current stream
+            d["stream"] = cupy_state["stream"]
+        return d
+
+
+class ndarray(_ndarray_base):  # as cupy.ndarray: a subclass overriding none of the fields
+    __module__ = "cupy"
+
+
+class Described(ndarray):  # a subclass describing its memory itself: a plain CAI producer
+    __cuda_array_interface__ = property(lambda self: {"shape": self._shape, "typestr": self._dtype.str,
+                                                     "data": (self._data.ptr, False), "version": 3})
+
+
+if protocol_of(ndarray(x)) != "cupy" or protocol_of(Described(x)) != "cai":
+    fail(f"CuPy protocols: {protocol_of(ndarray(x))}, {protocol_of(Described(x))}")
+for stream, own in ((None, None), (7, None), (7, 7), (1, None)):
+    cupy_state["stream"] = stream
+    first = compare(f"CuPy first array, stream {stream}, own {own}", ndarray(x), stream=own)
+    for what, arr in (("f32", ndarray(y)), ("i32", ndarray(y, np.int32)), ("u8", ndarray(x, np.uint8)),
+                      ("bool", ndarray(x, np.bool_)), ("2-D", ndarray(x, shape=(7, 111))),
+                      ("0-size", ndarray(x, shape=(0,)))):
+        reads = cupy_state["cai_reads"]
+        c = device_view(arr, 0, own, after=first)
+        if cupy_state["cai_reads"] != reads:
+            fail(f"CuPy {what} after the dispatch's first: the C reader read its CAI")
+        p = device_input(None, 0, arr, 0, own)
+        res["checked"] += 1
+        if c is None:
+            fail(f"CuPy {what} after the first: left alone ({fallback_reason(arr, 0, own)})")
+            continue
+        got = (c.ptr, c.nbytes, c.readonly, c.wait, c.kind, c.itemsize)
+        want = (p.ptr, p.nbytes, p.readonly, p.wait, p.kind, p.itemsize)
+        if got != want:
+            fail(f"CuPy {what} after the first, stream {stream}: fields {got} != Python reader {want}")
+cupy_state["stream"] = 1
+first = device_view(ndarray(x), 0, None)
+for what, arr, words in (("strided", ndarray(x, shape=(388,), contiguous=False), "contiguous"),
+                         ("device 3", ndarray(x, device_id=3), "another device"),
+                         ("big-endian", ndarray(x, ">f4"), "big-endian"),
+                         ("complex", ndarray(x, np.complex64), "big-endian or unknown")):
+    res["checked"] += 1
+    if device_view(arr, 0, None, after=first) is not None:
+        fail(f"CuPy {what}: the C reader took it")
+    if words not in fallback_reason(arr, 0, None):
+        fail(f"CuPy {what} (first array): reason {fallback_reason(arr, 0, None)!r} lacks {words!r}")
+
 # -- the per-type cache follows the type's changes
 class Versioned:
     version = 2
@@ -191,6 +269,19 @@ same("async exchange input", pending.result()[0], a + b)
 del pending
 if fx.live() != 0:
     fail(f"exchange tensors still held after the dispatches: {fx.live()}")
+# CuPy arrays: one CAI read per dispatch, a second after a foreign producer's CAI ran Python
+cupy_state["stream"] = 1
+g.dispatch_into(prog, [ndarray(x), ndarray(y)], [ndarray(z)])  # plans it
+for mix, want in ((lambda: ([ndarray(x), ndarray(y)], [ndarray(z)]), 1),
+                  (lambda: ([ndarray(x), cai_of(y)], [ndarray(z)]), 2),
+                  (lambda: ([x, ndarray(y)], [ndarray(z)]), 1)):
+    ins, outs = mix()
+    z_before = cupy_state["cai_reads"]
+    g.dispatch_into(prog, ins, outs)
+    same(f"CuPy dispatch ({want} CAI)", z.copy_to_host(), a + b)
+    res.setdefault("cupy_cai_reads", []).append([cupy_state["cai_reads"] - z_before, want])
+    g.dispatch(prog, [a, np.zeros_like(a)], DEV)  # z is overwritten below; keep the arrays apart
+    g.dispatch_into(prog, [a, -a], [z])  # zero z again, so the next check sees a fresh write
 after = g.telemetry.snapshot()
 res["read_in_c"] = after["device_arrays_read_in_c"] - before["device_arrays_read_in_c"]
 res["read_in_python"] = after["device_arrays_read_in_python"] - before["device_arrays_read_in_python"]
@@ -238,6 +329,8 @@ def test_device_arrays_read_in_c_match_the_python_reader(fake_libcuda, exchange_
     # 2 + 2 inputs, 2 inputs and 1 output twice, 1 async input: 11 arrays (a dispatch whose plan
     # was not cached yet reads its inputs again once planned)
     assert res["read_in_python"] == 0 and res["read_in_c"] >= 11, res
+    # a dispatch of CuPy arrays reads one CAI (its stream), and one more after a foreign CAI
+    assert [got for got, _ in res["cupy_cai_reads"]] == [want for _, want in res["cupy_cai_reads"]], res
     assert res["python_after_v2"] == 1, res
     refusals = res["refusals"]
     assert all("Fix:" in text for text in refusals.values()), refusals

@@ -37,7 +37,7 @@ cdef class Core:
     cdef object _device_input(self, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view, PendingDispatch d)
     cdef int _check_device_inputs(self, program, inputs, config, Prepared p, vector[Py_buffer]& views,
                                   PendingDispatch d) except -1
-    cdef list _device_outputs(self, Prepared p, list into)
+    cdef list _device_outputs(self, Prepared p, list into, PendingDispatch d)
     cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
                             PendingDispatch d, exc)
     cdef PendingDispatch _open(self, program, inputs, config, Prepared given)

@@ -298,9 +298,11 @@ cdef class Core:
         """A device input read in C (_devview): its key entry ("device", bytes), or None when the
         C reader leaves it to the Python one (which also words every refusal)."""
         bind_context(self.ctx)  # the pointer queries want our context
-        cdef DevView dv = read_device(obj, self.device, None if config is None else config.stream)
+        cdef DevView dv = read_device(obj, self.device, None if config is None else config.stream, d.cupy_stream)
         if dv is None:
+            d.cupy_stream = None  # the Python reader may run the producer's code
             return None
+        d.cupy_stream = dv.memo
         _hold_device(d, i, n, view, dv.ptr, dv.keep, dv.wait)
         self.tel[T_DEVICE_ARRAYS_READ_IN_C] += 1
         if d.dev_kind.size() == 0:
@@ -393,7 +395,7 @@ cdef class Core:
         cdef size_t i, n
         d.no_graph = p.graph_off or p.trial_left > 0  # undecided plans issue (the trial alternates)
         if into is not None:  # checked before it runs
-            d.out_checked = self._device_outputs(p, into)
+            d.out_checked = self._device_outputs(p, into, d)
             if d.out_checked is None:
                 d.out_checked = check_outputs(p.plan, into, self.device, <uintptr_t>p.ext_stream if p.ext else None)
                 for v in d.out_checked:
@@ -458,7 +460,7 @@ cdef class Core:
             d.wait_timeout = p.timeout
         return 0
 
-    cdef list _device_outputs(self, Prepared p, list into):
+    cdef list _device_outputs(self, Prepared p, list into, PendingDispatch d):
         """The views of ``into`` when every output is a device array read in C and right for its
         slot (dtype, exact size, writable); else None, and the Python checks run (and word any
         refusal)."""
@@ -473,9 +475,11 @@ cdef class Core:
             obj = into[k]
             if type(obj) is cnp.ndarray:
                 return None  # a host output: the Python checks take them all
-            dv = read_device(obj, self.device, <uintptr_t>p.ext_stream if p.ext else None)
+            dv = read_device(obj, self.device, <uintptr_t>p.ext_stream if p.ext else None, d.cupy_stream)
             if dv is None:
+                d.cupy_stream = None
                 return None
+            d.cupy_stream = dv.memo
             oc = &p.out_checks[k]
             if dv.read_only or dv.nbytes != oc.nbytes or dv.itemsize != oc.itemsize or dv.kind_code != oc.kind:
                 return None

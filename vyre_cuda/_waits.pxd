@@ -9,6 +9,7 @@ from ._windows cimport Piece
 from ._resources cimport InFlight
 from ._prepared cimport Prepared, DevCopy, InPlace
 from ._core cimport Core
+from ._devview cimport CupyStream
 
 
 # outcomes of a wait
@@ -50,6 +51,7 @@ cdef class PendingDispatch:
     cdef list keep  # device arrays (and DLPack capsules) the GPU uses, held until completion
     cdef list waits  # streams the dispatch stream waits on before its first copy
     cdef list out_checked  # per output: its checked device view (None: host), from check_outputs
+    cdef CupyStream cupy_stream  # the memo of its last device array read in C (_devview.read_device)
     cdef int graph_events  # G_* bits of what the graph path did (counted in Core._after_enqueue)
     cdef bint no_graph  # issue this dispatch's launches even though its plan has a graph
     cdef object wait_timeout  # seconds the current wait was bounded by (None: unbounded)

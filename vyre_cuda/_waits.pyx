@@ -321,7 +321,7 @@ cdef class PendingDispatch:
                 dv = d.out_checked[k]  # a device array check_outputs already checked
                 checked = True  # (its producer's stream was waited on with the inputs')
             elif p.device_outputs and type(outs[k]) is DeviceArray:
-                dv = read_device(outs[k], core.device, None)  # one new_outputs made for this slot
+                dv = read_device(outs[k], core.device, None, None)  # one new_outputs made for this slot
                 if dv is not None and dv.nbytes != piece.n:
                     dv = None
             if dv is None and type(outs[k]) is not cnp.ndarray:
