@@ -24,6 +24,7 @@ importable.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import subprocess
 import sys
@@ -157,7 +158,12 @@ BENCHES = {
 
 def git_commit(root=HERE.parent):
     """The checkout's commit (12 hex digits, ``-dirty`` when tracked files changed), or None
-    outside a git checkout. The harness records the package version; the script adds this."""
+    outside a git checkout. The harness records the package version; the script adds this.
+    ``VYRE_CUDA_BENCH_COMMIT`` names it instead, for a tree copied to the GPU machine with a
+    ``.git`` that is not its own (git would name that one's HEAD)."""
+    named = os.environ.get("VYRE_CUDA_BENCH_COMMIT")
+    if named:
+        return named
 
     def git(*args):
         return subprocess.run(
