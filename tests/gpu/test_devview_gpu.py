@@ -1,6 +1,6 @@
 """Device arrays read in C on the GPU: CuPy (its fields, and its CUDA Array Interface for the
-stream), torch (DLPack's C exchange API) and vyre_cuda's DeviceArray, against numpy, with the producers' work still queued when the
-dispatch starts.
+stream), torch (DLPack's C exchange API) and vyre_cuda's DeviceArray, against numpy, with the
+producers' work still queued when the dispatch starts.
 
 A slow kernel (it spins ~50 ms, then writes) stands for the producer's work: a dispatch not
 ordered after it reads stale data, and the comparison with numpy fails.
