@@ -454,8 +454,9 @@ def _enqueue_note(s, row, ref):
     floor = f"one cuLaunchKernel from C costs {_us(c)}; " if c is not None else ""
     return (
         f"{floor}one cuda.core launch {_us(core)}; vyre_cuda's device-resident dispatch_async on the caller's "
-        f"stream enqueued in {_us(vyre)}, {_us(vyre - core)} more (its params upload, the output's zeroing "
-        "memset, the pending handle and its completion event)"
+        f"stream enqueued in {_us(vyre)}, {_us(vyre - core)} more (reading its device arrays, a query of their "
+        "producer's stream, the output's zeroing memset, the launch issued rather than replayed, as a plan "
+        "dispatched only asynchronously never runs the graph trial, the pending handle and its completion event)"
     )
 
 
