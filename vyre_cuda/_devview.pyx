@@ -4,7 +4,7 @@
 Array Interface v3 mapping (numba, any other producer), with no Python call per array beyond the
 producer's own.
 
-CuPy builds a new CAI dict per access (about 0.9 us on the H200), and the CAI names no device, so
+CuPy builds a new CAI dict per access (0.7-0.9 us on the H200), and the CAI names no device, so
 the reader also had to ask the driver about the pointer. A CuPy array's fields (``data.ptr``,
 ``data.device_id``, ``size``, ``dtype``, ``_c_contiguous``) hold all of it but the stream, and the
 stream a CuPy CAI names is CuPy's current stream of the calling thread, the same for every CuPy
