@@ -17,7 +17,7 @@ import fakecuda
 import pytest
 
 CHILD = r"""
-import json, sys
+import array, json, sys
 import numpy as np
 import vyre_cuda as vc
 from fakecuda import FakeDriver, vecadd_emulation
@@ -269,13 +269,15 @@ same("async exchange input", pending.result()[0], a + b)
 del pending
 if fx.live() != 0:
     fail(f"exchange tensors still held after the dispatches: {fx.live()}")
-# CuPy arrays: one CAI read per dispatch, a second after a foreign producer's CAI ran Python
+# CuPy arrays: one CAI read per dispatch, a second after a read that may run Python (a foreign
+# producer's CAI, a buffer exporter other than numpy's)
 cupy_state["stream"] = 1
-g.dispatch_into(prog, [ndarray(x), ndarray(y)], [ndarray(z)])  # plans it
 for mix, want in ((lambda: ([ndarray(x), ndarray(y)], [ndarray(z)]), 1),
                   (lambda: ([ndarray(x), cai_of(y)], [ndarray(z)]), 2),
-                  (lambda: ([x, ndarray(y)], [ndarray(z)]), 1)):
+                  (lambda: ([x, ndarray(y)], [ndarray(z)]), 1),
+                  (lambda: ([ndarray(x), array.array("f", b.tobytes())], [ndarray(z)]), 2)):
     ins, outs = mix()
+    g.dispatch_into(prog, ins, outs)  # plans a new shape (a plan miss reads the inputs twice)
     z_before = cupy_state["cai_reads"]
     g.dispatch_into(prog, ins, outs)
     same(f"CuPy dispatch ({want} CAI)", z.copy_to_host(), a + b)

@@ -243,6 +243,8 @@ cdef class Core:
             if type(obj) is not cnp.ndarray and (not PyObject_CheckBuffer(obj) or device_type(obj)):
                 length = self._device_input(obj, i, n, config, view, d)
             if length is None:
+                if type(obj) is not cnp.ndarray:
+                    d.cupy_stream = None  # a buffer exporter may run Python code (__buffer__)
                 try:
                     PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
                     length = view.len

@@ -10,7 +10,7 @@ the reader also had to ask the driver about the pointer. A CuPy array's fields (
 stream a CuPy CAI names is CuPy's current stream of the calling thread, the same for every CuPy
 array exported in one call. So a dispatch reads the CAI of its first CuPy array and the fields of
 the rest (``CupyStream`` carries the first one's stream along the dispatch's reads; a read that can
-run a foreign producer's Python code drops it).
+run a producer's Python code, or a host buffer other than numpy's, drops it).
 
 Which protocol a type speaks is decided once per type and kept with the type's version tag, which
 CPython changes whenever the type is modified (a library that patches ``torch.Tensor`` with an
