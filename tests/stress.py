@@ -27,8 +27,8 @@ import traceback
 import numpy as np
 
 import vyre_cuda as vc
+from vyre_cuda import _devarray, hostmem
 from vyre_cuda import builtin_programs as bp
-from vyre_cuda import hostmem
 from vyre_cuda.telemetry import COUNTERS
 
 VECADD = bp.vecadd_f32()
@@ -58,6 +58,7 @@ class Stress:
         self.lock = threading.Lock()  # guards the backend slots and the counts
         self.base = self.fake.stats() if self.fake is not None else None
         self.pinned_pool_before = 0 in hostmem._pools  # (it keeps a context reference for the process)
+        self.array_pool_before = 0 in _devarray._array_pools  # (so does the DeviceArray pool)
         self.slots = [self._new_backend() for _ in range(args.backends)]
         self.retired = []  # closed backends: checked for leaks at the end
         self.counts = dict.fromkeys(
@@ -285,6 +286,10 @@ class Stress:
         pinned = hostmem.pinned_pool_stats()
         if pinned["live_bytes"] or pinned["cached_bytes"]:
             leaks["pinned array pool"] = pinned
+        _devarray.trim_array_pool(0)
+        arrays = _devarray.array_pool_stats(0)
+        if arrays["live_bytes"] or arrays["cached_bytes"]:
+            leaks["DeviceArray pool"] = arrays
         time.sleep(0.05)  # joined threads leave the interpreter's count a moment later
         if threading.active_count() > before_threads:
             leaks["threads"] = threading.active_count() - before_threads
@@ -292,6 +297,8 @@ class Stress:
             after = self.fake.stats()
             if not self.pinned_pool_before and 0 in hostmem._pools:
                 after["context_refs"] -= 1  # the page-locked array pool's, held for the process
+            if not self.array_pool_before and 0 in _devarray._array_pools:
+                after["context_refs"] -= 1  # the DeviceArray pool's, held for the process
             for name in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs", "mempools"):
                 if after[name] != base[name]:
                     leaks[f"driver {name}"] = after[name] - base[name]

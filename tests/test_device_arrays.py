@@ -475,6 +475,8 @@ res["live"] = [snap[k] for k in ("device_pool_live_bytes", "pinned_pool_live_byt
 res["violations"] = fake.stats()["violations"]
 res["hook_errors"] = fake.hook_errors
 del x, dx, ddx, da, dst, late, s1, dl, pending
+res["array_pool_live"] = vc._devarray.array_pool_stats(0)["live_bytes"]
+g.trim()  # (also frees the memory dropped DeviceArrays left to the array pool)
 g.close()
 res["device_allocs_after"] = fake.stats()["device_allocs"]
 print(json.dumps(res))
@@ -507,7 +509,8 @@ def test_device_arrays_and_streams_on_the_fake_driver(fake_libcuda, rng):
     }.items():
         assert all(w in refusals[name] for w in words), (name, refusals[name])
     assert res["violations"] == 0
-    assert res["device_allocs_after"] == 0  # every DeviceArray freed its memory
+    assert res["array_pool_live"] == 0  # every DeviceArray gave its memory back
+    assert res["device_allocs_after"] == 0  # and trim freed it
     assert (res["idle_waits"], res["busy_waits"]) == (0, 1)  # only a busy producer costs a wait
     # an input and an output on one busy stream: one query, one wait; an output on a stream of
     # its own: that stream is queried (and waited on) too

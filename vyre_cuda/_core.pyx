@@ -673,7 +673,7 @@ cdef class Core:
         if marks != NULL and nvtx_stage_open():
             nvtx_stage(S_UPLOAD)
         xfer = self.resources.xfer
-        outs = new_outputs(self, p) if into is None else into
+        outs = new_outputs(self, p, True) if into is None else into
         d._targets(outs)
         d.s_drain = p.streamed  # a blocking streamed dispatch copies each chunk out as it lands
         if p.trial_left:
@@ -747,7 +747,7 @@ cdef class Core:
         elif p.streamed:
             # the chunks' outputs leave the device as the dispatch runs: into arrays of its own,
             # which result() returns (result_into copies them)
-            d.s_outs = new_outputs(self, p)
+            d.s_outs = new_outputs(self, p, False)
             d._targets(d.s_outs)
         elif p.device_outputs and not p.ring:
             # result() copies the outputs device-to-device from the slab: no readback, unless

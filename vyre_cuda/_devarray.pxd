@@ -3,6 +3,8 @@
 from libc.stdint cimport uintptr_t
 from cuda.bindings cimport cydriver
 
+from ._pools cimport ArrayPool
+
 
 cdef class DeviceArray:
     cdef readonly uintptr_t ptr
@@ -13,4 +15,5 @@ cdef class DeviceArray:
     cdef char kind  # 'f', 'i', 'u' (bool and raw bytes: 'u'), 0 for a type no check knows
     cdef int itemsize
     cdef cydriver.CUcontext ctx
-    cdef bint owns
+    cdef ArrayPool pool  # where the memory goes back when the array dies (None until it has some)
+    cdef size_t block

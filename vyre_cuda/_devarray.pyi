@@ -4,7 +4,19 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import disjoint_base
 
-__all__ = ["DeviceArray", "pointer_device", "dlpack_info", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST", "KDL_CUDA_MANAGED"]
+from ._pools import ArrayPool
+
+__all__ = [
+    "DeviceArray",
+    "pointer_device",
+    "dlpack_info",
+    "array_pool_stats",
+    "trim_array_pool",
+    "KDL_CPU",
+    "KDL_CUDA",
+    "KDL_CUDA_HOST",
+    "KDL_CUDA_MANAGED",
+]
 
 KDL_CPU: int
 KDL_CUDA: int
@@ -13,7 +25,12 @@ KDL_CUDA_MANAGED: int
 DLPACK_MAJOR: int
 DLPACK_MINOR: int
 FLAG_READ_ONLY: int
+ARRAY_POOL_CACHE_BYTES: int
 
+def _block_size(nbytes: int) -> int: ...
+def _new_array_pool(device: int) -> ArrayPool: ...
+def array_pool_stats(device: int = 0) -> dict[str, int]: ...
+def trim_array_pool(device: int = 0) -> None: ...
 def pointer_device(ptr: int) -> tuple[int, int]: ...
 def dlpack_info(
     capsule: object,
@@ -33,7 +50,7 @@ class DeviceArray:
     def device(self) -> int: ...
     def __init__(self, *args: object, **kwargs: object) -> None: ...
     @staticmethod
-    def _empty(count: int, dtype: npt.DTypeLike, device: int) -> DeviceArray: ...
+    def _empty(count: int, dtype: npt.DTypeLike, device: int, may_wait: bool = True) -> DeviceArray: ...
     @property
     def shape(self) -> tuple[int]: ...
     @property

@@ -4,9 +4,11 @@ the pointer query behind the device checks of inputs and outputs.
 
 A ``DeviceArray`` is what ``DispatchConfig(outputs="device")`` returns: a 1-D C-contiguous array
 in device memory that CuPy, torch, numba and cuda.core wrap without a copy, through
-``__cuda_array_interface__`` (v3) or ``__dlpack__`` / ``__dlpack_device__``. It holds a reference
-on the device's primary context, so its memory stays valid after the backend is closed, and it
-frees the memory when the last reference (its own, or a DLPack consumer's) goes away.
+``__cuda_array_interface__`` (v3) or ``__dlpack__`` / ``__dlpack_device__``. Its memory comes
+from the device's array pool, which holds the device's primary context for the life of the
+process, so it stays valid after the backend is closed. When the last reference (its own, or a
+DLPack consumer's) goes away the memory goes back to the pool, which reuses it only after a
+context synchronize has made sure no stream's earlier work still reads it (``_pools.ArrayPool``).
 
 DLPack structures come from _dlpack.h (the ABI of dlpack.h v1.x, which is stable): the
 legacy ``DLManagedTensor`` (capsule ``"dltensor"``) and the versioned ``DLManagedTensorVersioned``
@@ -18,14 +20,17 @@ from cpython.ref cimport Py_INCREF, Py_DECREF
 from libc.stdint cimport int64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
+import threading
+
 import numpy as np
 from cuda.bindings cimport cydriver
 
 from ._driver cimport check_cu
+from ._pools cimport ArrayPool, array_block_size
 from ._dlpack cimport DLDataType, DLTensor, DLManagedTensor, DLManagedTensorVersioned
 
-__all__ = ["DeviceArray", "pointer_device", "dlpack_info", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST",
-           "KDL_CUDA_MANAGED"]
+__all__ = ["DeviceArray", "pointer_device", "dlpack_info", "array_pool_stats", "trim_array_pool", "KDL_CPU",
+           "KDL_CUDA", "KDL_CUDA_HOST", "KDL_CUDA_MANAGED"]
 
 KDL_CPU = 1
 KDL_CUDA = 2
@@ -131,6 +136,50 @@ def dlpack_info(capsule):
             (t.device.device_type, t.device.device_id), readonly)
 
 
+# Device memory cached for new DeviceArrays per device, beyond which a dropped array's memory is
+# freed at once (see ArrayPool: a dropped block is reused only after a context synchronize).
+ARRAY_POOL_CACHE_BYTES = 256 << 20
+
+_array_pools = {}  # device ordinal -> ArrayPool, for the life of the process
+_array_pools_lock = threading.Lock()
+
+
+def _new_array_pool(int device):
+    cdef cydriver.CUdevice dev
+    cdef cydriver.CUcontext ctx
+    with _array_pools_lock:
+        pool = _array_pools.get(device)
+        if pool is None:
+            with nogil:
+                check_cu(cydriver.cuDeviceGet(&dev, device), b"cuDeviceGet")
+                # kept for the life of the process: arrays outlive the backends that made them
+                check_cu(cydriver.cuDevicePrimaryCtxRetain(&ctx, dev), b"cuDevicePrimaryCtxRetain")
+            pool = ArrayPool(ARRAY_POOL_CACHE_BYTES, <uintptr_t>ctx, device)
+            _array_pools[device] = pool
+    return pool
+
+
+def _block_size(size_t nbytes):
+    """The pool block an array of ``nbytes`` bytes takes (tests)."""
+    return array_block_size(nbytes)
+
+
+def array_pool_stats(int device=0):
+    """The counters of ``device``'s DeviceArray pool (zeros before its first array)."""
+    pool = _array_pools.get(device)
+    if pool is None:
+        return dict(hits=0, misses=0, alloc_calls=0, cached_bytes=0, live_bytes=0, allocated_bytes=0,
+                    quarantined_bytes=0, quarantined_blocks=0, flushes=0, refused_flushes=0)
+    return pool.stats()
+
+
+def trim_array_pool(int device=0):
+    """Free the cached memory of ``device``'s DeviceArray pool (after a context synchronize)."""
+    pool = _array_pools.get(device)
+    if pool is not None:
+        pool.trim()
+
+
 cdef class DeviceArray:
     """A 1-D C-contiguous array in device memory, owned by vyre_cuda.
 
@@ -138,35 +187,34 @@ cdef class DeviceArray:
     ``cupy.asarray(x)``, ``torch.from_dlpack(x)``, ``numba.cuda.as_cuda_array(x)``; host copy:
     ``x.copy_to_host()`` (or ``x.numpy()``). Its contents are complete when it is handed out, so
     consumers need no stream synchronisation (``__cuda_array_interface__["stream"]`` is None).
+    When it dies, its memory goes back to the device's array pool, which reuses it only after a
+    context synchronize (work a consumer queued before the drop is done by then);
+    ``CudaBackend.trim()`` frees what the pool caches.
     """
 
     def __init__(self):
         raise TypeError("DeviceArray is made by a dispatch with DispatchConfig(outputs='device')")
 
     @staticmethod
-    def _empty(Py_ssize_t count, dtype, int device):
-        """Allocate ``count`` elements of ``dtype`` on ``device`` (contents undefined)."""
+    def _empty(Py_ssize_t count, dtype, int device, bint may_wait=True):
+        """Allocate ``count`` elements of ``dtype`` on ``device`` (contents undefined), from the
+        device's array pool. ``may_wait=False`` where the caller must not wait for the device: the
+        pool then allocates rather than synchronize to reuse dropped memory."""
         cdef DeviceArray self = DeviceArray.__new__(DeviceArray)
-        cdef cydriver.CUcontext ctx, prev
-        cdef cydriver.CUdeviceptr p = 0
-        cdef cydriver.CUdevice dev
-        cdef cydriver.CUresult st
-        cdef size_t nbytes
+        cdef ArrayPool pool = _array_pools.get(device)
+        cdef uintptr_t p = 0
+        cdef size_t nbytes, block
+        if pool is None:
+            pool = _new_array_pool(device)
         dtype = np.dtype(dtype)
         nbytes = <size_t>count * dtype.itemsize
-        with nogil:
-            check_cu(cydriver.cuDeviceGet(&dev, device), b"cuDeviceGet")
-            check_cu(cydriver.cuDevicePrimaryCtxRetain(&ctx, dev), b"cuDevicePrimaryCtxRetain")
-        self.ctx = ctx
+        block = array_block_size(nbytes)
+        pool.take(block, may_wait, &p)
+        self.pool = pool  # from here on __dealloc__ gives the block back
+        self.block = block
+        self.ctx = pool.ctx
         self.device = device
-        self.owns = True  # from here on __dealloc__ releases the context reference
-        with nogil:
-            check_cu(cydriver.cuCtxPushCurrent(ctx), b"cuCtxPushCurrent")
-            # a zero-size array still gets a real (16-byte) allocation: consumers want a non-null pointer
-            st = cydriver.cuMemAlloc(&p, nbytes if nbytes > 16 else 16)
-            cydriver.cuCtxPopCurrent(&prev)
-            check_cu(st, b"cuMemAlloc")
-        self.ptr = <uintptr_t>p
+        self.ptr = p
         self.nbytes = nbytes
         self.dtype = dtype
         self.size = count
@@ -176,17 +224,8 @@ cdef class DeviceArray:
         return self
 
     def __dealloc__(self):
-        cdef cydriver.CUcontext prev
-        cdef cydriver.CUdevice dev
-        if not self.owns:
-            return
-        with nogil:
-            if cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
-                if self.ptr:
-                    cydriver.cuMemFree(<cydriver.CUdeviceptr>self.ptr)
-                cydriver.cuCtxPopCurrent(&prev)
-            if cydriver.cuDeviceGet(&dev, self.device) == cydriver.CUDA_SUCCESS:
-                cydriver.cuDevicePrimaryCtxRelease(dev)
+        if self.pool is not None:
+            self.pool.give_back(self.ptr, self.block)
 
     @property
     def shape(self):

@@ -176,6 +176,36 @@ def reset_primary_context(int ordinal):
         check_cu(cydriver.cuDevicePrimaryCtxReset(dev), b"cuDevicePrimaryCtxReset")
 
 
+cdef extern from *:
+    """
+    static int vyre_captures_open = 0;
+    static inline void vyre_capture_add(int v) { __atomic_add_fetch(&vyre_captures_open, v, __ATOMIC_SEQ_CST); }
+    static inline int vyre_capture_count(void) { return __atomic_load_n(&vyre_captures_open, __ATOMIC_SEQ_CST); }
+    """
+    void vyre_capture_add(int v) noexcept nogil
+    int vyre_capture_count() noexcept nogil
+
+
+# Stream captures of this process's backends open now (any thread). A context synchronize while
+# any stream of the context captures is refused, and the refusal invalidates the capture; code
+# that synchronizes only when it pays (the DeviceArray pool) skips it while this is not zero.
+cdef void capture_opened() noexcept nogil:
+    vyre_capture_add(1)
+
+
+cdef void capture_closed() noexcept nogil:
+    vyre_capture_add(-1)
+
+
+cdef int captures_open() noexcept nogil:
+    return vyre_capture_count()
+
+
+def _count_capture_for_tests(int delta):
+    """Count a capture as opened (1) or closed (-1), as a graph trial does (tests only)."""
+    vyre_capture_add(delta)
+
+
 cdef int bind_context(cydriver.CUcontext ctx) except -1 nogil:
     cdef cydriver.CUcontext current = NULL
     check_cu(cydriver.cuCtxGetCurrent(&current), b"cuCtxGetCurrent")

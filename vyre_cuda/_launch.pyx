@@ -13,7 +13,7 @@ from libc.stdint cimport uintptr_t
 from libc.string cimport memcpy, memset
 from cuda.bindings cimport cydriver
 
-from ._driver cimport check_cu, now_ns
+from ._driver cimport check_cu, now_ns, capture_opened, capture_closed
 from ._transfer cimport TransferEngine, CoopOrder
 from ._windows cimport Source, Piece, SRC_INPUT, SRC_PARAMS
 from ._prepared cimport Prepared, DevArg, ROUTE_COOPERATIVE, MAX_ARGS
@@ -484,7 +484,10 @@ cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint 
             cs = <cydriver.CUstream>cache.capture_stream
         if st == cydriver.CUDA_SUCCESS:
             call[0] = b"cuStreamBeginCapture"
+            capture_opened()  # (counted before it begins: the DeviceArray pool then skips its synchronize)
             st = cydriver.cuStreamBeginCapture(cs, cydriver.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            if st != cydriver.CUDA_SUCCESS:
+                capture_closed()
         if st != cydriver.CUDA_SUCCESS:
             # this stream cannot be captured now (it is being captured by someone else): issue
             cache.unlock()
@@ -494,6 +497,7 @@ cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint 
         saved = f.stream
         f.stream = cs
         st = _capture(p, f, cooperative, argv, argp, n_args, &graph, call)
+        capture_closed()
         f.stream = saved
         if st == cydriver.CUDA_SUCCESS and cache.full():
             i = cache.oldest()

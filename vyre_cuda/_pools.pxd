@@ -1,6 +1,7 @@
 from libc.stdint cimport uintptr_t
 from libcpp.mutex cimport mutex
 from libcpp.unordered_map cimport unordered_map
+from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
@@ -56,6 +57,21 @@ cdef class PinnedPool(BlockPool):
 
 cdef class HostPool(BlockPool):
     pass
+
+
+cdef class ArrayPool(BlockPool):
+    cdef readonly int device
+    cdef vector[pair[uintptr_t, size_t]] quarantine  # dropped blocks waiting for a synchronize
+    cdef public size_t quarantined_bytes
+    cdef public unsigned long long flushes
+    cdef public unsigned long long refused_flushes
+    cdef int take(self, size_t block, bint may_wait, uintptr_t* out) except -1
+    cdef void give_back(self, uintptr_t ptr, size_t block) noexcept
+    cdef int _pop(self, size_t block, uintptr_t* out) noexcept
+    cdef bint _flush(self) noexcept
+
+
+cdef size_t array_block_size(size_t nbytes) noexcept nogil
 
 
 cdef class LentBlock:

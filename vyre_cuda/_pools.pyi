@@ -34,6 +34,15 @@ class HostPool(BlockPool):
     def __init__(self, cap_bytes: int = ..., ctx: int = ...) -> None: ...
 
 @disjoint_base
+class ArrayPool(BlockPool):
+    @property
+    def device(self) -> int: ...
+    quarantined_bytes: int
+    flushes: int
+    refused_flushes: int
+    def __init__(self, cap_bytes: int = ..., ctx: int = ..., device: int = ...) -> None: ...
+
+@disjoint_base
 class LentBlock:
     @property
     def address(self) -> int: ...

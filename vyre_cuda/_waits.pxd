@@ -91,4 +91,4 @@ cdef class PendingDispatch:
 
 cdef int wait_nogil(PendingDispatch d, cydriver.CUresult* status) noexcept nogil
 cdef unsigned long long timeout_ns(timeout) except? 0
-cdef list new_outputs(Core core, Prepared p)
+cdef list new_outputs(Core core, Prepared p, bint may_wait)

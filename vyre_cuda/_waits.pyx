@@ -147,9 +147,10 @@ cdef extern from *:
     void _relax "vyre_relax"() noexcept nogil
 
 
-cdef list new_outputs(Core core, Prepared p):
+cdef list new_outputs(Core core, Prepared p, bint may_wait):
     """New output arrays of a dispatch: numpy (large ones in recycled host memory) or, with
-    ``DispatchConfig(outputs="device")``, device arrays."""
+    ``DispatchConfig(outputs="device")``, device arrays (``may_wait``: whether their pool may
+    synchronize the device to reuse memory; not in an asynchronous enqueue)."""
     cdef list outs = []
     cdef cnp.npy_intp dim
     cdef Py_ssize_t k
@@ -158,7 +159,7 @@ cdef list new_outputs(Core core, Prepared p):
         for k in range(len(p.out_counts)):
             nbytes = p.outputs[k].nbytes
             outs.append(DeviceArray._empty(nbytes // (<cnp.dtype>p.out_dtypes[k]).itemsize, p.out_dtypes[k],
-                                           core.device))
+                                           core.device, may_wait))
         return outs
     for k in range(len(p.out_counts)):
         dim = p.out_counts[k]
@@ -456,8 +457,10 @@ cdef class PendingDispatch:
         return 0
 
     cdef list _new_outputs(self):
-        # a streamed dispatch_async read back into arrays of its own as it ran
-        return self.s_outs if self.s_outs is not None else new_outputs(self.core, self.prep)
+        # a streamed dispatch_async read back into arrays of its own as it ran. (An async handle's
+        # device outputs never wait on the array pool's synchronize: result() waits for this
+        # dispatch only, and under asyncio it runs on the event loop.)
+        return self.s_outs if self.s_outs is not None else new_outputs(self.core, self.prep, False)
 
     cdef int _copy_streamed(self, list outs) except -1:
         """result_into of a streamed dispatch_async: its outputs (complete, in its own arrays)

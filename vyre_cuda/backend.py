@@ -566,9 +566,15 @@ class CudaBackend:
         """Free every cached device allocation and pinned staging buffer, and give the
         stream-ordered pool's unused memory back to the driver (the staging ring stays).
 
-        Safe from any thread at any time: memory that dispatches in flight use stays theirs."""
+        Also frees the memory that dropped :class:`DeviceArray` objects of this device left
+        cached for new ones, after a context synchronize (skipped while one of vyre_cuda's own
+        graph captures is open; a later trim frees it). Safe from any thread at any time: memory
+        that dispatches in flight use stays theirs."""
         self._check_open()
         self._core.trim()  # (counted as a call in progress: close() waits for it)
+        devarray = sys.modules.get("vyre_cuda._devarray")  # (never loaded: no DeviceArray was made)
+        if devarray is not None:
+            devarray.trim_array_pool(self.device)
 
     @contextlib.contextmanager
     def register(self, array: OutputT) -> Iterator[OutputT]:

@@ -109,8 +109,8 @@ def test_device_outputs_wrap_without_copies(backend, rng, cupy, torch):
 
 def test_dropped_wrappers_release_the_device_output(backend, rng, cupy, torch):
     # CuPy (through the CUDA Array Interface) and torch (through DLPack) each hold a reference to
-    # the DeviceArray while they wrap it; once they are gone, so is the reference (its memory is
-    # freed with the DeviceArray, not kept until the process ends)
+    # the DeviceArray while they wrap it; once they are gone, so is the reference (its memory goes
+    # back to the array pool with the DeviceArray, not kept until the process ends)
     prog = bp.vecadd_f32()
     a, b = _pair(rng, 5000)
     (x,) = backend.dispatch(prog, [a, b], DEV)
@@ -121,6 +121,50 @@ def test_dropped_wrappers_release_the_device_output(backend, rng, cupy, torch):
     del c, t, t2
     gc.collect()
     assert sys.getrefcount(x) == alone
+
+
+SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+"""
+
+
+def test_dropped_device_output_is_not_reused_while_a_consumer_still_reads_it(backend, rng, cupy):
+    # a consumer's copy, queued on a CuPy stream of its own behind a ~50 ms kernel, reads a
+    # DeviceArray that is then dropped; new outputs follow until one reuses its memory. The copy
+    # must still read the first result: the pool reuses memory only after a context synchronize
+    from vyre_cuda import _devarray
+
+    prog = bp.vecadd_f32()
+    n = 4096
+    a, b = _pair(rng, n)
+    (x,) = backend.dispatch(prog, [a, b], DEV)
+    ptr = x.ptr
+    spin = cupy.RawKernel(SPIN, "spin")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        dst = cupy.empty(n, cupy.float32)
+        spin((1,), (1,), (np.int64(100_000_000),))
+        dst[...] = cupy.asarray(x)  # (CuPy's view of x is gone after this statement)
+    del x
+    gc.collect()
+    flushes = _devarray.array_pool_stats(backend.device)["flushes"]
+    reuser = None
+    for _ in range(200):
+        c, d = _pair(rng, n)
+        (y,) = backend.dispatch(prog, [c, d], DEV)
+        if y.ptr == ptr:
+            reuser, want = y, c + d
+            break
+        del y
+    stream.synchronize()
+    assert reuser is not None, "the dropped array's memory was never reused"
+    assert _devarray.array_pool_stats(backend.device)["flushes"] > flushes
+    np.testing.assert_array_equal(dst.get(), a + b)
+    np.testing.assert_array_equal(reuser.copy_to_host(), want)
 
 
 def test_read_write_device_input_is_not_modified(backend, rng, cupy):
