@@ -34,8 +34,10 @@ cdef extern from "<sys/mman.h>" nogil:
 
 cdef enum:
     MAX_BLOCKS_PER_SIZE = 1024
-    # the DeviceArray pool synchronizes once this many dropped blocks (or ARRAY_FLUSH_BYTES) wait
-    ARRAY_FLUSH_BLOCKS = 16
+    # the DeviceArray pool synchronizes once this many dropped blocks (or ARRAY_FLUSH_BYTES) wait.
+    # Few, so a loop that drops each output cycles through a few pointers: a plan keeps a CUDA
+    # graph per pointer set (GRAPH_EXECS, 8), and a new set costs a capture and an exec update
+    ARRAY_FLUSH_BLOCKS = 4
 
 cdef size_t ARRAY_FLUSH_BYTES = 32 << 20
 
