@@ -142,6 +142,26 @@ res["violations"] = fake.stats()["violations"]
 res["hook_errors"] = fake.hook_errors
 g.close()
 res["device_allocs_after"] = fake.stats()["device_allocs"]
+
+# 6. reset_device destroys the primary context, and every cached block with it: the pool is
+#    dropped, and the next array comes from a new pool (a new allocation, never a dead block)
+g = vc.CudaBackend(0)
+fake.emulate(g, prog, [a, b], vecadd_emulation(np.float32))
+for i in range(6):
+    (out,) = g.dispatch(prog, [a, b], DEV)
+    del out
+res["cached_before_reset"] = stats()["cached_bytes"]
+g.close()
+vc.reset_device(0)
+g = vc.CudaBackend(0)
+fake.emulate(g, prog, [a, b], vecadd_emulation(np.float32))
+a, b = fresh()
+(out,) = g.dispatch(prog, [a, b], DEV)
+if not np.array_equal(out.copy_to_host(), a + b):
+    res["errors"].append("after reset_device: wrong result")
+res["after_reset"] = stats()
+del out
+g.close()
 print(json.dumps(res))
 """
 
@@ -170,6 +190,10 @@ def test_array_pool_on_the_fake_driver(fake_libcuda, rng):
     assert res["trimmed"]["cached_bytes"] == 0 and res["trimmed"]["quarantined_blocks"] == 0, res["trimmed"]
     assert res["violations"] == 0
     assert res["device_allocs_after"] == 0
+    # 6. after reset_device: a new pool, whose first array is a new allocation
+    assert res["cached_before_reset"] > 0
+    after = res["after_reset"]
+    assert (after["hits"], after["alloc_calls"], after["live_bytes"]) == (0, 1, 4096), after
 
 
 @pytest.mark.parametrize(

@@ -29,8 +29,8 @@ from ._driver cimport check_cu
 from ._pools cimport ArrayPool, array_block_size
 from ._dlpack cimport DLDataType, DLTensor, DLManagedTensor, DLManagedTensorVersioned
 
-__all__ = ["DeviceArray", "pointer_device", "dlpack_info", "array_pool_stats", "trim_array_pool", "KDL_CPU",
-           "KDL_CUDA", "KDL_CUDA_HOST", "KDL_CUDA_MANAGED"]
+__all__ = ["DeviceArray", "pointer_device", "dlpack_info", "array_pool_stats", "trim_array_pool",
+           "forget_array_pool", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST", "KDL_CUDA_MANAGED"]
 
 KDL_CPU = 1
 KDL_CUDA = 2
@@ -171,6 +171,15 @@ def array_pool_stats(int device=0):
         return dict(hits=0, misses=0, alloc_calls=0, cached_bytes=0, live_bytes=0, allocated_bytes=0,
                     quarantined_bytes=0, quarantined_blocks=0, flushes=0, refused_flushes=0)
     return pool.stats()
+
+
+def forget_array_pool(int device):
+    """Before ``device``'s primary context is reset: its pool's blocks die with the context, so
+    the pool is dropped (no driver call) and the next array starts a new one."""
+    with _array_pools_lock:
+        pool = _array_pools.pop(device, None)
+    if pool is not None:
+        pool.forget_context()
 
 
 def trim_array_pool(int device=0):

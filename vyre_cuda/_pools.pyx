@@ -568,7 +568,7 @@ cdef class ArrayPool(BlockPool):
         else:
             self.allocated_bytes -= block
         self.mu.unlock()
-        if not keep:
+        if not keep and self.ctx != NULL:  # (NULL: the context was reset; the memory went with it)
             with nogil:
                 if cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
                     cydriver.cuMemFree(<cydriver.CUdeviceptr>ptr)
@@ -644,6 +644,18 @@ cdef class ArrayPool(BlockPool):
         with nogil:
             cydriver.cuCtxPopCurrent(&prev)
         check_cu(st, b"trim (free a cached block)")
+
+    def forget_context(self):
+        """The device's primary context was reset (``vyre_cuda.reset_device``): every block died
+        with it. Drop them all without a driver call; arrays still alive give theirs back to
+        nothing."""
+        lock_with_gil(self.mu)
+        self.quarantine.clear()
+        self.cached_bytes -= self.quarantined_bytes
+        self.allocated_bytes -= self.quarantined_bytes
+        self.quarantined_bytes = 0
+        self.mu.unlock()
+        BlockPool.forget_context(self)
 
     def stats(self):
         """The pool's counters, read together under its lock."""

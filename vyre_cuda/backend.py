@@ -112,6 +112,9 @@ def reset_device(device: int = 0) -> None:
     then create a new CudaBackend. Some faults (an illegal address, a trap) are kept by the NVIDIA
     driver for the life of the process; then this raises DeviceLost saying to restart the process.
     """
+    devarray = sys.modules.get("vyre_cuda._devarray")  # (never loaded: no DeviceArray was made)
+    if devarray is not None:
+        devarray.forget_array_pool(device)  # its cached memory dies with the context
     try:
         _driver.reset_primary_context(device)
         # prove a fresh context can be made, so the caller learns now, not at the next dispatch

@@ -442,8 +442,8 @@ def _host_cost_note(peer_name, peer_launch):
 def _out_note(s, row, ref):
     out, into = s.median(row), s.median(ref)
     return (
-        "a new DeviceArray per dispatch (its cuMemAlloc, the synchronising cuMemFree when it is dropped, "
-        "and the Python object) "
+        "a new DeviceArray per dispatch (a block of the DeviceArray pool, a context synchronize per 4 "
+        "dropped arrays, and the Python object) "
         f"costs {_us(out - into)} above dispatch_into's {_us(into)} into the same CuPy output"
     )
 
