@@ -575,8 +575,10 @@ def test_valid_programs_plan_and_satisfy_the_invariants(planners):
 
     run()
     assert seen["checked"] == seen["examples"] > 0, seen
+    # each route is reached (typically 20-200 of the 250 examples each; a run has drawn as few as
+    # 4 splits, so a count above 1 would fail at random)
     for key in ("route regular", "route cooperative", "route split", "shared opt-in"):
-        assert seen[key] >= 5, seen
+        assert seen[key] >= 1, seen
 
 
 @pytest.mark.parametrize("blocks", [1, 1055, 1056, 1057, 2**31 - 1])
