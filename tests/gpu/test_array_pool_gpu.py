@@ -26,20 +26,23 @@ rng = np.random.default_rng()
 prog = bp.vecadd_f32()
 DEV = vc.DispatchConfig(outputs="device")
 res = {"wrong": 0}
-with vc.CudaBackend(0) as g:
+
+
+def churn(g):
+    # 12 new device outputs, each checked against numpy, then dropped
     for _ in range(12):
         a, b = (rng.standard_normal(4096).astype(np.float32) for _ in range(2))
         (out,) = g.dispatch(prog, [a, b], DEV)
         res["wrong"] += not np.array_equal(out.copy_to_host(), a + b)
         del out
+
+
+with vc.CudaBackend(0) as g:
+    churn(g)
 res["before_reset"] = _devarray.array_pool_stats(0)
 vc.reset_device(0)
 with vc.CudaBackend(0) as g:
-    for _ in range(12):
-        a, b = (rng.standard_normal(4096).astype(np.float32) for _ in range(2))
-        (out,) = g.dispatch(prog, [a, b], DEV)
-        res["wrong"] += not np.array_equal(out.copy_to_host(), a + b)
-        del out
+    churn(g)
     res["after_reset"] = _devarray.array_pool_stats(0)
     g.trim()
 res["after_trim"] = _devarray.array_pool_stats(0)
