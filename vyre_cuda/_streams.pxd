@@ -14,6 +14,7 @@ cdef class StreamPool:
     cdef public int created_streams
     cdef public int created_events
     cdef public unsigned int cap
+    cdef public unsigned int event_cap
     cdef public bint closed
     cdef int acquire_stream(self, cydriver.CUstream* out) except -1
     cdef void release_stream(self, cydriver.CUstream s) noexcept

@@ -17,10 +17,16 @@ cdef class StreamPool:
     """Non-blocking streams, completion events (no timing) and timing events, reused.
 
     Thread rules as for :class:`BlockPool`: the vectors and counters are touched under ``mu``;
-    streams and events are created and destroyed after it is dropped."""
+    streams and events are created and destroyed after it is dropped.
 
-    def __cinit__(self, unsigned int cap=128, uintptr_t ctx=0):
+    ``cap`` bounds the cached streams, ``event_cap`` each kind of cached event. Events get the
+    larger bound: every dispatch in flight holds one, and a caller enqueueing a few hundred
+    dispatches on its own stream before waiting would otherwise destroy and create the excess
+    each round (an event is 64 bytes of driver state; a stream is far more)."""
+
+    def __cinit__(self, unsigned int cap=128, uintptr_t ctx=0, unsigned int event_cap=1024):
         self.cap = cap
+        self.event_cap = event_cap
         self.ctx = <cydriver.CUcontext>ctx
 
     cdef int acquire_stream(self, cydriver.CUstream* out) except -1:
@@ -89,7 +95,7 @@ cdef class StreamPool:
         cdef bint keep
         lock_with_gil(self.mu)
         self.live_events -= 1
-        keep = not self.closed and pool.size() < self.cap
+        keep = not self.closed and pool.size() < self.event_cap
         if keep:
             pool.push_back(e)
         else:
