@@ -162,6 +162,24 @@ if not np.array_equal(out.copy_to_host(), a + b):
 res["after_reset"] = stats()
 del out
 g.close()
+
+# 7. the page-locked array pool, the same way: a block cached before a reset is never handed out
+#    after it, and an array that outlived the reset frees nothing when it dies (its memory went
+#    with the context; a new allocation may have been given the same address since)
+kept = vc.pinned_empty(N, np.float32)
+dropped = vc.pinned_empty(4 * N, np.float32)
+del dropped  # cached by the pool
+res["pinned_cached_before_reset"] = vc.hostmem.pinned_pool_stats(0)["cached_bytes"]
+vc.reset_device(0)
+fresh_pinned = vc.pinned_empty(4 * N, np.float32)
+fresh_pinned[:] = 1.5
+res["pinned_after_reset"] = vc.hostmem.pinned_pool_stats(0)
+host_allocs = fake.stats()["host_allocs"]
+del kept
+res["host_frees_of_dead_blocks"] = host_allocs - fake.stats()["host_allocs"]
+res["fresh_pinned_right"] = bool((fresh_pinned == 1.5).all())
+del fresh_pinned
+res["violations_end"] = fake.stats()["violations"]
 print(json.dumps(res))
 """
 
@@ -194,6 +212,12 @@ def test_array_pool_on_the_fake_driver(fake_libcuda, rng):
     assert res["cached_before_reset"] > 0
     after = res["after_reset"]
     assert (after["hits"], after["alloc_calls"], after["live_bytes"]) == (0, 1, 4096), after
+    # 7. the page-locked pool: a new pool after the reset, and no free of a block of the old context
+    assert res["pinned_cached_before_reset"] > 0
+    pinned = res["pinned_after_reset"]
+    assert (pinned["hits"], pinned["alloc_calls"]) == (0, 1), pinned
+    assert res["host_frees_of_dead_blocks"] == 0, res
+    assert res["fresh_pinned_right"] is True and res["violations_end"] == 0, res
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,9 @@ cdef class BlockPool:
     cdef public unsigned long long misses
     cdef public unsigned long long alloc_calls
     cdef public bint closed
+    cdef public bint forgotten  # the context died (reset): its blocks are never freed
+    cdef bint _pop_free(self, size_t block, uintptr_t* out) noexcept
+    cdef void _count_alloc(self, size_t block) noexcept
     cdef int acquire(self, size_t block, uintptr_t* out) except -1
     cdef void release(self, uintptr_t ptr, size_t block) noexcept
     cdef void forget(self, size_t block) noexcept

@@ -71,35 +71,40 @@ cdef class BlockPool:
         self.cap_bytes = cap_bytes
         self.ctx = <cydriver.CUcontext>ctx
 
-    cdef int acquire(self, size_t block, uintptr_t* out) except -1:
-        cdef unordered_map[size_t, vector[uintptr_t]].iterator it
-        cdef vector[uintptr_t]* cached
-        cdef bint hit = False
-        lock_with_gil(self.mu)
-        it = self.free_blocks.find(block)
-        if it != self.free_blocks.end() and not deref(it).second.empty():
-            cached = &deref(it).second
-            out[0] = cached.back()
-            cached.pop_back()
-            self.cached_bytes -= block
-            self.live_bytes += block
-            self.hits += 1
-            hit = True
-        else:
-            self.misses += 1
-        self.mu.unlock()
-        if hit:
-            return 0
-        self._alloc(block, out)  # (no lock held: a driver call, and it may raise)
+    cdef bint _pop_free(self, size_t block, uintptr_t* out) noexcept:
+        """With ``mu`` held: a cached block of exactly ``block`` bytes, counted as a hit."""
+        cdef unordered_map[size_t, vector[uintptr_t]].iterator it = self.free_blocks.find(block)
+        if it == self.free_blocks.end() or deref(it).second.empty():
+            return False
+        out[0] = deref(it).second.back()
+        deref(it).second.pop_back()
+        self.cached_bytes -= block
+        self.live_bytes += block
+        self.hits += 1
+        return True
+
+    cdef void _count_alloc(self, size_t block) noexcept:
         lock_with_gil(self.mu)
         self.alloc_calls += 1
         self.live_bytes += block
         self.allocated_bytes += block
         self.mu.unlock()
+
+    cdef int acquire(self, size_t block, uintptr_t* out) except -1:
+        cdef bint hit
+        lock_with_gil(self.mu)
+        hit = self._pop_free(block, out)
+        if not hit:
+            self.misses += 1
+        self.mu.unlock()
+        if hit:
+            return 0
+        self._alloc(block, out)  # (no lock held: a driver call, and it may raise)
+        self._count_alloc(block)
         return 0
 
     cdef void release(self, uintptr_t ptr, size_t block) noexcept:
-        cdef bint keep
+        cdef bint keep, free_now
         lock_with_gil(self.mu)
         self.live_bytes -= block
         keep = (not self.closed and self.cached_bytes + block <= self.cap_bytes
@@ -109,8 +114,11 @@ cdef class BlockPool:
             self.cached_bytes += block
         else:
             self.allocated_bytes -= block
+        # a block of a context that died went with it; freeing its address now could free memory
+        # a new context has since been given at the same address
+        free_now = not keep and not self.forgotten
         self.mu.unlock()
-        if not keep:
+        if free_now:
             with nogil:
                 self._free(ptr)
 
@@ -179,6 +187,7 @@ cdef class BlockPool:
         self.cached_bytes = 0
         self.ctx = NULL
         self.closed = True
+        self.forgotten = True
         self.mu.unlock()
 
     def cached_blocks(self):
@@ -521,16 +530,9 @@ cdef class ArrayPool(BlockPool):
     cdef int _pop(self, size_t block, uintptr_t* out) noexcept:
         """A free (synchronized) block of exactly ``block`` bytes: 1. Else 2 when the quarantine
         is due a synchronize, 0 when not."""
-        cdef unordered_map[size_t, vector[uintptr_t]].iterator it
         cdef int found = 0
         lock_with_gil(self.mu)
-        it = self.free_blocks.find(block)
-        if it != self.free_blocks.end() and not deref(it).second.empty():
-            out[0] = deref(it).second.back()
-            deref(it).second.pop_back()
-            self.cached_bytes -= block
-            self.live_bytes += block
-            self.hits += 1
+        if self._pop_free(block, out):
             found = 1
         elif self.quarantine.size() >= ARRAY_FLUSH_BLOCKS or self.quarantined_bytes >= ARRAY_FLUSH_BYTES:
             found = 2
@@ -548,10 +550,8 @@ cdef class ArrayPool(BlockPool):
         self._alloc(block, out)
         lock_with_gil(self.mu)
         self.misses += 1
-        self.alloc_calls += 1
-        self.live_bytes += block
-        self.allocated_bytes += block
         self.mu.unlock()
+        self._count_alloc(block)
         return 0
 
     cdef void give_back(self, uintptr_t ptr, size_t block) noexcept:

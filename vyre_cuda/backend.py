@@ -108,13 +108,18 @@ def driver_status() -> tuple[bool, str]:
 def reset_device(device: int = 0) -> None:
     """Destroy this process's primary context on ``device``, the recovery after a kernel fault.
 
-    Every CudaBackend (and CuPy/PyTorch state) on that device becomes invalid: close them first,
-    then create a new CudaBackend. Some faults (an illegal address, a trap) are kept by the NVIDIA
+    Every CudaBackend (and CuPy/PyTorch state) on that device becomes invalid, and so does the
+    memory of its ``outputs="device"`` arrays and of page-locked arrays (:func:`pinned_empty`)
+    made with it: close and drop them first, then create a new CudaBackend. Some faults (an illegal address, a trap) are kept by the NVIDIA
     driver for the life of the process; then this raises DeviceLost saying to restart the process.
     """
-    devarray = sys.modules.get("vyre_cuda._devarray")  # (never loaded: no DeviceArray was made)
+    # the array pools' cached memory dies with the context (a module never loaded made no array)
+    devarray = sys.modules.get("vyre_cuda._devarray")
     if devarray is not None:
-        devarray.forget_array_pool(device)  # its cached memory dies with the context
+        devarray.forget_array_pool(device)
+    hostmem = sys.modules.get("vyre_cuda.hostmem")
+    if hostmem is not None:
+        hostmem._forget_pinned_pool(device)
     try:
         _driver.reset_primary_context(device)
         # prove a fresh context can be made, so the caller learns now, not at the next dispatch

@@ -49,6 +49,16 @@ def _pool(device: int):
         return pool
 
 
+def _forget_pinned_pool(device: int) -> None:
+    """Before ``device``'s primary context is reset: the pool's blocks die with the context, so
+    the pool is dropped (no driver call) and the next array starts a new one. Arrays still alive
+    give their blocks back to nothing."""
+    with _lock:
+        pool = _pools.pop(device, None)
+    if pool is not None:
+        pool.forget_context()
+
+
 def _shape_and_dtype(shape: Any, dtype: npt.DTypeLike) -> tuple[tuple[int, ...], np.dtype[Any]]:
     try:
         dt = np.dtype(dtype)
