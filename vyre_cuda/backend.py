@@ -110,8 +110,9 @@ def reset_device(device: int = 0) -> None:
 
     Every CudaBackend (and CuPy/PyTorch state) on that device becomes invalid, and so does the
     memory of its ``outputs="device"`` arrays and of page-locked arrays (:func:`pinned_empty`)
-    made with it: close and drop them first, then create a new CudaBackend. Some faults (an illegal address, a trap) are kept by the NVIDIA
-    driver for the life of the process; then this raises DeviceLost saying to restart the process.
+    made with it: close and drop them first, then create a new CudaBackend. Some faults (an
+    illegal address, a trap) are kept by the NVIDIA driver for the life of the process; then this
+    raises DeviceLost saying to restart the process.
     """
     # the array pools' cached memory dies with the context (a module never loaded made no array)
     devarray = sys.modules.get("vyre_cuda._devarray")
