@@ -114,6 +114,9 @@ def test_device_targets_values_and_miss_notes():
     cupy = t[("device_vs_cupy", 4 * KIB)].note
     assert "2.00 us (floor.launch_only)" in cupy and "3.00 us (peer.cupy.launch_only)" in cupy
     assert "vyre_cuda's host cost above CuPy's is 1.00 us" in cupy
+    # the zeroing share, from the same dispatch with its output declared zeroed=False
+    assert "zeroed=False vyre_cuda took 8.50 us, 1.06x) is 0.50 us" in cupy
+    assert "zeroing" not in t[("device_torch_vs_torch", 4 * KIB)].note  # no unzeroed torch row
     core = t[("device_vs_cuda_core", 4 * KIB)].note
     assert "2.50 us (peer.cuda_core.enqueue)" in core and "above cuda.core's is 1.50 us" in core
     assert "4.00 us (peer.torch.launch_only)" in t[("device_torch_vs_torch", 4 * KIB)].note
@@ -168,6 +171,11 @@ def test_device_targets_by_size():
     big = t[("device_large_vs_cupy", 64 * MIB)]
     assert big.value == pytest.approx(1.3) and big.met is False
     assert "CuPy took 1.00 ms and vyre_cuda 1.30 ms, 0.30 ms more" in big.note
+    assert "zeroed=False" not in big.note  # no unzeroed row at this size
+    with_unzeroed = dict(large, **{"vyre.device.unzeroed": 1_080_000})
+    by_key = _by_key(targets.evaluate_targets([_size(64 * MIB, with_unzeroed)], None))
+    note = by_key[("device_large_vs_cupy", 64 * MIB)].note
+    assert "zeroed=False (no zeroing pass) vyre_cuda took 1.08 ms, 1.08x CuPy's time" in note
     assert t[("device_large_vs_cupy", 256 * MIB)].met is True and t[("device_large_vs_cupy", 256 * MIB)].note == ""
     assert not any(k in DEVICE_TARGETS for k, n in t if n >= 64 * MIB)
 

@@ -413,11 +413,17 @@ def _device(s) -> list:
         )
         if target.met is False:
             vyre, cupy = s.median("vyre.device"), s.median("peer.cupy.device")
+            unzeroed = s.median("vyre.device.unzeroed")
             target.note = (
                 f"on the same arrays CuPy took {_ms(cupy)} and vyre_cuda {_ms(vyre)}, {_ms(vyre - cupy)} more: "
                 "both run the same bytes through one kernel, so the difference is device work vyre_cuda added "
-                "(a copy of the output, a clear) or host time that did not overlap it"
+                "(the output's zeroing pass: outputs start at zero) or host time that did not overlap it"
             )
+            if unzeroed is not None:
+                target.note += (
+                    f"; with the output declared zeroed=False (no zeroing pass) vyre_cuda took {_ms(unzeroed)}, "
+                    f"{unzeroed / cupy:.2f}x CuPy's time"
+                )
         out.append(target)
     return out
 
@@ -434,7 +440,16 @@ def _launch_floors(s, peer_launch) -> str:
 def _host_cost_note(peer_name, peer_launch):
     def note(s, row, ref):
         extra = s.median(row) - s.median(ref)
-        return f"{_launch_floors(s, peer_launch)}; vyre_cuda's host cost above {peer_name}'s is {_us(extra)}"
+        text = f"{_launch_floors(s, peer_launch)}; vyre_cuda's host cost above {peer_name}'s is {_us(extra)}"
+        unzeroed = s.median(row + ".unzeroed") if row == "vyre.device" else None
+        if unzeroed is not None:
+            # the peers' kernels do not zero their output first; vyre's outputs start at zero
+            text += (
+                f", of which the output's zeroing (outputs start at zero; with the output declared "
+                f"zeroed=False vyre_cuda took {_us(unzeroed)}, {unzeroed / s.median(ref):.2f}x) is "
+                f"{_us(s.median(row) - unzeroed)}"
+            )
+        return text
 
     return note
 
