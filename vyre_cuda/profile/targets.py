@@ -147,17 +147,23 @@ def _small(s, base, have_baseline) -> list:
     then = None if base is None else base.ratio("vyre.dispatch", "floor.pinned")
     if have_baseline:
         what = "" if base is not None else " (the baseline has no such size)"
-        out.append(
-            Target(
-                "no_regression",
-                f"{label}: (vyre_cuda / floor) now over the baseline's{what}",
-                ratio(now, then),
-                NO_REGRESSION,
-                "<=",
-                s.nbytes,
-                "x",
-            )
+        target = Target(
+            "no_regression",
+            f"{label}: (vyre_cuda / floor) now over the baseline's{what}",
+            ratio(now, then),
+            NO_REGRESSION,
+            "<=",
+            s.nbytes,
+            "x",
         )
+        if target.met is False and base is not None:
+            # a ratio of ratios from two runs: the two hosts' medians say how far they differ
+            target.note = (
+                f"vyre_cuda / floor is {now:.3f} in this run ({_us(s.median('vyre.dispatch'))} over "
+                f"{_us(s.median('floor.pinned'))}) against {then:.3f} in the baseline's "
+                f"({_us(base.median('vyre.dispatch'))} over {_us(base.median('floor.pinned'))})"
+            )
+        out.append(target)
     else:
         out.append(
             Target(
