@@ -22,7 +22,7 @@ cdef class StreamPool:
     ``cap`` bounds the cached streams, ``event_cap`` each kind of cached event. Events get the
     larger bound: every dispatch in flight holds one, and a caller enqueueing a few hundred
     dispatches on its own stream before waiting would otherwise destroy and create the excess
-    each round (an event is 64 bytes of driver state; a stream is far more)."""
+    each round."""
 
     def __cinit__(self, unsigned int cap=128, uintptr_t ctx=0, unsigned int event_cap=1024):
         self.cap = cap

@@ -447,7 +447,7 @@ def _host_cost_note(peer_name, peer_launch):
     def note(s, row, ref):
         extra = s.median(row) - s.median(ref)
         text = f"{_launch_floors(s, peer_launch)}; vyre_cuda's host cost above {peer_name}'s is {_us(extra)}"
-        unzeroed = s.median(row + ".unzeroed") if row == "vyre.device" else None
+        unzeroed = s.median("vyre.device.unzeroed") if row == "vyre.device" else None
         if unzeroed is not None:
             # the peers' kernels do not zero their output first; vyre's outputs start at zero
             text += (
