@@ -17,7 +17,7 @@ from vyre_cuda.profile.peers import cuda_core_peer, cupy_peer, torch_peer
 
 KIB, MIB = 1024, 1 << 20
 NEW_DEVICE_KEYS = (
-    "vyre.device.unzeroed",
+    "vyre.device.zeroed",
     "vyre.device.out",
     "vyre.device.torch",
     "vyre.device.enqueue",
@@ -59,7 +59,7 @@ SMALL = {
     "floor.pinned_direct": 15_000,
     "floor.launch_only": 2_000,
     "vyre.device": 9_000,
-    "vyre.device.unzeroed": 8_500,
+    "vyre.device.zeroed": 10_500,
     "vyre.device.out": 12_000,
     "vyre.device.torch": 12_000,
     "vyre.device.enqueue": 3_500,
@@ -114,9 +114,9 @@ def test_device_targets_values_and_miss_notes():
     cupy = t[("device_vs_cupy", 4 * KIB)].note
     assert "2.00 us (floor.launch_only)" in cupy and "3.00 us (peer.cupy.launch_only)" in cupy
     assert "vyre_cuda's host cost above CuPy's is 1.00 us" in cupy
-    # the zeroing share, from the same dispatch with its output declared zeroed=False
-    assert "zeroed=False vyre_cuda took 8.50 us, 1.06x) is 0.50 us" in cupy
-    assert "zeroing" not in t[("device_torch_vs_torch", 4 * KIB)].note  # no unzeroed torch row
+    # what a clearing pass would add, from the same dispatch with its output declared zeroed
+    assert "declared zeroed (a clearing pass before the kernel) vyre_cuda took 10.50 us, 1.31x, 1.50 us more" in cupy
+    assert "zeroed" not in t[("device_torch_vs_torch", 4 * KIB)].note  # no zeroed torch row
     core = t[("device_vs_cuda_core", 4 * KIB)].note
     assert "2.50 us (peer.cuda_core.enqueue)" in core and "above cuda.core's is 1.50 us" in core
     assert "4.00 us (peer.torch.launch_only)" in t[("device_torch_vs_torch", 4 * KIB)].note
@@ -171,11 +171,11 @@ def test_device_targets_by_size():
     big = t[("device_large_vs_cupy", 64 * MIB)]
     assert big.value == pytest.approx(1.3) and big.met is False
     assert "CuPy took 1.00 ms and vyre_cuda 1.30 ms, 0.30 ms more" in big.note
-    assert "zeroed=False" not in big.note  # no unzeroed row at this size
-    with_unzeroed = dict(large, **{"vyre.device.unzeroed": 1_080_000})
-    by_key = _by_key(targets.evaluate_targets([_size(64 * MIB, with_unzeroed)], None))
+    assert "zeroed" not in big.note  # no zeroed row at this size
+    with_zeroed = dict(large, **{"vyre.device.zeroed": 1_380_000})
+    by_key = _by_key(targets.evaluate_targets([_size(64 * MIB, with_zeroed)], None))
     note = by_key[("device_large_vs_cupy", 64 * MIB)].note
-    assert "zeroed=False (no zeroing pass) vyre_cuda took 1.08 ms, 1.08x CuPy's time" in note
+    assert "declared zeroed (a clearing pass before the kernel) vyre_cuda took 1.38 ms, 1.38x CuPy's time" in note
     assert t[("device_large_vs_cupy", 256 * MIB)].met is True and t[("device_large_vs_cupy", 256 * MIB)].note == ""
     assert not any(k in DEVICE_TARGETS for k, n in t if n >= 64 * MIB)
 
@@ -264,7 +264,7 @@ def test_vyre_hooks_verify_against_the_expected_sum(monkeypatch):
     a, b = rng.random(256, dtype=np.float32), rng.random(256, dtype=np.float32)
     backend, program = FakeBackend(), bp.vecadd_f32()
     cp = cupy_peer.start(backend, b"", "vecadd", "// src", a, b, a + b)
-    for hook in ("vyre_device", "vyre_device_unzeroed", "vyre_device_out", "vyre_enqueue"):
+    for hook in ("vyre_device", "vyre_device_zeroed", "vyre_device_out", "vyre_enqueue"):
         run_fn, verify = getattr(cp, hook)(backend, program)
         assert verify() is False  # nothing measured yet
         run_fn(2)
@@ -438,8 +438,9 @@ def test_profile_cli_json_carries_the_new_series_and_targets(fake_device, monkey
     assert P.ProfileReport.load(out).size(4096).median("floor.pinned_direct") == 16_000  # the fake floor's figure
 
 
-def test_the_unzeroed_row_runs_the_program_with_outputs_not_zeroed():
+def test_the_zeroed_row_runs_the_program_with_its_output_zeroed():
     prog = bp.vecadd_f32()
-    variant = cupy_peer.unzeroed(prog)
-    assert [b.zeroed for b in variant.buffers] == [True, True, False]
+    assert [b.zeroed for b in prog.buffers] == [True, True, False]  # the kernel writes every element
+    variant = cupy_peer.zeroed(prog)
+    assert [b.zeroed for b in variant.buffers] == [True, True, True]
     assert variant != prog and variant.kernel == prog.kernel

@@ -261,7 +261,8 @@ def test_a_program_built_again_from_plain_arguments_is_the_first_build():
     assert bp.vecadd_f32() is first
     assert Kernel.cuda(first.kernel.source) is first.kernel
     f32 = first.buffers[0].dtype  # (the factory passes the DType: "f32" is another argument)
-    assert BufferDecl.read("a", 0, f32) is first.buffers[0] and BufferDecl.output("out", 2, f32) is first.buffers[2]
+    assert BufferDecl.read("a", 0, f32) is first.buffers[0]
+    assert BufferDecl.output("out", 2, f32, zeroed=False) is first.buffers[2]
     assert BufferDecl.read("a", 0, "f32") == first.buffers[0]
     renamed = dataclasses.replace(first, name="other")
     assert renamed.name == "other" and renamed != first and renamed.buffers == first.buffers

@@ -15,10 +15,11 @@ _VECADD = r"""
 #include "vyre_cuda.cuh"
 VYRE_KERNEL vyre_main(const T* a, const T* b, T* out, const vyre_u32* params) {
   const vyre_u64 i = vyre_global_id();
-  // every buffer is checked against its own count, so no launch size reads past a shorter one
-  if (i < vyre_count(params) && vyre_in_bounds(params, 0, i) && vyre_in_bounds(params, 1, i) &&
-      vyre_in_bounds(params, 2, i)) {
-    out[i] = a[i] + b[i];
+  // every buffer is checked against its own count, so no launch size reads past a shorter one;
+  // every element of `out` the launch reaches is written (the sum, or zero past a shorter input,
+  // as a cleared output would read), so `out` is declared zeroed=False: no clearing pass first
+  if (i < vyre_count(params) && vyre_in_bounds(params, 2, i)) {
+    out[i] = (vyre_in_bounds(params, 0, i) && vyre_in_bounds(params, 1, i)) ? T(a[i] + b[i]) : T(0.0f);
   }
 }
 """
@@ -46,6 +47,10 @@ _VECADD_SOURCES = {name: _PRELUDES.get(name, "") + f"typedef {c} T;\n" + _VECADD
 def vecadd(dtype="f32", workgroup: int = 256) -> Program:
     """``out[i] = a[i] + b[i]`` over runtime-sized buffers of ``dtype``.
 
+    The kernel writes every element of ``out`` it is launched over (zero past a shorter input),
+    so ``out`` is declared ``zeroed=False``: no clearing pass runs before the launch. Elements
+    past a smaller ``DispatchConfig(elements=...)`` are left as they were.
+
     ``dtype`` is any of the twelve names (``"f32"``, ``"bf16"``, ...), an alias such as
     ``"float32"`` or ``"half"``, or a numpy dtype. f16 and bf16 need the CUDA runtime headers
     (``pip install nvidia-cuda-runtime``).
@@ -66,7 +71,7 @@ def vecadd(dtype="f32", workgroup: int = 256) -> Program:
     source = _VECADD_SOURCES[d.name]
     return Program(
         Kernel.cuda(source),
-        [BufferDecl.read("a", 0, d), BufferDecl.read("b", 1, d), BufferDecl.output("out", 2, d)],
+        [BufferDecl.read("a", 0, d), BufferDecl.read("b", 1, d), BufferDecl.output("out", 2, d, zeroed=False)],
         workgroup_size=(workgroup, 1, 1),
         name=f"vecadd_{d.name}",
     )

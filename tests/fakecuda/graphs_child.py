@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 from helpers.bfs import INF, bfs_program, csr, python_bfs
+from helpers.programs import cleared
 from helpers.scenarios import Scenarios
 
 import vyre_cuda as vc
@@ -21,7 +22,7 @@ from vyre_cuda import DispatchConfig
 from vyre_cuda import builtin_programs as bp
 
 RNG = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
-ACC = bp.vecadd("u32")
+ACC = cleared(bp.vecadd("u32"))  # the emulation accumulates: out starts at zero
 SCENARIOS = Scenarios()
 scenario = SCENARIOS.register
 

@@ -37,6 +37,38 @@ def test_vecadd_dtypes(backend, rng, dtype):
             np.testing.assert_array_equal(out, (a + b).astype(npd))
 
 
+@pytest.mark.parametrize("dtype", ["f32", "u8", "f16", "bf16"])
+def test_vecadd_overwrites_every_output_element_with_no_clearing_pass(fresh_backend, rng, cupy, dtype):
+    # the built-in vecadd declares its output zeroed=False: nothing clears it before the launch,
+    # so the kernel itself must write every element. The second round's host dispatch reuses the
+    # slab holding the first round's sums, and each device output starts as 0xFF bytes: an
+    # element the kernel skipped would keep the old value, not the new sum of fresh inputs.
+    prog = bp.vecadd(dtype)
+    assert not prog.buffers[2].zeroed
+    npd = prog.buffers[0].dtype.numpy
+    for n in (5, 4099, (1 << 20) + 3):  # sizes whose zeroed outputs ride the upload, or get a memset
+        for _ in range(2):
+            if dtype == "bf16":  # raw bits of finite values in [1, 4)
+                a, b = (rng.integers(0x3F80, 0x4080, n, dtype=np.uint16) for _ in range(2))
+            else:
+                a, b = _random(rng, npd, n), _random(rng, npd, n)
+            d_out = cupy.full(n * npd.itemsize, 0xFF, cupy.uint8).view(npd)
+            before = fresh_backend.telemetry.snapshot()["memset_ops"]
+            (out,) = fresh_backend.dispatch(prog, [a, b])
+            fresh_backend.dispatch_into(prog, [cupy.asarray(a), cupy.asarray(b)], [d_out])
+            assert fresh_backend.telemetry.snapshot()["memset_ops"] == before, "an output was cleared"
+            on_device = d_out.get()
+            if dtype == "f16":  # __hadd rounds once; numpy may round through float32
+                np.testing.assert_allclose(out.astype(np.float32), (a + b).astype(np.float32), rtol=2e-3)
+            elif dtype == "bf16":  # sums of values in [1, 4) lie in [2, 8): bits 0x4000..0x4100
+                bits = out.view(np.uint16)  # (a bfloat16 array where ml_dtypes is installed)
+                assert ((bits >= 0x4000) & (bits <= 0x4100)).all()
+            else:
+                np.testing.assert_array_equal(out, (a + b).astype(npd))
+            # the same kernel on both paths, byte for byte
+            np.testing.assert_array_equal(on_device.view(np.uint8), out.view(np.uint8))
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_vecadd_sizes(backend, rng, n):
     prog = bp.vecadd_f32()

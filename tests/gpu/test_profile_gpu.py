@@ -295,9 +295,7 @@ def test_run_profile_end_to_end_small_sizes(backend, tmp_path, run_python):
         # device-resident and rebuilt rows where measured; one more outputs='device' dispatch per
         # round reads its result; the enqueue row's samples are batches of LAUNCH_BATCH dispatches)
         extra = [
-            k
-            for k in ("vyre.device.out", "vyre.device.unzeroed", "vyre.device.torch", "vyre.rebuilt")
-            if k in s.systems
+            k for k in ("vyre.device.out", "vyre.device.zeroed", "vyre.device.torch", "vyre.rebuilt") if k in s.systems
         ]
         enqueued = s.systems["vyre.device.enqueue"].n * LAUNCH_BATCH if "vyre.device.enqueue" in s.systems else 0
         most = (8 + len(extra)) * iterations + 5 * len(extra) + enqueued

@@ -44,7 +44,7 @@ _BARS = (
     ("peer.torch", "PyTorch"),
     # data already on the device (no transfers): vyre_cuda and the peers on the same arrays
     ("vyre.device", "vyre_cuda\ndevice (CuPy)"),
-    ("vyre.device.unzeroed", "vyre_cuda\nzeroed=False"),
+    ("vyre.device.zeroed", "vyre_cuda\noutput zeroed"),
     ("vyre.device.out", "vyre_cuda\noutputs=device"),
     ("vyre.device.torch", "vyre_cuda\ndevice (torch)"),
     ("peer.cupy.device", "CuPy\ndevice"),

@@ -84,7 +84,7 @@ _SYSTEMS = (
     ("peer.torch.launch_only", "PyTorch add launch only", "floor.launch_only", None),
     # data already on the device: no transfers, so no floor of this harness to divide by
     ("vyre.device", "vyre_cuda dispatch_into, CuPy device arrays", None, None),
-    ("vyre.device.unzeroed", "vyre_cuda dispatch_into, CuPy arrays, output zeroed=False", None, None),
+    ("vyre.device.zeroed", "vyre_cuda dispatch_into, CuPy arrays, output declared zeroed", None, None),
     ("vyre.device.out", "vyre_cuda dispatch, outputs='device' (CuPy in)", None, None),
     ("vyre.device.torch", "vyre_cuda dispatch_into, torch CUDA tensors", None, None),
     ("vyre.device.enqueue", "vyre_cuda dispatch_async enqueue, caller stream", "floor.launch_only", None),

@@ -419,16 +419,16 @@ def _device(s) -> list:
         )
         if target.met is False:
             vyre, cupy = s.median("vyre.device"), s.median("peer.cupy.device")
-            unzeroed = s.median("vyre.device.unzeroed")
+            zeroed = s.median("vyre.device.zeroed")
             target.note = (
                 f"on the same arrays CuPy took {_ms(cupy)} and vyre_cuda {_ms(vyre)}, {_ms(vyre - cupy)} more: "
                 "both run the same bytes through one kernel, so the difference is device work vyre_cuda added "
-                "(the output's zeroing pass: outputs start at zero) or host time that did not overlap it"
+                "or host time that did not overlap it"
             )
-            if unzeroed is not None:
+            if zeroed is not None:
                 target.note += (
-                    f"; with the output declared zeroed=False (no zeroing pass) vyre_cuda took {_ms(unzeroed)}, "
-                    f"{unzeroed / cupy:.2f}x CuPy's time"
+                    f"; with the output declared zeroed (a clearing pass before the kernel) vyre_cuda took "
+                    f"{_ms(zeroed)}, {zeroed / cupy:.2f}x CuPy's time"
                 )
         out.append(target)
     return out
@@ -447,13 +447,12 @@ def _host_cost_note(peer_name, peer_launch):
     def note(s, row, ref):
         extra = s.median(row) - s.median(ref)
         text = f"{_launch_floors(s, peer_launch)}; vyre_cuda's host cost above {peer_name}'s is {_us(extra)}"
-        unzeroed = s.median("vyre.device.unzeroed") if row == "vyre.device" else None
-        if unzeroed is not None:
-            # the peers' kernels do not zero their output first; vyre's outputs start at zero
+        zeroed = s.median("vyre.device.zeroed") if row == "vyre.device" else None
+        if zeroed is not None:
+            # the peers' kernels clear nothing first; an output declared zeroed is cleared
             text += (
-                f", of which the output's zeroing (outputs start at zero; with the output declared "
-                f"zeroed=False vyre_cuda took {_us(unzeroed)}, {unzeroed / s.median(ref):.2f}x) is "
-                f"{_us(s.median(row) - unzeroed)}"
+                f"; with the output declared zeroed (a clearing pass before the kernel) vyre_cuda took "
+                f"{_us(zeroed)}, {zeroed / s.median(ref):.2f}x, {_us(zeroed - s.median(row))} more"
             )
         return text
 
@@ -476,7 +475,7 @@ def _enqueue_note(s, row, ref):
     return (
         f"{floor}one cuda.core launch {_us(core)}; vyre_cuda's device-resident dispatch_async on the caller's "
         f"stream enqueued in {_us(vyre)}, {_us(vyre - core)} more (reading its device arrays, a query of their "
-        "producer's stream, the output's zeroing memset, the launch issued rather than replayed, as a plan "
+        "producer's stream, the launch issued rather than replayed, as a plan "
         "dispatched only asynchronously never runs the graph trial, the pending handle and its completion event)"
     )
 

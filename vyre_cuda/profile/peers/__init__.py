@@ -62,7 +62,7 @@ PEER_MODULES = {name: p.library for name, p in REGISTRY.items()}
 # series run, in batches of LAUNCH_BATCH) instead of dispatches.
 VYRE_HOOKS = (
     ("vyre_device", "vyre_cuda device-resident ({name} arrays)", False),
-    ("vyre_device_unzeroed", "vyre_cuda device-resident, output zeroed=False ({name} arrays)", False),
+    ("vyre_device_zeroed", "vyre_cuda device-resident, output declared zeroed ({name} arrays)", False),
     ("vyre_device_out", "vyre_cuda outputs='device' ({name} arrays)", False),
     ("vyre_enqueue", "vyre_cuda dispatch_async enqueue ({name} stream)", True),
 )
