@@ -93,6 +93,9 @@ _ALIASES = {
     "double": "f64",
 }
 
+# every name and alias -> its DType (dtype_of's fast path for a str)
+_BY_NAME = {**DTYPES, **{alias: DTYPES[name] for alias, name in _ALIASES.items()}}
+
 
 def dtype_of(value) -> DType:
     """Resolve a dtype given as a :class:`DType`, a name ('f32', 'float32') or a numpy dtype.
@@ -102,6 +105,10 @@ def dtype_of(value) -> DType:
     >>> dtype_of("float32"), dtype_of("bf16").itemsize
     (DType(f32), 2)
     """
+    if type(value) is str:  # (the common spelling first: one dict lookup, no isinstance)
+        found = _BY_NAME.get(value)
+        if found is not None:
+            return found
     if isinstance(value, DType):
         return value
     if isinstance(value, str):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Literal
 
@@ -122,7 +123,7 @@ def _timeout(t):
     return seconds
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class DispatchConfig:
     """Options of one dispatch.
 
@@ -195,9 +196,48 @@ class DispatchConfig:
     streamed: bool | None = None
     device_memory_budget: int | None = None
 
+    def __init__(
+        self,
+        workgroup_override: int | tuple[int, ...] | None = None,
+        grid_override: int | tuple[int, ...] | None = None,
+        fixpoint_iterations: int | None = None,
+        cooperative: bool = False,
+        label: str | None = None,
+        timeout: float | None = None,
+        elements: int | None = None,
+        autotune: bool = False,
+        stream: object = None,
+        outputs: Literal["host", "device"] = "host",
+        graph: bool | None = None,
+        streamed: bool | None = None,
+        device_memory_budget: int | None = None,
+    ) -> None:
+        # the fields in one dict update (the generated frozen __init__ makes one object.__setattr__
+        # call per field): a config built per dispatch is on the hot path
+        self.__dict__.update(
+            workgroup_override=workgroup_override,
+            grid_override=grid_override,
+            fixpoint_iterations=fixpoint_iterations,
+            cooperative=cooperative,
+            label=label,
+            timeout=timeout,
+            elements=elements,
+            autotune=autotune,
+            stream=stream,
+            outputs=outputs,
+            graph=graph,
+            streamed=streamed,
+            device_memory_budget=device_memory_budget,
+        )
+        self.__post_init__()
+
     def __post_init__(self):
-        object.__setattr__(self, "workgroup_override", _dims("workgroup_override", self.workgroup_override))
-        object.__setattr__(self, "grid_override", _dims("grid_override", self.grid_override))
+        # each check runs for a value given only (a default needs none): a config built per
+        # dispatch with a field or two costs little more than the dataclass __init__
+        if self.workgroup_override is not None:
+            object.__setattr__(self, "workgroup_override", _dims("workgroup_override", self.workgroup_override))
+        if self.grid_override is not None:
+            object.__setattr__(self, "grid_override", _dims("grid_override", self.grid_override))
         it = self.fixpoint_iterations
         if it is not None:
             if not is_int(it) or not 1 <= it <= MAX_FIXPOINT_ITERATIONS:
@@ -207,24 +247,27 @@ class DispatchConfig:
                     "repetitions, dispatch in a loop (each dispatch can then be interrupted)",
                 )
             object.__setattr__(self, "fixpoint_iterations", int(it))
-        object.__setattr__(self, "timeout", _timeout(self.timeout))
+        if self.timeout is not None:
+            object.__setattr__(self, "timeout", _timeout(self.timeout))
         if self.label is not None and not isinstance(self.label, str):
             raise ValidationError(
                 f"label must be a str or None (got {type(self.label).__name__})",
                 "pass label='name-for-traces'",
             )
-        cooperative = check_flag(
-            "cooperative",
-            self.cooperative,
-            fix="pass cooperative=True to force a cooperative launch, else leave it False",
-        )
-        object.__setattr__(self, "cooperative", cooperative)
-        autotune = check_flag(
-            "autotune",
-            self.autotune,
-            fix="pass autotune=True to launch with the measured fastest block width, else leave it False",
-        )
-        object.__setattr__(self, "autotune", autotune)
+        if self.cooperative is not False:
+            cooperative = check_flag(
+                "cooperative",
+                self.cooperative,
+                fix="pass cooperative=True to force a cooperative launch, else leave it False",
+            )
+            object.__setattr__(self, "cooperative", cooperative)
+        if self.autotune is not False:
+            autotune = check_flag(
+                "autotune",
+                self.autotune,
+                fix="pass autotune=True to launch with the measured fastest block width, else leave it False",
+            )
+            object.__setattr__(self, "autotune", autotune)
         if self.graph is not None:
             if not is_flag(self.graph):
                 raise ValidationError(
@@ -248,7 +291,7 @@ class DispatchConfig:
             if not is_int(self.stream):
                 object.__setattr__(self, "_stream_source", self.stream)
             object.__setattr__(self, "stream", stream_handle(self.stream))
-        if self.outputs not in ("host", "device"):
+        if self.outputs != "host" and self.outputs not in ("host", "device"):
             raise ValidationError(
                 f"outputs must be 'host' or 'device' (got {self.outputs!r})",
                 "pass outputs='device' to keep the outputs in device memory, else leave it 'host'",
@@ -256,24 +299,24 @@ class DispatchConfig:
         self._check_streamed()
         # Every dispatch hashes its config for the plan lookup: once here, not 13 fields each time.
         try:
-            hashed = hash(self._fields())
+            hashed = hash(_config_fields(self))
         except TypeError:
             hashed = None  # an unhashable field: __hash__ raises it where the dispatch looks up
         object.__setattr__(self, "_hash", hashed)
 
     def _fields(self) -> tuple:
-        return tuple(getattr(self, name) for name in _CONFIG_FIELDS)
+        return _config_fields(self)
 
     def __eq__(self, other):
         if self is other:
             return True
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return self._hash == other._hash and self._fields() == other._fields()  # type: ignore[attr-defined]
+        return self._hash == other._hash and _config_fields(self) == _config_fields(other)  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
         hashed = self._hash  # type: ignore[attr-defined]
-        return hash(self._fields()) if hashed is None else hashed
+        return hash(_config_fields(self)) if hashed is None else hashed
 
     def __reduce__(self):
         # rebuilt from its fields: the cached hash is per process (str hashes are salted), and a
@@ -308,6 +351,7 @@ class DispatchConfig:
 
 
 _CONFIG_FIELDS = tuple(f.name for f in fields(DispatchConfig))
+_config_fields = operator.attrgetter(*_CONFIG_FIELDS)  # a config as the tuple of its fields, in C
 _DEFAULT = DispatchConfig()
 
 

@@ -85,13 +85,24 @@ class BindingRole(enum.Enum):
     PERSISTENT = "persistent"
 
 
+# the members as module globals: the constructors below name them on every call, and a global
+# costs less than an attribute of the enum class
+_READ_ONLY, _UNIFORM, _READ_WRITE, _WRITE_ONLY, _WORKGROUP = (
+    BufferAccess.READ_ONLY,
+    BufferAccess.UNIFORM,
+    BufferAccess.READ_WRITE,
+    BufferAccess.WRITE_ONLY,
+    BufferAccess.WORKGROUP,
+)
+
+
 def _output_decl(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
     """An output with no input: cleared to zero before the launch, read back after."""
     # (True: output; a call with no keywords skips building an empty dict: programs built per
     # call go through these constructors, see notes/plan-miss.md)
     if kw:
-        return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, True, **kw)
-    return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, True)
+        return cls(name, binding, _READ_WRITE, dtype, count, True, **kw)
+    return cls(name, binding, _READ_WRITE, dtype, count, True)
 
 
 class _OutputAttribute:
@@ -328,36 +339,36 @@ class BufferDecl(metaclass=Interned):
     def read(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
         """An input the kernel only reads."""
         if kw:
-            return cls(name, binding, BufferAccess.READ_ONLY, dtype, count, **kw)
-        return cls(name, binding, BufferAccess.READ_ONLY, dtype, count)
+            return cls(name, binding, _READ_ONLY, dtype, count, **kw)
+        return cls(name, binding, _READ_ONLY, dtype, count)
 
     @classmethod
     def uniform(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
         """A small read-only input (vyre's uniform); treated as an input."""
         if kw:
-            return cls(name, binding, BufferAccess.UNIFORM, dtype, count, **kw)
-        return cls(name, binding, BufferAccess.UNIFORM, dtype, count)
+            return cls(name, binding, _UNIFORM, dtype, count, **kw)
+        return cls(name, binding, _UNIFORM, dtype, count)
 
     @classmethod
     def read_write(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
         """An input the kernel updates in place; it is read back as an output."""
         if kw:
-            return cls(name, binding, BufferAccess.READ_WRITE, dtype, count, **kw)
-        return cls(name, binding, BufferAccess.READ_WRITE, dtype, count)
+            return cls(name, binding, _READ_WRITE, dtype, count, **kw)
+        return cls(name, binding, _READ_WRITE, dtype, count)
 
     @classmethod
     def write_only(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
         """An output the kernel only writes; cleared to zero before the launch."""
         if kw:
-            return cls(name, binding, BufferAccess.WRITE_ONLY, dtype, count, **kw)
-        return cls(name, binding, BufferAccess.WRITE_ONLY, dtype, count)
+            return cls(name, binding, _WRITE_ONLY, dtype, count, **kw)
+        return cls(name, binding, _WRITE_ONLY, dtype, count)
 
     @classmethod
     def workgroup(cls, name, binding, dtype, count, **kw) -> BufferDecl:
         """Per-block shared memory; not an argument, sized into dynamic shared memory."""
         if kw:
-            return cls(name, binding, BufferAccess.WORKGROUP, dtype, count, **kw)
-        return cls(name, binding, BufferAccess.WORKGROUP, dtype, count)
+            return cls(name, binding, _WORKGROUP, dtype, count, **kw)
+        return cls(name, binding, _WORKGROUP, dtype, count)
 
 
 @dataclass(frozen=True, eq=False, init=False)
