@@ -76,7 +76,7 @@ def inplace_program() -> Program:
 
 
 def built_anew(value):
-    """An object equal to ``value`` (a Program, BufferDecl or Kernel) that is not ``value``: its
+    """An object equal to ``value`` (a Program, BufferDecl, Kernel or DispatchConfig) that is not ``value``: its
     constructor run on its fields past the interning of equal builds, as a build with non-plain
     arguments (numpy integers, say) or past the interning limit gives one."""
     if isinstance(value, Kernel):

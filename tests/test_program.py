@@ -566,7 +566,8 @@ def test_configs_equal_field_by_field_and_hash_alike():
     assert set(_CONFIG_CHANGES) == {f.name for f in dataclasses.fields(DispatchConfig)}
     base = DispatchConfig()
     for name, value in _CONFIG_CHANGES.items():
-        one, two = DispatchConfig(**{name: value}), DispatchConfig(**{name: value})
+        # (an equal config that is another object: built past the interning of equal builds)
+        one, two = DispatchConfig(**{name: value}), fakes.built_anew(DispatchConfig(**{name: value}))
         assert one == two and hash(one) == hash(two) and one is not two, name
         assert one != base and base != one, name
         assert {one: 1}[two] == 1
@@ -706,6 +707,27 @@ def test_config_bad_elements(elements):
 def test_config_elements():
     assert DispatchConfig(elements=np.uint16(7)).elements == 7 and DispatchConfig().elements is None
     assert DispatchConfig(elements=2**32 - 1).elements == 2**32 - 1
+
+
+def test_a_config_built_again_from_plain_values_is_the_first_build():
+    # a config built per dispatch (the usual spelling) costs a lookup, and the plan cache then
+    # meets the very object it stored
+    first = DispatchConfig(graph=False, timeout=2.0, outputs="device")
+    assert DispatchConfig(graph=False, timeout=2.0, outputs="device") is first
+    assert DispatchConfig(graph=False, timeout=2, outputs="device") == first  # an int: another call
+    assert DispatchConfig(stream=7) is DispatchConfig(stream=7) and DispatchConfig(stream=7).stream == 7
+
+    class Stream:  # a stream object is not a plain value: built as before, equal by its handle
+        ptr = 7
+
+    s = Stream()
+    held = DispatchConfig(stream=s)
+    assert held == DispatchConfig(stream=7) and held is not DispatchConfig(stream=s)
+    assert held._stream_source is s and "_stream_source" not in DispatchConfig(stream=7).__dict__
+    # a refused value is refused every time (a call that raises is not remembered)
+    for _ in range(2):
+        raises(ValidationError, DispatchConfig, cooperative="no")
+    assert DispatchConfig(cooperative=np.bool_(True)).cooperative is True
 
 
 def test_as_config():

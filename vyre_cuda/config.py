@@ -11,6 +11,7 @@ import numpy as np
 
 from ._validate import check_flag, is_flag, is_int
 from .errors import ValidationError
+from .kernel import Interned  # (the compiled metaclass, or type)
 
 if TYPE_CHECKING:
     from .typing import ConfigLike
@@ -124,7 +125,7 @@ def _timeout(t):
 
 
 @dataclass(frozen=True, init=False)
-class DispatchConfig:
+class DispatchConfig(metaclass=Interned):
     """Options of one dispatch.
 
     Parameters
@@ -174,6 +175,10 @@ class DispatchConfig:
         The most device bytes one dispatch may hold (a positive int). A dispatch over it
         streams when its program is elementwise and is refused otherwise; None: bounded only by
         free device memory.
+
+    A config is immutable. Built again from the same plain values (numbers, strings, None, an
+    int stream handle), it is the config built the first time, so one built in every call
+    costs a lookup; a config given a stream object is built each time.
 
     Examples
     --------
