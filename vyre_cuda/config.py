@@ -296,7 +296,7 @@ class DispatchConfig(metaclass=Interned):
             if not is_int(self.stream):
                 object.__setattr__(self, "_stream_source", self.stream)
             object.__setattr__(self, "stream", stream_handle(self.stream))
-        if self.outputs != "host" and self.outputs not in ("host", "device"):
+        if self.outputs not in ("host", "device"):
             raise ValidationError(
                 f"outputs must be 'host' or 'device' (got {self.outputs!r})",
                 "pass outputs='device' to keep the outputs in device memory, else leave it 'host'",
