@@ -70,7 +70,11 @@ TOUCHED = {
 def test_every_builtin_checks_each_buffer_with_its_own_count(name):
     # vecadd used to check only the launch count, so a shorter b was read past its end
     prog, touched = TOUCHED[name]
-    checked = {int(b) for b in re.findall(r"vyre_(?:in_bounds|binding_count)\(params, (\d+)", prog.kernel.source)}
+    src = prog.kernel.source
+    checked = {int(b) for b in re.findall(r"vyre_(?:in_bounds|binding_count)\(params, (\d+)", src)}
+    # words 1-3 of vyre_params_head's uint4 (.y .z .w) are the counts of bindings 0-2
+    for head in re.findall(r"uint4 (\w+) = vyre_params_head\(params\)", src):
+        checked |= {"yzw".index(c) for c in re.findall(rf"\b{head}\.([yzw])\b", src)}
     assert touched <= checked, f"{name} does not bound-check bindings {sorted(touched - checked)}"
 
 

@@ -263,8 +263,9 @@ cdef class Prepared:
         self.bucket = stream.device_bytes
         self.slab_bytes = stream.device_bytes
         # the shared region: inputs that go whole (zero-padded), then both params blocks, once
+        # (each zero-padded to 16 bytes, as the device header promises kernels)
         p_full, p_last = stream.full.params_offset, stream.last.params_offset
-        blob = bytearray(p_last - p_full + 4 * len(stream.last.params))
+        blob = bytearray(p_last - p_full + (4 * len(stream.last.params) + 15) // 16 * 16)
         for launch in (stream.full, stream.last):
             at = launch.params_offset - p_full
             blob[at:at + 4 * len(launch.params)] = struct.pack(f"<{len(launch.params)}I", *launch.params)

@@ -15,11 +15,13 @@ _VECADD = r"""
 #include "vyre_cuda.cuh"
 VYRE_KERNEL vyre_main(const T* a, const T* b, T* out, const vyre_u32* params) {
   const vyre_u64 i = vyre_global_id();
-  // every buffer is checked against its own count, so no launch size reads past a shorter one;
-  // every element of `out` the launch reaches is written (the sum, or zero past a shorter input,
-  // as a cleared output would read), so `out` is declared zeroed=False: no clearing pass first
-  if (i < vyre_count(params) && vyre_in_bounds(params, 2, i)) {
-    out[i] = (vyre_in_bounds(params, 0, i) && vyre_in_bounds(params, 1, i)) ? T(a[i] + b[i]) : T(0.0f);
+  // the launch count and a's, b's and out's counts in one load: every buffer is checked against
+  // its own count, so no launch size reads past a shorter one; every element of `out` the launch
+  // reaches is written (the sum, or zero past a shorter input, as a cleared output would read),
+  // so `out` is declared zeroed=False: no clearing pass first
+  const uint4 n = vyre_params_head(params);
+  if (i < n.x && i < n.w) {
+    out[i] = (i < n.y && i < n.z) ? T(a[i] + b[i]) : T(0.0f);
   }
 }
 """

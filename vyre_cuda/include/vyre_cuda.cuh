@@ -9,6 +9,7 @@
 //   word binding + 1  that binding's element count (a runtime-sized buffer's actual count,
 //                     so a kernel can bound-check every buffer with vyre_in_bounds)
 //   VYRE_PHASE_WORD   phase_begin, then phase_end (grid-sync programs only)
+// The block starts 16-byte aligned and is zero-padded to a multiple of 16 bytes.
 // The backend defines VYRE_PHASE_WORD (= max binding + 2) when it compiles a program's kernel.
 #pragma once
 
@@ -35,6 +36,13 @@ __device__ __forceinline__ vyre_u32 vyre_binding_count(const vyre_u32* params, v
 // every buffer a thread touches, so a launch larger than a buffer never reads or writes past it.
 __device__ __forceinline__ bool vyre_in_bounds(const vyre_u32* params, vyre_u32 binding, vyre_u64 i) {
   return i < (vyre_u64)params[binding + 1u];
+}
+
+// Words 0-3 (the launch count, then the counts of bindings 0, 1 and 2) in one 16-byte load through
+// the read-only cache: one memory access before a kernel's first bounds check instead of four
+// (words past the block's last binding read as 0).
+__device__ __forceinline__ uint4 vyre_params_head(const vyre_u32* params) {
+  return __ldg(reinterpret_cast<const uint4*>(params));
 }
 
 __device__ __forceinline__ vyre_u32 vyre_phase_begin(const vyre_u32* params) {
