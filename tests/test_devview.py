@@ -284,6 +284,73 @@ for mix, want in ((lambda: ([ndarray(x), ndarray(y)], [ndarray(z)]), 1),
     res.setdefault("cupy_cai_reads", []).append([cupy_state["cai_reads"] - z_before, want])
     g.dispatch(prog, [a, np.zeros_like(a)], DEV)  # z is overwritten below; keep the arrays apart
     g.dispatch_into(prog, [a, -a], [z])  # zero z again, so the next check sees a fresh write
+# CuPy's stream read as its CAI computes it (its current stream; 0 names the default stream):
+# no CAI read per dispatch once a first real CAI agreed; any disagreement or other export
+# version reads the CAI as above
+import types
+from vyre_cuda._devview import _forget_cupy_api
+
+
+class _CupyStreamObj:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+def _current_stream():
+    cupy_state["current_reads"] += 1
+    if cupy_state.get("current_override") is not None:
+        return _CupyStreamObj(cupy_state["current_override"])
+    return _CupyStreamObj(0 if cupy_state["stream"] == 1 else cupy_state["stream"])
+
+
+cupy_state["current_reads"] = 0
+fake_util = types.ModuleType("cupy._util")
+fake_util.CUDA_ARRAY_INTERFACE_EXPORT_VERSION = 3
+fake_cuda = types.ModuleType("cupy.cuda")
+fake_cuda.get_current_stream = _current_stream
+fake_backend = types.ModuleType("cupy_backends.cuda.stream")
+fake_backend.get_default_stream_ptr = lambda: 1
+sys.modules.update({"cupy._util": fake_util, "cupy.cuda": fake_cuda, "cupy_backends.cuda.stream": fake_backend})
+MIXES = ((lambda: ([ndarray(x), ndarray(y)], [ndarray(z)]), 1),
+         (lambda: ([ndarray(x), cai_of(y)], [ndarray(z)]), 2),
+         (lambda: ([x, ndarray(y)], [ndarray(z)]), 1),
+         (lambda: ([ndarray(x), array.array("f", b.tobytes())], [ndarray(z)]), 2))
+
+
+def cupy_reads(label, cai_per_dispatch):
+    for mix, want in MIXES:
+        ins, outs = mix()
+        g.dispatch_into(prog, ins, outs)  # (the first CuPy array of the process checks a real CAI)
+        cur, cai = cupy_state["current_reads"], cupy_state["cai_reads"]
+        g.dispatch(prog, [a, np.zeros_like(a)], DEV)
+        g.dispatch_into(prog, [a, -a], [z])
+        g.dispatch_into(prog, ins, outs)
+        same(f"CuPy dispatch, {label}", z.copy_to_host(), a + b)
+        got = [cupy_state["current_reads"] - cur, cupy_state["cai_reads"] - cai]
+        expected = [0, want] if cai_per_dispatch else [want, 0]
+        res.setdefault("cupy_stream_reads", []).append([label, got, expected])
+
+
+cupy_state["stream"] = 1
+_forget_cupy_api()
+cupy_reads("current stream", False)
+for stream in (7, 1):  # the view names the stream the CAI would (7: a stream of the caller's)
+    cupy_state["stream"] = stream
+    v = device_view(ndarray(x), 0, None)
+    res["checked"] += 1
+    if v is None or v.wait != stream:
+        fail(f"CuPy stream {stream} read from the current stream: {v!r}")
+    del v
+fake_util.CUDA_ARRAY_INTERFACE_EXPORT_VERSION = 2  # CuPy exports no stream then: only its CAI says so
+cupy_reads("export version 2", True)
+fake_util.CUDA_ARRAY_INTERFACE_EXPORT_VERSION = 3
+cupy_state["current_override"] = 9  # disagrees with the CAI's 1 at the first check: never used
+_forget_cupy_api()
+cupy_reads("disagreeing current stream", True)
+cupy_state["current_override"] = None
+for name in ("cupy._util", "cupy.cuda", "cupy_backends.cuda.stream"):
+    del sys.modules[name]
+_forget_cupy_api()
 after = g.telemetry.snapshot()
 res["read_in_c"] = after["device_arrays_read_in_c"] - before["device_arrays_read_in_c"]
 res["read_in_python"] = after["device_arrays_read_in_python"] - before["device_arrays_read_in_python"]
@@ -333,6 +400,10 @@ def test_device_arrays_read_in_c_match_the_python_reader(fake_libcuda, exchange_
     assert res["read_in_python"] == 0 and res["read_in_c"] >= 11, res
     # a dispatch of CuPy arrays reads one CAI (its stream), and one more after a foreign CAI
     assert [got for got, _ in res["cupy_cai_reads"]] == [want for _, want in res["cupy_cai_reads"]], res
+    # with CuPy's stream functions: the stream read once per dispatch (again after a foreign read)
+    # and no CAI; with another export version or functions that disagreed, the CAI as above
+    assert [label for label, _, _ in res["cupy_stream_reads"]].count("current stream") == 4, res
+    assert all(got == want for _, got, want in res["cupy_stream_reads"]), res["cupy_stream_reads"]
     assert res["python_after_v2"] == 1, res
     refusals = res["refusals"]
     assert all("Fix:" in text for text in refusals.values()), refusals

@@ -8,9 +8,12 @@ CuPy builds a new CAI dict per access (0.7-0.9 us on the H200), and the CAI name
 the reader also had to ask the driver about the pointer. A CuPy array's fields (``data.ptr``,
 ``data.device_id``, ``size``, ``dtype``, ``_c_contiguous``) hold all of it but the stream, and the
 stream a CuPy CAI names is CuPy's current stream of the calling thread, the same for every CuPy
-array exported in one call. So a dispatch reads the CAI of its first CuPy array and the fields of
-the rest (``CupyStream`` carries the first one's stream along the dispatch's reads; a read that can
-run a producer's Python code, or a host buffer other than numpy's, drops it).
+array exported in one call. So a dispatch reads that stream once, for its first CuPy array, and
+the fields of every array (``CupyStream`` carries the stream along the dispatch's reads; a read
+that can run a producer's Python code, or a host buffer other than numpy's, drops it). The stream
+is read as CuPy's CAI computes it (``cupy.cuda.get_current_stream().ptr``, its default stream for
+0, under ``CUPY_CUDA_ARRAY_INTERFACE_EXPORT_VERSION`` 3), checked once per process against a real
+CAI; where those functions are missing or disagree, the first array's CAI is read instead.
 
 Which protocol a type speaks is decided once per type and kept with the type's version tag, which
 CPython changes whenever the type is modified (a library that patches ``torch.Tensor`` with an
@@ -47,7 +50,7 @@ cdef enum:
     P_DEVARRAY = 1
     P_EXCHANGE = 2
     P_CAI = 3
-    P_CUPY = 4  # CuPy's ndarray: its fields, and its CAI for the stream
+    P_CUPY = 4  # CuPy's ndarray: its fields, and CuPy's current stream (or its CAI) for the stream
 
 cdef unsigned long long LEGACY_STREAM = 1  # CU_STREAM_LEGACY
 cdef unsigned int CU_MEMORYTYPE_HOST = 1
@@ -74,6 +77,7 @@ cdef extern from *:
 
 
 @cython.final
+@cython.no_gc  # (a dispatch's own record: nothing it holds refers back to it)
 cdef class DevView:
     """One device array as a dispatch uses it: the same fields as the Python reader's view."""
 
@@ -106,6 +110,7 @@ cdef class _Held:
 
 
 @cython.final
+@cython.no_gc  # (holds an int or None: no cycle can pass through it)
 cdef class CupyStream:
     """The stream named by the CAI of a dispatch's first CuPy array (None: none named): CuPy's
     current stream of the calling thread, which every other CuPy array of the dispatch names too."""
@@ -381,7 +386,7 @@ cdef DevView _from_cai(obj, int device, own):
     return v
 
 
-cdef CupyStream _cupy_memo(obj):
+cdef CupyStream _cupy_memo_from_cai(obj):
     """The stream the CAI of ``obj`` (a CuPy array) names, or None when that CAI is not a v3 one
     with a usable stream (then the CAI reader reads the array and words why it leaves it)."""
     try:
@@ -395,6 +400,68 @@ cdef CupyStream _cupy_memo(obj):
     if type(version) is not int or version < 3 or (stream is not None and (type(stream) is not int or stream <= 0)):
         return None
     return _cupy_stream(stream)
+
+
+# CuPy's functions that its CAI takes the stream from: None until the first CuPy array, then a
+# tuple (cupy._util, cupy.cuda.get_current_stream, cupy_backends' get_default_stream_ptr), or
+# False where they are missing or disagreed with a real CAI (every dispatch then reads a CAI)
+cdef object _cupy_api = None
+cdef object _UNKNOWN = object()
+
+
+cdef object _cupy_current(tuple api):
+    """The stream a CuPy CAI exported now would name (a positive int), or _UNKNOWN where only
+    the CAI can say (another export version, an unexpected answer)."""
+    if getattr(api[0], "CUDA_ARRAY_INTERFACE_EXPORT_VERSION", None) != 3:
+        return _UNKNOWN  # (version 2 names no stream: the CAI says so itself)
+    ptr = api[1]().ptr
+    if type(ptr) is not int:
+        return _UNKNOWN
+    if ptr == 0:  # CuPy's null stream: CAI v3 names the default stream instead
+        ptr = api[2]()
+    return ptr if type(ptr) is int and ptr > 0 else _UNKNOWN
+
+
+cdef object _cupy_resolve():
+    modules = sys.modules
+    try:
+        return (modules["cupy._util"], modules["cupy.cuda"].get_current_stream,
+                modules["cupy_backends.cuda.stream"].get_default_stream_ptr)
+    except Exception:  # noqa: BLE001 (another CuPy layout, or not CuPy at all)
+        return False
+
+
+cdef CupyStream _cupy_memo(obj):
+    """The stream the CAI of ``obj`` (a CuPy array) names now, read from CuPy's current stream
+    where that was shown to agree with its CAI, else from the CAI itself; None as
+    _cupy_memo_from_cai."""
+    global _cupy_api
+    cdef CupyStream memo
+    if _cupy_api is None:
+        _cupy_api = _cupy_resolve()
+        if _cupy_api is not False:
+            memo = _cupy_memo_from_cai(obj)
+            try:
+                agrees = memo is not None and _cupy_current(<tuple>_cupy_api) == memo.stream
+            except Exception:  # noqa: BLE001
+                agrees = False
+            if not agrees:
+                _cupy_api = False
+            return memo
+    if _cupy_api is not False:
+        try:
+            stream = _cupy_current(<tuple>_cupy_api)
+        except Exception:  # noqa: BLE001 (the CAI read below words any real problem)
+            stream = _UNKNOWN
+        if stream is not _UNKNOWN:
+            return _cupy_stream(stream)
+    return _cupy_memo_from_cai(obj)
+
+
+def _forget_cupy_api():
+    """Tests: resolve CuPy's stream functions again at the next CuPy array."""
+    global _cupy_api
+    _cupy_api = None
 
 
 cdef DevView _from_cupy(obj, pointer_type, int device, own, CupyStream memo):
