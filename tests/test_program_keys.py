@@ -341,22 +341,49 @@ def test_values_keyed_by_identity_are_held_by_their_entry():
     assert loaded == d and pickle.loads(pickle.dumps(d)) is loaded
 
 
-def test_a_remembered_call_is_compared_with_the_call_item_by_item():
-    # the table is keyed by a hash of the arguments; a lookup must still compare the entry's
-    # arguments with the call's (a 64-bit collision would otherwise return another value)
-    x, y = BufferDecl.read("cx", 0, "f32"), BufferDecl.read("cy", 0, "f32")
-    table = BufferDecl._interned_values
+@pytest.mark.parametrize("via", ["class", "constructor"])
+def test_a_remembered_call_is_compared_with_the_call_item_by_item(via):
+    # the tables are keyed by a hash of the arguments; a lookup must still compare the entry's
+    # arguments with the call's (a 64-bit collision would otherwise return another value). The
+    # class's own calls and its remembered constructors (BufferDecl.read) each keep one.
+    if via == "class":
+        build, table = (lambda name: BufferDecl(name, 0, "read_only", "f32")), BufferDecl._interned_values
+    else:
+        build, table = (lambda name: BufferDecl.read(name, 0, "f32")), BufferDecl.__dict__["read"].values
+    x, y = build(f"cx_{via}"), build(f"cy_{via}")
     key_x = next(k for k, e in table.items() if e.value is x)
     key_y = next(k for k, e in table.items() if e.value is y)
     saved = table[key_x]
     table[key_x] = table[key_y]  # x's hash now finds y's entry, as a collision would
     try:
-        again = BufferDecl.read("cx", 0, "f32")
-        assert again == x and again is not y and again is not x  # built, and not kept
+        again = build(f"cx_{via}")
+        assert again == x and again is not y
+        assert again is not x if via == "class" else again is x  # (read() then asks the class)
         assert table[key_x] is table[key_y]
     finally:
         table[key_x] = saved
-    assert BufferDecl.read("cx", 0, "f32") is x
+    assert build(f"cx_{via}") is x
+
+
+def test_remembered_constructors_build_as_the_class_does():
+    # BufferDecl.read & co. remember calls with plain arguments, as the class does its own: the
+    # same value again, a subclass built anew every time, and the flag on an instance
+    a = BufferDecl.read("rc", 0, "f32")
+    assert BufferDecl.read("rc", 0, "f32") is a and a == BufferDecl("rc", 0, "read_only", "f32")
+    assert Kernel.cuda("/* rc */") is Kernel.cuda("/* rc */")
+    out = BufferDecl.output("rc_out", 1, "f32", zeroed=False)
+    assert BufferDecl.output("rc_out", 1, "f32", zeroed=False) is out and out.output is True and not out.zeroed
+    assert BufferDecl.output("rc_out", 1, "f32") is not out  # another call: another value
+
+    class Sub(BufferDecl):
+        pass
+
+    s1, s2 = Sub.read("rc", 0, "f32"), Sub.read("rc", 0, "f32")
+    assert type(s1) is Sub and s1 is not s2 and s1 == s2
+    assert BufferDecl.read("rc", 0, "f32") is a  # (reading it on the subclass changed nothing)
+    for _ in range(2):  # refused every time, never kept
+        with pytest.raises(InvalidProgram):
+            BufferDecl.read("rc", 0, "f99")
 
 
 def test_a_list_argument_changed_after_the_call_is_another_call():

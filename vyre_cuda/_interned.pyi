@@ -4,13 +4,14 @@ from typing import Any, TypeVar
 
 from typing_extensions import disjoint_base
 
-__all__ = ["Interned", "register_plain", "LIMIT"]
+__all__ = ["Interned", "register_plain", "remembered_constructor", "LIMIT"]
 
 _T = TypeVar("_T")
 
 LIMIT: int
 
 def register_plain(cls: type) -> None: ...
+def remembered_constructor(fn: Any, home: type, instance_attr: str | None = None) -> Any: ...
 
 @disjoint_base
 class Interned(type):

@@ -32,11 +32,36 @@ cdef extern from "Python.h":
     ctypedef size_t Py_uhash_t
     PyObject* Py_TYPE(object o)
 
-__all__ = ["Interned", "register_plain", "LIMIT"]
+__all__ = ["Interned", "register_plain", "remembered_constructor", "LIMIT"]
 
 LIMIT = 4096
-# arguments keyed by identity: immutable values of registered types
+# arguments keyed by identity: immutable values of registered types (the first few also in a C
+# array, compared by address before the set is asked: a few types are registered, and every
+# remembered call checks each argument's type)
 cdef set _BY_ID = set()
+cdef enum:
+    FAST_TYPES = 16
+cdef PyObject* _fast_types[FAST_TYPES]
+cdef int _n_fast = 0
+
+
+cdef int _register(object cls) except -1:
+    global _n_fast
+    if cls in _BY_ID:
+        return 0
+    _BY_ID.add(cls)  # (the set holds the reference the array's pointer relies on)
+    if _n_fast < FAST_TYPES:
+        _fast_types[_n_fast] = <PyObject*>cls
+        _n_fast += 1
+    return 0
+
+
+cdef inline bint _registered(object t) except -1:
+    cdef int i
+    for i in range(_n_fast):
+        if _fast_types[i] == <PyObject*>t:
+            return True
+    return _n_fast == FAST_TYPES and t in _BY_ID
 
 # kinds of argument (a plain value's kind is fixed by its exact type)
 cdef enum:
@@ -48,7 +73,7 @@ cdef enum:
 
 def register_plain(cls):
     """Let values of ``cls`` (immutable) appear in remembered calls, keyed by identity."""
-    _BY_ID.add(cls)
+    _register(cls)
 
 
 cdef inline int _kind(object v):
@@ -57,7 +82,7 @@ cdef inline int _kind(object v):
         return BY_VALUE
     if t is tuple or t is list:
         return SEQUENCE
-    if t in _BY_ID:
+    if _registered(t):
         return BY_ID
     return NOT_PLAIN
 
@@ -110,7 +135,7 @@ cdef inline bint _same_item(object stored, object v) except -1:
         return True
     if stored is v:
         return True
-    if type(stored) is not t or t in _BY_ID:
+    if type(stored) is not t or _registered(t):
         return False  # (a registered value is its own key: another object is a miss)
     return PyObject_RichCompareBool(stored, v, Py_EQ)
 
@@ -205,7 +230,7 @@ cdef class Interned(type):
         cls._interned_values = {} if root else None
         cls._interned_limit = namespace.get("_interned_limit", LIMIT)
         if root:
-            _BY_ID.add(cls)
+            _register(cls)
 
     def __call__(cls, *args, **kw):
         cdef dict values = cls._interned_values
@@ -225,3 +250,91 @@ cdef class Interned(type):
         # (two threads may have built it: the first stored is every call's; the key is an int,
         # so setdefault runs no Python code and is atomic)
         return (<_Entry>values.setdefault(h, _entry(args, kw, value))).value
+
+
+cdef class _BoundConstructor  # (below: what reading a _Constructor on a class gives)
+
+
+cdef class _Constructor:
+    """A classmethod of an interned class (``BufferDecl.read``, ``Kernel.cuda``, ...) whose calls
+    with plain arguments are remembered as the class's own calls are: the function is a pure
+    function of its arguments returning an interned value, so a call with the arguments of an
+    earlier one returns that call's value with no Python frame (a function building its program
+    per call goes through several of these). Calls on a subclass run the function as usual (a
+    subclass's values are not interned). ``instance_attr``: on an instance, that attribute is
+    read instead (``BufferDecl.output(...)`` builds, ``decl.output`` is the flag)."""
+
+    cdef readonly object __func__
+    cdef readonly object home  # the class it was made for
+    cdef object instance_attr
+    cdef readonly dict values  # (remembered calls, as Interned's _interned_values)
+    cdef tuple last  # (owner, its bound constructor): the last class it was read on
+
+    def __cinit__(self, fn, home, instance_attr=None):
+        self.__func__ = fn
+        self.home = home
+        self.instance_attr = instance_attr
+        self.values = {}
+        self.last = (None, None)
+
+    def __get__(self, obj, owner):
+        if obj is not None and self.instance_attr is not None:
+            return getattr(obj, self.instance_attr)
+        if owner is None:
+            owner = type(obj)
+        last = self.last
+        if last[0] is owner:
+            return last[1]
+        cdef _BoundConstructor bound = _BoundConstructor.__new__(_BoundConstructor)
+        bound.ctor = self
+        bound.owner = owner
+        bound.remember = (owner is self.home and isinstance(owner, Interned)
+                          and (<Interned>owner)._interned_values is not None)
+        self.last = (owner, bound)  # (one tuple: a reader sees the old pair or the new one)
+        return bound
+
+
+cdef class _BoundConstructor:
+    cdef _Constructor ctor
+    cdef readonly object owner
+    cdef bint remember
+
+    @property
+    def __func__(self):
+        return self.ctor.__func__
+
+    @property
+    def __doc__(self):
+        return self.ctor.__func__.__doc__
+
+    @property
+    def __wrapped__(self):  # (inspect.signature and Sphinx read the function's own)
+        return self.ctor.__func__
+
+    def __get__(self, obj, owner):
+        # never read as an attribute; having __get__ makes inspect (and Sphinx) take it for the
+        # method it stands for
+        return self
+
+    def __call__(self, *args, **kw):
+        cdef _Constructor ctor = self.ctor
+        if not self.remember:
+            return ctor.__func__(self.owner, *args, **kw)
+        h = _call_hash(args, kw)
+        if h is None:
+            return ctor.__func__(self.owner, *args, **kw)
+        cdef PyObject* known = PyDict_GetItem(ctor.values, h)
+        if known != NULL:
+            if (<_Entry>known).matches(args, kw):
+                return (<_Entry>known).value
+            return ctor.__func__(self.owner, *args, **kw)
+        value = ctor.__func__(self.owner, *args, **kw)
+        if len(ctor.values) >= (<Interned>self.owner)._interned_limit:  # (the class's own bound)
+            return value
+        return (<_Entry>ctor.values.setdefault(h, _entry(args, kw, value))).value
+
+
+def remembered_constructor(fn, home, instance_attr=None):
+    """``fn(cls, *args, **kw)`` as a classmethod of the interned class ``home`` whose calls with
+    plain arguments are remembered (see :class:`_Constructor`)."""
+    return _Constructor(fn, home, instance_attr)

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from typing import Any
 
 from .errors import InvalidProgram
 
 try:
-    from ._interned import Interned, register_plain
+    from ._interned import Interned, register_plain, remembered_constructor
 except ImportError:  # a source tree whose compiled modules are not built: every build is new
     Interned = type  # type: ignore[misc,assignment]
 
     def register_plain(cls: type) -> None:
         """(nothing is interned without the compiled module)"""
+
+    def remembered_constructor(fn: Any, home: type, instance_attr: str | None = None) -> Any:
+        """(a plain classmethod without the compiled module)"""
+        return classmethod(fn)
 
 
 __all__ = ["Kernel"]
@@ -182,3 +187,13 @@ class Kernel(metaclass=Interned):
 
     def __repr__(self) -> str:
         return f"Kernel.{self.kind}(<{len(self.source)} chars>, entry={self.entry!r})"
+
+
+def remember_constructors(cls, names) -> None:
+    """Make the classmethods ``names`` of the interned ``cls`` remember their calls with plain
+    arguments (a program built per call goes through them: see _interned)."""
+    for name in names:
+        setattr(cls, name, remembered_constructor(cls.__dict__[name].__func__, cls))
+
+
+remember_constructors(Kernel, ("cuda", "ptx"))

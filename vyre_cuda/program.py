@@ -14,7 +14,13 @@ from typing import Any, overload
 from ._dtypes import DTYPES, DType, dtype_of
 from ._validate import is_flag, is_int
 from .errors import InvalidProgram
-from .kernel import Interned, Kernel, register_plain  # (Interned: the compiled metaclass, or type)
+from .kernel import (  # (Interned: the compiled metaclass, or type)
+    Interned,
+    Kernel,
+    register_plain,
+    remember_constructors,
+    remembered_constructor,
+)
 
 __all__ = [
     "DType",
@@ -523,6 +529,10 @@ class Program(metaclass=Interned):
         """Declarations read back, in declaration order."""
         return self._outputs  # type: ignore[attr-defined]
 
+
+remember_constructors(BufferDecl, ("read", "uniform", "read_write", "write_only", "workgroup"))
+if Interned is not type:  # (compiled: on an instance `output` stays the flag, as _OutputAttribute)
+    setattr(BufferDecl, "output", remembered_constructor(_output_decl, BufferDecl, "is_output"))  # noqa: B010
 
 # field names, in order, taken once (dataclasses.fields() per program built would cost more than
 # the rest of its key)
