@@ -112,8 +112,8 @@ cdef class _Held:
 @cython.final
 @cython.no_gc  # (holds an int or None: no cycle can pass through it)
 cdef class CupyStream:
-    """The stream named by the CAI of a dispatch's first CuPy array (None: none named): CuPy's
-    current stream of the calling thread, which every other CuPy array of the dispatch names too."""
+    """The stream a dispatch's CuPy arrays name (None: none named): CuPy's current stream of the
+    calling thread as their CAI would name it, read once for the dispatch's first CuPy array."""
 
 
 cdef CupyStream _cupy_stream(object stream):
@@ -466,7 +466,7 @@ def _forget_cupy_api():
 
 cdef DevView _from_cupy(obj, pointer_type, int device, own, CupyStream memo):
     """A CuPy array from its fields, with the stream of ``memo``; for the dispatch's first CuPy
-    array (no memo yet) the stream comes from its CAI, and the rest share it."""
+    array (no memo yet) the stream is read (_cupy_memo), and the rest share it."""
     cdef Py_ssize_t size
     cdef cnp.dtype dt
     cdef char kind
