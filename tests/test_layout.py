@@ -123,6 +123,23 @@ def test_phase_blocks():
     assert lay.h2d_bytes == 400 + 3 * 20
 
 
+@pytest.mark.parametrize("n_buffers", [1, 2, 3, 4, 7])
+def test_params_blocks_are_16_byte_aligned_and_zero_padded(n_buffers, rng):
+    # the device header's vyre_params_head reads words 0-3 in one 16-byte load: every block must
+    # start 16-byte aligned and be padded with zeros to 16 bytes (so words past the last binding
+    # read as 0, inside the block)
+    count = int(rng.integers(1, 5000))
+    lengths = (4 * count,) * (n_buffers - 1)
+    buffers = [BufferDecl.read(f"x{k}", k, "u32") for k in range(n_buffers - 1)]
+    buffers.append(BufferDecl.output("y", n_buffers - 1, "u32", count))
+    _, bplan, launch, lay = plan(buffers, lengths)
+    words = params_words(bplan, launch, None)
+    block = len(lay.params_blob) // len(lay.params_offsets)
+    assert all(off % 16 == 0 for off in lay.params_offsets) and block % 16 == 0 and block >= 16
+    assert lay.params_blob[: 4 * len(words)] == struct.pack(f"<{len(words)}I", *words)
+    assert lay.params_blob[4 * len(words) : block] == bytes(block - 4 * len(words))
+
+
 def test_alignment_hint():
     buffers = [
         BufferDecl.read("a", 0, "u8"),
