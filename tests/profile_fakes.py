@@ -83,6 +83,7 @@ class FakeBackend(ProfiledBackend):
         self.into_inputs = []
         self.calls = []  # (entry point, program name, config) of every dispatch
         self.async_outputs: list = []  # the outputs= of every dispatch_async (None: its own)
+        self.async_current: list = []  # the fake CuPy's current stream's ptr at each dispatch_async
         self.plans = []  # (program name, input bytes) of every plan_info call
         self.lock = threading.Lock()
         self.telemetry = _FakeTelemetry(self, with_allocations)
@@ -130,6 +131,8 @@ class FakeBackend(ProfiledBackend):
         self._count()
         self.calls.append(("dispatch_async", getattr(program, "name", None), config))
         self.async_outputs.append(outputs)
+        cp = sys.modules.get("cupy")
+        self.async_current.append(cp.cuda.get_current_stream().ptr if hasattr(cp, "cuda") else None)
         outs = _fake_add([np.asarray(x) for x in inputs])
         if outputs is not None:
             for out, res in zip(outputs, outs):
@@ -282,12 +285,22 @@ class FakeTensor(np.ndarray):
 
 
 class _FakeStream:
-    def __init__(self, ptr=0x5000):
+    def __init__(self, ptr=0x5000, current=None):
         self.ptr = ptr
         self.syncs = 0
+        self.current = current  # CuPy's current-stream stack, which ``with stream:`` pushes on
+        self.entered = 0
 
     def synchronize(self):
         self.syncs += 1
+
+    def __enter__(self):
+        self.entered += 1
+        self.current.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        assert self.current.pop() is self
 
 
 def fake_cupy() -> Any:
@@ -296,7 +309,12 @@ def fake_cupy() -> Any:
     cp.float32 = np.float32
     cp.asarray = lambda x: np.array(x, copy=True).view(FakeCupyArray)
     cp.zeros = lambda n, dtype: np.zeros(n, dtype).view(FakeCupyArray)
-    current = _FakeStream(0)
+    current = [_FakeStream(0)]
+    cp.streams = []
+
+    def new_stream(non_blocking=False):
+        cp.streams.append(_FakeStream(0x5000, current))
+        return cp.streams[-1]
 
     class Device:
         def __init__(self, ordinal=0):
@@ -318,7 +336,7 @@ def fake_cupy() -> Any:
 
     cp.RawKernel = RawKernel
     cp.cuda = types.SimpleNamespace(
-        Device=Device, Stream=lambda non_blocking=False: _FakeStream(), get_current_stream=lambda: current
+        Device=Device, Stream=new_stream, get_current_stream=lambda: current[-1]
     )
     return cp
 

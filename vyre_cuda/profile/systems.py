@@ -88,6 +88,12 @@ _SYSTEMS = (
     ("vyre.device.out", "vyre_cuda dispatch, outputs='device' (CuPy in)", None, None),
     ("vyre.device.torch", "vyre_cuda dispatch_into, torch CUDA tensors", None, None),
     ("vyre.device.enqueue", "vyre_cuda dispatch_async enqueue, caller stream", "floor.launch_only", None),
+    (
+        "vyre.device.enqueue.foreign",
+        "vyre_cuda dispatch_async enqueue, arrays of another stream",
+        "floor.launch_only",
+        None,
+    ),
     ("peer.cupy.device", "CuPy RawKernel on device arrays + sync", None, None),
     ("peer.torch.device", "PyTorch add on device tensors + sync", None, None),
     ("peer.cuda_core.device", "cuda.core launch on device buffers + sync", None, None),

@@ -472,11 +472,17 @@ def _enqueue_note(s, row, ref):
     vyre, core = s.median(row), s.median(ref)
     c = s.median("floor.launch_only")
     floor = f"one cuLaunchKernel from C costs {_us(c)}; " if c is not None else ""
+    foreign = s.median("vyre.device.enqueue.foreign")
+    other = (
+        f"; with the arrays exported on another stream it takes {_us(foreign)} (a query of that producer stream)"
+        if foreign is not None
+        else ""
+    )
     return (
         f"{floor}one cuda.core launch {_us(core)}; vyre_cuda's device-resident dispatch_async on the caller's "
-        f"stream enqueued in {_us(vyre)}, {_us(vyre - core)} more (reading its device arrays, a query of their "
-        "producer's stream, the launch issued rather than replayed, as a plan "
-        "dispatched only asynchronously never runs the graph trial, the pending handle and its completion event)"
+        f"stream enqueued in {_us(vyre)}, {_us(vyre - core)} more (reading its device arrays, the launch issued "
+        "rather than replayed, as a plan dispatched only asynchronously never runs the graph trial, the pending "
+        f"handle and its completion event, which cuda.core's launch does not record){other}"
     )
 
 

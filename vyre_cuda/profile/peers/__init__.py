@@ -65,6 +65,7 @@ VYRE_HOOKS = (
     ("vyre_device_zeroed", "vyre_cuda device-resident, output declared zeroed ({name} arrays)", False),
     ("vyre_device_out", "vyre_cuda outputs='device' ({name} arrays)", False),
     ("vyre_enqueue", "vyre_cuda dispatch_async enqueue ({name} stream)", True),
+    ("vyre_enqueue_foreign", "vyre_cuda dispatch_async enqueue, arrays of another stream ({name})", True),
 )
 
 

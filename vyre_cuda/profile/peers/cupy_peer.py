@@ -34,6 +34,7 @@ class CupyPeer:
         self.block = (LAUNCH_BATCH,)
         self.expected = expected
         self.out = None
+        self.streams = []
         self.d_a, self.d_b = cp.asarray(a), cp.asarray(b)
         self.d_out = cp.zeros(a.shape[0], cp.float32)
 
@@ -150,17 +151,32 @@ class CupyPeer:
 
     def vyre_enqueue(self, backend, program):
         """vyre_cuda ``dispatch_async`` of the same CuPy inputs on a caller's CuPy stream, writing
-        a CuPy output it names (``outputs=[...]``, as cuda.core's ``launch`` writes its buffer):
-        the host time of the enqueue alone, per dispatch over batches of LAUNCH_BATCH; each batch
-        is completed with ``.result()`` outside the timing."""
+        a CuPy output it names (``outputs=[...]``, as cuda.core's ``launch`` writes its buffer),
+        inside ``with stream:`` as a pipeline of CuPy and vyre_cuda steps on one stream runs:
+        the arrays are exported on the dispatch's own stream, so there is no producer stream to
+        order after (as cuda.core's ``launch`` orders none). The host time of the enqueue alone,
+        per dispatch over batches of LAUNCH_BATCH; each batch is completed with ``.result()``
+        outside the timing."""
+        return self._enqueue(backend, program, "vyre.device.enqueue", on_stream=True)
+
+    def vyre_enqueue_foreign(self, backend, program):
+        """The same enqueue with CuPy's current stream left at its default: the arrays are
+        exported on another stream than the dispatch's, so each dispatch also asks that producer
+        stream whether its work is done (``cuStreamQuery``) before it launches."""
+        return self._enqueue(backend, program, "vyre.device.enqueue.foreign", on_stream=False)
+
+    def _enqueue(self, backend, program, series, on_stream):
+        import contextlib
+
         import vyre_cuda
 
         cp = self.cp
         self.device.use()
-        self.stream = cp.cuda.Stream(non_blocking=True)
+        stream = cp.cuda.Stream(non_blocking=True)
+        self.streams.append(stream)
         d_out = cp.zeros(self.d_a.shape[0], cp.float32)
         cp.cuda.Device().synchronize()  # the inputs were written on CuPy's current stream
-        config = vyre_cuda.DispatchConfig(stream=self.stream.ptr)
+        config = vyre_cuda.DispatchConfig(stream=stream.ptr)
         ins, outs = [self.d_a, self.d_b], [d_out]
         dispatch_async = backend.dispatch_async
         state = {}
@@ -168,19 +184,20 @@ class CupyPeer:
         def run(batches):
             pc = time.perf_counter_ns
             per = []
-            for _ in range(batches):
-                pending: list = []
-                append = pending.append
-                t0 = pc()
-                for _ in range(LAUNCH_BATCH):
-                    append(dispatch_async(program, ins, config, outputs=outs))
-                t1 = pc()
-                for p in pending:
-                    p.result()
-                per.append((t1 - t0) / LAUNCH_BATCH)
-                del pending
+            with stream if on_stream else contextlib.nullcontext():
+                for _ in range(batches):
+                    pending: list = []
+                    append = pending.append
+                    t0 = pc()
+                    for _ in range(LAUNCH_BATCH):
+                        append(dispatch_async(program, ins, config, outputs=outs))
+                    t1 = pc()
+                    for p in pending:
+                        p.result()
+                    per.append((t1 - t0) / LAUNCH_BATCH)
+                    del pending
             state["out"] = d_out.get()
-            return {"vyre.device.enqueue": per}
+            return {series: per}
 
         def verify():
             out = state.get("out")
@@ -190,10 +207,9 @@ class CupyPeer:
 
     def close(self):
         self.cp.cuda.get_current_stream().synchronize()
-        stream = getattr(self, "stream", None)
-        if stream is not None:
+        for stream in self.streams:  # (the enqueue rows' caller streams)
             stream.synchronize()
-            self.stream = None
+        self.streams.clear()
         self.d_a = self.d_b = self.d_out = None
 
 
