@@ -335,9 +335,7 @@ def fake_cupy() -> Any:
             np.add(a[:n], b[:n], out=out[:n])
 
     cp.RawKernel = RawKernel
-    cp.cuda = types.SimpleNamespace(
-        Device=Device, Stream=new_stream, get_current_stream=lambda: current[-1]
-    )
+    cp.cuda = types.SimpleNamespace(Device=Device, Stream=new_stream, get_current_stream=lambda: current[-1])
     return cp
 
 
