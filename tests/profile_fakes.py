@@ -131,7 +131,7 @@ class FakeBackend(ProfiledBackend):
         self._count()
         self.calls.append(("dispatch_async", getattr(program, "name", None), config))
         self.async_outputs.append(outputs)
-        cp = sys.modules.get("cupy")
+        cp: Any = sys.modules.get("cupy")
         self.async_current.append(cp.cuda.get_current_stream().ptr if hasattr(cp, "cuda") else None)
         outs = _fake_add([np.asarray(x) for x in inputs])
         if outputs is not None:

@@ -16,6 +16,8 @@ cdef class Core:
     cdef readonly Resources resources  # the one owner of this backend's pools
     cdef readonly ResidentBlocks resident_blocks  # the plans' resident params blocks
     cdef dict prepared
+    cdef tuple last_hit  # (lookup key, Prepared) of the last plan found; None once plans are cleared
+    cdef unsigned long long cleared  # how many times the plans were cleared (last_hit's guard)
     cdef public int stream_plans  # cached plans keyed on a caller's stream
     cdef list graphed  # prepared plans that may hold graph execs (released with the plans)
     cdef unsigned long long tel[N_COUNTERS]

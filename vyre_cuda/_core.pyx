@@ -22,7 +22,8 @@ cimport cython
 from cpython.buffer cimport (
     PyObject_GetBuffer, PyObject_CheckBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT,
 )
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.object cimport PyObject_RichCompareBool, Py_EQ
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport uintptr_t
 from libc.string cimport memset
@@ -65,6 +66,24 @@ cnp.import_array()
 
 # plans made for callers' streams kept at most (each new stream is a new plan key)
 cdef int MAX_STREAM_PLANS = 64
+
+
+cdef inline bint _same_key(tuple last, tuple key) except -1:
+    """Whether ``key`` is the last hit's key with the same program and config objects: the plan
+    dict would find the same entry, and no Python ``__hash__``/``__eq__`` of either runs (two
+    Python frames per dispatch). The byte lengths are ints or ("device", int) tuples: compared
+    in C."""
+    cdef Py_ssize_t i, n = PyTuple_GET_SIZE(key)
+    if PyTuple_GET_SIZE(last) != n:
+        return False
+    if PyTuple_GET_ITEM(last, 0) != PyTuple_GET_ITEM(key, 0) or PyTuple_GET_ITEM(last, 1) != PyTuple_GET_ITEM(key, 1):
+        return False
+    for i in range(2, n):
+        a = <object>PyTuple_GET_ITEM(last, i)
+        b = <object>PyTuple_GET_ITEM(key, i)
+        if a is not b and (type(a) is not type(b) or not PyObject_RichCompareBool(a, b, Py_EQ)):
+            return False
+    return True
 
 
 @cython.final
@@ -124,6 +143,8 @@ cdef class Core:
             self.busy -= 1
 
     def clear_prepared(self):
+        self.last_hit = None
+        self.cleared += 1  # (a lookup that found a plan before this does not remember it)
         self._release_graphs(self.ctx != NULL)
         self.prepared.clear()
         self.stream_plans = 0
@@ -260,15 +281,25 @@ cdef class Core:
             Py_INCREF(length)
             PyTuple_SET_ITEM(key, i + 2, length)
         prep = given
-        if prep is None:
+        last = self.last_hit  # (one read: another thread may replace it, never change it)
+        cdef unsigned long long cleared = self.cleared
+        if prep is None and last is not None and _same_key(<tuple>last[0], <tuple>key):
+            prep = last[1]
+        elif prep is None:
             try:
-                prep = self.prepared.get(key)
+                prep = self.prepared.get(key)  # (may run Python code: other threads run meanwhile)
             except BaseException:  # an unhashable config field
                 _release(views, n)
                 raise
             if prep is None:
                 _release(views, n)
                 raise self._miss(key, config, inputs, d)
+            # (a config holding a stream object is not remembered: the memo would keep the
+            # caller's stream alive, which plans never do)
+            if config is None or config._without_stream_object() is config:
+                hit = (key, prep)
+                if self.cleared == cleared:  # not cleared since the lookup began: safe to remember
+                    self.last_hit = hit
         cdef Prepared p = <Prepared>prep
         cdef InputCheck* ic
         if d.dev_kind.size():

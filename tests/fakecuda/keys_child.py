@@ -123,5 +123,41 @@ def a_rebuilt_program_with_other_lengths_plans_once_per_length(fake):
     backend.close()
 
 
+@scenario
+def the_last_plan_found_is_forgotten_when_plans_are_cleared(fake):
+    # a dispatch finding the plan of the dispatch before it (same program and config objects,
+    # same lengths) skips the dict; clearing the plans (what a module eviction does) must make
+    # the next one plan again, never reuse the cleared plan
+    backend = vc.CudaBackend(0)
+    program = bp.vecadd_f32()
+    fake.emulate(backend, program, list(pair()), vecadd_emulation(np.float32))
+    config = vc.DispatchConfig(label="again")
+    for i, clear in enumerate((False, True, True, False)):
+        if clear:
+            backend._core.clear_prepared()
+            assert plans(backend) == 0
+        for k, cfg in enumerate((None, None, config, config, None)):
+            a, b = pair()
+            (out,) = backend.dispatch(program, [a, b], cfg)
+            assert np.array_equal(out, a + b), (clear, cfg)
+            # one plan per config; after a clear, the first dispatch plans again (not the
+            # cleared plan of the dispatch before it)
+            expect = 2 if (i and not clear) or k >= 2 else 1
+            assert plans(backend) == expect, (i, k, plans(backend))
+    # interleaved programs, configs and lengths: each dispatch its own plan's result
+    other = dataclasses.replace(program, workgroup_size=(128, 1, 1))
+    fake.emulate(backend, other, list(pair()), vecadd_emulation(np.float32))
+    planned = {(program, None, N), (program, config, N)}
+    assert plans(backend) == len(planned)
+    for i in range(24):
+        p, cfg, n = (program, other)[i % 2], (None, config, config)[i % 3], (N, 100, 3000, N)[i % 4]
+        a, b = pair(n)
+        (out,) = backend.dispatch(p, [a, b], cfg)
+        assert out.shape == (n,) and np.array_equal(out, a + b), (i, n)
+        planned.add((p, cfg, n))
+        assert plans(backend) == len(planned), (i, plans(backend), len(planned))  # each key planned once
+    backend.close()
+
+
 if __name__ == "__main__":
     SCENARIOS.main(FakeDriver())
