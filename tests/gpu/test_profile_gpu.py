@@ -293,11 +293,12 @@ def test_run_profile_end_to_end_small_sizes(backend, tmp_path, run_python):
         )
         # telemetry over the timed dispatches of the vyre_cuda rows only (7 rows, CuPy's, and the
         # device-resident and rebuilt rows where measured; one more outputs='device' dispatch per
-        # round reads its result; the enqueue row's samples are batches of LAUNCH_BATCH dispatches)
+        # round reads its result; the two enqueue rows' samples are batches of LAUNCH_BATCH dispatches)
         extra = [
             k for k in ("vyre.device.out", "vyre.device.zeroed", "vyre.device.torch", "vyre.rebuilt") if k in s.systems
         ]
-        enqueued = s.systems["vyre.device.enqueue"].n * LAUNCH_BATCH if "vyre.device.enqueue" in s.systems else 0
+        enqueue_rows = ("vyre.device.enqueue", "vyre.device.enqueue.foreign")
+        enqueued = sum(s.systems[k].n * LAUNCH_BATCH for k in enqueue_rows if k in s.systems)
         most = (8 + len(extra)) * iterations + 5 * len(extra) + enqueued
         assert 5 * iterations <= s.telemetry["dispatches"] <= most
         assert s.allocations_per_dispatch("pinned") is not None
