@@ -289,13 +289,11 @@ class _FakeStream:
         self.ptr = ptr
         self.syncs = 0
         self.current = current  # CuPy's current-stream stack, which ``with stream:`` pushes on
-        self.entered = 0
 
     def synchronize(self):
         self.syncs += 1
 
     def __enter__(self):
-        self.entered += 1
         self.current.append(self)
         return self
 
