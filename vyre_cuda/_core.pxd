@@ -16,7 +16,7 @@ cdef class Core:
     cdef readonly Resources resources  # the one owner of this backend's pools
     cdef readonly ResidentBlocks resident_blocks  # the plans' resident params blocks
     cdef dict prepared
-    cdef tuple last_hit  # (lookup key, Prepared) of the last plan found; None once plans are cleared
+    cdef object last_hit  # the last plan found (a _LastHit); None once plans are cleared
     cdef unsigned long long cleared  # how many times the plans were cleared (last_hit's guard)
     cdef public int stream_plans  # cached plans keyed on a caller's stream
     cdef list graphed  # prepared plans that may hold graph execs (released with the plans)
@@ -36,12 +36,13 @@ cdef class Core:
     cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d,
                           Prepared given)
     cdef object _miss(self, key, config, inputs, PendingDispatch d)
-    cdef object _device_input(self, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view, PendingDispatch d)
+    cdef long long _device_input(self, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
+                                 PendingDispatch d) except -2
     cdef int _check_device_inputs(self, program, inputs, config, Prepared p, vector[Py_buffer]& views,
                                   PendingDispatch d) except -1
     cdef list _device_outputs(self, Prepared p, list into, PendingDispatch d)
-    cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
-                            PendingDispatch d, exc)
+    cdef long long _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
+                               PendingDispatch d, exc) except? -2
     cdef PendingDispatch _open(self, program, inputs, config, Prepared given)
     cdef object _converted(self, program, config, bint blocking)
     cdef PendingDispatch _open_traced(self, program, inputs, config, Prepared given, bint blocking)

@@ -22,11 +22,10 @@ cimport cython
 from cpython.buffer cimport (
     PyObject_GetBuffer, PyObject_CheckBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT,
 )
-from cpython.object cimport PyObject_RichCompareBool, Py_EQ
-from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport uintptr_t
-from libc.string cimport memset
+from libc.string cimport memcmp, memset
 from libcpp.vector cimport vector
 
 cimport numpy as cnp
@@ -68,22 +67,38 @@ cnp.import_array()
 cdef int MAX_STREAM_PLANS = 64
 
 
-cdef inline bint _same_key(tuple last, tuple key) except -1:
-    """Whether ``key`` is the last hit's key with the same program and config objects: the plan
-    dict would find the same entry, and no Python ``__hash__``/``__eq__`` of either runs (two
-    Python frames per dispatch). The byte lengths are ints or ("device", int) tuples: compared
-    in C."""
-    cdef Py_ssize_t i, n = PyTuple_GET_SIZE(key)
-    if PyTuple_GET_SIZE(last) != n:
-        return False
-    if PyTuple_GET_ITEM(last, 0) != PyTuple_GET_ITEM(key, 0) or PyTuple_GET_ITEM(last, 1) != PyTuple_GET_ITEM(key, 1):
-        return False
-    for i in range(2, n):
-        a = <object>PyTuple_GET_ITEM(last, i)
-        b = <object>PyTuple_GET_ITEM(key, i)
-        if a is not b and (type(a) is not type(b) or not PyObject_RichCompareBool(a, b, Py_EQ)):
-            return False
-    return True
+@cython.final
+cdef class _LastHit:
+    """The last plan found and what found it: the program and config objects and each input's
+    length code (its bytes; a device input's as -1 - bytes). Never changed once made: a thread
+    reads the core's one reference, then compares in C."""
+    cdef object program
+    cdef object config
+    cdef Prepared prep
+    cdef vector[long long] lens
+
+
+cdef inline bint _is_last_hit(_LastHit hit, program, config, const long long* lens, Py_ssize_t n) noexcept:
+    """Whether the plan dict would find ``hit``'s plan for this lookup, with no Python
+    ``__hash__``/``__eq__`` of the program or config run (two Python frames per dispatch)."""
+    return (hit.program is program and hit.config is config and <Py_ssize_t>hit.lens.size() == n
+            and memcmp(hit.lens.data(), lens, n * sizeof(long long)) == 0)
+
+
+cdef tuple _lookup_key(program, config, const long long* lens, Py_ssize_t n):
+    """The plan dict's key: (program, config, each input's byte length or ("device", bytes))."""
+    cdef Py_ssize_t i
+    cdef object entry  # an object: PyTuple_SET_ITEM steals this reference
+    key = PyTuple_New(n + 2)
+    Py_INCREF(program)
+    PyTuple_SET_ITEM(key, 0, program)
+    Py_INCREF(config)
+    PyTuple_SET_ITEM(key, 1, config)
+    for i in range(n):
+        entry = lens[i] if lens[i] >= 0 else ("device", -1 - lens[i])
+        Py_INCREF(entry)
+        PyTuple_SET_ITEM(key, i + 2, entry)
+    return key
 
 
 @cython.final
@@ -240,7 +255,10 @@ cdef class Core:
         nothing) marks its key entry ("device", bytes)."""
         cdef Py_ssize_t n, i
         cdef Py_buffer* view
-        cdef object length  # an object: PyTuple_SET_ITEM steals this reference
+        cdef long long nbytes
+        cdef long long small[8]
+        cdef vector[long long] big
+        cdef long long* lens = small  # each input's length code (see _LastHit)
         if type(program) is not Program:
             raise ValidationError(
                 f"dispatch needs a vyre_cuda.Program (got {type(program).__name__})",
@@ -250,42 +268,40 @@ cdef class Core:
             inputs = as_input_list(inputs)
         n = len(inputs)
         views.resize(n)
-        key = PyTuple_New(n + 2)
-        Py_INCREF(program)
-        PyTuple_SET_ITEM(key, 0, program)
-        Py_INCREF(config)
-        PyTuple_SET_ITEM(key, 1, config)
+        if n > 8:
+            big.resize(n)
+            lens = big.data()
         for i in range(n):
             view = &views[i]
             obj = inputs[i]
             # not numpy: a device array (no buffer protocol, or a refusing one, as CuPy's), read in
             # C when its producer allows
-            length = None
+            nbytes = -1
             if type(obj) is not cnp.ndarray and (not PyObject_CheckBuffer(obj) or device_type(obj)):
-                length = self._device_input(obj, i, n, config, view, d)
-            if length is None:
-                if type(obj) is not cnp.ndarray:
-                    d.cupy_stream = None  # a buffer exporter may run Python code (__buffer__)
+                nbytes = self._device_input(obj, i, n, config, view, d)
+            if nbytes >= 0:
+                lens[i] = -1 - nbytes
+                continue
+            if type(obj) is not cnp.ndarray:
+                d.cupy_stream = None  # a buffer exporter may run Python code (__buffer__)
+            try:
+                PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                lens[i] = view.len
+            except Exception as exc:
                 try:
-                    PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-                    length = view.len
-                except Exception as exc:
-                    try:
-                        if type(obj) is not cnp.ndarray and PyObject_CheckBuffer(obj):
-                            length = self._device_input(obj, i, n, config, view, d)  # (and learns its type)
-                        if length is None:
-                            length = self._cold_input(program, obj, i, n, config, view, d, exc)
-                    except BaseException:
-                        _release(views, i)
-                        raise
-            Py_INCREF(length)
-            PyTuple_SET_ITEM(key, i + 2, length)
+                    if type(obj) is not cnp.ndarray and PyObject_CheckBuffer(obj):
+                        nbytes = self._device_input(obj, i, n, config, view, d)  # (and learns its type)
+                    lens[i] = -1 - nbytes if nbytes >= 0 else self._cold_input(program, obj, i, n, config, view, d, exc)
+                except BaseException:
+                    _release(views, i)
+                    raise
         prep = given
-        last = self.last_hit  # (one read: another thread may replace it, never change it)
+        hit = self.last_hit  # (one read: another thread may replace it, never change it)
         cdef unsigned long long cleared = self.cleared
-        if prep is None and last is not None and _same_key(<tuple>last[0], <tuple>key):
-            prep = last[1]
+        if prep is None and hit is not None and _is_last_hit(<_LastHit>hit, program, config, lens, n):
+            prep = (<_LastHit>hit).prep
         elif prep is None:
+            key = _lookup_key(program, config, lens, n)
             try:
                 prep = self.prepared.get(key)  # (may run Python code: other threads run meanwhile)
             except BaseException:  # an unhashable config field
@@ -296,10 +312,14 @@ cdef class Core:
                 raise self._miss(key, config, inputs, d)
             # (a config holding a stream object is not remembered: the memo would keep the
             # caller's stream alive, which plans never do)
-            if config is None or config._without_stream_object() is config:
-                hit = (key, prep)
-                if self.cleared == cleared:  # not cleared since the lookup began: safe to remember
-                    self.last_hit = hit
+            if (config is None or config._without_stream_object() is config) and self.cleared == cleared:
+                # (not cleared since the lookup began: safe to remember)
+                hit = _LastHit.__new__(_LastHit)
+                (<_LastHit>hit).program = program
+                (<_LastHit>hit).config = config
+                (<_LastHit>hit).prep = <Prepared>prep
+                (<_LastHit>hit).lens.assign(lens, lens + n)
+                self.last_hit = hit
         cdef Prepared p = <Prepared>prep
         cdef InputCheck* ic
         if d.dev_kind.size():
@@ -326,15 +346,15 @@ cdef class Core:
             return PlanMiss(key, lengths, config, on_device, inputs)
         return PlanMiss(key, key[2:], config, frozenset(), inputs)
 
-    cdef object _device_input(self, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
-                              PendingDispatch d):
-        """A device input read in C (_devview): its key entry ("device", bytes), or None when the
-        C reader leaves it to the Python one (which also words every refusal)."""
+    cdef long long _device_input(self, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
+                                 PendingDispatch d) except -2:
+        """A device input read in C (_devview): its bytes, or -1 when the C reader leaves it to
+        the Python one (which also words every refusal)."""
         bind_context(self.ctx)  # the pointer queries want our context
         cdef DevView dv = read_device(obj, self.device, None if config is None else config.stream, d.cupy_stream)
         if dv is None:
             d.cupy_stream = None  # the Python reader may run the producer's code
-            return None
+            return -1
         d.cupy_stream = dv.memo
         _hold_device(d, i, n, view, dv.ptr, dv.keep, dv.wait)
         self.tel[T_DEVICE_ARRAYS_READ_IN_C] += 1
@@ -343,7 +363,7 @@ cdef class Core:
             d.dev_size.assign(n, 0)
         d.dev_kind[i] = dv.kind_code
         d.dev_size[i] = dv.itemsize
-        return ("device", dv.nbytes)
+        return <long long>dv.nbytes
 
     cdef int _check_device_inputs(self, program, inputs, config, Prepared p, vector[Py_buffer]& views,
                                   PendingDispatch d) except -1:
@@ -368,10 +388,11 @@ cdef class Core:
                 )
         return 0
 
-    cdef object _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
-                            PendingDispatch d, exc):
+    cdef long long _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
+                               PendingDispatch d, exc) except? -2:
         """An input the buffer protocol refused: raw bits of a format-less dtype, a CPU DLPack
-        tensor (its numpy view), or a device array. Returns its key entry; raises a typed error."""
+        tensor (its numpy view), or a device array. Returns its length code (see _LastHit);
+        raises a typed error."""
         bits = raw_bits(obj)  # bfloat16 & co. export no format: take their raw bits
         if bits is None:
             bind_context(self.ctx)  # the pointer queries of the device checks want our context
@@ -381,7 +402,7 @@ cdef class Core:
             if type(dv) is not cnp.ndarray:
                 _hold_device(d, i, n, view, <cydriver.CUdeviceptr>dv.ptr, dv.keep, dv.wait)
                 self.tel[T_DEVICE_ARRAYS_READ_IN_PYTHON] += 1
-                return ("device", dv.nbytes)
+                return -1 - <long long>dv.nbytes
             bits = dv  # a CPU DLPack tensor as numpy: the host path
         try:
             PyObject_GetBuffer(bits, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
@@ -811,8 +832,9 @@ cdef int _hold_device(PendingDispatch d, Py_ssize_t i, Py_ssize_t n, Py_buffer* 
     """Input ``i`` of ``n`` is device memory at ``ptr``: the kernel reads it in place, ``keep``
     stays referenced until the dispatch completes, and the dispatch stream waits on ``wait``
     (a producer's stream, or None) first."""
-    # an empty placeholder view keeps the release loops uniform
-    PyObject_GetBuffer(b"", view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    # an empty placeholder view keeps the release loops uniform (releasing a view of no
+    # object does nothing)
+    memset(view, 0, sizeof(Py_buffer))
     if d.dev_ptrs.size() == 0:
         d.dev_ptrs.assign(n, 0)
         d.keep = []

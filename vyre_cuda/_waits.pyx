@@ -37,7 +37,7 @@ from .telemetry import TimedDispatchResult
 from ._io_checks import as_output_list, check_outputs
 from ._device_io import device_output
 from ._devarray cimport DeviceArray
-from ._devview cimport read_device
+from ._devview cimport DevView, read_device
 from numpy import frombuffer as _frombuffer
 
 cnp.import_array()
@@ -173,6 +173,14 @@ cdef list new_outputs(Core core, Prepared p, bint may_wait):
         else:
             outs.append(cnp.PyArray_EMPTY(1, &dim, p.out_typenums[k], 0))
     return outs
+
+
+cdef inline cydriver.CUdeviceptr _view_ptr(view) except? 0:
+    """The address of a checked device view: a DevView's read in C, a DeviceView's (the Python
+    reader's) as an attribute."""
+    if type(view) is DevView:
+        return (<DevView>view).ptr
+    return <cydriver.CUdeviceptr>view.ptr
 
 
 @cython.final
@@ -342,7 +350,11 @@ cdef class PendingDispatch:
                         d._release_out_views()
                         raise exc
             if dv is not None:  # a device array: copied device-to-device from the slab, not read back
-                dc.ptr, dc.dev_offset, dc.n = <cydriver.CUdeviceptr>dv.ptr, piece.dev_offset, piece.n
+                if type(dv) is DevView:  # (read in C: its fields too)
+                    dv_keep, dv_wait = (<DevView>dv).keep, (<DevView>dv).wait
+                else:  # (the Python reader's DeviceView)
+                    dv_keep, dv_wait = dv.keep, dv.wait
+                dc.ptr, dc.dev_offset, dc.n = _view_ptr(dv), piece.dev_offset, piece.n
                 if p.streamed:
                     d.s_out_dev[k] = dc.ptr  # each chunk's rows, device-to-device from its slot
                 elif (not d.f.enqueued and p.out_args[k] >= 0 and piece.n
@@ -357,9 +369,9 @@ cdef class PendingDispatch:
                     d.out_dev.push_back(dc)
                 if d.keep is None:
                     d.keep = []
-                d.keep.append(dv.keep)
-                if dv.wait is not None and not checked:
-                    waits = [dv.wait] if waits is None else waits + [dv.wait]
+                d.keep.append(dv_keep)
+                if dv_wait is not None and not checked:
+                    waits = [dv_wait] if waits is None else waits + [dv_wait]
                 piece.host = NULL
                 piece.n = 0
             d.out_pieces.push_back(piece)
@@ -391,11 +403,11 @@ cdef class PendingDispatch:
             v = views[k]
             if v is None or p.out_args[k] < 0 or p.outputs[k].nbytes == 0:
                 return 0
-            ptr, n = <cydriver.CUdeviceptr>v.ptr, p.outputs[k].nbytes
+            ptr, n = _view_ptr(v), p.outputs[k].nbytes
             if self._shares_device_input(ptr, n):
                 return 0
             for j in range(k):
-                other, m = <cydriver.CUdeviceptr>views[j].ptr, p.outputs[j].nbytes
+                other, m = _view_ptr(views[j]), p.outputs[j].nbytes
                 if other < ptr + n and ptr < other + m:
                     return 0
         return 1
