@@ -537,6 +537,15 @@ def test_targets_async_enqueue_allocations_and_threads():
     assert ("pinned_allocations_per_dispatch", 64 * MIB) not in t  # no telemetry
     thread = t[("thread_gain_ratio", 4096)]
     assert thread.value == pytest.approx((75 / 50) / (100 / 58)) and thread.met is False
+    # the miss names both systems' rates from 1 and 2 threads, and their ratios
+    assert "vyre_cuda 50,000, the floor 58,000 (0.86x)" in thread.note
+    assert "from 2: vyre_cuda 75,000, the floor 100,000 (0.75x)" in thread.note
+
+
+def test_a_met_thread_gain_has_no_note():
+    scaling = P.ThreadScaling(4096, 2, 2000, vyre={1: 50_000.0, 2: 90_000.0}, floor={1: 58_000.0, 2: 100_000.0})
+    thread = next(x for x in P.evaluate_targets(_synthetic_sizes(), scaling) if x.key == "thread_gain_ratio")
+    assert thread.met is True and thread.note == ""
 
 
 def test_targets_only_for_the_builtin_vecadd():

@@ -114,18 +114,34 @@ def evaluate_targets(sizes, threads, builtin: bool = True, baseline=None) -> lis
                     )
                 )
     if threads is not None:
+        value = threads.gain_ratio
         out.append(
             Target(
                 "thread_gain_ratio",
                 f"{threads.threads} threads, {format_size(threads.nbytes)}: vyre_cuda gain / floor gain",
-                threads.gain_ratio,
+                value,
                 THREAD_GAIN,
                 ">=",
                 threads.nbytes,
                 "x",
+                note=_thread_note(threads) if value is not None and value < THREAD_GAIN else "",
             )
         )
     return out
+
+
+def _thread_note(threads) -> str:
+    """A missed thread gain: both systems' rates from 1 and from N threads. A gain divides by the
+    1-thread rate, so a lead vyre_cuda has there is gain the floor can still make."""
+    n = threads.threads
+    v1, vn, f1, fn = threads.vyre.get(1), threads.vyre.get(n), threads.floor.get(1), threads.floor.get(n)
+    if not (v1 and vn and f1 and fn):
+        return ""
+    return (
+        f"dispatches per second from 1 thread: vyre_cuda {v1:,.0f}, the floor {f1:,.0f} ({v1 / f1:.2f}x); "
+        f"from {n}: vyre_cuda {vn:,.0f}, the floor {fn:,.0f} ({vn / fn:.2f}x); a gain divides by the 1-thread "
+        "rate, so vyre_cuda's lead there is gain the floor can still make"
+    )
 
 
 def _small(s, base, have_baseline) -> list:
