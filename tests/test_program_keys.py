@@ -302,9 +302,10 @@ def test_arguments_that_are_not_plain_values_build_a_new_equal_program():
 
 def test_interning_stops_at_its_limit():
     # (the table and the limit are the metaclass's fields, set and restored here)
+    _interned = pytest.importorskip("vyre_cuda._interned")
     values, limit = BufferDecl._interned_values, BufferDecl._interned_limit
     assert limit == 4096 and Kernel._interned_limit == 1024  # (a class body's limit is taken)
-    BufferDecl._interned_values, BufferDecl._interned_limit = {}, 2
+    BufferDecl._interned_values, BufferDecl._interned_limit = _interned._Table(), 2
     try:
         a, b, c = (BufferDecl.read(f"x{i}", 0, "f32") for i in range(3))
         assert BufferDecl.read("x0", 0, "f32") is a and BufferDecl.read("x1", 0, "f32") is b
@@ -384,6 +385,38 @@ def test_remembered_constructors_build_as_the_class_does():
     for _ in range(2):  # refused every time, never kept
         with pytest.raises(InvalidProgram):
             BufferDecl.read("rc", 0, "f99")
+
+
+def test_remembered_calls_take_the_vectorcall_entry_and_the_call_entry_alike():
+    # CPython calls the interned classes and their constructors by vectorcall (no argument tuple,
+    # no keyword dict); a call through tp_call (an explicit __call__, a partial) finds the same
+    # entries. A CPython that cleared the entry would leave every call on the slower path.
+    _interned = pytest.importorskip("vyre_cuda._interned")
+    roots = (Program, BufferDecl, Kernel, vyre_cuda.DispatchConfig)
+    assert [_interned.vectorcall_active(c) for c in roots] == [True] * 4
+
+    class Sub(Program):
+        pass
+
+    assert not _interned.vectorcall_active(Sub)  # (built as usual, every time)
+    first = bp.vecadd_f32()
+    k, decls = first.kernel, list(first.buffers)
+    kw = {"workgroup_size": (256, 1, 1), "name": "vecadd_f32"}
+    assert Program(k, decls, **kw) is first
+    assert type(Program).__call__(Program, k, decls, **kw) is first
+    assert functools.partial(Program, k)(decls, **kw) is first
+    # the keywords' order is part of the call: another order is another entry, an equal value
+    swapped = Program(k, decls, name="vecadd_f32", workgroup_size=(256, 1, 1))
+    assert swapped == first and swapped is not first
+    assert type(Program).__call__(Program, k, decls, name="vecadd_f32", workgroup_size=(256, 1, 1)) is swapped
+    f32 = first.buffers[0].dtype
+    read, output = BufferDecl.read, BufferDecl.output
+    assert type(read).__call__(read, "a", 0, f32) is first.buffers[0] is read("a", 0, f32)
+    assert type(output).__call__(output, "out", 2, f32, zeroed=False) is first.buffers[2]
+    assert functools.partial(output, "out", 2)(f32, zeroed=False) is first.buffers[2]
+    for call in (read, type(read).__call__.__get__(read)):  # refused through either entry
+        with pytest.raises(InvalidProgram):
+            call("a", 0, "f99")
 
 
 def test_a_list_argument_changed_after_the_call_is_another_call():

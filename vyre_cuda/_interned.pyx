@@ -23,14 +23,30 @@ build new ones. The GIL guards the tables (two threads building one new value ma
 both return the one stored first).
 """
 
-from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_Size
 from cpython.object cimport PyObject, PyObject_Hash, PyObject_RichCompareBool, Py_EQ
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cython.operator cimport dereference as deref
+from libcpp.unordered_map cimport unordered_map
+from libcpp.vector cimport vector
+from cpython.ref cimport Py_INCREF, Py_DECREF
 
 cdef extern from "Python.h":
     ctypedef size_t Py_uhash_t
     PyObject* Py_TYPE(object o)
+    ctypedef PyObject* (*vectorcallfunc)(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kw)
+    ctypedef struct PyTypeObject:
+        Py_ssize_t tp_vectorcall_offset
+        unsigned long tp_flags
+        vectorcallfunc tp_vectorcall
+        PyObject* (*tp_call)(PyObject*, PyObject*, PyObject*)
+    unsigned long Py_TPFLAGS_HAVE_VECTORCALL
+    Py_ssize_t PyVectorcall_NARGS(size_t nargsf)
+    void PyType_Modified(PyTypeObject* t)
+    PyTypeObject PyType_Type
+
+cdef extern from *:
+    object _type_call "PyType_Type.tp_call"(object cls, object args, object kw)  # type.__call__
 
 __all__ = ["Interned", "register_plain", "remembered_constructor", "LIMIT"]
 
@@ -158,56 +174,167 @@ cdef class _Entry:
     cdef readonly tuple kwvalues
     cdef readonly object value
 
-    cdef bint matches(self, tuple args, dict kw) except -1:
-        cdef Py_ssize_t n = PyTuple_GET_SIZE(args), m = PyDict_Size(kw) if kw else 0, i, pos = 0
-        cdef PyObject* name
-        cdef PyObject* value
+    cdef bint matches(self, PyObject** args, Py_ssize_t n, tuple kwnames) except -1:
+        """Whether the call ``args[:n]``, keywords ``kwnames`` (their values follow) is this one."""
+        cdef Py_ssize_t m = PyTuple_GET_SIZE(kwnames) if kwnames is not None else 0, i
         if n != PyTuple_GET_SIZE(self.args):
             return False
         if m != (PyTuple_GET_SIZE(self.names) if self.names is not None else 0):
             return False
         for i in range(n):
-            if not _same_item(<object>PyTuple_GET_ITEM(self.args, i), <object>PyTuple_GET_ITEM(args, i)):
+            if not _same_item(<object>PyTuple_GET_ITEM(self.args, i), <object>args[i]):
                 return False
-        i = 0
-        while m and PyDict_Next(kw, &pos, &name, &value):
+        for i in range(m):
             stored = <object>PyTuple_GET_ITEM(self.names, i)
-            if stored is not <object>name and stored != <object>name:  # (str == str)
+            name = <object>PyTuple_GET_ITEM(kwnames, i)
+            if stored is not name and stored != name:  # (str == str)
                 return False
-            if not _same_item(<object>PyTuple_GET_ITEM(self.kwvalues, i), <object>value):
+            if not _same_item(<object>PyTuple_GET_ITEM(self.kwvalues, i), <object>args[n + i]):
                 return False
-            i += 1
         return True
+
+
+cdef class _Table:
+    """The remembered calls of one class or constructor: the arguments' 64-bit hash -> its
+    entry, in C (a lookup makes no int object and compares no keys). A mapping to Python (tests
+    and diagnostics: ``len``, ``items``, ``[hash]``). It holds its entries' references; it is not
+    tracked by the GC, as it belongs to a module-level class that lives as long as the process."""
+
+    cdef unordered_map[size_t, PyObject*] entries
+
+    def __dealloc__(self):
+        for item in self.entries:
+            Py_DECREF(<object>item.second)
+        self.entries.clear()
+
+    cdef inline PyObject* find(self, Py_uhash_t h) noexcept:
+        cdef unordered_map[size_t, PyObject*].iterator it = self.entries.find(h)
+        if it == self.entries.end():
+            return NULL
+        return deref(it).second
+
+    cdef object setdefault(self, Py_uhash_t h, _Entry e):
+        """The entry under ``h``: ``e`` stored there if none was (the GIL is held throughout: no
+        Python code runs between the find and the store)."""
+        cdef PyObject* known = self.find(h)
+        if known != NULL:
+            return <object>known
+        Py_INCREF(e)
+        self.entries[h] = <PyObject*>e
+        return e
+
+    def __len__(self):
+        return self.entries.size()
+
+    def items(self):
+        return [(<Py_ssize_t>item.first, <object>item.second) for item in self.entries]
+
+    def __getitem__(self, Py_ssize_t h):
+        cdef PyObject* known = self.find(<Py_uhash_t>h)
+        if known == NULL:
+            raise KeyError(h)
+        return <object>known
+
+    def __setitem__(self, Py_ssize_t h, _Entry e not None):
+        cdef PyObject* old = self.find(<Py_uhash_t>h)
+        Py_INCREF(e)
+        self.entries[<Py_uhash_t>h] = <PyObject*>e
+        if old != NULL:
+            Py_DECREF(<object>old)
 
 
 cdef object _remembered(object v):
     return _Items(type(v), v) if type(v) is tuple or type(v) is list else v
 
 
-cdef _Entry _entry(tuple args, dict kw, object value):
+cdef _Entry _entry(PyObject** args, Py_ssize_t n, tuple kwnames, object value):
     cdef _Entry e = _Entry.__new__(_Entry)
-    e.args = tuple([_remembered(a) for a in args])
-    e.names = tuple(kw) if kw else None
-    e.kwvalues = tuple([_remembered(v) for v in kw.values()]) if kw else None
+    cdef Py_ssize_t i, m = PyTuple_GET_SIZE(kwnames) if kwnames is not None else 0
+    e.args = tuple([_remembered(<object>args[i]) for i in range(n)])
+    e.names = kwnames if m else None
+    e.kwvalues = tuple([_remembered(<object>args[n + i]) for i in range(m)]) if m else None
     e.value = value
     return e
 
 
-cdef object _call_hash(tuple args, dict kw):
-    """The arguments' hash (keyword names and order included), or None when one is not plain."""
-    cdef Py_uhash_t h = <Py_uhash_t>PyTuple_GET_SIZE(args)
-    cdef PyObject* name
-    cdef PyObject* value
-    cdef Py_ssize_t i, pos = 0
+cdef bint _call_hash(PyObject** args, Py_ssize_t n, tuple kwnames, Py_uhash_t* out) except -1:
+    """The arguments' hash (keyword names and order included) into ``out``; False when one is
+    not plain."""
+    cdef Py_uhash_t h = <Py_uhash_t>n
+    cdef Py_ssize_t i, m = PyTuple_GET_SIZE(kwnames) if kwnames is not None else 0
+    for i in range(n):
+        if not _hash_item(<object>args[i], &h, False):
+            return False
+    for i in range(m):
+        h = _mix(h, <Py_uhash_t>PyObject_Hash(<object>PyTuple_GET_ITEM(kwnames, i)))
+        if not _hash_item(<object>args[n + i], &h, False):
+            return False
+    out[0] = h
+    return True
+
+
+cdef class Interned(type)  # (below)
+
+
+# A call arrives as CPython's vectorcall passes it: the positional arguments, then the keyword
+# values, in one array, and the keyword names as a tuple (or NULL). Both the class's call and a
+# remembered constructor's are vectorcalls (set up below), so a remembered call builds no argument
+# tuple and no keyword dict; only a call that builds its value makes them.
+
+cdef tuple _positional(PyObject** args, Py_ssize_t n):
+    return tuple([<object>args[i] for i in range(n)])
+
+
+cdef dict _keywords(PyObject** args, Py_ssize_t n, tuple kwnames):
+    cdef Py_ssize_t i
+    if kwnames is None:
+        return {}
+    return {<object>PyTuple_GET_ITEM(kwnames, i): <object>args[n + i] for i in range(PyTuple_GET_SIZE(kwnames))}
+
+
+cdef object _built(object cls, PyObject** args, Py_ssize_t n, tuple kwnames):
+    """``type.__call__(cls, ...)``: the value built as usual."""
+    return _type_call(cls, _positional(args, n), _keywords(args, n, kwnames))
+
+
+cdef object _stored(_Table values, Py_ssize_t limit, Py_uhash_t h, PyObject** args, Py_ssize_t n,
+                    tuple kwnames, object value):
+    """``value`` remembered under ``h`` while the table is below ``limit``; the value every
+    call of these arguments returns (two threads may have built it: the first stored is every
+    call's)."""
+    if <Py_ssize_t>values.entries.size() >= limit:
+        return value
+    return (<_Entry>values.setdefault(h, _entry(args, n, kwnames, value))).value
+
+
+cdef object _class_call(Interned cls, PyObject** args, Py_ssize_t n, tuple kwnames):
+    cdef _Table values = cls._interned_values
+    cdef Py_uhash_t h
+    if values is None or not _call_hash(args, n, kwnames, &h):
+        return _built(cls, args, n, kwnames)
+    cdef PyObject* known = values.find(h)
+    if known != NULL:
+        if (<_Entry>known).matches(args, n, kwnames):
+            return (<_Entry>known).value
+        return _built(cls, args, n, kwnames)  # another call under the same hash: not kept
+    return _stored(values, cls._interned_limit, h, args, n, kwnames, _built(cls, args, n, kwnames))
+
+
+cdef object _class_vectorcall(PyObject* cls, PyObject** args, size_t nargsf, PyObject* kwnames):
+    return _class_call(<Interned>cls, args, PyVectorcall_NARGS(nargsf),
+                       None if kwnames == NULL else <tuple>kwnames)
+
+
+cdef tuple _flattened(tuple args, dict kw, vector[PyObject*]& flat):
+    """A tp_call's ``(args, kw)`` as a vectorcall's array (into ``flat``, borrowing from them)
+    and keyword names: for the calls that do not arrive as vectorcalls."""
+    cdef Py_ssize_t i
     for i in range(PyTuple_GET_SIZE(args)):
-        if not _hash_item(<object>PyTuple_GET_ITEM(args, i), &h, False):
-            return None
-    if kw:
-        while PyDict_Next(kw, &pos, &name, &value):
-            h = _mix(h, <Py_uhash_t>PyObject_Hash(<object>name))
-            if not _hash_item(<object>value, &h, False):
-                return None
-    return <Py_ssize_t>h
+        flat.push_back(PyTuple_GET_ITEM(args, i))
+    for v in (kw.values() if kw else ()):
+        flat.push_back(<PyObject*>v)  # (kw holds the references while the call runs)
+    flat.push_back(NULL)  # (data() of an empty vector may be NULL)
+    return tuple(kw) if kw else None
 
 
 cdef class Interned(type):
@@ -215,11 +342,11 @@ cdef class Interned(type):
     one returns the earlier call's value (see the module's docstring). Subclasses of such a class
     are built as usual.
 
-    A C type, so a call reaches ``__call__`` with no Python-level method lookup: a remembered
-    call costs about as much as a call of the class's ``__init__`` alone would."""
+    A C type whose classes are called by vectorcall: a remembered call runs no Python frame and
+    builds no argument tuple or keyword dict."""
 
     #: The remembered calls (hash -> entry); None for a subclass of an interned class.
-    cdef public dict _interned_values
+    cdef public _Table _interned_values
     #: At most this many values remembered (a class body's ``_interned_limit``, else ``LIMIT``).
     cdef public Py_ssize_t _interned_limit
 
@@ -227,29 +354,40 @@ cdef class Interned(type):
         super().__init__(name, bases, namespace, **kw)
         # a subclass may add state, or compare equal to its base's values: built as usual
         root = not any(isinstance(b, Interned) for b in bases)
-        cls._interned_values = {} if root else None
+        cls._interned_values = _Table() if root else None
         cls._interned_limit = namespace.get("_interned_limit", LIMIT)
         if root:
             _register(cls)
+            if _VECTORCALL:
+                (<PyTypeObject*>cls).tp_vectorcall = <vectorcallfunc>_class_vectorcall
 
-    def __call__(cls, *args, **kw):
-        cdef dict values = cls._interned_values
-        if values is None:
-            return type.__call__(cls, *args, **kw)
-        h = _call_hash(args, kw)
-        if h is None:
-            return type.__call__(cls, *args, **kw)
-        cdef PyObject* known = PyDict_GetItem(values, h)  # (an int key: no Python code runs)
-        if known != NULL:
-            if (<_Entry>known).matches(args, kw):
-                return (<_Entry>known).value
-            return type.__call__(cls, *args, **kw)  # another call under the same hash: not kept
-        value = type.__call__(cls, *args, **kw)
-        if len(values) >= cls._interned_limit:
-            return value
-        # (two threads may have built it: the first stored is every call's; the key is an int,
-        # so setdefault runs no Python code and is atomic)
-        return (<_Entry>values.setdefault(h, _entry(args, kw, value))).value
+    def __call__(cls, *args, **kw):  # (a call that did not arrive as a vectorcall)
+        cdef vector[PyObject*] flat
+        kwnames = _flattened(args, kw, flat)
+        return _class_call(cls, flat.data(), PyTuple_GET_SIZE(args), kwnames)
+
+
+cdef bint _enable_vectorcall() except -1:
+    """Let CPython call Interned's classes by vectorcall: Interned inherits type's offset of
+    ``tp_vectorcall``, but not the flag, as it defines its own ``__call__``. Where the offset is
+    not type's (an unexpected CPython), calls keep going through ``__call__``."""
+    cdef PyTypeObject* meta = <PyTypeObject*>Interned
+    if meta.tp_vectorcall_offset != PyType_Type.tp_vectorcall_offset or meta.tp_vectorcall_offset <= 0:
+        return False
+    meta.tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL
+    PyType_Modified(meta)
+    return True
+
+
+cdef bint _VECTORCALL = _enable_vectorcall()
+
+
+def vectorcall_active(cls):
+    """Whether calls of ``cls`` (a class whose metaclass is Interned) take the vectorcall entry
+    (tests: a CPython that cleared it would leave every call on the slower ``__call__``)."""
+    if not isinstance(cls, Interned):
+        return False
+    return _VECTORCALL and (<PyTypeObject*>cls).tp_vectorcall == <vectorcallfunc>_class_vectorcall
 
 
 cdef class _BoundConstructor  # (below: what reading a _Constructor on a class gives)
@@ -267,14 +405,14 @@ cdef class _Constructor:
     cdef readonly object __func__
     cdef readonly object home  # the class it was made for
     cdef object instance_attr
-    cdef readonly dict values  # (remembered calls, as Interned's _interned_values)
+    cdef readonly _Table values  # (remembered calls, as Interned's _interned_values)
     cdef tuple last  # (owner, its bound constructor): the last class it was read on
 
     def __cinit__(self, fn, home, instance_attr=None):
         self.__func__ = fn
         self.home = home
         self.instance_attr = instance_attr
-        self.values = {}
+        self.values = _Table()
         self.last = (None, None)
 
     def __get__(self, obj, owner):
@@ -286,6 +424,7 @@ cdef class _Constructor:
         if last[0] is owner:
             return last[1]
         cdef _BoundConstructor bound = _BoundConstructor.__new__(_BoundConstructor)
+        bound.vectorcall = <vectorcallfunc>_bound_vectorcall
         bound.ctor = self
         bound.owner = owner
         bound.remember = (owner is self.home and isinstance(owner, Interned)
@@ -295,6 +434,7 @@ cdef class _Constructor:
 
 
 cdef class _BoundConstructor:
+    cdef vectorcallfunc vectorcall  # (_bound_vectorcall: CPython calls it, see below)
     cdef _Constructor ctor
     cdef readonly object owner
     cdef bint remember
@@ -316,22 +456,50 @@ cdef class _BoundConstructor:
         # method it stands for
         return self
 
-    def __call__(self, *args, **kw):
-        cdef _Constructor ctor = self.ctor
-        if not self.remember:
-            return ctor.__func__(self.owner, *args, **kw)
-        h = _call_hash(args, kw)
-        if h is None:
-            return ctor.__func__(self.owner, *args, **kw)
-        cdef PyObject* known = PyDict_GetItem(ctor.values, h)
-        if known != NULL:
-            if (<_Entry>known).matches(args, kw):
-                return (<_Entry>known).value
-            return ctor.__func__(self.owner, *args, **kw)
-        value = ctor.__func__(self.owner, *args, **kw)
-        if len(ctor.values) >= (<Interned>self.owner)._interned_limit:  # (the class's own bound)
-            return value
-        return (<_Entry>ctor.values.setdefault(h, _entry(args, kw, value))).value
+    def __call__(self, *args, **kw):  # (a call that did not arrive as a vectorcall)
+        cdef vector[PyObject*] flat
+        kwnames = _flattened(args, kw, flat)
+        return _bound_call(self, flat.data(), PyTuple_GET_SIZE(args), kwnames)
+
+
+cdef object _run(_BoundConstructor b, PyObject** args, Py_ssize_t n, tuple kwnames):
+    """The constructor's function run as usual: ``fn(owner, *args, **kw)``."""
+    return b.ctor.__func__(b.owner, *_positional(args, n), **_keywords(args, n, kwnames))
+
+
+cdef object _bound_call(_BoundConstructor b, PyObject** args, Py_ssize_t n, tuple kwnames):
+    cdef _Constructor ctor = b.ctor
+    if not b.remember:
+        return _run(b, args, n, kwnames)
+    cdef Py_uhash_t h
+    if not _call_hash(args, n, kwnames, &h):
+        return _run(b, args, n, kwnames)
+    cdef PyObject* known = ctor.values.find(h)
+    if known != NULL:
+        if (<_Entry>known).matches(args, n, kwnames):
+            return (<_Entry>known).value
+        return _run(b, args, n, kwnames)
+    # (the class's own bound)
+    return _stored(ctor.values, (<Interned>b.owner)._interned_limit, h, args, n, kwnames, _run(b, args, n, kwnames))
+
+
+cdef object _bound_vectorcall(PyObject* b, PyObject** args, size_t nargsf, PyObject* kwnames):
+    return _bound_call(<_BoundConstructor>b, args, PyVectorcall_NARGS(nargsf),
+                       None if kwnames == NULL else <tuple>kwnames)
+
+
+cdef bint _enable_bound_vectorcall() except -1:
+    """Let CPython call bound constructors by vectorcall: each instance holds the function (set
+    when made), at the offset its type names."""
+    cdef _BoundConstructor probe = _BoundConstructor.__new__(_BoundConstructor)
+    cdef PyTypeObject* t = <PyTypeObject*>_BoundConstructor
+    t.tp_vectorcall_offset = <Py_ssize_t>(<char*>&probe.vectorcall - <char*><PyObject*>probe)
+    t.tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL
+    PyType_Modified(t)
+    return True
+
+
+cdef bint _BOUND_VECTORCALL = _enable_bound_vectorcall()
 
 
 def remembered_constructor(fn, home, instance_attr=None):
