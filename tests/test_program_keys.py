@@ -417,6 +417,14 @@ def test_remembered_calls_take_the_vectorcall_entry_and_the_call_entry_alike():
     for call in (read, type(read).__call__.__get__(read)):  # refused through either entry
         with pytest.raises(InvalidProgram):
             call("a", 0, "f99")
+    # the last two entries are compared with a call before anything is hashed: alternating calls
+    # each find their own value, and a call differing from a recent one in one item is another
+    a1, b1 = read("alt_a", 0, f32), read("alt_b", 1, f32)
+    for _ in range(3):
+        assert read("alt_a", 0, f32) is a1 and read("alt_b", 1, f32) is b1
+        assert read("alt_b", 1, f32) is b1 and read("alt_a", 0, f32) is a1
+        near = read("alt_a", 1, f32)
+        assert near != a1 and near.binding == 1 and read("alt_a", 1, f32) is near
 
 
 def test_a_list_argument_changed_after_the_call_is_another_call():

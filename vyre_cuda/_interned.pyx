@@ -198,9 +198,30 @@ cdef class _Table:
     """The remembered calls of one class or constructor: the arguments' 64-bit hash -> its
     entry, in C (a lookup makes no int object and compares no keys). A mapping to Python (tests
     and diagnostics: ``len``, ``items``, ``[hash]``). It holds its entries' references; it is not
-    tracked by the GC, as it belongs to a module-level class that lives as long as the process."""
+    tracked by the GC, as it belongs to a module-level class that lives as long as the process.
+
+    The two entries found or stored last are compared with a call first, item by item as a hash
+    hit is: a function building its program calls each constructor with the arguments of its
+    previous call (or of the one before: ``read("a", ...)``, ``read("b", ...)``), and then
+    nothing is hashed."""
 
     cdef unordered_map[size_t, PyObject*] entries
+    cdef _Entry last0, last1  # (the last entry found or stored, and the one before it)
+
+    cdef inline _Entry recent(self, PyObject** args, Py_ssize_t n, tuple kwnames):
+        """The recent entry this call is, or None (runs no Python code)."""
+        cdef _Entry e = self.last0
+        if e is not None and e.matches(args, n, kwnames):
+            return e
+        e = self.last1
+        if e is not None and e.matches(args, n, kwnames):
+            return e
+        return None
+
+    cdef inline void touch(self, _Entry e) noexcept:
+        if e is not self.last0:
+            self.last1 = self.last0
+            self.last0 = e
 
     def __dealloc__(self):
         for item in self.entries:
@@ -218,9 +239,11 @@ cdef class _Table:
         Python code runs between the find and the store)."""
         cdef PyObject* known = self.find(h)
         if known != NULL:
-            return <object>known
-        Py_INCREF(e)
-        self.entries[h] = <PyObject*>e
+            e = <_Entry>known
+        else:
+            Py_INCREF(e)
+            self.entries[h] = <PyObject*>e
+        self.touch(e)
         return e
 
     def __len__(self):
@@ -237,6 +260,7 @@ cdef class _Table:
 
     def __setitem__(self, Py_ssize_t h, _Entry e not None):
         cdef PyObject* old = self.find(<Py_uhash_t>h)
+        self.last0 = self.last1 = None  # (the table changed: every call is looked up again)
         Py_INCREF(e)
         self.entries[<Py_uhash_t>h] = <PyObject*>e
         if old != NULL:
@@ -310,11 +334,17 @@ cdef object _stored(_Table values, Py_ssize_t limit, Py_uhash_t h, PyObject** ar
 cdef object _class_call(Interned cls, PyObject** args, Py_ssize_t n, tuple kwnames):
     cdef _Table values = cls._interned_values
     cdef Py_uhash_t h
-    if values is None or not _call_hash(args, n, kwnames, &h):
+    if values is None:
+        return _built(cls, args, n, kwnames)
+    cdef _Entry e = values.recent(args, n, kwnames)
+    if e is not None:
+        return e.value
+    if not _call_hash(args, n, kwnames, &h):
         return _built(cls, args, n, kwnames)
     cdef PyObject* known = values.find(h)
     if known != NULL:
         if (<_Entry>known).matches(args, n, kwnames):
+            values.touch(<_Entry>known)
             return (<_Entry>known).value
         return _built(cls, args, n, kwnames)  # another call under the same hash: not kept
     return _stored(values, cls._interned_limit, h, args, n, kwnames, _built(cls, args, n, kwnames))
@@ -471,12 +501,16 @@ cdef object _bound_call(_BoundConstructor b, PyObject** args, Py_ssize_t n, tupl
     cdef _Constructor ctor = b.ctor
     if not b.remember:
         return _run(b, args, n, kwnames)
+    cdef _Entry e = ctor.values.recent(args, n, kwnames)
+    if e is not None:
+        return e.value
     cdef Py_uhash_t h
     if not _call_hash(args, n, kwnames, &h):
         return _run(b, args, n, kwnames)
     cdef PyObject* known = ctor.values.find(h)
     if known != NULL:
         if (<_Entry>known).matches(args, n, kwnames):
+            ctor.values.touch(<_Entry>known)
             return (<_Entry>known).value
         return _run(b, args, n, kwnames)
     # (the class's own bound)
