@@ -197,8 +197,9 @@ cdef class _Entry:
 cdef class _Table:
     """The remembered calls of one class or constructor: the arguments' 64-bit hash -> its
     entry, in C (a lookup makes no int object and compares no keys). A mapping to Python (tests
-    and diagnostics: ``len``, ``items``, ``[hash]``). It holds its entries' references; it is not
-    tracked by the GC, as it belongs to a module-level class that lives as long as the process.
+    and diagnostics: ``len``, ``items``, ``[hash]``). It holds its entries' references, which the
+    GC does not see (so it never collects them): it belongs to a module-level class that lives as
+    long as the process.
 
     The two entries found or stored last are compared with a call first, item by item as a hash
     hit is: a function building its program calls each constructor with the arguments of its
