@@ -14,13 +14,15 @@ every time. Values of registered types are keyed by identity, and the remembered
 (so no other object takes their address while it lives): no Python ``__hash__`` runs, and an
 equal value that is another object is only a miss, built as usual.
 
-A call that finds its value builds no key: the arguments are hashed in C (a str's or an int's
-own hash, a registered value's address, each mixed with its exact type) and the entry under that
-hash is compared with them item by item. An entry whose arguments differ under the same hash (a
-64-bit collision) is left as it is and the call builds a new value. A call that raises is not
-remembered. Past its class's ``_interned_limit`` values (``LIMIT`` unless the class says), calls
-build new ones. The GIL guards the tables (two threads building one new value may both build it;
-both return the one stored first).
+A call that finds its value builds no key: it is first compared item by item with the two
+entries found or stored last (a function building its program repeats its calls in order), then
+the arguments are hashed in C (a str's or an int's own hash, a registered value's address, each
+mixed with its exact type) and the entry under that hash is compared with them item by item.
+An entry whose arguments differ under the same hash (a 64-bit collision) is left as it is and the
+call builds a new value. A call that raises is not remembered. Past its class's
+``_interned_limit`` values (``LIMIT`` unless the class says), calls build new ones. The GIL guards
+the tables (two threads building one new value may both build it; both return the one stored
+first).
 """
 
 from cpython.object cimport PyObject, PyObject_Hash, PyObject_RichCompareBool, Py_EQ
