@@ -211,15 +211,28 @@ cdef class _Table:
     cdef unordered_map[size_t, PyObject*] entries
     cdef _Entry last0, last1  # (the last entry found or stored, and the one before it)
 
-    cdef inline _Entry recent(self, PyObject** args, Py_ssize_t n, tuple kwnames):
-        """The recent entry this call is, or None (runs no Python code)."""
+    cdef _Entry remembered(self, PyObject** args, Py_ssize_t n, tuple kwnames, Py_uhash_t* h,
+                           bint* storable):
+        """The entry this call is (a recent one, else the one under its hash), or None; then
+        ``storable`` says whether the value built for it may be stored under ``h`` (its
+        arguments are plain and no other call holds that hash). Runs no Python code."""
+        storable[0] = False
         cdef _Entry e = self.last0
         if e is not None and e.matches(args, n, kwnames):
             return e
         e = self.last1
         if e is not None and e.matches(args, n, kwnames):
             return e
-        return None
+        if not _call_hash(args, n, kwnames, h):
+            return None  # (not plain: built as usual)
+        cdef PyObject* known = self.find(h[0])
+        if known == NULL:
+            storable[0] = True
+            return None
+        if not (<_Entry>known).matches(args, n, kwnames):
+            return None  # another call under the same hash: built, not kept
+        self.touch(<_Entry>known)
+        return <_Entry>known
 
     cdef inline void touch(self, _Entry e) noexcept:
         if e is not self.last0:
@@ -337,20 +350,14 @@ cdef object _stored(_Table values, Py_ssize_t limit, Py_uhash_t h, PyObject** ar
 cdef object _class_call(Interned cls, PyObject** args, Py_ssize_t n, tuple kwnames):
     cdef _Table values = cls._interned_values
     cdef Py_uhash_t h
+    cdef bint storable
     if values is None:
         return _built(cls, args, n, kwnames)
-    cdef _Entry e = values.recent(args, n, kwnames)
+    cdef _Entry e = values.remembered(args, n, kwnames, &h, &storable)
     if e is not None:
         return e.value
-    if not _call_hash(args, n, kwnames, &h):
-        return _built(cls, args, n, kwnames)
-    cdef PyObject* known = values.find(h)
-    if known != NULL:
-        if (<_Entry>known).matches(args, n, kwnames):
-            values.touch(<_Entry>known)
-            return (<_Entry>known).value
-        return _built(cls, args, n, kwnames)  # another call under the same hash: not kept
-    return _stored(values, cls._interned_limit, h, args, n, kwnames, _built(cls, args, n, kwnames))
+    value = _built(cls, args, n, kwnames)
+    return _stored(values, cls._interned_limit, h, args, n, kwnames, value) if storable else value
 
 
 cdef object _class_vectorcall(PyObject* cls, PyObject** args, size_t nargsf, PyObject* kwnames):
@@ -501,23 +508,17 @@ cdef object _run(_BoundConstructor b, PyObject** args, Py_ssize_t n, tuple kwnam
 
 
 cdef object _bound_call(_BoundConstructor b, PyObject** args, Py_ssize_t n, tuple kwnames):
-    cdef _Constructor ctor = b.ctor
+    cdef _Table values = b.ctor.values
+    cdef Py_uhash_t h
+    cdef bint storable
     if not b.remember:
         return _run(b, args, n, kwnames)
-    cdef _Entry e = ctor.values.recent(args, n, kwnames)
+    cdef _Entry e = values.remembered(args, n, kwnames, &h, &storable)
     if e is not None:
         return e.value
-    cdef Py_uhash_t h
-    if not _call_hash(args, n, kwnames, &h):
-        return _run(b, args, n, kwnames)
-    cdef PyObject* known = ctor.values.find(h)
-    if known != NULL:
-        if (<_Entry>known).matches(args, n, kwnames):
-            ctor.values.touch(<_Entry>known)
-            return (<_Entry>known).value
-        return _run(b, args, n, kwnames)
+    value = _run(b, args, n, kwnames)
     # (the class's own bound)
-    return _stored(ctor.values, (<Interned>b.owner)._interned_limit, h, args, n, kwnames, _run(b, args, n, kwnames))
+    return _stored(values, (<Interned>b.owner)._interned_limit, h, args, n, kwnames, value) if storable else value
 
 
 cdef object _bound_vectorcall(PyObject* b, PyObject** args, size_t nargsf, PyObject* kwnames):

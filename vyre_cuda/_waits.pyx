@@ -351,10 +351,10 @@ cdef class PendingDispatch:
                         raise exc
             if dv is not None:  # a device array: copied device-to-device from the slab, not read back
                 if type(dv) is DevView:  # (read in C: its fields too)
-                    dv_keep, dv_wait = (<DevView>dv).keep, (<DevView>dv).wait
+                    dc.ptr, dv_keep, dv_wait = (<DevView>dv).ptr, (<DevView>dv).keep, (<DevView>dv).wait
                 else:  # (the Python reader's DeviceView)
-                    dv_keep, dv_wait = dv.keep, dv.wait
-                dc.ptr, dc.dev_offset, dc.n = _view_ptr(dv), piece.dev_offset, piece.n
+                    dc.ptr, dv_keep, dv_wait = <cydriver.CUdeviceptr>dv.ptr, dv.keep, dv.wait
+                dc.dev_offset, dc.n = piece.dev_offset, piece.n
                 if p.streamed:
                     d.s_out_dev[k] = dc.ptr  # each chunk's rows, device-to-device from its slot
                 elif (not d.f.enqueued and p.out_args[k] >= 0 and piece.n
