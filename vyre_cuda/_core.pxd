@@ -36,11 +36,11 @@ cdef class Core:
     cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d,
                           Prepared given)
     cdef object _miss(self, key, config, inputs, PendingDispatch d)
-    cdef long long _device_input(self, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
+    cdef long long _device_input(self, obj, Py_ssize_t i, Py_ssize_t n, own, Py_buffer* view,
                                  PendingDispatch d) except -2
     cdef int _check_device_inputs(self, program, inputs, config, Prepared p, vector[Py_buffer]& views,
                                   PendingDispatch d) except -1
-    cdef list _device_outputs(self, Prepared p, list into, PendingDispatch d)
+    cdef tuple _device_outputs(self, Prepared p, list into, PendingDispatch d)
     cdef long long _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
                                PendingDispatch d, exc) except? -2
     cdef PendingDispatch _open(self, program, inputs, config, Prepared given)

@@ -46,7 +46,7 @@ from ._prepared cimport Prepared, ResidentBlocks, InputCheck, OutCheck, ROUTE_CO
 from ._formats cimport kind_ok
 from ._devview cimport DevView, read_device, device_type
 from ._launch cimport issue, collect, stream_waits, trial_record, G_REPLAY, G_CAPTURE, G_UPDATE, G_FALLBACK
-from ._waits cimport PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE
+from ._waits cimport DevInput, PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE
 from ._tracing cimport (
     mark, nvtx_stage_open, nvtx_stage, nvtx_blocking, nvtx_async, nvtx_refused, stage_durations, trace_line,
     TRACE_LOG, TRACE_NVTX, S_UPLOAD, M_START, M_LOOKUP, M_WAIT, M_COPYOUT, M_RELEASE, N_MARKS,
@@ -65,6 +65,7 @@ cnp.import_array()
 
 # plans made for callers' streams kept at most (each new stream is a new plan key)
 cdef int MAX_STREAM_PLANS = 64
+cdef object _UNREAD = object()  # (_lookup: the config's stream not read yet)
 
 
 @cython.final
@@ -259,6 +260,7 @@ cdef class Core:
         cdef long long small[8]
         cdef vector[long long] big
         cdef long long* lens = small  # each input's length code (see _LastHit)
+        own = _UNREAD  # the caller's stream, read at the first device input (one attribute read)
         if type(program) is not Program:
             raise ValidationError(
                 f"dispatch needs a vyre_cuda.Program (got {type(program).__name__})",
@@ -278,7 +280,9 @@ cdef class Core:
             # C when its producer allows
             nbytes = -1
             if type(obj) is not cnp.ndarray and (not PyObject_CheckBuffer(obj) or device_type(obj)):
-                nbytes = self._device_input(obj, i, n, config, view, d)
+                if own is _UNREAD:
+                    own = None if config is None else config.stream
+                nbytes = self._device_input(obj, i, n, own, view, d)
             if nbytes >= 0:
                 lens[i] = -1 - nbytes
                 continue
@@ -290,7 +294,9 @@ cdef class Core:
             except Exception as exc:
                 try:
                     if type(obj) is not cnp.ndarray and PyObject_CheckBuffer(obj):
-                        nbytes = self._device_input(obj, i, n, config, view, d)  # (and learns its type)
+                        if own is _UNREAD:
+                            own = None if config is None else config.stream
+                        nbytes = self._device_input(obj, i, n, own, view, d)  # (and learns its type)
                     lens[i] = -1 - nbytes if nbytes >= 0 else self._cold_input(program, obj, i, n, config, view, d, exc)
                 except BaseException:
                     _release(views, i)
@@ -322,7 +328,7 @@ cdef class Core:
                 self.last_hit = hit
         cdef Prepared p = <Prepared>prep
         cdef InputCheck* ic
-        if d.dev_kind.size():
+        if d.dev_in.size():
             self._check_device_inputs(program, inputs, config, p, views, d)
         for i in range(<Py_ssize_t>p.checks.size()):
             ic = &p.checks[i]
@@ -340,29 +346,27 @@ cdef class Core:
             # object (the dispatch holds that while it runs)
             config = config._without_stream_object()
             key = (key[0], config) + key[2:]
-        if d.dev_ptrs.size():  # device inputs: their key entries are ("device", nbytes)
+        if d.dev_in.size():  # device inputs: their key entries are ("device", nbytes)
             lengths = tuple(x[1] if type(x) is tuple else x for x in key[2:])
             on_device = frozenset(k for k, x in enumerate(key[2:]) if type(x) is tuple)
             return PlanMiss(key, lengths, config, on_device, inputs)
         return PlanMiss(key, key[2:], config, frozenset(), inputs)
 
-    cdef long long _device_input(self, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
+    cdef long long _device_input(self, obj, Py_ssize_t i, Py_ssize_t n, own, Py_buffer* view,
                                  PendingDispatch d) except -2:
         """A device input read in C (_devview): its bytes, or -1 when the C reader leaves it to
-        the Python one (which also words every refusal)."""
-        bind_context(self.ctx)  # the pointer queries want our context
-        cdef DevView dv = read_device(obj, self.device, None if config is None else config.stream, d.cupy_stream)
+        the Python one (which also words every refusal). ``own``: the config's stream (None: the
+        backend's own streams)."""
+        bind_context(self.ctx)  # the pointer queries want our context (a producer's code may move it)
+        cdef DevView dv = read_device(obj, self.device, own, d.cupy_stream)
         if dv is None:
             d.cupy_stream = None  # the Python reader may run the producer's code
             return -1
         d.cupy_stream = dv.memo
         _hold_device(d, i, n, view, dv.ptr, dv.keep, dv.wait)
         self.tel[T_DEVICE_ARRAYS_READ_IN_C] += 1
-        if d.dev_kind.size() == 0:
-            d.dev_kind.assign(n, 0)
-            d.dev_size.assign(n, 0)
-        d.dev_kind[i] = dv.kind_code
-        d.dev_size[i] = dv.itemsize
+        d.dev_in[i].kind = dv.kind_code
+        d.dev_in[i].size = dv.itemsize
         return <long long>dv.nbytes
 
     cdef int _check_device_inputs(self, program, inputs, config, Prepared p, vector[Py_buffer]& views,
@@ -374,15 +378,15 @@ cdef class Core:
         cdef char got
         for k in range(p.dev_checks.size()):
             ic = &p.dev_checks[k]
-            got = d.dev_kind[ic.index]
-            if got == 0 or ic.kind == 0 or d.dev_size[ic.index] == 1:
-                continue  # read by the Python reader (checked there), untyped, or raw bytes
-            if d.dev_size[ic.index] != ic.itemsize or got != ic.kind:
+            got = d.dev_in[ic.index].kind
+            if got == 0 or ic.kind == 0 or d.dev_in[ic.index].size == 1:
+                continue  # read by the Python reader (checked there), untyped, or raw bytes, or not a device input
+            if d.dev_in[ic.index].size != ic.itemsize or got != ic.kind:
                 _release(views, views.size())
                 device_input(program, ic.index, inputs[ic.index], self.device,
                              None if config is None else config.stream)  # raises the typed error
                 raise ValidationError(  # (the two readers disagree: never expected)
-                    f"input {ic.index} has element kind {chr(got)!r}, {d.dev_size[ic.index]} bytes, but the "
+                    f"input {ic.index} has element kind {chr(got)!r}, {d.dev_in[ic.index].size} bytes, but the "
                     f"buffer is declared kind {chr(ic.kind)!r}, {ic.itemsize} bytes",
                     "pass a device array of the declared dtype",
                 )
@@ -451,7 +455,8 @@ cdef class Core:
         if into is not None:  # checked before it runs
             d.out_checked = self._device_outputs(p, into, d)
             if d.out_checked is None:
-                d.out_checked = check_outputs(p.plan, into, self.device, <uintptr_t>p.ext_stream if p.ext else None)
+                d.out_checked = tuple(check_outputs(p.plan, into, self.device,
+                                                    <uintptr_t>p.ext_stream if p.ext else None))
                 for v in d.out_checked:
                     if v is not None:
                         self.tel[T_DEVICE_ARRAYS_READ_IN_PYTHON] += 1
@@ -514,7 +519,7 @@ cdef class Core:
             d.wait_timeout = p.timeout
         return 0
 
-    cdef list _device_outputs(self, Prepared p, list into, PendingDispatch d):
+    cdef tuple _device_outputs(self, Prepared p, list into, PendingDispatch d):
         """The views of ``into`` when every output is a device array read in C and right for its
         slot (dtype, exact size, writable); else None, and the Python checks run (and word any
         refusal)."""
@@ -524,7 +529,10 @@ cdef class Core:
         if n != <Py_ssize_t>p.out_checks.size():
             return None
         bind_context(self.ctx)
-        views = []
+        # a tuple, not a list: holding only DevViews (which the GC does not track), the GC stops
+        # tracking it at its first pass, so a dispatch kept in flight adds one object fewer to the
+        # older generations (whose growth sets how often the GC walks the whole heap)
+        cdef tuple views = PyTuple_New(n)
         for k in range(n):
             obj = into[k]
             if type(obj) is cnp.ndarray:
@@ -537,7 +545,8 @@ cdef class Core:
             oc = &p.out_checks[k]
             if dv.read_only or dv.nbytes != oc.nbytes or dv.itemsize != oc.itemsize or dv.kind_code != oc.kind:
                 return None
-            views.append(dv)
+            Py_INCREF(dv)
+            PyTuple_SET_ITEM(views, k, dv)
         return views
 
     cdef int _ensure_resident(self, Prepared p) except -1:
@@ -835,10 +844,12 @@ cdef int _hold_device(PendingDispatch d, Py_ssize_t i, Py_ssize_t n, Py_buffer* 
     # an empty placeholder view keeps the release loops uniform (releasing a view of no
     # object does nothing)
     memset(view, 0, sizeof(Py_buffer))
-    if d.dev_ptrs.size() == 0:
-        d.dev_ptrs.assign(n, 0)
+    cdef DevInput zero
+    if d.dev_in.size() == 0:
+        memset(&zero, 0, sizeof(DevInput))
+        d.dev_in.assign(n, zero)
         d.keep = []
-    d.dev_ptrs[i] = ptr
+    d.dev_in[i].ptr = ptr
     d.keep.append(keep)
     if wait is not None:
         if d.waits is None:

@@ -180,17 +180,40 @@ cdef tuple _classify(obj, t):
     return (P_SLOW, 0, None)
 
 
-cdef tuple _protocol(obj):
-    t = type(obj)
-    entry = _protocols.get(t)
+cdef tuple _recent = (None, None)  # (type, its _protocols entry): the last type looked up
+
+
+cdef inline object _current_entry(t):
+    """The cached entry of type ``t`` if it is current (the type unchanged since), else None. The
+    last type looked up is compared first (a dispatch's arrays are mostly of one type): no dict
+    lookup. The tag is compared as a C int (no int object made)."""
+    global _recent
+    cdef tuple recent = _recent  # (one read: another thread may replace it, never change it)
+    if recent[0] is t:
+        entry = recent[1]
+    else:
+        entry = _protocols.get(t)
+        if entry is None:
+            return None
+        _recent = (t, entry)
     cdef unsigned int tag = type_tag(t)
-    if entry is not None and tag != 0 and (<tuple>entry)[1] == tag:
+    if tag != 0 and <unsigned int>(<tuple>entry)[1] == tag:
+        return entry
+    return None
+
+
+cdef tuple _protocol(obj):
+    global _recent
+    t = type(obj)
+    entry = _current_entry(t)
+    if entry is not None:
         return <tuple>entry
     entry = _classify(obj, t)
-    tag = type_tag(t)  # the lookups above gave the type a tag if it had none
+    cdef unsigned int tag = type_tag(t)  # the lookups above gave the type a tag if it had none
     if tag != 0:
         entry = ((<tuple>entry)[0], tag, (<tuple>entry)[2])
         _protocols[t] = entry
+        _recent = (t, entry)  # (a modified type's old entry must not stay the recent one)
     return <tuple>entry
 
 
@@ -198,10 +221,8 @@ cdef bint device_type(obj) noexcept:
     """Whether ``obj``'s type is known (cached, current) to speak a protocol this reader takes:
     for producers whose arrays also export a buffer protocol that refuses (CuPy), so the core
     tries this reader before the buffer protocol's exception."""
-    t = type(obj)
-    entry = _protocols.get(t)
-    cdef unsigned int tag = type_tag(t)
-    return entry is not None and tag != 0 and (<tuple>entry)[1] == tag and (<tuple>entry)[0] != P_SLOW
+    entry = _current_entry(type(obj))
+    return entry is not None and (<tuple>entry)[0] != P_SLOW
 
 
 def protocol_of(obj):

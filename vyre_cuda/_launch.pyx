@@ -311,10 +311,10 @@ cdef cydriver.CUresult _device_args(PendingDispatch d, Prepared p, unsigned long
     for i in range(p.dev_args.size()):
         a = &p.dev_args[i]
         if a.offset < 0:
-            argv[a.arg] = d.dev_ptrs[a.input]
+            argv[a.arg] = d.dev_in[a.input].ptr
         elif a.nbytes:
             call[0] = b"cuMemcpyDtoDAsync"
-            st = cydriver.cuMemcpyDtoDAsync(d.f.slab + <size_t>a.offset, d.dev_ptrs[a.input], a.nbytes, d.f.stream)
+            st = cydriver.cuMemcpyDtoDAsync(d.f.slab + <size_t>a.offset, d.dev_in[a.input].ptr, a.nbytes, d.f.stream)
             if st != cydriver.CUDA_SUCCESS:
                 return st
     return cydriver.CUDA_SUCCESS

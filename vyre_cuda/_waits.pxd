@@ -12,6 +12,12 @@ from ._core cimport Core
 from ._devview cimport CupyStream
 
 
+cdef struct DevInput:  # one input of a dispatch that is device memory
+    cydriver.CUdeviceptr ptr
+    char kind  # its element kind as read in C, checked once the plan is found (0: not read in C)
+    int size  # ... and its item size
+
+
 # outcomes of a wait
 cdef enum:
     W_DONE = 0
@@ -39,9 +45,7 @@ cdef class PendingDispatch:
     cdef bint traced  # enqueued with NVTX tracing: result() opens a range
     cdef bint nvtx_started  # its NVTX start/end range is open (ended when it settles)
     cdef unsigned long long nvtx_range
-    cdef vector[cydriver.CUdeviceptr] dev_ptrs  # per input: its device pointer (empty: no device input)
-    cdef vector[char] dev_kind  # per input read in C: its element kind, checked once the plan is found (0: not)
-    cdef vector[int] dev_size  # ... and its item size
+    cdef vector[DevInput] dev_in  # per input: its device memory (empty: no device input; one vector, one allocation)
     cdef vector[DevCopy] out_dev
     cdef vector[InPlace] out_inplace  # device outputs the kernel writes directly (no copy)
     cdef bint out_dev_issued
@@ -50,7 +54,7 @@ cdef class PendingDispatch:
     cdef bint readback_skipped  # no output was read back to staging at the enqueue (all device)
     cdef list keep  # device arrays (and DLPack capsules) the GPU uses, held until completion
     cdef list waits  # streams the dispatch stream waits on before its first copy
-    cdef list out_checked  # per output: its checked device view (None: host), from check_outputs
+    cdef tuple out_checked  # per output: its checked device view (None: host), from check_outputs
     cdef CupyStream cupy_stream  # the memo of its last device array read in C (_devview.read_device)
     cdef int graph_events  # G_* bits of what the graph path did (counted in Core._after_enqueue)
     cdef bint no_graph  # issue this dispatch's launches even though its plan has a graph
@@ -76,7 +80,7 @@ cdef class PendingDispatch:
     cdef int _targets(self, list outs) except -1
     cdef bint _shares_device_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept
     cdef bint _overlaps_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept
-    cdef int _fits_in_place(self, list views) except -1
+    cdef int _fits_in_place(self, tuple views) except -1
     cdef int _collect(self, list outs) except -1
     cdef int _after_collect(self, cydriver.CUresult status, const char* call) except -1
     cdef int _audit(self) except -1

@@ -391,7 +391,7 @@ cdef class PendingDispatch:
                         d.out_direct[k] = 1
         return 0
 
-    cdef int _fits_in_place(self, list views) except -1:
+    cdef int _fits_in_place(self, tuple views) except -1:
         """Whether every output of ``views`` (checked device views, in order) will be written in
         place by :meth:`_targets`: the same rule, decided before the slab is taken."""
         cdef Prepared p = self.prep
@@ -417,7 +417,7 @@ cdef class PendingDispatch:
         cdef cydriver.CUdeviceptr start
         cdef Prepared p = self.prep
         for i in range(p.dev_args.size()):
-            start = self.dev_ptrs[p.dev_args[i].input]
+            start = self.dev_in[p.dev_args[i].input].ptr
             if start < ptr + n and ptr < start + p.dev_args[i].nbytes:
                 return True
         return False
@@ -582,7 +582,7 @@ cdef class PendingDispatch:
             )
         self._take()
         stream = <uintptr_t>self.prep.ext_stream if self.prep.ext else None
-        self.out_checked = check_outputs(self.prep.plan, outputs, self.core.device, stream)
+        self.out_checked = tuple(check_outputs(self.prep.plan, outputs, self.core.device, stream))
         self._wait(timeout)
         self._collect(outputs)
         self._finish()
