@@ -22,6 +22,7 @@ NEW_DEVICE_KEYS = (
     "vyre.device.torch",
     "vyre.device.enqueue",
     "vyre.device.enqueue.foreign",
+    "vyre.device.enqueue.devarray",
     "peer.cuda_core.device",
     "peer.cuda_core.enqueue",
 )
@@ -65,6 +66,7 @@ SMALL = {
     "vyre.device.torch": 12_000,
     "vyre.device.enqueue": 3_500,
     "vyre.device.enqueue.foreign": 4_700,
+    "vyre.device.enqueue.devarray": 3_000,
     "vyre.rebuilt": 17_000,
     "peer.cupy.device": 8_000,
     "peer.cupy.launch_only": 3_000,
@@ -126,6 +128,12 @@ def test_device_targets_values_and_miss_notes():
     enqueue = t[("enqueue_vs_cuda_core", 4 * KIB)].note
     assert "one cuLaunchKernel from C costs 2.00 us" in enqueue and "3.50 us, 1.00 us more" in enqueue
     assert "with the arrays exported on another stream it takes 4.70 us" in enqueue
+    # the same enqueue on vyre_cuda's own DeviceArrays: what reading the CuPy arrays costs
+    assert "DeviceArrays (no CuPy protocol to read) it takes 3.00 us, 1.20x cuda.core's launch" in enqueue
+    assert "CuPy's current stream costs 0.50 us" in enqueue
+    without = {k: v for k, v in SMALL.items() if k != "vyre.device.enqueue.devarray"}
+    plain = _by_key(targets.evaluate_targets([_size(4 * KIB, without)], None))
+    assert "DeviceArrays" not in plain[("enqueue_vs_cuda_core", 4 * KIB)].note  # not measured: not named
     issued = t[("small_vs_floor_issued", 4 * KIB)].note
     assert "takes 15.00 us, vyre_cuda 16.00 us" in issued
     assert "no timed dispatch replayed a graph and one cuLaunchKernel from C costs 2.00 us" in issued
@@ -244,10 +252,13 @@ def test_every_device_row_runs_on_faked_peers(fake_device, monkeypatch, stream_f
     assert len(named) == len(enqueued) and all(len(outs) == 1 for outs in named)  # one CuPy output, named
     assert len(enqueued) % engine.LAUNCH_BATCH == 0
     # the target's row enqueues inside ``with stream:`` (its arrays exported on the dispatch's own
-    # stream, as in a pipeline); the foreign row with CuPy's default stream current: as many each
+    # stream, as in a pipeline); the foreign row with CuPy's default stream current, and the
+    # DeviceArray row (vyre_cuda's own arrays, no CuPy array to export): as many each
     asyncs = [cfg for kind, _, cfg in backend.calls if kind == "dispatch_async"]
     current = [ptr for cfg, ptr in zip(asyncs, backend.async_current, strict=True) if cfg is not None]
-    assert current.count(0x5000) == current.count(0) == len(enqueued) // 2
+    assert 3 * current.count(0x5000) == len(enqueued) and current.count(0) == 2 * current.count(0x5000)
+    own = [outs for outs in named if isinstance(outs[0], profile_fakes.FakeDeviceArray)]
+    assert 3 * len(own) == len(enqueued)
     assert core.launches and all(k == ("kernel", "vecadd") for k in core.launches)  # the floor's entry
 
 
@@ -272,7 +283,15 @@ def test_vyre_hooks_verify_against_the_expected_sum(monkeypatch):
     a, b = rng.random(256, dtype=np.float32), rng.random(256, dtype=np.float32)
     backend, program = FakeBackend(), bp.vecadd_f32()
     cp = cupy_peer.start(backend, b"", "vecadd", "// src", a, b, a + b)
-    for hook in ("vyre_device", "vyre_device_zeroed", "vyre_device_out", "vyre_enqueue", "vyre_enqueue_foreign"):
+    hooks = (
+        "vyre_device",
+        "vyre_device_zeroed",
+        "vyre_device_out",
+        "vyre_enqueue",
+        "vyre_enqueue_foreign",
+        "vyre_enqueue_devarray",
+    )
+    for hook in hooks:
         run_fn, verify = getattr(cp, hook)(backend, program)
         assert verify() is False  # nothing measured yet
         run_fn(2)

@@ -297,9 +297,10 @@ def test_run_profile_end_to_end_small_sizes(backend, tmp_path, run_python):
         extra = [
             k for k in ("vyre.device.out", "vyre.device.zeroed", "vyre.device.torch", "vyre.rebuilt") if k in s.systems
         ]
-        enqueue_rows = ("vyre.device.enqueue", "vyre.device.enqueue.foreign")
+        enqueue_rows = ("vyre.device.enqueue", "vyre.device.enqueue.foreign", "vyre.device.enqueue.devarray")
         enqueued = sum(s.systems[k].n * LAUNCH_BATCH for k in enqueue_rows if k in s.systems)
-        most = (8 + len(extra)) * iterations + 5 * len(extra) + enqueued
+        made = 3 if "vyre.device.enqueue.devarray" in s.systems else 0  # (the DeviceArray row makes its arrays)
+        most = (8 + len(extra)) * iterations + 5 * len(extra) + enqueued + made
         assert 5 * iterations <= s.telemetry["dispatches"] <= most
         assert s.allocations_per_dispatch("pinned") is not None
         for peer in P.PEERS:

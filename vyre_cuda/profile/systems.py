@@ -94,6 +94,12 @@ _SYSTEMS = (
         "floor.launch_only",
         None,
     ),
+    (
+        "vyre.device.enqueue.devarray",
+        "vyre_cuda dispatch_async enqueue, vyre_cuda DeviceArrays",
+        "floor.launch_only",
+        None,
+    ),
     ("peer.cupy.device", "CuPy RawKernel on device arrays + sync", None, None),
     ("peer.torch.device", "PyTorch add on device tensors + sync", None, None),
     ("peer.cuda_core.device", "cuda.core launch on device buffers + sync", None, None),

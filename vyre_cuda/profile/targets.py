@@ -494,6 +494,12 @@ def _enqueue_note(s, row, ref):
         if foreign is not None
         else ""
     )
+    own = s.median("vyre.device.enqueue.devarray")
+    if own is not None:
+        other += (
+            f"; on vyre_cuda's own DeviceArrays (no CuPy protocol to read) it takes {_us(own)}, {own / core:.2f}x "
+            f"cuda.core's launch: reading the three CuPy arrays and CuPy's current stream costs {_us(vyre - own)}"
+        )
     return (
         f"{floor}one cuda.core launch {_us(core)}; vyre_cuda's device-resident dispatch_async on the caller's "
         f"stream enqueued in {_us(vyre)}, {_us(vyre - core)} more (reading its device arrays, the launch issued "

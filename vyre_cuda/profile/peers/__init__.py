@@ -66,6 +66,7 @@ VYRE_HOOKS = (
     ("vyre_device_out", "vyre_cuda outputs='device' ({name} arrays)", False),
     ("vyre_enqueue", "vyre_cuda dispatch_async enqueue ({name} stream)", True),
     ("vyre_enqueue_foreign", "vyre_cuda dispatch_async enqueue, arrays of another stream ({name})", True),
+    ("vyre_enqueue_devarray", "vyre_cuda dispatch_async enqueue, vyre_cuda DeviceArrays ({name} stream)", True),
 )
 
 
