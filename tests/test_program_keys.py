@@ -387,6 +387,31 @@ def test_remembered_constructors_build_as_the_class_does():
             BufferDecl.read("rc", 0, "f99")
 
 
+def test_the_two_recent_calls_differing_in_any_argument_return_their_own_values():
+    # the two calls a table found last are compared first, by identity then by value: two calls
+    # alternating (a function building its program calls read("a", ...), read("b", ...) each
+    # time) that differ in one argument only, a keyword name or a keyword's place each keep
+    # their own value, with the very objects passed again and with equal new ones
+    f16, f32 = "f16", "f32"
+    pairs = [  # (x's call, y's call, whether their values are equal)
+        ((("ra_0", 0, f32), {}), (("ra_0", 1, f32), {}), False),  # the binding only
+        ((("ra_1", 0, f32), {}), (("ra_1", 0, f16), {}), False),  # the element type only
+        ((("ra_2", 0, f32), {}), (("ra_2", 0, f32, 8), {}), False),  # one argument more
+        ((("ra_3", 0, f32), {"count": 4}), (("ra_3", 0, f32), {"count": 8}), False),  # a keyword's value
+        ((("ra_4", 0, f32), {"count": 64}), (("ra_4", 0, f32), {"alignment": 64}), False),  # its name
+        ((("ra_5", 0, f32, 4), {}), (("ra_5", 0, f32), {"count": 4}), True),  # by place, by name
+    ]
+    for (args_x, kw_x), (args_y, kw_y), equal in pairs:
+        x, y = BufferDecl.read(*args_x, **kw_x), BufferDecl.read(*args_y, **kw_y)
+        assert (x == y) is equal, (args_x, kw_x, args_y, kw_y)
+        for _ in range(3):
+            assert BufferDecl.read(*args_x, **kw_x) is x
+            assert BufferDecl.read(*args_y, **kw_y) is y
+            # equal values that are new objects (a str built at run time) find the same entries
+            assert BufferDecl.read("".join(args_x[0]), *args_x[1:], **kw_x) is x
+            assert BufferDecl.read("".join(args_y[0]), *args_y[1:], **kw_y) is y
+
+
 def test_remembered_calls_take_the_vectorcall_entry_and_the_call_entry_alike():
     # CPython calls the interned classes and their constructors by vectorcall (no argument tuple,
     # no keyword dict); a call through tp_call (an explicit __call__, a partial) finds the same
