@@ -260,10 +260,15 @@ def test_a_program_built_again_from_plain_arguments_is_the_first_build():
     # its Kernel, BufferDecls and the Program itself: each call with the same arguments
     assert bp.vecadd_f32() is first
     assert Kernel.cuda(first.kernel.source) is first.kernel
-    f32 = first.buffers[0].dtype  # (the factory passes the DType: "f32" is another argument)
-    assert BufferDecl.read("a", 0, f32) is first.buffers[0]
-    assert BufferDecl.output("out", 2, f32, zeroed=False) is first.buffers[2]
-    assert BufferDecl.read("a", 0, "f32") == first.buffers[0]
+    # (vecadd_f32 passes "f32"; the DType, as vecadd("f32") passes it, is another argument)
+    assert BufferDecl.read("a", 0, "f32") is first.buffers[0]
+    assert BufferDecl.output("out", 2, "f32", zeroed=False) is first.buffers[2]
+    f32 = first.buffers[0].dtype
+    assert BufferDecl.read("a", 0, f32) == first.buffers[0] and BufferDecl.read("a", 0, f32) is not first.buffers[0]
+    # the generic factory builds an equal program: one structural key, so one plan
+    generic = bp.vecadd("f32")
+    assert generic == first and hash(generic) == hash(first) and generic.name == first.name
+    assert (generic.kernel, generic.buffers, generic.workgroup_size) == (first.kernel, first.buffers, (256, 1, 1))
     renamed = dataclasses.replace(first, name="other")
     assert renamed.name == "other" and renamed != first and renamed.buffers == first.buffers
     # pickle rebuilds through the constructor with every field, replace() with every field by
@@ -436,9 +441,9 @@ def test_remembered_calls_take_the_vectorcall_entry_and_the_call_entry_alike():
     assert type(Program).__call__(Program, k, decls, name="vecadd_f32", workgroup_size=(256, 1, 1)) is swapped
     f32 = first.buffers[0].dtype
     read, output = BufferDecl.read, BufferDecl.output
-    assert type(read).__call__(read, "a", 0, f32) is first.buffers[0] is read("a", 0, f32)
-    assert type(output).__call__(output, "out", 2, f32, zeroed=False) is first.buffers[2]
-    assert functools.partial(output, "out", 2)(f32, zeroed=False) is first.buffers[2]
+    assert type(read).__call__(read, "a", 0, "f32") is first.buffers[0] is read("a", 0, "f32")
+    assert type(output).__call__(output, "out", 2, "f32", zeroed=False) is first.buffers[2]
+    assert functools.partial(output, "out", 2)("f32", zeroed=False) is first.buffers[2]
     for call in (read, type(read).__call__.__get__(read)):  # refused through either entry
         with pytest.raises(InvalidProgram):
             call("a", 0, "f99")
