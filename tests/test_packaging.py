@@ -70,8 +70,13 @@ def sdist(tmp_path_factory) -> pathlib.Path:
     if given:
         return pathlib.Path(given)
     # find build's entry point, not the name: an in-place build's build/ folder in the checkout is
-    # importable as a namespace package called `build`
-    if importlib.util.find_spec("build.__main__") is None:
+    # importable as a namespace package called `build`; with neither, find_spec of the submodule
+    # raises instead of answering None (the README's test command on a fresh machine)
+    try:
+        found = importlib.util.find_spec("build.__main__")
+    except ModuleNotFoundError:
+        found = None
+    if found is None:
         pytest.skip("set VYRE_CUDA_SDIST, or install `build` to make the sdist here")
     out = tmp_path_factory.mktemp("sdist")
     proc = subprocess.run(
