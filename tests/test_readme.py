@@ -364,6 +364,10 @@ def test_first_two_commands_are_what_ci_runs():
     lines = [line.strip() for line in ci.read_text().splitlines()]
     assert any(line.startswith("python -m pip install") and "'.[test]'" in line for line in lines)
     assert "pytest -q" in lines
+    # ... in a venv of its own, as a newcomer's holds neither build nor the lint tools
+    at = lines.index("pytest -q")
+    fresh = [ln for ln in lines[at - 4 : at] if ln.startswith(". ") and ln.endswith('/bin/activate"')]
+    assert fresh and "/venv/bin/activate" not in fresh[-1], fresh
 
 
 BLOCK_DASK = """
