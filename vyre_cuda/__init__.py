@@ -13,7 +13,35 @@ The types of inputs and outputs, for annotating code that calls vyre_cuda, are i
 
 from typing import TYPE_CHECKING, Any
 
-from .config import DispatchConfig
+
+# The compiled module every use of the package needs (driver init and the error check).
+_COMPILED_PROBE = "_driver"
+
+
+def _require_compiled_core() -> None:
+    from importlib.machinery import PathFinder  # noqa: PLC0415 (used once, here)
+
+    # A source folder whose Cython modules were never built imports fine and then fails at the
+    # first plan or backend with a bare "No module named vyre_cuda._accounting": say so here, once.
+    # One spec look-up in this package's own folder (a listing the import system caches), not
+    # through sys.meta_path: an editable install's finder would answer from another folder. An
+    # installed wheel always has the module.
+    if PathFinder.find_spec(f"{__name__}.{_COMPILED_PROBE}", __path__) is None:
+        folders = ", ".join(__path__)
+        raise ImportError(
+            f"vyre_cuda is imported from {folders}, a source folder whose compiled modules are not "
+            f"built for this Python (no vyre_cuda.{_COMPILED_PROBE} extension there), so it cannot run.\n"
+            "Fix: install it (pip install .) and run Python from another folder, or build it in place "
+            "with `python setup.py build_ext --inplace` (or `pip install -e .`)",
+            name=f"{__name__}.{_COMPILED_PROBE}",
+            path=folders,
+        )
+
+
+_require_compiled_core()
+del _require_compiled_core
+
+from .config import DispatchConfig  # noqa: E402 (after the check: a clear error before any other)
 from .errors import (
     BackendError,
     CooperativeResidencyExceeded,
