@@ -370,6 +370,39 @@ def test_first_two_commands_are_what_ci_runs():
     assert fresh and "/venv/bin/activate" not in fresh[-1], fresh
 
 
+def _bash_lines(body: str) -> list[str]:
+    """The command lines (not comments) of the ```bash blocks of ``body``."""
+    blocks = re.findall(r"```bash\n(.*?)```", body, re.S)
+    return [ln.strip() for block in blocks for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+
+
+def test_docs_command_works_on_a_fresh_venv_and_is_what_ci_runs():
+    """The README's docs command installs the package first (Sphinx imports it), asks nothing of
+    pip that the pip of a fresh venv lacks (``--group`` needs pip 25.1), names the Python the docs
+    need, and CI runs it as written, in a venv of its own."""
+    ((_, body),) = [(h, b) for h, b in sections(readme_text()) if h == "Documentation"]
+    (command,) = [ln for ln in _bash_lines(body) if "sphinx" in ln]
+    venv = "python3 -m venv .venv && . .venv/bin/activate && "
+    assert command.startswith(venv), command
+    steps = command.removeprefix(venv).split(" && ")
+    assert steps[0] == "pip install '.[docs]'", steps  # the package and the docs extra, one step
+    assert steps[1].startswith("python -m sphinx -W "), steps
+    assert "--group" not in command, command
+    assert "Python 3.11" in body, "the README does not say which Python the docs need"
+    ci = ROOT / ".ci" / "run"
+    if not ci.is_file():
+        pytest.skip(".ci/run is not in this tree")
+    lines = [line.strip() for line in ci.read_text().splitlines()]
+    run = command.removeprefix(venv)
+    assert run in lines, f"CI does not run the README's docs command {run!r}"
+    at = lines.index(run)
+    setup = lines[at - 5 : at]
+    fresh = [ln for ln in setup if ln.startswith(". ") and ln.endswith('/bin/activate"')]
+    assert fresh and "/venv/bin/activate" not in fresh[-1], setup
+    upgrades = [ln for ln in setup if re.match(r"(python -m )?pip install", ln)]
+    assert not upgrades, f"CI changes the fresh venv's pip before the command: {upgrades}"
+
+
 BLOCK_DASK = """
 import sys
 
