@@ -323,7 +323,7 @@ def _fake_driver(occupancy, barrier=0xB000):
 
 def _backend(caps):
     """A CudaBackend planning for ``caps``, with a core that never reaches the driver unless asked."""
-    from vyre_cuda._core import Core
+    from vyre_cuda._dispatch import Core
     from vyre_cuda.backend import CudaBackend
     from vyre_cuda.compile.modules import ModuleCache
     from vyre_cuda.telemetry import Telemetry

@@ -38,7 +38,7 @@ def child_json(code: str) -> dict:
 def test_import_is_light_and_needs_no_driver():
     code = (
         "import sys, vyre_cuda\n"
-        "assert not any(m in sys.modules for m in ('vyre_cuda._driver', 'vyre_cuda._core')), sorted(sys.modules)\n"
+        "assert not any(m in sys.modules for m in ('vyre_cuda._driver', 'vyre_cuda._dispatch')), sorted(sys.modules)\n"
         "for name in vyre_cuda.__all__: getattr(vyre_cuda, name)\n"
         "print('imported', vyre_cuda.__version__)\n"
     )

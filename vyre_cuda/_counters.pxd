@@ -36,4 +36,7 @@ cpdef enum:
     T_IN_PLACE_OUTPUTS  # device outputs the kernel wrote directly (no device-to-device copy)
     T_DEVICE_ARRAYS_READ_IN_C  # device inputs and outputs whose protocol the core read in C
     T_DEVICE_ARRAYS_READ_IN_PYTHON  # ... and those the Python reader took (a producer the C reader leaves alone)
+    T_DEFERRED_DROPS  # handles dropped before the GPU finished: their resources went to the deferred list
+    T_DEFERRED_RECYCLES  # deferred resources reclaimed (recycled, or written off on a driver error)
+    T_DEFERRED_CAP_WAITS  # dispatches that waited for the oldest dropped work (the deferred list was full)
     N_COUNTERS  # the number of slots (not a counter; keep it last)

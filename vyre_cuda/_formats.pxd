@@ -1,5 +1,5 @@
 # An input buffer's format against its declared element kind: the hot path's dtype check, inline
-# (cimported by _core; no module of its own).
+# (cimported by _dispatch; no module of its own).
 
 
 cdef inline char format_kind(const char* fmt) noexcept:

@@ -14,6 +14,7 @@ from libc.string cimport memcpy, memset
 from cuda.bindings cimport cydriver
 
 from ._driver cimport check_cu, now_ns, capture_opened, capture_closed
+from ._pools cimport lock_with_gil
 from ._transfer cimport TransferEngine, CoopOrder
 from ._windows cimport Source, Piece, SRC_INPUT, SRC_PARAMS
 from ._prepared cimport Prepared, DevArg, ROUTE_COOPERATIVE, MAX_ARGS
@@ -37,12 +38,20 @@ cdef class CoopGate:
         self.order.recorded = False
 
     cdef int ensure(self) except -1:
-        # the event is made at the first cooperative dispatch (the backend's context is current)
-        cdef cydriver.CUevent ev
-        if self.order.last == NULL:
-            with nogil:
-                check_cu(cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING), b"cuEventCreate")
-            self.order.last = <void*>ev
+        # the event is made at the first cooperative dispatch (the backend's context is current),
+        # checked and made under the gate's lock: two threads making their first cooperative
+        # dispatches at once make one event, never one each (the second would replace an event
+        # the next launch must wait on, so two launches sharing the grid barrier could overlap)
+        cdef cydriver.CUevent ev = NULL
+        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+        with nogil:
+            self.order.lock()
+            if self.order.last == NULL:
+                st = cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING)
+                if st == cydriver.CUDA_SUCCESS:
+                    self.order.last = <void*>ev
+            self.order.unlock()
+            check_cu(st, b"cuEventCreate")
         return 0
 
     def close(self):
@@ -533,29 +542,36 @@ cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint 
 
 
 cdef void trial_record(Prepared p, bint issued, unsigned long long ns) noexcept:
-    """One sample of a plan's graph-or-issued trial (GIL held, so samples never race). After the
-    warm-up, TRIAL_SAMPLES round trips per path; then the graph stays only when its median is at
-    least 3% below the issued one (measured here, so a machine where graphs are slower keeps
-    issuing: no regression)."""
+    """One sample of a plan's graph-or-issued trial, under the plan's trial lock (dispatches of
+    one plan on several threads record at once). After the warm-up, TRIAL_SAMPLES round trips per
+    path; then the graph stays only when its median is at least 3% below the issued one
+    (measured here, so a machine where graphs are slower keeps issuing: no regression)."""
     cdef int path = 0 if issued else 1
     cdef unsigned long long med[2]
     cdef int k
+    cdef bint decided = False
+    lock_with_gil(p.trial_mu)
     if p.trial_left <= 0:
+        p.trial_mu.unlock()
         return
     if p.graphs == NULL or p.graphs.disabled:  # capture failed: nothing to compare
         p.trial_left = 0
         p.graph_off = True
+        p.trial_mu.unlock()
         p.graph_choice = "issued: the launches could not be captured"
         return
     p.trial_left -= 1
     if p.trial_left < 2 * TRIAL_SAMPLES and p.trial_n[path] < TRIAL_SAMPLES:
-        p.trial_ns[path][p.trial_n[path]] = ns
+        p.trial_ns[path][p.trial_n[path]] = ns  # (the index checked and used under the lock)
         p.trial_n[path] += 1
-    if p.trial_left > 0:
+    if p.trial_left == 0:
+        for k in range(2):
+            med[k] = _median(p.trial_ns[k], p.trial_n[k])
+        p.graph_off = not (med[1] * 100 < med[0] * 97)
+        decided = True
+    p.trial_mu.unlock()
+    if not decided:
         return
-    for k in range(2):
-        med[k] = _median(p.trial_ns[k], p.trial_n[k])
-    p.graph_off = not (med[1] * 100 < med[0] * 97)
     p.graph_choice = (f"{'issued' if p.graph_off else 'graph'}: median round trip {med[1] / 1000:.1f} us "
                       f"replayed vs {med[0] / 1000:.1f} us issued over {p.trial_n[0]} dispatches each")
 

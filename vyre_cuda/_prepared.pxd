@@ -1,5 +1,6 @@
 # The prepared plan: a frozen planning DispatchPlan as C structs, converted once (Prepared.from_plan).
 
+from libcpp.mutex cimport mutex
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
@@ -134,6 +135,7 @@ cdef class Prepared:
     cdef GraphCache* graphs  # NULL unless the plan replays its launches as a CUDA graph
     cdef bint graph_off  # a trial found issued launches faster: the graph stays unused
     cdef int trial_left  # blocking dispatches left in the graph-or-issued trial (0: decided)
+    cdef mutex trial_mu  # guards trial_left, trial_n, trial_ns and graph_off while the trial runs
     cdef int trial_n[2]
     cdef unsigned long long trial_ns[2][16]  # [issued, graph] round-trip samples
     cdef public object graph_choice  # how the trial decided (None before)

@@ -4,7 +4,7 @@
 # thread's open stage in static storage, so one translation unit must own them.
 
 from ._prepared cimport Prepared
-from ._core cimport Core
+from ._dispatch cimport Core
 from ._waits cimport PendingDispatch
 
 

@@ -10,7 +10,7 @@ from libc.string cimport memset
 
 from ._driver cimport now_ns
 from ._prepared cimport Prepared
-from ._core cimport Core
+from ._dispatch cimport Core
 from ._waits cimport PendingDispatch
 from .config import DispatchConfig
 from .program import Program
@@ -139,7 +139,7 @@ cdef PendingDispatch nvtx_async(Core core, PendingDispatch d, program, config, b
     finally:
         vyre_nvtx_pop()
     d.traced = True
-    if d.settled:  # cannot happen today (enqueue failures raise); keep the range balanced anyway
+    if not d.f.active:  # cannot happen today (enqueue failures raise); keep the range balanced anyway
         vyre_nvtx_end(rid)
     else:
         d.nvtx_range = rid

@@ -1,14 +1,16 @@
-# Waits and PendingDispatch: the one owner of a dispatch in flight, its waits, output targets
-# and copy-out bookkeeping.
+# Waits and PendingDispatch's face: its waits, output targets and copy-out bookkeeping. Its life
+# (state, claim, publication, recycling, deferral when dropped) is _dispatch's: no method here
+# writes the fields marked "(_dispatch)".
 
 from cpython.buffer cimport Py_buffer
+from libcpp.mutex cimport mutex
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
 from ._windows cimport Piece
 from ._resources cimport InFlight
 from ._prepared cimport Prepared, DevCopy, InPlace
-from ._core cimport Core
+from ._dispatch cimport Core
 from ._devview cimport CupyStream
 
 
@@ -36,9 +38,12 @@ cdef class PendingDispatch:
     cdef vector[Py_buffer] out_views
     cdef vector[Piece] out_pieces
     cdef vector[char] out_direct
-    cdef bint completed
-    cdef bint consumed
-    cdef bint settled
+    cdef int state  # (_dispatch) D_ENQUEUED, D_TAKING, D_TAKEN, D_FAILED, D_DROPPED: atomic
+    cdef mutex mu  # (_dispatch) orders is_ready()'s event query against the resources' release
+    cdef bint completed  # (_dispatch) the taking caller's wait saw the GPU done
+    cdef object outs  # (_dispatch) the published outputs (D_TAKEN): every caller gets them
+    cdef object error  # (_dispatch) the published error (D_FAILED): every caller gets it
+    cdef tuple timing  # (_dispatch) (wall, device, enqueue, wait) ns of a timed dispatch, once taken
     cdef object interrupt
     cdef unsigned long long deadline
     cdef unsigned long long ops[2]  # DMA operations and ring windows of the current phase
@@ -74,7 +79,7 @@ cdef class PendingDispatch:
 
     cdef void _release_views(self) noexcept
     cdef void _release_out_views(self) noexcept
-    cdef int _take(self) except -1
+    cdef int _check_takeable(self) except -1
     cdef int _wait(self, timeout) except -1
     cdef int _after_wait(self, int outcome, cydriver.CUresult status, const char* call) except -1
     cdef int _targets(self, list outs) except -1
@@ -85,7 +90,7 @@ cdef class PendingDispatch:
     cdef int _after_collect(self, cydriver.CUresult status, const char* call) except -1
     cdef int _audit(self) except -1
     cdef void _finish(self) noexcept
-    cdef void _settle(self) noexcept
+    cdef void _end_range(self) noexcept
     cdef object _result(self, timeout)
     cdef object _result_into(self, outputs, timeout)
     cdef object _timed_result(self, timeout)

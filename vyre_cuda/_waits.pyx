@@ -1,11 +1,12 @@
 # cython: language_level=3
-"""Waits and PendingDispatch: the one owner of every dispatch in flight.
+"""Waits and PendingDispatch's face: result(), result_into(), timed_result(), is_ready(), await.
 
-Every dispatch, blocking or not, is owned by ONE :class:`PendingDispatch` from the moment it holds
-resources: success, driver error, timeout, Ctrl-C and a dropped handle all end in that object, which
-returns its stream, events, device slab and staging to the pools (or writes them off when the GPU
-cannot be proven done with them). Waits spin briefly, then sleep-poll so that a timeout or Ctrl-C
-can end them; the work stays owned by the handle then.
+Every dispatch, blocking or not, is one :class:`PendingDispatch` from the moment it holds
+resources. Its life (which caller takes the outputs, what every other caller gets, when its
+resources go back to the pools, what a dropped handle leaves behind) is the state machine of
+:mod:`vyre_cuda._dispatch`; this module waits, finds the outputs' targets and copies them out, for
+the one caller that state machine lets take them. Waits spin briefly, then sleep-poll so that a
+timeout or Ctrl-C can end them; the work stays owned by the handle then.
 """
 
 cimport cython
@@ -28,7 +29,10 @@ from ._pools cimport lend_block
 from ._transfer cimport TransferEngine
 from ._windows cimport CopyTask, Piece, page_locked
 from ._prepared cimport Prepared, DevCopy
-from ._core cimport Core
+from ._dispatch cimport (
+    Core, release_resources, tel_add, take, poll_ready, drop, is_taken, mark_completed, TAKE_RESULT, TAKE_INTO,
+    TAKE_TIMED,
+)
 from ._launch cimport collect, late_device_outputs, late_readbacks, stream_waits
 from ._tracing cimport nvtx_push, nvtx_pop, nvtx_end, S_RESULT
 from .config import _timeout as _check_timeout
@@ -209,12 +213,8 @@ cdef class PendingDispatch:
             PyBuffer_Release(&self.out_views[i])
         self.out_views.clear()
 
-    cdef int _take(self) except -1:
-        if self.consumed:
-            raise ValidationError(
-                "this PendingDispatch's result was already taken",
-                "call result(), result_into() or timed_result() once per dispatch",
-            )
+    cdef int _check_takeable(self) except -1:
+        # (called by the one caller _dispatch.take let in: no other thread touches the work now)
         if self.core.closed and self.f.active:
             raise ValidationError(
                 "this dispatch's backend was closed before its result was taken; the outputs are "
@@ -237,11 +237,11 @@ cdef class PendingDispatch:
         when it is still running (timeout, interrupt)."""
         cdef PendingDispatch d = self
         cdef Core core = self.core
-        core.tel[T_SYNC_POINTS] += 1
+        tel_add(&core.tel[T_SYNC_POINTS], 1)
         if outcome == W_DONE:
             if status != cydriver.CUDA_SUCCESS:
                 core._fail(d, status, call)
-            d.completed = True
+            mark_completed(d)
             return 0
         d._release_out_views()
         if not d.any_direct:
@@ -249,7 +249,7 @@ cdef class PendingDispatch:
         if outcome == W_TIMEOUT:
             d.timed_out = True
             raise _timeout_error(d.wait_timeout, d)
-        core.tel[T_INTERRUPTED_WAITS] += 1
+        tel_add(&core.tel[T_INTERRUPTED_WAITS], 1)
         exc, d.interrupt = d.interrupt, None
         try:
             exc.pending = d
@@ -267,17 +267,17 @@ cdef class PendingDispatch:
         if status != cydriver.CUDA_SUCCESS:
             core._fail(d, status, call)
         if p.ring:
-            core.tel[T_D2H_OPS] += p.tel_d2h_ops if p.streamed else d.ops[0]
-            core.tel[T_RING_CHUNKS] += d.ops[1]
+            tel_add(&core.tel[T_D2H_OPS], p.tel_d2h_ops if p.streamed else d.ops[0])
+            tel_add(&core.tel[T_RING_CHUNKS], d.ops[1])
             for k in range(d.out_direct.size()):
                 if d.out_direct[k]:
                     direct += d.out_pieces[k].n
         elif not d.readback_skipped:
-            core.tel[T_D2H_OPS] += p.tel_d2h_ops
+            tel_add(&core.tel[T_D2H_OPS], p.tel_d2h_ops)
         if p.ring or not d.readback_skipped:
-            core.tel[T_D2H_BYTES] += p.tel_d2h_bytes
-            core.tel[T_DIRECT_D2H_BYTES] += direct
-            core.tel[T_STAGED_D2H_BYTES] += p.tel_d2h_bytes - direct
+            tel_add(&core.tel[T_D2H_BYTES], p.tel_d2h_bytes)
+            tel_add(&core.tel[T_DIRECT_D2H_BYTES], direct)
+            tel_add(&core.tel[T_STAGED_D2H_BYTES], p.tel_d2h_bytes - direct)
         d.ops[0] = d.ops[1] = 0
         return 0
 
@@ -290,7 +290,7 @@ cdef class PendingDispatch:
             return 0
         memcpy(&counter, d.f.staging + p.audit_offset, 4)
         if counter > p.barrier_ceiling:
-            core.tel[T_FAILED_DISPATCHES] += 1
+            tel_add(&core.tel[T_FAILED_DISPATCHES], 1)
             d._finish()
             raise DispatchFailed(
                 f"grid barrier audit failed: the counter reached {counter} arrivals, more than the "
@@ -511,66 +511,57 @@ cdef class PendingDispatch:
         return 0
 
     def is_ready(self):
-        """True once the GPU has finished (never blocks)."""
-        cdef cydriver.CUresult status
-        if self.completed or self.consumed or not self.f.active:
-            return True
-        with nogil:
-            if self.f.has_done:
-                status = cydriver.cuEventQuery(self.f.done)
-            else:
-                status = cydriver.cuStreamQuery(self.f.stream)
-        if status == cydriver.CUDA_SUCCESS:
-            return True
-        if status == cydriver.CUDA_ERROR_NOT_READY:
-            return False
-        self.core._fail(self, status, b"cuEventQuery")
+        """True once the GPU has finished, or the outputs were taken (never blocks). A dispatch
+        that failed on the GPU reads as ready: :meth:`result` raises its error."""
+        return poll_ready(self) != 0
 
     def result(self, timeout=None):
         """Wait, then return the outputs (declaration order): new numpy arrays, new device arrays
         (``outputs="device"``) or the arrays named in ``dispatch_async(..., outputs=...)``.
 
+        Any number of threads and event loops may call it on one handle, as
+        ``concurrent.futures.Future.result()``: one waits and takes the outputs, and every caller
+        gets them (the same arrays, in a list of its own), or the dispatch's error.
+
         ``timeout`` (seconds) bounds this wait. None (the default) applies the dispatch's
         ``DispatchConfig(timeout=...)`` until that has expired once, and then waits until the GPU
-        is done (as ``concurrent.futures.Future.result()`` does): after a timeout error, calling
-        ``result()`` on its ``.pending`` waits for the end. On expiry, ``DispatchFailed`` (status
-        ``"timeout"``) is raised and this handle still owns the work."""
+        is done: after a timeout error, calling ``result()`` on its ``.pending`` waits for the
+        end. On expiry, ``DispatchFailed`` (status ``"timeout"``) is raised and this handle still
+        owns the work."""
+        return self._face(TAKE_RESULT, None, timeout)
+
+    def result_into(self, outputs, timeout=None):
+        """Wait, then copy the outputs into the caller's arrays (checked) and return them.
+        ``timeout`` as for :meth:`result`. Once another call took the outputs, a second set of
+        arrays cannot be filled: that raises ``ValidationError`` (take them with :meth:`result`)."""
+        return self._face(TAKE_INTO, outputs, timeout)
+
+    def timed_result(self, timeout=None):
+        """Wait; return TimedDispatchResult(outputs, wall_ns, device_ns, enqueue_ns, wait_ns).
+        ``timeout`` as for :meth:`result`; every caller gets the same figures."""
+        return self._face(TAKE_TIMED, None, timeout)
+
+    def _face(self, int form, outputs, timeout):
         cdef Core core = self.core
-        core.busy += 1
+        core._hold()  # counted as running: close() waits for it
         try:
             if self.traced:
                 nvtx_push(b"result", S_RESULT)
                 try:
-                    return self._result(timeout)
+                    return take(self, form, outputs, timeout)
                 finally:
                     nvtx_pop()
-            return self._result(timeout)
+            return take(self, form, outputs, timeout)
         finally:
-            core.busy -= 1
+            core._leave()
 
     cdef object _result(self, timeout):
-        self._take()
+        self._check_takeable()
         self._wait(timeout)
         outs = self._new_outputs()
         self._collect(outs)
         self._finish()
         return outs
-
-    def result_into(self, outputs, timeout=None):
-        """Wait, then copy the outputs into the caller's arrays (checked) and return them.
-        ``timeout`` as for :meth:`result`."""
-        cdef Core core = self.core
-        core.busy += 1
-        try:
-            if self.traced:
-                nvtx_push(b"result", S_RESULT)
-                try:
-                    return self._result_into(outputs, timeout)
-                finally:
-                    nvtx_pop()
-            return self._result_into(outputs, timeout)
-        finally:
-            core.busy -= 1
 
     cdef object _result_into(self, outputs, timeout):
         outputs = as_output_list(outputs)
@@ -580,7 +571,7 @@ cdef class PendingDispatch:
                 "result_into cannot send them elsewhere",
                 "call result() (it returns those arrays), or name the arrays you want in dispatch_async",
             )
-        self._take()
+        self._check_takeable()
         stream = <uintptr_t>self.prep.ext_stream if self.prep.ext else None
         self.out_checked = tuple(check_outputs(self.prep.plan, outputs, self.core.device, stream))
         self._wait(timeout)
@@ -588,31 +579,15 @@ cdef class PendingDispatch:
         self._finish()
         return outputs
 
-    def timed_result(self, timeout=None):
-        """Wait; return TimedDispatchResult(outputs, wall_ns, device_ns, enqueue_ns, wait_ns).
-        ``timeout`` as for :meth:`result`."""
-        cdef Core core = self.core
-        core.busy += 1
-        try:
-            if self.traced:
-                nvtx_push(b"result", S_RESULT)
-                try:
-                    return self._timed_result(timeout)
-                finally:
-                    nvtx_pop()
-            return self._timed_result(timeout)
-        finally:
-            core.busy -= 1
-
     cdef object _timed_result(self, timeout):
         cdef float ms = 0
         cdef unsigned long long t_wait0
-        if not self.f.timed and not self.consumed:
+        if not self.f.timed:
             raise ValidationError(
                 "this PendingDispatch was enqueued without timing events",
                 "use CudaBackend.dispatch_async(program, inputs, timed=True) or dispatch_timed()",
             )
-        self._take()
+        self._check_takeable()
         t_wait0 = now_ns()
         self._wait(timeout)
         check_cu(cydriver.cuEventElapsedTime(&ms, self.f.t0, self.f.t1), b"cuEventElapsedTime")
@@ -624,37 +599,26 @@ cdef class PendingDispatch:
         wait = t_end - t_wait0
         device = <unsigned long long>(ms * 1e6)
         self._finish()
-        tel = self.core.tel
-        tel[T_TIMED_DISPATCHES] += 1
-        tel[T_TIMED_WALL_NS] += wall
-        tel[T_TIMED_DEVICE_NS] += device
-        tel[T_TIMED_ENQUEUE_NS] += enqueue
-        tel[T_TIMED_WAIT_NS] += wait
+        cdef Core core = self.core
+        tel_add(&core.tel[T_TIMED_DISPATCHES], 1)
+        tel_add(&core.tel[T_TIMED_WALL_NS], wall)
+        tel_add(&core.tel[T_TIMED_DEVICE_NS], device)
+        tel_add(&core.tel[T_TIMED_ENQUEUE_NS], enqueue)
+        tel_add(&core.tel[T_TIMED_WAIT_NS], wait)
         return TimedDispatchResult(outs, wall, device, enqueue, wait)
 
     cdef void _finish(self) noexcept:
-        self.core._recycle(self.prep, &self.f)
+        # the GPU is done: the resources go back to the pools, the caller's buffers are let go
+        release_resources(self, True)
         self._release_views()
         self._release_out_views()
-        self.keep = None  # the GPU is done with the caller's device arrays
-        self._settle()
+        self.keep = None
+        self._end_range()
 
-    cdef void _settle(self) noexcept:
+    cdef void _end_range(self) noexcept:
         if self.nvtx_started:  # a traced async dispatch's range ends with it (any path)
             self.nvtx_started = False
             nvtx_end(self.nvtx_range)
-        # once per owner: the backend stops counting it
-        if not self.settled:
-            self.settled = True
-            self.consumed = True
-            self.core.outstanding -= 1
-            if self.core.outstanding == 0 and self.core.on_settled is not None:
-                # the last owner after close(): the backend's context reference goes back now
-                callback, self.core.on_settled = self.core.on_settled, None
-                try:
-                    callback()
-                except BaseException:  # (noexcept: a failed release is logged by the callback)
-                    pass
 
     def __await__(self):
         """``await pending``: the outputs (as :meth:`result`) once the GPU is done, without blocking
@@ -675,40 +639,14 @@ cdef class PendingDispatch:
     @property
     def done(self):
         """True once the outputs were taken (or the dispatch failed)."""
-        return self.consumed
+        return is_taken(self)
 
     def __dealloc__(self):
-        # Dropped un-awaited (or abandoned by an exception): the GPU may still read the slab, the
-        # staging and any page-locked input, so wait (GIL released) before recycling; if the wait
-        # fails, write the resources off rather than recycle them.
-        cdef cydriver.CUresult status = cydriver.CUDA_SUCCESS
-        cdef cydriver.CUcontext prev
-        cdef bint pushed = False
-        if self.core is None:
-            self._release_views()
-            return
-        if self.f.active:
-            if self.core.ctx == NULL:
-                status = cydriver.CUDA_ERROR_CONTEXT_IS_DESTROYED  # released after a fault
-            elif self.f.enqueued:
-                with nogil:
-                    status = cydriver.cuCtxPushCurrent(self.core.ctx)
-                    if status == cydriver.CUDA_SUCCESS:
-                        pushed = True
-                        # (an event: a caller's stream may hold the caller's later work)
-                        if self.f.has_done:
-                            status = cydriver.cuEventSynchronize(self.f.done)
-                        else:
-                            status = cydriver.cuStreamSynchronize(self.f.stream)
-            if status == cydriver.CUDA_SUCCESS:
-                self.core._recycle(self.prep, &self.f)
-            else:
-                self.core._leak(self.prep, &self.f)
-            if pushed:
-                cydriver.cuCtxPopCurrent(&prev)
-            self._settle()  # (after the pop: the last settle may release the context)
-        if self.nvtx_started:
-            self.nvtx_started = False
-            nvtx_end(self.nvtx_range)
+        # Dropped un-taken: never waits for the GPU. What the GPU may still use (the slab, the
+        # staging, page-locked inputs, device arrays) goes to the backend's deferred list, reclaimed
+        # once the completion event has fired (_dispatch.drop).
+        if self.core is not None:
+            drop(self)
+        self._end_range()
         self._release_views()
         self._release_out_views()

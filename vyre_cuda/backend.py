@@ -191,7 +191,7 @@ class CudaBackend:
         output_cache_bytes: int = 4 << 30,
         trace: bool | str | None = None,
     ):
-        from ._core import Core  # noqa: PLC0415 (the compiled core loads at first use)
+        from ._dispatch import Core  # noqa: PLC0415 (the compiled core loads at first use)
 
         check_int("device", device, expected="an int ordinal", fix="pass device=0 or another ordinal")
         for name, value in (
@@ -628,7 +628,7 @@ class CudaBackend:
         if self._closed:
             return
         core = self._core
-        core.closed = True  # from here on every new call is refused with the closed error
+        core.refuse_new()  # from here on every new call is refused with the closed error
         while core.busy:  # a short poll, GIL released: Ctrl-C interrupts it
             time.sleep(0.0002)
         if self._closed:  # another thread's close() finished meanwhile
@@ -649,8 +649,11 @@ class CudaBackend:
                     core.outstanding,
                 )
             else:
+                core.reclaim_deferred(wait=True)  # dropped handles' work: done now, their blocks back
                 self._free_resources()
                 freed = True
+        else:
+            core.reclaim_deferred()  # (a lost context: written off without a driver call)
         # the copy threads are joined on every path, a lost context included
         core.resources.stop_threads()
         if freed:

@@ -122,13 +122,16 @@ def a_cancelled_await_leaves_the_work_with_the_pending(fake):
     release(fake)
     (out,) = kept.result()  # the handle still owns the work: its result works
     assert np.array_equal(out, a + b)
-    gc.collect()  # `lost` was dropped un-awaited: it waited, then recycled
+    gc.collect()  # `lost` was dropped un-awaited while its work ran: deferred, never waited for
+    snap = backend.telemetry.snapshot()
+    assert snap["deferred_drops"] == 1 and backend._core.deferred == 1, snap
+    a, b = pair(100)
+    (out,) = backend.dispatch(VECADD, [a, b])  # reclaims the dropped work (done now) first
+    assert np.array_equal(out, a + b)
     assert live(backend) == dict.fromkeys(LIVE, 0), live(backend)
     snap = backend.telemetry.snapshot()
+    assert snap["deferred_recycles"] == 1 and backend._core.deferred == 0, snap
     assert snap["leaked_allocations"] == 0 and snap["failed_dispatches"] == 0, snap
-    a, b = pair(100)
-    (out,) = backend.dispatch(VECADD, [a, b])
-    assert np.array_equal(out, a + b)
     backend.close()
 
 

@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""Core: the per-backend entry points of the hot path, the plan lookup and the bookkeeping.
+"""The per-backend entry points of the hot path, the plan lookup, and the ONE owner of a
+dispatch's life.
 
 A dispatch looks up its prepared plan (one dict lookup keyed on program, config and input byte
 lengths; on a miss it raises :class:`PlanMiss` and the backend plans, inserts and calls again:
@@ -16,6 +17,16 @@ The rest of the hot path lives beside this module and is cimported through .pxd 
 calls, no Python call per dispatch): the prepared plan (_prepared), the enqueue routine and
 launches (_launch), the owner of a dispatch in flight and its waits (_waits), tracing (_tracing),
 the pools (_resources). Every planning decision stays in planning/.
+
+A dispatch's life is written here and nowhere else (the state machine is in _dispatch.pxd): which
+caller takes its outputs (one claims it by compare-and-swap; the others wait for the publication
+and get the same outputs, or the same error), when its resources go back to the pools (once, under
+the handle's lock, so ``is_ready()`` on another thread never queries a recycled event), and what a
+dropped handle leaves: never a host wait, its resources go on the backend's deferred list, keyed by
+its completion event, and are reclaimed without a wait by later dispatches, ``trim()`` and
+``close()`` (which waits). Past DEFER_MAX_COUNT entries or DEFER_MAX_BYTES, the next dispatch waits
+for the oldest. No field here relies on the GIL: counts are atomics, references are swapped under
+a mutex taken GIL-safely (lock_with_gil), and no Python code runs while one is held.
 """
 
 cimport cython
@@ -23,10 +34,13 @@ from cpython.buffer cimport (
     PyObject_GetBuffer, PyObject_CheckBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT,
 )
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
+from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport uintptr_t
 from libc.string cimport memcmp, memset
+from libcpp.deque cimport deque
 from libcpp.vector cimport vector
+from posix.time cimport nanosleep, timespec
 
 cimport numpy as cnp
 from cuda.bindings cimport cydriver
@@ -36,8 +50,10 @@ from ._counters cimport (
     T_LAUNCHES, T_COOPERATIVE_LAUNCHES, T_SPLIT_LAUNCHES, T_MEMSET_OPS, T_FAILED_DISPATCHES,
     T_LEAKED_ALLOCATIONS, T_STAGED_H2D_BYTES, T_DIRECT_H2D_BYTES, T_RING_CHUNKS, T_GRAPH_REPLAYS,
     T_GRAPH_CAPTURES, T_GRAPH_UPDATES, T_GRAPH_FALLBACKS, T_STREAMED_DISPATCHES, T_STREAMED_CHUNKS,
-    T_IN_PLACE_OUTPUTS, T_DEVICE_ARRAYS_READ_IN_C, T_DEVICE_ARRAYS_READ_IN_PYTHON,
+    T_IN_PLACE_OUTPUTS, T_DEVICE_ARRAYS_READ_IN_C, T_DEVICE_ARRAYS_READ_IN_PYTHON, T_DEFERRED_DROPS,
+    T_DEFERRED_RECYCLES, T_DEFERRED_CAP_WAITS, N_COUNTERS,
 )
+from ._pools cimport lock_with_gil
 from ._driver cimport bind_context, now_ns
 from ._resources cimport Resources, InFlight
 from ._transfer cimport TransferEngine
@@ -46,7 +62,9 @@ from ._prepared cimport Prepared, ResidentBlocks, InputCheck, OutCheck, ROUTE_CO
 from ._formats cimport kind_ok
 from ._devview cimport DevView, read_device, device_type
 from ._launch cimport issue, collect, stream_waits, trial_record, G_REPLAY, G_CAPTURE, G_UPDATE, G_FALLBACK
-from ._waits cimport DevInput, PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE
+from ._waits cimport (
+    DevInput, PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE, W_TIMEOUT, W_INTERRUPTED,
+)
 from ._tracing cimport (
     mark, nvtx_stage_open, nvtx_stage, nvtx_blocking, nvtx_async, nvtx_refused, stage_durations, trace_line,
     TRACE_LOG, TRACE_NVTX, S_UPLOAD, M_START, M_LOOKUP, M_WAIT, M_COPYOUT, M_RELEASE, N_MARKS,
@@ -56,6 +74,8 @@ from ._resource_stats import flat_pool_stats
 from .config import DispatchConfig, as_config
 from .program import Program
 from .errors import DeviceLost, ValidationError, driver_error, STICKY_ERRORS
+from .config import _timeout as _check_timeout
+from .telemetry import TimedDispatchResult
 from ._plan_miss import PlanMiss
 from ._io_checks import as_input_list, as_output_list, check_outputs, dtype_error, input_error, raw_bits
 from ._device_io import device_input
@@ -124,11 +144,44 @@ cdef class Core:
 
     # ---------------------------------------------------------------- bookkeeping
     def counters(self):
-        return [self.tel[k] for k in range(N_COUNTERS)]
+        return [tel_read(&self.tel[k]) for k in range(N_COUNTERS)]
 
     def reset_counters(self):
-        memset(self.tel, 0, sizeof(self.tel))
+        cdef int k
+        for k in range(N_COUNTERS):
+            tel_clear(&self.tel[k])
         self.resources.reset_counters()
+
+    # ---------------------------------------------------------------- calls and handles in flight
+    @property
+    def closed(self):
+        return a_load(&self.closed_flag) != 0
+
+    @property
+    def busy(self):
+        """Calls running inside the core now (dispatch, result, trim): close() waits for them."""
+        return a_loadll(&self.n_busy)
+
+    @property
+    def outstanding(self):
+        """Dispatches holding resources: handles not yet taken, and dropped work not yet reclaimed."""
+        return a_loadll(&self.n_outstanding)
+
+    @property
+    def deferred(self):
+        """Dropped dispatches whose resources wait on the deferred list."""
+        return a_loadll(&self.defer_n)
+
+    def refuse_new(self):
+        """close()'s first step: every call that starts from now on is refused (and every call
+        that started before is counted in ``busy``: see _enter)."""
+        a_store(&self.closed_flag, 1)
+
+    def reclaim_deferred(self, bint wait=False):
+        """Reclaim dropped dispatches' resources: those whose work has finished (``wait``: all,
+        waiting for each; close() after its synchronize). Returns how many are left."""
+        self._reclaim(True, wait)
+        return a_loadll(&self.defer_n)
 
     def pool_stats(self):
         """The pools' typed stats as telemetry's flat dict, with the prepared-plan counts."""
@@ -146,9 +199,10 @@ cdef class Core:
         """Free what the pools cache (CudaBackend.trim); counted as running, so close() waits."""
         self._enter()
         try:
+            self._reclaim(True, False)  # dropped work that has finished gives its blocks back first
             self.resources.trim()
         finally:
-            self.busy -= 1
+            self._leave()
 
     def counted(self, fn):
         """Run ``fn()`` counted as running, so close() waits for it (cold reads of pools/driver)."""
@@ -156,10 +210,13 @@ cdef class Core:
         try:
             return fn()
         finally:
-            self.busy -= 1
+            self._leave()
 
     def clear_prepared(self):
-        self.last_hit = None
+        lock_with_gil(self.hit_mu)
+        hit, self.last_hit = self.last_hit, None
+        self.hit_mu.unlock()
+        hit = None  # (dropped outside the lock: a plan's release may run code)
         self.cleared += 1  # (a lookup that found a plan before this does not remember it)
         self._release_graphs(self.ctx != NULL)
         self.prepared.clear()
@@ -176,12 +233,101 @@ cdef class Core:
 
     def when_settled(self, callback):
         """Call ``callback`` once no dispatch owner is left: now when none is, else when the last
-        settles (``PendingDispatch._settle``). The check and the hand-off run under the GIL with
-        no Python code between them, so the last owner settling meanwhile cannot miss it."""
-        if self.outstanding:
-            self.on_settled = callback
-            return
-        callback()
+        settles (_settled). Exactly once: the callback is parked under ``settle_mu`` first, then
+        whichever of this call and the last settle sees the count at zero takes it out."""
+        lock_with_gil(self.settle_mu)
+        self.on_settled = callback
+        self.settle_mu.unlock()
+        if a_loadll(&self.n_outstanding) == 0:
+            self._run_on_settled()
+
+    cdef void _settled(self) noexcept:
+        # one dispatch's resources went back (recycled, written off, or reclaimed from the
+        # deferred list): it no longer counts
+        if a_add(&self.n_outstanding, -1) == 0 and a_load(&self.closed_flag):
+            self._run_on_settled()
+
+    cdef void _run_on_settled(self) noexcept:
+        lock_with_gil(self.settle_mu)
+        callback, self.on_settled = self.on_settled, None
+        self.settle_mu.unlock()
+        if callback is not None:
+            try:
+                callback()
+            except BaseException:  # (noexcept: a failed release is logged by the callback)
+                pass
+
+    cdef int _reclaim(self, bint every, bint wait) except -1:
+        """Give back the deferred list's resources whose work has finished: from the oldest,
+        stopping at the first still running (``every``: query them all; ``wait``: wait for each).
+        Past DEFER_MAX_COUNT entries or DEFER_MAX_BYTES the oldest are waited for until it is
+        under both (counted in deferred_cap_waits). The list is taken out under its lock, queried
+        without the lock and the GIL, and what is still running goes back in front, in order."""
+        cdef deque[Deferred] batch
+        cdef vector[cydriver.CUresult] status
+        cdef size_t i, n, held_bytes = 0, done = 0
+        cdef long long count
+        cdef bint over
+        cdef cydriver.CUresult st
+        cdef Deferred* e
+        lock_with_gil(self.defer_mu)
+        batch.swap(self.deferred)
+        held_bytes = self.defer_bytes
+        self.defer_bytes = 0
+        self.defer_mu.unlock()
+        n = batch.size()
+        if n == 0:
+            return 0
+        count = <long long>n
+        status.assign(n, cydriver.CUDA_ERROR_NOT_READY)
+        with nogil:
+            if self.ctx != NULL:
+                bind_context(self.ctx)
+            for i in range(n):
+                e = &batch[i]
+                over = (count > DEFER_MAX_COUNT or held_bytes > DEFER_MAX_BYTES)
+                if self.ctx == NULL:
+                    st = cydriver.CUDA_ERROR_CONTEXT_IS_DESTROYED  # released after a fault: written off
+                elif wait or over:
+                    st = (cydriver.cuEventSynchronize(e.f.done) if e.f.has_done
+                          else cydriver.cuStreamSynchronize(e.f.stream))
+                    if over and not wait:
+                        tel_add(&self.tel[T_DEFERRED_CAP_WAITS], 1)
+                else:
+                    st = cydriver.cuEventQuery(e.f.done) if e.f.has_done else cydriver.cuStreamQuery(e.f.stream)
+                status[i] = st
+                if st == cydriver.CUDA_ERROR_NOT_READY:
+                    if not every:
+                        break
+                    continue
+                count -= 1
+                held_bytes -= e.nbytes
+        for i in range(n):
+            if status[i] == cydriver.CUDA_ERROR_NOT_READY:
+                continue
+            e = &batch[i]
+            if status[i] == cydriver.CUDA_SUCCESS:
+                self.resources.recycle(&e.f)
+            elif self.resources.leak(&e.f):
+                tel_add(&self.tel[T_LEAKED_ALLOCATIONS], 1)
+            _release(e.views[0], e.views.size())
+            del e.views
+            Py_XDECREF(e.held)
+            done += 1
+            tel_add(&self.tel[T_DEFERRED_RECYCLES], 1)
+        a_add(&self.defer_n, -<long long>done)
+        if done < n:  # what still runs goes back in front of anything dropped meanwhile, in order
+            lock_with_gil(self.defer_mu)
+            i = n
+            while i > 0:
+                i -= 1
+                if status[i] == cydriver.CUDA_ERROR_NOT_READY:
+                    self.deferred.push_front(batch[i])
+                    self.defer_bytes += batch[i].nbytes
+            self.defer_mu.unlock()
+        for i in range(done):
+            self._settled()
+        return 0
 
     def forget_context(self):
         """Called once the backend's context is released after a fault: every pool drops its
@@ -224,14 +370,26 @@ cdef class Core:
 
     cdef int _enter(self) except -1:
         # one more call running inside the core: close() waits for it before freeing anything.
-        # (_check_usable and the increment run with the GIL held and no release between them,
-        # so a close() that sets `closed` either refuses this call or sees it counted)
-        self._check_usable()
-        self.busy += 1
+        # Counted first, then `closed` read (both sequentially consistent; close() sets `closed`,
+        # then reads the count): either close() sees this call counted, or this call sees closed.
+        a_add(&self.n_busy, 1)
+        try:
+            self._check_usable()
+        except BaseException:
+            a_add(&self.n_busy, -1)
+            raise
         return 0
 
+    cdef void _hold(self) noexcept:
+        # a call on a handle (result*): counted so close() waits for it, never refused (the handle
+        # answers for a closed backend itself)
+        a_add(&self.n_busy, 1)
+
+    cdef void _leave(self) noexcept:
+        a_add(&self.n_busy, -1)
+
     cdef int _check_usable(self) except -1:
-        if self.closed:
+        if a_load(&self.closed_flag):
             raise ValidationError(
                 "this CudaBackend is closed",
                 "create a new CudaBackend() (or dispatch inside its `with` block)",
@@ -302,7 +460,9 @@ cdef class Core:
                     _release(views, i)
                     raise
         prep = given
-        hit = self.last_hit  # (one read: another thread may replace it, never change it)
+        lock_with_gil(self.hit_mu)  # (a reference read while another thread may swap it)
+        hit = self.last_hit
+        self.hit_mu.unlock()
         cdef unsigned long long cleared = self.cleared
         if prep is None and hit is not None and _is_last_hit(<_LastHit>hit, program, config, lens, n):
             prep = (<_LastHit>hit).prep
@@ -325,7 +485,10 @@ cdef class Core:
                 (<_LastHit>hit).config = config
                 (<_LastHit>hit).prep = <Prepared>prep
                 (<_LastHit>hit).lens.assign(lens, lens + n)
-                self.last_hit = hit
+                lock_with_gil(self.hit_mu)
+                hit, self.last_hit = self.last_hit, hit
+                self.hit_mu.unlock()
+                hit = None  # (the one replaced, dropped outside the lock)
         cdef Prepared p = <Prepared>prep
         cdef InputCheck* ic
         if d.dev_in.size():
@@ -364,7 +527,7 @@ cdef class Core:
             return -1
         d.cupy_stream = dv.memo
         _hold_device(d, i, n, view, dv.ptr, dv.keep, dv.wait)
-        self.tel[T_DEVICE_ARRAYS_READ_IN_C] += 1
+        tel_add(&self.tel[T_DEVICE_ARRAYS_READ_IN_C], 1)
         d.dev_in[i].kind = dv.kind_code
         d.dev_in[i].size = dv.itemsize
         return <long long>dv.nbytes
@@ -405,7 +568,7 @@ cdef class Core:
                 raise input_error(program, i, obj, exc) from None
             if type(dv) is not cnp.ndarray:
                 _hold_device(d, i, n, view, <cydriver.CUdeviceptr>dv.ptr, dv.keep, dv.wait)
-                self.tel[T_DEVICE_ARRAYS_READ_IN_PYTHON] += 1
+                tel_add(&self.tel[T_DEVICE_ARRAYS_READ_IN_PYTHON], 1)
                 return -1 - <long long>dv.nbytes
             bits = dv  # a CPU DLPack tensor as numpy: the host path
         try:
@@ -451,6 +614,8 @@ cdef class Core:
         releases it on every path."""
         cdef Prepared p = d.prep
         cdef size_t i, n
+        if a_loadll(&self.defer_n):  # dropped work: what has finished goes back to the pools first
+            self._reclaim(False, False)
         d.no_graph = p.graph_off or p.trial_left > 0  # undecided plans issue (the trial alternates)
         if into is not None:  # checked before it runs
             d.out_checked = self._device_outputs(p, into, d)
@@ -459,9 +624,9 @@ cdef class Core:
                                                     <uintptr_t>p.ext_stream if p.ext else None))
                 for v in d.out_checked:
                     if v is not None:
-                        self.tel[T_DEVICE_ARRAYS_READ_IN_PYTHON] += 1
+                        tel_add(&self.tel[T_DEVICE_ARRAYS_READ_IN_PYTHON], 1)
             else:
-                self.tel[T_DEVICE_ARRAYS_READ_IN_C] += len(into)
+                tel_add(&self.tel[T_DEVICE_ARRAYS_READ_IN_C], len(into))
             # their producers' streams are waited on with the inputs' (one query per stream; every
             # export was read before that wait is issued, and before any GPU work of the dispatch)
             for v in d.out_checked:
@@ -491,7 +656,7 @@ cdef class Core:
                                p.s_streams + (p.s_streams > 1) if p.streamed else 0)
         if d.resident:
             d.f.slab = p.resident
-        self.outstanding += 1
+        a_add(&self.n_outstanding, 1)  # (_settled takes it back when the resources return)
         if p.ext:  # the caller's stream object stays alive while its dispatch runs
             if d.keep is None:
                 d.keep = []
@@ -584,14 +749,6 @@ cdef class Core:
         p.resident = block
         return 0
 
-    cdef void _recycle(self, Prepared p, InFlight* f) noexcept:
-        self.resources.recycle(f)
-
-    cdef void _leak(self, Prepared p, InFlight* f) noexcept:
-        # the GPU may still use these (the stream could not be synchronised): written off
-        if self.resources.leak(f):
-            self.tel[T_LEAKED_ALLOCATIONS] += 1
-
     cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1:
         """Fail closed: synchronise the stream; recycle on success, leak on failure; raise."""
         cdef cydriver.CUresult sync = cydriver.CUDA_SUCCESS
@@ -599,14 +756,11 @@ cdef class Core:
         if f.active:
             with nogil:
                 sync = cydriver.cuStreamSynchronize(f.stream)
-            if sync == cydriver.CUDA_SUCCESS:
-                self._recycle(d.prep, f)
-            else:
-                self._leak(d.prep, f)
-        self.tel[T_FAILED_DISPATCHES] += 1
+            release_resources(d, sync == cydriver.CUDA_SUCCESS)
+        tel_add(&self.tel[T_FAILED_DISPATCHES], 1)
         d._release_views()
         d._release_out_views()
-        d._settle()
+        d._end_range()
         name = status_name(<int>status)
         err = driver_error(name, call.decode() if call != NULL else "?", code=<int>status)
         if name in STICKY_ERRORS:
@@ -622,42 +776,42 @@ cdef class Core:
         if status != cydriver.CUDA_SUCCESS:
             self._fail(d, status, call)
         d.f.enqueued = True
-        self.tel[T_DISPATCHES] += 1
+        tel_add(&self.tel[T_DISPATCHES], 1)
         cdef size_t h2d = 0 if d.resident else p.tel_h2d_bytes
-        self.tel[T_H2D_BYTES] += h2d
-        self.tel[T_TRANSIENT_ALLOC_BYTES] += d.f.bucket
-        self.tel[T_PARAM_UPLOAD_BYTES] += 0 if d.resident else p.tel_param_bytes
-        self.tel[T_LAUNCHES] += p.tel_launches
+        tel_add(&self.tel[T_H2D_BYTES], h2d)
+        tel_add(&self.tel[T_TRANSIENT_ALLOC_BYTES], d.f.bucket)
+        tel_add(&self.tel[T_PARAM_UPLOAD_BYTES], 0 if d.resident else p.tel_param_bytes)
+        tel_add(&self.tel[T_LAUNCHES], p.tel_launches)
         if p.route == ROUTE_COOPERATIVE:
-            self.tel[T_COOPERATIVE_LAUNCHES] += p.tel_launches
+            tel_add(&self.tel[T_COOPERATIVE_LAUNCHES], p.tel_launches)
         elif p.route == ROUTE_SPLIT:
-            self.tel[T_SPLIT_LAUNCHES] += p.tel_launches
+            tel_add(&self.tel[T_SPLIT_LAUNCHES], p.tel_launches)
         for i in range(d.out_inplace.size()):
-            self.tel[T_MEMSET_OPS] += d.out_inplace[i].zero
-        self.tel[T_MEMSET_OPS] += 0 if d.compact else p.tel_memsets
-        self.tel[T_IN_PLACE_OUTPUTS] += d.out_inplace.size()
+            tel_add(&self.tel[T_MEMSET_OPS], d.out_inplace[i].zero)
+        tel_add(&self.tel[T_MEMSET_OPS], 0 if d.compact else p.tel_memsets)
+        tel_add(&self.tel[T_IN_PLACE_OUTPUTS], d.out_inplace.size())
         if d.graph_events:
-            self.tel[T_GRAPH_REPLAYS] += (d.graph_events & G_REPLAY) != 0
-            self.tel[T_GRAPH_CAPTURES] += (d.graph_events & G_CAPTURE) != 0
-            self.tel[T_GRAPH_UPDATES] += (d.graph_events & G_UPDATE) != 0
-            self.tel[T_GRAPH_FALLBACKS] += (d.graph_events & G_FALLBACK) != 0
+            tel_add(&self.tel[T_GRAPH_REPLAYS], (d.graph_events & G_REPLAY) != 0)
+            tel_add(&self.tel[T_GRAPH_CAPTURES], (d.graph_events & G_CAPTURE) != 0)
+            tel_add(&self.tel[T_GRAPH_UPDATES], (d.graph_events & G_UPDATE) != 0)
+            tel_add(&self.tel[T_GRAPH_FALLBACKS], (d.graph_events & G_FALLBACK) != 0)
             d.graph_events = 0
         if p.ring:
             # (a params-only dispatch sends its params in one copy outside the ring, or none)
-            self.tel[T_H2D_OPS] += d.ops[0] + (d.compact and not d.resident)
-            self.tel[T_RING_CHUNKS] += d.ops[1]
+            tel_add(&self.tel[T_H2D_OPS], d.ops[0] + (d.compact and not d.resident))
+            tel_add(&self.tel[T_RING_CHUNKS], d.ops[1])
             if d.any_direct:
                 for i in range(p.sources.size()):
                     if p.sources[i].kind == SRC_INPUT and d.direct[p.sources[i].index]:
                         direct += p.sources[i].n
             if p.streamed:
                 direct += d.s_direct_h2d
-                self.tel[T_STREAMED_DISPATCHES] += 1
-                self.tel[T_STREAMED_CHUNKS] += p.s_chunks
+                tel_add(&self.tel[T_STREAMED_DISPATCHES], 1)
+                tel_add(&self.tel[T_STREAMED_CHUNKS], p.s_chunks)
         else:
-            self.tel[T_H2D_OPS] += 0 if d.resident else p.tel_h2d_ops
-        self.tel[T_DIRECT_H2D_BYTES] += direct
-        self.tel[T_STAGED_H2D_BYTES] += h2d - direct
+            tel_add(&self.tel[T_H2D_OPS], 0 if d.resident else p.tel_h2d_ops)
+        tel_add(&self.tel[T_DIRECT_H2D_BYTES], direct)
+        tel_add(&self.tel[T_STAGED_H2D_BYTES], h2d - direct)
         d.ops[0] = d.ops[1] = 0
         return 0
 
@@ -670,7 +824,7 @@ cdef class Core:
         try:
             return self._blocking(program, inputs, config, None, NULL, prep)
         finally:
-            self.busy -= 1
+            self._leave()
 
     def dispatch_into(self, program, inputs, outputs, config=None, Prepared prep=None):
         cdef list outs
@@ -683,7 +837,7 @@ cdef class Core:
                 miss.outputs = outs  # (an iterator of outputs is used up: the retry takes these)
                 raise
         finally:
-            self.busy -= 1
+            self._leave()
 
     def dispatch_profiled(self, program, inputs, config=None, unsigned long long start_ns=0,
                           Prepared prep=None):
@@ -699,7 +853,7 @@ cdef class Core:
         try:
             outs = self._blocking(program, inputs, config, None, marks, prep)
         finally:
-            self.busy -= 1
+            self._leave()
         return outs, stage_durations(marks)
 
     cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks,
@@ -756,6 +910,7 @@ cdef class Core:
         if p.trial_left:
             trial_record(p, d.no_graph, now_ns() - t_trial)
         d._finish()
+        a_store(&d.state, D_TAKEN)  # (never shared: a blocking dispatch's handle reaches no caller)
         if marks != NULL:
             marks[M_RELEASE] = now_ns()
         if self.trace & TRACE_LOG:
@@ -777,7 +932,7 @@ cdef class Core:
                     miss.outputs = outs  # (an iterator of outputs is used up: the retry takes these)
                 raise
         finally:
-            self.busy -= 1
+            self._leave()
 
     cdef PendingDispatch _async(self, program, inputs, config, bint timed, Prepared given, list into):
         """The lookup of an async dispatch; then, traced or not, the enqueue."""
@@ -856,3 +1011,206 @@ cdef int _hold_device(PendingDispatch d, Py_ssize_t i, Py_ssize_t n, Py_buffer* 
             d.waits = []
         d.waits.append(wait)
     return 0
+
+
+# ---------------------------------------------------------------- a dispatch's life (see _dispatch.pxd)
+cdef void release_resources(PendingDispatch d, bint recycle) noexcept:
+    """The handle's stream, events, slab and staging back to the pools (``recycle``) or written
+    off (the GPU may still use them), once, under the handle's lock (is_ready() queries its event
+    under the same lock); then the backend stops counting it."""
+    cdef Core core = d.core
+    cdef bint released = False
+    lock_with_gil(d.mu)
+    if d.f.active:
+        if recycle:
+            core.resources.recycle(&d.f)
+        elif core.resources.leak(&d.f):
+            tel_add(&core.tel[T_LEAKED_ALLOCATIONS], 1)
+        released = True
+    d.mu.unlock()
+    if released:
+        core._settled()
+
+
+cdef void mark_completed(PendingDispatch d) noexcept:
+    # the taking caller's wait saw the GPU done (later waits of that caller return at once)
+    d.completed = True
+
+
+cdef bint is_taken(PendingDispatch d) noexcept:
+    cdef int state = a_load(&d.state)
+    return state == D_TAKEN or state == D_FAILED
+
+
+cdef object take(PendingDispatch d, int form, outputs, timeout):
+    """result(), result_into() or timed_result() on a handle any number of threads may share.
+    One caller claims it (D_ENQUEUED -> D_TAKING), waits, collects and publishes the outputs or
+    the error; every other caller waits for the publication (bounded by its own timeout) and
+    gets what was published. A claim whose wait ends with the work still running (timeout,
+    Ctrl-C, a refused argument) goes back, and the next caller claims it."""
+    cdef int state
+    cdef unsigned long long deadline = 0
+    cdef bint have_deadline = False
+    limit = timed = None
+    while not a_cas(&d.state, D_ENQUEUED, D_TAKING):
+        state = a_load(&d.state)
+        if state == D_TAKEN or state == D_FAILED:
+            return _published(d, form, outputs)
+        if state == D_TAKING:
+            if not have_deadline:
+                limit = timeout if timeout is not None or d.timed_out else d.prep.timeout
+                limit = None if limit is None else _check_timeout(limit)
+                deadline = 0 if limit is None else now_ns() + timeout_ns(limit)
+                have_deadline = True
+            if _wait_for_taker(d, deadline) == W_TIMEOUT:
+                from ._waits import _timeout_error  # (cold; a module-level import would be circular)
+                raise _timeout_error(limit, d)
+    try:
+        if form == TAKE_RESULT:
+            outs = d._result(timeout)
+        elif form == TAKE_INTO:
+            outs = d._result_into(outputs, timeout)
+        else:
+            timed = d._timed_result(timeout)
+            d.timing = (timed.wall_ns, timed.device_ns, timed.enqueue_ns, timed.wait_ns)
+            outs = timed.outputs
+    except BaseException as exc:
+        if d.f.active:
+            a_store(&d.state, D_ENQUEUED)  # the work still runs, owned by the handle: claim it again
+        else:
+            d.error = exc
+            a_store(&d.state, D_FAILED)
+        raise
+    d.outs = outs
+    a_store(&d.state, D_TAKEN)  # (after the fields: a caller that sees D_TAKEN reads them set)
+    return timed if form == TAKE_TIMED else outs
+
+
+cdef object _published(PendingDispatch d, int form, outputs):
+    """What a caller gets once another took the handle: the same outputs (a list of its own),
+    the same figures, or the same error."""
+    if a_load(&d.state) == D_FAILED:
+        raise d.error
+    if form == TAKE_RESULT:
+        return list(d.outs)
+    if form == TAKE_TIMED:
+        if d.timing is None:
+            raise ValidationError(
+                "this PendingDispatch's outputs were taken by result() or result_into(), without its "
+                "timings" if d.f.timed else "this PendingDispatch was enqueued without timing events",
+                "call timed_result() first on a dispatch_async(..., timed=True) handle (every caller then "
+                "gets the same timings)",
+            )
+        return TimedDispatchResult(list(d.outs), *d.timing)
+    if outputs is d.outs:
+        return outputs
+    raise ValidationError(
+        "this PendingDispatch's outputs were already taken by another call, so they cannot be written "
+        "into a second set of arrays",
+        "call result() to get the arrays every caller shares (then numpy.copyto into yours), or call "
+        "result_into() once",
+    )
+
+
+cdef int _wait_for_taker(PendingDispatch d, unsigned long long deadline) except -1:
+    """Wait, without the GIL, until the caller that claimed ``d`` publishes (or gives the claim
+    back): a short spin, then naps doubling to 200 us; Ctrl-C is checked every 20 ms. W_TIMEOUT
+    once ``deadline`` (0: none) passes."""
+    cdef timespec nap
+    cdef long interval = 2000
+    cdef unsigned long long t, next_signals = now_ns() + 20000000
+    with nogil:
+        while a_load(&d.state) == D_TAKING:
+            t = now_ns()
+            if deadline and t >= deadline:
+                return W_TIMEOUT
+            if t >= next_signals:
+                with gil:
+                    PyErr_CheckSignals()
+                next_signals = t + 20000000
+            nap.tv_sec = 0
+            nap.tv_nsec = interval
+            nanosleep(&nap, NULL)
+            if interval < 200000:
+                interval *= 2
+    return W_DONE
+
+
+cdef int poll_ready(PendingDispatch d) except -1:
+    """is_ready(): never blocks. The event is queried under the handle's lock, so the caller
+    taking the outputs on another thread cannot recycle it meanwhile."""
+    cdef cydriver.CUresult status = cydriver.CUDA_SUCCESS
+    cdef int state = a_load(&d.state)
+    if state != D_ENQUEUED and state != D_TAKING:
+        return 1
+    lock_with_gil(d.mu)
+    if d.f.active and not d.completed:
+        with nogil:
+            if d.f.has_done:
+                status = cydriver.cuEventQuery(d.f.done)
+            else:
+                status = cydriver.cuStreamQuery(d.f.stream)
+    d.mu.unlock()
+    if status == cydriver.CUDA_SUCCESS or status == cydriver.CUDA_ERROR_NOT_READY:
+        return status == cydriver.CUDA_SUCCESS
+    # the GPU work failed: this caller settles it (claimed, as a taker would), and every caller
+    # of result() gets the same error; while another caller takes it, that one reports it
+    if a_cas(&d.state, D_ENQUEUED, D_TAKING):
+        try:
+            d.core._fail(d, status, b"cuEventQuery")
+        except BaseException as exc:
+            d.error = exc
+            a_store(&d.state, D_FAILED)
+            raise
+    return 1
+
+
+cdef void drop(PendingDispatch d) noexcept:
+    """The handle's last reference went (no other thread can hold it). Its work never makes the
+    host wait: finished, its resources are recycled now; still running, they go to the backend's
+    deferred list with every buffer the GPU may still read or write."""
+    cdef Core core = d.core
+    cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+    cdef cydriver.CUcontext prev
+    cdef Deferred e
+    cdef size_t i
+    if not d.f.active:
+        return
+    if core.ctx == NULL:  # released after a fault: the resources died with the context
+        release_resources(d, False)
+        return
+    if d.f.enqueued:
+        with nogil:
+            st = cydriver.cuCtxPushCurrent(core.ctx)
+            if st == cydriver.CUDA_SUCCESS:
+                st = cydriver.cuEventQuery(d.f.done) if d.f.has_done else cydriver.cuStreamQuery(d.f.stream)
+                cydriver.cuCtxPopCurrent(&prev)
+    if st != cydriver.CUDA_ERROR_NOT_READY:
+        release_resources(d, st == cydriver.CUDA_SUCCESS)  # (an error: written off)
+        return
+    try:
+        held = (d.keep, d.s_outs, d.out_checked, d.prep)
+    except BaseException:  # no memory for a tuple: wait instead (the old way, never wrong)
+        with nogil:
+            if cydriver.cuCtxPushCurrent(core.ctx) == cydriver.CUDA_SUCCESS:
+                st = cydriver.cuEventSynchronize(d.f.done) if d.f.has_done else cydriver.cuStreamSynchronize(d.f.stream)
+                cydriver.cuCtxPopCurrent(&prev)
+        release_resources(d, st == cydriver.CUDA_SUCCESS)
+        return
+    e.f = d.f
+    e.nbytes = d.f.bucket + d.f.staging_bytes
+    e.views = new vector[Py_buffer]()
+    e.views.swap(d.views)
+    for i in range(d.out_views.size()):
+        e.views.push_back(d.out_views[i])
+    d.out_views.clear()
+    Py_INCREF(held)
+    e.held = <PyObject*>held
+    d.f.active = False  # (the entry owns them now; the backend still counts them as outstanding)
+    a_store(&d.state, D_DROPPED)
+    lock_with_gil(core.defer_mu)
+    core.deferred.push_back(e)
+    core.defer_bytes += e.nbytes
+    core.defer_mu.unlock()
+    a_add(&core.defer_n, 1)
+    tel_add(&core.tel[T_DEFERRED_DROPS], 1)

@@ -1,0 +1,124 @@
+# The hot path's entry points (dispatch, dispatch_async, ...), the plan lookup, and the ONE owner of
+# a dispatch's life: its state machine, the deferred list of dropped handles, the backend's counts
+# of calls and handles in flight.
+
+from cpython.buffer cimport Py_buffer
+from cpython.ref cimport PyObject
+from libcpp.deque cimport deque
+from libcpp.mutex cimport mutex
+from libcpp.vector cimport vector
+from cuda.bindings cimport cydriver
+
+from ._counters cimport N_COUNTERS
+from ._resources cimport Resources, InFlight
+from ._prepared cimport Prepared, ResidentBlocks
+from ._waits cimport PendingDispatch
+
+
+cdef extern from "_atomic.hpp" namespace "vyre" nogil:
+    int a_load "vyre::load"(const int* p)
+    void a_store "vyre::store"(int* p, int v)
+    bint a_cas "vyre::cas"(int* p, int expected, int desired)
+    long long a_add "vyre::add"(long long* p, long long v)
+    long long a_loadll "vyre::loadll"(const long long* p)
+    void tel_add "vyre::count"(unsigned long long* p, unsigned long long v)
+    unsigned long long tel_read "vyre::read"(const unsigned long long* p)
+    void tel_clear "vyre::clear"(unsigned long long* p)
+
+
+# A dispatch's life (PendingDispatch.state), written only by this module. Each transition happens
+# once, by compare-and-swap or under the handle's lock:
+#   D_ENQUEUED -> D_TAKING   one caller claims the handle to wait and take the outputs (the others
+#                            wait for it: they never touch its resources)
+#   D_TAKING -> D_ENQUEUED   that caller's wait ended without the GPU being done (timeout, Ctrl-C, a
+#                            refused argument): the handle still owns the work
+#   D_TAKING -> D_TAKEN      settled (the GPU done), outputs collected and published, resources
+#                            recycled: every later caller gets the same outputs
+#   D_TAKING -> D_FAILED     settled with an error, published: every later caller gets it
+#   D_ENQUEUED -> D_DROPPED  the last reference went un-taken: its resources move to the backend's
+#                            deferred list (recycled there once its completion event has fired)
+cdef enum:
+    D_ENQUEUED = 0
+    D_TAKING = 1
+    D_TAKEN = 2
+    D_FAILED = 3
+    D_DROPPED = 4
+    # dropped work the deferred list holds before the next dispatch waits for the oldest
+    DEFER_MAX_COUNT = 4096
+    DEFER_MAX_BYTES = 1 << 30  # ... and bytes of device memory and staging it holds
+    # take forms
+    TAKE_RESULT = 0
+    TAKE_INTO = 1
+    TAKE_TIMED = 2
+
+cdef struct Deferred:
+    # what a dropped handle leaves: the pools' resources and every object the GPU may still use
+    InFlight f
+    vector[Py_buffer]* views  # its input and output buffer exports (released once reclaimed)
+    PyObject* held  # a tuple of the device arrays, outputs and plan it kept alive (owned)
+    size_t nbytes
+
+
+cdef class Core:
+    cdef cydriver.CUcontext ctx
+    cdef readonly Resources resources  # the one owner of this backend's pools
+    cdef readonly ResidentBlocks resident_blocks  # the plans' resident params blocks
+    cdef dict prepared
+    cdef mutex hit_mu  # guards last_hit (a reference swapped by any thread)
+    cdef object last_hit  # the last plan found (a _LastHit); None once plans are cleared
+    cdef unsigned long long cleared  # how many times the plans were cleared (last_hit's guard)
+    cdef public int stream_plans  # cached plans keyed on a caller's stream
+    cdef list graphed  # prepared plans that may hold graph execs (released with the plans)
+    cdef unsigned long long tel[N_COUNTERS]  # added to with tel_add (atomic), read with tel_read
+    cdef public object lost
+    cdef int closed_flag  # atomic: set once by refuse_new(); every later call is refused
+    cdef long long n_busy  # atomic: calls running inside the core (close waits for them)
+    cdef long long n_outstanding  # atomic: dispatches holding resources (handles and deferred work)
+    cdef mutex settle_mu  # guards on_settled (the hand-off between close() and the last settle)
+    cdef object on_settled  # called once the last owner settles after close (releases the context)
+    cdef mutex defer_mu  # guards deferred and defer_bytes
+    cdef deque[Deferred] deferred  # dropped handles' resources, oldest first
+    cdef long long defer_n  # atomic: len(deferred) (the hot path's one test)
+    cdef size_t defer_bytes
+    cdef public int trace  # TRACE_LOG | TRACE_NVTX bits; 0: untraced (the hot path's one test)
+    cdef object logger
+    cdef public int device
+
+    cdef int _ensure_resident(self, Prepared p) except -1
+    cdef int _check_usable(self) except -1
+    cdef int _enter(self) except -1
+    cdef void _hold(self) noexcept
+    cdef void _leave(self) noexcept
+    cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d,
+                          Prepared given)
+    cdef object _miss(self, key, config, inputs, PendingDispatch d)
+    cdef long long _device_input(self, obj, Py_ssize_t i, Py_ssize_t n, own, Py_buffer* view,
+                                 PendingDispatch d) except -2
+    cdef int _check_device_inputs(self, program, inputs, config, Prepared p, vector[Py_buffer]& views,
+                                  PendingDispatch d) except -1
+    cdef tuple _device_outputs(self, Prepared p, list into, PendingDispatch d)
+    cdef long long _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
+                               PendingDispatch d, exc) except? -2
+    cdef PendingDispatch _open(self, program, inputs, config, Prepared given)
+    cdef object _converted(self, program, config, bint blocking)
+    cdef PendingDispatch _open_traced(self, program, inputs, config, Prepared given, bint blocking)
+    cdef int _begin(self, PendingDispatch d, config, list into, bint want_done, bint timed,
+                    unsigned long long* marks) except -1
+    cdef void _settled(self) noexcept
+    cdef void _run_on_settled(self) noexcept
+    cdef int _reclaim(self, bint every, bint wait) except -1
+    cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1
+    cdef int _after_enqueue(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1
+    cdef object _blocking(self, program, inputs, config, list into, unsigned long long* marks, Prepared given)
+    cdef object _run_blocking(self, PendingDispatch d, config, list into, unsigned long long* marks)
+    cdef PendingDispatch _async(self, program, inputs, config, bint timed, Prepared given, list into)
+    cdef PendingDispatch _run_async(self, PendingDispatch d, config, bint timed, unsigned long long t0, list into)
+
+
+# the state machine's transitions and the handle's resources (called by _waits, _launch, _tracing)
+cdef void release_resources(PendingDispatch d, bint recycle) noexcept
+cdef object take(PendingDispatch d, int form, outputs, timeout)
+cdef int poll_ready(PendingDispatch d) except -1
+cdef void drop(PendingDispatch d) noexcept
+cdef bint is_taken(PendingDispatch d) noexcept
+cdef void mark_completed(PendingDispatch d) noexcept
