@@ -6,6 +6,7 @@ import logging
 import os
 import pathlib
 import pickle
+import re
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from vyre_cuda.compile import (
     ptx_entries,
 )
 from vyre_cuda.compile import cache as cache_mod
+from vyre_cuda.compile import headers as headers_mod
 from vyre_cuda.compile import nvrtc as nvrtc_mod
 from vyre_cuda.errors import KernelCompileFailed, ValidationError
 from vyre_cuda.program import Kernel
@@ -574,3 +576,154 @@ def test_explain_other_load_failures(status, expected):
     assert expected in fix
     error = KernelCompileFailed(message, fix)
     assert str(error).splitlines()[-1] == f"Fix: {fix}"
+
+
+# Header fixes: every header a fix names exists and compiles; following a fix never loops --------
+# The standard headers a newcomer's kernel reaches for, and the wrong spellings an older fix led to.
+STANDARD_HEADERS = sorted(
+    {
+        *headers_mod._C_TO_CXX,
+        *headers_mod._C_TO_CXX.values(),
+        *headers_mod._INSTEAD,
+        *("array", "atomic", "functional", "limits", "memory", "tuple", "type_traits", "utility"),
+        *("cuda/std/stdint", "cuda/std/math", "cuda/std/vector", "cuda/std/string", "cuda/std/no_such"),
+    }
+)
+_PIP = re.compile(r"pip install (?:-U )?'([\w-]+)")
+
+
+def including(header: str, body: str = "") -> Kernel:
+    return Kernel.cuda(f'#include <{header}>\n#include "vyre_cuda.cuh"\nVYRE_KERNEL vyre_main() {{ {body} }}\n')
+
+
+def cccl_found(dirs=None) -> bool:
+    dirs = headers_mod.cuda_include_dirs() if dirs is None else dirs
+    return any(os.path.isfile(os.path.join(d, "cuda", "std", "version")) for d in dirs)
+
+
+def need_cccl():
+    if not cccl_found():
+        pytest.skip("no CCCL headers found (nvidia-cuda-cccl or a CUDA toolkit)")
+
+
+def fix_for(header: str) -> str:
+    with pytest.raises(KernelCompileFailed) as info:
+        compile_kernel(including(header), arch=(9, 0))
+    assert str(info.value).splitlines()[-1] == f"Fix: {info.value.fix}"
+    return info.value.fix
+
+
+def without_cccl(monkeypatch):
+    """The CUDA header folders found, less CCCL's: a machine where nvidia-cuda-cccl is not installed."""
+    dirs = tuple(d for d in headers_mod.cuda_include_dirs() if not cccl_found((d,)))
+    monkeypatch.setattr(headers_mod, "cuda_include_dirs", lambda: dirs)
+    monkeypatch.setattr(nvrtc_mod, "cuda_include_dirs", lambda: dirs)
+    clear_cache(memory=True, disk=True)
+
+
+@pytest.mark.parametrize("header", STANDARD_HEADERS)
+def test_each_header_a_standard_header_fix_names_compiles(header):
+    need_cccl()
+    fix = fix_for(header)
+    assert "pip install" not in fix  # CCCL is found: nothing to install
+    suggested = headers_mod.suggested_headers(fix)
+    assert header not in suggested
+    if header in headers_mod._C_TO_CXX or header in headers_mod._C_TO_CXX.values():
+        assert suggested and suggested[0].startswith("cuda/std/")
+    for name in suggested:
+        compile_kernel(including(name), arch=(9, 0))  # raises if the header does not exist
+
+
+@pytest.mark.parametrize("header", ["stdint.h", "math.h", "vector", "cstdio", "cub/cub.cuh", "thrust/device_vector.h"])
+def test_following_a_header_fix_never_loops(header):
+    # `#include <stdint.h>` once said "include <cuda/std/stdint> (pip install nvidia-cuda-cccl)",
+    # and that include said "pip install nvidia-cuda-cccl" although CCCL was installed and found
+    need_cccl()
+    seen, todo = {header}, [header]
+    while todo:
+        fix = fix_for(todo.pop())
+        assert not _PIP.findall(fix), fix  # CCCL and the runtime are found: never an install
+        for name in headers_mod.suggested_headers(fix):
+            assert name not in seen, f"{fix!r} leads back to <{name}>"
+            seen.add(name)
+            try:
+                compile_kernel(including(name), arch=(9, 0))
+            except KernelCompileFailed:
+                todo.append(name)  # followed in turn, until a header compiles or the fix repeats
+    assert len(seen) > 1 or header == "cstdio"  # a fix named a header, except "printf is built in"
+
+
+def test_the_old_wrong_spelling_leads_to_the_header_that_exists():
+    need_cccl()
+    fix = fix_for("cuda/std/stdint")
+    assert headers_mod.suggested_headers(fix) == ["cuda/std/cstdint"]
+    assert "pip install" not in fix
+    assert "cuda/std/stdint" in fix  # it says which header is absent
+
+
+@pytest.mark.parametrize("header", ["stdint.h", "math.h", "cuda/std/stdint", "vector", "algorithm", "cuda/std/cstdint"])
+def test_without_cccl_the_fix_installs_it_once_and_then_compiles(monkeypatch, header):
+    need_cccl()  # the suggested header is compiled with the real CCCL at the end
+    without_cccl(monkeypatch)
+    fix = fix_for(header)
+    suggested = [n for n in headers_mod.suggested_headers(fix) if n != header]
+    assert _PIP.findall(fix) == ["nvidia-cuda-cccl"], fix
+    assert all(n.split("/")[0] in ("cuda", "cub") for n in suggested)
+    for name in suggested:  # without CCCL: the same package, never another header to try
+        follow = fix_for(name)
+        assert _PIP.findall(follow) == ["nvidia-cuda-cccl"], follow
+        assert headers_mod.suggested_headers(follow) == []
+    monkeypatch.undo()
+    clear_cache(memory=True, disk=True)
+    for name in suggested:  # once installed, the header the fix named compiles
+        compile_kernel(including(name), arch=(9, 0))
+
+
+def test_printf_and_the_built_ins_a_fix_promises_need_no_include():
+    source = (
+        '#include "vyre_cuda.cuh"\n'
+        "VYRE_KERNEL vyre_main(int* p) { int a[4] = {0}; a[p[0] & 3] = min(p[1], p[2]) + max(p[1], p[2]);"
+        ' printf("%d\\n", a[1]); }\n'
+    )
+    assert compile_kernel(Kernel.cuda(source), arch=(9, 0)).kind == "cubin"
+    assert "printf" in headers_mod.missing_header_fix("cstdio", 13)
+    assert "min()" in headers_mod.missing_header_fix("algorithm", 13)
+
+
+def test_cub_umbrella_header_names_the_block_level_headers():
+    # <cub/cub.cuh> fails on a __host__ function inside CUB, not on a missing standard header
+    need_cccl()
+    fix = fix_for("cub/cub.cuh")
+    assert "host code" in fix and "standard library" not in fix
+    suggested = headers_mod.suggested_headers(fix)
+    assert suggested and all(n.startswith("cub/") for n in suggested)
+    for name in suggested:
+        compile_kernel(including(name), arch=(9, 0))
+
+
+def test_a_host_function_of_the_kernel_is_told_to_be_device_code():
+    source = '#include "vyre_cuda.cuh"\n__host__ int twice(int x) { return 2 * x; }\nVYRE_KERNEL vyre_main() {}\n'
+    with pytest.raises(KernelCompileFailed) as info:
+        compile_kernel(Kernel.cuda(source), arch=(9, 0))
+    assert "vyre_main.cu(2)" in info.value.fix and "__device__" in info.value.fix
+
+
+def test_a_standard_header_missing_from_the_users_own_header_names_that_header(tmp_path):
+    (tmp_path / "mine.cuh").write_text("#pragma once\n#include <vector>\n")
+    source = '#include "mine.cuh"\n#include "vyre_cuda.cuh"\nVYRE_KERNEL vyre_main() {}\n'
+    with pytest.raises(KernelCompileFailed) as info:
+        compile_kernel(Kernel.cuda(source, options=(f"--include-path={tmp_path}",)), arch=(9, 0))
+    fix = info.value.fix
+    assert fix.startswith(f"vector is included by {tmp_path / 'mine.cuh'}")
+    assert "std::vector" in fix
+
+
+@pytest.mark.parametrize(
+    ("options", "folders"),
+    [
+        (("-std=c++17", "--include-path=/a", "-I/b", "-I", "/c", "-arch=sm_90"), ("/a", "/b", "/c")),
+        (("-arch=sm_90",), ()),
+    ],
+)
+def test_the_folders_a_compile_searches_come_from_its_options(options, folders):
+    assert nvrtc_mod._include_paths(options) == folders

@@ -3,11 +3,14 @@
 NVRTC ships no headers. ``cuda_fp16.h`` and the rest of the runtime headers come from the
 ``nvidia-cuda-runtime`` wheel (or a CUDA toolkit), ``<cuda/std/...>`` and ``<nv/target>`` from
 ``nvidia-cuda-cccl``; ``cuda.pathfinder`` finds them wherever they are installed. A header that is
-still missing is named in the compile error together with the package that provides it.
+still missing is named in the compile error with its fix: the package that provides it when that
+package is not found, the libcu++ header that replaces a C/C++ standard one (or what device code
+does instead where there is none), and the host-only CCCL headers that NVRTC cannot compile.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import os
@@ -23,6 +26,8 @@ __all__ = [
     "needs_cuda_headers",
     "missing_header",
     "missing_header_fix",
+    "compile_error_fix",
+    "suggested_headers",
 ]
 
 # cuda.pathfinder library names whose include folders kernels may need, in search order.
@@ -79,39 +84,112 @@ _RUNTIME_HEADERS = frozenset(
         "vector_types.h",
     ]
 )
-_STD_HEADERS = frozenset(
+# The C and C++ standard headers a kernel may reach for. NVRTC has no standard library; libcu++
+# (part of CCCL) gives most of them a device twin under cuda/std/, named after the C++ header
+# (<stdint.h> and <cstdint> both become <cuda/std/cstdint>).
+_C_TO_CXX = {
+    "assert.h": "cassert",
+    "complex.h": "ccomplex",
+    "float.h": "cfloat",
+    "limits.h": "climits",
+    "math.h": "cmath",
+    "stddef.h": "cstddef",
+    "stdint.h": "cstdint",
+    "stdlib.h": "cstdlib",
+    "string.h": "cstring",
+    "time.h": "ctime",
+}
+# cuda/std/ headers of the oldest CCCL a CUDA 13 NVRTC comes with (3.0); newer ones add more.
+# Used to name a replacement where no CCCL is found to look into.
+_LIBCUXX_HEADERS = frozenset(
     [
-        "assert.h",
-        "float.h",
-        "limits.h",
-        "math.h",
-        "stddef.h",
-        "stdint.h",
-        "stdio.h",
-        "stdlib.h",
-        "string.h",
-        "algorithm",
         "array",
         "atomic",
+        "barrier",
+        "bit",
+        "bitset",
         "cassert",
+        "ccomplex",
         "cfloat",
+        "chrono",
         "climits",
         "cmath",
+        "complex",
+        "concepts",
         "cstddef",
         "cstdint",
-        "cstdio",
         "cstdlib",
         "cstring",
+        "ctime",
+        "expected",
         "functional",
-        "iostream",
+        "initializer_list",
+        "inplace_vector",
+        "iterator",
+        "latch",
         "limits",
+        "mdspan",
         "memory",
+        "numbers",
+        "numeric",
+        "optional",
+        "ranges",
+        "ratio",
+        "semaphore",
+        "source_location",
+        "span",
         "tuple",
         "type_traits",
         "utility",
-        "vector",
+        "variant",
+        "version",
     ]
 )
+_PRINTF = "printf is built into device code: remove the include and call printf(...)"
+_NO_CONTAINERS = (
+    "device code has no growing containers: use a fixed-capacity cuda::std::inplace_vector<T, N> "
+    "from <cuda/std/inplace_vector>, a fixed array (T a[N]), or a buffer the dispatch passes in"
+)
+# Standard headers with no libcu++ twin (in the CCCL found, or in any): what to do instead.
+_INSTEAD = {
+    "stdio.h": _PRINTF,
+    "cstdio": _PRINTF,
+    "iostream": "device code has no streams; " + _PRINTF,
+    "fstream": "device code has no files or streams; " + _PRINTF,
+    "sstream": "device code has no streams; " + _PRINTF,
+    "vector": _NO_CONTAINERS.replace("growing containers", "std::vector"),
+    "deque": _NO_CONTAINERS,
+    "list": _NO_CONTAINERS,
+    "map": _NO_CONTAINERS,
+    "set": _NO_CONTAINERS,
+    "unordered_map": _NO_CONTAINERS,
+    "unordered_set": _NO_CONTAINERS,
+    "string": "device code has no std::string: use a char array",
+    "stdbool.h": "bool is built into C++: remove the include",
+    "algorithm": (
+        "min() and max() are built into device code; to sort the values of a block use "
+        "cub::BlockRadixSort from <cub/block/block_radix_sort.cuh>"
+    ),
+}
+# CCCL libraries whose top-level headers pull in host code, which NVRTC (device code only) refuses.
+_HOST_CODE = {
+    "cub": (
+        "cub/cub.cuh and CUB's device-wide algorithms (cub/device/...) are host code, which NVRTC "
+        "cannot compile: include only the block-, warp- or thread-level headers the kernel uses, "
+        "e.g. <cub/block/block_reduce.cuh> or <cub/warp/warp_reduce.cuh>"
+    ),
+    "thrust": (
+        "Thrust's containers and algorithms are host code, which NVRTC cannot compile: in a kernel "
+        "use libcu++ (the cuda/std/ headers, e.g. <cuda/std/array>) and CUB's block- and warp-level "
+        "headers (e.g. <cub/block/block_reduce.cuh>)"
+    ),
+}
+# A file of each header package, to tell whether the package is among the folders searched.
+_SENTINELS = {
+    "nvidia-cuda-runtime": "cuda_runtime_api.h",
+    "nvidia-cuda-cccl": "cuda/std/version",
+    "nvidia-cuda-crt": "crt/host_defines.h",
+}
 # Where these appear, a compile may read a header outside vyre_cuda's own folder. ``include``
 # covers ``#include``, ``# include``, ``%:include``, ``__has_include`` and the include options;
 # backslash-newlines are spliced first, since NVRTC splices them before it reads directives.
@@ -128,6 +206,14 @@ _HEADER_OPTIONS = (
     "--use-pch",
 )
 _MISSING = re.compile(r'(?:could not|cannot) open source file "([^"]+)"')
+# "<file>(<line>): catastrophic error: cannot open source file "<header>"": who included it
+_MISSING_FROM = re.compile(
+    r'^(.+?)\((\d+)\): (?:catastrophic )?error: (?:could not|cannot) open source file "([^"]+)"', re.M
+)
+_HOST_IN_JIT = re.compile(
+    r"^(.+?)\((\d+)\): error: A function explicitly marked as a __host__ function is not allowed in JIT mode", re.M
+)
+_CUDA_STD = "cuda/std/"
 
 
 @functools.lru_cache(maxsize=1)
@@ -250,13 +336,19 @@ def missing_header(log: str) -> str | None:
     return match.group(1) if match else None
 
 
-def missing_header_fix(header: str, nvrtc_major: int | None) -> str:
-    """The Fix line for a header NVRTC could not open: which package provides it.
+def missing_header_fix(header: str, nvrtc_major: int | None, searched=()) -> str:
+    """The Fix line for a header NVRTC could not open: what to include instead, or what provides it.
+
+    ``searched`` holds the folders the compile searched (its ``--include-path`` options). A package
+    found there is never suggested for installation: a header it lacks is named as absent, with
+    the header that exists in its place.
 
     Examples
     --------
     >>> missing_header_fix("cuda_fp16.h", 13).split(" (")[0]
     "pip install 'nvidia-cuda-runtime==13.*'"
+    >>> missing_header_fix("stdint.h", 13).split(" (")[0]
+    'NVRTC has no C/C++ standard library: include <cuda/std/cstdint> instead'
     """
     series = f"=={nvrtc_major}.*" if nvrtc_major else ""
     name = header.replace("\\", "/")
@@ -268,20 +360,167 @@ def missing_header_fix(header: str, nvrtc_major: int | None) -> str:
         )
 
     if name in _RUNTIME_HEADERS or name.startswith("cooperative_groups/"):
+        runtime = _found(searched, "nvidia-cuda-runtime")
+        if runtime:
+            return (
+                f"the CUDA runtime headers found in {runtime} have no {name}: upgrade them "
+                f"(pip install -U 'nvidia-cuda-runtime{series}') or install a newer CUDA toolkit"
+            )
         return package("nvidia-cuda-runtime", "cudart")
+    if _is_standard(name):
+        return _standard_fix(name, series, _found(searched, "nvidia-cuda-cccl"))
     if top in ("cuda", "cub", "thrust", "nv") and "/" in name:
+        cccl = _found(searched, "nvidia-cuda-cccl")
+        if cccl:
+            return f"the CCCL headers found in {cccl} have no {name}: {_closest(name, cccl)}"
         return package("nvidia-cuda-cccl", "cccl")
     if top == "crt":
         return package("nvidia-cuda-crt", "crt")
     if name.startswith("curand"):
         return package("nvidia-curand", "curand")
-    if name in _STD_HEADERS:
-        return (
-            f"NVRTC has no C/C++ standard library: include <cuda/std/{name.removesuffix('.h')}> "
-            f"instead (pip install 'nvidia-cuda-cccl{series}'), or use vyre_u32/vyre_u64 from "
-            "vyre_cuda.cuh"
-        )
     return (
-        f"add the folder holding {name} with Kernel.cuda(..., options=('--include-path=/path',)); "
-        "the CUDA headers come from pip install 'nvidia-cuda-runtime' and 'nvidia-cuda-cccl'"
+        f"add the folder holding {name} with Kernel.cuda(..., options=('--include-path=/path',)) "
+        f"(searched: {', '.join(searched) or 'no CUDA header folder'})"
     )
+
+
+def compile_error_fix(log: str, nvrtc_major: int | None, searched=(), source_name: str = "") -> str | None:
+    """The Fix line for a compile that failed on a header, from NVRTC's log; None for other errors.
+
+    Parameters
+    ----------
+    log : str
+        NVRTC's program log.
+    nvrtc_major : int or None
+        The NVRTC major version (the release series of a package to install).
+    searched : tuple of str
+        The folders the compile searched for headers.
+    source_name : str
+        The name NVRTC gave the kernel's source (``<entry>.cu``): a header missing from another
+        file was included by a header, and the fix names that file.
+
+    Examples
+    --------
+    >>> log = 'k.cu(1): catastrophic error: cannot open source file "vector"'
+    >>> compile_error_fix(log, 13, (), "k.cu").split("; ")[1].split(": ")[0]
+    'device code has no std::vector'
+    """
+    for match in _MISSING_FROM.finditer(log):
+        where, header = match.group(1), match.group(3)
+        library = _cccl_library(where)
+        if library in _HOST_CODE:
+            return _HOST_CODE[library]
+        fix = missing_header_fix(header, nvrtc_major, searched)
+        if source_name and os.path.basename(where) != source_name:
+            return f"{header} is included by {where}; {fix}"
+        return fix
+    header = missing_header(log)
+    if header:
+        return missing_header_fix(header, nvrtc_major, searched)
+    host = _HOST_IN_JIT.search(log)
+    if host:
+        library = _cccl_library(host.group(1))
+        if library in _HOST_CODE:
+            return _HOST_CODE[library]
+        return (
+            f"NVRTC compiles device code only: mark the function at {host.group(1)}({host.group(2)}) "
+            "__device__ (or __host__ __device__), or remove it"
+        )
+    return None
+
+
+def suggested_headers(fix: str) -> list:
+    """The headers a Fix line tells to include, in order (``<cuda/std/cstdint>`` gives ``cuda/std/cstdint``).
+
+    Examples
+    --------
+    >>> suggested_headers(missing_header_fix("math.h", 13))
+    ['cuda/std/cmath']
+    """
+    return re.findall(r"<([\w./]+)>", fix)
+
+
+def _found(searched, wheel: str) -> str | None:
+    # the searched folder holding the package's sentinel file, if any
+    sentinel = _SENTINELS[wheel]
+    for folder in searched:
+        if os.path.isfile(os.path.join(folder, sentinel)):
+            return folder
+    return None
+
+
+def _is_standard(name: str) -> bool:
+    base = name.removeprefix(_CUDA_STD)
+    return (
+        name.startswith(_CUDA_STD)
+        or base in _C_TO_CXX
+        or base in _INSTEAD
+        or base in _LIBCUXX_HEADERS
+        or base in _C_TO_CXX.values()
+    )
+
+
+def _libcuxx(cccl: str | None) -> frozenset:
+    # the cuda/std/ headers of the CCCL found, or those every CUDA 13 CCCL has
+    if not cccl:
+        return _LIBCUXX_HEADERS
+    return frozenset(n for n in _public_headers(os.path.join(cccl, "cuda", "std")) if "." not in n)
+
+
+def _public_headers(folder: str) -> list:
+    # the header files of a folder, less the implementation ones (_ or . first)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return [n for n in names if not n.startswith(("_", ".")) and os.path.isfile(os.path.join(folder, n))]
+
+
+def _standard_fix(name: str, series: str, cccl: str | None) -> str:
+    base = name.removeprefix(_CUDA_STD)
+    cxx = _C_TO_CXX.get(base, base)  # stdint.h: cstdint
+    if base not in _LIBCUXX_HEADERS and base not in _INSTEAD:
+        cxx = _C_TO_CXX.get(base + ".h", cxx)  # cuda/std/stdint: cstdint
+    available = _libcuxx(cccl)
+    get_cccl = "" if cccl else f" (pip install 'nvidia-cuda-cccl{series}', or cuda-toolkit[cccl])"
+    if name.startswith(_CUDA_STD):
+        if base in available:  # a header of every CCCL: none is installed
+            return (
+                f"pip install 'nvidia-cuda-cccl{series}' (it provides {name}; or cuda-toolkit[cccl]), "
+                "or install a CUDA toolkit"
+            )
+        where = f"the CCCL headers found in {cccl} have" if cccl else "libcu++ (CCCL 3.0) has"
+        lead = f"{where} no {name}"
+    else:
+        lead = "NVRTC has no C/C++ standard library"
+    if cxx in available:
+        fix = f"{lead}: include <{_CUDA_STD}{cxx}> instead{get_cccl}"
+        if cxx == "cstdint":
+            fix += ", or use vyre_u32/vyre_u64 from vyre_cuda.cuh"
+        return fix
+    if base in _INSTEAD or cxx in _INSTEAD:
+        advice = _INSTEAD.get(base) or _INSTEAD[cxx]
+        if get_cccl:  # after the first CCCL header it names
+            advice = re.sub(r"(<[\w./]+>)", lambda m: m.group(1) + get_cccl, advice, count=1)
+        return f"{lead}; {advice}"
+    if cccl:
+        return f"{lead}: {_closest(name, cccl)}"
+    return f"{lead}: pip install 'nvidia-cuda-cccl{series}' and include one of the headers in its cuda/std/ folder"
+
+
+def _closest(name: str, cccl: str) -> str:
+    # the existing header nearest in spelling to a missing CCCL header, from the CCCL found
+    folder = os.path.join(cccl, os.path.dirname(name))
+    close = difflib.get_close_matches(os.path.basename(name), _public_headers(folder), n=1, cutoff=0.6)
+    if close:
+        return f"include <{os.path.dirname(name)}/{close[0]}> if that is the one meant"
+    return f"include one of the headers in {folder}"
+
+
+def _cccl_library(path: str) -> str | None:
+    # "cub" for .../include/cccl/cub/device/x.cuh (or .../include/cub/...), else None
+    parts = path.replace("\\", "/").split("/")
+    for i, part in enumerate(parts[1:], 1):
+        if part in _HOST_CODE and parts[i - 1] in ("cccl", "include"):
+            return part
+    return None

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 
 from ..errors import KernelCompileFailed, ValidationError
-from .headers import cuda_include_dirs, include_dir, missing_header, missing_header_fix, needs_cuda_headers
+from .headers import compile_error_fix, cuda_include_dirs, include_dir, needs_cuda_headers
 
 __all__ = [
     "CompiledKernel",
@@ -236,8 +236,8 @@ def compile_source(nvrtc, version, kernel, options, plan, key) -> CompiledKernel
         raw_log = _read(nvrtc, prog, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog)
         log = raw_log.rstrip(b"\0").decode(errors="replace").strip()
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            header = missing_header(log)
-            fix = missing_header_fix(header, version[0]) if header else _SOURCE_FIX
+            searched = _include_paths(options)
+            fix = compile_error_fix(log, version[0], searched, f"{kernel.entry}.cu") or _SOURCE_FIX
             raise KernelCompileFailed(
                 f"NVRTC could not compile kernel {kernel.entry!r} for {target_name} "
                 f"({_result_name(result)}): {_first_error(log)}",
@@ -277,6 +277,19 @@ def pass_through(kernel) -> CompiledKernel:
         )
     key = hashlib.sha256(f"ptx\0{FORMAT}\0{kernel.digest}".encode()).hexdigest()
     return CompiledKernel("ptx", text.encode() + b"\0", text, kernel.entry, key, None, None, "")
+
+
+def _include_paths(options) -> tuple:
+    """The folders a compile with these options searches for headers, in order."""
+    folders = []
+    for i, opt in enumerate(options):
+        if opt.startswith("--include-path="):
+            folders.append(opt.split("=", 1)[1])
+        elif opt == "-I" and i + 1 < len(options):
+            folders.append(options[i + 1])
+        elif opt.startswith("-I"):
+            folders.append(opt[2:])
+    return tuple(folders)
 
 
 def _read(nvrtc, prog, size_call, read_call) -> bytes:
