@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 import pytest
-from planning_fakes import ENTRY_POINTS, H200, planning_backends
+from planning_fakes import ENTRY_POINTS, H200, planning_backends, stub_backend
 
 import vyre_cuda as vc
 from vyre_cuda import _driver
@@ -203,3 +203,131 @@ def test_profile_reports_a_kernel_compile_error_without_a_gpu(tmp_path):
     fine = run(good)
     assert fine.returncode == 3, fine.stderr  # compiles: the missing driver is the error
     assert "DriverUnavailable" in fine.stderr
+
+
+# ------------------------------------------------------------------ the dispatch's input checks
+# plan() refuses what a dispatch of the same inputs refuses, with the same error: a buffer whose
+# element type is not the declared one (float64, int32 or float16 for f32...), big-endian data,
+# a length that is no whole number of elements. A uint8 view or bytes (raw bytes, on purpose)
+# and inputs of the declared kind plan.
+_U8_SRC = '#include "vyre_cuda.cuh"\nVYRE_KERNEL vyre_main(const unsigned char* x, unsigned int* h) {}\n'
+_BYTES_IN = vc.Program(
+    vc.Kernel.cuda(_U8_SRC), [vc.BufferDecl.read("x", 0, "u8"), vc.BufferDecl.output("h", 1, "u32", 256)]
+)
+_F32 = np.float32
+
+
+def _big_endian(n):
+    return np.zeros(n, ">f4")
+
+
+INPUT_CASES = [
+    # (id, program, inputs as arrays, refused by the dispatch?)
+    ("float64_for_f32", BP.vecadd_f32, lambda: [np.zeros(10, np.float64), np.zeros(20, _F32)], True),
+    ("float64_second", BP.vecadd_f32, lambda: [np.zeros(20, _F32), np.zeros(10, np.float64)], True),
+    ("int32_for_f32", BP.vecadd_f32, lambda: [np.zeros(20, np.int32), np.zeros(20, _F32)], True),
+    ("float16_for_f32", BP.vecadd_f32, lambda: [np.zeros(10, np.float16), np.zeros(5, _F32)], True),
+    ("big_endian_f32", BP.vecadd_f32, lambda: [_big_endian(20), np.zeros(20, _F32)], True),
+    ("int32_for_u32", lambda: BP.block_sum_u32(64), lambda: [np.zeros(64 * 256, np.int32)], True),
+    ("half_an_element", BP.vecadd_f32, lambda: [np.zeros(6, np.uint8), np.zeros(6, np.uint8)], True),
+    ("lengths_differ_first", BP.vecadd_f32, lambda: [np.zeros(10, np.float64), np.zeros(10, _F32)], True),
+    ("float32", BP.vecadd_f32, lambda: [np.zeros(20, _F32), np.zeros(20, _F32)], False),
+    ("uint8_view", BP.vecadd_f32, lambda: [np.zeros(20, _F32).view(np.uint8), np.zeros(20, _F32)], False),
+    ("bytes", BP.vecadd_f32, lambda: [bytes(80), bytearray(80)], False),
+    ("uint32", lambda: BP.block_sum_u32(64), lambda: [np.zeros(64 * 256, np.uint32)], False),
+    ("u8_declared", lambda: _BYTES_IN, lambda: [np.zeros(100, np.uint8)], False),
+    ("int8_for_u8", lambda: _BYTES_IN, lambda: [np.zeros(100, np.int8)], False),
+]
+
+
+def _refusal(call):
+    """(type, message) of the ValidationError ``call`` raises; None when the input checks pass."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", vc.LaunchSizeWarning)
+        try:
+            call()
+        except vc.ValidationError as exc:
+            return type(exc), str(exc)
+        except (RuntimeError, vc.DispatchFailed, vc.DriverUnavailable):
+            return None  # a stub backend's first call into a device: past the checks
+    return None
+
+
+@pytest.fixture
+def dispatcher(monkeypatch):
+    """A real CudaBackend over stub driver entry points: a dispatch runs its checks, then fails at
+    its first call into a device."""
+    backend = stub_backend(monkeypatch, H200)
+    yield backend
+    backend.close()
+
+
+@pytest.mark.parametrize("name, make, inputs, refused", INPUT_CASES, ids=[c[0] for c in INPUT_CASES])
+def test_plan_refuses_the_inputs_a_dispatch_refuses_with_its_error(dispatcher, name, make, inputs, refused):
+    program = make()
+    by_dispatch = _refusal(lambda: dispatcher.dispatch(program, inputs()))
+    assert (by_dispatch is not None) == refused, by_dispatch
+    assert _refusal(lambda: vc.plan(program, inputs(), device=H200)) == by_dispatch
+    described = [ArraySpec(x.shape, x.dtype) for x in inputs() if isinstance(x, np.ndarray)]
+    if len(described) == len(inputs()):  # the same inputs described: the same answer
+        assert _refusal(lambda: vc.plan(program, described, device=H200)) == by_dispatch
+    if refused:
+        assert by_dispatch[1].splitlines()[-1].startswith("Fix: ")
+
+
+_DTYPES = ["f2", "f4", "f8", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "?", "c8", ">f4", ">u4", "V4", "S4"]
+
+
+@pytest.mark.parametrize("dtype", _DTYPES)
+@pytest.mark.parametrize("declared", ["f32", "u32"])
+def test_plan_and_dispatch_agree_on_every_element_type(dispatcher, declared, dtype):
+    # the core's check is C (_formats.pxd); plan's is its Python twin (_io_checks.kind_ok)
+    program = BP.vecadd_f32() if declared == "f32" else BP.block_sum_u32(64)
+    nbytes = 4 * 64 * 256
+    first = np.zeros(nbytes // np.dtype(dtype).itemsize, dtype)
+    rest = [np.zeros(64 * 256, _F32)] if declared == "f32" else []
+    by_dispatch = _refusal(lambda: dispatcher.dispatch(program, [first, *rest]))
+    assert _refusal(lambda: vc.plan(program, [first, *rest], device=H200)) == by_dispatch
+
+
+def test_the_reported_case_float64_for_f32_is_refused_not_planned_twice_as_long():
+    # 10 float64 values for an f32 buffer once planned runtime_count 20
+    prog = BP.vecadd_f32()
+    for a in (np.zeros(10, np.float64), ArraySpec((10,), np.float64)):
+        with pytest.raises(vc.ValidationError) as err:
+            vc.plan(prog, [a, ArraySpec(20, np.float32)])
+        assert "float64" in err.value.message and "f32" in err.value.message
+        assert "astype(numpy.float32)" in err.value.fix
+
+
+class _Cai:
+    """A device array as Numba/CuPy describe it (only the description is read offline)."""
+
+    def __init__(self, n, typestr):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": typestr, "data": (0x7F00_0000, False), "version": 3}
+
+
+@pytest.mark.parametrize(
+    "typestr, n, refused",
+    [
+        ("<f8", 10, True),
+        ("<i4", 20, True),
+        ("<f2", 40, True),
+        (">f4", 20, True),
+        ("<f4", 20, False),
+        ("|u1", 80, False),
+    ],
+)
+def test_plan_refuses_the_device_arrays_a_dispatch_refuses_with_its_error(monkeypatch, typestr, n, refused):
+    from vyre_cuda import _devarray
+    from vyre_cuda._device_io import device_input
+
+    monkeypatch.setattr(_devarray, "pointer_device", lambda ptr: (2, 0))  # device memory of device 0
+    prog = BP.vecadd_f32()
+    by_dispatch = _refusal(lambda: device_input(prog, 0, _Cai(n, typestr), 0, None))  # the dispatch's reader
+    assert (by_dispatch is not None) == refused
+    others = [_Cai(20, "<f4")]
+    assert _refusal(lambda: vc.plan(prog, [_Cai(n, typestr), *others])) == by_dispatch
+    spec = ArraySpec(n, np.dtype(typestr), device=True)
+    if typestr[0] != ">":  # (a description has no typestr to quote)
+        assert _refusal(lambda: vc.plan(prog, [spec, ArraySpec(20, "f4", device=True)])) == by_dispatch

@@ -1,6 +1,11 @@
 """Cold checks of the dispatch core: what is wrong with a caller's inputs or outputs, as typed
 errors with a Fix. Nothing here runs on a dispatch that succeeds, except ``check_outputs`` for
-``dispatch_into`` / ``result_into``."""
+``dispatch_into`` / ``result_into``.
+
+:func:`vyre_cuda.plan` runs a dispatch's input checks without a dispatch: ``host_format``,
+``check_host_inputs`` (the core's element-type check, ``kind_ok`` of ``_formats.pxd``, in Python)
+and ``check_device_description`` refuse what a dispatch of the same inputs refuses, with the
+dispatch's own errors (:func:`dtype_error`, the device reader's)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,11 @@ __all__ = [
     "as_output_list",
     "check_outputs",
     "raw_bits",
+    "format_kind",
+    "kind_ok",
+    "host_format",
+    "check_host_inputs",
+    "check_device_description",
 ]
 
 _LITTLE_HOST = sys.byteorder == "little"
@@ -92,6 +102,87 @@ def dtype_error(program, i, fmt, itemsize, obj):
         f"convert it, e.g. x.astype(numpy.{decl.dtype.numpy.name}), or pass raw bytes (a uint8 view) "
         "to reinterpret deliberately",
     )
+
+
+def format_kind(fmt: str) -> str:
+    """The element class of a buffer's struct-module format: ``"f"``, ``"i"`` or ``"u"``, ``"x"``
+    for big-endian, ``""`` for any other (the dispatch core's ``format_kind``, in Python).
+
+    >>> format_kind("<f"), format_kind("q"), format_kind("B"), format_kind(">I"), format_kind("Zf")
+    ('f', 'i', 'u', 'x', '')
+    """
+    if not fmt:
+        return "u"
+    if fmt[0] in ">!":
+        return "x"  # the kernel would see swapped bytes
+    code = fmt.lstrip("@=<")[:1]
+    if not code:
+        return ""
+    if code in "efdE":
+        return "f"
+    if code in "bhilqn":
+        return "i"
+    if code in "BHILQNc?":
+        return "u"
+    return ""
+
+
+def kind_ok(want: str, want_size: int, fmt: str, itemsize: int) -> bool:
+    """Whether a buffer of ``fmt`` and ``itemsize`` may feed an input declared ``(want_size,
+    want)`` (:func:`vyre_cuda.planning.binding.input_spec`): the dispatch core's check. Raw bytes
+    (1-byte items) are reinterpreted on purpose, so they always may.
+
+    >>> kind_ok("f", 4, "f", 4), kind_ok("f", 4, "d", 8), kind_ok("f", 4, "B", 1)
+    (True, False, True)
+    """
+    if not want or itemsize == 1:
+        return True
+    return itemsize == want_size and format_kind(fmt) == want
+
+
+def host_format(obj):
+    """``(format, itemsize, nbytes)`` of a host input as a dispatch exports it (its buffer, else
+    the raw bits of a dtype numpy exports no buffer of), or None when it is no host buffer."""
+    try:
+        with memoryview(obj) as view:
+            return view.format, view.itemsize, view.nbytes
+    except (TypeError, ValueError, BufferError):
+        pass
+    bits = raw_bits(obj)
+    if bits is None:
+        return None
+    with memoryview(bits) as view:
+        return view.format, view.itemsize, view.nbytes
+
+
+def check_host_inputs(plan, described):
+    """Refuse the first host input of ``plan`` whose element type is not its declaration's, as a
+    dispatch does once it has its plan (in the plan's order, with :func:`dtype_error`).
+
+    ``described[i]`` is ``(format, itemsize, obj)`` for host input ``i`` (``obj`` names its dtype
+    in the message), None for a device input.
+    """
+    for (index, _, _, _), (itemsize, kind) in zip(plan.layout.inputs, plan.input_specs):
+        host = described[index]
+        if host is not None and not kind_ok(kind, itemsize, host[0], host[1]):
+            raise dtype_error(plan.program, index, host[0], host[1], host[2])
+
+
+class _DeviceDescription:
+    """A device array of ``typestr`` as the device reader sees one, with no memory behind it:
+    the reader checks its byte order and element type without asking the driver about a pointer."""
+
+    def __init__(self, typestr):
+        self.__cuda_array_interface__ = {"shape": (0,), "typestr": typestr, "data": (0, False), "version": 3}
+
+
+def check_device_description(program, i, typestr):
+    """Refuse device input ``i`` of element type ``typestr`` (an array interface typestr, e.g.
+    ``"<f8"``) as the dispatch's device reader refuses such an array: big-endian, or not the
+    declared element type (a 1-byte type is raw bytes, accepted)."""
+    from ._device_io import device_input  # noqa: PLC0415 (the device reader: cold, offline planning)
+
+    device_input(program, i, _DeviceDescription(typestr), 0, None)
 
 
 def as_input_list(inputs):

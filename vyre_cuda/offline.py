@@ -22,6 +22,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from ._io_checks import check_device_description, check_host_inputs, host_format
 from ._validate import check_int, require_program
 from .compile import CompiledKernel, compile_kernel, nvrtc_version
 from .config import as_config
@@ -165,27 +166,45 @@ class OfflineModules:
         return compiled, _CompiledOnly(compiled, self._caps, self._occupancy)
 
 
-def _length(program: Program, index: int, value: object) -> tuple[int, bool]:
-    """(byte length, on the device?) of one input, read from its description only."""
-    from .backend import _nbytes  # noqa: PLC0415 (the backend's own reading of a host buffer)
+def _length(program: Program, index: int, value: object) -> tuple[int, bool, tuple | None]:
+    """(byte length, on the device?, host format) of one input, read from its description only.
 
+    The host format is ``(format, itemsize, described)`` for the element-type check a dispatch
+    makes once planned (:func:`~vyre_cuda._io_checks.check_host_inputs`), None for a device input,
+    whose element type is checked here, as a dispatch's device reader checks it on arrival.
+    """
     if isinstance(value, ArraySpec):
-        return value.nbytes, value.device
+        dtype = np.dtype(value.dtype)
+        if value.device:
+            check_device_description(program, index, dtype.str)
+            return value.nbytes, True, None
+        exported = host_format(np.empty(0, dtype))
+        if exported is None:
+            raise ValidationError(
+                f"input {index} is described as an ArraySpec of {dtype}, a dtype numpy exports no "
+                "buffer of, so a dispatch refuses such an array",
+                "describe (and pass) the values in a numeric dtype, e.g. numpy.int64 for datetime64",
+            )
+        return value.nbytes, False, (exported[0], exported[1], value)
     cai = getattr(value, "__cuda_array_interface__", None)
     if isinstance(cai, dict):
         try:
-            return ArraySpec(tuple(cai["shape"]), cai["typestr"]).nbytes, True
+            nbytes = ArraySpec(tuple(cai["shape"]), cai["typestr"]).nbytes
         except (KeyError, TypeError, ValidationError):
             pass  # (malformed: refused below with the buffer's message)
-    try:
-        return _nbytes(value, index), False
-    except ValidationError:
+        else:
+            check_device_description(program, index, cai["typestr"])
+            return nbytes, True, None
+    exported = host_format(value)
+    if exported is None:
         raise ValidationError(
             f"input {index} is a {type(value).__name__}: plan() reads host buffers, "
             "__cuda_array_interface__ arrays and ArraySpec descriptions",
             "describe it as vyre_cuda.ArraySpec(shape, dtype, device=True) (a device array) or pass "
             "a numpy array or another C-contiguous buffer",
-        ) from None
+        )
+    fmt, itemsize, nbytes = exported
+    return nbytes, False, (fmt, itemsize, value)
 
 
 def plan(
@@ -206,7 +225,10 @@ def plan(
         One per input binding, in declaration order: numpy arrays or other C-contiguous buffers,
         device arrays with ``__cuda_array_interface__`` (only their shape and dtype are read), or
         :class:`ArraySpec` descriptions. Only their byte lengths (and whether they are device
-        memory) enter the plan, as for :meth:`CudaBackend.plan_info`.
+        memory) enter the plan, as for :meth:`CudaBackend.plan_info`; their element types are
+        checked against the declarations as a dispatch checks them (float64 values for an
+        ``f32`` buffer are refused, not planned as twice as many elements; a uint8 view or
+        ``bytes`` is raw bytes, accepted for any declaration).
     config : DispatchConfig, dict or None
         As for a dispatch. ``autotune=True`` plans the declared width (measuring needs a device);
         the plan's ``tuning`` says so.
@@ -229,7 +251,8 @@ def plan(
     KernelCompileFailed
         The kernel does not compile for the device's architecture (``.log`` has NVRTC's log).
     ValidationError, InvalidProgram, UnsupportedFeature, CooperativeResidencyExceeded, DeviceOutOfMemory
-        What the same dispatch would raise at planning on that device.
+        What the same dispatch would raise at planning on that device, and the errors of its
+        input checks (an element type, byte order or length the declaration refuses).
 
     Examples
     --------
@@ -249,9 +272,12 @@ def plan(
             f"inputs must be a list of buffers or ArraySpecs (got {type(inputs).__name__})",
             "pass a list with one buffer or ArraySpec per input binding",
         )
+    # a dispatch's checks, in its order: device arrays as they arrive, the lengths as it plans,
+    # the host buffers' element types once it has the plan
     sized = [_length(program, i, x) for i, x in enumerate(inputs)]
-    lengths = tuple(n for n, _ in sized)
-    on_device = frozenset(i for i, (_, dev) in enumerate(sized) if dev)
+    lengths = tuple(n for n, _, _ in sized)
+    on_device = frozenset(i for i, (_, dev, _) in enumerate(sized) if dev)
     planned = plan_dispatch(program, lengths, cfg, caps, OfflineModules(caps, occupancy), on_device)
+    check_host_inputs(planned, [host for _, _, host in sized])
     tuning = "offline plan: autotune measures on a device; the declared width is planned" if cfg.autotune else ""
     return dataclasses.replace(planned, function=0, barrier=0, gate=None, module=None, tuning=tuning)
