@@ -40,6 +40,8 @@ OPS = (
     "device_in_place",
     "late_readback",
     "pinned_input",
+    "shared_handle",
+    "dropped",
 )
 DEV = vc.DispatchConfig(outputs="device")
 CHAOS = ("trim", "close", "pinned", "clear_prepared")
@@ -153,7 +155,7 @@ class Stress:
         if op == "dispatch_async":
             pending = backend.dispatch_async(VECADD, [a, b])
             if rng.random() < 0.1:
-                del pending  # dropped un-awaited: waits, then recycles
+                del pending  # dropped un-taken: deferred, never waited for
                 return None, None
             return pending.result()[0], a + b
         if op == "device_input":
@@ -173,6 +175,30 @@ class Stress:
             host = np.empty_like(a)
             backend.dispatch_async(VECADD, [a, b], DEV).result_into([host])
             return host, a + b
+        if op == "shared_handle":
+            # one handle, two threads taking its result at once: both get the same outputs
+            pending = backend.dispatch_async(VECADD, [a, b])
+            other = []
+
+            def take():
+                try:
+                    other.append(pending.result()[0])
+                except BaseException as exc:  # noqa: BLE001 (re-raised on this thread)
+                    other.append(exc)
+
+            t = threading.Thread(target=take)
+            t.start()
+            mine = pending.result()[0]
+            t.join()
+            if isinstance(other[0], BaseException):
+                raise other[0]
+            if not np.array_equal(other[0], a + b):
+                return other[0], a + b
+            return mine, a + b
+        if op == "dropped":
+            # fire and forget: the handle is dropped at once, its work deferred, never waited for
+            backend.dispatch_async(VECADD, [a, b])
+            return None, None
         # pinned_input: page-locked inputs DMA directly (no staging copy)
         pa = vc.pinned_empty(a.size, np.float32)
         pa[:] = a
@@ -336,6 +362,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", type=int, default=2)
     ap.add_argument("--fake", action="store_true", help="running on the fake CUDA driver")
     args = ap.parse_args(argv)
+    sys.setswitchinterval(1e-6)  # widen the windows between threads (the GIL is not a lock)
     # flushed now: a crash in the interpreter's exit would otherwise lose the buffered result line,
     # and its presence tells a crash at exit from one during the run
     print(json.dumps(Stress(args).run()), flush=True)

@@ -1066,7 +1066,7 @@ cdef object take(PendingDispatch d, int form, outputs, timeout):
                 from ._waits import _timeout_error  # (cold; a module-level import would be circular)
                 raise _timeout_error(limit, d)
     try:
-        if form == TAKE_RESULT:
+        if form == TAKE_RESULT and not d.f.timed:
             outs = d._result(timeout)
         elif form == TAKE_INTO:
             outs = d._result_into(outputs, timeout)
@@ -1083,7 +1083,7 @@ cdef object take(PendingDispatch d, int form, outputs, timeout):
         raise
     d.outs = outs
     a_store(&d.state, D_TAKEN)  # (after the fields: a caller that sees D_TAKEN reads them set)
-    return timed if form == TAKE_TIMED else outs
+    return timed if form == TAKE_TIMED else outs  # (a timed handle's result() measured it too)
 
 
 cdef object _published(PendingDispatch d, int form, outputs):

@@ -16,7 +16,7 @@ import time
 import weakref
 
 import numpy as np
-from helpers.scenarios import Scenarios
+from helpers.scenarios import LIVE, Scenarios, live
 
 import vyre_cuda as vc
 from fakecuda import FakeDriver, vecadd_emulation
@@ -339,6 +339,219 @@ def close_while_a_thread_plans_loads_no_module():
     for name in ("modules", "context_refs", "streams", "events", "device_allocs"):
         assert after[name] == base[name], f"{name}: {after[name] - base[name]} left after close"
 
+
+
+# ------------------------------------------------------------------ one handle, many callers
+QUERIES = ("cuEventQuery", "cuStreamQuery")
+
+
+def hold():
+    """Completion queries answer NOT_READY (the GPU still busy) until FAKE.clear_failures()."""
+    for call in QUERIES:
+        FAKE.fail(call, "CUDA_ERROR_NOT_READY", sticky=True)
+
+
+def _share_one_handle(n_threads, forms, rounds=12):
+    """``n_threads`` threads take one handle's result at once, thread i in ``forms[i % len]``
+    ("result", "timed", "into", "await"), for ``rounds`` handles. Every result and timed_result
+    caller gets a + b; one result_into caller fills its arrays, and others get the typed error."""
+    sys.setswitchinterval(1e-6)
+    g = backend()
+    import asyncio
+
+    try:
+        for _ in range(rounds):
+            a, b = pair(int(RNG.integers(1, 5000)))
+            hold()
+            p = g.dispatch_async(VECADD, [a, b], timed=True)
+            got, errors, filled = [], [], []
+
+            def take(i, p=p, a=a, got=got, errors=errors, filled=filled):
+                form = forms[i % len(forms)]
+                try:
+                    if form == "result":
+                        got.append(p.result()[0])
+                    elif form == "timed":
+                        r = p.timed_result()
+                        got.append(r.outputs[0])
+                        assert r.wall_ns > 0, r
+                    elif form == "await":
+                        got.append(asyncio.run(_awaited(p))[0])
+                    else:
+                        dst = np.full_like(a, np.nan)
+                        p.result_into([dst])
+                        filled.append(dst)
+                except vc.ValidationError as exc:  # the documented refusal of a second result_into
+                    assert form == "into" and "already taken" in exc.message, exc
+                    assert str(exc).splitlines()[-1].startswith("Fix: "), str(exc)
+                    errors.append(exc)
+                except BaseException as exc:  # noqa: BLE001 (reported below)
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=take, args=(i,)) for i in range(n_threads)]
+            for t in threads:
+                t.start()
+            time.sleep(0.002)  # every caller is waiting now
+            FAKE.clear_failures()
+            for t in threads:
+                t.join(30)
+            bad = [e for e in errors if not isinstance(e, vc.ValidationError)]
+            assert not bad, f"{len(bad)} callers failed: {bad[:2]!r}"
+            for out in got + filled:
+                assert np.array_equal(out, a + b), "a caller got wrong outputs"
+            takers = sum(forms[i % len(forms)] != "into" for i in range(n_threads))
+            assert len(got) == takers, (len(got), takers)
+            if takers:  # result() took them: every result_into caller is refused
+                assert not filled and len(errors) == n_threads - takers, (len(filled), len(errors))
+            else:  # one result_into filled its arrays; the others were refused
+                assert len(filled) == 1 and len(errors) == n_threads - 1, (len(filled), len(errors))
+            assert p.done and p.is_ready()
+        g.trim()
+        assert live(g) == dict.fromkeys(LIVE, 0), live(g)
+        snap = g.telemetry.snapshot()
+        assert snap["leaked_allocations"] == 0 and snap["failed_dispatches"] == 0, snap
+    finally:
+        FAKE.clear_failures()
+        g.close()
+
+
+async def _awaited(p):
+    return await p
+
+
+@case
+def two_threads_take_one_handle_s_result():
+    _share_one_handle(2, ("result",))
+
+
+@case
+def four_threads_take_one_handle_in_every_form():
+    _share_one_handle(4, ("result", "timed", "await", "into"))
+
+
+@case
+def eight_threads_take_one_handle_with_an_await_beside_them():
+    _share_one_handle(8, ("await", "result", "timed", "result"))
+
+
+@case
+def eight_threads_fill_their_own_arrays_from_one_handle():
+    _share_one_handle(8, ("into",))
+
+
+# ------------------------------------------------------------------ dropped handles
+@case
+def dropped_handles_never_wait_and_are_reclaimed_later():
+    sys.setswitchinterval(1e-6)
+    g = backend()
+    a, b = pair(3000)
+    g.dispatch(VECADD, [a, b])
+    hold()  # the GPU is busy with everything enqueued from here
+    syncs = FAKE.stats()["syncs"]
+    for _ in range(1000):
+        g.dispatch_async(VECADD, list(pair(int(RNG.integers(1, 3000)))))  # dropped at once
+    dropped_syncs = FAKE.stats()["syncs"] - syncs
+    assert dropped_syncs == 0, f"1,000 dropped handles made {dropped_syncs} synchronize calls"
+    snap = g.telemetry.snapshot()
+    deferred = g._core.deferred
+    g.trim()  # nothing has finished: nothing waited for, nothing freed under the GPU
+    still = g._core.deferred
+    FAKE.clear_failures()
+    (out,) = g.dispatch(VECADD, [a, b])  # reclaims what finished
+    left = g._core.deferred
+    g.trim()
+    after = g.telemetry.snapshot()
+    leaks = live(g)
+    g.close()
+    assert dropped_syncs == 0, f"1,000 dropped handles made {dropped_syncs} synchronize calls"
+    assert snap["deferred_drops"] == 1000 and deferred == 1000, (snap["deferred_drops"], deferred)
+    assert still == 1000, still
+    assert np.array_equal(out, a + b)
+    assert left == 0 and after["deferred_recycles"] == 1000, (left, after["deferred_recycles"])
+    assert after["leaked_allocations"] == 0 and after["failed_dispatches"] == 0, after
+    assert leaks == dict.fromkeys(LIVE, 0), leaks
+
+
+@case
+def dropped_device_chain_on_a_caller_stream_is_right_once_synchronised():
+    sys.setswitchinterval(1e-6)
+    g = backend()
+    s = CallerStream()
+    cfg = vc.DispatchConfig(stream=s)
+    n = 2048
+    a, b = pair(n)
+    (x,) = g.dispatch(VECADD, [a, np.zeros(n, np.float32)], vc.DispatchConfig(outputs="device"))
+    (db,) = g.dispatch(VECADD, [b, np.zeros(n, np.float32)], vc.DispatchConfig(outputs="device"))
+    outs = [g.dispatch(VECADD, [a, a], vc.DispatchConfig(outputs="device"))[0] for _ in range(2)]
+    g.dispatch_async(VECADD, [x, db], cfg, outputs=[outs[1]]).result()  # planned: its one upload made
+    hold()
+    syncs = FAKE.stats()["syncs"]
+    for k in range(1000):  # x_{k+1} = x_k + b, ping-ponging two named outputs; handles dropped
+        src, dst = (x, outs[0]) if k == 0 else (outs[(k - 1) % 2], outs[k % 2])
+        g.dispatch_async(VECADD, [src, db], cfg, outputs=[dst])
+    dropped_syncs = FAKE.stats()["syncs"] - syncs
+    assert dropped_syncs == 0, f"1,000 dropped handles made {dropped_syncs} synchronize calls"
+    FAKE.clear_failures()
+    assert FAKE.lib.cuStreamSynchronize(ctypes.c_void_p(s.handle)) == 0
+    final = outs[999 % 2].copy_to_host()
+    g.trim()
+    snap = g.telemetry.snapshot()
+    g.close()
+    assert dropped_syncs == 0, f"1,000 dropped handles made {dropped_syncs} synchronize calls"
+    expect = a.copy()
+    for _ in range(1000):
+        expect = expect + b
+    assert np.array_equal(final, expect), "the chain's final output is wrong"
+    assert snap["deferred_drops"] == 1000 and snap["leaked_allocations"] == 0, snap
+
+
+@case
+def close_and_trim_while_dropped_work_is_deferred():
+    base = FAKE.stats()
+    for closing_thread in (False, True):
+        g = backend()
+        a, b = pair(5000)
+        hold()
+        for _ in range(50):
+            g.dispatch_async(VECADD, [a, b])
+        trimmer = threading.Thread(target=g.trim)
+        trimmer.start()
+        trimmer.join()
+        assert g._core.deferred == 50, g._core.deferred
+        FAKE.clear_failures()
+        if closing_thread:
+            t = threading.Thread(target=g.close)
+            t.start()
+            t.join()
+        else:
+            g.close()
+        assert g._core.deferred == 0 and g._core.outstanding == 0, (g._core.deferred, g._core.outstanding)
+        snap = g.telemetry.snapshot()
+        assert snap["deferred_recycles"] == 50 and snap["leaked_allocations"] == 0, snap
+    gc.collect()
+    after = FAKE.stats()
+    for name in ("context_refs", "device_allocs", "host_allocs", "streams", "events"):
+        assert after[name] == base[name], f"{name}: {after[name] - base[name]} left after close"
+
+
+@case
+def first_cooperative_dispatches_from_eight_threads_share_one_gate_event():
+    sys.setswitchinterval(1e-6)
+    base = FAKE.stats()
+    scan = bp.inclusive_scan_u32()
+    for _ in range(5):
+        g = backend()
+        ones = np.ones(5000, np.uint32)
+        g.plan_info(scan, [ones])  # planned (and its module loaded) before the threads race
+
+        def coop(i, g=g, ones=ones):
+            g.dispatch(scan, [ones])
+
+        on_threads(8, coop)
+        g.close()
+        gc.collect()
+        events = FAKE.stats()["events"] - base["events"]
+        assert events == 0, f"{events} events left after close: two gate events were made at once"
 
 if __name__ == "__main__":
     CASES.main_one(sys.argv[1], FAKE)
