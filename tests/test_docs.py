@@ -223,3 +223,54 @@ def test_the_docstring_check_finds_a_bare_member():
     found = [n for n, m in vars(Bare).items() if not n.startswith("_") and _member_doc(Bare, n, m) == ""]
     assert found == ["bare", "bare_property"]
     assert _doc("route(self)\n", "route") == "" and _doc("route(self)\nThe route.", "route") == "The route."
+
+
+def _conf_values() -> dict:
+    """The literal settings of docs/conf.py, read without running it (it edits sys.path)."""
+    tree = ast.parse((DOCS / "conf.py").read_text())
+    values = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    try:
+                        values[target.id] = ast.literal_eval(node.value)
+                    except ValueError:
+                        pass
+    return values
+
+
+def _css_rules(text: str) -> list[tuple[str, dict[str, str]]]:
+    """(selector, {property: value}) of every rule of a stylesheet, at any @media depth."""
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    rules = []
+    for selector, body in re.findall(r"([^{}@]+)\{([^{}]*)\}", text):
+        props = dict(
+            (k.strip(), v.strip()) for k, _, v in (d.partition(":") for d in body.split(";")) if k.strip()
+        )
+        rules.append((" ".join(selector.split()), props))
+    return rules
+
+
+def test_code_blocks_wrap_and_pages_link_previous_and_next():
+    """The theme's fixed 940 px column clipped most code blocks (a scroll bar, the line's end out
+    of sight): the docs' stylesheet lets the column take the window and wraps a line longer than
+    its box, and every page links the previous and the next one."""
+    conf = _conf_values()
+    options = conf.get("html_theme_options", {})
+    assert options.get("show_relbars") is True or options.get("show_relbar_bottom") is True, options
+    assert str(options.get("body_max_width", "")).lower() == "none", "the text column keeps its 800 px cap"
+    assert conf.get("html_css_files") and conf.get("html_static_path"), conf
+    sheets = [DOCS / folder / name for folder in conf["html_static_path"] for name in conf["html_css_files"]]
+    rules = [rule for sheet in sheets if sheet.is_file() for rule in _css_rules(sheet.read_text())]
+    assert rules, f"none of {sheets} is there"
+    wrapping = [sel for sel, props in rules if re.search(r"\bpre\b", sel) and props.get("white-space") == "pre-wrap"]
+    assert wrapping, "no stylesheet rule wraps code blocks (pre { white-space: pre-wrap })"
+    widths = {props.get("width") for sel, props in rules if "div.document" in sel}
+    assert "auto" in widths, "div.document keeps the theme's fixed width"
+
+
+def test_the_css_reader_reads_media_rules():
+    rules = _css_rules("/* c */ @media screen and (min-width: 941px) { div.a, div.b { width: auto; } }\npre { x: y }")
+    assert rules == [("div.a, div.b", {"width": "auto"}), ("pre", {"x": "y"})]
