@@ -194,6 +194,26 @@ def test_usage_errors(capsys, argv):
     assert "usage: vyre-cuda" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["info", "selftest", "cache", "tune", "profile"])
+def test_an_unknown_option_shows_its_commands_usage(capsys, command):
+    # `vyre-cuda profile --bogus` once showed the top-level usage, which lists no profile option
+    with pytest.raises(SystemExit) as info:
+        cli.main([command, "--bogus"])
+    assert info.value.code == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: vyre-cuda {command} "), err
+    assert f"vyre-cuda {command}: error: unrecognized arguments: --bogus" in err
+
+
+def test_an_unknown_option_before_the_command_shows_the_top_level_usage(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--bogus", "info"])
+    assert info.value.code == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("usage: vyre-cuda [-h]"), err
+    assert "vyre-cuda: error: unrecognized arguments: --bogus" in err
+
+
 @pytest.mark.parametrize(
     "error, code",
     [

@@ -486,6 +486,41 @@ def test_from_plot_replots_a_stored_run(fake_device, tmp_path, capsys, monkeypat
     assert "plot written to" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("extra", "stdout"),
+    [
+        ((), "table"),
+        (("--plot", "P"), ""),  # its figure: no 357-line table above the figure's path
+        (("--json",), "json"),
+        (("--json", "J"), ""),
+        (("--plot", "P", "--json"), "json"),
+        (("--plot", "P", "--json", "J"), ""),
+    ],
+)
+def test_from_shows_its_table_or_only_what_plot_and_json_ask_for(
+    fake_device, tmp_path, capsys, monkeypatch, extra, stdout
+):
+    # --help: "its table, or with --plot its figure, or with --json its JSON"
+    path = _stored_json(tmp_path)
+    table = capsys.readouterr().out
+    drawn = []
+    monkeypatch.setattr(P.ProfileReport, "plot", lambda self, out: drawn.append(out))
+    monkeypatch.setattr(profile_cli, "require_matplotlib", lambda: None)
+    extra = tuple(str(tmp_path / a) if a in ("P", "J") else a for a in extra)
+    assert P.main(_parser().parse_args(["--from", str(path), *extra])) == 0
+    out, err = capsys.readouterr()
+    expected = {"table": table, "json": path.read_text(), "": ""}[stdout]
+    assert out == expected
+    if "--plot" in extra:
+        assert drawn == [str(tmp_path / "P")]
+        assert f"plot written to {tmp_path / 'P'}" in err
+    if str(tmp_path / "J") in extra:
+        assert json.loads((tmp_path / "J").read_text()) == json.loads(path.read_text())
+        assert f"JSON written to {tmp_path / 'J'}" in err
+    help_text = _parser().format_help()
+    assert "--plot" in help_text and "its figure" in " ".join(help_text.split())
+
+
 def test_from_plot_writes_a_png(fake_device, tmp_path):
     pytest.importorskip("matplotlib")
     path = _stored_json(tmp_path)

@@ -344,13 +344,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, summary: str) -> argparse.ArgumentParser:
         # the summary heads the command's own --help too; its exit statuses close it
-        return sub.add_parser(
+        p = sub.add_parser(
             name,
             help=summary,
             description=summary[0].upper() + summary[1:] + ".",
             epilog=exit_status_epilog(name),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        p.set_defaults(command_parser=p)  # (main shows its usage for an unknown option)
+        return p
 
     p = command("info", "driver, device, limits and capabilities")
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default: 0)")
@@ -389,7 +391,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Run ``vyre-cuda argv...`` and return its exit status (see ``EPILOG``)."""
     parser = build_parser()
-    args = parser.parse_args(argv)  # exits with EXIT_USAGE on bad arguments
+    args, unknown = parser.parse_known_args(argv)  # exits with EXIT_USAGE on bad arguments
+    if unknown:
+        # an unknown option after the command is the command's: its usage lists the right options
+        given = sys.argv[1:] if argv is None else list(argv)
+        before = given[: given.index(args.command)] if args.command in given else given
+        owner = parser if unknown[0] in before else args.command_parser
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}")  # exits with EXIT_USAGE
     try:
         return args.func(args)
     except BackendError as exc:

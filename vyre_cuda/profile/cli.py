@@ -182,7 +182,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         metavar="FILE.json",
         help="show a stored result (written by --json or benchmarks/bench_dispatch.py) instead of "
-        "measuring: its table, or with --plot its figure, or with --json its JSON; needs no GPU",
+        "measuring: its table, or with --plot its figure, or with --json its JSON (only what they ask "
+        "for: no table with either); needs no GPU",
     )
     parser.add_argument(
         "--baseline",
@@ -273,16 +274,19 @@ def _show_stored(args) -> None:
         )
     if args.plot is not None:
         require_matplotlib()  # the same error as a measuring run's --plot, before reading the file
-    _write_outputs(ProfileReport.load(args.from_file), args)
+    # its table, or only the figure and the JSON that --plot and --json ask for
+    _write_outputs(ProfileReport.load(args.from_file), args, table=args.plot is None and args.json is None)
 
 
-def _write_outputs(report, args) -> None:
-    """The table (or JSON) on stdout, the JSON file and the figure that ``args`` ask for."""
+def _write_outputs(report, args, table=True) -> None:
+    """The table (or JSON) on stdout, the JSON file and the figure that ``args`` ask for;
+    ``table=False`` leaves the table out (a stored result shown for its figure or JSON)."""
     if args.json == "-":
         sys.stdout.write(report.to_json() + "\n")
     else:
-        sys.stdout.write(report.format_table())
-        if "device_scaling" in report.meta:
+        if table:
+            sys.stdout.write(report.format_table())
+        if table and "device_scaling" in report.meta:
             from .devices import format_device_scaling
 
             sys.stdout.write(format_device_scaling(report.meta["device_scaling"]))
