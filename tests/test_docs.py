@@ -274,3 +274,32 @@ def test_code_blocks_wrap_and_pages_link_previous_and_next():
 def test_the_css_reader_reads_media_rules():
     rules = _css_rules("/* c */ @media screen and (min-width: 941px) { div.a, div.b { width: auto; } }\npre { x: y }")
     assert rules == [("div.a, div.b", {"width": "auto"}), ("pre", {"x": "y"})]
+
+
+def _printed_expectations(source: str) -> list[str]:
+    """What each ``print(...)  # shown`` line of an example says it prints (the comment up to a
+    colon, which starts an explanation)."""
+    out = []
+    for line in source.splitlines():
+        code, _, comment = line.partition("  # ")
+        if code.strip().startswith("print(") and comment.strip():
+            out.append(comment.split(":")[0].strip())
+    return out
+
+
+def test_readme_has_an_example_that_runs_on_any_machine(tmp_path):
+    """The README shows one example a newcomer can run without a GPU: it builds a program, plans
+    it for a named device and compiles it with NVRTC. It runs here (on the CPU), and prints what
+    its comments say."""
+    cpu = {source for _, _, source in cpu_blocks()}
+    blocks = [(start, source) for start, source in python_blocks(README.read_text()) if source in cpu]
+    runnable = [(start, s) for start, s in blocks if "vc.plan(" in s and "compile" in s and "Program(" in s]
+    assert runnable, "no README example that builds, plans and compiles a program without a GPU"
+    for start, source in runnable:
+        out = _run(source, tmp_path)
+        assert out.returncode == 0, f"README block at line {start}:\n{out.stdout[-2000:]}{out.stderr[-4000:]}"
+        printed = out.stdout.splitlines()
+        expected = _printed_expectations(source)
+        assert len(printed) == len(expected), (printed, expected)
+        for got, want in zip(printed, expected):
+            assert got.startswith(want), f"README block at line {start} prints {got!r}, its comment says {want!r}"
