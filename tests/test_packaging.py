@@ -8,6 +8,7 @@ VYRE_CUDA_WHEEL; without them the sdist is built here and the wheel check is ski
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import os
 import pathlib
@@ -64,6 +65,42 @@ def cython_modules() -> list[str]:
     return sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "vyre_cuda").rglob("*.pyx"))
 
 
+def build_system_requires(pyproject: pathlib.Path = ROOT / "pyproject.toml") -> list[str]:
+    """The ``[build-system] requires`` of ``pyproject`` (read without tomllib: Python 3.10 has none)."""
+    text = re.sub(r"#[^\n]*", "", pyproject.read_text())
+    section = re.search(r"^\[build-system\]\n(.*?)(?=^\[|\Z)", text, re.S | re.M)
+    body = re.search(r"^requires\s*=\s*\[(.*?)\]", section.group(1) if section else "", re.S | re.M)
+    return re.findall(r'"([^"]+)"', body.group(1)) if body else []
+
+
+def _installed_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def no_isolation_shortfall(requires: list[str], installed) -> str | None:
+    """Why this environment cannot make the sdist with ``build --no-isolation``, or None: the build
+    backend (setuptools, the one requirement an sdist needs) is missing or older than ``requires``
+    asks. ``installed(name)`` gives a distribution's version, or None."""
+    from packaging.requirements import Requirement
+
+    for text in requires:
+        req = Requirement(text)
+        if req.name != "setuptools":
+            continue
+        have = installed(req.name)
+        if have is None or not req.specifier.contains(have, prereleases=True):
+            found = f"setuptools {have}" if have else "no setuptools"
+            return (
+                f"{found} here, and the build system asks for {text} (pyproject.toml [build-system]); "
+                f"`build --no-isolation` builds with this environment's: set VYRE_CUDA_SDIST to a built "
+                f"sdist, or pip install '{text}'"
+            )
+    return None
+
+
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory) -> pathlib.Path:
     given = os.environ.get("VYRE_CUDA_SDIST")
@@ -78,6 +115,11 @@ def sdist(tmp_path_factory) -> pathlib.Path:
         found = None
     if found is None:
         pytest.skip("set VYRE_CUDA_SDIST, or install `build` to make the sdist here")
+    # --no-isolation runs the build backend of this environment: an older setuptools than the
+    # build system asks for fails on the metadata (an SPDX `license` needs setuptools 77)
+    shortfall = no_isolation_shortfall(build_system_requires(), _installed_version)
+    if shortfall:
+        pytest.skip(shortfall)
     out = tmp_path_factory.mktemp("sdist")
     proc = subprocess.run(
         # an sdist needs none of the build requirements (they are pinned for building the wheel)
@@ -167,3 +209,22 @@ def test_pytest_summary_leaves_skips_to_the_count():
     (chars,) = [opt[2:] for opt in addopts.split() if opt.startswith("-r")] or ["fE"]
     assert "f" in chars and "E" in chars, addopts
     assert not set(chars) & set("asA"), f"addopts {addopts!r} reports every skip"
+
+
+def test_the_sdist_is_skipped_where_setuptools_cannot_build_it():
+    """With a setuptools older than [build-system] asks for (65 where 77 is needed: it refuses the
+    SPDX `license`), the sdist test skips with the reason; with a recent one, or a build system
+    that asks for none, it runs."""
+    requires = ["setuptools>=77", "Cython>=3.0.10"]
+    old = no_isolation_shortfall(requires, {"setuptools": "65.5.0"}.get)
+    assert old and "setuptools 65.5.0" in old and "setuptools>=77" in old, old
+    assert "no setuptools" in no_isolation_shortfall(requires, {}.get)
+    assert no_isolation_shortfall(requires, {"setuptools": "80.9.0"}.get) is None
+    assert no_isolation_shortfall(["Cython"], {}.get) is None
+
+
+def test_build_system_requires_reads_this_pyproject():
+    if not (ROOT / "pyproject.toml").is_file():
+        pytest.skip("pyproject.toml is not beside the tests")
+    requires = build_system_requires()
+    assert any(r.startswith("setuptools") for r in requires) and any(r.startswith("Cython") for r in requires), requires
