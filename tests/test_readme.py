@@ -432,3 +432,31 @@ def test_the_readme_checks_pass_without_the_dask_extra():
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert "dask" not in "".join(line for line in out.stdout.splitlines() if "SKIPPED" in line), out.stdout
+
+
+def _versions(first: str, last: str) -> list[str]:
+    """["3.10", ..., last] from ``first`` to ``last``."""
+    (major, lo), (_, hi) = (tuple(int(x) for x in v.split(".")) for v in (first, last))
+    return [f"{major}.{minor}" for minor in range(lo, hi + 1)]
+
+
+def test_python_versions_claimed_agree():
+    """The CPython versions the README and the install page claim are the classifiers of
+    pyproject.toml and the versions scripts/build-wheels builds by default (no version that
+    nothing builds or tests, as 3.14 was), and the GPU suite's version is one of them."""
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    classified = re.findall(r'"Programming Language :: Python :: (3\.\d+)"', pyproject)
+    (floor,) = re.findall(r'^requires-python = ">=(3\.\d+)"', pyproject, re.M)
+    pages = {"README.md": readme_text(), "docs/install.md": (ROOT / "docs" / "install.md").read_text()}
+    for name, text in pages.items():
+        (claim,) = re.findall(r"^- Linux, CPython (3\.\d+) to (3\.\d+)", text, re.M)
+        assert _versions(*claim) == classified, (name, claim, classified)
+        (gpu,) = re.findall(r"GPU test suite runs on (3\.\d+)", text)
+        assert gpu in classified, (name, gpu)
+        (built,) = re.findall(r"^scripts/build-wheels +# CPython (3\.\d+)-(3\.\d+) ", text, re.M)
+        assert _versions(*built) == classified, (name, built, classified)
+    assert classified[0] == floor, (classified, floor)
+    script = ROOT / "scripts" / "build-wheels"
+    if script.is_file():
+        (default,) = re.findall(r"^\[ \$# -gt 0 \] \|\| set -- ([\d. ]+)$", script.read_text(), re.M)
+        assert default.split() == classified, (default, classified)
