@@ -749,35 +749,35 @@ def test_from_dict_and_load_refuse_other_files(tmp_path):
 
 
 # -- the plot --------------------------------------------------------------------------------
-def test_plot_has_stage_panels_and_a_bandwidth_panel_with_ceilings(tmp_path):
+def test_plot_has_the_ratio_stage_and_bandwidth_panels(tmp_path):
     pytest.importorskip("matplotlib")
     from vyre_cuda.profile.plot import plot_report
 
     path = tmp_path / "p.png"
     fig = plot_report(_synthetic_report(), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    axes = fig.get_axes()
-    assert len(axes) == 5  # one panel per size, and the bandwidth panel
-    assert [ax.get_title() for ax in axes[:4]] == [
-        "4 KiB per buffer",
-        "4 MiB per buffer",
-        "64 MiB per buffer",
-        "256 MiB per buffer",
-    ]
-    bandwidth = axes[4]
-    labels = {line.get_label(): line for line in bandwidth.get_lines()}
-    assert {
-        "vyre_cuda, numpy",
-        "vyre_cuda, page-locked",
-        "driver's pageable path",
-        "DMA: pinned -> device (inputs)",
-        "memcpy: pageable -> pinned, 16 threads",
-        "vyre_cuda numpy H2D (stages)",
-    } <= set(labels)
-    xs, ys = labels["DMA: pinned -> device (inputs)"].get_data()
+    axes = {ax.get_label(): ax for ax in fig.get_axes()}
+    assert list(axes) == ["headline", "device", "stages", "bandwidth"]
+    head = {line.get_label(): line for line in axes["headline"].get_lines()}
+    assert set(head) == {
+        "vyre_cuda (= 1x)",
+        "driver floor (pinned staging)",
+        "driver, pageable copies",
+        "CuPy",
+        "cuda.bindings",
+    }
+    xs, ys = head["driver floor (pinned staging)"].get_data()
+    assert list(xs) == [4 * KIB, 4 * MIB, 64 * MIB, 256 * MIB]
+    assert list(ys) == pytest.approx([17_100 / 18_000, 1_350_000 / 450_000, 30 / 9, 120 / 36])
+    assert list(head["CuPy"].get_data()[0]) == [4 * KIB]  # measured at 4 KiB only
+    assert not axes["device"].get_lines()  # no device-resident rows
+    assert [t.get_text() for t in axes["stages"].get_xticklabels()] == ["4 KiB", "256 MiB"]  # the sizes with stages
+    bandwidth = {line.get_label(): line for line in axes["bandwidth"].get_lines()}
+    assert {"vyre_cuda, numpy", "DMA ceiling, one way", "host memcpy ceiling, 16 threads"} <= set(bandwidth)
+    xs, ys = bandwidth["DMA ceiling, one way"].get_data()
     assert list(xs) == [4 * KIB, 256 * MIB]
     assert ys[1] == pytest.approx(2 * 256 * MIB / 9_760_000)
-    xs, _ = labels["vyre_cuda, numpy"].get_data()
+    xs, _ = bandwidth["vyre_cuda, numpy"].get_data()
     assert list(xs) == [4 * KIB, 4 * MIB, 64 * MIB, 256 * MIB]
     _synthetic_report().plot(tmp_path / "q.png")  # the report's own method writes the same
     assert (tmp_path / "q.png").stat().st_size > 10_000
@@ -807,13 +807,14 @@ def test_plot_size_axis_is_log_scale_with_byte_labels(tmp_path):
     from vyre_cuda.profile.plot import plot_report
 
     fig = plot_report(_synthetic_report(), tmp_path / "p.png")
-    bandwidth = fig.get_axes()[4]
-    assert bandwidth.get_xscale() == "log"
-    labels = [t.get_text() for t in bandwidth.get_xticklabels()]
-    assert labels == ["4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB", "4 MiB", "16 MiB", "64 MiB", "256 MiB"]
-    assert not any(t.get_text() for t in bandwidth.get_xticklabels(minor=True))  # no 2^13 or 10^3
-    lo, hi = bandwidth.get_xlim()
-    assert lo < 4 * KIB and hi > 256 * MIB
+    axes = {ax.get_label(): ax for ax in fig.get_axes()}
+    for ax in (axes["headline"], axes["bandwidth"]):
+        assert ax.get_xscale() == "log"
+        labels = [t.get_text() for t in ax.get_xticklabels()]
+        assert labels == ["4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB", "4 MiB", "16 MiB", "64 MiB", "256 MiB"]
+        assert not any(t.get_text() for t in ax.get_xticklabels(minor=True))  # no 2^13 or 10^3
+        lo, hi = ax.get_xlim()
+        assert lo < 4 * KIB and hi > 256 * MIB
 
 
 def test_plot_without_matplotlib_says_how_to_fix(tmp_path, monkeypatch):

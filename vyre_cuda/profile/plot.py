@@ -1,10 +1,17 @@
 """The figure of a :class:`~vyre_cuda.profile.ProfileReport` (needs matplotlib).
 
-Top row: one panel per size, the vyre_cuda dispatch as stacked stage bars beside the floor,
-the driver's pageable path, the streamed route and the peers (host time per dispatch). Bottom:
-GB/s against the size per system (the streamed rows and, at its one size, the heavy kernel
-included), with the DMA ceilings (each direction alone, both at once) and the host memcpy
-ceilings measured in the same run as lines.
+Four panels, each with at most six series and its legend beside it:
+
+* **numpy arrays in and out**: each system's time per dispatch over vyre_cuda's (the driver
+  floor, the driver's pageable path and every peer the result holds), by size, log-log; above
+  1x the system is slower than vyre_cuda.
+* **data already on the GPU**: the same ratio for the peers on their own device arrays, against
+  vyre_cuda on the same arrays (same y axis).
+* **where vyre_cuda's time goes**: the stage clocks in five groups, as shares of each size's
+  dispatch, the median time above each bar.
+* **bandwidth against the ceilings**: vyre_cuda's effective GB/s (numpy, streamed, streamed
+  page-locked) against the DMA ceilings (one way, both ways) and the N-thread host memcpy
+  ceiling of the same run; a ceiling above the axis is marked with its value.
 """
 
 from __future__ import annotations
@@ -13,45 +20,39 @@ from ..errors import UnsupportedFeature
 from . import systems
 from .specs import format_size
 
-__all__ = ["plot_report", "require_matplotlib", "size_ticks"]
+__all__ = ["VYRE_COLOR", "plot_report", "require_matplotlib", "size_ticks"]
 
-# key, legend label, marker: the systems drawn in the bandwidth panel (effective GB/s)
-_BANDWIDTH_SYSTEMS = (
-    ("vyre.dispatch", "vyre_cuda, numpy", "o"),
-    ("vyre.dispatch_into", "vyre_cuda dispatch_into, numpy", "s"),
-    ("vyre.pinned", "vyre_cuda, page-locked", "D"),
-    ("vyre.streamed", "vyre_cuda streamed, numpy", "P"),
-    ("vyre.streamed_pinned", "vyre_cuda streamed, page-locked", "X"),
-    ("vyre.heavy", "heavy kernel streamed, page-locked", "h"),
-    ("vyre.heavy_transfer", "heavy's bytes through vecadd, streamed", "8"),
-    ("floor.pinned", "floor, pinned staging", "v"),
-    ("floor.pageable", "driver's pageable path", "^"),
-    ("floor.pinned_direct", "floor, page-locked arrays", "1"),
-    ("peer.cuda_bindings", "cuda.bindings", "x"),
-    ("peer.cupy", "CuPy", "+"),
-    ("peer.torch", "PyTorch", "*"),
+VYRE_COLOR = "#d62728"  # vyre_cuda's series, in every panel
+_PEERS = {  # name -> label, colour, marker (a peer not listed here takes one of _SPARE)
+    "cuda_bindings": ("cuda.bindings", "#9467bd", "D"),
+    "cupy": ("CuPy", "#1f77b4", "^"),
+    "torch": ("PyTorch", "#2ca02c", "P"),
+    "cuda_core": ("cuda.core", "#8c564b", "X"),
+}
+_SPARE = (("#17becf", "h"), ("#bcbd22", "*"), ("#e377c2", "p"))
+_FLOORS = (  # key, label, colour, marker (dashed: the harness's own driver-API loops)
+    ("floor.pinned", "driver floor (pinned staging)", "0.1", "s"),
+    ("floor.pageable", "driver, pageable copies", "0.55", "v"),
 )
-# bars beside the stage stack: key, tick label
-_BARS = (
-    ("floor.pageable", "driver\npageable"),
-    ("floor.pinned_direct", "floor\npage-locked"),
-    ("vyre.rebuilt", "vyre_cuda\nProgram rebuilt"),
-    ("vyre.pinned", "vyre_cuda\npage-locked"),
-    ("vyre.streamed", "vyre_cuda\nstreamed"),
-    ("vyre.streamed_pinned", "streamed\npage-locked"),
-    ("peer.cuda_bindings", "cuda.bindings"),
-    ("peer.cupy", "CuPy"),
-    ("peer.torch", "PyTorch"),
-    # data already on the device (no transfers): vyre_cuda and the peers on the same arrays
-    ("vyre.device", "vyre_cuda\ndevice (CuPy)"),
-    ("vyre.device.zeroed", "vyre_cuda\noutput zeroed"),
-    ("vyre.device.out", "vyre_cuda\noutputs=device"),
-    ("vyre.device.torch", "vyre_cuda\ndevice (torch)"),
-    ("peer.cupy.device", "CuPy\ndevice"),
-    ("peer.torch.device", "PyTorch\ndevice"),
-    ("peer.cuda_core.device", "cuda.core\ndevice"),
+# the peer's device-resident row is compared with vyre_cuda's row on the same library's arrays
+_DEVICE_VYRE = {"torch": ("vyre.device.torch", "vyre.device")}
+_DEVICE_VYRE_DEFAULT = ("vyre.device", "vyre.device.torch")
+# label, colour, stages (a stage not named here counts as "other"); the host copies in oranges,
+# no colour a system has in the other panels
+_STAGE_GROUPS = (
+    ("upload (staging memcpy, H2D)", "#fd8d3c", systems.UPLOAD_STAGES),
+    ("launch (clears, parameters, event)", "#bcbd22", ("clears", "params_upload", "launch", "event_record")),
+    ("wait for the GPU", "#9e9ac8", ("wait",)),
+    ("readback (D2H, copy out)", "#fdd0a2", systems.READBACK_STAGES),
+    ("other (plan lookup, release, unattributed)", "#d9d9d9", ()),
 )
-
+_BANDWIDTH_VYRE = (  # key, label, colour (vyre_cuda's, lighter or darker), marker
+    ("vyre.dispatch", "vyre_cuda, numpy", VYRE_COLOR, "o"),
+    ("vyre.streamed", "vyre_cuda streamed, numpy", "#ff9896", "s"),
+    ("vyre.streamed_pinned", "vyre_cuda streamed, page-locked", "#7f0000", "D"),
+)
+_MOST = 6  # series per panel
+_LEGEND = {"fontsize": 8, "loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0, "frameon": False}
 
 # exponent steps between labelled size ticks, fewest labels first that still leave enough
 _TICK_STEPS = (1, 2, 4, 6, 8, 10, 20)
@@ -80,11 +81,11 @@ def size_ticks(sizes, most=_MOST_TICKS):
     return [1 << e for e in major if e >= 0], [1 << e for e in minor if e >= 0]
 
 
-def _size_axis(ax, sizes):
-    """A log-2 size axis labelled in KiB, MiB and GiB at whole powers of two."""
+def _size_axis(ax, sizes, most=_MOST_TICKS):
+    """A log-2 size axis labelled in KiB, MiB and GiB at whole powers of two (at most ``most``)."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-    major, minor = size_ticks(sizes)
+    major, minor = size_ticks(sizes, most)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(major))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _pos: format_size(round(value))))
@@ -92,6 +93,7 @@ def _size_axis(ax, sizes):
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.tick_params(axis="x", labelsize=8)
     ax.set_xlim(major[0] / 2**0.5, major[-1] * 2**0.5)  # the labels bracket every size
+    ax.set_xlabel("bytes per buffer", fontsize=9)
 
 
 def require_matplotlib():
@@ -106,130 +108,194 @@ def require_matplotlib():
     return Figure
 
 
-def _palette(n):
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab20"]
-    return [cmap(i % 20) for i in range(n)]
-
-
-def _time_scale(s):
-    slowest = max((v.median for v in s.systems.values()), default=0.0)
-    return ("ms", 1e6) if slowest >= 10_000_000 else ("us", 1e3)
+def _keys(sizes, pattern):
+    """``(peer name, key)`` of the series that match ``pattern`` (``peer.{}``), in run order."""
+    found = {k for s in sizes for k in s.systems}
+    names = list(systems.PEERS) + sorted({k.split(".")[1] for k in found if k.startswith("peer.")})
+    return [(name, pattern.format(name)) for name in dict.fromkeys(names) if pattern.format(name) in found]
 
 
-def _stage_panel(ax, report, s, palette, legend):
-    unit, scale = _time_scale(s)
-    names = list(report.stage_names) + [systems.UNATTRIBUTED]
-    labels = []
-    x = 0
-    if s.stages:
-        bottom = 0.0
-        for i, name in enumerate(names):
-            sm = s.stages.get(name)
-            height = 0.0 if sm is None else max(sm.median, 0.0) / scale
-            bar = ax.bar(x, height, bottom=bottom, color=palette[i], width=0.7)
-            legend.setdefault(name, bar)
-            bottom += height
-        labels.append("vyre_cuda\n(stages)")
-        x += 1
-    if "vyre.dispatch" in s.systems:
-        ax.bar(x, s.systems["vyre.dispatch"].median / scale, color="0.35", width=0.7)
-        labels.append("vyre_cuda")
-        x += 1
-    if "floor.pinned" in s.systems:
-        total = s.systems["floor.pinned"].median / scale
-        enq = s.median("floor.pinned_enqueue")
-        enq = total if enq is None else enq / scale
-        legend.setdefault("floor enqueue part", ax.bar(x, enq, color=palette[-2], width=0.7))
-        legend.setdefault(
-            "floor wait + copy-out", ax.bar(x, max(total - enq, 0.0), bottom=enq, color=palette[-1], width=0.7)
-        )
-        labels.append("floor\npinned")
-        x += 1
-    for key, label in _BARS:
-        if key in s.systems:
-            ax.bar(x, s.systems[key].median / scale, color="0.6", width=0.7)
-            labels.append(label)
-            x += 1
-    ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels(labels, rotation=50, ha="right", fontsize=7)
-    ax.set_ylabel(f"host time per dispatch, {unit} (median)", fontsize=8)
-    ax.set_title(f"{format_size(s.nbytes)} per buffer", fontsize=9)
+def _peer_style(name):
+    color, marker = _SPARE[sum(map(ord, name)) % len(_SPARE)]  # the same in every panel
+    label, color, marker = _PEERS.get(name, (name, color, marker))
+    return {"label": label, "color": color, "marker": marker, "linestyle": "-"}
 
 
-def _ceiling_series(report):
-    keys: set[str] = set()
-    for s in report.sizes:
-        keys.update(k for k in s.systems if k.startswith("ceiling."))
-    return sorted(keys, key=systems.order)
+def _empty(ax, text):
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=9, color="0.4", transform=ax.transAxes)
+    ax.set_axis_off()
 
 
-def _ceiling_style(key):
-    # DMA in black (both directions at once solid: the streamed route's ceiling), host memcpy in
-    # olive (into pinned) or brown (out of pinned); one thread dotted, N threads dashed.
-    if key == "ceiling.dma_both":
-        return {"color": "0.0", "linestyle": "-", "linewidth": 1.8}
-    if key == "ceiling.dma_h2d":
-        return {"color": "0.1", "linestyle": "--"}
-    if key == "ceiling.dma_d2h":
-        return {"color": "0.1", "linestyle": "-."}
-    color = "tab:olive" if key.startswith("ceiling.copy_in.") else "tab:brown"
-    return {"color": color, "linestyle": ":" if key.endswith(".1") else "--"}
-
-
-def _bandwidth_panel(ax, report):
-    sizes = [s.nbytes for s in report.sizes]
-    for key, label, marker in _BANDWIDTH_SYSTEMS:
-        points = [(s.nbytes, s.gbps(key)) for s in report.sizes if s.gbps(key) is not None]
+def _ratio_series(sizes, rows):
+    """``rows``: (style, key, vyre_cuda's keys, the first measured is used); each row's time over
+    vyre_cuda's per size, a row with no point left out."""
+    out = []
+    for style, key, vyre_keys in rows:
+        points = []
+        for s in sizes:
+            vyre = next((s.median(k) for k in vyre_keys if s.median(k)), None)
+            if vyre and s.median(key):
+                points.append((s.nbytes, s.median(key) / vyre))
         if points:
-            ax.plot(*zip(*points), marker=marker, label=label, linewidth=1.2)
-    # vyre_cuda's numpy row per direction, in the numpy row's colour
-    for direction, label, marker in (
-        ("h2d", "vyre_cuda numpy H2D (stages)", ">"),
-        ("d2h", "vyre_cuda numpy D2H (stages)", "<"),
-    ):
-        points = [
-            (s.nbytes, s.direction_gbps(direction)) for s in report.sizes if s.direction_gbps(direction) is not None
-        ]
-        if points:
-            ax.plot(*zip(*points), marker=marker, linestyle=":", color="tab:blue", label=label, linewidth=1.0)
-    for key in _ceiling_series(report):
-        points = [(s.nbytes, s.gbps(key)) for s in report.sizes if s.gbps(key) is not None]
-        if points:
-            style = {"linewidth": 1.1, **_ceiling_style(key)}
-            ax.plot(*zip(*points), label=systems.label(key).replace(" ceiling", ""), **style)
-    _size_axis(ax, sorted(sizes))
-    ax.set_xlabel("bytes per buffer (log scale)")
-    ax.set_ylabel("GB/s (1 GB/s = 1e9 B/s): effective, or per direction")
-    ax.set_ylim(bottom=0)
+            out.append((style, points))
+    return out[: _MOST - 1]  # and vyre_cuda's own line at 1x
+
+
+def _ratio_panel(ax, sizes, series, title, empty, most=_MOST_TICKS):
+    ax.set_title(title, fontsize=10, loc="left")
+    if not series:
+        return _empty(ax, empty)
+    ax.set_yscale("log")
+    vyre = ax.axhline(1.0, color=VYRE_COLOR, linewidth=2.5, label="vyre_cuda (= 1x)", zorder=3)
+    ends = {vyre: (sizes[-1].nbytes, 1.0)}  # line -> its last point
+    for style, points in series:
+        (line,) = ax.plot(*zip(*points), linewidth=1.6, markersize=6, **style)
+        ends[line] = points[-1]
+    _size_axis(ax, [s.nbytes for s in sizes], most)
+    ax.set_ylabel("time per dispatch / vyre_cuda's\n(above 1x: vyre_cuda is faster)", fontsize=9)
+    ax.grid(True, which="major", alpha=0.3)
+    # the legend lists the lines top to bottom as they end (the largest size first)
+    order = sorted(ends, key=lambda line: (-ends[line][0], -ends[line][1]))
+    ax.legend(order, [line.get_label() for line in order], **_LEGEND)
+
+
+def _ratio_axis(axes, series):
+    """One log y range for the ratio panels, ticked at 1, 2, 5 x 10^k (more in a short range)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    values = [1.0] + [y for _style, points in series for _x, y in points]
+    lo, hi = min(values) / 1.4, max(values) * 1.4
+    subs = (1.0, 2.0, 5.0) if hi / lo > 30 else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)  # 4 labels at least
+    for ax in axes:
+        if ax.get_lines():
+            ax.set_ylim(lo, hi)
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}x"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.tick_params(axis="y", labelsize=8)
+
+
+def _format_ns(ns):
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def _stage_panel(ax, sizes):
+    ax.set_title("where vyre_cuda's dispatch time goes (numpy arrays)", fontsize=10, loc="left")
+    sizes = [s for s in sizes if s.stages]
+    if not sizes:
+        return _empty(ax, "no stage clocks in this result")
+    named = {stage for _label, _color, stages in _STAGE_GROUPS for stage in stages}
+    bottoms = [0.0] * len(sizes)
+    for label, color, stages in _STAGE_GROUPS:
+        shares = []
+        for s in sizes:
+            total = sum(max(m.median, 0.0) for m in s.stages.values()) or 1.0
+            mine = [m for k, m in s.stages.items() if (k in stages if stages else k not in named)]
+            shares.append(100.0 * sum(max(m.median, 0.0) for m in mine) / total)
+        if any(shares):
+            ax.bar(range(len(sizes)), shares, bottom=bottoms, color=color, width=0.65, label=label)
+            bottoms = [b + h for b, h in zip(bottoms, shares)]
+    for i, s in enumerate(sizes):
+        ax.text(i, 101.5, _format_ns(s.wall or sum(m.median for m in s.stages.values())), ha="center", fontsize=8)
+    ax.set_xticks(range(len(sizes)), [format_size(s.nbytes) for s in sizes], fontsize=8)
+    ax.set_ylim(0, 110)
+    ax.set_yticks([0, 25, 50, 75, 100], ["0", "25%", "50%", "75%", "100%"], fontsize=8)
+    ax.set_ylabel("share of the dispatch (median per stage)", fontsize=9)
+    ax.set_xlabel("bytes per buffer (median dispatch time above each bar)", fontsize=9)
+    ax.legend(**_LEGEND)
+
+
+def _ceilings(sizes):
+    """(key, label, style) of the ceilings drawn: DMA one way and both ways, host memcpy into
+    pinned memory with the most threads measured."""
+    found = {k for s in sizes for k in s.systems}
+    one_way = next((k for k in ("ceiling.dma_h2d", "ceiling.dma_d2h") if k in found), None)
+    copies = sorted((int(k.rsplit(".", 1)[1]), k) for k in found if k.startswith("ceiling.copy_in."))
+    rows = [
+        (one_way, "DMA ceiling, one way", {"color": "0.45", "linestyle": "--"}),
+        ("ceiling.dma_both", "DMA ceiling, both ways at once", {"color": "0.0", "linestyle": "-"}),
+    ]
+    if copies:
+        n, key = copies[-1]
+        rows.append((key, f"host memcpy ceiling, {n} thread{'s' * (n != 1)}", {"color": "#17becf", "linestyle": ":"}))
+    return [(k, label, style) for k, label, style in rows if k in found]
+
+
+def _bandwidth_panel(ax, sizes):
+    ax.set_title("vyre_cuda's bandwidth against the ceilings (same run)", fontsize=10, loc="left")
+    vyre = [(row, [(s.nbytes, s.gbps(row[0])) for s in sizes if s.gbps(row[0])]) for row in _BANDWIDTH_VYRE]
+    vyre = [(row, points) for row, points in vyre if points]
+    ceilings = [
+        (k, label, style, [(s.nbytes, s.gbps(k)) for s in sizes if s.gbps(k)]) for k, label, style in _ceilings(sizes)
+    ]
+    ceilings = [row for row in ceilings if row[3]]
+    if not vyre and not ceilings:
+        return _empty(ax, "no bandwidth rows in this result")
+    for (_key, label, color, marker), points in vyre:
+        ax.plot(*zip(*points), color=color, marker=marker, linewidth=2.0, label=label, zorder=3)
+    # the axis ends a little above vyre_cuda and the DMA ceilings: a host memcpy peak (many
+    # threads at a size that fits the caches) would squeeze them, so it is marked, not drawn
+    shown = [y for _row, points in vyre for _x, y in points]
+    shown += [y for k, _label, _style, points in ceilings if k.startswith("ceiling.dma") for _x, y in points]
+    top = 1.25 * max(shown or [y for *_row, points in ceilings for _x, y in points])
+    for _key, label, style, points in ceilings:
+        one = {"marker": "_", "markersize": 16} if len(points) == 1 else {}  # a point, not a line
+        ax.plot(*zip(*points), linewidth=1.6, label=label, **style, **one)
+        for x, y in points:
+            if y > top:
+                ax.annotate(
+                    f"{y:.0f} GB/s",
+                    (x, top),
+                    xytext=(0, -3),
+                    textcoords="offset points",
+                    ha="center",
+                    va="top",
+                    fontsize=7,
+                    color=style["color"],
+                )
+    _size_axis(ax, [s.nbytes for s in sizes])
+    ax.set_ylim(0, top)
+    ax.set_ylabel("GB/s (1e9 B/s), effective", fontsize=9)
+    ax.tick_params(axis="y", labelsize=8)
     ax.grid(True, alpha=0.3)
-    ax.set_title("bandwidth against the DMA and host memcpy ceilings (same run)", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1)
+    ax.legend(**_LEGEND)
 
 
 def plot_report(report, path):
     """Save the figure of ``report`` to ``path`` (PNG, SVG, PDF: by the suffix); returns the
-    matplotlib ``Figure``."""
+    matplotlib ``Figure``. Its axes are labelled (``Axes.get_label()``) ``headline``, ``device``,
+    ``stages`` and ``bandwidth``."""
     Figure = require_matplotlib()
-    n = max(len(report.sizes), 1)
-    fig = Figure(figsize=(max(4.2 * n, 11.0), 10.5))
-    grid = fig.add_gridspec(2, n, height_ratios=(1.0, 1.0), hspace=0.45, wspace=0.45)
-    names = list(report.stage_names) + [systems.UNATTRIBUTED]
-    palette = _palette(len(names) + 2)
-    legend: dict[str, object] = {}  # label -> the first artist drawn with it
-    for i, s in enumerate(report.sizes):
-        _stage_panel(fig.add_subplot(grid[0, i]), report, s, palette, legend)
-    if legend:
-        fig.legend(list(legend.values()), list(legend.keys()), loc="upper right", fontsize=7, ncol=1)
-    if report.sizes:
-        _bandwidth_panel(fig.add_subplot(grid[1, :]), report)
+    fig = Figure(figsize=(16, 9.5), layout="constrained")
+    rows = fig.add_gridspec(2, 1)
+    top, bottom = rows[0].subgridspec(1, 2, width_ratios=(1.5, 1.0)), rows[1].subgridspec(1, 2, width_ratios=(1.0, 1.5))
+    names = ("headline", "device", "stages", "bandwidth")
+    axes = {name: fig.add_subplot(cell, label=name) for name, cell in zip(names, (*top, *bottom))}
+    sizes = sorted(report.sizes, key=lambda s: s.nbytes)
+    floor, pageable = ((dict(label=lab, color=c, marker=mk, linestyle="--"), key) for key, lab, c, mk in _FLOORS)
+    peers = [(_peer_style(name), key) for name, key in _keys(sizes, "peer.{}")]
+    host = [(style, key, ("vyre.dispatch",)) for style, key in (floor, *peers, pageable)]
+    device = [
+        (_peer_style(name), key, _DEVICE_VYRE.get(name, _DEVICE_VYRE_DEFAULT))
+        for name, key in _keys(sizes, "peer.{}.device")
+    ]
+    host, device = _ratio_series(sizes, host), _ratio_series(sizes, device)
+    title = "numpy arrays in and out: time per dispatch over vyre_cuda's"
+    _ratio_panel(axes["headline"], sizes, host, title, "no vyre_cuda, floor or peer rows in this result")
+    title = "data already on the GPU: peers over vyre_cuda on the same arrays"
+    empty = "no device-resident rows (they need CuPy, PyTorch or cuda.core)"
+    _ratio_panel(axes["device"], sizes, device, title, empty, most=5)
+    _ratio_axis([axes["headline"], axes["device"]], host + device)
+    _stage_panel(axes["stages"], sizes)
+    _bandwidth_panel(axes["bandwidth"], sizes)
     m = report.meta
     fig.suptitle(
-        f"vyre_cuda against the floor, the ceilings and peers: {m.get('device_name', '?')}, "
+        f"vyre_cuda against the driver floor, the peers and the ceilings: {m.get('device_name', '?')}, "
         f"{str(m.get('date', ''))[:10]}, commit {m.get('commit') or 'unknown'}",
-        fontsize=10,
+        fontsize=11,
     )
-    fig.subplots_adjust(left=0.06, right=0.8, bottom=0.07, top=0.92)
     fig.savefig(str(path), dpi=110)
     return fig
