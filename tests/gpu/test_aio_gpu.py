@@ -3,6 +3,7 @@
 import asyncio
 import gc
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -90,9 +91,20 @@ def test_cancelling_an_await_leaves_the_work_with_the_pending(fresh_backend):
     kept = run(main())
     (out,) = kept.result()  # still owned by the handle: waits for the GPU, then collects
     assert np.array_equal(out, np.ones(32, np.uint32))
-    gc.collect()  # the other handle was dropped un-awaited: it waited, then recycled
+    gc.collect()  # the other handle was dropped un-awaited: deferred, reclaimed once its work is done
+    _reclaimed(fresh_backend)
     assert live(fresh_backend) == dict.fromkeys(LIVE, 0), live(fresh_backend)
-    assert fresh_backend.telemetry.snapshot()["leaked_allocations"] == 0
+    snap = fresh_backend.telemetry.snapshot()
+    assert snap["leaked_allocations"] == 0 and snap["deferred_recycles"] == snap["deferred_drops"] == 1, snap
+
+
+def _reclaimed(backend, within_s=10.0):
+    """trim() until the dropped handles' work has finished and their resources are back."""
+    deadline = time.monotonic() + within_s
+    while backend._core.deferred and time.monotonic() < deadline:
+        backend.trim()
+        time.sleep(0.001)
+    assert backend._core.deferred == 0, backend._core.deferred
 
 
 def test_a_rebuilt_equal_program_reuses_the_plan(fresh_backend, rng):
