@@ -10,6 +10,7 @@ of them and checks the names they use.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import inspect
 import os
@@ -234,10 +235,8 @@ def _conf_values() -> dict:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 if isinstance(target, ast.Name):
-                    try:
+                    with contextlib.suppress(ValueError):  # (not a literal: a computed setting)
                         values[target.id] = ast.literal_eval(node.value)
-                    except ValueError:
-                        pass
     return values
 
 
@@ -246,9 +245,7 @@ def _css_rules(text: str) -> list[tuple[str, dict[str, str]]]:
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     rules = []
     for selector, body in re.findall(r"([^{}@]+)\{([^{}]*)\}", text):
-        props = dict(
-            (k.strip(), v.strip()) for k, _, v in (d.partition(":") for d in body.split(";")) if k.strip()
-        )
+        props = {k.strip(): v.strip() for k, _, v in (d.partition(":") for d in body.split(";")) if k.strip()}
         rules.append((" ".join(selector.split()), props))
     return rules
 

@@ -373,7 +373,9 @@ def test_first_two_commands_are_what_ci_runs():
 def _bash_lines(body: str) -> list[str]:
     """The command lines (not comments) of the ```bash blocks of ``body``."""
     blocks = re.findall(r"```bash\n(.*?)```", body, re.S)
-    return [ln.strip() for block in blocks for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    return [
+        ln.strip() for block in blocks for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("#")
+    ]
 
 
 def test_docs_command_works_on_a_fresh_venv_and_is_what_ci_runs():
@@ -460,3 +462,61 @@ def test_python_versions_claimed_agree():
     if script.is_file():
         (default,) = re.findall(r"^\[ \$# -gt 0 \] \|\| set -- ([\d. ]+)$", script.read_text(), re.M)
         assert default.split() == classified, (default, classified)
+
+
+def _toctree(page: pathlib.Path, caption: str) -> list[str]:
+    """The entries of the toctree of ``page`` with that caption."""
+    for block in re.findall(r"```\{toctree\}\n(.*?)```", page.read_text(), re.S):
+        lines = block.splitlines()
+        if f":caption: {caption}" in lines:
+            return [ln.strip() for ln in lines if ln.strip() and not ln.startswith(":")]
+    raise AssertionError(f"{page} has no toctree captioned {caption!r}")
+
+
+def test_readme_lists_every_guide():
+    """The README's list of the documentation's pages names every user guide, by its title."""
+    bullet = re.search(r"^- \*\*User guides\*\*: (.*?)(?=^- )", readme_text(), re.S | re.M)
+    assert bullet, "the README's Documentation section lost its list of user guides"
+    listed = " ".join(bullet.group(1).split()).lower()
+    docs = ROOT / "docs"
+    titles = [
+        (docs / f"{entry}.md").read_text().splitlines()[0].lstrip("# ").strip()
+        for entry in _toctree(docs / "index.md", "User guides")
+    ]
+    assert len(titles) >= 10, titles
+    missing = [t for t in titles if t.lower() not in listed]
+    assert not missing, f"user guides the README's list leaves out: {missing}"
+
+
+def test_rebuilt_program_cost_is_the_measured_one_everywhere():
+    """The README and the quickstart page give one cost for a program built again from the same
+    arguments, the benchmark of record's (benchmarks/README.md: rebuilt inside the timed call,
+    against the same Program object)."""
+    bench = ROOT / "benchmarks" / "README.md"
+    (ratio,) = re.findall(
+        r"^\| the Program built from its parts inside the timed call \| [\d.]+ us \| ([\d.]+x) \|",
+        bench.read_text(),
+        re.M,
+    )
+    texts = {"README.md": readme_text()} | {
+        str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "docs").rglob("*.md")
+    }
+    stated = {}
+    for name, text in texts.items():
+        flat = " ".join(text.split())
+        assert "few microseconds" not in flat, f"{name} still says a rebuild costs a few microseconds"
+        for cost, figure in re.findall(r"costs? (about a microsecond|[^.]*?microseconds?) of Python \(([^)]*)\)", flat):
+            stated[name] = (cost, figure)
+    assert set(stated) >= {"README.md", "docs/quickstart.md"}, stated
+    for name, (cost, figure) in stated.items():
+        assert cost == "about a microsecond", (name, cost)
+        assert f"about {ratio} one of the same object" in figure, (name, figure, ratio)
+
+
+def test_build_size_is_stated_once_and_alike():
+    """The unstripped build's size: the same figure in the README and the install page (it was
+    12 MB in both, against 9.1 MB measured)."""
+    pattern = r"unstripped `pip install \.` build is about ([\d.]+ MB)"
+    readme = re.findall(pattern, " ".join(readme_text().split()))
+    install = re.findall(pattern, " ".join((ROOT / "docs" / "install.md").read_text().split()))
+    assert readme == install == ["9.1 MB"], (readme, install)

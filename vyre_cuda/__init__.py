@@ -13,7 +13,6 @@ The types of inputs and outputs, for annotating code that calls vyre_cuda, are i
 
 from typing import TYPE_CHECKING, Any
 
-
 # The compiled module every use of the package needs (driver init and the error check).
 _COMPILED_PROBE = "_driver"
 
@@ -42,7 +41,7 @@ _require_compiled_core()
 del _require_compiled_core
 
 from .config import DispatchConfig  # noqa: E402 (after the check: a clear error before any other)
-from .errors import (
+from .errors import (  # noqa: E402
     BackendError,
     CooperativeResidencyExceeded,
     DeviceLost,
@@ -54,7 +53,7 @@ from .errors import (
     UnsupportedFeature,
     ValidationError,
 )
-from .program import BindingRole, BufferAccess, BufferDecl, DType, Kernel, LaunchSizeWarning, Program
+from .program import BindingRole, BufferAccess, BufferDecl, DType, Kernel, LaunchSizeWarning, Program  # noqa: E402
 
 if TYPE_CHECKING:
     # the lazy names below, typed for checkers; at run time __getattr__ imports each at first use
