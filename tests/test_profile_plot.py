@@ -262,7 +262,8 @@ def test_a_run_on_the_fakes_draws_every_panel_it_has_rows_for(monkeypatch, tmp_p
     }
     assert not axes["device"].axison and "no device-resident rows" in axes["device"].texts[0].get_text()
     assert len(axes["stages"].containers) >= 3
-    assert "host memcpy ceiling, 2 threads" in _lines(axes["bandwidth"])
+    # (the fake run measures memcpy with as many threads as this machine has cores)
+    assert any(label.startswith("host memcpy ceiling, ") for label in _lines(axes["bandwidth"]))
 
 
 def test_sizes_out_of_order_draw_left_to_right(tmp_path):

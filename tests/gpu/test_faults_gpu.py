@@ -274,9 +274,17 @@ def test_runaway_kernel_is_reported_not_waited_on(fresh_backend, rng, mode):
     assert not pending.is_ready()
     assert not backend.lost
     if mode == "dropped":
-        # dropping the handle waits for the kernel, then recycles what it owned
+        # dropping the handle never waits: what it owned is deferred, and comes back to the
+        # pools (trim() takes it) only once the kernel has ended
+        t_drop = time.monotonic()
         del err, pending
         gc.collect()
+        assert time.monotonic() - t_drop < SPIN_SECONDS / 2, "dropping the handle waited for the kernel"
+        deadline = time.monotonic() + 60
+        while backend._core.deferred:
+            assert time.monotonic() < deadline, "the dropped runaway kernel's resources never came back"
+            backend.trim()
+            time.sleep(0.005)
         assert time.monotonic() - t0 >= SPIN_SECONDS * 0.9
     else:
         # each wait is bounded by the timeout; the handle stays valid until the kernel is done
