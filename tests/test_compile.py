@@ -14,6 +14,7 @@ import threading
 import fakecuda
 import pytest
 
+import vyre_cuda
 from vyre_cuda.compile import (
     CompiledKernel,
     cache_dir,
@@ -30,6 +31,9 @@ from vyre_cuda.compile import headers as headers_mod
 from vyre_cuda.compile import nvrtc as nvrtc_mod
 from vyre_cuda.errors import KernelCompileFailed, ValidationError
 from vyre_cuda.program import Kernel
+
+# the folder holding the vyre_cuda under test, for child interpreters
+_PACKAGE_ROOT = str(pathlib.Path(vyre_cuda.__file__).resolve().parents[1])
 
 SOURCE = """#include "vyre_cuda.cuh"
 VYRE_KERNEL vyre_main(unsigned int* out, const vyre_u32* params) {
@@ -92,8 +96,12 @@ def test_compiling_leaves_the_interpreters_shared_objects_alone(tmp_path):
         f"compile_kernel(Kernel.cuda({SOURCE!r}))\n"
         "print(bytes([32]).hex(), b' '.decode().encode().hex(), ' '.join('ab'))\n"
     )
-    env = {**os.environ, "VYRE_CUDA_DISK_CACHE": "0"}
-    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=120)
+    env = {**os.environ, "VYRE_CUDA_DISK_CACHE": "0", "PYTHONPATH": _PACKAGE_ROOT}
+    # (from tmp_path: `python -c` puts its folder first on sys.path, and the source tree's unbuilt
+    # vyre_cuda would shadow the package under test)
+    proc = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["20", "20", "a", "b"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 import pickle
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import fakes
 import numpy as np
 import pytest
 
+import vyre_cuda
 from vyre_cuda.config import MAX_FIXPOINT_ITERATIONS, MAX_TIMEOUT_S, DispatchConfig, as_config
 from vyre_cuda.errors import InvalidProgram, ValidationError
 from vyre_cuda.planning.binding import input_spec
@@ -25,6 +27,9 @@ from vyre_cuda.program import (
     Program,
     dtype_of,
 )
+
+# the folder holding the vyre_cuda under test, for child interpreters
+_PACKAGE_ROOT = str(pathlib.Path(vyre_cuda.__file__).resolve().parents[1])
 
 A = BufferAccess
 R = BindingRole
@@ -617,7 +622,8 @@ def test_a_pickled_config_hashes_by_the_loading_process(tmp_path):
             capture_output=True,
             text=True,
             timeout=60,
-            env={**os.environ, "PYTHONHASHSEED": seed},
+            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": _PACKAGE_ROOT},
+            cwd=tmp_path,  # (not the source tree: its unbuilt vyre_cuda would shadow the package under test)
         )
         assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 

@@ -340,7 +340,6 @@ def close_while_a_thread_plans_loads_no_module():
         assert after[name] == base[name], f"{name}: {after[name] - base[name]} left after close"
 
 
-
 # ------------------------------------------------------------------ one handle, many callers
 QUERIES = ("cuEventQuery", "cuStreamQuery")
 
@@ -552,6 +551,7 @@ def first_cooperative_dispatches_from_eight_threads_share_one_gate_event():
         gc.collect()
         events = FAKE.stats()["events"] - base["events"]
         assert events == 0, f"{events} events left after close: two gate events were made at once"
+
 
 if __name__ == "__main__":
     CASES.main_one(sys.argv[1], FAKE)
