@@ -63,7 +63,7 @@ from ._formats cimport kind_ok
 from ._devview cimport DevView, read_device, device_type
 from ._launch cimport issue, collect, stream_waits, trial_record, G_REPLAY, G_CAPTURE, G_UPDATE, G_FALLBACK
 from ._waits cimport (
-    DevInput, PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE, W_TIMEOUT, W_INTERRUPTED,
+    DevInput, PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE, W_TIMEOUT,
 )
 from ._tracing cimport (
     mark, nvtx_stage_open, nvtx_stage, nvtx_blocking, nvtx_async, nvtx_refused, stage_durations, trace_line,
@@ -325,7 +325,8 @@ cdef class Core:
                     self.deferred.push_front(batch[i])
                     self.defer_bytes += batch[i].nbytes
             self.defer_mu.unlock()
-        for i in range(done):
+        while done > 0:  # each reclaimed dispatch stops counting
+            done -= 1
             self._settled()
         return 0
 
