@@ -270,6 +270,12 @@ def device_output(plan, k, obj, device, stream):
     want, _ = plan.output_specs[k]
     need = plan.layout.outputs[k][1]
     what = _Lazy(lambda: f"output {k} ({slot.decl.name!r})")
+    if getattr(obj, "requires_grad", False) is True:
+        raise ValidationError(
+            f"{what} is a tensor that requires grad: written in place by a kernel, autograd's gradients "
+            "would be wrong (torch refuses an in-place write into it too)",
+            "pass out.detach() (the same memory, outside autograd), or compute it with a torch op",
+        )
     view = _view(obj, what, device, stream, output=True)
     if view is None:
         return None

@@ -312,12 +312,21 @@ cdef DevView _from_exchange(obj, cap, int device, own):
     v.ptr = <cydriver.CUdeviceptr>(<uintptr_t>t.data + t.byte_offset)
     v.itemsize = t.dtype.bits // 8
     v.nbytes = <size_t>count * v.itemsize
-    v.read_only = (mt.flags & DL_FLAG_READ_ONLY) != 0
+    # a tensor autograd tracks (torch's requires_grad) is read-only to a dispatch: written in place,
+    # its gradients would be wrong, and torch refuses such a write itself. (Inputs may be read.)
+    v.read_only = (mt.flags & DL_FLAG_READ_ONLY) != 0 or _requires_grad(obj)
     # the producer's current stream (NULL: its legacy default stream) orders its pending writes
     v.wait = _waited(<uintptr_t>stream if stream != NULL else LEGACY_STREAM, own)
     v.keep = held
     v.kind_code = kind
     return v
+
+
+cdef bint _requires_grad(obj) except -1:
+    try:
+        return obj.requires_grad is True
+    except AttributeError:
+        return False
 
 
 cdef object _typestr_spec(ts):

@@ -30,7 +30,7 @@ from ._transfer cimport TransferEngine
 from ._windows cimport CopyTask, Piece, page_locked
 from ._prepared cimport Prepared, DevCopy
 from ._dispatch cimport (
-    Core, release_resources, tel_add, take, poll_ready, drop, is_taken, mark_completed, TAKE_RESULT, TAKE_INTO,
+    Core, a_load, release_resources, tel_add, take, poll_ready, drop, is_taken, mark_completed, TAKE_RESULT, TAKE_INTO,
     TAKE_TIMED,
 )
 from ._launch cimport collect, late_device_outputs, late_readbacks, stream_waits
@@ -215,7 +215,7 @@ cdef class PendingDispatch:
 
     cdef int _check_takeable(self) except -1:
         # (called by the one caller _dispatch.take let in: no other thread touches the work now)
-        if self.core.closed and self.f.active:
+        if a_load(&self.core.closed_flag) and self.f.active:
             raise ValidationError(
                 "this dispatch's backend was closed before its result was taken; the outputs are "
                 "gone (its resources are freed when this handle is dropped)",

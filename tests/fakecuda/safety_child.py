@@ -350,6 +350,13 @@ def hold():
         FAKE.fail(call, "CUDA_ERROR_NOT_READY", sticky=True)
 
 
+def hold_and_refuse_waits():
+    """hold(), and a host wait on an event fails: a dropped handle that waited for its work would
+    write its resources off (leaked_allocations), one that never waits leaves them deferred."""
+    hold()
+    FAKE.fail("cuEventSynchronize", "CUDA_ERROR_NOT_SUPPORTED", sticky=True)
+
+
 def _share_one_handle(n_threads, forms, rounds=12):
     """``n_threads`` threads take one handle's result at once, thread i in ``forms[i % len]``
     ("result", "timed", "into", "await"), for ``rounds`` handles. Every result and timed_result
@@ -445,12 +452,14 @@ def dropped_handles_never_wait_and_are_reclaimed_later():
     g = backend()
     a, b = pair(3000)
     g.dispatch(VECADD, [a, b])
-    hold()  # the GPU is busy with everything enqueued from here
+    hold_and_refuse_waits()  # the GPU is busy with everything enqueued from here
     syncs = FAKE.stats()["syncs"]
     for _ in range(1000):
         g.dispatch_async(VECADD, list(pair(int(RNG.integers(1, 3000)))))  # dropped at once
     dropped_syncs = FAKE.stats()["syncs"] - syncs
     assert dropped_syncs == 0, f"1,000 dropped handles made {dropped_syncs} synchronize calls"
+    leaked = g.telemetry.snapshot()["leaked_allocations"]
+    assert leaked == 0, f"{leaked} dropped handles waited for their work (and wrote it off)"
     snap = g.telemetry.snapshot()
     deferred = g._core.deferred
     g.trim()  # nothing has finished: nothing waited for, nothing freed under the GPU
@@ -483,13 +492,15 @@ def dropped_device_chain_on_a_caller_stream_is_right_once_synchronised():
     (db,) = g.dispatch(VECADD, [b, np.zeros(n, np.float32)], vc.DispatchConfig(outputs="device"))
     outs = [g.dispatch(VECADD, [a, a], vc.DispatchConfig(outputs="device"))[0] for _ in range(2)]
     g.dispatch_async(VECADD, [x, db], cfg, outputs=[outs[1]]).result()  # planned: its one upload made
-    hold()
+    hold_and_refuse_waits()
     syncs = FAKE.stats()["syncs"]
     for k in range(1000):  # x_{k+1} = x_k + b, ping-ponging two named outputs; handles dropped
         src, dst = (x, outs[0]) if k == 0 else (outs[(k - 1) % 2], outs[k % 2])
         g.dispatch_async(VECADD, [src, db], cfg, outputs=[dst])
     dropped_syncs = FAKE.stats()["syncs"] - syncs
     assert dropped_syncs == 0, f"1,000 dropped handles made {dropped_syncs} synchronize calls"
+    leaked = g.telemetry.snapshot()["leaked_allocations"]
+    assert leaked == 0, f"{leaked} dropped handles waited for their work (and wrote it off)"
     FAKE.clear_failures()
     assert FAKE.lib.cuStreamSynchronize(ctypes.c_void_p(s.handle)) == 0
     final = outs[999 % 2].copy_to_host()
@@ -510,12 +521,14 @@ def close_and_trim_while_dropped_work_is_deferred():
     for closing_thread in (False, True):
         g = backend()
         a, b = pair(5000)
-        hold()
+        hold_and_refuse_waits()
         for _ in range(50):
             g.dispatch_async(VECADD, [a, b])
         trimmer = threading.Thread(target=g.trim)
         trimmer.start()
         trimmer.join()
+        leaked = g.telemetry.snapshot()["leaked_allocations"]
+        assert leaked == 0, f"{leaked} dropped handles waited for their work (and wrote it off)"
         assert g._core.deferred == 50, g._core.deferred
         FAKE.clear_failures()
         if closing_thread:

@@ -82,3 +82,23 @@ def test_device_array_inputs_and_outputs_read_in_c(backend, rng):
     np.testing.assert_array_equal(z.copy_to_host(), b + a)
     c1, p1 = _read_counts(backend)
     assert p1 == p0 and c1 - c0 >= 3, (c1 - c0, p1 - p0)
+
+
+def test_torch_outputs_that_require_grad_are_refused_and_inputs_read(fresh_backend, torch):
+    g = fresh_backend
+    prog = bp.vecadd_f32()
+    a = torch.randn(4096, device="cuda", requires_grad=True)
+    b = torch.randn(4096, device="cuda")
+    (out,) = g.dispatch(prog, [a, b], vc.DispatchConfig(outputs="device"))  # inputs with grad are read
+    np.testing.assert_array_equal(out.copy_to_host(), (a.detach() + b).cpu().numpy())
+    t = torch.zeros(4096, device="cuda", requires_grad=True)
+    for call in (lambda: g.dispatch_into(prog, [b, b], [t]), lambda: g.dispatch_async(prog, [b, b]).result_into([t])):
+        with pytest.raises(vc.ValidationError) as refused:
+            call()
+        assert "requires grad" in refused.value.message
+        assert str(refused.value).splitlines()[-1].startswith("Fix: ")
+    assert torch.count_nonzero(t.detach()).item() == 0  # never written
+    d = t.detach()
+    g.dispatch_into(prog, [b, b], [d])
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(d.cpu().numpy(), (b + b).cpu().numpy())
