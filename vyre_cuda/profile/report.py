@@ -331,8 +331,8 @@ class ProfileReport:
         return self.format_table()
 
     def plot(self, path) -> None:
-        """Save the figure (stage bars per size, and GB/s against size with the ceilings as
-        lines) to ``path`` (needs matplotlib)."""
+        """Save the figure (each system's time over vyre_cuda's by size, the same on device
+        arrays, vyre_cuda's stage shares, GB/s against the ceilings) to ``path`` (needs matplotlib)."""
         from .plot import plot_report
 
         plot_report(self, path)
