@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planning_fakes import stub_backend
 
+import vyre_cuda as vc
 from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program
 from vyre_cuda import builtin_programs as bp
 from vyre_cuda.config import as_config
@@ -451,17 +452,113 @@ def test_rows_of_several_elements(rng):
     np.testing.assert_array_equal(run_on_host(plan, prog, inputs, pairs_kernel)[0], numpy_outputs("pairs", inputs)[0])
 
 
+NO_FLOOR = StreamTuning(min_chunk_bytes=0)  # the budget may cut chunks down to `align` rows
+
+
 def test_a_budget_below_one_chunk_names_the_bytes_needed(rng):
     prog = axpb(align=16)
     inputs = case_inputs("axpb", 10_000, rng)
-    err = refused(ValidationError, planned, prog, inputs, DispatchConfig(streamed=True, device_memory_budget=1000))
+    cfg = DispatchConfig(streamed=True, device_memory_budget=1000)
+    err = refused(ValidationError, planned, prog, inputs, cfg, tuning=NO_FLOOR)
     needed = int(err.message.split(" device bytes are needed")[0].rsplit(" ", 1)[-1].replace(",", ""))
     assert "16 row(s)" in err.message and "device_memory_budget >=" in err.fix and "align" in err.fix
-    plan = planned(prog, inputs, DispatchConfig(streamed=True, device_memory_budget=needed))
+    plan = planned(prog, inputs, DispatchConfig(streamed=True, device_memory_budget=needed), tuning=NO_FLOOR)
     # (regions are 256-byte aligned: the largest multiple of 16 rows in the same bytes is taken)
     assert plan.device_bytes == needed and plan.chunk_rows % 16 == 0 and plan.streams == 1
     assert plan.slot_bytes == 3 * 256 and plan.chunk_rows == 64
-    refused(ValidationError, planned, prog, inputs, DispatchConfig(streamed=True, device_memory_budget=needed - 1))
+    cfg = DispatchConfig(streamed=True, device_memory_budget=needed - 1)
+    refused(ValidationError, planned, prog, inputs, cfg, tuning=NO_FLOOR)
+
+
+def smallest_budget(err) -> int:
+    """The smallest working budget a refusal names (its Fix: line)."""
+    assert err.fix.startswith("pass device_memory_budget >= ") and err.fix.endswith(", or None"), err.fix
+    return int(err.fix.split(">= ")[1].removesuffix(", or None").replace(",", ""))
+
+
+def moved_per_row(plan) -> int:
+    return sum(b.row_elements * b.itemsize * (b.upload + b.readback) for b in plan.bindings if b.cut)
+
+
+VECADD_256 = [256 << 20, 256 << 20]  # 3 x 256 MiB f32: 512 MiB up, 256 MiB back
+
+
+@pytest.mark.parametrize(("budget", "chunks"), [(4 << 20, 577), (256 << 10, 9280), (4096, 1 << 20)])
+def test_a_budget_that_forces_chunks_below_the_minimum_is_refused(budget, chunks):
+    prog = vecadd(elementwise=True)
+    for streamed in (None, True):  # (over the 768 MiB serial slab: the dispatch must stream)
+        err = refused(
+            ValidationError, planned, prog, VECADD_256, {"streamed": streamed, "device_memory_budget": budget}
+        )
+        assert f"device_memory_budget={budget:,})" in err.message and f"into {chunks:,} chunks" in err.message
+        smallest = smallest_budget(err)
+        assert f"smallest budget that works for this dispatch is {smallest:,} bytes" in err.message
+        # each chunk of the smallest budget moves at least STREAM_MIN_CHUNK_BYTES, on every stream
+        plan = planned(prog, VECADD_256, {"streamed": streamed, "device_memory_budget": smallest})
+        assert plan.streamed and plan.device_bytes <= smallest and plan.streams == stream.STREAM_COUNT
+        assert plan.chunk_rows * moved_per_row(plan) >= stream.STREAM_MIN_CHUNK_BYTES
+        assert f"{plan.chunk_count:,} chunk(s) of {plan.chunk_rows:,} row(s)" in err.message
+        check_invariants(plan, 1)
+        below = refused(
+            ValidationError, planned, prog, VECADD_256, {"streamed": streamed, "device_memory_budget": smallest - 1}
+        )
+        assert smallest_budget(below) == smallest
+    # the smallest budget is the model's, and a budget of 64 MiB streams as before
+    assert smallest == 12_584_960 and plan.chunk_count == 192
+    big = planned(prog, VECADD_256, DispatchConfig(device_memory_budget=64 << 20))
+    assert big.streamed and big.device_bytes <= 64 << 20 and big.chunk_count == 37
+
+
+def test_the_minimum_chunk_is_a_tuning_constant(rng):
+    prog = axpb()
+    inputs = case_inputs("axpb", 10_000, rng)  # 120,000 bytes moved in all
+    cfg = DispatchConfig(streamed=True, device_memory_budget=40_000)
+    small = planned(prog, inputs, cfg, tuning=StreamTuning(min_chunk_bytes=1000))
+    assert small.chunk_rows * 12 >= 1000 and small.device_bytes <= 40_000 and small.streams == 3
+    check_invariants(small, 1)
+    np.testing.assert_array_equal(run_on_host(small, prog, inputs, axpb_kernel)[0], numpy_outputs("axpb", inputs)[0])
+    err = refused(ValidationError, planned, prog, inputs, cfg, tuning=StreamTuning(min_chunk_bytes=20_000))
+    assert "move at least 20,000 bytes" in err.message and smallest_budget(err) > 40_000
+    for bad in (-1, True, 2.0):
+        refused(ValidationError, StreamTuning, min_chunk_bytes=bad)
+    assert StreamTuning().min_chunk_bytes == stream.STREAM_MIN_CHUNK_BYTES == 4 << 20
+
+
+def test_a_dispatch_smaller_than_the_minimum_chunk_goes_in_one_chunk(rng):
+    prog = axpb()
+    inputs = case_inputs("axpb", 10_000, rng)  # 120,000 bytes moved: under the minimum chunk
+    plan = planned(prog, inputs, DispatchConfig(streamed=True, device_memory_budget=1 << 20))
+    assert plan.streamed and (plan.chunk_count, plan.streams) == (1, 1)  # no budget pressure: as before
+    serial = planned(prog, inputs, DispatchConfig(device_memory_budget=1 << 20))
+    assert serial.route == "serial" and serial.chunk_count == 1
+    # a budget that would cut it into chunks is refused when it must stream, with the one chunk's bytes
+    err = refused(ValidationError, planned, prog, inputs, DispatchConfig(streamed=True, device_memory_budget=50_000))
+    assert "in all must go in one chunk" in err.message
+    smallest = smallest_budget(err)
+    one = planned(prog, inputs, DispatchConfig(streamed=True, device_memory_budget=smallest))
+    assert (one.chunk_count, one.streams, one.chunk_rows, one.device_bytes) == (1, 1, 10_000, smallest)
+    np.testing.assert_array_equal(run_on_host(one, prog, inputs, axpb_kernel)[0], numpy_outputs("axpb", inputs)[0])
+    refused(ValidationError, planned, prog, inputs, DispatchConfig(streamed=True, device_memory_budget=smallest - 1))
+    # not forced and the serial slab fits the budget: the serial route, not a refusal
+    keeps = planned(prog, inputs, DispatchConfig(device_memory_budget=smallest - 1))
+    assert keeps.route == "serial" and "fewer than" in keeps.reason
+
+
+def test_a_dispatch_of_a_few_minimum_chunks_takes_the_cheaper_of_one_chunk_and_full_slots():
+    # 1.5 minimum chunks of rows: one chunk on one stream holds less than three minimum slots
+    prog = vecadd(elementwise=True)
+    least = -(-stream.STREAM_MIN_CHUNK_BYTES // 12)
+    for rows, one in ((least * 3 // 2, True), (least * 4, False)):
+        lengths = [4 * rows] * 2
+        err = refused(ValidationError, planned, prog, lengths, {"streamed": True, "device_memory_budget": 1 << 20})
+        smallest = smallest_budget(err)
+        plan = planned(prog, lengths, {"streamed": True, "device_memory_budget": smallest})
+        if one:
+            assert (plan.chunk_count, plan.streams, plan.chunk_rows) == (1, 1, rows) and smallest < 3 * least * 12
+        else:
+            assert plan.streams == 3 and plan.chunk_count == 4 and plan.chunk_rows >= least
+        check_invariants(plan, 1)
+        refused(ValidationError, planned, prog, lengths, {"streamed": True, "device_memory_budget": smallest - 1})
 
 
 def test_free_device_memory_too_small_for_one_chunk_is_out_of_memory(rng):
@@ -584,28 +681,48 @@ def test_tuning_constants_are_validated():
     streams=st.integers(1, 4),
     engines=st.integers(0, 3),
     budget=st.one_of(st.none(), st.integers(256, 200_000)),
+    min_chunk=st.sampled_from([0, 1, 100, 2_000, 30_000, 1 << 22]),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_every_plan_tiles_the_rows_fits_the_budget_and_computes_what_numpy_does(
-    case, rows, align, chunk_rows, streams, engines, budget, seed
+    case, rows, align, chunk_rows, streams, engines, budget, min_chunk, seed
 ):
     make, kernel = CASES[case]
     prog = make(align=align)
     inputs = case_inputs(case, rows, np.random.default_rng(seed))
     cfg = DispatchConfig(streamed=True, device_memory_budget=budget)
-    tuning = StreamTuning(chunk_bytes=chunk_rows * 4, streams=streams)
+    tuning = StreamTuning(chunk_bytes=chunk_rows * 4, streams=streams, min_chunk_bytes=min_chunk)
     device = StreamDevice(None, copy_engines=engines, sm_count=1)
     try:
         plan = planned(prog, inputs, cfg, tuning=tuning, device=device)
     except ValidationError as err:
-        # only a budget below one chunk of `align` rows on one stream, and it says so exactly
         assert budget is not None and "too small" in err.message
-        needed = int(err.message.split(" device bytes are needed")[0].rsplit(" ", 1)[-1].replace(",", ""))
-        assert needed > budget
-        enough = dataclasses.replace(cfg, device_memory_budget=needed)
-        assert planned(prog, inputs, enough, tuning=tuning, device=device).device_bytes <= needed
+        if not min_chunk:  # only a budget below one chunk of `align` rows on one stream, exactly
+            needed = int(err.message.split(" device bytes are needed")[0].rsplit(" ", 1)[-1].replace(",", ""))
+            assert needed > budget
+            enough = dataclasses.replace(cfg, device_memory_budget=needed)
+            assert planned(prog, inputs, enough, tuning=tuning, device=device).device_bytes <= needed
+            return
+        # a budget below the chunk floor: the smallest budget it names works, one byte less does not
+        smallest = smallest_budget(err)
+        assert smallest > budget
+        enough = planned(
+            prog, inputs, dataclasses.replace(cfg, device_memory_budget=smallest), tuning=tuning, device=device
+        )
+        assert enough.device_bytes <= smallest
+        short = dataclasses.replace(cfg, device_memory_budget=smallest - 1)
+        assert (
+            smallest_budget(refused(ValidationError, planned, prog, inputs, short, tuning=tuning, device=device))
+            == smallest
+        )
         return
     assert plan.streamed and plan.streams <= min(streams, plan.chunk_count)
+    if budget is not None and min_chunk:
+        # the floor: each chunk moves min_chunk bytes, or is the largest chunk the tuning asks for
+        # (all rows at most), and the streams are not cut below the chunks that could be in flight
+        target = min(rows, max(align, chunk_rows // align * align))
+        assert plan.chunk_rows * moved_per_row(plan) >= min_chunk or plan.chunk_rows == target, plan
+        assert plan.streams == min({0: 1, 1: min(streams, 2)}.get(engines, streams), plan.chunk_count), plan
     check_invariants(plan, align)
     for got, want in zip(run_on_host(plan, prog, inputs, kernel), numpy_outputs(case, inputs)):
         np.testing.assert_array_equal(got, want)
@@ -682,10 +799,27 @@ def test_device_memory_budget_bounds_a_serial_dispatch(backend):
 
 
 def test_device_memory_budget_streams_an_elementwise_dispatch(backend):
-    a = np.zeros(1 << 20, np.float32)
-    info = backend.plan_info(vecadd(elementwise=True), [a, a], DispatchConfig(device_memory_budget=3 << 20))
-    assert info.route.kind == "streamed" and info.stream.device_bytes <= 3 << 20
-    assert info.stream.chunk_rows * 12 * info.stream.streams <= 3 << 20
+    a = np.zeros(1 << 22, np.float32)  # 3 x 16 MiB
+    info = backend.plan_info(vecadd(elementwise=True), [a, a], DispatchConfig(device_memory_budget=16 << 20))
+    assert info.route.kind == "streamed" and info.stream.device_bytes <= 16 << 20
+    assert info.stream.chunk_rows * 12 * info.stream.streams <= 16 << 20
+    assert info.stream.chunk_rows * 12 >= stream.STREAM_MIN_CHUNK_BYTES and info.stream.streams == 3
+
+
+def test_the_budget_refusal_is_the_same_offline_and_in_a_dispatch(backend):
+    prog = vecadd(elementwise=True)
+    a = np.zeros(1 << 26, np.float32)  # 3 x 256 MiB (zero pages: nothing is touched)
+    specs = [vc.ArraySpec(1 << 26, "f4")] * 2
+    for budget in (4 << 20, 12_584_959):
+        cfg = DispatchConfig(device_memory_budget=budget)
+        online = refused(ValidationError, backend.plan_info, prog, [a, a], cfg)
+        offline = refused(ValidationError, vc.plan, prog, specs, cfg, device="H200")
+        assert str(online) == str(offline) == str(refused(ValidationError, planned, prog, VECADD_256, cfg))
+        assert smallest_budget(online) == 12_584_960
+    cfg = DispatchConfig(device_memory_budget=12_584_960)
+    online, offline = backend.plan_info(prog, [a, a], cfg), vc.plan(prog, specs, cfg, device="H200")
+    assert online.stream == offline.stream and online.route.kind == offline.route.kind == "streamed"
+    assert online.stream.device_bytes <= 12_584_960 and online.stream.chunk_count == 192
 
 
 def test_an_output_declared_zeroed_false_is_not_cleared_per_chunk(rng):

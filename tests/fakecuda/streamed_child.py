@@ -40,13 +40,15 @@ def vecadd(dtype="f32", **kw) -> Program:
     )
 
 
-def backend_with(fake, program, inputs, emulation, rows_per_chunk=None, streams=3):
-    """A backend whose streamed chunks hold ``rows_per_chunk`` rows of ``inputs[0]``'s dtype."""
+def backend_with(fake, program, inputs, emulation, rows_per_chunk=None, streams=3, min_chunk_bytes=None):
+    """A backend whose streamed chunks hold ``rows_per_chunk`` rows of ``inputs[0]``'s dtype (and
+    under a budget move at least ``min_chunk_bytes``: None, the planner's default)."""
     backend = vc.CudaBackend(0)
     if rows_per_chunk is not None:
         itemsize = np.asarray(inputs[0]).dtype.itemsize
+        floor = {} if min_chunk_bytes is None else {"min_chunk_bytes": min_chunk_bytes}
         _hooks.set_stream_tuning(
-            backend, StreamTuning(chunk_bytes=rows_per_chunk * itemsize, streams=streams, min_waves=0)
+            backend, StreamTuning(chunk_bytes=rows_per_chunk * itemsize, streams=streams, min_waves=0, **floor)
         )
     fake.emulate(backend, program, inputs, emulation, STREAMED)
     return backend
@@ -333,10 +335,11 @@ def a_fault_in_the_middle_of_the_stream_is_typed_and_leaves_the_backend_usable(f
 
 @scenario
 def a_budget_below_one_chunk_names_the_bytes_needed(fake):
+    # (no chunk floor: a budget may cut the chunks down to one row)
     program = vecadd()
     n = 20_000
     a, b = random(n), random(n)
-    backend = backend_with(fake, program, [a, b], vecadd_emulation(np.float32), 2000)
+    backend = backend_with(fake, program, [a, b], vecadd_emulation(np.float32), 2000, min_chunk_bytes=0)
     err = raises(
         vc.ValidationError, backend.dispatch, program, [a, b], DispatchConfig(streamed=True, device_memory_budget=100)
     )
@@ -345,9 +348,46 @@ def a_budget_below_one_chunk_names_the_bytes_needed(fake):
     cfg = DispatchConfig(device_memory_budget=budget)  # streamed by the budget, not forced
     info = backend.plan_info(program, [a, b], cfg)
     assert info.route.kind == "streamed" and info.stream.device_bytes <= budget, info.stream
+    assert info.stream.chunk_rows < 2000, info.stream  # cut below the tuning's chunks
     (out,) = backend.dispatch(program, [a, b], cfg)
     np.testing.assert_array_equal(out, a + b)
     backend.close()
+
+
+def _smallest_budget(err) -> int:
+    return int(err.fix.split(">= ")[1].removesuffix(", or None").replace(",", ""))
+
+
+@scenario
+def a_budget_below_the_chunk_floor_is_refused_with_the_budget_that_works(fake):
+    program = vecadd()
+    n = 20_000  # 240,000 bytes moved; chunks of 2000 rows move 24,000
+    a, b = random(n), random(n)
+    backend = backend_with(fake, program, [a, b], vecadd_emulation(np.float32), 2000, min_chunk_bytes=20_000)
+    before = backend.telemetry.snapshot()
+    err = raises(vc.ValidationError, backend.dispatch, program, [a, b], DispatchConfig(device_memory_budget=40_000))
+    smallest = _smallest_budget(err)
+    assert "device_memory_budget=40,000" in err.message and f"is {smallest:,} bytes" in err.message, err.message
+    assert smallest > 40_000, err.message
+    raises(vc.ValidationError, backend.dispatch, program, [a, b], DispatchConfig(device_memory_budget=smallest - 1))
+    after = backend.telemetry.snapshot()
+    assert after["streamed_dispatches"] == before["streamed_dispatches"], after  # refused before running
+    cfg = DispatchConfig(device_memory_budget=smallest)
+    info = backend.plan_info(program, [a, b], cfg)
+    assert info.route.kind == "streamed" and info.stream.device_bytes <= smallest, info.stream
+    assert info.stream.chunk_rows * 12 >= 20_000 and info.stream.streams == 3, info.stream
+    a, b = random(n), random(n)
+    (out,) = backend.dispatch(program, [a, b], cfg)
+    np.testing.assert_array_equal(out, a + b)
+    backend.close()
+    # the planner's own floor (4 MiB, over this dispatch's bytes: one chunk), in a dispatch and
+    # planned without a device: the same refusal
+    cfg = DispatchConfig(device_memory_budget=40_000)
+    with vc.CudaBackend(0) as plain:
+        online = raises(vc.ValidationError, plain.dispatch, program, [a, b], cfg)
+    offline = raises(vc.ValidationError, vc.plan, program, [a, b], cfg, device="H200")
+    assert str(online) == str(offline) and "in one chunk" in online.message, (str(online), str(offline))
+    assert _smallest_budget(online) > smallest
 
 
 if __name__ == "__main__":

@@ -256,12 +256,14 @@ def test_budgets(rng):
     n = 4 * MIB  # 16 MiB per buffer
     a, b = random(rng, n), random(rng, n)
     with vc.CudaBackend(0) as gpu:
-        with pytest.raises(vc.ValidationError) as info:
-            gpu.dispatch(program, [a, b], DispatchConfig(streamed=True, device_memory_budget=1000))
-        assert "bytes are needed" in str(info.value) and "Fix: " in str(info.value)
-        cfg = DispatchConfig(device_memory_budget=8 * MIB)  # under the 48 MiB serial slab: streams
+        for budget in (1000, 8 * MIB):  # chunks under 4 MiB moved (8 MiB: 12 chunks of 2.7 MB)
+            with pytest.raises(vc.ValidationError) as info:
+                gpu.dispatch(program, [a, b], DispatchConfig(streamed=True, device_memory_budget=budget))
+            assert f"device_memory_budget={budget:,})" in str(info.value)
+            assert "Fix: pass device_memory_budget >= 12,584,960, or None" in str(info.value)
+        cfg = DispatchConfig(device_memory_budget=16 * MIB)  # under the 48 MiB serial slab: streams
         plan = gpu.plan_info(program, [a, b], cfg)
-        assert plan.route.kind == "streamed" and plan.stream.device_bytes <= 8 * MIB
+        assert plan.route.kind == "streamed" and plan.stream.device_bytes <= 16 * MIB
         (out,) = gpu.dispatch(program, [a, b], cfg)
         np.testing.assert_array_equal(out, a + b)
         (out,) = gpu.dispatch(program, [a, b])  # a failed dispatch broke nothing

@@ -43,6 +43,7 @@ __all__ = [
     "STREAM_COUNT",
     "STREAM_DIRECT_COUNT",
     "STREAM_MIN_WAVES",
+    "STREAM_MIN_CHUNK_BYTES",
     "StreamTuning",
     "StreamDevice",
     "StreamBinding",
@@ -71,6 +72,17 @@ STREAM_COUNT = 3
 STREAM_DIRECT_COUNT = 2
 # A chunk's launch covers at least this many waves of blocks over the SMs (when the rows allow).
 STREAM_MIN_WAVES = 1
+# To be tuned by measurement. The fewest bytes a chunk moves (the uploads plus the readbacks of its
+# cut bindings) when DispatchConfig(device_memory_budget) is what sizes the chunks; a budget that
+# forces smaller chunks is refused (a dispatch that moves less in all is one chunk). The model: a
+# chunk costs a fixed F (driver calls, a staging job, a host wait) on top of its DMA, so chunks of
+# m bytes stream at R * m / (m + F * R), R the unbudgeted route's rate (both directions at once).
+# Measured on an H200, 3 x 256 MiB f32 vecadd from numpy, R = 50 GB/s: budget 4 MiB, m = 1.40 MB,
+# 20.8 GB/s (0.42 R: F = 39 us); 256 KiB, m = 87 KB, 3.1 GB/s (F = 26 us); 4 KiB, m = 768 B,
+# 0.06 GB/s (F = 13 us). F grows slowly with m (part of the staging and DMA does not overlap), so
+# half the rate falls at m = F * R, about 2 MB; 4 MiB predicts 0.65-0.68 R. For 3 x 256 MiB f32
+# vecadd the smallest budget is then 12,584,960 bytes (3 slots of 349,526 rows, 192 chunks).
+STREAM_MIN_CHUNK_BYTES = 4 << 20
 
 
 def _count(value, name: str, low: int = 1) -> int:
@@ -81,16 +93,19 @@ def _count(value, name: str, low: int = 1) -> int:
 
 @dataclass(frozen=True)
 class StreamTuning:
-    """The planner's constants (the module's measured defaults; tests and the tuner pass others)."""
+    """The planner's constants (the module's measured defaults; tests and the tuner pass others).
+    ``min_chunk_bytes=0`` drops the budget's chunk floor (chunks of ``align`` rows are accepted)."""
 
     chunk_bytes: int = STREAM_CHUNK_BYTES
     min_chunks: int = STREAM_MIN_CHUNKS
     streams: int = STREAM_COUNT
     min_waves: int = STREAM_MIN_WAVES
+    min_chunk_bytes: int = STREAM_MIN_CHUNK_BYTES
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            low = 0 if f.name == "min_waves" else 1  # 0: no fill rule (chunks of any row count)
+            # 0: no fill rule (chunks of any row count), no chunk floor under a budget
+            low = 0 if f.name in ("min_waves", "min_chunk_bytes") else 1
             object.__setattr__(self, f.name, _count(getattr(self, f.name), f"StreamTuning.{f.name}", low))
 
 
@@ -308,6 +323,8 @@ class _Geometry:
             self.params_offsets.append(offset)
             offset = checked_add(offset, params_bytes, "streamed params offset")
         self.shared_bytes = align_up(offset, REGION_ALIGN, "streamed shared region")
+        # the DMA bytes of one row: each cut binding up (an input), back (an output) or both
+        self.moved_per_row = max(1, sum(widths[s.decl.name] * s.decl.dtype.itemsize * _ways(s.role) for s in self.cut))
 
     def slot(self, rows: int) -> tuple:
         """(slot bytes, {name: region offset}, {name: region bytes}) for chunks of ``rows``."""
@@ -323,6 +340,10 @@ class _Geometry:
         return checked_add(self.shared_bytes, checked_mul(streams, self.slot(rows)[0], "streamed slots"), "held")
 
 
+def _ways(role) -> int:
+    return 2 if role is BindingRole.INPUT_OUTPUT else 1
+
+
 def _alignment(slot) -> int:
     return max(REGION_ALIGN, slot.decl.alignment or 1, slot.decl.dtype.itemsize)
 
@@ -331,26 +352,48 @@ def _padded(nbytes: int) -> int:
     return align_up(max(nbytes, 1), COPY_ALIGN, "streamed region")  # a zero-byte buffer still gets 16
 
 
-def _fit(geometry, target: int, align: int, streams: int, limit) -> tuple:
+def _fit(geometry, target: int, align: int, streams: int, limit, rows: int, floor: int | None = None) -> tuple:
     """``(chunk rows, streams)``: the target when it fits ``limit``, else more streams first (the
-    overlap), then the largest multiple of ``align`` that fits; ``(0, 0)`` when one chunk of
-    ``align`` rows on one stream does not fit."""
+    overlap), then the largest multiple of ``align`` that fits; ``(0, 0)`` when nothing fits.
+
+    Without ``floor``, any chunk of at least ``align`` rows is taken, on fewer streams when it must.
+    With ``floor`` (the budget's smallest efficient chunk, at most ``target``), a chunk of fewer
+    rows is not taken, nor fewer than ``streams`` streams unless every chunk is then in flight at
+    once (``chunk count <= streams``): :func:`_smallest_budget` is the least ``limit`` that fits."""
     if limit is None or geometry.held(target, streams) <= limit:
         return target, streams
-    if target < align:  # all rows, fewer than align: one chunk, or none
-        fits = [s for s in range(streams, 0, -1) if geometry.held(target, s) <= limit]
-        return (target, fits[0]) if fits else (0, 0)
     for s in range(streams, 0, -1):
-        lo, hi = 0, target // align  # the largest k with held(k * align, s) <= limit
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if geometry.held(mid * align, s) <= limit:
-                lo = mid
-            else:
-                hi = mid - 1
-        if lo:
-            return lo * align, s
+        if geometry.held(target, s) <= limit:
+            chunk = target
+        elif target < align:  # all rows, fewer than align: one chunk or none
+            chunk = 0
+        else:
+            lo, hi = 0, target // align  # the largest k with held(k * align, s) <= limit
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if geometry.held(mid * align, s) <= limit:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            chunk = lo * align
+        if floor is None:
+            if chunk:
+                return chunk, s
+        elif chunk and chunk >= floor and (s == streams or -(-rows // chunk) <= s):
+            return chunk, s
     return 0, 0
+
+
+def _smallest_budget(geometry, target: int, align: int, streams: int, rows: int, floor: int) -> int:
+    """The least limit for which ``_fit(..., floor)`` finds a chunk: chunks of ``floor`` rows on
+    every stream, or fewer streams holding every chunk at once (each at least ``floor`` rows) when
+    that takes less."""
+    best = geometry.held(floor, streams)
+    for s in range(1, streams):
+        chunk = min(rows, -(-max(floor, -(-rows // s)) // align) * align)
+        if chunk <= target:
+            best = min(best, geometry.held(chunk, s))
+    return best
 
 
 def _chunk_launch(program, bindings, widths, config, caps, rows: int, params_offset: int) -> ChunkLaunch:
@@ -395,6 +438,10 @@ def plan_stream(
     The route is ``"streamed"`` when forced (``DispatchConfig(streamed=True)``), when the serial
     route would exceed the memory budget (``device_memory_budget`` or free device memory), or when
     the dispatch makes at least ``tuning.min_chunks`` chunks; else ``"serial"``, with the reason.
+    When ``device_memory_budget`` is the limit, no chunk moves fewer than ``tuning.min_chunk_bytes``
+    (:data:`STREAM_MIN_CHUNK_BYTES`; a dispatch moving less in all is one chunk): a budget that
+    would force smaller chunks is a ValidationError naming the smallest budget that works when the
+    dispatch must stream (forced, or its serial slab over the budget), else the route is serial.
     """
     tuning = tuning or StreamTuning()
     forced = config.streamed is True
@@ -424,9 +471,23 @@ def plan_stream(
     wanted = -(-rows // target) >= tuning.min_chunks
     params_len = len(params_words(bindings, launch))
     geometry = _Geometry(bindings, widths, align_up(4 * params_len, COPY_ALIGN, "params block"))
-    chunk_rows, streams = _fit(geometry, target, align, _stream_count(device.copy_engines, tuning.streams), limit)
+    wanted_streams = _stream_count(device.copy_engines, tuning.streams)
+    floor = None
+    if config.device_memory_budget is not None and config.device_memory_budget == limit and tuning.min_chunk_bytes:
+        # the caller's budget sizes the chunks: none smaller than STREAM_MIN_CHUNK_BYTES moved
+        least = -(-tuning.min_chunk_bytes // geometry.moved_per_row)  # rows
+        floor = min(target, -(-least // align) * align)
+    chunk_rows, streams = _fit(geometry, target, align, wanted_streams, limit, rows, floor)
     if not chunk_rows:
         assert limit is not None  # (without a limit the target always fits)
+        if floor is not None:
+            if forced or needed:
+                raise _budget_too_small(geometry, target, align, wanted_streams, rows, floor, limit, tuning)
+            return StreamPlan(
+                "serial",
+                f"the {limit:,}-byte budget cuts the rows into chunks that move fewer than "
+                f"{tuning.min_chunk_bytes:,} bytes each",
+            )
         if forced or needed:
             raise _no_chunk_fits(geometry, min(align, rows), limit, config.device_memory_budget)
         return StreamPlan("serial", f"one chunk of {min(align, rows)} row(s) does not fit the {limit:,}-byte budget")
@@ -503,6 +564,36 @@ def plan_stream(
         last=last,
         h2d_bytes=sum(b.total_bytes for b in stream_bindings if b.upload) + params_h2d,
         d2h_bytes=sum(b.total_bytes for b in stream_bindings if b.readback),
+    )
+
+
+def _budget_too_small(geometry, target, align, streams, rows, floor, budget, tuning) -> ValidationError:
+    """The error for a budget that cuts the rows into chunks moving fewer than
+    ``tuning.min_chunk_bytes`` bytes (or a dispatch that moves less in all into more than one)."""
+    per_row = geometry.moved_per_row
+    chunk, s = _fit(geometry, target, align, streams, budget, rows)  # what the budget alone gives
+    if chunk:
+        count = -(-rows // chunk)
+        gives = (
+            f"it cuts the {rows:,} rows into {count:,} chunks of {chunk:,} row(s) on {min(s, count)} stream(s), "
+            f"each moving {chunk * per_row:,} bytes"
+        )
+    else:
+        gives = f"it holds no chunk of {min(align, rows):,} row(s) ({geometry.held(min(align, rows), 1):,} bytes)"
+    smallest = _smallest_budget(geometry, target, align, streams, rows, floor)
+    least_rows, least_streams = _fit(geometry, target, align, streams, smallest, rows, floor)  # what it gives
+    if floor < rows:
+        rule = f"a chunk must move at least {min(tuning.min_chunk_bytes, floor * per_row):,} bytes"
+    else:
+        rule = f"a dispatch moving fewer than {tuning.min_chunk_bytes:,} bytes in all must go in one chunk"
+    count = -(-rows // least_rows)
+    return ValidationError(
+        f"DispatchConfig(device_memory_budget={budget:,}) is too small to stream this dispatch: {gives}, "
+        f"and {rule} (each chunk costs some 40 us beyond its copies, so smaller chunks stream at under half "
+        f"the unbudgeted rate). The smallest budget that works for this dispatch is "
+        f"{smallest:,} bytes: {count:,} chunk(s) of {least_rows:,} row(s) on {min(least_streams, count)} stream(s), "
+        f"each moving {least_rows * per_row:,} bytes",
+        f"pass device_memory_budget >= {smallest:,}, or None",
     )
 
 
