@@ -36,6 +36,7 @@ from cpython.buffer cimport (
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.weakref cimport PyWeakref_GetObject, PyWeakref_NewRef
 from libc.stdint cimport uintptr_t
 from libc.string cimport memcmp, memset
 from libcpp.deque cimport deque
@@ -92,9 +93,13 @@ cdef object _UNREAD = object()  # (_lookup: the config's stream not read yet)
 cdef class _LastHit:
     """The last plan found and what found it: the program and config objects and each input's
     length code (its bytes; a device input's as -1 - bytes). Never changed once made: a thread
-    reads the core's one reference, then compares in C."""
+    reads the core's one reference, then compares in C. A config holding the caller's stream
+    object is remembered by a weak reference (``config_ref``): the memo must not keep the
+    caller's stream alive, which plans never do, yet the README's chain (one config with a CuPy
+    ``Stream``, reused at every step) finds its plan without hashing the config."""
     cdef object program
     cdef object config
+    cdef object config_ref
     cdef Prepared prep
     cdef vector[long long] lens
 
@@ -102,7 +107,12 @@ cdef class _LastHit:
 cdef inline bint _is_last_hit(_LastHit hit, program, config, const long long* lens, Py_ssize_t n) noexcept:
     """Whether the plan dict would find ``hit``'s plan for this lookup, with no Python
     ``__hash__``/``__eq__`` of the program or config run (two Python frames per dispatch)."""
-    return (hit.program is program and hit.config is config and <Py_ssize_t>hit.lens.size() == n
+    # (a weak reference is compared by address only: when it names ``config``, the caller holds
+    # that object alive; when its object died it names None)
+    return (hit.program is program
+            and (hit.config is config
+                 or (hit.config_ref is not None and PyWeakref_GetObject(hit.config_ref) == <PyObject*>config))
+            and <Py_ssize_t>hit.lens.size() == n
             and memcmp(hit.lens.data(), lens, n * sizeof(long long)) == 0)
 
 
@@ -477,13 +487,13 @@ cdef class Core:
             if prep is None:
                 _release(views, n)
                 raise self._miss(key, config, inputs, d)
-            # (a config holding a stream object is not remembered: the memo would keep the
-            # caller's stream alive, which plans never do)
-            if (config is None or config._without_stream_object() is config) and self.cleared == cleared:
-                # (not cleared since the lookup began: safe to remember)
+            if self.cleared == cleared:  # (not cleared since the lookup began: safe to remember)
                 hit = _LastHit.__new__(_LastHit)
                 (<_LastHit>hit).program = program
-                (<_LastHit>hit).config = config
+                if config is None or config._without_stream_object() is config:
+                    (<_LastHit>hit).config = config
+                else:  # (a config holding the caller's stream object: see _LastHit)
+                    (<_LastHit>hit).config_ref = PyWeakref_NewRef(config, None)
                 (<_LastHit>hit).prep = <Prepared>prep
                 (<_LastHit>hit).lens.assign(lens, lens + n)
                 lock_with_gil(self.hit_mu)

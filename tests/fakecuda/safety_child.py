@@ -244,6 +244,28 @@ def dropped_caller_streams_are_not_kept_alive():
 
 
 @case
+def a_reused_config_with_a_stream_object_keeps_nothing_alive_once_dropped():
+    """The README's chain keeps one config holding a stream object and dispatches with it at
+    every step (the last plan found is remembered by a weak reference to that config): once the
+    caller drops the config and the stream, the stream dies."""
+    g = backend()
+    a, b = pair(1000)
+    refs = []
+    for _ in range(20):
+        s = CallerStream()
+        refs.append(weakref.ref(s))
+        cfg = vc.DispatchConfig(stream=s)
+        kept = [g.dispatch_async(VECADD, [a, b], cfg) for _ in range(5)]
+        for p in kept:
+            assert np.array_equal(p.result()[0], a + b)
+        del kept, p, cfg, s
+    gc.collect()
+    alive = sum(r() is not None for r in refs)
+    g.close()
+    assert alive == 0, f"{alive} of 20 dropped caller streams are still alive"
+
+
+@case
 def close_with_a_pending_handle_gives_the_context_back_when_it_is_dropped():
     base = FAKE.stats()
     g = backend()
