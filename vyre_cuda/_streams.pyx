@@ -136,6 +136,14 @@ cdef class StreamPool:
         self.mu.unlock()
         return dict(zip(("streams_created", "streams_live", "events_created", "events_live"), out))
 
+    def trim(self):
+        """Destroy every cached stream and event (those in use stay theirs); the next dispatches
+        create what they need again. Safe at any time."""
+        if self.ctx != NULL:
+            with nogil:
+                bind_context(self.ctx)
+        self._destroy_cached()
+
     def close(self):
         lock_with_gil(self.mu)
         self.closed = True

@@ -266,6 +266,35 @@ def a_reused_config_with_a_stream_object_keeps_nothing_alive_once_dropped():
 
 
 @case
+def a_thousand_in_flight_allocate_nothing_after_a_warm_up_round():
+    """1,000 host dispatch_async kept in flight, twice: the second round creates no stream or
+    event and allocates no device or page-locked memory (every one is back in its pool), every
+    output is right, and trim() gives the cached streams and events back."""
+    g = backend()
+    pairs = [pair(1024) for _ in range(8)]
+    made = ("stream_creates", "event_creates", "device_alloc_calls", "host_alloc_calls")
+    rounds = []
+    for _ in range(2):
+        before = FAKE.stats()
+        hold()  # the GPU stays busy: all 1,000 are in flight at once
+        kept = [g.dispatch_async(VECADD, list(pairs[k % 8])) for k in range(1000)]
+        assert g._core.outstanding >= 1000, g._core.outstanding
+        FAKE.clear_failures()
+        for k, p in enumerate(kept):
+            a, b = pairs[k % 8]
+            assert np.array_equal(p.result()[0], a + b), k
+        del kept, p
+        after = FAKE.stats()
+        rounds.append({k: after[k] - before[k] for k in made})
+    streams_cached = FAKE.stats()["streams"]
+    g.trim()
+    trimmed = streams_cached - FAKE.stats()["streams"]
+    g.close()
+    assert rounds[1] == dict.fromkeys(made, 0), f"second round made {rounds[1]} (first: {rounds[0]})"
+    assert trimmed >= 1000, f"trim() destroyed {trimmed} of {streams_cached} cached streams"
+
+
+@case
 def close_with_a_pending_handle_gives_the_context_back_when_it_is_dropped():
     base = FAKE.stats()
     g = backend()
