@@ -15,10 +15,12 @@ build_ext --inplace``)::
     python benchmarks/bench_dispatch.py --only bandwidth    # one benchmark
     python benchmarks/bench_dispatch.py --only streamed     # the streamed route's rows and targets
     python benchmarks/bench_dispatch.py --only device       # data already on the device, the launch floor
+    python benchmarks/bench_dispatch.py --only patterns     # the patterns users are taught (about a minute)
 
 The device-resident rows (vyre_cuda on CuPy arrays and torch tensors, against CuPy, PyTorch and
 cuda.core on the same arrays) run in every benchmark that measures peers, for the peers that are
-importable.
+importable. The patterns users are taught (``vyre_cuda.profile.patterns``) run in the suite (skip
+them with ``--no-patterns``) and alone with ``--only patterns``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,13 @@ KIB, MIB, GIB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 def bench_small_dispatch(loops=None, backend=None, progress=None, baseline=None):
     """vecadd of 3 x 4 KiB from numpy to numpy: vyre_cuda, the floor and the peers."""
     return profile.run_profile(
-        sizes=(4 * KIB,), iterations=loops, threads=False, backend=backend, progress=progress, baseline=baseline
+        sizes=(4 * KIB,),
+        iterations=loops,
+        threads=False,
+        backend=backend,
+        progress=progress,
+        baseline=baseline,
+        patterns=False,
     )
 
 
@@ -60,6 +68,7 @@ def bench_large_dispatch(loops=None, backend=None, progress=None, baseline=None)
         backend=backend,
         progress=progress,
         baseline=baseline,
+        patterns=False,
     )
 
 
@@ -73,6 +82,7 @@ def bench_bandwidth(loops=None, backend=None, progress=None, baseline=None):
         backend=backend,
         progress=progress,
         baseline=baseline,
+        patterns=False,
     )
 
 
@@ -88,6 +98,7 @@ def bench_streamed(loops=None, backend=None, progress=None, baseline=None):
         backend=backend,
         progress=progress,
         baseline=baseline,
+        patterns=False,
     )
 
 
@@ -103,6 +114,7 @@ def bench_device_resident(loops=None, backend=None, progress=None, baseline=None
         backend=backend,
         progress=progress,
         baseline=baseline,
+        patterns=False,
     )
 
 
@@ -116,7 +128,18 @@ def bench_two_threads(loops=None, backend=None, progress=None, baseline=None):
         backend=backend,
         progress=progress,
         baseline=baseline,
+        patterns=False,
     )
+
+
+def bench_patterns(loops=None, backend=None, progress=None, baseline=None):
+    """The patterns users are taught, beside their peers (no sizes): the README's enqueue chain
+    against cuda.core, CuPy and PyTorch chains, dropped and awaited ``dispatch_async``, 1,000 in
+    flight, the idle CPU of a long await and the ``device_memory_budget`` sweep
+    (``vyre_cuda.profile.patterns``; ``loops`` and ``baseline`` do not apply)."""
+    from vyre_cuda.profile.patterns import run_patterns
+
+    return run_patterns(backend=backend, progress=progress)
 
 
 def bench_suite(
@@ -130,6 +153,7 @@ def bench_suite(
     baseline=None,
     host_threads=None,
     backend_options=None,
+    patterns=True,
 ) -> profile.ProfileReport:
     """Everything above in one harness run: the figures quoted in README.md."""
     return profile.run_profile(
@@ -143,6 +167,7 @@ def bench_suite(
         baseline=baseline,
         host_threads=host_threads,
         backend_options=backend_options,
+        patterns=patterns,
     )
 
 
@@ -153,6 +178,7 @@ BENCHES = {
     "streamed": bench_streamed,
     "device": bench_device_resident,
     "threads": bench_two_threads,
+    "patterns": bench_patterns,
 }
 
 
@@ -225,6 +251,7 @@ def _parser():
     parser.add_argument("--no-baseline", action="store_true", help="compare with no stored result")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--no-threads", action="store_true")
+    parser.add_argument("--no-patterns", action="store_true", help="skip the patterns users are taught")
     parser.add_argument(
         "--only", choices=sorted(BENCHES), help="run one benchmark instead of the suite (not written to README)"
     )
@@ -267,6 +294,7 @@ def main(argv=None) -> int:
                 progress,
                 baseline,
                 args.host_threads,
+                patterns=not args.no_patterns,
             )
     except BackendError as exc:
         progress.done()

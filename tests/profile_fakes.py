@@ -13,18 +13,46 @@ from helpers.contracts import ProfiledBackend
 
 import vyre_cuda
 from vyre_cuda import profile as P
-from vyre_cuda.profile import _hooks, engine, streamed
+from vyre_cuda.errors import ValidationError
+from vyre_cuda.profile import _hooks, engine, patterns, streamed
 from vyre_cuda.program import BufferDecl, Kernel, Program
 
 STAGES = P.STAGE_NAMES
+# the patterns' measurements at a size a CPU test runs in a second
+PATTERNS_SMALL = patterns.Settings(
+    steps=10,
+    repeats=4,
+    awaits=20,
+    gather=4,
+    gathers=4,
+    spin_s=0.02,
+    budget_bytes=1 << 20,
+    budget_start=512 << 10,
+    budget_repeats=2,
+)
 
 
 class _FakePending:
-    def __init__(self, outs):
+    """A dispatch in flight: done ``delay`` seconds after it was made; awaitable through the real
+    asyncio waiter (vyre_cuda._aio), as a PendingDispatch is."""
+
+    def __init__(self, outs, delay=0.0):
         self._outs = outs
+        self._ready_at = time.perf_counter() + delay
+
+    def is_ready(self):
+        return time.perf_counter() >= self._ready_at
 
     def result(self):
+        left = self._ready_at - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
         return self._outs
+
+    def __await__(self):
+        from vyre_cuda import _aio
+
+        return _aio.awaitable(self, 0).__await__()
 
 
 def _fake_add(inputs):
@@ -32,10 +60,21 @@ def _fake_add(inputs):
 
 
 def _fake_run(program, inputs):
-    """What the fake device computes: the heavy kernel by its name, else vecadd."""
-    if getattr(program, "name", None) == "heavy":
+    """What the fake device computes: the heavy kernel and the patterns' spin kernel by their
+    names, else vecadd."""
+    name = getattr(program, "name", None)
+    if name == "heavy":
         return [streamed.heavy_reference(np.asarray(inputs[0]), np.asarray(inputs[1]), streamed.HEAVY_STEPS)]
+    if name == patterns.SPIN_NAME:
+        return [np.ones(patterns.SPIN_OUTPUTS, np.uint32)]
     return _fake_add([np.asarray(x) for x in inputs])
+
+
+def _fake_seconds(program, inputs):
+    """How long a dispatch runs on the fake device: the spin kernel its ``ns`` input, else 0."""
+    if getattr(program, "name", None) == patterns.SPIN_NAME:
+        return int(np.asarray(inputs[0])[0]) / 1e9
+    return 0.0
 
 
 class FakeDeviceArray(np.ndarray):
@@ -72,6 +111,10 @@ class FakeBackend(ProfiledBackend):
     device = 0
     context_handle = 0x1234
     caps = types.SimpleNamespace(cc=(9, 0), name="Fake GPU", driver_version=13000)
+    # DispatchConfig(device_memory_budget=...) below this is refused, naming it as the smallest
+    min_budget = 100_000
+    budget_seconds: Any = None  # budget -> extra seconds a budgeted dispatch_into takes
+    async_delay = 0.0  # seconds a dispatch_async runs (0: done when it returns)
 
     def __init__(self, device=0, with_allocations=True, allocate_every=0, **options):
         self.closed = False
@@ -104,8 +147,16 @@ class FakeBackend(ProfiledBackend):
         return outs
 
     def dispatch_into(self, program, inputs, outputs, config=None):
+        budget = getattr(config, "device_memory_budget", None)
+        if budget is not None and budget < self.min_budget:
+            raise ValidationError(
+                f"DispatchConfig(device_memory_budget={budget:,}) is too small: chunks would move too few bytes",
+                f"pass device_memory_budget >= {self.min_budget:,}",
+            )
         self._count()
         self.calls.append(("dispatch_into", getattr(program, "name", None), config))
+        if budget is not None and self.budget_seconds is not None:
+            time.sleep(self.budget_seconds(budget))
         self.into_inputs.append(type(inputs[0]))
         for out, res in zip(outputs, _fake_run(program, inputs)):
             out[...] = res
@@ -118,7 +169,11 @@ class FakeBackend(ProfiledBackend):
             route = types.SimpleNamespace(kind="streamed", reason="2 or more chunks of 8 MiB")
         else:
             route = types.SimpleNamespace(kind="regular", reason="fewer than 2 chunks of 8 MiB")
-        return types.SimpleNamespace(route=route)
+        stream = None
+        if getattr(config, "streamed", None):  # chunks of at most a third of the budget (8 MiB)
+            chunk = min(nbytes, (getattr(config, "device_memory_budget", None) or 24 << 20) // 3)
+            stream = types.SimpleNamespace(chunk_count=-(-nbytes // chunk), chunk_rows=chunk // 4, streams=3)
+        return types.SimpleNamespace(route=route, stream=stream)
 
     def _dispatch_profiled(self, program, inputs, config=None, start_ns=0):
         self._count()
@@ -133,14 +188,14 @@ class FakeBackend(ProfiledBackend):
         self.async_outputs.append(outputs)
         cp: Any = sys.modules.get("cupy")
         self.async_current.append(cp.cuda.get_current_stream().ptr if hasattr(cp, "cuda") else None)
-        outs = _fake_add([np.asarray(x) for x in inputs])
+        outs = _fake_run(program, inputs)
         if outputs is not None:
             for out, res in zip(outputs, outs):
                 out[...] = res
             outs = list(outputs)
         elif getattr(config, "outputs", "host") == "device":
             outs = [np.array(o, copy=True).view(FakeDeviceArray) for o in outs]
-        return _FakePending(outs)
+        return _FakePending(outs, _fake_seconds(program, inputs) or self.async_delay)
 
     def close(self):
         self.closed = True
@@ -248,12 +303,16 @@ def install(monkeypatch):
 
     monkeypatch.setattr(vyre_cuda, "CudaBackend", backend_factory, raising=False)
     monkeypatch.setattr(vyre_cuda, "pinned_empty", pinned_empty, raising=False)
+    # the patterns, scaled down (a 20 ms kernel, 1 MiB budgets), and no driver call to drain
+    monkeypatch.setattr(patterns, "DEFAULTS", PATTERNS_SMALL)
+    drains: list = []
+    monkeypatch.setattr(patterns, "context_synchronize", drains.append)
     import vyre_cuda.compile as compile_module
 
     monkeypatch.setattr(
         compile_module, "compile_kernel", lambda kernel, arch=None: types.SimpleNamespace(image=b"fake\0", kind="cubin")
     )
-    return types.SimpleNamespace(floor=floor, created=created)
+    return types.SimpleNamespace(floor=floor, created=created, drains=drains)
 
 
 if TYPE_CHECKING:  # mypy (scripts/lint): the fake implements every member of its contract
@@ -307,6 +366,7 @@ def fake_cupy() -> Any:
     cp.float32 = np.float32
     cp.asarray = lambda x: np.array(x, copy=True).view(FakeCupyArray)
     cp.zeros = lambda n, dtype: np.zeros(n, dtype).view(FakeCupyArray)
+    cp.empty_like = lambda x: np.empty_like(x).view(FakeCupyArray)
     current = [_FakeStream(0)]
     cp.streams = []
 
@@ -344,7 +404,7 @@ def fake_torch() -> Any:
     torch.from_numpy = lambda a: a.view(FakeTensor)
     torch.empty_like = lambda t: np.empty_like(t).view(FakeTensor)
     torch.zeros_like = lambda t: np.zeros_like(t).view(FakeTensor)
-    torch.add = lambda a, b, out: np.add(a, b, out=out)
+    torch.add = lambda a, b, out=None: np.add(a, b, out=out).view(FakeTensor)
     torch.cuda = types.SimpleNamespace(is_available=lambda: True, synchronize=lambda device=None: None)
     return torch
 

@@ -98,7 +98,9 @@ def test_progress_eta_is_the_steps_left_times_the_time_per_step(fake_device):
     after step k of n, at 2 s a step, is exactly 2 (n - k) s."""
     stream = _Stream(tty=False)
     line = profile_cli.ProgressLine(stream, delay=0, interval=0, clock=_Clock(2.0))
-    P.run_profile(sizes=["4KiB"], iterations=10, warmup=1, peers=False, threads=False, progress=line, rounds=3)
+    P.run_profile(
+        sizes=["4KiB"], iterations=10, warmup=1, peers=False, threads=False, progress=line, rounds=3, patterns=False
+    )
     rows = _eta_lines(stream.getvalue())
     n = len(rows)
     assert n >= 8  # a warm-up and 3 rounds of each runner
@@ -111,7 +113,9 @@ def test_progress_eta_is_the_steps_left_times_the_time_per_step(fake_device):
 def test_progress_eta_over_sizes_and_threads_falls_to_zero(fake_device):
     stream = _Stream(tty=False)
     line = profile_cli.ProgressLine(stream, delay=0, interval=0, clock=_Clock(1.0))
-    P.run_profile(sizes=["4KiB", "64KiB"], iterations=6, warmup=1, peers=False, threads=True, progress=line)
+    P.run_profile(
+        sizes=["4KiB", "64KiB"], iterations=6, warmup=1, peers=False, threads=True, progress=line, patterns=False
+    )
     rows = _eta_lines(stream.getvalue())
     percents = [int(p) for p, _, _ in rows]
     assert percents == sorted(percents) and percents[-1] == 100
@@ -404,7 +408,7 @@ def test_bench_dispatch_writes_json_and_compares_with_its_stored_result(fake_dev
         == 0
     )
     assert "baseline" not in json.loads(out.read_text())["meta"]
-    assert set(bench.BENCHES) == {"small", "large", "bandwidth", "streamed", "device", "threads"}
+    assert set(bench.BENCHES) == {"small", "large", "bandwidth", "streamed", "device", "threads", "patterns"}
     assert bench.main(["--out", str(out), "--sizes", "4KiB", "--baseline", str(tmp_path / "none.json")]) == 1
 
 

@@ -198,6 +198,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--no-peers", action="store_true", help="skip cuda.bindings, CuPy and PyTorch")
     parser.add_argument("--no-threads", action="store_true", help="skip the 2-thread scaling measurement")
     parser.add_argument(
+        "--no-patterns",
+        action="store_true",
+        help="skip the patterns users are taught (the README's enqueue chain, dropped and awaited "
+        "dispatch_async, 1,000 in flight, device_memory_budget sweep; vyre_cuda.profile.patterns)",
+    )
+    parser.add_argument(
+        "--patterns-only",
+        action="store_true",
+        help="measure only the patterns users are taught, beside their peers (no sizes, no threads): "
+        "their table and targets, in about a minute",
+    )
+    parser.add_argument(
         "--host-threads",
         type=count_arg(1),
         default=None,
@@ -250,6 +262,8 @@ _RUN_OPTIONS = {
     "baseline": None,
     "no_peers": False,
     "no_threads": False,
+    "no_patterns": False,
+    "patterns_only": False,
     "host_threads": None,
     "kernel": None,
     "entry": None,
@@ -307,6 +321,47 @@ def _write_outputs(report, args, table=True) -> None:
         print(f"plot written to {args.plot}", file=sys.stderr)
 
 
+# what --patterns-only leaves out: the options of the sizes, the threads and a user kernel
+_NOT_PATTERNS = (
+    "sizes",
+    "iterations",
+    "warmup",
+    "baseline",
+    "no_threads",
+    "no_patterns",
+    "host_threads",
+    "kernel",
+    "entry",
+    "buffers",
+)
+
+
+def _patterns_only(args) -> int:
+    """``--patterns-only``: the patterns' table (or JSON) and targets, no sizes, no threads."""
+    from .patterns import run_patterns
+
+    given = [_option(k) for k in _NOT_PATTERNS if getattr(args, k, _RUN_OPTIONS[k]) != _RUN_OPTIONS[k]]
+    if args.plot is not None:  # (the figure plots the sizes)
+        given.append("--plot")
+    if getattr(args, "devices", None):
+        given.append("--devices")
+    if given:
+        raise ValidationError(
+            f"--patterns-only measures the patterns alone, but {', '.join(given)} "
+            f"{'describes' if len(given) == 1 else 'describe'} the rest of a profile",
+            f"drop {', '.join(given)}, or drop --patterns-only",
+        )
+    progress = ProgressLine()
+    try:
+        report = run_patterns(
+            device=args.device, backend_options=backend_options(args), peers=not args.no_peers, progress=progress
+        )
+    finally:
+        progress.done()
+    _write_outputs(report, args)
+    return 0
+
+
 def main(args) -> int:
     """Run ``vyre-cuda profile`` with parsed ``args``; returns the exit status of every vyre-cuda
     command (0 done, 1 a vyre_cuda error, 2 the arguments are wrong, 3 no usable driver or device)."""
@@ -315,6 +370,8 @@ def main(args) -> int:
         if getattr(args, "from_file", None) is not None:
             _show_stored(args)
             return 0
+        if getattr(args, "patterns_only", False):
+            return _patterns_only(args)
         if args.kernel is not None:
             program = load_user_program(args.kernel, args.entry, args.buffers)
         elif args.buffers is not None or args.entry is not None:
@@ -338,6 +395,7 @@ def main(args) -> int:
                 backend_options=backend_options(args),
                 host_threads=args.host_threads,
                 baseline=args.baseline,
+                patterns=not getattr(args, "no_patterns", False),
             )
         finally:
             progress.done()

@@ -22,7 +22,7 @@ from ..errors import ValidationError
 from . import systems
 from .stats import Summary, gain, gbps, ratio
 
-__all__ = ["SCHEMA", "ProfileReport", "SizeResult", "Target", "ThreadScaling"]
+__all__ = ["SCHEMA", "PatternResult", "ProfileReport", "SizeResult", "Target", "ThreadScaling"]
 
 SCHEMA = "vyre_cuda.profile/2"
 _READABLE = ("vyre_cuda.profile/1", SCHEMA)
@@ -243,17 +243,79 @@ class ThreadScaling:
 
 
 @dataclass
+class PatternResult:
+    """The patterns users are taught, measured beside their peers in the same run
+    (:mod:`vyre_cuda.profile.patterns`).
+
+    ``systems`` holds a :class:`Summary` (ns) per series: per chain step, per call, per await or
+    per dispatch of a gather (labels: ``systems.pattern_label``). ``values`` holds the other
+    figures: the process CPU time over the wall time while one long kernel is awaited or waited
+    for (``await_idle_cpu``, ``blocking_idle_cpu``, ``spin_wall_s``) and the counters of
+    vyre_cuda's awaits that moved (dicts: ``await_counts_per_await``, ``idle_await_counts_per_s``).
+    ``budgets`` has one dict per
+    ``device_memory_budget`` of the sweep (``budget`` bytes, None unbudgeted; ``median_ns``,
+    ``p10_ns``, ``p90_ns``, ``n``; ``gbps``; the plan's ``chunks``, ``chunk_bytes``, ``streams``),
+    ``budget_stop`` why the sweep stopped; ``skipped`` names what was not measured and why;
+    ``settings`` the steps, bytes and counts of the run.
+    """
+
+    systems: dict = field(default_factory=dict)
+    values: dict = field(default_factory=dict)
+    budgets: list = field(default_factory=list)
+    budget_stop: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+
+    def median(self, key):
+        s = self.systems.get(key)
+        return None if s is None else s.median
+
+    def ratio(self, key, reference):
+        """Median of ``key`` over the median of ``reference`` (None when either is missing)."""
+        return ratio(self.median(key), self.median(reference))
+
+    def budget(self, nbytes):
+        """The sweep's entry of ``budget`` bytes (None: the unbudgeted one), or None."""
+        for entry in self.budgets:
+            if entry.get("budget") == nbytes:
+                return entry
+        return None
+
+    def to_dict(self) -> dict:
+        return {
+            "systems": {k: v.to_dict() for k, v in self.systems.items()},
+            "values": dict(self.values),
+            "budgets": [dict(b) for b in self.budgets],
+            "budget_stop": dict(self.budget_stop),
+            "skipped": dict(self.skipped),
+            "settings": dict(self.settings),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PatternResult:
+        return cls(
+            systems={k: Summary.from_dict(v) for k, v in d.get("systems", {}).items()},
+            values=dict(d.get("values", {})),
+            budgets=[dict(b) for b in d.get("budgets", [])],
+            budget_stop=dict(d.get("budget_stop", {})),
+            skipped=dict(d.get("skipped", {})),
+            settings=dict(d.get("settings", {})),
+        )
+
+
+@dataclass
 class ProfileReport:
     """The result of :func:`~vyre_cuda.profile.run_profile`: ``meta`` (device, driver, date,
     package versions, settings, the baseline compared with; a benchmark script adds the source
     ``commit``), one :class:`SizeResult` per size, the
-    :class:`ThreadScaling` (or None) and the targets."""
+    :class:`ThreadScaling` (or None), the targets and the :class:`PatternResult` (or None)."""
 
     meta: dict
     sizes: list
     threads: ThreadScaling | None = None
     targets: list = field(default_factory=list)
     stage_names: tuple = systems.STAGE_NAMES
+    patterns: PatternResult | None = None
 
     def size(self, nbytes: int) -> SizeResult:
         for s in self.sizes:
@@ -269,6 +331,7 @@ class ProfileReport:
             "sizes": [s.to_dict() for s in self.sizes],
             "threads": None if self.threads is None else self.threads.to_dict(),
             "targets": [t.to_dict() for t in self.targets],
+            "patterns": None if self.patterns is None else self.patterns.to_dict(),
         }
 
     def to_json(self, indent: int = 2) -> str:
@@ -289,6 +352,7 @@ class ProfileReport:
                 threads=None if d.get("threads") is None else ThreadScaling.from_dict(d["threads"]),
                 targets=[Target.from_dict(t) for t in d.get("targets", [])],
                 stage_names=tuple(d.get("stage_names", systems.STAGE_NAMES)),
+                patterns=None if d.get("patterns") is None else PatternResult.from_dict(d["patterns"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a truncated or edited file
             raise ValidationError(

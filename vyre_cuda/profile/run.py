@@ -18,7 +18,7 @@ from . import _hooks, engine, runners, streamed
 from .peers import PEERS, VYRE_HOOKS, missing_reason, open_peer, peer_available, peer_version
 from .report import ProfileReport
 from .specs import GIB, KIB, MIB, format_size, parse_sizes
-from .targets import SMALL_MAX, evaluate_targets
+from .targets import SMALL_MAX, evaluate_pattern_targets, evaluate_targets
 from .threads import measure_threads
 
 __all__ = ["DEFAULT_SIZES", "import_floor", "load_floor_kernel", "run_profile"]
@@ -169,6 +169,7 @@ def run_profile(
     host_threads=None,
     baseline=None,
     seed=0,
+    patterns=True,
 ) -> ProfileReport:
     """Measure vyre_cuda, the floor, the transfer ceilings and the peers at each size, in one
     run.
@@ -204,6 +205,9 @@ def run_profile(
         1-thread ceiling is always measured.
     baseline : ProfileReport or path, optional
         A stored result: the small sizes' vyre_cuda / floor ratio must not grow past it.
+    patterns : bool
+        Also measure the patterns users are taught, beside their peers
+        (:mod:`vyre_cuda.profile.patterns`; built-in vecadd only).
 
     Returns
     -------
@@ -252,6 +256,7 @@ def run_profile(
     rng = np.random.default_rng(seed)
     report_sizes = []
     thread_result = None
+    pattern_result = None
     kernel = None
     try:
         if builtin:
@@ -267,12 +272,25 @@ def run_profile(
         run = _SizeRun(
             backend, program, builtin, kernel, image, floor_module, rounds, peers, stages, thread_counts, rng
         )
-        weights = len(size_list) + (1 if threads else 0)
+        weights = len(size_list) + (1 if threads else 0) + (1 if patterns and builtin else 0)
         for index, nbytes in enumerate(size_list):
             count = iterations or engine.auto_iterations(nbytes)
             warm = warmup if warmup is not None else engine.auto_warmup(count)
             sub = _progress_scaled(progress, index / weights, (index + 1) / weights, f"{format_size(nbytes)}: ")
             report_sizes.append(run.measure(nbytes, count, warm, sub))
+        if patterns and builtin:  # (before the threads, whose progress ends the run)
+            from .patterns import measure_patterns
+
+            at = len(size_list) / weights
+            pattern_result = measure_patterns(
+                backend,
+                floor_module.FLOOR_SOURCE,
+                floor_module.FLOOR_ENTRY,
+                peers=peers,
+                rounds=rounds,
+                rng=rng,
+                progress=_progress_scaled(progress, at, at + 1 / weights),
+            )
         if threads:
             nbytes = min(size_list)
             count = thread_iterations or iterations or engine.auto_iterations(nbytes)
@@ -310,8 +328,9 @@ def run_profile(
         meta=meta,
         sizes=report_sizes,
         threads=thread_result,
-        targets=evaluate_targets(report_sizes, thread_result, builtin, base),
+        targets=evaluate_targets(report_sizes, thread_result, builtin, base) + evaluate_pattern_targets(pattern_result),
         stage_names=stages,
+        patterns=pattern_result,
     )
 
 

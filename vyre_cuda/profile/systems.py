@@ -15,15 +15,19 @@ __all__ = [
     "FULL",
     "IN",
     "OUT",
+    "PATTERN_LABELS",
     "PEERS",
     "PEER_MODULES",
     "READBACK_STAGES",
     "STAGE_NAMES",
     "UNATTRIBUTED",
     "UPLOAD_STAGES",
+    "budget_name",
     "copy_key",
     "label",
     "order",
+    "pattern_label",
+    "pattern_order",
     "reference",
     "traffic_kind",
 ]
@@ -155,3 +159,45 @@ def order(key: str) -> tuple:
     if m:
         return (_BY_KEY[_LAST_DMA][0] + 1, (m.group(1) == "out", int(m.group(2))), key)
     return (10_000, (), key)
+
+
+# -- the patterns users are taught (vyre_cuda.profile.patterns) --------------------------------
+# key -> label, in table order. Times are per chain step, per call, per await, or per dispatch of
+# a gather; each series is compared with the one its target names (vyre_cuda.profile.targets).
+PATTERN_LABELS = {
+    "pattern.chain.kept": "README chain: dispatch_async, new CuPy output, handles kept",
+    "pattern.chain.dropped": "README chain: dispatch_async, new CuPy output, handles dropped",
+    "pattern.chain.cuda_core": "cuda.core launch chain, new output buffer per step",
+    "pattern.chain.cupy": "CuPy RawKernel chain, new output per step",
+    "pattern.chain.torch": "PyTorch add chain, new output per step",
+    "pattern.enqueue.single": "dispatch_async enqueue, numpy, one in flight",
+    "pattern.dropped.host": "dispatch_async dropped, numpy, per call",
+    "pattern.dropped.host_drained": "dispatch_async dropped, numpy, per call + drain",
+    "pattern.dropped.device": "dispatch_async dropped, device arrays, per call",
+    "pattern.inflight": "dispatch_async enqueue, 1,000 kept in flight",
+    "pattern.await": "await dispatch_async, numpy",
+    "pattern.blocking": "dispatch, numpy (blocking)",
+    "pattern.gather": "asyncio.gather of 64 dispatch_async, per dispatch",
+}
+
+
+def pattern_label(key: str) -> str:
+    """The human label of a pattern series key (the key itself when unknown)."""
+    return PATTERN_LABELS.get(key, key)
+
+
+def budget_name(nbytes) -> str:
+    """A device_memory_budget as the patterns' table names it: ``64 MiB``, ``12,584,960 bytes``
+    (not a whole number of KiB), ``unbudgeted`` (None)."""
+    if nbytes is None:
+        return "unbudgeted"
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if nbytes >= unit and nbytes % unit == 0:
+            return f"{nbytes // unit} {name}"
+    return f"{nbytes:,} bytes"
+
+
+def pattern_order(key: str) -> tuple:
+    """A sort key that lists pattern series in :data:`PATTERN_LABELS` order, unknown ones last."""
+    keys = list(PATTERN_LABELS)
+    return (keys.index(key) if key in keys else len(keys), key)

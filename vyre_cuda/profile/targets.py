@@ -27,6 +27,7 @@ __all__ = [
     "STREAMED_PINNED_VS_DUPLEX",
     "STREAMED_VS_SERIAL",
     "STREAMED_VS_SERIAL_SIZE",
+    "evaluate_pattern_targets",
     "evaluate_targets",
 ]
 
@@ -554,3 +555,171 @@ def _versus_issued(s) -> Target:
             )
         target.note = text
     return target
+
+
+# -- the patterns users are taught (vyre_cuda.profile.patterns) --------------------------------
+# key -> (series, reference series, limit): ratios of medians, evaluated where both were measured
+# (a peer not installed gives no target).
+PATTERN_LIMITS = {
+    "chain_vs_cuda_core": ("pattern.chain.kept", "pattern.chain.cuda_core", 1.2),
+    "dropped_vs_enqueue": ("pattern.dropped.host", "pattern.enqueue.single", 1.15),
+    "await_vs_blocking": ("pattern.await", "pattern.blocking", 1.3),
+    "inflight_1000_vs_single": ("pattern.inflight", "pattern.enqueue.single", 1.3),
+}
+AWAIT_IDLE_CPU = 0.02  # process CPU seconds per wall second while one long kernel is awaited
+BUDGET_MIN_RATE = 0.5  # the slowest accepted device_memory_budget's rate over the unbudgeted one's
+
+
+def evaluate_pattern_targets(patterns) -> list:
+    """The targets of a :class:`~vyre_cuda.profile.report.PatternResult` (None: none)."""
+    if patterns is None:
+        return []
+    label = systems.pattern_label
+    nbytes = patterns.settings.get("nbytes")
+    out = []
+    for key, (row, ref, limit) in PATTERN_LIMITS.items():
+        if patterns.median(row) is None or patterns.median(ref) is None:
+            continue
+        target = Target(key, f"{label(row)} / {label(ref)}", patterns.ratio(row, ref), limit, "<=", nbytes, "x")
+        if target.met is False:
+            target.note = _PATTERN_NOTES[key](patterns, row, ref)
+        out.append(target)
+    idle = patterns.values.get("await_idle_cpu")
+    if idle is not None:
+        spin = patterns.values.get("spin_wall_s")
+        target = Target(
+            "await_idle_cpu",
+            f"process CPU / wall while one {spin or 0:.2f} s kernel is awaited",
+            idle,
+            AWAIT_IDLE_CPU,
+            "<=",
+            None,
+        )
+        if target.met is False:
+            target.note = _idle_note(patterns)
+        out.append(target)
+    rate = _budget_rate(patterns)
+    if rate is not None:
+        slowest, unbudgeted = rate
+        size = patterns.settings.get("budget_bytes")
+        target = Target(
+            "budget_min_rate",
+            f"streamed vecadd from numpy: slowest device_memory_budget's GB/s / unbudgeted GB/s "
+            f"(the slowest: {systems.budget_name(slowest['budget'])}, of {len(patterns.budgets) - 1} budgets)",
+            slowest["gbps"] / unbudgeted["gbps"],
+            BUDGET_MIN_RATE,
+            ">=",
+            size,
+            "x",
+        )
+        if target.met is False:
+            target.note = _budget_note(patterns, slowest, unbudgeted)
+        out.append(target)
+    return out
+
+
+def _budget_rate(patterns):
+    """``(slowest budgeted entry, unbudgeted entry)`` of the sweep, or None without both."""
+    unbudgeted = patterns.budget(None)
+    budgeted = [b for b in patterns.budgets if b.get("budget") is not None and b.get("gbps")]
+    if unbudgeted is None or not unbudgeted.get("gbps") or not budgeted:
+        return None
+    return min(budgeted, key=lambda b: b["gbps"]), unbudgeted
+
+
+def _budget_note(patterns, slowest, unbudgeted) -> str:
+    text = (
+        f"at device_memory_budget={slowest['budget']:,} a dispatch took {_ms(slowest['median_ns'])} "
+        f"({slowest['gbps']:.2f} GB/s) against {_ms(unbudgeted['median_ns'])} unbudgeted "
+        f"({unbudgeted['gbps']:.2f} GB/s)"
+    )
+    chunks, plain = slowest.get("chunks"), unbudgeted.get("chunks")
+    if chunks:
+        extra = (slowest["median_ns"] - unbudgeted["median_ns"]) / max(1, chunks - (plain or 0))
+        text += (
+            f"; its plan cuts the rows into {chunks:,} chunks of {slowest.get('chunk_bytes', 0):,} bytes moved"
+            f" (unbudgeted: {plain or '?'}), {_us(extra)} more per extra chunk"
+        )
+    stop = patterns.budget_stop
+    if stop.get("reason") == "slow":
+        text += f"; the sweep stopped there: one dispatch took {stop['seconds']:.2f} s"
+    return text
+
+
+def _counts_text(counts: dict, unit: str) -> str:
+    """``polls 3.10, spun 1.00 per await``: the await counters that moved (vyre_cuda._aio.stats)."""
+    return ", ".join(f"{k} {v:,.2f}" for k, v in counts.items()) + f" {unit}"
+
+
+def _idle_note(patterns) -> str:
+    v = patterns.values
+    text = f"the process used {v['await_idle_cpu']:.1%} of a CPU while awaiting"
+    counts = v.get("idle_await_counts_per_s") or {}
+    polls = counts.get("polls")
+    if polls:
+        text += (
+            f"; the await queried the dispatch's completion {polls:,.0f} times a second (one every "
+            f"{_us(1e9 / polls)}), {_us(v['await_idle_cpu'] / polls * 1e9)} of CPU per query"
+        )
+    elif counts:
+        text += f"; await counters: {_counts_text(counts, 'a second')}"
+    blocking = v.get("blocking_idle_cpu")
+    if blocking is not None:
+        text += f"; a blocking result() on the same kernel used {blocking:.1%}"
+    return text
+
+
+def _chain_note(patterns, row, ref):
+    m = patterns.median
+    parts = [f"per step, the README chain {_us(m(row))} against cuda.core's {_us(m(ref))}"]
+    for key, name in (
+        ("pattern.chain.dropped", "with handles dropped"),
+        ("pattern.chain.cupy", "CuPy RawKernel"),
+        ("pattern.chain.torch", "PyTorch add"),
+        ("pattern.enqueue.single", "a numpy dispatch_async's enqueue alone"),
+    ):
+        if m(key) is not None:
+            parts.append(f"{name} {_us(m(key))}")
+    return "; ".join(parts) + (
+        "; a step of the chain also makes a new CuPy array and reads three CuPy arrays and CuPy's stream"
+    )
+
+
+def _dropped_note(patterns, row, ref):
+    m = patterns.median
+    text = f"a dropped dispatch_async cost {_us(m(row))} per call against {_us(m(ref))} for the enqueue of a kept one"
+    drained = m("pattern.dropped.host_drained")
+    if drained is not None:
+        text += f" ({_us(drained)} per call with the drain after the loop)"
+    device = m("pattern.dropped.device")
+    if device is not None:
+        text += f"; on device arrays {_us(device)} per call"
+    return text + ": dropping hands what the GPU may still use to the backend's deferred list"
+
+
+def _await_note(patterns, row, ref):
+    m = patterns.median
+    text = f"an await took {_us(m(row))} against {_us(m(ref))} for a blocking dispatch, {_us(m(row) - m(ref))} more"
+    counts = patterns.values.get("await_counts_per_await")
+    if counts:
+        text += f"; await counters (vyre_cuda._aio.stats): {_counts_text(counts, 'per await')}"
+    gather = m("pattern.gather")
+    if gather is not None:
+        text += f"; in a gather of {patterns.settings.get('gather', '?')}, {_us(gather)} per dispatch"
+    return text
+
+
+def _inflight_note(patterns, row, ref):
+    m = patterns.median
+    return (
+        f"with 1,000 in flight an enqueue took {_us(m(row))} against {_us(m(ref))} with one in flight: "
+        "each held dispatch keeps its pooled staging and device blocks, so a round of 1,000 needs 1,000 of each"
+    )
+
+
+_PATTERN_NOTES = {
+    "chain_vs_cuda_core": _chain_note,
+    "dropped_vs_enqueue": _dropped_note,
+    "await_vs_blocking": _await_note,
+    "inflight_1000_vs_single": _inflight_note,
+}
