@@ -179,6 +179,8 @@ def render_results(report: ProfileReport, source=None) -> str:
         lines += ["", "| target | value | limit | status |", "|---|---|---|---|"]
         for t in report.targets:
             limit = "-" if t.op == "report" else f"{t.op} {t.limit:g}"
+            if t.op != "report" and t.low is not None:  # a band
+                limit = f"{t.low:g} to {t.limit:g}"
             lines.append(f"| {t.description} | {target_value(t)} | {limit} | {_status(t)} |")
     if report.sizes:
         lines += [""] + _round_trip_table(report)

@@ -209,6 +209,7 @@ def _fake_floor_module():
     mod: Any = types.ModuleType("vyre_cuda.profile._floor")  # Any: the fake's attributes are set here
     mod.FLOOR_ENTRY = "vecadd"
     mod.FLOOR_SOURCE = "// fake"
+    mod.WAITS = ("spin", "event", "stream")
     mod.opened = []
     mod.calls = []
 
@@ -251,6 +252,15 @@ def _fake_floor_module():
             time.sleep(0.001 * (1 + len([f for f in mod.opened if not f.closed]) // 3))
             return t0, time.perf_counter_ns()
 
+        def tight(self, a, b, out, count, wait="spin", graph=False):
+            mod.calls.append(("tight", wait, graph))
+            np.add(a, b, out=out)
+            return np.full(count, TIGHT_NS[graph, wait], np.int64)
+
+        def run_fixed_tight(self, a, b, out, iterations, wait="spin"):
+            mod.calls.append(("run_fixed_tight", wait))
+            return self.run_fixed(a, b, out, iterations)
+
         def dma_h2d(self, count):
             mod.calls.append("dma_h2d")
             return np.full(count, 1_000, np.int64)
@@ -279,6 +289,51 @@ def _fake_floor_module():
     return mod
 
 
+# the fake floor's tight round trips, (graph, wait) -> ns: the spin wait is the fastest issued, the
+# event wait the fastest replay
+TIGHT_NS = {
+    (False, "spin"): 14_000,
+    (False, "event"): 14_500,
+    (False, "stream"): 15_000,
+    (True, "spin"): 12_000,
+    (True, "event"): 11_000,
+    (True, "stream"): 12_500,
+}
+STANDALONE_NS = {
+    "floor.standalone.spin": 14_400,
+    "floor.standalone.event": 15_000,
+    "floor.standalone.stream": 15_500,
+    "floor.standalone_graph.spin": 11_500,
+    "floor.standalone_graph.event": 11_100,
+    "floor.standalone_graph.stream": 12_000,
+}
+
+
+class FakeStandalone:
+    """The standalone floor process, faked: fixed samples per series. ``fail`` makes it refuse to
+    start with that reason; ``no_capture`` drops its graph replay with that reason, as the real one
+    reports a failed capture."""
+
+    started: list = []
+    fail: str | None = None
+    no_capture: str | None = None
+
+    def __init__(self, image, nbytes, device=0, libcuda=None, skipped=None):
+        if FakeStandalone.fail:
+            raise vyre_cuda.errors.UnsupportedFeature(FakeStandalone.fail, "install one")
+        self.nbytes, self.skipped, self.closed = nbytes, skipped, False
+        FakeStandalone.started.append(self)
+
+    def run(self, count, warmup=0):
+        if FakeStandalone.no_capture:
+            self.skipped["standalone floor graph"] = FakeStandalone.no_capture
+        keep = {k: v for k, v in STANDALONE_NS.items() if "_graph" not in k or not FakeStandalone.no_capture}
+        return {k: [ns] * count for k, ns in keep.items()}
+
+    def close(self):
+        self.closed = True
+
+
 def install(monkeypatch):
     """Install the fakes (the floor, the core's stage names, vecadd, CudaBackend, pinned_empty,
     compile_kernel) for one test; returns ``namespace(floor=module, created=[backends])``."""
@@ -302,6 +357,12 @@ def install(monkeypatch):
         return np.empty(shape, dtype).view(Locked)
 
     monkeypatch.setattr(vyre_cuda, "CudaBackend", backend_factory, raising=False)
+    from vyre_cuda.profile import tight
+
+    monkeypatch.setattr(FakeStandalone, "started", [])
+    monkeypatch.setattr(FakeStandalone, "fail", None)
+    monkeypatch.setattr(FakeStandalone, "no_capture", None)
+    monkeypatch.setattr(tight, "StandaloneFloor", FakeStandalone)
     monkeypatch.setattr(vyre_cuda, "pinned_empty", pinned_empty, raising=False)
     # the patterns, scaled down (a 20 ms kernel, 1 MiB budgets), and no driver call to drain
     monkeypatch.setattr(patterns, "DEFAULTS", PATTERNS_SMALL)

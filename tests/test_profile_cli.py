@@ -330,7 +330,11 @@ def test_write_readme_replaces_only_the_results_section(tmp_path, fake_device):
     assert "old figures" not in text
     assert "**Fake GPU** (cc 9.0)" in text and "CUDA driver 13.0" in text
     assert f"Baseline for the no-regression target: commit `{stored.meta['commit']}`" in text
-    assert re.search(r"\| 2 threads, 4 KiB: vyre_cuda gain / floor gain \| [0-9.]+x \| >= ?0\.9 \|", text), text
+    for count in (2, 4):
+        rate = rf"{count} threads, 4 KiB: vyre_cuda dispatches/s / tight floor's from {count} C threads"
+        assert re.search(rf"\| {rate} \| [0-9.]+x \| >= ?0\.9 \|", text), text
+    band = r"4 KiB: tight floor in this process / the same calls in a standalone C process"
+    assert re.search(rf"\| {band} \| [0-9.]+x \| 0\.95 to 1\.05 \|", text), text
     assert "| per buffer | vyre_cuda, numpy | vyre_cuda `dispatch_into`, numpy |" in text
     assert re.search(r"\| 4 KiB \| [0-9.]+ us \([0-9.]+ GB/s\) \|", text), text
     assert "| per buffer | vyre_cuda H2D | vyre_cuda D2H | DMA: pinned -> device (inputs) |" in text

@@ -82,7 +82,7 @@ def _by_key(found):
 
 
 def test_new_series_labels_traffic_and_references():
-    assert systems.label("floor.pinned_direct") == "floor: pinned arrays, no host copies"
+    assert systems.label("floor.pinned_direct") == "per-buffer issued floor: pinned arrays"
     assert systems.traffic_kind("floor.pinned_direct") == systems.FULL
     assert systems.reference("floor.pinned_direct") == "floor.pinned"
     assert systems.traffic_kind("vyre.rebuilt") == systems.FULL and systems.reference("vyre.rebuilt") == "floor.pinned"

@@ -172,7 +172,7 @@ def test_headline_is_each_system_over_vyre_cuda_on_log_axes(tmp_path):
     lines = _lines(head)
     assert set(lines) == {
         "vyre_cuda (= 1x)",
-        "driver floor (pinned staging)",
+        "per-buffer floor (pinned staging)",
         "driver, pageable copies",
         "cuda.bindings",
         "CuPy",
@@ -183,7 +183,7 @@ def test_headline_is_each_system_over_vyre_cuda_on_log_axes(tmp_path):
     xs, ys = lines["CuPy"].get_data()
     assert list(xs) == [s.nbytes for s in report.sizes]
     assert ys[-1] == pytest.approx(big.median("peer.cupy") / big.median("vyre.dispatch"))
-    xs, ys = lines["driver floor (pinned staging)"].get_data()
+    xs, ys = lines["per-buffer floor (pinned staging)"].get_data()
     assert ys[0] == pytest.approx(report.sizes[0].median("floor.pinned") / report.sizes[0].median("vyre.dispatch"))
     # the legend lists the lines as they end at 1 GiB, top to bottom
     ends = [lines[t.get_text()].get_ydata()[-1] for t in head.get_legend().get_texts()]
@@ -257,7 +257,7 @@ def test_a_run_on_the_fakes_draws_every_panel_it_has_rows_for(monkeypatch, tmp_p
     axes = _axes(fig)
     assert set(_lines(axes["headline"])) == {
         "vyre_cuda (= 1x)",
-        "driver floor (pinned staging)",
+        "per-buffer floor (pinned staging)",
         "driver, pageable copies",
     }
     assert not axes["device"].axison and "no device-resident rows" in axes["device"].texts[0].get_text()
@@ -269,7 +269,7 @@ def test_a_run_on_the_fakes_draws_every_panel_it_has_rows_for(monkeypatch, tmp_p
 def test_sizes_out_of_order_draw_left_to_right(tmp_path):
     sizes = [_size(n, {"vyre.dispatch": n, "floor.pinned": 2 * n}) for n in (64 * MIB, 4 * KIB, MIB)]
     fig, _renderer = _draw(_report(sizes), tmp_path)
-    xs, ys = _lines(_axes(fig)["headline"])["driver floor (pinned staging)"].get_data()
+    xs, ys = _lines(_axes(fig)["headline"])["per-buffer floor (pinned staging)"].get_data()
     assert list(xs) == [4 * KIB, MIB, 64 * MIB] and list(ys) == [2.0, 2.0, 2.0]
 
 

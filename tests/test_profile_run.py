@@ -296,6 +296,11 @@ VYRE_KEYS = {
     "vyre.rebuilt",  # sizes up to 64 KiB
 }
 FLOOR_KEYS = {"floor.pinned", "floor.pinned_enqueue", "floor.pageable", "floor.pageable_enqueue", "floor.pinned_direct"}
+# the tight floor, issued and replayed, per wait and its fastest; the same in the standalone process
+# (small sizes)
+WAIT_SUFFIXES = ("", ".spin", ".event", ".stream")
+TIGHT_KEYS = {f"{f}{w}" for f in ("floor.tight", "floor.tight_graph") for w in WAIT_SUFFIXES}
+STANDALONE_KEYS = {f"{f}{w}" for f in ("floor.standalone", "floor.standalone_graph") for w in WAIT_SUFFIXES}
 
 
 def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
@@ -330,8 +335,9 @@ def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
         "ceiling.copy_out.1",
         "ceiling.copy_out.3",
     }
-    assert set(small.systems) == VYRE_KEYS | FLOOR_KEYS | ceilings | {"floor.launch_only"}
-    assert set(larger.systems) == VYRE_KEYS | FLOOR_KEYS | ceilings  # launch only: small sizes
+    floors = FLOOR_KEYS | TIGHT_KEYS | STANDALONE_KEYS
+    assert set(small.systems) == VYRE_KEYS | floors | ceilings | {"floor.launch_only"}
+    assert set(larger.systems) == VYRE_KEYS | floors | ceilings  # launch only: small sizes
     for key in (
         "vyre.dispatch",
         "vyre.pinned",
@@ -350,6 +356,18 @@ def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
     assert small.gbps("ceiling.dma_h2d") == pytest.approx(8192 / 1_000)
     assert small.gbps("ceiling.copy_out.3") == pytest.approx(4096 / 666)
     assert small.median("floor.launch_only") == 3_500
+    # every wait measured, issued and replayed; each family's key holds its fastest wait's samples
+    for graph, family in ((False, "floor.tight"), (True, "floor.tight_graph")):
+        for wait in ("spin", "event", "stream"):
+            assert ("tight", wait, graph) in fake_device.floor.calls
+            assert small.systems[f"{family}.{wait}"].n == 40
+            assert small.median(f"{family}.{wait}") == profile_fakes.TIGHT_NS[graph, wait]
+    assert small.median("floor.tight") == 14_000 and small.systems["floor.tight"].n == 40  # spin
+    assert small.median("floor.tight_graph") == 11_000  # event
+    assert small.median("floor.standalone") == 14_400 and small.median("floor.standalone.stream") == 15_500
+    assert small.median("floor.standalone_graph") == 11_100 and small.systems["floor.standalone"].n == 40
+    assert [p.nbytes for p in profile_fakes.FakeStandalone.started] == [4096, 8192]
+    assert all(p.closed for p in profile_fakes.FakeStandalone.started)
     assert set(small.stages) == set(STAGES) | {P.UNATTRIBUTED}
     assert set(small.directions) == {"h2d", "d2h"}
     assert 0 < small.coverage <= 1.0
@@ -378,7 +396,16 @@ def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
     assert t[("device_allocations_per_dispatch", 4096)].met is True
     assert t[("no_regression", 4096)].op == "report"
     assert report.threads.floor[1] > 0 and report.threads.vyre[2] > 0
-    assert len(backend.threads_seen) >= 2  # the 2-thread run really used 2 threads
+    assert sorted(report.threads.vyre) == sorted(report.threads.tight) == [1, 2, 4]
+    assert all(report.threads.tight[c] > 0 for c in (1, 2, 4))
+    assert {("run_fixed_tight", w) for w in ("spin", "event", "stream")} <= set(fake_device.floor.calls)
+    assert len(backend.threads_seen) >= 4  # the 4-thread run really used 4 threads
+    rates = [x for x in report.targets if x.key == "threads_rate_vs_floor"]
+    assert [x.description.split(" ")[0] for x in rates] == ["2", "4"]
+    assert all(x.value == pytest.approx(report.threads.rate_ratio(int(x.description[0]))) for x in rates)
+    for key in ("vyre_vs_tight_floor", "small_vs_graph_floor", "floor_vs_standalone"):
+        assert t[(key, 4096)].value > 0, key
+    assert t[("floor_vs_standalone", 4096)].value == pytest.approx(14_000 / 14_400)
     assert report.meta["device_name"] == "Fake GPU" and report.meta["program"].startswith("vecadd")
     assert report.meta["host_threads"] == [1, 3]
     assert report.stage_names == STAGES

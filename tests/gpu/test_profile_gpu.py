@@ -93,6 +93,50 @@ def test_floor_variants_compute_a_plus_b(floor_kernel, rng, n):
     floor.close()  # twice is fine
 
 
+@pytest.mark.parametrize("n", [1, 1000, 1024, 257 * 1024 + 3, 1 << 20])
+def test_tight_floor_computes_a_plus_b_with_every_wait_issued_and_replayed(floor_kernel, rng, n):
+    with _floor.Floor(floor_kernel, n) as floor:
+        for graph in (False, True):
+            for wait in _floor.WAITS:
+                for _ in range(2):  # fresh data each time: the graph replays from the refilled staging
+                    a, b = _inputs(rng, n)
+                    out = np.zeros(n, np.float32)
+                    total = floor.tight(a, b, out, 5, warmup=1, wait=wait, graph=graph)
+                    np.testing.assert_array_equal(out, a + b)
+                    assert total.dtype == np.int64 and total.shape == (5,) and (total > 0).all()
+        a, b = _inputs(rng, n)
+        out = np.zeros(n, np.float32)
+        start, end = floor.run_fixed_tight(a, b, out, 3, wait="spin", graph=True)
+        assert end > start
+        np.testing.assert_array_equal(out, a + b)
+        # the per-buffer floor still right with both inputs in one device allocation
+        out[:] = 0
+        floor.full_pinned(a, b, out, 2)
+        np.testing.assert_array_equal(out, a + b)
+
+
+def test_tight_floor_threaded_and_the_standalone_process(backend, floor_kernel, rng):
+    from vyre_cuda.profile import _floor as module
+    from vyre_cuda.profile import standalone
+
+    if standalone.compiler() is None:
+        pytest.skip("no C compiler on PATH to build the standalone floor process")
+    two = profile_threads.floor_threaded(module, floor_kernel, 1024, 2, 300, 20, wait="spin")
+    assert two["outputs_ok"] is True and two["dispatches_per_s"] > 0
+    s, e = two["start_ns"], two["end_ns"]
+    assert s[0] < e[1] and s[1] < e[0], "the two tight floor loops did not overlap in time"
+    _kernel, image = profile_run.load_floor_kernel(backend)
+    _kernel.close()
+    skipped = {}
+    with standalone.StandaloneFloor(image, 4096, backend.device, skipped=skipped) as process:
+        got = process.run(50, 5)
+        again = process.run(20)
+    assert skipped == {}, skipped
+    assert sorted(got) == sorted(standalone.SERIES.values()) == sorted(again)
+    assert all(len(v) == 50 and min(v) > 0 for v in got.values())
+    assert all(len(v) == 20 for v in again.values())
+
+
 def test_floor_releases_the_gil_for_its_loop(floor_kernel, rng):
     n = 1024
     a, b = _inputs(rng, n)
@@ -265,6 +309,11 @@ def test_run_profile_end_to_end_small_sizes(backend, tmp_path, run_python):
             "ceiling.copy_out.1",
             "ceiling.copy_out.4",
         ]
+        # the tight floor, issued and as a graph replay, every wait; the standalone process at 4 KiB
+        families = ["floor.tight", "floor.tight_graph"] + (
+            ["floor.standalone", "floor.standalone_graph"] if s.nbytes <= 64 << 10 else []
+        )
+        keys += [f"{f}{w}" for f in families for w in ("", ".spin", ".event", ".stream")]
         if page_locked:
             keys += ["vyre.pinned", "vyre.streamed_pinned", "floor.pinned_direct"]
         else:
@@ -322,12 +371,16 @@ def test_run_profile_end_to_end_small_sizes(backend, tmp_path, run_python):
     t = report.threads
     assert t is not None and t.nbytes == 4096
     assert t.vyre[1] > 0 and t.vyre[2] > 0 and t.floor[1] > 0 and t.floor[2] > 0
-    assert t.gain_ratio is not None
+    assert sorted(t.tight) == sorted(t.vyre) == [1, 2, 4] and all(v > 0 for v in t.tight.values())
     targets = {(x.key, x.size_bytes): x for x in report.targets}
     for key in (
         ("vyre_vs_floor", 4096),
         ("vyre_vs_floor", 4 << 20),
-        ("thread_gain_ratio", 4096),
+        ("threads_rate_vs_floor", 4096),
+        ("vyre_vs_tight_floor", 4096),
+        ("small_vs_graph_floor", 4096),
+        ("floor_vs_standalone", 4096),
+        ("floor_graph_vs_standalone", 4096),
         ("vyre_vs_pageable", 4 << 20),
         ("async_enqueue_vs_floor_enqueue", 4 << 20),
         ("pinned_allocations_per_dispatch", 4096),

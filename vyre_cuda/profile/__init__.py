@@ -13,9 +13,11 @@ each size (bytes per buffer; vecadd moves two inputs in and one output out):
   the route the planner picks unforced; at 256 MiB a compute-heavy kernel's streamed round trip,
   its compute alone and its transfers alone.
 * **the floor** (``vyre_cuda.profile._floor``): the same driver calls from a minimal C loop,
-  through pinned staging (and its enqueue part), the driver's own pageable path, issued straight
-  from and into page-locked arrays with no host copy, and the host time of one
-  ``cuLaunchKernel``.
+  one copy per buffer (the per-buffer floor) through pinned staging (and its enqueue part), the
+  driver's own pageable path, issued straight from and into page-locked arrays with no host copy,
+  and the host time of one ``cuLaunchKernel``; and the tight floor (:mod:`vyre_cuda.profile.tight`):
+  both inputs in one copy, the launch, one copy back and the fastest of three waits, issued and as
+  a graph replay, in this process and in a standalone C process (small sizes).
 * **the ceilings**: DMA from and to pinned memory, each direction alone and both at once, and
   host memcpy pageable -> pinned and pinned -> pageable on 1 and N threads, of the same bytes.
 * **peers**, when importable: cuda.bindings Python driver calls, CuPy ``RawKernel``, PyTorch
@@ -24,7 +26,7 @@ each size (bytes per buffer; vecadd moves two inputs in and one output out):
   arrays and torch tensors, ``outputs="device"``, the ``dispatch_async`` enqueue on a caller's
   stream) beside each peer's kernel and synchronize; and the numpy round trip with a new, equal
   Program built for every dispatch.
-* **thread scaling**: throughput from 1 and 2 Python threads, vyre_cuda against the floor.
+* **thread scaling**: throughput from 1, 2 and 4 Python threads, vyre_cuda against the floors.
 
 Every time is a median with p10 and p90, given beside its GB/s (see
 :mod:`vyre_cuda.profile.report` for the definitions) and as a ratio to the floor of the same

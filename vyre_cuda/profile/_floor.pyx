@@ -12,6 +12,14 @@ event are allocated once, outside the timed loops.
 Its issued twin (:meth:`Floor.full_pinned_direct`) starts from page-locked arrays: the DMA reads
 the inputs and writes the output in place, so the loop is two ``cuMemcpyHtoDAsync``,
 ``cuLaunchKernel``, ``cuMemcpyDtoHAsync`` and ``cuStreamSynchronize``, with no host memcpy at all.
+Both issue one copy per buffer: the per-buffer floor.
+
+The tight floor (:meth:`Floor.tight`) is the fewest calls the round trip can take: the two inputs
+lie next to each other in page-locked memory and on the device, so ONE ``cuMemcpyHtoDAsync``
+uploads both, then ``cuLaunchKernel``, one ``cuMemcpyDtoHAsync`` and a wait, which is one of
+:data:`WAITS`: a ``cuEventQuery`` spin, ``cuEventSynchronize`` or ``cuStreamSynchronize``. The
+same three calls captured once into a CUDA graph and replayed (``graph=True``) are one
+``cuGraphLaunch`` and the wait. ``standalone_floor.c`` makes the same calls in a process of its own.
 
 The ceilings move the same bytes: the DMA engines from and to pinned memory (no host copy), one
 direction alone or both at once on two streams (what a pipelined dispatch can reach), and the
@@ -24,21 +32,24 @@ clock behind ``time.perf_counter_ns`` on Linux.
 """
 
 from libc.stdint cimport int64_t, uintptr_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from cuda.bindings cimport cydriver
 from cuda.bindings.cydriver cimport (
+    CUDA_ERROR_NOT_READY,
     CUDA_SUCCESS,
     CUcontext,
     CUdeviceptr,
     CUevent,
     CUfunction,
+    CUgraph,
+    CUgraphExec,
     CUmodule,
     CUresult,
     CUstream,
 )
 
-from vyre_cuda._driver cimport check_cu, now_ns, raise_cu
+from vyre_cuda._driver cimport capture_closed, capture_opened, check_cu, now_ns, raise_cu
 from vyre_cuda.profile._hostcopy cimport check_counts, copy_passes, i64_data
 
 import numpy as np
@@ -50,6 +61,7 @@ __all__ = [
     "BLOCK_SIZE",
     "FLOOR_ENTRY",
     "FLOOR_SOURCE",
+    "WAITS",
     "Floor",
     "FloorKernel",
     "monotonic_ns",
@@ -58,6 +70,15 @@ __all__ = [
 
 cdef enum:
     _BLOCK = 256  # threads per block, as in the H200 baseline
+
+cdef enum:  # the tight floor's waits, in the order of WAITS
+    _WAIT_SPIN = 0
+    _WAIT_EVENT = 1
+    _WAIT_STREAM = 2
+
+# How the tight floor waits for its round trip: record an event and spin on cuEventQuery, record an
+# event and cuEventSynchronize it, or cuStreamSynchronize.
+WAITS = ("spin", "event", "stream")
 
 FLOOR_ENTRY = "vecadd"
 BLOCK_SIZE = _BLOCK
@@ -184,9 +205,10 @@ cdef class FloorKernel:
 
 
 cdef class Floor:
-    """One floor loop's resources: three device buffers of ``n`` float32, pinned staging for
-    them, a non-blocking stream and an event (and a second pair for the readback of the
-    both-directions ceiling), all allocated once.
+    """One floor loop's resources: three device buffers of ``n`` float32 (the two inputs next to
+    each other in one allocation), pinned staging for them (likewise), a non-blocking stream and
+    an event (and a second pair for the readback of the both-directions ceiling), all allocated
+    once; the tight floor's graph is captured at its first use.
 
     Each timed method makes the context current in the calling thread, then runs its whole
     loop with the GIL released. Use one Floor per thread.
@@ -199,9 +221,11 @@ cdef class Floor:
     cdef FloorKernel _kernel
     cdef CUcontext _ctx
     cdef CUfunction _func
-    cdef CUdeviceptr _d_a
+    cdef CUdeviceptr _d_a  # the inputs' allocation: a, then b at _d_a + stride
     cdef CUdeviceptr _d_b
     cdef CUdeviceptr _d_out
+    cdef size_t _in_span  # bytes from the start of a to the end of b (staging and device alike)
+    cdef CUgraphExec _exec  # the tight floor's round trip as a graph (NULL until first used)
     cdef char* _pinned
     cdef char* _h_a
     cdef char* _h_b
@@ -227,6 +251,7 @@ cdef class Floor:
         self._d_a = 0
         self._d_b = 0
         self._d_out = 0
+        self._exec = NULL
 
     def __init__(self, FloorKernel kernel not None, Py_ssize_t n):
         cdef size_t stride
@@ -248,6 +273,7 @@ cdef class Floor:
         self._nbytes = <size_t>n * sizeof(float)
         self._grid = <unsigned int>((n + _BLOCK - 1) // _BLOCK)
         stride = (self._nbytes + _STAGING_ALIGN - 1) // _STAGING_ALIGN * _STAGING_ALIGN
+        self._in_span = stride + self._nbytes
         self._args[0] = &self._d_a
         self._args[1] = &self._d_b
         self._args[2] = &self._d_out
@@ -255,8 +281,8 @@ cdef class Floor:
         try:
             with nogil:
                 check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
-                check_cu(cydriver.cuMemAlloc(&self._d_a, self._nbytes), b"cuMemAlloc")
-                check_cu(cydriver.cuMemAlloc(&self._d_b, self._nbytes), b"cuMemAlloc")
+                check_cu(cydriver.cuMemAlloc(&self._d_a, 2 * stride), b"cuMemAlloc")
+                self._d_b = self._d_a + stride
                 check_cu(cydriver.cuMemAlloc(&self._d_out, self._nbytes), b"cuMemAlloc")
                 check_cu(cydriver.cuMemHostAlloc(<void**>&self._pinned, 3 * stride, 0),
                          b"cuMemHostAlloc")
@@ -520,6 +546,149 @@ cdef class Floor:
         self._timed(0, a, b, out, iterations, 0, False)
         return self._span[0], self._span[1]
 
+    # -- the tight floor ------------------------------------------------------------------
+    cdef inline int _tight_issue(self) except -1 nogil:
+        # both inputs in one copy (staging and device hold them at the same offsets), the launch,
+        # the output back
+        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_a, self._h_a, self._in_span, self._stream),
+                 b"cuMemcpyHtoDAsync")
+        self._launch()
+        check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes, self._stream),
+                 b"cuMemcpyDtoHAsync")
+        return 0
+
+    cdef inline int _tight_wait(self, int wait) except -1 nogil:
+        cdef CUresult st
+        if wait == _WAIT_STREAM:
+            check_cu(cydriver.cuStreamSynchronize(self._stream), b"cuStreamSynchronize")
+            return 0
+        check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
+        if wait == _WAIT_EVENT:
+            check_cu(cydriver.cuEventSynchronize(self._event), b"cuEventSynchronize")
+            return 0
+        st = cydriver.cuEventQuery(self._event)
+        while st == CUDA_ERROR_NOT_READY:
+            st = cydriver.cuEventQuery(self._event)
+        check_cu(st, b"cuEventQuery")
+        return 0
+
+    cdef int _capture(self) except -1:
+        # The tight round trip captured once on the floor's stream (thread-local mode: other
+        # threads' floors go on issuing meanwhile), instantiated, the graph itself dropped.
+        cdef CUresult st
+        cdef CUresult ended
+        cdef const char* call = b"cuStreamBeginCapture"
+        cdef CUgraph graph = NULL
+        cdef CUgraphExec ex = NULL
+        if self._exec != NULL:
+            return 0
+        with nogil:
+            st = cydriver.cuCtxSetCurrent(self._ctx)
+            if st != CUDA_SUCCESS:
+                call = b"cuCtxSetCurrent"
+            else:
+                capture_opened()  # as the core counts its own: its pools skip a synchronize meanwhile
+                st = cydriver.cuStreamBeginCapture(self._stream,
+                                                   cydriver.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                if st == CUDA_SUCCESS:
+                    call = b"cuMemcpyHtoDAsync"
+                    st = cydriver.cuMemcpyHtoDAsync(self._d_a, self._h_a, self._in_span,
+                                                    self._stream)
+                    if st == CUDA_SUCCESS:
+                        call = b"cuLaunchKernel"
+                        st = cydriver.cuLaunchKernel(self._func, self._grid, 1, 1, _BLOCK, 1, 1, 0,
+                                                     self._stream, self._args, NULL)
+                    if st == CUDA_SUCCESS:
+                        call = b"cuMemcpyDtoHAsync"
+                        st = cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes,
+                                                        self._stream)
+                    # always ended, so that the stream leaves capture mode whatever failed
+                    ended = cydriver.cuStreamEndCapture(self._stream, &graph)
+                    if st == CUDA_SUCCESS and ended != CUDA_SUCCESS:
+                        st = ended
+                        call = b"cuStreamEndCapture"
+                    if st == CUDA_SUCCESS:
+                        call = b"cuGraphInstantiateWithFlags"
+                        st = cydriver.cuGraphInstantiate(&ex, graph, 0)
+                    if graph != NULL:
+                        cydriver.cuGraphDestroy(graph)  # the exec holds its own copy
+                capture_closed()
+        if st != CUDA_SUCCESS:
+            raise_cu(st, call)
+        self._exec = ex
+        return 0
+
+    cdef int _tight_loop(self, int wait, bint graph, Py_ssize_t iterations, Py_ssize_t warmup,
+                         int64_t* tv) except -1 nogil:
+        cdef Py_ssize_t i
+        cdef unsigned long long t0
+        check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
+        for i in range(warmup + iterations):
+            t0 = now_ns()
+            if i == warmup:
+                self._span[0] = t0
+            if graph:
+                check_cu(cydriver.cuGraphLaunch(self._exec, self._stream), b"cuGraphLaunch")
+            else:
+                self._tight_issue()
+            self._tight_wait(wait)
+            if tv != NULL and i >= warmup:
+                tv[i - warmup] = <int64_t>(now_ns() - t0)
+        self._span[1] = now_ns()
+        if iterations == 0:
+            self._span[0] = self._span[1]
+        return 0
+
+    def _tight(self, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup, str wait, bint graph,
+               bint timed):
+        self._ready()
+        check_counts(iterations, warmup)
+        if wait not in WAITS:
+            raise ValidationError(
+                f"the tight floor's wait must be one of {', '.join(WAITS)} (got {wait!r})",
+                "pass wait='spin', 'event' or 'stream'",
+            )
+        cdef int w = WAITS.index(wait)
+        a, b, out = self._views(a, b, out)
+        cdef const float[::1] av = a
+        cdef const float[::1] bv = b
+        cdef float[::1] ov = out
+        total = np.empty(iterations if timed else 0, dtype=np.int64)
+        cdef int64_t* tv = i64_data(total) if timed else NULL
+        if graph:
+            self._capture()
+        # the inputs into the page-locked staging and the output cleared there, untimed: the
+        # timed round trips start from page-locked memory, as the standalone process's do
+        memcpy(self._h_a, &av[0], self._nbytes)
+        memcpy(self._h_b, &bv[0], self._nbytes)
+        memset(self._h_out, 0, self._nbytes)
+        try:
+            with nogil:
+                self._tight_loop(w, graph, iterations, warmup, tv)
+        except BaseException:
+            self._drain()
+            raise
+        memcpy(&ov[0], self._h_out, self._nbytes)
+        return total
+
+    def tight(self, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup=0, str wait="spin",
+              bint graph=False):
+        """The tight floor, timed per round trip: one ``cuMemcpyHtoDAsync`` of both inputs,
+        ``cuLaunchKernel``, one ``cuMemcpyDtoHAsync``, then ``wait`` (one of :data:`WAITS`);
+        with ``graph=True`` those three calls captured once as a CUDA graph and replayed
+        (``cuGraphLaunch``) before the wait.
+
+        ``a`` and ``b`` are copied into the page-locked staging before the loop and the output
+        copied into ``out`` after it (neither timed). Returns int64 ns per round trip.
+        """
+        return self._tight(a, b, out, iterations, warmup, wait, graph, True)
+
+    def run_fixed_tight(self, a, b, out, Py_ssize_t iterations, str wait="spin", bint graph=False):
+        """``iterations`` tight round trips (:meth:`tight`) back to back, the GIL released for
+        the whole loop. Returns ``(start_ns, end_ns)`` of the loop."""
+        self._tight(a, b, out, iterations, 0, wait, graph, False)
+        return self._span[0], self._span[1]
+
     # -- the ceilings ---------------------------------------------------------------------
     def dma_h2d(self, Py_ssize_t iterations, Py_ssize_t warmup=0):
         """DMA ceiling, upload: both input buffers from pinned staging to the device (two
@@ -578,6 +747,9 @@ cdef class Floor:
         if self._stream2 != NULL:
             _note(cydriver.cuStreamSynchronize(self._stream2), b"cuStreamSynchronize",
                   first, first_call)
+        if self._exec != NULL:
+            _note(cydriver.cuGraphExecDestroy(self._exec), b"cuGraphExecDestroy", first, first_call)
+            self._exec = NULL
         if self._event2 != NULL:
             _note(cydriver.cuEventDestroy(self._event2), b"cuEventDestroy", first, first_call)
             self._event2 = NULL
@@ -590,11 +762,9 @@ cdef class Floor:
         if self._stream != NULL:
             _note(cydriver.cuStreamDestroy(self._stream), b"cuStreamDestroy", first, first_call)
             self._stream = NULL
-        if self._d_a != 0:
+        if self._d_a != 0:  # b lies in the same allocation
             _note(cydriver.cuMemFree(self._d_a), b"cuMemFree", first, first_call)
             self._d_a = 0
-        if self._d_b != 0:
-            _note(cydriver.cuMemFree(self._d_b), b"cuMemFree", first, first_call)
             self._d_b = 0
         if self._d_out != 0:
             _note(cydriver.cuMemFree(self._d_out), b"cuMemFree", first, first_call)

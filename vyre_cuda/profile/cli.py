@@ -196,7 +196,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "vyre_cuda / floor ratio must not grow past it by more than 5%%",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip cuda.bindings, CuPy and PyTorch")
-    parser.add_argument("--no-threads", action="store_true", help="skip the 2-thread scaling measurement")
+    parser.add_argument(
+        "--no-threads", action="store_true", help="skip the thread scaling measurement (1, 2 and 4 threads)"
+    )
     parser.add_argument(
         "--no-patterns",
         action="store_true",

@@ -31,7 +31,7 @@ _PEERS = {  # name -> label, colour, marker (a peer not listed here takes one of
 }
 _SPARE = (("#17becf", "h"), ("#bcbd22", "*"), ("#e377c2", "p"))
 _FLOORS = (  # key, label, colour, marker (dashed: the harness's own driver-API loops)
-    ("floor.pinned", "driver floor (pinned staging)", "0.1", "s"),
+    ("floor.pinned", "per-buffer floor (pinned staging)", "0.1", "s"),
     ("floor.pageable", "driver, pageable copies", "0.55", "v"),
 )
 # the peer's device-resident row is compared with vyre_cuda's row on the same library's arrays

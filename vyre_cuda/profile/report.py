@@ -31,7 +31,8 @@ _READABLE = ("vyre_cuda.profile/1", SCHEMA)
 @dataclass
 class Target:
     """One target: ``value op limit`` (``op`` is ``<=``, ``>=``, or ``report`` for a figure
-    stated without a limit); ``unit`` is how the value reads (``x``, ``GB/s``...).
+    stated without a limit), and ``value >= low`` too where ``low`` is set (a band); ``unit`` is
+    how the value reads (``x``, ``GB/s``...).
 
     ``note`` says what the run measured that explains a miss (the physical limit), or how a
     ``kept`` target holds; ``kept`` names a condition measured in the run under which the target
@@ -47,6 +48,7 @@ class Target:
     unit: str = ""
     note: str = ""
     kept: str = ""
+    low: float | None = None
 
     @property
     def met(self):
@@ -56,6 +58,8 @@ class Target:
             return True
         if self.value is None or self.limit is None:
             return None
+        if self.low is not None and self.value < self.low:
+            return False
         return self.value <= self.limit if self.op == "<=" else self.value >= self.limit
 
     def to_dict(self) -> dict:
@@ -70,6 +74,7 @@ class Target:
             "met": self.met,
             "note": self.note,
             "kept": self.kept,
+            "low": self.low,
         }
 
     @classmethod
@@ -84,6 +89,7 @@ class Target:
             d.get("unit", ""),
             d.get("note", ""),
             d.get("kept", ""),
+            d.get("low"),
         )
 
 
@@ -198,13 +204,19 @@ class SizeResult:
 
 @dataclass
 class ThreadScaling:
-    """Dispatches per second from 1 and from ``threads`` Python threads."""
+    """Dispatches per second from 1 up to ``threads`` Python threads: vyre_cuda, the per-buffer
+    floor and the tight floor (its fastest wait), each thread with its own stream and buffers."""
 
     nbytes: int
     threads: int
     iterations: int
     vyre: dict  # thread count -> dispatches per second
     floor: dict
+    tight: dict = field(default_factory=dict)
+
+    def rate_ratio(self, count: int):
+        """vyre_cuda's dispatches per second from ``count`` threads over the tight floor's."""
+        return ratio(self.vyre.get(count), self.tight.get(count))
 
     @property
     def vyre_gain(self):
@@ -226,6 +238,7 @@ class ThreadScaling:
             "iterations": self.iterations,
             "vyre_per_s": {str(k): v for k, v in self.vyre.items()},
             "floor_per_s": {str(k): v for k, v in self.floor.items()},
+            "tight_per_s": {str(k): v for k, v in self.tight.items()},
             "vyre_gain": self.vyre_gain,
             "floor_gain": self.floor_gain,
             "gain_ratio": self.gain_ratio,
@@ -239,6 +252,7 @@ class ThreadScaling:
             int(d["iterations"]),
             {int(k): float(v) for k, v in d["vyre_per_s"].items()},
             {int(k): float(v) for k, v in d["floor_per_s"].items()},
+            {int(k): float(v) for k, v in d.get("tight_per_s", {}).items()},
         )
 
 

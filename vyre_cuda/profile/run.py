@@ -14,7 +14,7 @@ import numpy as np
 
 from .._validate import check_int
 from ..errors import BackendError, UnsupportedFeature, ValidationError
-from . import _hooks, engine, runners, streamed
+from . import _hooks, engine, runners, streamed, tight
 from .peers import PEERS, VYRE_HOOKS, missing_reason, open_peer, peer_available, peer_version
 from .report import ProfileReport
 from .specs import GIB, KIB, MIB, format_size, parse_sizes
@@ -163,7 +163,7 @@ def run_profile(
     backend=None,
     backend_options=None,
     rounds=5,
-    thread_count=2,
+    thread_count=4,
     thread_iterations=None,
     thread_repeats=3,
     host_threads=None,
@@ -227,7 +227,7 @@ def run_profile(
         raise ValidationError(
             f"rounds and thread_repeats must be >= 1 and thread_count >= 2 (got {rounds}, "
             f"{thread_repeats}, {thread_count})",
-            "keep the defaults (rounds=5, thread_count=2, thread_repeats=3)",
+            "keep the defaults (rounds=5, thread_count=4, thread_repeats=3)",
         )
     if backend is not None and backend_options:
         raise ValidationError(
@@ -370,6 +370,8 @@ class _SizeRun:
             launch_scale = max(1, count // max(8, count // 64)) if nbytes <= engine.LAUNCH_ONLY_MAX else None
             locked = self._floor_locked(a, b, floor_inputs, skipped)
             rows += runners.floor_runners(floor, a, b, expected, launch_scale, locked)
+            rows += tight.tight_runners(floor, a, b, expected)
+            rows += self._standalone_rows(nbytes, skipped, opened)
             rows += runners.ceiling_runners(floor, a, b, self.thread_counts)
             rows += self._peer_rows(a, b, expected, launch_scale, skipped, opened)
             marks: dict[str, dict | None] = {}  # "before": the telemetry before the timed rounds
@@ -383,6 +385,7 @@ class _SizeRun:
                     failed=skipped,
                     before_timed=lambda: marks.update(before=_snapshot(self.backend)),
                 )
+            tight.add_fastest(samples)
             telemetry = _telemetry_delta(marks.get("before"), _snapshot(self.backend))
         finally:
             try:
@@ -460,6 +463,16 @@ class _SizeRun:
             skipped["floor pinned arrays"] = "this vyre_cuda has no vyre_cuda.pinned_empty"
             return None
         return (*locked_in, *locked) if locked_in is not None else tuple(locked)
+
+    def _standalone_rows(self, nbytes, skipped, opened):
+        """The standalone C floor process at the small sizes (closed with the peers)."""
+        if nbytes > SMALL_MAX:
+            return []
+        process = tight.open_standalone(self.image, nbytes, self.backend.device, skipped)
+        if process is None:
+            return []
+        opened.append(process)
+        return [tight.standalone_runner(process)]
 
     def _heavy_rows(self, a, b, skipped):
         import vyre_cuda

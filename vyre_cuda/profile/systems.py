@@ -56,11 +56,30 @@ FULL, IN, OUT = "full", "in", "out"
 
 # key, label, reference key (for the "x floor" column), traffic kind
 _SYSTEMS = (
-    ("floor.pinned", "floor: pinned staging, full", "floor.pinned", FULL),
-    ("floor.pinned_enqueue", "floor: pinned, enqueue part", "floor.pinned_enqueue", None),
+    # the per-buffer floor: one cuMemcpyHtoDAsync per input
+    ("floor.pinned", "per-buffer floor: pinned staging, full", "floor.pinned", FULL),
+    ("floor.pinned_enqueue", "per-buffer floor: pinned, enqueue part", "floor.pinned_enqueue", None),
     ("floor.pageable", "driver's pageable path, full", "floor.pinned", FULL),
     ("floor.pageable_enqueue", "driver's pageable path, enqueue part", "floor.pinned_enqueue", None),
-    ("floor.pinned_direct", "floor: pinned arrays, no host copies", "floor.pinned", FULL),
+    ("floor.pinned_direct", "per-buffer issued floor: pinned arrays", "floor.pinned", FULL),
+    # the tight floor: both inputs in one H2D, the launch, one D2H, a wait (vyre_cuda.profile.tight);
+    # the family's key holds its fastest wait's samples
+    ("floor.tight", "tight floor: 1 H2D + launch + 1 D2H, fastest", "floor.pinned", FULL),
+    ("floor.tight.spin", "tight floor, cuEventQuery spin", "floor.pinned", FULL),
+    ("floor.tight.event", "tight floor, cuEventSynchronize", "floor.pinned", FULL),
+    ("floor.tight.stream", "tight floor, cuStreamSynchronize", "floor.pinned", FULL),
+    ("floor.tight_graph", "tight floor as a graph replay, fastest wait", "floor.pinned", FULL),
+    ("floor.tight_graph.spin", "tight graph floor, cuEventQuery spin", "floor.pinned", FULL),
+    ("floor.tight_graph.event", "tight graph floor, cuEventSynchronize", "floor.pinned", FULL),
+    ("floor.tight_graph.stream", "tight graph floor, cuStreamSynchronize", "floor.pinned", FULL),
+    ("floor.standalone", "standalone C process: tight floor, fastest", "floor.pinned", FULL),
+    ("floor.standalone.spin", "standalone C process: tight, spin", "floor.pinned", FULL),
+    ("floor.standalone.event", "standalone C process: tight, event sync", "floor.pinned", FULL),
+    ("floor.standalone.stream", "standalone C process: tight, stream sync", "floor.pinned", FULL),
+    ("floor.standalone_graph", "standalone C process: graph replay, fastest", "floor.pinned", FULL),
+    ("floor.standalone_graph.spin", "standalone C process: graph, spin", "floor.pinned", FULL),
+    ("floor.standalone_graph.event", "standalone C process: graph, event sync", "floor.pinned", FULL),
+    ("floor.standalone_graph.stream", "standalone C process: graph, stream sync", "floor.pinned", FULL),
     ("floor.launch_only", "floor: launch only, per launch", "floor.launch_only", None),
     ("ceiling.dma_h2d", "DMA ceiling: pinned -> device (inputs)", None, IN),
     ("ceiling.dma_d2h", "DMA ceiling: device -> pinned (output)", None, OUT),

@@ -206,12 +206,13 @@ def thread_lines(report) -> list:
     def per_s(v):
         return "-" if v is None else f"{v:,.0f}"
 
+    counts = sorted(set(t.vyre) | set(t.floor) | set(t.tight))
+    rows = [("per-buffer floor", t.floor), ("tight floor", t.tight), ("vyre_cuda", t.vyre)]
     return [
-        (f"{t.threads} Python threads, {format_size(t.nbytes)} per buffer, {t.iterations:,} dispatches per thread"),
-        f"  {'':<20}{'1 thread /s':>14}{f'{t.threads} threads /s':>16}{'gain':>8}",
-        (f"  {'floor':<20}{per_s(t.floor.get(1)):>14}{per_s(t.floor.get(t.threads)):>16}{_x(t.floor_gain):>8}"),
-        (f"  {'vyre_cuda':<20}{per_s(t.vyre.get(1)):>14}{per_s(t.vyre.get(t.threads)):>16}{_x(t.vyre_gain):>8}"),
-        "  vyre_cuda gain / floor gain: " + ("-" if t.gain_ratio is None else f"{t.gain_ratio:.2f}"),
+        f"up to {t.threads} Python threads, {format_size(t.nbytes)} per buffer, {t.iterations:,} dispatches per thread",
+        f"  {'dispatches per second':<24}" + "".join(f"{f'{c} thread' + ('s' if c != 1 else ''):>14}" for c in counts),
+        *(f"  {name:<24}" + "".join(f"{per_s(rates.get(c)):>14}" for c in counts) for name, rates in rows if rates),
+        f"  {'vyre_cuda / tight floor':<24}" + "".join(f"{_x(t.rate_ratio(c)) or '-':>14}" for c in counts),
     ]
 
 
@@ -327,6 +328,8 @@ def target_lines(report) -> list:
     lines = ["targets (ratios within this run)"]
     for t in report.targets:
         limit = "" if t.op == "report" else f" (target {t.op} {t.limit:g})"
+        if t.op != "report" and t.low is not None:
+            limit = f" (target {t.low:g} to {t.limit:g})"
         kept = f"; {t.kept}" if t.kept else ""
         lines.append(f"  [{target_status(t):^6}] {t.description}: {target_value(t)}{limit}{kept}")
         if t.note and (t.kept or t.met is False):

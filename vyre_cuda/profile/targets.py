@@ -9,7 +9,7 @@ hardware needs for those bytes).
 
 from __future__ import annotations
 
-from . import systems
+from . import systems, tight
 from .report import Target
 from .specs import KIB, MIB, format_size
 from .stats import ratio
@@ -30,6 +30,12 @@ __all__ = [
     "evaluate_pattern_targets",
     "evaluate_targets",
 ]
+__all__ += [
+    "FLOOR_VS_STANDALONE",
+    "SMALL_VS_GRAPH_FLOOR",
+    "SMALL_VS_TIGHT",
+    "THREAD_RATE_VS_TIGHT",
+]  # the tight floor's
 
 # Sizes up to this are "small" (3 x 4 KiB vecadd), from LARGE_MIN on "large".
 SMALL_MAX = 64 * KIB
@@ -46,7 +52,6 @@ NUMPY_GBPS = 25.0
 PAGE_LOCKED_GBPS = 45.0
 ASYNC_ENQUEUE = 1.2
 NO_REGRESSION = 1.05
-THREAD_GAIN = 0.9
 # The streamed route (the elementwise vecadd, DispatchConfig(streamed=True)): against the DMA of
 # both directions at once from BANDWIDTH_MIN on, page-locked and from numpy; the heavy kernel's
 # round trip against the longer of its compute and its transfers; against the serial
@@ -85,6 +90,7 @@ def evaluate_targets(sizes, threads, builtin: bool = True, baseline=None) -> lis
     base = {s.nbytes: s for s in baseline.sizes} if baseline is not None else {}
     out = []
     for s in sizes:
+        out += _tight_targets(s)  # the headline: vyre_cuda against the fewest calls a round trip takes
         out += _small(s, base.get(s.nbytes), baseline is not None)
         out += _large(s)
         out += _bandwidth(s)
@@ -115,34 +121,8 @@ def evaluate_targets(sizes, threads, builtin: bool = True, baseline=None) -> lis
                     )
                 )
     if threads is not None:
-        value = threads.gain_ratio
-        out.append(
-            Target(
-                "thread_gain_ratio",
-                f"{threads.threads} threads, {format_size(threads.nbytes)}: vyre_cuda gain / floor gain",
-                value,
-                THREAD_GAIN,
-                ">=",
-                threads.nbytes,
-                "x",
-                note=_thread_note(threads) if value is not None and value < THREAD_GAIN else "",
-            )
-        )
+        out += _thread_targets(threads)
     return out
-
-
-def _thread_note(threads) -> str:
-    """A missed thread gain: both systems' rates from 1 and from N threads. A gain divides by the
-    1-thread rate, so a lead vyre_cuda has there is gain the floor can still make."""
-    n = threads.threads
-    v1, vn, f1, fn = threads.vyre.get(1), threads.vyre.get(n), threads.floor.get(1), threads.floor.get(n)
-    if not (v1 and vn and f1 and fn):
-        return ""
-    return (
-        f"dispatches per second from 1 thread: vyre_cuda {v1:,.0f}, the floor {f1:,.0f} ({v1 / f1:.2f}x); "
-        f"from {n}: vyre_cuda {vn:,.0f}, the floor {fn:,.0f} ({vn / fn:.2f}x); a gain divides by the 1-thread "
-        "rate, so vyre_cuda's lead there is gain the floor can still make"
-    )
 
 
 def _small(s, base, have_baseline) -> list:
@@ -153,7 +133,7 @@ def _small(s, base, have_baseline) -> list:
     out = [
         Target(
             "vyre_vs_floor",
-            f"{label}: vyre_cuda dispatch / floor (pinned staging)",
+            f"{label}: vyre_cuda dispatch / per-buffer floor (pinned staging)",
             now,
             SMALL_VS_FLOOR,
             "<=",
@@ -166,7 +146,7 @@ def _small(s, base, have_baseline) -> list:
         what = "" if base is not None else " (the baseline has no such size)"
         target = Target(
             "no_regression",
-            f"{label}: (vyre_cuda / floor) now over the baseline's{what}",
+            f"{label}: (vyre_cuda / per-buffer floor) now over the baseline's{what}",
             ratio(now, then),
             NO_REGRESSION,
             "<=",
@@ -185,7 +165,7 @@ def _small(s, base, have_baseline) -> list:
         out.append(
             Target(
                 "no_regression",
-                f"{label}: (vyre_cuda / floor) now over a baseline's (pass --baseline FILE)",
+                f"{label}: (vyre_cuda / per-buffer floor) now over a baseline's (pass --baseline FILE)",
                 None,
                 None,
                 "report",
@@ -218,7 +198,7 @@ def _large(s) -> list:
     return [
         Target(
             "vyre_vs_floor",
-            f"{label}: vyre_cuda dispatch / floor (pinned staging)",
+            f"{label}: vyre_cuda dispatch / per-buffer floor (pinned staging)",
             s.ratio("vyre.dispatch", "floor.pinned"),
             LARGE_VS_FLOOR,
             "<=",
@@ -540,7 +520,8 @@ def _versus_issued(s) -> Target:
     if target.met is False:
         vyre, issued = s.median("vyre.dispatch"), s.median("floor.pinned_direct")
         text = (
-            f"the issued floor (2 H2D, 1 launch, 1 D2H, a stream synchronize, no host copy) takes {_us(issued)}, "
+            f"the per-buffer issued floor (2 H2D, 1 launch, 1 D2H, a stream synchronize, no host copy) takes "
+            f"{_us(issued)}, "
             f"vyre_cuda {_us(vyre)}"
         )
         replays, dispatches = s.telemetry.get("graph_replays"), s.telemetry.get("dispatches")
@@ -723,3 +704,144 @@ _PATTERN_NOTES = {
     "await_vs_blocking": _await_note,
     "inflight_1000_vs_single": _inflight_note,
 }
+
+
+# -- the tight floor -------------------------------------------------------------------------
+# The fewest driver calls a round trip takes (vyre_cuda.profile.tight): one H2D of both inputs, the
+# launch, one D2H and the fastest of three waits; the same captured once as a graph and replayed;
+# and the same calls in a standalone C process, which the in-process floor must match.
+SMALL_VS_TIGHT = 1.15
+SMALL_VS_GRAPH_FLOOR = 1.05
+FLOOR_VS_STANDALONE = (0.95, 1.05)
+THREAD_RATE_VS_TIGHT = 0.9
+_TIGHT_CALLS = "one H2D of both inputs, the launch, one D2H"
+
+
+def _not_measured(s, key, group) -> str:
+    """`` (not measured: why)`` for a description whose series ``key`` the run lacks."""
+    if s.median(key) is not None:
+        return ""
+    return f" (not measured: {s.skipped.get(group) or 'no such series in this run'})"
+
+
+def _with_wait(s, family) -> str:
+    """``12.34 us (spin wait)``: a family's median and its fastest wait."""
+    wait = tight.fastest_wait(s, family)
+    return f"{_us(s.median(family))} ({wait} wait)" if wait else _us(s.median(family))
+
+
+def _host_copies(s) -> str:
+    """vyre_cuda's host copies (which no tight floor makes: it starts and ends in page-locked memory)."""
+    parts = [(n, s.stages[n].median) for n in ("staging_memcpy", "copy_out") if n in s.stages]
+    if not parts:
+        return ""
+    text = ", ".join(f"{n} {_us(v)}" for n, v in parts)
+    return f"; vyre_cuda's host copies, which the floor does not make: {text}"
+
+
+def _tight_targets(s) -> list:
+    if s.nbytes > SMALL_MAX:
+        return []
+    label = format_size(s.nbytes)
+    vyre, issued, graph = (s.median(k) for k in ("vyre.dispatch", tight.TIGHT, tight.TIGHT_GRAPH))
+    headline = Target(
+        "vyre_vs_tight_floor",
+        f"{label}: vyre_cuda dispatch / tight floor ({_TIGHT_CALLS}, fastest wait)"
+        + _not_measured(s, tight.TIGHT, tight.TIGHT_GROUP),
+        s.ratio("vyre.dispatch", tight.TIGHT),
+        SMALL_VS_TIGHT,
+        "<=",
+        s.nbytes,
+        "x",
+    )
+    if headline.met is False:
+        headline.note = (
+            f"the tight floor takes {_with_wait(s, tight.TIGHT)}, vyre_cuda {_us(vyre)}, {_us(vyre - issued)} more"
+            + _host_copies(s)
+        )
+    replayed = Target(
+        "small_vs_graph_floor",
+        f"{label}: vyre_cuda dispatch / tight floor as a graph replay (cuGraphLaunch + fastest wait)"
+        + _not_measured(s, tight.TIGHT_GRAPH, tight.TIGHT_GRAPH_GROUP),
+        s.ratio("vyre.dispatch", tight.TIGHT_GRAPH),
+        SMALL_VS_GRAPH_FLOOR,
+        "<=",
+        s.nbytes,
+        "x",
+    )
+    if replayed.met is False:
+        replays, dispatches = s.telemetry.get("graph_replays"), s.telemetry.get("dispatches")
+        replay_text = (
+            f"; {replays:,} of the {dispatches:,} timed vyre_cuda dispatches replayed a graph"
+            if replays is not None and dispatches
+            else ""
+        )
+        replayed.note = (
+            f"the graph floor takes {_with_wait(s, tight.TIGHT_GRAPH)} (issued: {_with_wait(s, tight.TIGHT)}), "
+            f"vyre_cuda {_us(vyre)}, {_us(vyre - graph)} more" + _host_copies(s) + replay_text
+        )
+    low, high = FLOOR_VS_STANDALONE
+    matched = Target(
+        "floor_vs_standalone",
+        f"{label}: tight floor in this process / the same calls in a standalone C process"
+        + _not_measured(s, tight.STANDALONE, tight.STANDALONE_GROUP),
+        s.ratio(tight.TIGHT, tight.STANDALONE),
+        high,
+        "<=",
+        s.nbytes,
+        "x",
+        low=low,
+    )
+    if matched.met is False:
+        matched.note = (
+            f"the tight floor took {_with_wait(s, tight.TIGHT)} in this process and "
+            f"{_with_wait(s, tight.STANDALONE)} in the standalone process"
+        )
+        if graph is not None and s.median(tight.STANDALONE_GRAPH) is not None:
+            matched.note += (
+                f"; as a graph replay {_with_wait(s, tight.TIGHT_GRAPH)} and {_with_wait(s, tight.STANDALONE_GRAPH)}"
+            )
+    out = [headline, replayed, matched]
+    if s.median(tight.TIGHT_GRAPH) is not None and s.median(tight.STANDALONE_GRAPH) is not None:
+        out.append(
+            Target(
+                "floor_graph_vs_standalone",
+                f"{label}: tight graph floor in this process / the same replay in a standalone C process",
+                s.ratio(tight.TIGHT_GRAPH, tight.STANDALONE_GRAPH),
+                None,
+                "report",
+                s.nbytes,
+                "x",
+            )
+        )
+    return out
+
+
+def _thread_targets(threads) -> list:
+    """vyre_cuda's dispatches per second from N Python threads over the tight floor's from N C
+    threads (each its own stream, buffers and event), one target per thread count from 2 on."""
+    out = []
+    size = format_size(threads.nbytes)
+    for count in sorted(c for c in threads.vyre if c >= 2):
+        value = threads.rate_ratio(count)
+        target = Target(
+            "threads_rate_vs_floor",
+            f"{count} threads, {size}: vyre_cuda dispatches/s / tight floor's from {count} C threads"
+            + ("" if threads.tight.get(count) else " (not measured: no tight floor rate in this run)"),
+            value,
+            THREAD_RATE_VS_TIGHT,
+            ">=",
+            threads.nbytes,
+            "x",
+        )
+        if target.met is False:
+            v1, t1, per_buffer = threads.vyre.get(1), threads.tight.get(1), threads.floor.get(count)
+            one = f"; from 1 thread: vyre_cuda {v1:,.0f}/s, the tight floor {t1:,.0f}/s ({v1 / t1:.2f}x)"
+            target.note = (
+                f"from {count} threads: vyre_cuda {threads.vyre[count]:,.0f}/s, the tight floor "
+                f"{threads.tight[count]:,.0f}/s"
+                + (f", the per-buffer floor {per_buffer:,.0f}/s" if per_buffer else "")
+                + (one if v1 and t1 else "")
+            )
+        out.append(target)
+    return out

@@ -1,7 +1,9 @@
-"""Throughput from 1 and N Python threads: vyre_cuda on one backend against the floor.
+"""Throughput from 1, 2 and N Python threads: vyre_cuda on one backend against the floors.
 
-The floor's loop releases the GIL for its whole run, so its gain from a second thread is what
-the driver and the machine allow; vyre_cuda's gain is compared with it.
+The floors' loops release the GIL for their whole run, so each thread is a C loop with its own
+stream, buffers and event: their rates are what the driver and the machine allow from that many
+threads. vyre_cuda's rate from N Python threads is compared with the tight floor's from N threads
+(its fastest wait); the per-buffer floor's rates are reported beside them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from .engine import WrongResult
 from .report import ThreadScaling
 from .runners import make_inputs
 from .stats import median, throughput
+from .tight import WAITS
 
 __all__ = ["floor_threaded", "measure_threads"]
 
@@ -53,9 +56,11 @@ def _finished(spans: list[tuple[int, int] | None]) -> list[tuple[int, int]]:
     return done
 
 
-def floor_threaded(floor_module, kernel, n, threads, iterations, warmup=0, seed=0):
+def floor_threaded(floor_module, kernel, n, threads, iterations, warmup=0, seed=0, wait=None):
     """``threads`` Python threads, each running its own ``Floor`` (own stream, buffers,
-    staging) for ``iterations`` full pinned dispatches with the GIL released for the loop.
+    staging, event) for ``iterations`` full pinned dispatches with the GIL released for the loop;
+    with ``wait`` (one of ``WAITS``), tight round trips with that wait instead
+    (``Floor.run_fixed_tight``).
 
     Setup and warm-up happen before a barrier; the timed window runs from the earliest loop
     start to the latest loop end. Returns a dict with ``threads``, ``iterations`` (per
@@ -67,6 +72,8 @@ def floor_threaded(floor_module, kernel, n, threads, iterations, warmup=0, seed=
             f"threads and iterations must be >= 1 (got {threads}, {iterations})",
             "pass threads=1 or 2 and a positive iteration count",
         )
+    if wait is not None and wait not in WAITS:
+        raise ValidationError(f"wait must be None or one of {', '.join(WAITS)} (got {wait!r})", "pass wait='spin'")
     rng = np.random.default_rng(seed)
     floors = []
     spans: list[tuple[int, int] | None] = [None] * threads
@@ -81,10 +88,16 @@ def floor_threaded(floor_module, kernel, n, threads, iterations, warmup=0, seed=
         def work(index, barrier):
             floor = floors[index]
             a, b, out = data[index]
+
+            def run(count):
+                if wait is None:
+                    return floor.run_fixed(a, b, out, count)
+                return floor.run_fixed_tight(a, b, out, count, wait=wait)
+
             if warmup:
-                floor.run_fixed(a, b, out, warmup)
+                run(warmup)
             barrier.wait()
-            spans[index] = floor.run_fixed(a, b, out, iterations)
+            spans[index] = run(iterations)
 
         _run_together(work, threads, "vyre-floor")
         outputs_ok = all(np.array_equal(out, a + b) for a, b, out in data)
@@ -134,34 +147,47 @@ def _vyre_threaded(backend, program, inputs_per_thread, iterations, warmup):
 def measure_threads(
     backend, program, floor_module, kernel, nbytes, threads, iterations, warmup, repeats, rng, progress=None
 ) -> ThreadScaling:
-    """Dispatches per second from 1 and ``threads`` threads, floor and vyre_cuda alternating,
-    ``repeats`` times; the medians."""
+    """Dispatches per second from 1, 2 and ``threads`` threads: the per-buffer floor, the tight
+    floor with each wait, and vyre_cuda alternating, ``repeats`` times; the medians (the tight
+    floor's: its fastest wait's median at each thread count)."""
     n = nbytes // 4
-    vyre: dict[int, list] = {1: [], threads: []}
-    floor: dict[int, list] = {1: [], threads: []}
+    counts = sorted({1, min(2, threads), threads})
+    vyre: dict[int, list] = {c: [] for c in counts}
+    floor: dict[int, list] = {c: [] for c in counts}
+    tight: dict[tuple, list] = {(c, w): [] for c in counts for w in WAITS}
     per_thread = [make_inputs(program, nbytes, rng) for _ in range(threads)]
-    steps = repeats * 4
+    steps = repeats * len(counts) * (2 + len(WAITS))
     step = 0
+
+    def floor_rate(count, wait):
+        result = floor_threaded(floor_module, kernel, n, count, iterations, warmup, wait=wait)
+        if not result["outputs_ok"]:
+            raise WrongResult(
+                f"the threaded {'tight ' if wait else ''}floor produced a wrong result (out != a + b)",
+                "this is a bug in vyre_cuda.profile._floor; report it",
+            )
+        return result["dispatches_per_s"]
+
+    def advance(label):
+        nonlocal step
+        step += 1
+        if progress:
+            progress(label, step / steps)
+
     for _ in range(repeats):
-        for count in (1, threads):
-            result = floor_threaded(floor_module, kernel, n, count, iterations, warmup)
-            if not result["outputs_ok"]:
-                raise WrongResult(
-                    "the threaded floor produced a wrong result (out != a + b)",
-                    "this is a bug in vyre_cuda.profile._floor; report it",
-                )
-            floor[count].append(result["dispatches_per_s"])
-            step += 1
-            if progress:
-                progress(f"threads: floor x{count}", step / steps)
+        for count in counts:
+            floor[count].append(floor_rate(count, None))
+            advance(f"threads: floor x{count}")
+            for wait in WAITS:
+                tight[count, wait].append(floor_rate(count, wait))
+                advance(f"threads: tight floor ({wait}) x{count}")
             vyre[count].append(_vyre_threaded(backend, program, per_thread[:count], iterations, warmup))
-            step += 1
-            if progress:
-                progress(f"threads: vyre_cuda x{count}", step / steps)
+            advance(f"threads: vyre_cuda x{count}")
     return ThreadScaling(
         nbytes,
         threads,
         iterations,
         vyre={k: median(v) for k, v in vyre.items()},
         floor={k: median(v) for k, v in floor.items()},
+        tight={c: max(median(tight[c, w]) for w in WAITS) for c in counts},
     )
