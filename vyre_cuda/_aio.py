@@ -1,229 +1,87 @@
-"""Awaitable dispatches: one waiter thread per process resolves asyncio futures as the GPU finishes.
+"""Awaitable dispatches: ``await pending`` suspends the coroutine, never the loop, and polls nothing.
 
-``await pending`` (a :class:`~vyre_cuda.PendingDispatch`) suspends the coroutine, never the event
-loop: the handle goes to the process's waiter thread, which polls ``pending.is_ready()`` (one
-``cuEventQuery``, the GIL released inside) and, once the GPU is done, wakes the awaiting task
-through ``loop.call_soon_threadsafe``. The task then takes the outputs with ``pending.result()``,
-which no longer waits. A dispatch that is already done when awaited is answered at once, on the
-loop's thread, without the waiter.
+An await of a :class:`~vyre_cuda.PendingDispatch` that is not done yet goes through three phases:
 
-One thread for the whole process, not one per dispatch or per backend: it only polls, every
-handle costs it the same whichever backend made it (it makes each handle's context current
-before polling it), and one thread is one place to settle fork and exit. While handles are
-outstanding it polls them all, yielding between rounds for ``SPIN_S`` after the last activity,
-then sleeping ``MIN_NAP_S`` doubling to ``MAX_NAP_S``, so a finished dispatch is noticed within
-about ``MAX_NAP_S`` plus the kernel timer's slack (~50 us on Linux): under 100 us. With nothing
-outstanding it blocks on a condition variable and costs nothing.
+1. **Inline** (``INLINE_SPIN_S``): when no other await of this thread is in phase 2, the completion
+   is queried back to back in C, the GIL released, for a few microseconds. A short dispatch ends
+   here, costing about what a blocking ``dispatch()`` costs; the loop is held that long, as by
+   one short callback.
+2. **Spin** (``SPIN_S``): one query per loop iteration; other tasks run between them.
+3. **Parked**: a host function queued behind the dispatch's completion event (on a private stream:
+   no work waits on it) runs on the driver's own thread when the GPU is done and writes the
+   loop's eventfd (:mod:`vyre_cuda._notify`: C only, no GIL). The loop watches that eventfd with
+   ``add_reader``, and its reader wakes every finished await. No thread polls, so a parked await
+   costs no CPU. After a fault the driver skips host functions, so a rare check (``BACKSTOP_S``,
+   doubling to ``BACKSTOP_MAX_S``) asks ``is_ready()``, which raises the dispatch's error.
+
+The task then takes the outputs with ``pending.result()``, which no longer waits. A dispatch
+that fails raises its own typed error (``DispatchFailed``, ``DeviceLost``...) from the ``await``.
 
 Cancellation (``task.cancel()``, ``asyncio.wait_for`` expiring) leaves the work where a timeout
-leaves it: owned by the PendingDispatch. The waiter forgets the handle (under the entry's lock, so
-it is never polled again once the cancel returns); ``result()`` on it still works, and dropping it
-waits for the GPU and recycles, as for any dropped handle. A dispatch that fails raises its own
-typed error (``DispatchFailed``, ``DeviceLost``...) from the ``await``.
+leaves it: owned by the PendingDispatch. The native side touches the handle only while arming
+(on the loop's thread, under the handle's lock); a host function that fires after the cancel
+finds no await for its token. ``result()`` on the handle still works, and dropping it recycles
+its resources once the GPU is done, as for any dropped handle.
 
-Threads and processes: each awaiting task carries its own loop, so several event loops in several
-threads share the one waiter correctly. The thread is a daemon and is stopped and joined at
-interpreter exit (``atexit``), so it never keeps the interpreter alive. In a forked child the
-waiter is forgotten (``os.register_at_fork``) and a fresh one starts at the child's first await;
-the parent's lock is never taken in the child (CUDA contexts do not survive fork, so the parent's
-handles cannot be awaited there anyway).
+Threads and processes: each loop has its own eventfd and waiters (several loops in several
+threads are independent); there is no thread of ours to stop at exit, and a host function that
+runs late touches only native memory it co-owns. A forked child forgets the parent's loops and
+starts afresh (CUDA work of the parent cannot be awaited there). Shared Python state is under
+locks, native state under a C++ mutex: correct without a GIL.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import contextlib
 import os
 import threading
 import time
+import types
+import weakref
 from typing import Any
 
-__all__ = ["awaitable", "ready", "stats", "SPIN_S", "MIN_NAP_S", "MAX_NAP_S"]
+from . import _notify
+from ._waits import PendingDispatch
 
-SPIN_S = 50e-6  # after activity: poll rounds separated only by a yield of the GIL
-MIN_NAP_S = 10e-6  # then sleep between rounds, doubling...
-MAX_NAP_S = 40e-6  # ...up to this (plus the timer slack of the kernel)
-JOIN_AT_EXIT_S = 1.0
-_DROPPED = object()  # a poll's outcome: the await was cancelled
-_COUNTS = ("threads_started", "submitted", "resolved", "failed", "dropped", "polls")
+__all__ = ["awaitable", "ready", "stats", "INLINE_SPIN_S", "SPIN_S", "BACKSTOP_S", "BACKSTOP_MAX_S"]
 
-
-class _Entry:
-    """One awaited handle: what the waiter polls, where it reports, and the lock a cancel takes."""
-
-    __slots__ = ("pending", "ctx", "loop", "future", "lock", "pid")
-
-    def __init__(self, pending, ctx: int, loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
-        self.pending = pending
-        self.ctx = ctx
-        self.loop = loop
-        self.future = future
-        self.lock = threading.Lock()
-        self.pid = os.getpid()
-
-    def drop(self) -> None:
-        """Forget the handle: once this returns the waiter never touches it again (a poll in
-        progress finishes first: one ``cuEventQuery``)."""
-        if self.pid != os.getpid():
-            # a forked child: the parent's waiter may have held the lock at the fork, and no
-            # waiter of this process ever polls this entry
-            self.pending = None
-            return
-        with self.lock:
-            self.pending = None
+INLINE_SPIN_S = 20e-6  # phase 1: back-to-back queries, the loop held (none of the thread in phase 2)
+SPIN_S = 100e-6  # phase 2: one query per loop iteration, this long
+BACKSTOP_S = 0.1  # phase 3: a parked await checks is_ready() after this...
+BACKSTOP_MAX_S = 2.0  # ...doubling up to this (a fault makes the driver skip host functions)
+FALLBACK_NAP_S = (50e-6, 5e-3)  # a loop without add_reader, or a refused arm: sleep-poll, doubling
+_COUNTS = (
+    "submitted",  # awaits not done at their first query
+    "inline",  # ... done within the inline spin (submitted = inline + spun + parked + arm_failures)
+    "spun",  # ... done within the loop-iteration spin
+    "parked",  # ... armed on the loop's eventfd
+    "notified",  # parked awaits woken by their host function
+    "backstops",  # backstop checks of parked awaits
+    "arm_failures",  # arms the driver refused (those awaits sleep-poll)
+    "resolved",  # waits that ended with the GPU done
+    "failed",  # ... with the dispatch's error
+    "dropped",  # ... cancelled
+    "polls",  # is_ready() queries of the spin and the backstop
+)
 
 
-def _settle(future: asyncio.Future, error: BaseException | None) -> None:
-    # on the loop's thread; a cancelled task's future is done already
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+class _Local(threading.local):
+    waiting = 0  # awaits of this thread in phase 2 (the inline spin is for when there is none)
 
 
-class _Waiter:
-    """The process's waiter thread and the handles it polls."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._entries: list[_Entry] = []
-        self._thread: threading.Thread | None = None
-        self._stopping = False
-        self._fresh = False  # a handle arrived since the last round: poll without napping
-        self.counts = dict.fromkeys(_COUNTS, 0)
-
-    def submit(self, entry: _Entry) -> None:
-        with self._cond:
-            if self._stopping:
-                raise RuntimeError("the interpreter is exiting; no dispatch can be awaited now")
-            self._entries.append(entry)
-            self.counts["submitted"] += 1
-            self._fresh = True
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="vyre-cuda-aio-waiter", daemon=True)
-                self.counts["threads_started"] += 1
-                self._thread.start()
-            self._cond.notify()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            thread = self._thread
-            self._cond.notify()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(JOIN_AT_EXIT_S)
-
-    def outstanding(self) -> int:
-        with self._cond:
-            return len(self._entries)
-
-    def _run(self) -> None:
-        try:
-            self._serve()
-        except BaseException as exc:  # noqa: BLE001 (never leave an await hanging)
-            # an unexpected failure of this thread: every await it serves raises it, and the next
-            # await starts a new waiter
-            with self._cond:
-                entries, self._entries = self._entries, []
-                self._thread = None
-            for entry in entries:
-                entry.drop()
-                self._report(entry, exc)
-
-    def _serve(self) -> None:
-        from . import _driver  # noqa: PLC0415 (the compiled driver module: loaded by then)
-
-        nap = 0.0
-        spin_until = 0.0
-        while True:
-            with self._cond:
-                while not self._entries and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                batch = list(self._entries)
-                fresh, self._fresh = self._fresh, False
-            done = []
-            for entry in batch:
-                outcome = self._poll(entry, _driver)
-                if outcome is not None:
-                    done.append((entry, outcome))
-            now = time.perf_counter()
-            if done or fresh:
-                with self._cond:
-                    gone = {id(e) for e, _ in done}
-                    self._entries = [e for e in self._entries if id(e) not in gone]
-                for entry, outcome in done:
-                    self._report(entry, outcome)
-                nap, spin_until = 0.0, now + SPIN_S
-                continue
-            if now < spin_until:
-                time.sleep(0)  # yield the GIL to the loops, then poll again
-                continue
-            nap = MIN_NAP_S if nap == 0.0 else min(nap * 2, MAX_NAP_S)
-            time.sleep(nap)
-
-    def _poll(self, entry: _Entry, driver):
-        """None while the GPU works, ``_DROPPED`` for a cancelled await, True when done, or the
-        exception that polling raised."""
-        with entry.lock:
-            pending = entry.pending
-            if pending is None:
-                return _DROPPED
-            self.counts["polls"] += 1
-            try:
-                if entry.ctx:
-                    # every time: a cheap check (cuCtxGetCurrent) that stays right when a context
-                    # is released and another one made at its address
-                    driver.make_current(entry.ctx)
-                if not pending.is_ready():
-                    return None
-            except BaseException as exc:  # noqa: BLE001 (the awaiting task raises it)
-                entry.pending = None
-                return exc
-            entry.pending = None  # the task holds the handle; the waiter keeps no reference
-            return True
-
-    def _report(self, entry: _Entry, outcome) -> None:
-        if outcome is _DROPPED:
-            self.counts["dropped"] += 1
-            return
-        error = None if outcome is True else outcome
-        self.counts["resolved" if error is None else "failed"] += 1
-        with contextlib.suppress(RuntimeError):  # a loop closed meanwhile: nobody awaits any more
-            entry.loop.call_soon_threadsafe(_settle, entry.future, error)
+_tls = _Local()
+_stats_lock = threading.Lock()
+_counts = dict.fromkeys(_COUNTS, 0)
+_lock = threading.Lock()  # guards _watches and _no_reader
+# loop -> weak reference to its _Watch. The loop's selector holds the watch (its reader) and the
+# watch's futures hold the loop: a cycle the loop owns, collected with it; this map holds neither.
+_watches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_no_reader: weakref.WeakSet = weakref.WeakSet()  # loops whose add_reader is not implemented
 
 
-_lock = threading.Lock()
-_waiter: _Waiter | None = None
-
-
-def _the_waiter() -> _Waiter:
-    global _waiter
-    with _lock:
-        if _waiter is None:
-            _waiter = _Waiter()
-        return _waiter
-
-
-def _forget_in_child() -> None:
-    # a forked child has no waiter thread, and the parent's locks may have been held at the fork
-    global _waiter, _lock
-    _waiter = None
-    _lock = threading.Lock()
-
-
-def _stop_at_exit() -> None:
-    w = _waiter
-    if w is not None:
-        w.stop()
-
-
-os.register_at_fork(after_in_child=_forget_in_child)
-atexit.register(_stop_at_exit)
+def _add(name: str, n: int = 1) -> None:
+    with _stats_lock:
+        _counts[name] += n
 
 
 def _bind(ctx: int) -> None:
@@ -233,42 +91,273 @@ def _bind(ctx: int) -> None:
         _driver.make_current(ctx)
 
 
+class _Entry:
+    """One parked await: its future, and what the backstop check needs."""
+
+    __slots__ = ("future", "pending", "ctx", "timer", "interval")
+
+    def __init__(self, future: asyncio.Future, pending, ctx: int) -> None:
+        self.future = future
+        self.pending = pending
+        self.ctx = ctx
+        self.timer: asyncio.TimerHandle | None = None
+        self.interval = BACKSTOP_S
+
+    def wake(self, error: BaseException | None) -> None:
+        # on the loop's thread; a cancelled task's future is done already
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.future.done():
+            return
+        if error is None:
+            self.future.set_result(None)
+        else:
+            self.future.set_exception(error)
+
+    def backstop(self, watch: _Watch, token: int) -> None:
+        self.timer = None
+        if watch.get(token) is not self:
+            return
+        _add("backstops")
+        _add("polls")
+        try:
+            _bind(self.ctx)
+            done = self.pending.is_ready()
+        except BaseException as exc:  # noqa: BLE001 (the dispatch's own error: the await raises it)
+            watch.forget(token)
+            self.wake(exc)
+            return
+        if done:
+            watch.forget(token)
+            self.wake(None)
+            return
+        self.interval = min(self.interval * 2, BACKSTOP_MAX_S)
+        self.timer = self.future.get_loop().call_later(self.interval, self.backstop, watch, token)
+
+
+class _Watch:
+    """One event loop's eventfd (a :class:`~vyre_cuda._notify.Notifier`) and its parked awaits."""
+
+    __slots__ = ("notifier", "lock", "entries", "next_token", "__weakref__")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.notifier = _notify.Notifier()
+        self.lock = threading.Lock()  # guards entries and next_token
+        self.entries: dict[int, _Entry] = {}
+        self.next_token = 1
+        loop.add_reader(self.notifier.fileno(), self._on_readable)  # (NotImplementedError: none)
+
+    def add(self, entry: _Entry) -> int:
+        with self.lock:
+            token = self.next_token
+            self.next_token += 1
+            self.entries[token] = entry
+        return token
+
+    def get(self, token: int) -> _Entry | None:
+        with self.lock:
+            return self.entries.get(token)
+
+    def forget(self, token: int) -> _Entry | None:
+        with self.lock:
+            return self.entries.pop(token, None)
+
+    def outstanding(self) -> int:
+        with self.lock:
+            return len(self.entries)
+
+    def _on_readable(self) -> None:
+        tokens, lost = self.notifier.drain()
+        with self.lock:
+            if lost:  # (a token went missing: every await checks is_ready() and re-parks if needed)
+                woken = list(self.entries.values())
+                self.entries.clear()
+            else:
+                woken = [e for e in map(self.entries.pop, tokens, [None] * len(tokens)) if e is not None]
+        for entry in woken:
+            entry.wake(None)
+        if woken:
+            _add("notified", len(woken))
+
+
+def _watch_of(loop: asyncio.AbstractEventLoop) -> _Watch | None:
+    """The loop's watch (made at its first parked await), or None for a loop without add_reader."""
+    try:
+        weakref.ref(loop)
+    except TypeError:  # a loop that cannot be weakly referenced: not kept here (sleep-polled)
+        return None
+    with _lock:
+        ref = _watches.get(loop)
+        watch = ref() if ref is not None else None
+        if watch is None and loop not in _no_reader:
+            try:
+                watch = _Watch(loop)
+            except NotImplementedError:  # (a loop without add_reader)
+                _no_reader.add(loop)
+                return None
+            _watches[loop] = weakref.ref(watch)
+    return watch
+
+
+def _forget_in_child() -> None:
+    # a forked child: the parent's loops, eventfds and locks are not its own
+    global _lock, _stats_lock, _watches, _no_reader, _tls
+    _lock = threading.Lock()
+    _stats_lock = threading.Lock()
+    _watches = weakref.WeakKeyDictionary()
+    _no_reader = weakref.WeakSet()
+    _tls = _Local()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _first_check(pending, ctx: int) -> bool:
+    """Done now, or within the inline spin (when no await of this thread spins)? Raises the dispatch's error."""
+    if type(pending) is PendingDispatch:
+        finished = _notify.spin(pending, INLINE_SPIN_S if _tls.waiting == 0 else 0.0)
+        if finished < 0:
+            pending.is_ready()  # raises the dispatch's error (True if another caller settled it)
+            return True
+        if finished:
+            if finished == 2:  # (done at the first query: not counted, as before any wait)
+                with _stats_lock:
+                    _counts["submitted"] += 1
+                    _counts["inline"] += 1
+                    _counts["resolved"] += 1
+            return True
+    else:
+        _bind(ctx)
+        if pending.is_ready():
+            return True
+    _add("submitted")
+    return False
+
+
+@types.coroutine
+def _one_iteration():
+    yield  # a bare yield: the task runs again at the loop's next iteration
+
+
+async def _wait(pending, ctx: int) -> None:
+    """Phases 2 and 3 (see the module doc) for a handle that was not done at its first check."""
+    tls = _tls
+    polls = 0
+    outcome = "failed"
+    try:
+        tls.waiting += 1  # (while it spins: a parked await leaves the loop idle)
+        try:
+            deadline = time.perf_counter() + SPIN_S
+            while True:
+                await _one_iteration()
+                _bind(ctx)
+                polls += 1
+                if pending.is_ready():
+                    outcome = "spun"
+                    return
+                if time.perf_counter() >= deadline:
+                    break
+        finally:
+            tls.waiting -= 1
+        while not await _park(pending, ctx):
+            pass
+        outcome = "resolved"
+    except asyncio.CancelledError:
+        outcome = "dropped"
+        raise
+    finally:
+        with _stats_lock:
+            _counts["polls"] += polls
+            _counts[outcome] += 1
+            if outcome == "spun":
+                _counts["resolved"] += 1
+
+
+async def _park(pending, ctx: int) -> bool:
+    """Phase 3: wait for the loop's eventfd to say this dispatch is done; then is_ready() (True,
+    or the dispatch's error; False only when another caller re-armed its event meanwhile)."""
+    loop = asyncio.get_running_loop()
+    watch = _watch_of(loop)
+    if watch is None:
+        return await _sleep_poll(pending, ctx)
+    future = loop.create_future()
+    entry = _Entry(future, pending, ctx)
+    token = watch.add(entry)
+    try:
+        if type(pending) is PendingDispatch:
+            rc = watch.notifier.arm(pending, token)
+        else:  # a handle that is not a dispatch arms itself (tests), or sleep-polls
+            arm = getattr(pending, "_aio_arm", None)
+            rc = arm(watch.notifier, token) if arm is not None else 1
+    except BaseException:
+        watch.forget(token)
+        raise
+    if rc != _notify.ARMED:
+        watch.forget(token)
+        if rc == _notify.SETTLED:
+            _bind(ctx)
+            if pending.is_ready():
+                return True
+        else:
+            _add("arm_failures")
+        return await _sleep_poll(pending, ctx)
+    _add("parked")
+    entry.timer = loop.call_later(BACKSTOP_S, entry.backstop, watch, token)
+    try:
+        await future
+    except BaseException:
+        # cancelled (or the backstop's error): never woken again; the work stays with the handle
+        watch.forget(token)
+        if entry.timer is not None:
+            entry.timer.cancel()
+            entry.timer = None
+        raise
+    _bind(ctx)
+    return bool(pending.is_ready())
+
+
+async def _sleep_poll(pending, ctx: int) -> bool:
+    # a loop that cannot watch a descriptor, or an arm the driver refused: poll with sleeps
+    nap, longest = FALLBACK_NAP_S
+    while True:
+        await asyncio.sleep(nap)
+        _add("polls")
+        _bind(ctx)
+        if pending.is_ready():
+            return True
+        nap = min(nap * 2, longest)
+
+
 async def ready(pending, ctx: int = 0) -> None:
     """Wait, without blocking the event loop, until the GPU has finished ``pending``'s work.
 
-    ``ctx`` is the handle's CUDA context (0: the calling thread's current one). Then
-    ``pending.result()``, ``result_into(...)`` or ``timed_result()`` return without waiting.
-    Raises the dispatch's own error if it failed; a cancelled wait leaves the work owned by
-    ``pending``."""
-    _bind(ctx)  # the loop's thread: as the dispatch itself did on the thread that issued it
-    if pending.is_ready():
-        return
-    loop = asyncio.get_running_loop()
-    future = loop.create_future()
-    entry = _Entry(pending, ctx, loop, future)
-    _the_waiter().submit(entry)
-    try:
-        await future
-    except asyncio.CancelledError:
-        entry.drop()
-        raise
+    ``ctx`` is the handle's CUDA context (0: the calling thread's current one; a dispatch binds its
+    own). Then ``pending.result()``, ``result_into(...)`` or ``timed_result()`` return without
+    waiting. Raises the dispatch's own error if it failed; a cancelled wait leaves the work owned
+    by ``pending``."""
+    if not _first_check(pending, ctx):
+        await _wait(pending, ctx)
 
 
 async def awaitable(pending, ctx: int = 0) -> Any:
     """``pending.result()`` once the GPU is done, awaited without blocking the event loop: what
     ``await pending`` runs (see :func:`ready` for ``ctx``, errors and cancellation)."""
-    await ready(pending, ctx)
+    if not _first_check(pending, ctx):
+        await _wait(pending, ctx)
     return pending.result()
 
 
 def stats() -> dict:
-    """Counters of this process's waiter: ``threads_started`` (1 once anything was awaited),
-    ``submitted``, ``resolved``, ``failed``, ``dropped`` (cancelled awaits), ``polls`` and
-    ``outstanding`` (handles it polls now)."""
-    w = _waiter
-    if w is None:
-        return dict.fromkeys((*_COUNTS, "outstanding"), 0)
-    with w._cond:
-        out = dict(w.counts)
-        out["outstanding"] = len(w._entries)
+    """Counters of this process's awaits (see ``_COUNTS`` in the source for each one's meaning),
+    ``outstanding`` (parked now, every loop), and the native side's ``notifiers`` (eventfds
+    alive) and ``armed`` (host functions queued and not yet run)."""
+    with _stats_lock:
+        out = dict(_counts)
+    with _lock:
+        watches = [w for w in (ref() for ref in _watches.values()) if w is not None]
+    out["outstanding"] = sum(w.outstanding() for w in watches)
+    native = _notify.counts()
+    out["notifiers"] = native["notifiers"]
+    out["armed"] = native["armed"]
     return out

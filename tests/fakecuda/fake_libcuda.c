@@ -19,6 +19,15 @@
  * instantiated exec holds a copy, cuGraphExecUpdate replaces its parameters when the topology
  * matches, and cuGraphLaunch runs the nodes in order (calling the launch hook).
  *
+ * A busy GPU (fake_cuda_hold(1), off by default): completion queries (cuEventQuery, cuStreamQuery)
+ * answer CUDA_ERROR_NOT_READY, synchronizes wait, and host functions (cuLaunchHostFunc) wait, until
+ * fake_cuda_hold(0). Host functions run as on the driver: on a thread of the driver's (one callback
+ * thread, in launch order), never inside the caller's call, after the work queued before them
+ * (which the fake has done by then; lazy mode runs it first). fake_cuda_drop_host_funcs() discards
+ * the waiting ones, as the driver does after a fault ("not called in the event of an error in the
+ * CUDA context"). fake_cuda_gpu_counts() reads the completion queries and the host functions
+ * launched, run and dropped.
+ *
  * Lazy mode (fake_cuda_set_lazy(1), off by default): stream work runs as LATE as CUDA allows, so
  * an ordering bug (a host buffer reused before the DMA that reads it ran, a staging buffer read
  * before the D2H that fills it ran, a missing cross-stream wait) gives wrong data instead of
@@ -330,6 +339,135 @@ int fake_cuda_set_block_time(int block, float ms) {
   return -1;
 }
 
+/* ------------------------------------------------------------------ a busy GPU, host functions */
+typedef void (*CUhostFn)(void* data);
+typedef struct HostCall { CUhostFn fn; void* data; struct HostCall* next; } HostCall;
+static pthread_mutex_t host_mu = PTHREAD_MUTEX_INITIALIZER; /* guards everything below */
+static pthread_cond_t host_cv = PTHREAD_COND_INITIALIZER;   /* the hold changed, or a call came */
+static HostCall *host_head = NULL, *host_tail = NULL;
+static int held = 0, host_thread_running = 0;
+enum { G_QUERIES, G_HOST_LAUNCHED, G_HOST_RAN, G_HOST_DROPPED, G_HOST_WAITING, N_GPU_COUNTS };
+static long long gpu_counts[N_GPU_COUNTS];
+
+/* the callback thread: runs host functions in launch order while the GPU is not held */
+static void* host_thread(void* unused) {
+  (void)unused;
+  pthread_mutex_lock(&host_mu);
+  for (;;) {
+    while (held || host_head == NULL) pthread_cond_wait(&host_cv, &host_mu);
+    HostCall* c = host_head;
+    host_head = c->next;
+    if (host_head == NULL) host_tail = NULL;
+    gpu_counts[G_HOST_WAITING]--;
+    pthread_mutex_unlock(&host_mu);
+    c->fn(c->data); /* no fake lock held, as the driver holds none of the caller's */
+    free(c);
+    pthread_mutex_lock(&host_mu);
+    gpu_counts[G_HOST_RAN]++;
+  }
+  return NULL;
+}
+
+/* a forked child has no callback thread (and the parent's may have held host_mu at the fork) */
+static void host_after_fork_child(void) {
+  pthread_mutex_init(&host_mu, NULL);
+  pthread_cond_init(&host_cv, NULL);
+  host_thread_running = 0;
+  host_head = host_tail = NULL;
+  gpu_counts[G_HOST_WAITING] = 0;
+}
+__attribute__((constructor)) static void host_at_fork(void) { pthread_atfork(NULL, NULL, host_after_fork_child); }
+
+static CUresult queue_host_call(CUhostFn fn, void* data) {
+  HostCall* c = (HostCall*)calloc(1, sizeof(HostCall));
+  if (c == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+  c->fn = fn;
+  c->data = data;
+  pthread_mutex_lock(&host_mu);
+  if (!host_thread_running) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, host_thread, NULL) != 0) {
+      pthread_attr_destroy(&attr);
+      pthread_mutex_unlock(&host_mu);
+      free(c);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_attr_destroy(&attr);
+    host_thread_running = 1;
+  }
+  if (host_tail) host_tail->next = c;
+  else host_head = c;
+  host_tail = c;
+  gpu_counts[G_HOST_LAUNCHED]++;
+  gpu_counts[G_HOST_WAITING]++;
+  pthread_cond_broadcast(&host_cv);
+  pthread_mutex_unlock(&host_mu);
+  return CUDA_SUCCESS;
+}
+
+/* a completion query: counted; CUDA_ERROR_NOT_READY while the GPU is held */
+static int busy_query(void) {
+  pthread_mutex_lock(&host_mu);
+  gpu_counts[G_QUERIES]++;
+  int busy = held;
+  pthread_mutex_unlock(&host_mu);
+  return busy;
+}
+
+/* a synchronize waits while the GPU is held (30 s at most: a test that holds the GPU and then
+ * waits for it on the same thread would otherwise hang) */
+static void wait_not_held(void) {
+  struct timespec limit;
+  clock_gettime(CLOCK_REALTIME, &limit);
+  limit.tv_sec += 30;
+  pthread_mutex_lock(&host_mu);
+  while (held) {
+    if (pthread_cond_timedwait(&host_cv, &host_mu, &limit) != 0) {
+      fprintf(stderr, "fake libcuda: a synchronize waited 30 s for fake_cuda_hold(0)\n");
+      abort();
+    }
+  }
+  pthread_mutex_unlock(&host_mu);
+}
+
+/* Test controls: hold the GPU busy (1) or release it (0); returns the previous setting */
+int fake_cuda_hold(int on) {
+  pthread_mutex_lock(&host_mu);
+  int before = held;
+  held = on ? 1 : 0;
+  pthread_cond_broadcast(&host_cv);
+  pthread_mutex_unlock(&host_mu);
+  return before;
+}
+
+/* discard the host functions waiting now (never called); returns how many */
+long long fake_cuda_drop_host_funcs(void) {
+  pthread_mutex_lock(&host_mu);
+  long long n = 0;
+  while (host_head) {
+    HostCall* c = host_head;
+    host_head = c->next;
+    free(c);
+    n++;
+  }
+  host_tail = NULL;
+  gpu_counts[G_HOST_DROPPED] += n;
+  gpu_counts[G_HOST_WAITING] = 0;
+  pthread_mutex_unlock(&host_mu);
+  return n;
+}
+
+/* queries, host functions launched, run, dropped and waiting, in that order; returns the count */
+int fake_cuda_gpu_counts(long long* out, int n) {
+  pthread_mutex_lock(&host_mu);
+  for (int k = 0; k < n && k < N_GPU_COUNTS; k++) out[k] = gpu_counts[k];
+  pthread_mutex_unlock(&host_mu);
+  return N_GPU_COUNTS;
+}
+
 /* ------------------------------------------------------------------ driver, devices */
 
 CUresult cuInit(unsigned int flags) {
@@ -479,6 +617,7 @@ CUresult cuCtxSynchronize(void) {
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
   pthread_mutex_unlock(&lock);
+  wait_not_held();
   return lazy ? lazy_sync_all() : CUDA_SUCCESS;
 }
 
@@ -957,6 +1096,7 @@ CUresult cuStreamSynchronize(CUstream s) {
   stats[S_SYNCS]++;
   int ok = is_stream(s);
   pthread_mutex_unlock(&lock);
+  if (ok) wait_not_held();
   if (ok && lazy) return lazy_run(s, 0, ALL_OPS, 1);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
@@ -968,6 +1108,7 @@ CUresult cuStreamQuery(CUstream s) {
   NO_CAPTURE(s);
   int ok = is_stream(s);
   pthread_mutex_unlock(&lock);
+  if (ok && busy_query()) return CUDA_ERROR_NOT_READY;
   if (ok && lazy) return lazy_run(s, 0, ALL_OPS, 1);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
@@ -1014,18 +1155,20 @@ static CUresult lazy_run_event(CUevent e, int take_error) {
   return copy.recorded ? lazy_run(copy.stream, copy.serial, copy.mark, take_error) : CUDA_SUCCESS;
 }
 
-#define EVENT_CALL(name)                                                  \
+/* busy: what a held GPU does to the call (a query answers NOT_READY, a synchronize waits) */
+#define EVENT_CALL(name, busy)                                            \
   CUresult name(CUevent e) {                                              \
     pthread_mutex_lock(&lock);                                            \
     INJECT(#name);                                                        \
     NEED_CTX();                                                           \
     int ok = is_event(e);                                                 \
     pthread_mutex_unlock(&lock);                                          \
+    if (ok && (busy)) return CUDA_ERROR_NOT_READY;                        \
     if (ok && lazy) return lazy_run_event(e, 1);                          \
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;                 \
   }
-EVENT_CALL(cuEventQuery)
-EVENT_CALL(cuEventSynchronize)
+EVENT_CALL(cuEventQuery, busy_query())
+EVENT_CALL(cuEventSynchronize, (wait_not_held(), 0))
 
 CUresult cuEventRecord(CUevent e, CUstream s) {
   pthread_mutex_lock(&lock);
@@ -1064,6 +1207,20 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
   }
   pthread_mutex_unlock(&lock);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* the function runs on the callback thread once the work queued before it is done (lazy mode
+ * runs that work now), and after fake_cuda_hold(0) when the GPU is held */
+CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void* data) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuLaunchHostFunc");
+  NEED_CTX();
+  NO_CAPTURE(s);
+  int ok = is_stream(s) && fn != NULL;
+  pthread_mutex_unlock(&lock);
+  if (!ok) return CUDA_ERROR_INVALID_VALUE;
+  if (lazy) lazy_run(s, 0, ALL_OPS, 0);
+  return queue_host_call(fn, data);
 }
 
 CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
@@ -1951,7 +2108,7 @@ static const struct { const char* name; void* fn; } TABLE[] = {
     ENTRY(cuMemHostUnregister), ENTRY(cuPointerGetAttributes), ENTRY(cuMemPoolCreate), ENTRY(cuMemPoolDestroy),
     ENTRY(cuMemPoolSetAttribute), ENTRY(cuMemPoolGetAttribute), ENTRY(cuMemPoolTrimTo),
     ENTRY(cuMemAllocFromPoolAsync), ENTRY(cuMemFreeAsync), ENTRY(cuStreamWaitEvent), ENTRY(cuModuleLoadData),
-    ENTRY(cuMemcpyDtoDAsync), ENTRY(cuMemcpyDtoH),
+    ENTRY(cuMemcpyDtoDAsync), ENTRY(cuMemcpyDtoH), ENTRY(cuLaunchHostFunc),
     ENTRY(cuStreamBeginCapture), {"cuStreamBeginCapture_v2", (void*)cuStreamBeginCapture}, ENTRY(cuStreamEndCapture),
     ENTRY(cuStreamIsCapturing), ENTRY(cuGraphInstantiateWithFlags),
     {"cuGraphInstantiate", (void*)cuGraphInstantiateWithFlags}, ENTRY(cuGraphExecUpdate),

@@ -1,4 +1,9 @@
-"""Awaitable dispatches and structural program keys on the GPU, checked against numpy."""
+"""Awaitable dispatches and structural program keys on the GPU, checked against numpy.
+
+A parked await is woken by a host function the driver runs once the GPU is done (vyre_cuda._notify):
+these tests show it on the real driver (``parked`` and ``notified`` counters), and that nothing of
+the handle is touched after a cancel.
+"""
 
 import asyncio
 import gc
@@ -60,7 +65,62 @@ def test_gather_of_64_dispatches_matches_numpy(backend, rng):
     outs = run(main())
     for (a, b), (out,) in zip(inputs, outs):
         np.testing.assert_array_equal(out, a + b)
-    assert sum(t.name == "vyre-cuda-aio-waiter" for t in threading.enumerate()) <= 1
+    assert _aio.stats()["outstanding"] == 0
+
+
+def test_a_long_dispatch_is_parked_and_woken_by_its_host_function(fresh_backend):
+    before = _aio.stats()
+
+    async def main():
+        return await awaited(fresh_backend, fresh_backend.dispatch_async(SPIN, [SPIN_CYCLES]))
+
+    (out,) = run(main())
+    assert np.array_equal(out, np.ones(32, np.uint32))
+    d = {k: v - before[k] for k, v in _aio.stats().items()}
+    # woken by the host function (not found by the backstop, which checks at 0.1 s, then 0.3 s)
+    assert d["parked"] == 1 and d["notified"] == 1 and d["arm_failures"] == 0, d
+    assert d["backstops"] <= 2, d
+    _host_functions_ran()
+
+
+def _host_functions_ran(within_s=10.0):
+    deadline = time.monotonic() + within_s
+    while _aio.stats()["armed"] and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert _aio.stats()["armed"] == 0, _aio.stats()
+
+
+def test_several_loops_in_several_threads_await_long_dispatches(fresh_backend, rng):
+    prog = bp.vecadd_f32()
+    results, errors = {}, []
+    inputs = {
+        k: [rng.standard_normal(int(rng.integers(1, 1 << 16))).astype(np.float32) for _ in range(4)] for k in range(3)
+    }
+
+    def worker(k):
+        try:
+
+            async def main():
+                spin = asyncio.ensure_future(awaited(fresh_backend, fresh_backend.dispatch_async(SPIN, [SPIN_CYCLES])))
+                adds = [awaited(fresh_backend, fresh_backend.dispatch_async(prog, [x, x])) for x in inputs[k]]
+                return await spin, await asyncio.gather(*adds)
+
+            results[k] = run(main())
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    for k in range(3):
+        (spun,), adds = results[k]
+        assert np.array_equal(spun, np.ones(32, np.uint32))
+        for x, (out,) in zip(inputs[k], adds):
+            np.testing.assert_array_equal(out, x + x)
+    _host_functions_ran()
 
 
 def test_the_loop_ticks_while_a_long_dispatch_is_awaited(fresh_backend):
@@ -89,6 +149,7 @@ def test_cancelling_an_await_leaves_the_work_with_the_pending(fresh_backend):
         return kept
 
     kept = run(main())
+    assert _aio.stats()["outstanding"] == 0
     (out,) = kept.result()  # still owned by the handle: waits for the GPU, then collects
     assert np.array_equal(out, np.ones(32, np.uint32))
     gc.collect()  # the other handle was dropped un-awaited: deferred, reclaimed once its work is done
@@ -96,6 +157,7 @@ def test_cancelling_an_await_leaves_the_work_with_the_pending(fresh_backend):
     assert live(fresh_backend) == dict.fromkeys(LIVE, 0), live(fresh_backend)
     snap = fresh_backend.telemetry.snapshot()
     assert snap["leaked_allocations"] == 0 and snap["deferred_recycles"] == snap["deferred_drops"] == 1, snap
+    _host_functions_ran()  # both fired after their awaits were cancelled and their handles released
 
 
 def _reclaimed(backend, within_s=10.0):
