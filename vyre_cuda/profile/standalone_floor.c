@@ -80,6 +80,7 @@ static struct {
                              CUstream, void**, void**);
   CUresult (*cuStreamBeginCapture)(CUstream, int);
   CUresult (*cuStreamEndCapture)(CUstream, CUgraph*);
+  /* resolved by its 11.4+ name: "cuGraphInstantiate" may resolve to the 5-argument form */
   CUresult (*cuGraphInstantiate)(CUgraphExec*, CUgraph, unsigned long long);
   CUresult (*cuGraphLaunch)(CUgraphExec, CUstream);
   CUresult (*cuGraphDestroy)(CUgraph);
@@ -92,7 +93,7 @@ static const char* const NAMES[] = {
     "cuCtxSetCurrent", "cuModuleLoadData", "cuModuleGetFunction", "cuModuleUnload", "cuMemAlloc", "cuMemFree",
     "cuMemHostAlloc", "cuMemFreeHost", "cuStreamCreate", "cuStreamDestroy", "cuStreamSynchronize", "cuEventCreate",
     "cuEventDestroy", "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuMemcpyHtoDAsync",
-    "cuMemcpyDtoHAsync", "cuLaunchKernel", "cuStreamBeginCapture", "cuStreamEndCapture", "cuGraphInstantiate",
+    "cuMemcpyDtoHAsync", "cuLaunchKernel", "cuStreamBeginCapture", "cuStreamEndCapture", "cuGraphInstantiateWithFlags",
     "cuGraphLaunch", "cuGraphDestroy", "cuGraphExecDestroy",
 };
 
