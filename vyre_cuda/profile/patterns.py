@@ -785,7 +785,7 @@ def run_patterns(
 
     from .peers import PEERS, peer_version
     from .report import ProfileReport
-    from .run import _meta, import_floor
+    from .run import _meta, import_floor, open_backend
     from .targets import evaluate_pattern_targets
 
     if backend is not None and backend_options:
@@ -796,15 +796,7 @@ def run_patterns(
     floor = import_floor()  # (the peers' chains compile its vecadd source)
     owned = backend is None
     if owned:
-        import vyre_cuda
-
-        try:
-            backend = vyre_cuda.CudaBackend(device, **(backend_options or {}))
-        except TypeError as exc:
-            raise ValidationError(
-                f"this vyre_cuda's CudaBackend does not take the options {sorted(backend_options or {})} ({exc})",
-                "drop those options, or use a vyre_cuda whose CudaBackend has them",
-            ) from None
+        backend = open_backend(device, backend_options)
     started = datetime.datetime.now(datetime.timezone.utc)
     try:
         result = measure_patterns(

@@ -48,6 +48,20 @@ def default_host_threads() -> int:
     return max(1, min(16, os.cpu_count() or 1))
 
 
+def open_backend(device: int, backend_options=None):
+    """A CudaBackend on ``device`` made with ``backend_options`` for a run that owns it; options
+    this vyre_cuda's CudaBackend does not take are a ValidationError."""
+    import vyre_cuda  # (lazily: the package does not import the profile)
+
+    try:
+        return vyre_cuda.CudaBackend(device, **(backend_options or {}))
+    except TypeError as exc:
+        raise ValidationError(
+            f"this vyre_cuda's CudaBackend does not take the options {sorted(backend_options or {})} ({exc})",
+            "drop those options, or use a vyre_cuda whose CudaBackend has them",
+        ) from None
+
+
 def import_floor():
     """The compiled floor (``vyre_cuda.profile._floor``), or UnsupportedFeature with a Fix."""
     try:
@@ -243,15 +257,7 @@ def run_profile(
     builtin = program is None
     owned = backend is None
     if owned:
-        import vyre_cuda
-
-        try:
-            backend = vyre_cuda.CudaBackend(device, **(backend_options or {}))
-        except TypeError as exc:
-            raise ValidationError(
-                f"this vyre_cuda's CudaBackend does not take the options {sorted(backend_options or {})} ({exc})",
-                "drop those options, or use a vyre_cuda whose CudaBackend has them",
-            ) from None
+        backend = open_backend(device, backend_options)
     started = datetime.datetime.now(datetime.timezone.utc)
     rng = np.random.default_rng(seed)
     report_sizes = []
