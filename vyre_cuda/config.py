@@ -174,7 +174,13 @@ class DispatchConfig(metaclass=Interned):
     device_memory_budget : int, optional
         The most device bytes one dispatch may hold (a positive int). A dispatch over it
         streams when its program is elementwise and is refused otherwise; None: bounded only by
-        free device memory.
+        free device memory. A budget has a minimum: it may not cut the streamed route into
+        chunks that move fewer than ``planning.stream.STREAM_MIN_CHUNK_BYTES`` (4 MiB, uploads
+        plus readbacks; smaller chunks stream at under half the unbudgeted rate). A smaller
+        budget on a dispatch that must stream is a :class:`~vyre_cuda.errors.ValidationError`,
+        raised at planning, that names the smallest budget that works for that dispatch
+        (12,584,960 bytes for three float32 buffers of 16 MiB and up); a dispatch whose serial
+        route fits the budget runs serially instead.
 
     A config is immutable. Built again from the same plain values (numbers, strings, None, an
     int stream handle), it is the config built the first time, so one built in every call

@@ -27,6 +27,11 @@ each size (bytes per buffer; vecadd moves two inputs in and one output out):
   stream) beside each peer's kernel and synchronize; and the numpy round trip with a new, equal
   Program built for every dispatch.
 * **thread scaling**: throughput from 1, 2 and 4 Python threads, vyre_cuda against the floors.
+* **the patterns users are taught** (:mod:`vyre_cuda.profile.patterns`, ``patterns=True``; a
+  :class:`PatternResult` in ``report.patterns``): the README's enqueue chain beside cuda.core,
+  CuPy and PyTorch chains, dropped and kept ``dispatch_async``, 1,000 in flight, ``await``
+  against the blocking dispatch, the CPU used while a long kernel is awaited, and a
+  ``device_memory_budget`` sweep of the streamed route.
 
 Every time is a median with p10 and p90, given beside its GB/s (see
 :mod:`vyre_cuda.profile.report` for the definitions) and as a ratio to the floor of the same
@@ -42,7 +47,7 @@ The floor extension is imported only by a run, never by ``import vyre_cuda`` or 
 
 from .cli import add_arguments, main
 from .engine import WrongResult
-from .report import SCHEMA, ProfileReport, SizeResult, Target, ThreadScaling
+from .report import SCHEMA, PatternResult, ProfileReport, SizeResult, Target, ThreadScaling
 from .run import DEFAULT_SIZES, run_profile
 from .specs import (
     format_size,
@@ -61,6 +66,7 @@ __all__ = [
     "SCHEMA",
     "STAGE_NAMES",
     "UNATTRIBUTED",
+    "PatternResult",
     "ProfileReport",
     "SizeResult",
     "Summary",
