@@ -5,7 +5,8 @@ import pytest
 
 from vyre_cuda import InvalidProgram, ValidationError
 from vyre_cuda import builtin_programs as bp
-from vyre_cuda._validate import SIZE_MAX, check_flag, check_int, check_size, is_flag, is_int, require_program
+from vyre_cuda._validate import SIZE_MAX, check_flag, check_int, check_size, is_flag, is_int
+from vyre_cuda.program import require_program
 
 
 @pytest.mark.parametrize("value", [0, -3, 2**70, np.int8(5), np.uint64(7)])

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._io_checks import byte_order_error, is_little_endian
+from ._dtypes import byte_order_error, is_little_endian
 from ._validate import is_int
 from .errors import ValidationError
 

@@ -41,7 +41,7 @@ from ._dlpack cimport (
     DLTensor, DLManagedTensorVersioned, DLPackExchangeAPI, KDL_CUDA, DL_FLAG_READ_ONLY,
 )
 from ._devarray cimport DeviceArray
-from ._io_checks import is_little_endian
+from ._dtypes import is_little_endian
 
 __all__ = ["DevView", "device_view", "fallback_reason", "protocol_of"]
 

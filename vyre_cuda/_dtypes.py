@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidProgram
+from .errors import InvalidProgram, ValidationError
 
-__all__ = ["DTYPES", "DType", "dtype_of"]
+__all__ = ["DTYPES", "DType", "dtype_of", "is_little_endian", "byte_order_error"]
+
+_LITTLE_HOST = sys.byteorder == "little"
 
 
 @dataclass(frozen=True)
@@ -129,4 +132,26 @@ def dtype_of(value) -> DType:
     raise InvalidProgram(
         f"unknown element dtype {value!r}",
         f"use one of {', '.join(DTYPES)} (or the matching numpy dtype)",
+    )
+
+
+def is_little_endian(dtype) -> bool:
+    """Whether elements of numpy ``dtype`` are laid out as the GPU reads them: little-endian,
+    or single bytes ('|'). ``isnative`` on the little-endian hosts CUDA runs on (fields of a
+    structured dtype included); the explicit comparison elsewhere."""
+    return dtype.isnative if _LITTLE_HOST else dtype == dtype.newbyteorder("<")
+
+
+def byte_order_error(what, described, output=False):
+    """The refusal of a big-endian input or output, host or device; ``described`` names the
+    format or typestr the caller passed."""
+    if output:
+        return ValidationError(
+            f"{what} is big-endian ({described}); the GPU writes little-endian",
+            "pass a little-endian output (dtype x.dtype.newbyteorder('<')) and convert the result "
+            "afterwards if you need big-endian",
+        )
+    return ValidationError(
+        f"{what} is big-endian ({described}); the GPU reads little-endian",
+        "convert it with x.astype(x.dtype.newbyteorder('=')) before dispatch",
     )

@@ -9,10 +9,9 @@ dispatch's own errors (:func:`dtype_error`, the device reader's)."""
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
+from ._dtypes import byte_order_error, is_little_endian
 from .errors import ValidationError
 
 __all__ = [
@@ -30,30 +29,6 @@ __all__ = [
     "check_host_inputs",
     "check_device_description",
 ]
-
-_LITTLE_HOST = sys.byteorder == "little"
-
-
-def is_little_endian(dtype) -> bool:
-    """Whether elements of numpy ``dtype`` are laid out as the GPU reads them: little-endian,
-    or single bytes ('|'). ``isnative`` on the little-endian hosts CUDA runs on (fields of a
-    structured dtype included); the explicit comparison elsewhere."""
-    return dtype.isnative if _LITTLE_HOST else dtype == dtype.newbyteorder("<")
-
-
-def byte_order_error(what, described, output=False):
-    """The refusal of a big-endian input or output, host or device; ``described`` names the
-    format or typestr the caller passed."""
-    if output:
-        return ValidationError(
-            f"{what} is big-endian ({described}); the GPU writes little-endian",
-            "pass a little-endian output (dtype x.dtype.newbyteorder('<')) and convert the result "
-            "afterwards if you need big-endian",
-        )
-    return ValidationError(
-        f"{what} is big-endian ({described}); the GPU reads little-endian",
-        "convert it with x.astype(x.dtype.newbyteorder('=')) before dispatch",
-    )
 
 
 def raw_bits(obj):

@@ -13,15 +13,11 @@ import numpy as np
 
 from .errors import BackendError, ValidationError
 
-__all__ = ["is_int", "is_flag", "check_int", "check_flag", "check_size", "require_program", "SIZE_MAX"]
+__all__ = ["is_int", "is_flag", "check_int", "check_flag", "check_size", "SIZE_MAX"]
 
 # The largest byte count accepted: sizes are summed in u64 arithmetic, and 2**63 - 1 leaves room
 # for any total of two.
 SIZE_MAX = (1 << 63) - 1
-
-_Program = None  # vyre_cuda.program.Program, looked up at the first require_program
-
-_PROGRAM_FIX = "build one with Program(Kernel.cuda(src), [BufferDecl...])"
 
 
 def is_int(value, *, numpy: bool = True) -> bool:
@@ -87,16 +83,3 @@ def check_flag(name: str, value, *, fix: str) -> bool:
     if not is_flag(value):
         raise ValidationError(f"{name} must be True or False (got {type(value).__name__} {value!r})", fix)
     return bool(value)
-
-
-def require_program(value, where: str, *, verb: str = "needs") -> None:
-    """ValidationError "{where} {verb} a vyre_cuda.Program (got {type})" unless ``value`` is one."""
-    # program.py builds on this module's int and flag checks, so the class is looked up here, at
-    # the first check, rather than imported with the module (then kept: planning checks per plan)
-    global _Program
-    if _Program is None:
-        from .program import Program  # noqa: PLC0415
-
-        _Program = Program
-    if not isinstance(value, _Program):
-        raise ValidationError(f"{where} {verb} a vyre_cuda.Program (got {type(value).__name__})", _PROGRAM_FIX)

@@ -5,16 +5,13 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from ._validate import check_flag, is_flag, is_int
 from .errors import ValidationError
 from .kernel import Interned  # (the compiled metaclass, or type)
-
-if TYPE_CHECKING:
-    from .typing import ConfigLike
 
 __all__ = ["DispatchConfig", "as_config", "stream_handle", "MAX_FIXPOINT_ITERATIONS", "MAX_TIMEOUT_S"]
 
@@ -366,8 +363,9 @@ _config_fields = operator.attrgetter(*_CONFIG_FIELDS)  # a config as the tuple o
 _DEFAULT = DispatchConfig()
 
 
-def as_config(config: ConfigLike) -> DispatchConfig:
+def as_config(config: DispatchConfig | dict[str, Any] | None) -> DispatchConfig:
     """Accept None, a dict of DispatchConfig fields, or a DispatchConfig."""
+    # (the parameter's type is vyre_cuda.typing.ConfigLike written out: typing imports this module)
     if config is None:
         return _DEFAULT
     if isinstance(config, DispatchConfig):

@@ -39,10 +39,10 @@ except ImportError as exc:  # pragma: no cover (exercised where dask is missing)
         "Fix: pip install 'vyre-cuda[dask]'"
     ) from exc
 
-from ._validate import is_int, require_program
+from ._validate import is_int
 from .config import as_config
 from .errors import BackendError, ValidationError
-from .program import Program
+from .program import Program, require_program
 
 if TYPE_CHECKING:
     from .typing import ConfigLike, InputBuffer

@@ -30,12 +30,13 @@ from ._group_work import (
     _ThreadStats,
     _worker,
 )
-from ._validate import check_int, is_int, require_program
+from ._validate import check_int, is_int
 from .config import as_config
 from .errors import ValidationError
 from .planning.split import CHUNKS_PER_DEVICE as CHUNKS_PER_DEVICE
 from .planning.split import MIN_CHUNK_BYTES as MIN_CHUNK_BYTES
 from .planning.split import SplitPlan, plan_split
+from .program import require_program
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -23,14 +23,14 @@ import numpy as np
 import numpy.typing as npt
 
 from ._io_checks import check_device_description, check_host_inputs, host_format
-from ._validate import check_int, require_program
+from ._validate import check_int
 from .compile import CompiledKernel, compile_kernel, nvrtc_version
 from .config import as_config
 from .errors import KernelCompileFailed, ValidationError
 from .planning.caps import DeviceCaps
 from .planning.dispatch import DispatchPlan, plan_dispatch
 from .planning.presets import preset
-from .program import Program
+from .program import Program, require_program
 from .typing import ConfigLike, InputBuffer
 
 __all__ = ["ArraySpec", "OfflineModules", "occupancy_bound", "compile_program", "offline_compile_error", "plan"]

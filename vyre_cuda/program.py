@@ -13,7 +13,7 @@ from typing import Any, overload
 
 from ._dtypes import DTYPES, DType, dtype_of
 from ._validate import is_flag, is_int
-from .errors import InvalidProgram
+from .errors import InvalidProgram, ValidationError
 from .kernel import (  # (Interned: the compiled metaclass, or type)
     Interned,
     Kernel,
@@ -680,4 +680,13 @@ def _validate_launch(program) -> None:
         raise InvalidProgram(
             f"Program.launch={launch!r} {why}",
             f"name one of {', '.join(map(repr, sized))}",
+        )
+
+
+def require_program(value, where: str, *, verb: str = "needs") -> None:
+    """ValidationError "{where} {verb} a vyre_cuda.Program (got {type})" unless ``value`` is one."""
+    if not isinstance(value, Program):
+        raise ValidationError(
+            f"{where} {verb} a vyre_cuda.Program (got {type(value).__name__})",
+            "build one with Program(Kernel.cuda(src), [BufferDecl...])",
         )

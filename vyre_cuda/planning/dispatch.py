@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .._accounting import bucket_size
-from .._validate import require_program
 from ..config import DispatchConfig
 from ..errors import DeviceOutOfMemory, InvalidProgram, UnsupportedFeature
-from ..program import Program
+from ..program import Program, require_program
 from .binding import BindingPlan, input_spec, plan_bindings
 from .caps import DeviceCaps, check_capabilities
 from .launch import LaunchPlan, Route, barrier_ceiling, plan_launch, route_grid_sync

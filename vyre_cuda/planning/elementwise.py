@@ -88,8 +88,6 @@ def cut_bindings(program, declared, terms: Terms = PROGRAM_TERMS) -> tuple:
     """Names of the bindings a declaration (True or a tuple of names, as :func:`declaration`
     stores it) cuts into rows (see the module doc); InvalidProgram worded in ``terms`` when the
     program cannot honour it."""
-    from ..program import BindingRole  # noqa: PLC0415 (cycle: program imports planning)
-
     refuse = functools.partial(refusal, terms=terms)
     if program.grid_sync:
         raise refuse(
@@ -141,11 +139,15 @@ def cut_bindings(program, declared, terms: Terms = PROGRAM_TERMS) -> tuple:
             f"{terms.name} names no runtime-sized input to cut",
             f"pass {terms.name}=True, or name at least one runtime-sized input",
         )
-    pure_outputs = [d for d in program.outputs if d.role is BindingRole.OUTPUT]
+    # (roles read from the program's own input and output lists: this module is imported by
+    # program.py, so it does not import program's BindingRole back)
+    read_back = {id(d) for d in program.outputs}
+    taken = {id(d) for d in program.inputs}
+    pure_outputs = [d for d in program.outputs if id(d) not in taken]
     for d in runtime:
         if d.name in chosen:
             continue
-        if d.role is BindingRole.INPUT_OUTPUT:
+        if id(d) in read_back:
             raise refuse(
                 program,
                 f"input {d.name!r} is read back (read-write) but is not in {terms.name}",

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._validate import check_int, require_program
+from .._validate import check_int
 from ..config import as_config
 from ..errors import InvalidProgram, ValidationError
-from ..program import BindingRole
+from ..program import BindingRole, require_program
 from .elementwise import Terms, cut_bindings, declaration
 
 __all__ = ["SplitPlan", "plan_split", "SPLIT_TERMS", "MIN_CHUNK_BYTES", "CHUNKS_PER_DEVICE"]

@@ -51,6 +51,7 @@ from ..errors import ValidationError, driver_error
 from . import engine
 from .peers import missing_reason, open_peer, peer_available
 from .report import PatternResult
+from .session import import_floor, meta, open_backend
 from .specs import KIB, MIB
 from .stats import median, summarize
 
@@ -785,7 +786,6 @@ def run_patterns(
 
     from .peers import PEERS, peer_version
     from .report import ProfileReport
-    from .run import _meta, import_floor, open_backend
     from .targets import evaluate_pattern_targets
 
     if backend is not None and backend_options:
@@ -809,7 +809,7 @@ def run_patterns(
             progress=progress,
             settings=settings,
         )
-        meta = _meta(
+        run_meta = meta(
             backend,
             {
                 "rounds": rounds,
@@ -824,4 +824,4 @@ def run_patterns(
     finally:
         if owned:
             backend.close()
-    return ProfileReport(meta=meta, sizes=[], targets=evaluate_pattern_targets(result), patterns=result)
+    return ProfileReport(meta=run_meta, sizes=[], targets=evaluate_pattern_targets(result), patterns=result)

@@ -5,18 +5,16 @@ from __future__ import annotations
 import datetime
 import gc
 import os
-import pathlib
-import platform
-import re
 import warnings
 
 import numpy as np
 
 from .._validate import check_int
-from ..errors import BackendError, UnsupportedFeature, ValidationError
+from ..errors import BackendError, ValidationError
 from . import _hooks, engine, runners, streamed, tight
 from .peers import PEERS, VYRE_HOOKS, missing_reason, open_peer, peer_available, peer_version
 from .report import ProfileReport
+from .session import import_floor, load_floor_kernel, meta, open_backend
 from .specs import GIB, KIB, MIB, format_size, parse_sizes
 from .targets import SMALL_MAX, evaluate_pattern_targets, evaluate_targets
 from .threads import measure_threads
@@ -24,7 +22,6 @@ from .threads import measure_threads
 __all__ = ["DEFAULT_SIZES", "import_floor", "load_floor_kernel", "run_profile"]
 
 DEFAULT_SIZES = (4 * KIB, 4 * MIB, 64 * MIB, 256 * MIB, 1 * GIB)
-_FLOOR_LABEL = "vecadd(a, b, out, n) C loop, 256 threads per block"
 # Telemetry counters compared before and after the timed dispatches of a size, and levels read
 # after them (names the core may not have yet are skipped).
 _COUNTERS = (
@@ -46,81 +43,6 @@ _LEVELS = ("ring_bytes", "copy_threads_live")
 def default_host_threads() -> int:
     """Threads of the N-thread memcpy ceiling: the CPUs, at most 16."""
     return max(1, min(16, os.cpu_count() or 1))
-
-
-def open_backend(device: int, backend_options=None):
-    """A CudaBackend on ``device`` made with ``backend_options`` for a run that owns it; options
-    this vyre_cuda's CudaBackend does not take are a ValidationError."""
-    import vyre_cuda  # (lazily: the package does not import the profile)
-
-    try:
-        return vyre_cuda.CudaBackend(device, **(backend_options or {}))
-    except TypeError as exc:
-        raise ValidationError(
-            f"this vyre_cuda's CudaBackend does not take the options {sorted(backend_options or {})} ({exc})",
-            "drop those options, or use a vyre_cuda whose CudaBackend has them",
-        ) from None
-
-
-def import_floor():
-    """The compiled floor (``vyre_cuda.profile._floor``), or UnsupportedFeature with a Fix."""
-    try:
-        from . import _floor
-    except ImportError as exc:
-        raise UnsupportedFeature(
-            f"the driver floor extension vyre_cuda.profile._floor is not built ({exc})",
-            "build the extensions (python setup.py build_ext --inplace, or pip install .)",
-        ) from None
-    return _floor
-
-
-def load_floor_kernel(backend):
-    """The floor's vecadd compiled for ``backend``'s device and loaded into its context:
-    ``(FloorKernel, image)``."""
-    from ..compile import compile_kernel
-    from ..program import Kernel
-
-    floor = import_floor()
-    compiled = compile_kernel(Kernel.cuda(floor.FLOOR_SOURCE, entry=floor.FLOOR_ENTRY), arch=tuple(backend.caps.cc))
-    kernel = floor.FloorKernel(backend.context_handle, compiled.image, floor.FLOOR_ENTRY)
-    return kernel, compiled.image
-
-
-def _driver_release():
-    try:
-        text = pathlib.Path("/proc/driver/nvidia/version").read_text()
-    except OSError:
-        return None
-    m = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9][0-9.]+)", text)
-    return m.group(1) if m else None
-
-
-def _meta(backend, settings, started):
-    from .. import __version__
-
-    caps = backend.caps
-    try:
-        import cuda.bindings as cb
-
-        cb_version = getattr(cb, "__version__", None)
-    except ImportError:
-        cb_version = None
-    return {
-        "date": started.isoformat(timespec="seconds"),
-        "device": int(backend.device),
-        "device_name": str(getattr(caps, "name", "?")),
-        "cc": [int(v) for v in caps.cc],
-        "driver_version": getattr(caps, "driver_version", None),
-        "driver_release": _driver_release(),
-        "vyre_cuda_version": __version__,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "cuda_bindings": cb_version,
-        "host": platform.node(),
-        "cpu_count": os.cpu_count(),
-        "floor": _FLOOR_LABEL,
-        **settings,
-    }
 
 
 def _progress_scaled(progress, lo, hi, prefix=""):
@@ -322,7 +244,7 @@ def run_profile(
                 "commit": base.meta.get("commit"),
                 "date": base.meta.get("date"),
             }
-        meta = _meta(backend, settings, started)
+        run_meta = meta(backend, settings, started)
     finally:
         try:
             if kernel is not None:
@@ -331,7 +253,7 @@ def run_profile(
             if owned:
                 backend.close()
     return ProfileReport(
-        meta=meta,
+        meta=run_meta,
         sizes=report_sizes,
         threads=thread_result,
         targets=evaluate_targets(report_sizes, thread_result, builtin, base) + evaluate_pattern_targets(pattern_result),
