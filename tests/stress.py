@@ -328,6 +328,9 @@ class Stress:
             for name in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs", "mempools"):
                 if after[name] != base[name]:
                     leaks[f"driver {name}"] = after[name] - base[name]
+            if after["no_context"] != base["no_context"]:
+                # a driver call with no context current fails (a free that leaks, say)
+                leaks["driver calls without a context"] = after["no_context"] - base["no_context"]
             if after["violations"] != base["violations"]:
                 leaks["driver violations"] = self.fake.last_violation()
             if self.fake.hook_errors:

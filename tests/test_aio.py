@@ -280,7 +280,12 @@ def test_the_loop_keeps_ticking_while_dispatches_are_awaited():
 
 def test_several_loops_in_several_threads_each_watch_their_own_eventfd():
     results, errors, notifiers = {}, [], []
-    started = threading.Barrier(4)
+    started, counted = threading.Barrier(4), threading.Barrier(4)
+
+    def parked(loop):
+        ref = _aio._watches.get(loop)
+        watch = ref() if ref is not None else None
+        return watch.outstanding() if watch is not None else 0
 
     def worker(k):
         try:
@@ -288,9 +293,13 @@ def test_several_loops_in_several_threads_each_watch_their_own_eventfd():
 
             async def main():
                 tasks = [asyncio.ensure_future(_aio.awaitable(h)) for h in hs]
-                await asyncio.sleep(0.01)
-                started.wait(5)  # every loop has parked its awaits
+                # this loop's 8 awaits park after their short spin (later under load): 5 s at most
+                deadline = time.monotonic() + 5
+                while parked(asyncio.get_running_loop()) < 8 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.002)
+                started.wait(5)  # every loop has parked its awaits, and none has finished
                 notifiers.append(_aio.stats()["notifiers"])
+                counted.wait(5)  # (no loop finishes, freeing its eventfd, before all have counted)
                 finish_from_thread(hs).join()  # finished from yet another thread
                 return await asyncio.gather(*tasks)
 

@@ -1225,3 +1225,13 @@ cdef void drop(PendingDispatch d) noexcept:
     core.defer_mu.unlock()
     a_add(&core.defer_n, 1)
     tel_add(&core.tel[T_DEFERRED_DROPS], 1)
+    if a_load(&core.closed_flag):
+        # close() may have made its last reclaim between this handle's query and the push
+        # above (close sets the flag before it reclaims, and the push is under defer_mu, so one
+        # of the two sees the entry): nothing else would reclaim it, so wait for it here. Its
+        # GPU work is all that is waited for; close() already waited for the context, or lets
+        # the last handle free the pools.
+        try:
+            core._reclaim(True, True)
+        except BaseException:  # (noexcept: a failed wait was written off by _reclaim)
+            pass

@@ -113,6 +113,7 @@ cdef class BlockPool:
 
     cdef void release(self, uintptr_t ptr, size_t block) noexcept:
         cdef bint keep, free_now
+        cdef cydriver.CUcontext prev
         lock_with_gil(self.mu)
         self.live_bytes -= block
         keep = (not self.closed and self.cached_bytes + block <= self.cap_bytes
@@ -127,8 +128,14 @@ cdef class BlockPool:
         free_now = not keep and not self.forgotten
         self.mu.unlock()
         if free_now:
+            # the releasing thread may have no context current (a handle dropped after close()
+            # on a thread that never dispatched): the pool's own is pushed for the free
             with nogil:
-                self._free(ptr)
+                if self.ctx == NULL:  # host memory (HostPool): no context involved
+                    self._free(ptr)
+                elif cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
+                    self._free(ptr)
+                    cydriver.cuCtxPopCurrent(&prev)
 
     cdef void forget(self, size_t block) noexcept:
         # the block stays in flight on a failed stream: never reuse or free it
@@ -383,9 +390,12 @@ cdef class DevicePool(BlockPool):
         return 0
 
     cdef void release_async(self, cydriver.CUdeviceptr ptr, size_t nbytes, cydriver.CUstream stream) noexcept:
+        cdef cydriver.CUcontext prev
         self.forget_async(nbytes)
         with nogil:
-            cydriver.cuMemFreeAsync(ptr, stream)
+            if cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:  # (see release)
+                cydriver.cuMemFreeAsync(ptr, stream)
+                cydriver.cuCtxPopCurrent(&prev)
 
     cdef void forget_async(self, size_t nbytes) noexcept:
         lock_with_gil(self.mu)

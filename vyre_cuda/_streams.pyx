@@ -54,6 +54,7 @@ cdef class StreamPool:
 
     cdef void release_stream(self, cydriver.CUstream s) noexcept:
         cdef bint keep
+        cdef cydriver.CUcontext prev
         lock_with_gil(self.mu)
         self.live_streams -= 1
         keep = not self.closed and self.streams.size() < self.cap
@@ -62,9 +63,11 @@ cdef class StreamPool:
         else:
             self.created_streams -= 1
         self.mu.unlock()
-        if not keep:
+        if not keep:  # (the pool's context pushed: the releasing thread may have none current)
             with nogil:
-                cydriver.cuStreamDestroy(s)
+                if self.ctx != NULL and cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
+                    cydriver.cuStreamDestroy(s)
+                    cydriver.cuCtxPopCurrent(&prev)
 
     cdef int acquire_event(self, bint timing, cydriver.CUevent* out) except -1:
         cdef cydriver.CUevent e = NULL
@@ -93,6 +96,7 @@ cdef class StreamPool:
     cdef void release_event(self, cydriver.CUevent e, bint timing) noexcept:
         cdef vector[cydriver.CUevent]* pool = &self.timing_events if timing else &self.events
         cdef bint keep
+        cdef cydriver.CUcontext prev
         lock_with_gil(self.mu)
         self.live_events -= 1
         keep = not self.closed and pool.size() < self.event_cap
@@ -101,9 +105,11 @@ cdef class StreamPool:
         else:
             self.created_events -= 1
         self.mu.unlock()
-        if not keep:
+        if not keep:  # (the pool's context pushed: the releasing thread may have none current)
             with nogil:
-                cydriver.cuEventDestroy(e)
+                if self.ctx != NULL and cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
+                    cydriver.cuEventDestroy(e)
+                    cydriver.cuCtxPopCurrent(&prev)
 
     cdef void forget(self, int streams, int events) noexcept:
         # written off with a dispatch that could not be proven finished: never reused or destroyed

@@ -1156,10 +1156,10 @@ static CUresult lazy_run_event(CUevent e, int take_error) {
 }
 
 /* busy: what a held GPU does to the call (a query answers NOT_READY, a synchronize waits) */
-#define EVENT_CALL(name, busy)                                            \
+#define EVENT_CALL(name, label, busy)                                     \
   CUresult name(CUevent e) {                                              \
     pthread_mutex_lock(&lock);                                            \
-    INJECT(#name);                                                        \
+    INJECT(label);                                                        \
     NEED_CTX();                                                           \
     int ok = is_event(e);                                                 \
     pthread_mutex_unlock(&lock);                                          \
@@ -1167,8 +1167,20 @@ static CUresult lazy_run_event(CUevent e, int take_error) {
     if (ok && lazy) return lazy_run_event(e, 1);                          \
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;                 \
   }
-EVENT_CALL(cuEventQuery, busy_query())
-EVENT_CALL(cuEventSynchronize, (wait_not_held(), 0))
+/* fake_cuda_set_query_hook(): a C function (a ctypes callback) run at the start of every
+ * cuEventQuery, outside the fake's locks; a nonzero return is the query's answer. It lets a
+ * test run code (close() on the querying thread, say) between a query and what its caller
+ * does with the answer. */
+typedef int (*query_hook_t)(void);
+static query_hook_t query_hook = NULL;
+void fake_cuda_set_query_hook(query_hook_t hook) { query_hook = hook; }
+static EVENT_CALL(cuEventQuery_unhooked, "cuEventQuery", busy_query())
+CUresult cuEventQuery(CUevent e) {
+  query_hook_t hook = query_hook;
+  int answer = hook ? hook() : 0;
+  return answer ? (CUresult)answer : cuEventQuery_unhooked(e);
+}
+EVENT_CALL(cuEventSynchronize, "cuEventSynchronize", (wait_not_held(), 0))
 
 CUresult cuEventRecord(CUevent e, CUstream s) {
   pthread_mutex_lock(&lock);
