@@ -1161,6 +1161,8 @@ cdef int poll_ready(PendingDispatch d) except -1:
                 status = cydriver.cuEventQuery(d.f.done)
             else:
                 status = cydriver.cuStreamQuery(d.f.stream)
+        if status == cydriver.CUDA_SUCCESS:
+            d.completed = True  # (a later drop recycles with no query)
     d.mu.unlock()
     if status == cydriver.CUDA_SUCCESS or status == cydriver.CUDA_ERROR_NOT_READY:
         return status == cydriver.CUDA_SUCCESS
@@ -1178,8 +1180,9 @@ cdef int poll_ready(PendingDispatch d) except -1:
 
 cdef void drop(PendingDispatch d) noexcept:
     """The handle's last reference went (no other thread can hold it). Its work never makes the
-    host wait: finished, its resources are recycled now; still running, they go to the backend's
-    deferred list with every buffer the GPU may still read or write."""
+    host wait: seen finished (a wait or ``is_ready()``), its resources are recycled now; else they
+    go, with no driver call, to the backend's deferred list with every buffer the GPU may still
+    read or write, and the next dispatch, ``trim()`` or ``close()`` recycles them."""
     cdef Core core = d.core
     cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
     cdef cydriver.CUcontext prev
@@ -1190,15 +1193,12 @@ cdef void drop(PendingDispatch d) noexcept:
     if core.ctx == NULL:  # released after a fault: the resources died with the context
         release_resources(d, False)
         return
-    if d.f.enqueued:
-        with nogil:
-            st = cydriver.cuCtxPushCurrent(core.ctx)
-            if st == cydriver.CUDA_SUCCESS:
-                st = cydriver.cuEventQuery(d.f.done) if d.f.has_done else cydriver.cuStreamQuery(d.f.stream)
-                cydriver.cuCtxPopCurrent(&prev)
-    if st != cydriver.CUDA_ERROR_NOT_READY:
-        release_resources(d, st == cydriver.CUDA_SUCCESS)  # (an error: written off)
+    if not d.f.enqueued or d.completed:  # nothing on the GPU, or seen finished: back at once
+        release_resources(d, True)
         return
+    # Not queried: dropped right after its enqueue (fire and forget) the work still runs, and a
+    # query here would only answer NOT_READY before the next dispatch's reclaim asks again
+    # (notes/enqueue-chain.md, section 3). The deferred list recycles it once finished.
     try:
         held = (d.keep, d.s_outs, d.out_checked, d.prep)
     except BaseException:  # no memory for a tuple: wait instead (the old way, never wrong)

@@ -1167,19 +1167,7 @@ static CUresult lazy_run_event(CUevent e, int take_error) {
     if (ok && lazy) return lazy_run_event(e, 1);                          \
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;                 \
   }
-/* fake_cuda_set_query_hook(): a C function (a ctypes callback) run at the start of every
- * cuEventQuery, outside the fake's locks; a nonzero return is the query's answer. It lets a
- * test run code (close() on the querying thread, say) between a query and what its caller
- * does with the answer. */
-typedef int (*query_hook_t)(void);
-static query_hook_t query_hook = NULL;
-void fake_cuda_set_query_hook(query_hook_t hook) { query_hook = hook; }
-static EVENT_CALL(cuEventQuery_unhooked, "cuEventQuery", busy_query())
-CUresult cuEventQuery(CUevent e) {
-  query_hook_t hook = query_hook;
-  int answer = hook ? hook() : 0;
-  return answer ? (CUresult)answer : cuEventQuery_unhooked(e);
-}
+EVENT_CALL(cuEventQuery, "cuEventQuery", busy_query())
 EVENT_CALL(cuEventSynchronize, "cuEventSynchronize", (wait_not_held(), 0))
 
 CUresult cuEventRecord(CUevent e, CUstream s) {

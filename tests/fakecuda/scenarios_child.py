@@ -154,9 +154,18 @@ def dropped_pending_dispatch_recycles(fake):
     a, b = pair()
     pending = backend.dispatch_async(VECADD, [a, b])
     assert backend._core.outstanding == 1
+    del pending  # dropped with its work not seen finished: deferred, no driver call
+    gc.collect()
+    assert backend._core.deferred == 1 and backend._core.outstanding == 1
+    backend.trim()  # (as the next dispatch or close() would) recycles it once finished
+    assert backend._core.deferred == 0 and backend._core.outstanding == 0
+    assert live(backend) == dict.fromkeys(LIVE, 0)
+    pending = backend.dispatch_async(VECADD, [a, b])
+    assert pending.is_ready()  # seen finished: its drop recycles at once
     del pending
     gc.collect()
-    assert backend._core.outstanding == 0 and live(backend) == dict.fromkeys(LIVE, 0)
+    assert backend._core.deferred == 0 and backend._core.outstanding == 0
+    assert live(backend) == dict.fromkeys(LIVE, 0)
     check_vecadd(backend)
     backend.close()
 
