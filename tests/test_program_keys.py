@@ -417,18 +417,20 @@ def test_the_two_recent_calls_differing_in_any_argument_return_their_own_values(
             assert BufferDecl.read("".join(args_y[0]), *args_y[1:], **kw_y) is y
 
 
-def test_remembered_calls_take_the_vectorcall_entry_and_the_call_entry_alike():
-    # CPython calls the interned classes and their constructors by vectorcall (no argument tuple,
-    # no keyword dict); a call through tp_call (an explicit __call__, a partial) finds the same
-    # entries. A CPython that cleared the entry would leave every call on the slower path.
-    _interned = pytest.importorskip("vyre_cuda._interned")
-    roots = (Program, BufferDecl, Kernel, vyre_cuda.DispatchConfig)
-    assert [_interned.vectorcall_active(c) for c in roots] == [True] * 4
+def test_remembered_calls_find_their_entries_through_every_call_entry():
+    # the interned classes and their constructors are called through CPython's supported
+    # entries (a metaclass __call__, an object's __call__): a direct call, an explicit
+    # __call__ and a partial all find the same entries. No type slot is patched.
+    import pathlib
+
+    source = (pathlib.Path(vyre_cuda.__file__).parent / "_interned.pyx").read_text()
+    for patched in ("tp_vectorcall", "PyType_Type", "tp_flags", "PyType_Modified"):
+        assert patched not in source, f"_interned.pyx touches {patched}"
 
     class Sub(Program):
         pass
 
-    assert not _interned.vectorcall_active(Sub)  # (built as usual, every time)
+    assert Sub._interned_values is None  # (a subclass is built as usual, every time)
     first = bp.vecadd_f32()
     k, decls = first.kernel, list(first.buffers)
     kw = {"workgroup_size": (256, 1, 1), "name": "vecadd_f32"}
@@ -505,3 +507,70 @@ def test_threads_building_equal_programs_get_equal_values():
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_threads_building_the_same_values_all_get_the_one_stored_first():
+    # each table is one mutex's: threads racing through the same constructors (a switch every
+    # microsecond) get equal values, and once stored, every thread gets the very same object
+    import sys
+    import threading
+
+    names = [f"race_{k}" for k in range(40)]
+    got: dict = {}
+    errors: list = []
+    start = threading.Barrier(8)
+
+    def build(t):
+        try:
+            start.wait(5)
+            mine = []
+            for _ in range(20):
+                for name in names:
+                    decls = [BufferDecl.read("a", 0, "f32"), BufferDecl.output("out", 1, "f32")]
+                    mine.append(Program(bp.vecadd_f32().kernel, decls, name=name))
+            got[t] = mine
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=build, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors[:3]
+    firsts = {
+        name: Program(
+            bp.vecadd_f32().kernel, [BufferDecl.read("a", 0, "f32"), BufferDecl.output("out", 1, "f32")], name=name
+        )
+        for name in names
+    }
+    for mine in got.values():
+        for k, p in enumerate(mine):
+            name = names[k % len(names)]
+            assert p == firsts[name] and p.name == name
+        # the last round came after every value was stored: the same objects
+        assert all(p is firsts[names[k]] for k, p in enumerate(mine[-len(names) :]))
+
+
+def test_cleared_tables_build_again_and_remember_the_new_value():
+    # (read() builds through the class's own call: both tables are cleared)
+    tables = (BufferDecl.__dict__["read"].values, BufferDecl._interned_values)
+    first = BufferDecl.read("cleared", 0, "f32")
+    assert BufferDecl.read("cleared", 0, "f32") is first
+    saved = [t.items() for t in tables]
+    for t in tables:
+        t.clear()
+    try:
+        assert len(tables[0]) == 0
+        again = BufferDecl.read("cleared", 0, "f32")
+        assert again == first and again is not first
+        assert BufferDecl.read("cleared", 0, "f32") is again and len(tables[0]) == 1
+    finally:
+        for t, items in zip(tables, saved, strict=True):
+            for h, e in items:
+                t[h] = e

@@ -4,7 +4,7 @@
 A program built inside a function (each call) builds its Kernel, its BufferDecls and the Program
 again from the same arguments. Their checks and normalisation are a pure function of the
 arguments, and the values are immutable, so the second call returns the first call's value: one
-dict lookup instead of the checks, and the plan cache then finds the very same object.
+table lookup instead of the checks, and the plan cache then finds the very same object.
 
 Only calls whose every argument is a plain value are remembered: a str, bytes, int, bool, float or
 None, a value of a registered type (DType, BufferAccess, and the interned classes themselves), or
@@ -14,48 +14,57 @@ every time. Values of registered types are keyed by identity, and the remembered
 (so no other object takes their address while it lives): no Python ``__hash__`` runs, and an
 equal value that is another object is only a miss, built as usual.
 
+How calls arrive: through CPython's supported entries only. ``Interned`` is a metaclass whose
+``__call__`` is its ``tp_call``; a remembered constructor (``BufferDecl.read``) is an object
+whose ``__call__`` is its ``tp_call``. No type slot is patched and no private field of CPython is
+read.
+
 A call that finds its value builds no key: it is first compared item by item with the two
 entries found or stored last (a function building its program repeats its calls in order), then
 the arguments are hashed in C (a str's or an int's own hash, a registered value's address, each
 mixed with its exact type) and the entry under that hash is compared with them item by item.
 An entry whose arguments differ under the same hash (a 64-bit collision) is left as it is and the
 call builds a new value. A call that raises is not remembered. Past its class's
-``_interned_limit`` values (``LIMIT`` unless the class says), calls build new ones. The GIL guards
-the tables (two threads building one new value may both build it; both return the one stored
-first).
+``_interned_limit`` values (``LIMIT`` unless the class says), calls build new ones.
+
+Threads: each table has one mutex, held for a lookup and for a store, never while Python code
+runs (a lookup compares only exact str, bytes, int, float and bool values and addresses), so it
+holds without a GIL. Two threads building one new value may both build it; both return the one
+stored first.
 """
 
 from cpython.object cimport PyObject, PyObject_Hash, PyObject_RichCompareBool, Py_EQ
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cython.operator cimport dereference as deref
-from libcpp.unordered_map cimport unordered_map
-from libcpp.vector cimport vector
-from cpython.ref cimport Py_INCREF, Py_DECREF
+from cpython.dict cimport PyDict_Next
+from libcpp.mutex cimport mutex
 
 cdef extern from "Python.h":
     ctypedef size_t Py_uhash_t
     PyObject* Py_TYPE(object o)
-    ctypedef PyObject* (*vectorcallfunc)(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kw)
-    ctypedef struct PyTypeObject:
-        Py_ssize_t tp_vectorcall_offset
-        unsigned long tp_flags
-        vectorcallfunc tp_vectorcall
-        PyObject* (*tp_call)(PyObject*, PyObject*, PyObject*)
-    unsigned long Py_TPFLAGS_HAVE_VECTORCALL
-    Py_ssize_t PyVectorcall_NARGS(size_t nargsf)
-    void PyType_Modified(PyTypeObject* t)
-    PyTypeObject PyType_Type
 
-cdef extern from *:
-    object _type_call "PyType_Type.tp_call"(object cls, object args, object kw)  # type.__call__
+cdef extern from "_atomic.hpp" namespace "vyre" nogil:
+    int a_load "vyre::load"(const int* p)
+    void a_store "vyre::store"(int* p, int v)
 
 __all__ = ["Interned", "register_plain", "remembered_constructor", "LIMIT"]
 
 LIMIT = 4096
-# arguments keyed by identity: immutable values of registered types (the first few also in a C
-# array, compared by address before the set is asked: a few types are registered, and every
-# remembered call checks each argument's type)
+
+
+cdef inline void _lock(mutex& m) noexcept:
+    # (called with the GIL held: never wait for the mutex while holding it, its holder may be
+    # waiting for the GIL)
+    if not m.try_lock():
+        with nogil:
+            m.lock()
+
+
+# Registered types: their values are keyed by identity. Registration happens as the classes are
+# defined (vyre_cuda's import); the set holds each type's reference, and the first FAST_TYPES are
+# also in a C array that a lookup scans by address. A slot is written before the count that
+# publishes it (an atomic store), so a reader on another thread sees whole entries only.
+cdef mutex _register_mu
 cdef set _BY_ID = set()
 cdef enum:
     FAST_TYPES = 16
@@ -64,22 +73,31 @@ cdef int _n_fast = 0
 
 
 cdef int _register(object cls) except -1:
-    global _n_fast
-    if cls in _BY_ID:
-        return 0
-    _BY_ID.add(cls)  # (the set holds the reference the array's pointer relies on)
-    if _n_fast < FAST_TYPES:
-        _fast_types[_n_fast] = <PyObject*>cls
-        _n_fast += 1
+    cdef int n
+    _lock(_register_mu)
+    try:
+        if cls not in _BY_ID:
+            _BY_ID.add(cls)
+            n = a_load(&_n_fast)
+            if n < FAST_TYPES:
+                _fast_types[n] = <PyObject*>cls
+                a_store(&_n_fast, n + 1)
+    finally:
+        _register_mu.unlock()
     return 0
 
 
 cdef inline bint _registered(object t) except -1:
-    cdef int i
-    for i in range(_n_fast):
+    cdef int i, n = a_load(&_n_fast)
+    for i in range(n):
         if _fast_types[i] == <PyObject*>t:
             return True
-    return _n_fast == FAST_TYPES and t in _BY_ID
+    if n < FAST_TYPES:
+        return False
+    _lock(_register_mu)  # (more than FAST_TYPES registered: the set, under its lock)
+    found = t in _BY_ID
+    _register_mu.unlock()
+    return found
 
 # kinds of argument (a plain value's kind is fixed by its exact type)
 cdef enum:
@@ -94,7 +112,7 @@ def register_plain(cls):
     _register(cls)
 
 
-cdef inline int _kind(object v):
+cdef inline int _kind(object v) except -1:
     cdef object t = type(v)
     if t is str or t is int or t is bool or t is float or v is None or t is bytes:
         return BY_VALUE
@@ -170,246 +188,220 @@ cdef class _Items:
 
 
 cdef class _Entry:
-    """One remembered call: its arguments (holding every value keyed by identity) and its value."""
+    """One remembered call: its positional arguments, its keywords (names and values, in call
+    order) and its value. It holds every value keyed by identity."""
     cdef readonly tuple args
     cdef readonly tuple names  # keyword names in call order, or None
     cdef readonly tuple kwvalues
     cdef readonly object value
 
-    cdef bint same_objects(self, PyObject** args, Py_ssize_t n, tuple kwnames) noexcept:
-        """Whether the call passes the very objects remembered (and the same keyword names
-        tuple): a hit with no comparison. A sequence is remembered as a copy, so a call with
-        one is left to ``matches``."""
-        cdef Py_ssize_t i, m = PyTuple_GET_SIZE(self.kwvalues) if self.kwvalues is not None else 0
-        if n != PyTuple_GET_SIZE(self.args) or <PyObject*>kwnames != <PyObject*>self.names:
+    cdef bint same_objects(self, tuple args, dict kw) noexcept:
+        """Whether the call passes the very objects remembered, keywords in the same order: a
+        hit with no comparison. A sequence is remembered as a copy, so a call with one is left
+        to ``matches``."""
+        cdef Py_ssize_t i, n = PyTuple_GET_SIZE(args)
+        cdef Py_ssize_t m = PyTuple_GET_SIZE(self.names) if self.names is not None else 0
+        if n != PyTuple_GET_SIZE(self.args) or (len(kw) if kw else 0) != m:
             return False
         for i in range(n):
-            if PyTuple_GET_ITEM(self.args, i) != args[i]:
+            if PyTuple_GET_ITEM(self.args, i) != PyTuple_GET_ITEM(args, i):
                 return False
-        for i in range(m):
-            if PyTuple_GET_ITEM(self.kwvalues, i) != args[n + i]:
+        cdef Py_ssize_t pos = 0
+        cdef PyObject* name
+        cdef PyObject* value
+        i = 0
+        while m and PyDict_Next(kw, &pos, &name, &value):  # (call order; no Python code)
+            if name != PyTuple_GET_ITEM(self.names, i) or value != PyTuple_GET_ITEM(self.kwvalues, i):
                 return False
+            i += 1
         return True
 
-    cdef bint matches(self, PyObject** args, Py_ssize_t n, tuple kwnames) except -1:
-        """Whether the call ``args[:n]``, keywords ``kwnames`` (their values follow) is this one."""
-        cdef Py_ssize_t m = PyTuple_GET_SIZE(kwnames) if kwnames is not None else 0, i
-        if n != PyTuple_GET_SIZE(self.args):
-            return False
-        if m != (PyTuple_GET_SIZE(self.names) if self.names is not None else 0):
+    cdef bint matches(self, tuple args, dict kw) except -1:
+        """Whether the call ``(args, kw)`` is this one, item by item, keywords in call order."""
+        cdef Py_ssize_t i, n = PyTuple_GET_SIZE(args)
+        cdef Py_ssize_t m = PyTuple_GET_SIZE(self.names) if self.names is not None else 0
+        if n != PyTuple_GET_SIZE(self.args) or (len(kw) if kw else 0) != m:
             return False
         for i in range(n):
-            if not _same_item(<object>PyTuple_GET_ITEM(self.args, i), <object>args[i]):
+            if not _same_item(<object>PyTuple_GET_ITEM(self.args, i), <object>PyTuple_GET_ITEM(args, i)):
                 return False
-        for i in range(m):
+        cdef Py_ssize_t pos = 0
+        cdef PyObject* name
+        cdef PyObject* value
+        i = 0
+        while m and PyDict_Next(kw, &pos, &name, &value):
             stored = <object>PyTuple_GET_ITEM(self.names, i)
-            name = <object>PyTuple_GET_ITEM(kwnames, i)
-            if stored is not name and stored != name:  # (str == str)
+            if stored is not <object>name and stored != <object>name:  # (str == str)
                 return False
-            if not _same_item(<object>PyTuple_GET_ITEM(self.kwvalues, i), <object>args[n + i]):
+            if not _same_item(<object>PyTuple_GET_ITEM(self.kwvalues, i), <object>value):
                 return False
+            i += 1
         return True
-
-
-cdef class _Table:
-    """The remembered calls of one class or constructor: the arguments' 64-bit hash -> its
-    entry, in C (a lookup makes no int object and compares no keys). A mapping to Python (tests
-    and diagnostics: ``len``, ``items``, ``[hash]``). It holds its entries' references, which the
-    GC does not see (so it never collects them): it belongs to a module-level class that lives as
-    long as the process.
-
-    The two entries found or stored last are compared with a call first, item by item as a hash
-    hit is: a function building its program calls each constructor with the arguments of its
-    previous call (or of the one before: ``read("a", ...)``, ``read("b", ...)``), and then
-    nothing is hashed."""
-
-    cdef unordered_map[size_t, PyObject*] entries
-    cdef _Entry last0, last1  # (the last entry found or stored, and the one before it)
-
-    cdef _Entry remembered(self, PyObject** args, Py_ssize_t n, tuple kwnames, Py_uhash_t* h,
-                           bint* storable):
-        """The entry this call is (a recent one, else the one under its hash), or None; then
-        ``storable`` says whether the value built for it may be stored under ``h`` (its
-        arguments are plain and no other call holds that hash). Runs no Python code."""
-        storable[0] = False
-        cdef _Entry e0 = self.last0, e1 = self.last1
-        # the same objects first (a call site passes its constants again), so a function
-        # alternating between two calls (``read("a", ...)``, ``read("b", ...)``) compares no
-        # value of the other call; then by value
-        if e0 is not None and e0.same_objects(args, n, kwnames):
-            return e0
-        if e1 is not None and e1.same_objects(args, n, kwnames):
-            return e1
-        if e0 is not None and e0.matches(args, n, kwnames):
-            return e0
-        if e1 is not None and e1.matches(args, n, kwnames):
-            return e1
-        if not _call_hash(args, n, kwnames, h):
-            return None  # (not plain: built as usual)
-        cdef PyObject* known = self.find(h[0])
-        if known == NULL:
-            storable[0] = True
-            return None
-        if not (<_Entry>known).matches(args, n, kwnames):
-            return None  # another call under the same hash: built, not kept
-        self.touch(<_Entry>known)
-        return <_Entry>known
-
-    cdef inline void touch(self, _Entry e) noexcept:
-        if e is not self.last0:
-            self.last1 = self.last0
-            self.last0 = e
-
-    def __dealloc__(self):
-        for item in self.entries:
-            Py_DECREF(<object>item.second)
-        self.entries.clear()
-
-    cdef inline PyObject* find(self, Py_uhash_t h) noexcept:
-        cdef unordered_map[size_t, PyObject*].iterator it = self.entries.find(h)
-        if it == self.entries.end():
-            return NULL
-        return deref(it).second
-
-    cdef object setdefault(self, Py_uhash_t h, _Entry e):
-        """The entry under ``h``: ``e`` stored there if none was (the GIL is held throughout: no
-        Python code runs between the find and the store)."""
-        cdef PyObject* known = self.find(h)
-        if known != NULL:
-            e = <_Entry>known
-        else:
-            Py_INCREF(e)
-            self.entries[h] = <PyObject*>e
-        self.touch(e)
-        return e
-
-    def __len__(self):
-        return self.entries.size()
-
-    def items(self):
-        return [(<Py_ssize_t>item.first, <object>item.second) for item in self.entries]
-
-    def __getitem__(self, Py_ssize_t h):
-        cdef PyObject* known = self.find(<Py_uhash_t>h)
-        if known == NULL:
-            raise KeyError(h)
-        return <object>known
-
-    def __setitem__(self, Py_ssize_t h, _Entry e not None):
-        cdef PyObject* old = self.find(<Py_uhash_t>h)
-        self.last0 = self.last1 = None  # (the table changed: every call is looked up again)
-        Py_INCREF(e)
-        self.entries[<Py_uhash_t>h] = <PyObject*>e
-        if old != NULL:
-            Py_DECREF(<object>old)
 
 
 cdef object _remembered(object v):
     return _Items(type(v), v) if type(v) is tuple or type(v) is list else v
 
 
-cdef _Entry _entry(PyObject** args, Py_ssize_t n, tuple kwnames, object value):
+cdef _Entry _entry(tuple args, dict kw, object value):
     cdef _Entry e = _Entry.__new__(_Entry)
-    cdef Py_ssize_t i, m = PyTuple_GET_SIZE(kwnames) if kwnames is not None else 0
-    e.args = tuple([_remembered(<object>args[i]) for i in range(n)])
-    e.names = kwnames if m else None
-    e.kwvalues = tuple([_remembered(<object>args[n + i]) for i in range(m)]) if m else None
+    e.args = tuple([_remembered(v) for v in args])
+    e.names = tuple(kw) if kw else None
+    e.kwvalues = tuple([_remembered(v) for v in kw.values()]) if kw else None
     e.value = value
     return e
 
 
-cdef bint _call_hash(PyObject** args, Py_ssize_t n, tuple kwnames, Py_uhash_t* out) except -1:
+cdef bint _call_hash(tuple args, dict kw, Py_uhash_t* out) except -1:
     """The arguments' hash (keyword names and order included) into ``out``; False when one is
     not plain."""
-    cdef Py_uhash_t h = <Py_uhash_t>n
-    cdef Py_ssize_t i, m = PyTuple_GET_SIZE(kwnames) if kwnames is not None else 0
-    for i in range(n):
-        if not _hash_item(<object>args[i], &h, False):
+    cdef Py_uhash_t h = <Py_uhash_t>PyTuple_GET_SIZE(args)
+    for v in args:
+        if not _hash_item(v, &h, False):
             return False
-    for i in range(m):
-        h = _mix(h, <Py_uhash_t>PyObject_Hash(<object>PyTuple_GET_ITEM(kwnames, i)))
-        if not _hash_item(<object>args[n + i], &h, False):
-            return False
+    if kw:
+        for name, v in kw.items():
+            h = _mix(h, <Py_uhash_t>PyObject_Hash(name))
+            if not _hash_item(v, &h, False):
+                return False
     out[0] = h
     return True
 
 
-cdef class Interned(type)  # (below)
+cdef class _Table:
+    """The remembered calls of one class or constructor: the arguments' 64-bit hash -> its
+    entry (a dict the GC sees), under one mutex. A mapping to Python (tests and diagnostics:
+    ``len``, ``items``, ``[hash]``, ``clear``).
+
+    The two entries found or stored last are compared with a call first, item by item as a hash
+    hit is: a function building its program calls each constructor with the arguments of its
+    previous call (or of the one before: ``read("a", ...)``, ``read("b", ...)``), and then
+    nothing is hashed."""
+
+    cdef mutex mu  # guards every field below; held only while no Python code runs
+    cdef dict entries
+    cdef _Entry last0, last1  # (the last entry found or stored, and the one before it)
+
+    def __cinit__(self):
+        self.entries = {}
+
+    cdef object find(self, tuple args, dict kw, Py_uhash_t* h, bint* storable):
+        """The value this call is remembered with (a recent entry's, else the one under its
+        hash), or None; then ``storable`` says whether the value built for it may be stored
+        under ``h`` (its arguments are plain and no other call holds that hash)."""
+        cdef _Entry e0, e1, known
+        storable[0] = False
+        _lock(self.mu)
+        try:
+            e0, e1 = self.last0, self.last1
+            # the same objects first (a call site passes its constants again), so a function
+            # alternating between two calls (``read("a", ...)``, ``read("b", ...)``) compares no
+            # value of the other call; then by value
+            if e0 is not None and e0.same_objects(args, kw):
+                return e0.value
+            if e1 is not None and e1.same_objects(args, kw):
+                self._touch(e1)
+                return e1.value
+            if e0 is not None and e0.matches(args, kw):
+                return e0.value
+            if e1 is not None and e1.matches(args, kw):
+                self._touch(e1)
+                return e1.value
+            if not _call_hash(args, kw, h):
+                return None  # (not plain: built as usual)
+            known = self.entries.get(<size_t>h[0])
+            if known is None:
+                storable[0] = True
+                return None
+            if not known.matches(args, kw):
+                return None  # another call under the same hash: built, not kept
+            self._touch(known)
+            return known.value
+        finally:
+            self.mu.unlock()
+
+    cdef inline void _touch(self, _Entry e) noexcept:
+        if e is not self.last0:
+            self.last1 = self.last0
+            self.last0 = e
+
+    cdef object store(self, Py_ssize_t limit, Py_uhash_t h, tuple args, dict kw, object value):
+        """``value`` remembered under ``h`` while the table holds fewer than ``limit``; the
+        value every call of these arguments returns (two threads may have built it: the first
+        stored is every call's)."""
+        cdef _Entry e = _entry(args, kw, value)  # (made before the lock: it allocates)
+        cdef _Entry known
+        _lock(self.mu)
+        try:
+            known = self.entries.get(<size_t>h)
+            if known is not None:
+                e = known
+            elif len(self.entries) >= limit:
+                return value
+            else:
+                self.entries[<size_t>h] = e
+            self._touch(e)
+            return e.value
+        finally:
+            self.mu.unlock()
+
+    def __len__(self):
+        _lock(self.mu)
+        n = len(self.entries)
+        self.mu.unlock()
+        return n
+
+    def items(self):
+        _lock(self.mu)
+        out = list(self.entries.items())
+        self.mu.unlock()
+        return out
+
+    def __getitem__(self, h):
+        _lock(self.mu)
+        e = self.entries.get(h)
+        self.mu.unlock()
+        if e is None:
+            raise KeyError(h)
+        return e
+
+    def __setitem__(self, h, _Entry e not None):
+        _lock(self.mu)
+        self.entries[h] = e
+        self.last0 = self.last1 = None  # (the table changed: every call is looked up again)
+        self.mu.unlock()
+
+    def clear(self):
+        """Forget every remembered call (values already returned stay valid)."""
+        _lock(self.mu)
+        entries, self.entries = self.entries, {}
+        self.last0 = self.last1 = None
+        self.mu.unlock()
+        entries.clear()  # (outside the lock: dropping values may run Python code)
 
 
-# A call arrives as CPython's vectorcall passes it: the positional arguments, then the keyword
-# values, in one array, and the keyword names as a tuple (or NULL). Both the class's call and a
-# remembered constructor's are vectorcalls (set up below), so a remembered call builds no argument
-# tuple and no keyword dict; only a call that builds its value makes them.
-
-cdef tuple _positional(PyObject** args, Py_ssize_t n):
-    return tuple([<object>args[i] for i in range(n)])
-
-
-cdef dict _keywords(PyObject** args, Py_ssize_t n, tuple kwnames):
-    cdef Py_ssize_t i
-    if kwnames is None:
-        return {}
-    return {<object>PyTuple_GET_ITEM(kwnames, i): <object>args[n + i] for i in range(PyTuple_GET_SIZE(kwnames))}
-
-
-cdef object _built(object cls, PyObject** args, Py_ssize_t n, tuple kwnames):
-    """``type.__call__(cls, ...)``: the value built as usual."""
-    return _type_call(cls, _positional(args, n), _keywords(args, n, kwnames))
-
-
-cdef object _stored(_Table values, Py_ssize_t limit, Py_uhash_t h, PyObject** args, Py_ssize_t n,
-                    tuple kwnames, object value):
-    """``value`` remembered under ``h`` while the table is below ``limit``; the value every
-    call of these arguments returns (two threads may have built it: the first stored is every
-    call's)."""
-    if <Py_ssize_t>values.entries.size() >= limit:
-        return value
-    return (<_Entry>values.setdefault(h, _entry(args, n, kwnames, value))).value
-
-
-cdef object _class_call(Interned cls, PyObject** args, Py_ssize_t n, tuple kwnames):
-    cdef _Table values = cls._interned_values
-    cdef Py_uhash_t h
+cdef object _lookup_or_build(_Table values, Py_ssize_t limit, build, tuple args, dict kw):
+    """The value remembered for ``(args, kw)``, else ``build(*args, **kw)`` (remembered when
+    its arguments are plain and the table has room)."""
+    cdef Py_uhash_t h = 0
     cdef bint storable
-    if values is None:
-        return _built(cls, args, n, kwnames)
-    cdef _Entry e = values.remembered(args, n, kwnames, &h, &storable)
-    if e is not None:
-        return e.value
-    value = _built(cls, args, n, kwnames)
-    return _stored(values, cls._interned_limit, h, args, n, kwnames, value) if storable else value
-
-
-cdef object _class_vectorcall(PyObject* cls, PyObject** args, size_t nargsf, PyObject* kwnames):
-    return _class_call(<Interned>cls, args, PyVectorcall_NARGS(nargsf),
-                       None if kwnames == NULL else <tuple>kwnames)
-
-
-cdef tuple _flattened(tuple args, dict kw, vector[PyObject*]& flat):
-    """A tp_call's ``(args, kw)`` as a vectorcall's array (into ``flat``, borrowing from them)
-    and keyword names: for the calls that do not arrive as vectorcalls."""
-    cdef Py_ssize_t i
-    for i in range(PyTuple_GET_SIZE(args)):
-        flat.push_back(PyTuple_GET_ITEM(args, i))
-    for v in (kw.values() if kw else ()):
-        flat.push_back(<PyObject*>v)  # (kw holds the references while the call runs)
-    flat.push_back(NULL)  # (data() of an empty vector may be NULL)
-    return tuple(kw) if kw else None
+    found = values.find(args, kw, &h, &storable)
+    if found is not None:
+        return found
+    value = build(*args, **kw)
+    return values.store(limit, h, args, kw, value) if storable else value
 
 
 cdef class Interned(type):
     """Metaclass of an immutable value class: a call with the same plain arguments as an earlier
     one returns the earlier call's value (see the module's docstring). Subclasses of such a class
-    are built as usual.
-
-    A C type whose classes are called by vectorcall: a remembered call runs no Python frame and
-    builds no argument tuple or keyword dict."""
+    are built as usual."""
 
     #: The remembered calls (hash -> entry); None for a subclass of an interned class.
     cdef public _Table _interned_values
     #: At most this many values remembered (a class body's ``_interned_limit``, else ``LIMIT``).
     cdef public Py_ssize_t _interned_limit
+    cdef object _build  # type.__call__ bound to the class: the value built as usual
 
     def __init__(cls, name, bases, namespace, **kw):
         super().__init__(name, bases, namespace, **kw)
@@ -417,38 +409,14 @@ cdef class Interned(type):
         root = not any(isinstance(b, Interned) for b in bases)
         cls._interned_values = _Table() if root else None
         cls._interned_limit = namespace.get("_interned_limit", LIMIT)
+        cls._build = type.__call__.__get__(cls)
         if root:
             _register(cls)
-            if _VECTORCALL:
-                (<PyTypeObject*>cls).tp_vectorcall = <vectorcallfunc>_class_vectorcall
 
-    def __call__(cls, *args, **kw):  # (a call that did not arrive as a vectorcall)
-        cdef vector[PyObject*] flat
-        kwnames = _flattened(args, kw, flat)
-        return _class_call(cls, flat.data(), PyTuple_GET_SIZE(args), kwnames)
-
-
-cdef bint _enable_vectorcall() except -1:
-    """Let CPython call Interned's classes by vectorcall: Interned inherits type's offset of
-    ``tp_vectorcall``, but not the flag, as it defines its own ``__call__``. Where the offset is
-    not type's (an unexpected CPython), calls keep going through ``__call__``."""
-    cdef PyTypeObject* meta = <PyTypeObject*>Interned
-    if meta.tp_vectorcall_offset != PyType_Type.tp_vectorcall_offset or meta.tp_vectorcall_offset <= 0:
-        return False
-    meta.tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL
-    PyType_Modified(meta)
-    return True
-
-
-cdef bint _VECTORCALL = _enable_vectorcall()
-
-
-def vectorcall_active(cls):
-    """Whether calls of ``cls`` (a class whose metaclass is Interned) take the vectorcall entry
-    (tests: a CPython that cleared it would leave every call on the slower ``__call__``)."""
-    if not isinstance(cls, Interned):
-        return False
-    return _VECTORCALL and (<PyTypeObject*>cls).tp_vectorcall == <vectorcallfunc>_class_vectorcall
+    def __call__(cls, *args, **kw):
+        if cls._interned_values is None:
+            return cls._build(*args, **kw)
+        return _lookup_or_build(cls._interned_values, cls._interned_limit, cls._build, args, kw)
 
 
 cdef class _BoundConstructor  # (below: what reading a _Constructor on a class gives)
@@ -481,23 +449,23 @@ cdef class _Constructor:
             return getattr(obj, self.instance_attr)
         if owner is None:
             owner = type(obj)
-        last = self.last
+        last = self.last  # (one tuple, replaced whole: a reader sees the old pair or the new one)
         if last[0] is owner:
             return last[1]
         cdef _BoundConstructor bound = _BoundConstructor.__new__(_BoundConstructor)
-        bound.vectorcall = <vectorcallfunc>_bound_vectorcall
         bound.ctor = self
         bound.owner = owner
+        bound.run = self.__func__.__get__(owner)  # the classmethod's function bound to the class
         bound.remember = (owner is self.home and isinstance(owner, Interned)
                           and (<Interned>owner)._interned_values is not None)
-        self.last = (owner, bound)  # (one tuple: a reader sees the old pair or the new one)
+        self.last = (owner, bound)
         return bound
 
 
 cdef class _BoundConstructor:
-    cdef vectorcallfunc vectorcall  # (_bound_vectorcall: CPython calls it, see below)
     cdef _Constructor ctor
     cdef readonly object owner
+    cdef object run
     cdef bint remember
 
     @property
@@ -517,48 +485,10 @@ cdef class _BoundConstructor:
         # method it stands for
         return self
 
-    def __call__(self, *args, **kw):  # (a call that did not arrive as a vectorcall)
-        cdef vector[PyObject*] flat
-        kwnames = _flattened(args, kw, flat)
-        return _bound_call(self, flat.data(), PyTuple_GET_SIZE(args), kwnames)
-
-
-cdef object _run(_BoundConstructor b, PyObject** args, Py_ssize_t n, tuple kwnames):
-    """The constructor's function run as usual: ``fn(owner, *args, **kw)``."""
-    return b.ctor.__func__(b.owner, *_positional(args, n), **_keywords(args, n, kwnames))
-
-
-cdef object _bound_call(_BoundConstructor b, PyObject** args, Py_ssize_t n, tuple kwnames):
-    cdef _Table values = b.ctor.values
-    cdef Py_uhash_t h
-    cdef bint storable
-    if not b.remember:
-        return _run(b, args, n, kwnames)
-    cdef _Entry e = values.remembered(args, n, kwnames, &h, &storable)
-    if e is not None:
-        return e.value
-    value = _run(b, args, n, kwnames)
-    # (the class's own bound)
-    return _stored(values, (<Interned>b.owner)._interned_limit, h, args, n, kwnames, value) if storable else value
-
-
-cdef object _bound_vectorcall(PyObject* b, PyObject** args, size_t nargsf, PyObject* kwnames):
-    return _bound_call(<_BoundConstructor>b, args, PyVectorcall_NARGS(nargsf),
-                       None if kwnames == NULL else <tuple>kwnames)
-
-
-cdef bint _enable_bound_vectorcall() except -1:
-    """Let CPython call bound constructors by vectorcall: each instance holds the function (set
-    when made), at the offset its type names."""
-    cdef _BoundConstructor probe = _BoundConstructor.__new__(_BoundConstructor)
-    cdef PyTypeObject* t = <PyTypeObject*>_BoundConstructor
-    t.tp_vectorcall_offset = <Py_ssize_t>(<char*>&probe.vectorcall - <char*><PyObject*>probe)
-    t.tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL
-    PyType_Modified(t)
-    return True
-
-
-cdef bint _BOUND_VECTORCALL = _enable_bound_vectorcall()
+    def __call__(self, *args, **kw):
+        if not self.remember:
+            return self.run(*args, **kw)
+        return _lookup_or_build(self.ctor.values, (<Interned>self.owner)._interned_limit, self.run, args, kw)
 
 
 def remembered_constructor(fn, home, instance_attr=None):

@@ -11,7 +11,7 @@ import numpy as np
 
 from ._validate import check_flag, is_flag, is_int
 from .errors import ValidationError
-from .kernel import Interned  # (the compiled metaclass, or type)
+from .kernel import Interned
 
 __all__ = ["DispatchConfig", "as_config", "stream_handle", "MAX_FIXPOINT_ITERATIONS", "MAX_TIMEOUT_S"]
 

@@ -4,22 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any
 
+from ._interned import Interned, remembered_constructor
 from .errors import InvalidProgram
-
-try:
-    from ._interned import Interned, register_plain, remembered_constructor
-except ImportError:  # a source tree whose compiled modules are not built: every build is new
-    Interned = type  # type: ignore[misc,assignment]
-
-    def register_plain(cls: type) -> None:
-        """(nothing is interned without the compiled module)"""
-
-    def remembered_constructor(fn: Any, home: type, instance_attr: str | None = None) -> Any:
-        """(a plain classmethod without the compiled module)"""
-        return classmethod(fn)
-
 
 __all__ = ["Kernel"]
 

@@ -12,15 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from ._dtypes import DTYPES, DType, dtype_of
+from ._interned import Interned, register_plain, remembered_constructor
 from ._validate import is_flag, is_int
 from .errors import InvalidProgram, ValidationError
-from .kernel import (  # (Interned: the compiled metaclass, or type)
-    Interned,
-    Kernel,
-    register_plain,
-    remember_constructors,
-    remembered_constructor,
-)
+from .kernel import Kernel, remember_constructors
 
 __all__ = [
     "DType",
@@ -531,8 +526,8 @@ class Program(metaclass=Interned):
 
 
 remember_constructors(BufferDecl, ("read", "uniform", "read_write", "write_only", "workgroup"))
-if Interned is not type:  # (compiled: on an instance `output` stays the flag, as _OutputAttribute)
-    setattr(BufferDecl, "output", remembered_constructor(_output_decl, BufferDecl, "is_output"))  # noqa: B010
+# (remembered as the others; on an instance `output` stays the flag, as _OutputAttribute types it)
+setattr(BufferDecl, "output", remembered_constructor(_output_decl, BufferDecl, "is_output"))  # noqa: B010
 
 # field names, in order, taken once (dataclasses.fields() per program built would cost more than
 # the rest of its key)
