@@ -423,7 +423,8 @@ def test_remembered_calls_find_their_entries_through_every_call_entry():
     # __call__ and a partial all find the same entries. No type slot is patched.
     import pathlib
 
-    source = (pathlib.Path(vyre_cuda.__file__).parent / "_interned.pyx").read_text()
+    # (read from the source tree: an installed wheel carries the compiled module, not its .pyx)
+    source = (pathlib.Path(__file__).parents[1] / "vyre_cuda" / "_interned.pyx").read_text()
     for patched in ("tp_vectorcall", "PyType_Type", "tp_flags", "PyType_Modified"):
         assert patched not in source, f"_interned.pyx touches {patched}"
 

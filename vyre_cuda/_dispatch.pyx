@@ -753,7 +753,8 @@ cdef class Core:
         self.resources.spool.release_stream(s)
         if st != cydriver.CUDA_SUCCESS:
             if block:
-                cydriver.cuMemFree(block)
+                with nogil:
+                    cydriver.cuMemFree(block)
             return 0
         self.resident_blocks.add(block, n)
         p.resident_owner = self.resident_blocks

@@ -293,7 +293,8 @@ def load_module(bytes image, str entry, bint want_barrier):
     entry_b = entry.encode()
     status = cydriver.cuModuleGetFunction(&function, module, entry_b)
     if status != cydriver.CUDA_SUCCESS:
-        cydriver.cuModuleUnload(module)
+        with nogil:
+            cydriver.cuModuleUnload(module)
         raise KernelCompileFailed(
             f"the module has no kernel entry {entry!r} ({status_name(<int>status)})",
             "declare the kernel extern \"C\" __global__ (VYRE_KERNEL) and pass its name as entry",

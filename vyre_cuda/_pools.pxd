@@ -17,16 +17,18 @@ cdef inline void lock_with_gil(mutex& m) noexcept:
 
 cdef class BlockPool:
     """Caches freed blocks by exact block size; subclasses say how to allocate and free."""
-    cdef mutex mu  # guards every field below (never the GIL: driver calls release it)
+    # mu guards every field below (never the GIL: driver calls release it); the counters are
+    # read from Python only through stats(), under it
+    cdef mutex mu
     cdef unordered_map[size_t, vector[uintptr_t]] free_blocks
     cdef cydriver.CUcontext ctx
     cdef public size_t cap_bytes
-    cdef public size_t cached_bytes
-    cdef public size_t live_bytes
-    cdef public size_t allocated_bytes
-    cdef public unsigned long long hits
-    cdef public unsigned long long misses
-    cdef public unsigned long long alloc_calls
+    cdef size_t cached_bytes
+    cdef size_t live_bytes
+    cdef size_t allocated_bytes
+    cdef unsigned long long hits
+    cdef unsigned long long misses
+    cdef unsigned long long alloc_calls
     cdef public bint closed
     cdef public bint forgotten  # the context died (reset): its blocks are never freed
     cdef bint _pop_free(self, size_t block, uintptr_t* out) noexcept
@@ -44,9 +46,9 @@ cdef class DevicePool(BlockPool):
     cdef int device
     cdef cydriver.CUmemoryPool mempool
     cdef public bint stream_ordered  # the device supports cuMemAllocFromPoolAsync
-    cdef public size_t async_live_bytes
-    cdef public size_t async_high_water
-    cdef public unsigned long long async_allocs
+    cdef size_t async_live_bytes
+    cdef size_t async_high_water
+    cdef unsigned long long async_allocs
     cdef int _budget(self, size_t nbytes, const char* what) except -1
     cdef int _ensure_mempool(self) except -1
     cdef int acquire_async(self, size_t nbytes, cydriver.CUstream stream, cydriver.CUdeviceptr* out) except -1
@@ -65,9 +67,9 @@ cdef class HostPool(BlockPool):
 cdef class ArrayPool(BlockPool):
     cdef readonly int device
     cdef vector[pair[uintptr_t, size_t]] quarantine  # dropped blocks waiting for a synchronize
-    cdef public size_t quarantined_bytes
-    cdef public unsigned long long flushes
-    cdef public unsigned long long refused_flushes
+    cdef size_t quarantined_bytes
+    cdef unsigned long long flushes
+    cdef unsigned long long refused_flushes
     cdef int take(self, size_t block, bint may_wait, uintptr_t* out) except -1
     cdef void give_back(self, uintptr_t ptr, size_t block) noexcept
     cdef int _pop(self, size_t block, uintptr_t* out) noexcept

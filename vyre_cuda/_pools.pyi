@@ -3,12 +3,6 @@ from typing_extensions import Self, disjoint_base
 @disjoint_base
 class BlockPool:
     cap_bytes: int
-    cached_bytes: int
-    live_bytes: int
-    allocated_bytes: int
-    hits: int
-    misses: int
-    alloc_calls: int
     closed: bool
     forgotten: bool
     def __new__(cls, cap_bytes: int = ..., ctx: int = ..., *args: object, **kwargs: object) -> Self: ...
@@ -22,10 +16,8 @@ class BlockPool:
 @disjoint_base
 class DevicePool(BlockPool):
     stream_ordered: bool
-    async_live_bytes: int
-    async_high_water: int
-    async_allocs: int
     def __init__(self, cap_bytes: int = ..., ctx: int = ..., device: int = ...) -> None: ...
+    def async_stats(self) -> dict[str, int]: ...
     def reserved_bytes(self) -> int: ...
 
 class PinnedPool(BlockPool):
@@ -38,9 +30,6 @@ class HostPool(BlockPool):
 class ArrayPool(BlockPool):
     @property
     def device(self) -> int: ...
-    quarantined_bytes: int
-    flushes: int
-    refused_flushes: int
     def __init__(self, cap_bytes: int = ..., ctx: int = ..., device: int = ...) -> None: ...
 
 @disjoint_base

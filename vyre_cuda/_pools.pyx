@@ -200,8 +200,6 @@ cdef class BlockPool:
         self.free_blocks.clear()
         self.allocated_bytes -= self.cached_bytes
         self.cached_bytes = 0
-        if isinstance(self, PinnedPool) and self.ctx != NULL:
-            _pinned_forget_context(self.ctx)
         self.ctx = NULL
         self.closed = True
         self.forgotten = True
@@ -403,6 +401,14 @@ cdef class DevicePool(BlockPool):
         self.live_bytes -= nbytes
         self.mu.unlock()
 
+    def async_stats(self):
+        """The stream-ordered pool's counters, read together under the lock: ``live_bytes``,
+        ``high_water`` and ``allocs``."""
+        lock_with_gil(self.mu)
+        out = (self.async_live_bytes, self.async_high_water, self.async_allocs)
+        self.mu.unlock()
+        return dict(zip(("live_bytes", "high_water", "allocs"), out))
+
     def reserved_bytes(self):
         """Bytes the stream-ordered pool holds (in use or cached)."""
         cdef cydriver.cuuint64_t reserved = 0
@@ -469,7 +475,7 @@ cdef class DevicePool(BlockPool):
 cdef mutex _pinned_mu
 cdef unordered_map[uintptr_t, uintptr_t] _pinned_live  # block -> its context
 cdef int _pinned_pid = 0
-cdef bint _pinned_hooked = False  # (under the GIL; a forked child inherits the hook)
+cdef bint _pinned_hooked = False  # (under _pinned_mu; a forked child inherits the hook)
 
 
 cdef void _free_pinned_at_exit() noexcept nogil:
@@ -518,6 +524,13 @@ cdef class PinnedPool(BlockPool):
     def __init__(self, size_t cap_bytes=128 << 20, uintptr_t ctx=0):
         pass
 
+    def forget_context(self):
+        """As BlockPool's; the process-wide table of page-locked blocks forgets the context's
+        blocks too (the exit hook must never free them)."""
+        if self.ctx != NULL:
+            _pinned_forget_context(self.ctx)
+        BlockPool.forget_context(self)
+
     cdef int _alloc(self, size_t block, uintptr_t* out) except -1:
         cdef void* ptr = NULL
         cdef cydriver.CUresult status
@@ -536,8 +549,10 @@ cdef class PinnedPool(BlockPool):
             )
         check_cu(status, b"cuMemHostAlloc")
         global _pinned_hooked
+        _pinned_mu.lock()  # (its holders never wait for the GIL: taken with it held, no deadlock)
         if not _pinned_hooked:
             _pinned_hooked = Py_AtExit(_free_pinned_at_exit) == 0
+        _pinned_mu.unlock()
         _pinned_born(<uintptr_t>ptr, self.ctx)
         out[0] = <uintptr_t>ptr
         return 0

@@ -91,6 +91,7 @@ cdef struct ChunkShape:
 cdef class ResidentBlocks:
     # one backend's resident params blocks: freed when their plan dies (no dispatch holds it
     # then), or all at close() once the device is idle; never after the context went away
+    cdef mutex mu  # guards alive and live; never held across a driver call
     cdef cydriver.CUcontext ctx
     cdef bint alive
     cdef dict live  # pointer -> bytes

@@ -20,6 +20,7 @@ from cuda.bindings cimport cydriver
 from ._windows cimport Source, SRC_ZERO, SRC_INPUT, SRC_PARAMS
 from ._launch cimport GraphCache, GRAPH_EXECS, TRIAL_WARMUP, TRIAL_SAMPLES
 from ._driver cimport bind_context
+from ._pools cimport lock_with_gil
 
 
 @cython.final
@@ -29,8 +30,9 @@ cdef class ResidentBlocks:
     A block lives as long as its plan: every dispatch holds its plan until its GPU work is done,
     so when the plan dies nothing can still read the block, and it is freed then. ``close()``
     frees the rest once the device is idle (the backend's close, after its context synchronize);
-    ``forget()`` drops them with no driver call (the context went away after a fault). The GIL
-    guards the table: every method runs with it."""
+    ``forget()`` drops them with no driver call (the context went away after a fault). The table
+    is under ``mu`` (held with no Python code running and no driver call); the frees run after
+    it, without the GIL, with the backend's context pushed."""
 
     def __cinit__(self, uintptr_t ctx):
         self.ctx = <cydriver.CUcontext>ctx
@@ -38,35 +40,50 @@ cdef class ResidentBlocks:
         self.live = {}
 
     cdef int add(self, cydriver.CUdeviceptr ptr, size_t nbytes) except -1:
+        lock_with_gil(self.mu)
         self.live[<uintptr_t>ptr] = nbytes
+        self.mu.unlock()
         return 0
 
     cdef void free_block(self, cydriver.CUdeviceptr ptr) noexcept:
-        if not self.alive or self.live.pop(<uintptr_t>ptr, None) is None:
-            return
-        try:
-            bind_context(self.ctx)
-        except BaseException:
-            return  # (the driver refused the context: the block goes with it)
-        cydriver.cuMemFree(ptr)
+        cdef cydriver.CUcontext prev
+        lock_with_gil(self.mu)
+        held = self.alive and self.live.pop(<uintptr_t>ptr, None) is not None
+        self.mu.unlock()
+        if held:  # (not alive: the context went away, and the block with it)
+            with nogil:
+                if cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
+                    cydriver.cuMemFree(ptr)
+                    cydriver.cuCtxPopCurrent(&prev)
 
     @property
     def nbytes(self):
-        return sum(self.live.values())
+        lock_with_gil(self.mu)
+        n = sum(self.live.values())
+        self.mu.unlock()
+        return n
 
     def close(self):
         """Free every block (the device is idle: no dispatch runs and none can start)."""
-        cdef uintptr_t ptr
+        cdef vector[uintptr_t] ptrs
+        cdef size_t i
+        lock_with_gil(self.mu)
         blocks, self.live = self.live, {}
         self.alive = False
-        if blocks:
+        self.mu.unlock()
+        for ptr in blocks:
+            ptrs.push_back(<uintptr_t>ptr)
+        if not ptrs.empty():
             bind_context(self.ctx)
-            for ptr in blocks:
-                cydriver.cuMemFree(<cydriver.CUdeviceptr>ptr)
+            with nogil:
+                for i in range(ptrs.size()):
+                    cydriver.cuMemFree(<cydriver.CUdeviceptr>ptrs[i])
 
     def forget(self):
+        lock_with_gil(self.mu)
         self.alive = False
         self.live = {}
+        self.mu.unlock()
 
 
 @cython.final

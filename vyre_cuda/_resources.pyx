@@ -244,7 +244,7 @@ cdef class Resources:
         together under its own lock."""
         return BackendPoolStats(
             device=BlockPoolStats(**self.dpool.stats()),
-            device_stream_ordered_live_bytes=self.dpool.async_live_bytes,
+            device_stream_ordered_live_bytes=self.dpool.async_stats()["live_bytes"],
             pinned=BlockPoolStats(**self.ppool.stats()),
             output_cache=BlockPoolStats(**self.opool.stats()),
             streams=StreamPoolStats(**self.spool.stats()),

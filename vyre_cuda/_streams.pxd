@@ -9,10 +9,10 @@ cdef class StreamPool:
     cdef vector[cydriver.CUstream] streams
     cdef vector[cydriver.CUevent] events
     cdef vector[cydriver.CUevent] timing_events
-    cdef public int live_streams
-    cdef public int live_events
-    cdef public int created_streams
-    cdef public int created_events
+    cdef int live_streams
+    cdef int live_events
+    cdef int created_streams
+    cdef int created_events
     cdef public unsigned int cap
     cdef public unsigned int event_cap
     cdef public bint closed

@@ -2,10 +2,6 @@ from typing_extensions import Self, disjoint_base
 
 @disjoint_base
 class StreamPool:
-    live_streams: int
-    live_events: int
-    created_streams: int
-    created_events: int
     cap: int
     event_cap: int
     closed: bool

@@ -519,7 +519,8 @@ class CudaBackend:
             _driver.make_current(self._ctx)
             free, _ = _driver.mem_get_info()
             pool = core.resources.dpool
-            return free + pool.cached_bytes + max(0, pool.reserved_bytes() - pool.async_live_bytes)
+            cached, in_use = pool.stats()["cached_bytes"], pool.async_stats()["live_bytes"]
+            return free + cached + max(0, pool.reserved_bytes() - in_use)
 
         return core.counted(read)  # (close() waits: the pool stays alive while it is read)
 

@@ -129,13 +129,8 @@ def pinned_pool_stats(device: int = 0) -> dict[str, int]:
     pool = _pools.get(device)
     if pool is None:
         return dict(live_bytes=0, cached_bytes=0, allocated_bytes=0, alloc_calls=0, hits=0)
-    return dict(
-        live_bytes=pool.live_bytes,
-        cached_bytes=pool.cached_bytes,
-        allocated_bytes=pool.allocated_bytes,
-        alloc_calls=pool.alloc_calls,
-        hits=pool.hits,
-    )
+    s = pool.stats()  # (read together under the pool's lock)
+    return {k: s[k] for k in ("live_bytes", "cached_bytes", "allocated_bytes", "alloc_calls", "hits")}
 
 
 def trim_pinned_pool(device: int = 0) -> None:

@@ -109,9 +109,9 @@ def failed_synchronise_leaks_rather_than_recycles(fake):
     assert err.status == "CUDA_ERROR_UNKNOWN", err
     snap = backend.telemetry.snapshot()
     assert snap["leaked_allocations"] == 1 and live(backend) == dict.fromkeys(LIVE, 0), snap
-    misses = backend._core.resources.dpool.misses
+    misses = backend._core.resources.dpool.stats()["misses"]
     check_vecadd(backend)  # a fresh slab: the leaked one is not reused
-    assert backend._core.resources.dpool.misses == misses + 1
+    assert backend._core.resources.dpool.stats()["misses"] == misses + 1
     assert fake.stats()["device_allocs"] == device0 + 1
     backend.close()
 
@@ -414,13 +414,13 @@ def soak_keeps_pools_counters_and_memory_flat(fake):
 def trim_on_another_thread_frees_the_cached_memory(fake):
     backend = vecadd_backend(fake)
     check_vecadd(backend)
-    assert backend._core.resources.dpool.cached_bytes > 0
+    assert backend._core.resources.dpool.stats()["cached_bytes"] > 0
     before = fake.stats()["device_allocs"]
     cached = backend._core.resources.dpool.cached_blocks() + 0
     worker = threading.Thread(target=backend.trim)  # a thread with no current context
     worker.start()
     worker.join()
-    assert backend._core.resources.dpool.cached_bytes == 0
+    assert backend._core.resources.dpool.stats()["cached_bytes"] == 0
     # every block the pool forgot was really freed (the context must be current for cuMemFree)
     assert fake.stats()["device_allocs"] == before - cached, (before, cached, fake.stats()["device_allocs"])
     backend.close()
@@ -473,7 +473,7 @@ def device_facts_come_from_the_driver_at_plan_time(fake):
     _driver.make_current(backend.context_handle)
     free, total = _driver.mem_get_info()
     pool = backend._core.resources.dpool
-    reachable = free + pool.cached_bytes + max(0, pool.reserved_bytes() - pool.async_live_bytes)
+    reachable = free + pool.stats()["cached_bytes"] + max(0, pool.reserved_bytes() - pool.async_stats()["live_bytes"])
     assert info.stream.budget == reachable - reachable // 10 < total - total // 10, (info.stream, free, total)
     (out,) = backend.dispatch(elementwise, [a, b])
     assert np.array_equal(out, a + b), "elementwise vecadd gave a wrong result"
