@@ -3,8 +3,6 @@
 # of calls and handles in flight.
 
 from cpython.buffer cimport Py_buffer
-from cpython.ref cimport PyObject
-from libcpp.deque cimport deque
 from libcpp.mutex cimport mutex
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
@@ -13,6 +11,7 @@ from ._counters cimport N_COUNTERS
 from ._resources cimport Resources, InFlight
 from ._prepared cimport Prepared, ResidentBlocks
 from ._waits cimport PendingDispatch
+from ._deferred cimport DeferredWork
 
 
 cdef extern from "_atomic.hpp" namespace "vyre" nogil:
@@ -43,21 +42,10 @@ cdef enum:
     D_TAKEN = 2
     D_FAILED = 3
     D_DROPPED = 4
-    # dropped work the deferred list holds before the next dispatch waits for the oldest
-    DEFER_MAX_COUNT = 4096
-    DEFER_MAX_BYTES = 1 << 30  # ... and bytes of device memory and staging it holds
     # take forms
     TAKE_RESULT = 0
     TAKE_INTO = 1
     TAKE_TIMED = 2
-
-cdef struct Deferred:
-    # what a dropped handle leaves: the pools' resources and every object the GPU may still use
-    InFlight f
-    vector[Py_buffer]* views  # its input and output buffer exports (released once reclaimed)
-    PyObject* held  # a tuple of the device arrays, outputs and plan it kept alive (owned)
-    size_t nbytes
-
 
 cdef class Core:
     cdef cydriver.CUcontext ctx
@@ -76,15 +64,11 @@ cdef class Core:
     cdef long long n_outstanding  # atomic: dispatches holding resources (handles and deferred work)
     cdef mutex settle_mu  # guards on_settled (the hand-off between close() and the last settle)
     cdef object on_settled  # called once the last owner settles after close (releases the context)
-    cdef mutex defer_mu  # guards deferred and defer_bytes
-    cdef deque[Deferred] deferred  # dropped handles' resources, oldest first
-    cdef long long defer_n  # atomic: len(deferred) (the hot path's one test)
-    cdef size_t defer_bytes
+    cdef DeferredWork defer  # dropped handles' work until it has finished (one lock of its own)
     cdef public int trace  # TRACE_LOG | TRACE_NVTX bits; 0: untraced (the hot path's one test)
     cdef object logger
     cdef public int device
 
-    cdef int _ensure_resident(self, Prepared p) except -1
     cdef int _check_usable(self) except -1
     cdef int _enter(self) except -1
     cdef void _hold(self) noexcept
@@ -92,13 +76,6 @@ cdef class Core:
     cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d,
                           Prepared given)
     cdef object _miss(self, key, config, inputs, PendingDispatch d)
-    cdef long long _device_input(self, obj, Py_ssize_t i, Py_ssize_t n, own, Py_buffer* view,
-                                 PendingDispatch d) except -2
-    cdef int _check_device_inputs(self, program, inputs, config, Prepared p, vector[Py_buffer]& views,
-                                  PendingDispatch d) except -1
-    cdef tuple _device_outputs(self, Prepared p, list into, PendingDispatch d)
-    cdef long long _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
-                               PendingDispatch d, exc) except? -2
     cdef PendingDispatch _open(self, program, inputs, config, Prepared given)
     cdef object _converted(self, program, config, bint blocking)
     cdef PendingDispatch _open_traced(self, program, inputs, config, Prepared given, bint blocking)

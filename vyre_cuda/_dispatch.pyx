@@ -30,45 +30,37 @@ a mutex taken GIL-safely (lock_with_gil), and no Python code runs while one is h
 """
 
 cimport cython
-from cpython.buffer cimport (
-    PyObject_GetBuffer, PyObject_CheckBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT,
-)
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
-from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
+from cpython.ref cimport Py_INCREF, PyObject
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.weakref cimport PyWeakref_GetObject, PyWeakref_NewRef
 from libc.stdint cimport uintptr_t
 from libc.string cimport memcmp, memset
-from libcpp.deque cimport deque
 from libcpp.vector cimport vector
 from posix.time cimport nanosleep, timespec
 
-cimport numpy as cnp
 from cuda.bindings cimport cydriver
 
 from ._counters cimport (
-    N_COUNTERS, T_DISPATCHES, T_H2D_BYTES, T_H2D_OPS, T_TRANSIENT_ALLOC_BYTES, T_PARAM_UPLOAD_BYTES,
-    T_LAUNCHES, T_COOPERATIVE_LAUNCHES, T_SPLIT_LAUNCHES, T_MEMSET_OPS, T_FAILED_DISPATCHES,
-    T_LEAKED_ALLOCATIONS, T_STAGED_H2D_BYTES, T_DIRECT_H2D_BYTES, T_RING_CHUNKS, T_GRAPH_REPLAYS,
-    T_GRAPH_CAPTURES, T_GRAPH_UPDATES, T_GRAPH_FALLBACKS, T_STREAMED_DISPATCHES, T_STREAMED_CHUNKS,
-    T_IN_PLACE_OUTPUTS, T_DEVICE_ARRAYS_READ_IN_C, T_DEVICE_ARRAYS_READ_IN_PYTHON, T_DEFERRED_DROPS,
-    T_DEFERRED_RECYCLES, T_DEFERRED_CAP_WAITS, N_COUNTERS,
+    N_COUNTERS, T_FAILED_DISPATCHES, T_LEAKED_ALLOCATIONS, T_DEVICE_ARRAYS_READ_IN_C,
+    T_DEVICE_ARRAYS_READ_IN_PYTHON, T_DEFERRED_DROPS,
 )
 from ._pools cimport lock_with_gil
 from ._driver cimport bind_context, now_ns
 from ._resources cimport Resources, InFlight
 from ._transfer cimport TransferEngine
-from ._windows cimport page_locked, SRC_INPUT
-from ._prepared cimport Prepared, ResidentBlocks, InputCheck, OutCheck, ROUTE_COOPERATIVE, ROUTE_SPLIT
-from ._formats cimport kind_ok
-from ._devview cimport DevView, read_device, device_type
-from ._launch cimport issue, collect, stream_waits, trial_record, G_REPLAY, G_CAPTURE, G_UPDATE, G_FALLBACK
+from ._windows cimport page_locked
+from ._prepared cimport Prepared, ResidentBlocks
+from ._devview cimport DevView
+from ._deferred cimport Deferred, DeferredWork
+from ._inputs cimport release_views, read_inputs, check_inputs, device_outputs
+from ._launch cimport issue, collect, stream_waits, trial_record
 from ._waits cimport (
-    DevInput, PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE, W_TIMEOUT,
+    PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE, W_TIMEOUT,
 )
 from ._tracing cimport (
-    mark, nvtx_stage_open, nvtx_stage, nvtx_blocking, nvtx_async, nvtx_refused, stage_durations, trace_line,
-    TRACE_LOG, TRACE_NVTX, S_UPLOAD, M_START, M_LOOKUP, M_WAIT, M_COPYOUT, M_RELEASE, N_MARKS,
+    count_enqueued, mark, nvtx_stage_open, nvtx_stage, nvtx_blocking, nvtx_async, nvtx_refused, stage_durations,
+    trace_line, TRACE_LOG, TRACE_NVTX, S_UPLOAD, M_START, M_LOOKUP, M_WAIT, M_COPYOUT, M_RELEASE, N_MARKS,
 )
 from ._driver import status_name
 from ._resource_stats import flat_pool_stats
@@ -78,15 +70,11 @@ from .errors import DeviceLost, ValidationError, driver_error, STICKY_ERRORS
 from .config import _timeout as _check_timeout
 from .telemetry import TimedDispatchResult
 from ._plan_miss import PlanMiss
-from ._io_checks import as_input_list, as_output_list, check_outputs, dtype_error, input_error, raw_bits
-from ._device_io import device_input
-
-cnp.import_array()
+from ._io_checks import as_input_list, as_output_list, check_outputs
 
 
 # plans made for callers' streams kept at most (each new stream is a new plan key)
 cdef int MAX_STREAM_PLANS = 64
-cdef object _UNREAD = object()  # (_lookup: the config's stream not read yet)
 
 
 @cython.final
@@ -144,6 +132,7 @@ cdef class Core:
                                    copy_threads)
         self.prepared = {}
         self.resident_blocks = ResidentBlocks(ctx)
+        self.defer = DeferredWork()
         self.graphed = []
         self.lost = None
         self.trace = trace
@@ -180,7 +169,7 @@ cdef class Core:
     @property
     def deferred(self):
         """Dropped dispatches whose resources wait on the deferred list."""
-        return a_loadll(&self.defer_n)
+        return a_loadll(&self.defer.count)
 
     def refuse_new(self):
         """close()'s first step: every call that starts from now on is refused (and every call
@@ -191,7 +180,7 @@ cdef class Core:
         """Reclaim dropped dispatches' resources: those whose work has finished (``wait``: all,
         waiting for each; close() after its synchronize). Returns how many are left."""
         self._reclaim(True, wait)
-        return a_loadll(&self.defer_n)
+        return a_loadll(&self.defer.count)
 
     def pool_stats(self):
         """The pools' typed stats as telemetry's flat dict, with the prepared-plan counts."""
@@ -268,74 +257,10 @@ cdef class Core:
                 pass
 
     cdef int _reclaim(self, bint every, bint wait) except -1:
-        """Give back the deferred list's resources whose work has finished: from the oldest,
-        stopping at the first still running (``every``: query them all; ``wait``: wait for each).
-        Past DEFER_MAX_COUNT entries or DEFER_MAX_BYTES the oldest are waited for until it is
-        under both (counted in deferred_cap_waits). The list is taken out under its lock, queried
-        without the lock and the GIL, and what is still running goes back in front, in order."""
-        cdef deque[Deferred] batch
-        cdef vector[cydriver.CUresult] status
-        cdef size_t i, n, held_bytes = 0, done = 0
-        cdef long long count
-        cdef bint over
-        cdef cydriver.CUresult st
-        cdef Deferred* e
-        lock_with_gil(self.defer_mu)
-        batch.swap(self.deferred)
-        held_bytes = self.defer_bytes
-        self.defer_bytes = 0
-        self.defer_mu.unlock()
-        n = batch.size()
-        if n == 0:
-            return 0
-        count = <long long>n
-        status.assign(n, cydriver.CUDA_ERROR_NOT_READY)
-        with nogil:
-            if self.ctx != NULL:
-                bind_context(self.ctx)
-            for i in range(n):
-                e = &batch[i]
-                over = (count > DEFER_MAX_COUNT or held_bytes > DEFER_MAX_BYTES)
-                if self.ctx == NULL:
-                    st = cydriver.CUDA_ERROR_CONTEXT_IS_DESTROYED  # released after a fault: written off
-                elif wait or over:
-                    st = (cydriver.cuEventSynchronize(e.f.done) if e.f.has_done
-                          else cydriver.cuStreamSynchronize(e.f.stream))
-                    if over and not wait:
-                        tel_add(&self.tel[T_DEFERRED_CAP_WAITS], 1)
-                else:
-                    st = cydriver.cuEventQuery(e.f.done) if e.f.has_done else cydriver.cuStreamQuery(e.f.stream)
-                status[i] = st
-                if st == cydriver.CUDA_ERROR_NOT_READY:
-                    if not every:
-                        break
-                    continue
-                count -= 1
-                held_bytes -= e.nbytes
-        for i in range(n):
-            if status[i] == cydriver.CUDA_ERROR_NOT_READY:
-                continue
-            e = &batch[i]
-            if status[i] == cydriver.CUDA_SUCCESS:
-                self.resources.recycle(&e.f)
-            elif self.resources.leak(&e.f):
-                tel_add(&self.tel[T_LEAKED_ALLOCATIONS], 1)
-            _release(e.views[0], e.views.size())
-            del e.views
-            Py_XDECREF(e.held)
-            done += 1
-            tel_add(&self.tel[T_DEFERRED_RECYCLES], 1)
-        a_add(&self.defer_n, -<long long>done)
-        if done < n:  # what still runs goes back in front of anything dropped meanwhile, in order
-            lock_with_gil(self.defer_mu)
-            i = n
-            while i > 0:
-                i -= 1
-                if status[i] == cydriver.CUDA_ERROR_NOT_READY:
-                    self.deferred.push_front(batch[i])
-                    self.defer_bytes += batch[i].nbytes
-            self.defer_mu.unlock()
-        while done > 0:  # each reclaimed dispatch stops counting
+        """Dropped work that has finished goes back to the pools (see _deferred; ``every``: query
+        past the first still running, ``wait``: wait for each); each such dispatch stops counting."""
+        cdef size_t done = self.defer.reclaim(self.ctx, self.resources, self.tel, every, wait)
+        while done > 0:
             done -= 1
             self._settled()
         return 0
@@ -423,13 +348,10 @@ cdef class Core:
         measurement). On failure, a :class:`PlanMiss` included, every buffer acquired so far is
         released. A device input (found only where the buffer protocol fails, so host buffers pay
         nothing) marks its key entry ("device", bytes)."""
-        cdef Py_ssize_t n, i
-        cdef Py_buffer* view
-        cdef long long nbytes
+        cdef Py_ssize_t n
         cdef long long small[8]
         cdef vector[long long] big
         cdef long long* lens = small  # each input's length code (see _LastHit)
-        own = _UNREAD  # the caller's stream, read at the first device input (one attribute read)
         if type(program) is not Program:
             raise ValidationError(
                 f"dispatch needs a vyre_cuda.Program (got {type(program).__name__})",
@@ -442,34 +364,7 @@ cdef class Core:
         if n > 8:
             big.resize(n)
             lens = big.data()
-        for i in range(n):
-            view = &views[i]
-            obj = inputs[i]
-            # not numpy: a device array (no buffer protocol, or a refusing one, as CuPy's), read in
-            # C when its producer allows
-            nbytes = -1
-            if type(obj) is not cnp.ndarray and (not PyObject_CheckBuffer(obj) or device_type(obj)):
-                if own is _UNREAD:
-                    own = None if config is None else config.stream
-                nbytes = self._device_input(obj, i, n, own, view, d)
-            if nbytes >= 0:
-                lens[i] = -1 - nbytes
-                continue
-            if type(obj) is not cnp.ndarray:
-                d.cupy_stream = None  # a buffer exporter may run Python code (__buffer__)
-            try:
-                PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-                lens[i] = view.len
-            except Exception as exc:
-                try:
-                    if type(obj) is not cnp.ndarray and PyObject_CheckBuffer(obj):
-                        if own is _UNREAD:
-                            own = None if config is None else config.stream
-                        nbytes = self._device_input(obj, i, n, own, view, d)  # (and learns its type)
-                    lens[i] = -1 - nbytes if nbytes >= 0 else self._cold_input(program, obj, i, n, config, view, d, exc)
-                except BaseException:
-                    _release(views, i)
-                    raise
+        read_inputs(self.ctx, self.device, self.tel, program, inputs, config, views, lens, d)
         prep = given
         lock_with_gil(self.hit_mu)  # (a reference read while another thread may swap it)
         hit = self.last_hit
@@ -482,10 +377,10 @@ cdef class Core:
             try:
                 prep = self.prepared.get(key)  # (may run Python code: other threads run meanwhile)
             except BaseException:  # an unhashable config field
-                _release(views, n)
+                release_views(views, n)
                 raise
             if prep is None:
-                _release(views, n)
+                release_views(views, n)
                 raise self._miss(key, config, inputs, d)
             if self.cleared == cleared:  # (not cleared since the lookup began: safe to remember)
                 hit = _LastHit.__new__(_LastHit)
@@ -501,16 +396,7 @@ cdef class Core:
                 self.hit_mu.unlock()
                 hit = None  # (the one replaced, dropped outside the lock)
         cdef Prepared p = <Prepared>prep
-        cdef InputCheck* ic
-        if d.dev_in.size():
-            self._check_device_inputs(program, inputs, config, p, views, d)
-        for i in range(<Py_ssize_t>p.checks.size()):
-            ic = &p.checks[i]
-            view = &views[ic.index]
-            if not kind_ok(ic.kind, ic.itemsize, view.format, view.itemsize):
-                fmt = view.format.decode() if view.format != NULL else "B"
-                _release(views, n)
-                raise dtype_error(program, ic.index, fmt, view.itemsize, inputs[ic.index])
+        check_inputs(self.device, program, inputs, config, p, views, d)
         return p
 
     cdef object _miss(self, key, config, inputs, PendingDispatch d):
@@ -525,68 +411,6 @@ cdef class Core:
             on_device = frozenset(k for k, x in enumerate(key[2:]) if type(x) is tuple)
             return PlanMiss(key, lengths, config, on_device, inputs)
         return PlanMiss(key, key[2:], config, frozenset(), inputs)
-
-    cdef long long _device_input(self, obj, Py_ssize_t i, Py_ssize_t n, own, Py_buffer* view,
-                                 PendingDispatch d) except -2:
-        """A device input read in C (_devview): its bytes, or -1 when the C reader leaves it to
-        the Python one (which also words every refusal). ``own``: the config's stream (None: the
-        backend's own streams)."""
-        bind_context(self.ctx)  # the pointer queries want our context (a producer's code may move it)
-        cdef DevView dv = read_device(obj, self.device, own, d.cupy_stream)
-        if dv is None:
-            d.cupy_stream = None  # the Python reader may run the producer's code
-            return -1
-        d.cupy_stream = dv.memo
-        _hold_device(d, i, n, view, dv.ptr, dv.keep, dv.wait)
-        tel_add(&self.tel[T_DEVICE_ARRAYS_READ_IN_C], 1)
-        d.dev_in[i].kind = dv.kind_code
-        d.dev_in[i].size = dv.itemsize
-        return <long long>dv.nbytes
-
-    cdef int _check_device_inputs(self, program, inputs, config, Prepared p, vector[Py_buffer]& views,
-                                  PendingDispatch d) except -1:
-        """The declared element type of each device input read in C (the Python reader checks
-        its own as it reads); a mismatch is refused with the Python reader's own error."""
-        cdef InputCheck* ic
-        cdef size_t k
-        cdef char got
-        for k in range(p.dev_checks.size()):
-            ic = &p.dev_checks[k]
-            got = d.dev_in[ic.index].kind
-            if got == 0 or ic.kind == 0 or d.dev_in[ic.index].size == 1:
-                continue  # read by the Python reader (checked there), untyped, or raw bytes, or not a device input
-            if d.dev_in[ic.index].size != ic.itemsize or got != ic.kind:
-                _release(views, views.size())
-                device_input(program, ic.index, inputs[ic.index], self.device,
-                             None if config is None else config.stream)  # raises the typed error
-                raise ValidationError(  # (the two readers disagree: never expected)
-                    f"input {ic.index} has element kind {chr(got)!r}, {d.dev_in[ic.index].size} bytes, but the "
-                    f"buffer is declared kind {chr(ic.kind)!r}, {ic.itemsize} bytes",
-                    "pass a device array of the declared dtype",
-                )
-        return 0
-
-    cdef long long _cold_input(self, program, obj, Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view,
-                               PendingDispatch d, exc) except? -2:
-        """An input the buffer protocol refused: raw bits of a format-less dtype, a CPU DLPack
-        tensor (its numpy view), or a device array. Returns its length code (see _LastHit);
-        raises a typed error."""
-        bits = raw_bits(obj)  # bfloat16 & co. export no format: take their raw bits
-        if bits is None:
-            bind_context(self.ctx)  # the pointer queries of the device checks want our context
-            dv = device_input(program, i, obj, self.device, None if config is None else config.stream)
-            if dv is None:
-                raise input_error(program, i, obj, exc) from None
-            if type(dv) is not cnp.ndarray:
-                _hold_device(d, i, n, view, <cydriver.CUdeviceptr>dv.ptr, dv.keep, dv.wait)
-                tel_add(&self.tel[T_DEVICE_ARRAYS_READ_IN_PYTHON], 1)
-                return -1 - <long long>dv.nbytes
-            bits = dv  # a CPU DLPack tensor as numpy: the host path
-        try:
-            PyObject_GetBuffer(bits, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
-        except Exception:
-            raise input_error(program, i, obj, exc) from None
-        return view.len
 
     # ---------------------------------------------------------------- one owner per dispatch
     cdef PendingDispatch _open(self, program, inputs, config, Prepared given):
@@ -625,11 +449,11 @@ cdef class Core:
         releases it on every path."""
         cdef Prepared p = d.prep
         cdef size_t i, n
-        if a_loadll(&self.defer_n):  # dropped work: what has finished goes back to the pools first
+        if a_loadll(&self.defer.count):  # dropped work: what has finished goes back to the pools first
             self._reclaim(False, False)
         d.no_graph = p.graph_off or p.trial_left > 0  # undecided plans issue (the trial alternates)
         if into is not None:  # checked before it runs
-            d.out_checked = self._device_outputs(p, into, d)
+            d.out_checked = device_outputs(self.ctx, self.device, p, into, d)
             if d.out_checked is None:
                 d.out_checked = tuple(check_outputs(p.plan, into, self.device,
                                                     <uintptr_t>p.ext_stream if p.ext else None))
@@ -656,7 +480,7 @@ cdef class Core:
                 d.compact = p.device_outputs and not want_done
         if d.compact:
             if not p.resident_tried:
-                self._ensure_resident(p)
+                self.resident_blocks.upload(p, self.resources.spool)
             d.resident = p.resident != 0
         # a caller's stream: wait on an event, not on it (a resident params block is the slab:
         # no device block and no staging are taken)
@@ -695,72 +519,6 @@ cdef class Core:
             d.wait_timeout = p.timeout
         return 0
 
-    cdef tuple _device_outputs(self, Prepared p, list into, PendingDispatch d):
-        """The views of ``into`` when every output is a device array read in C and right for its
-        slot (dtype, exact size, writable); else None, and the Python checks run (and word any
-        refusal)."""
-        cdef Py_ssize_t k, n = len(into)
-        cdef DevView dv
-        cdef OutCheck* oc
-        if n != <Py_ssize_t>p.out_checks.size():
-            return None
-        bind_context(self.ctx)
-        # a tuple, not a list: holding only DevViews (which the GC does not track), the GC stops
-        # tracking it at its first pass, so a dispatch kept in flight adds one object fewer to the
-        # older generations (whose growth sets how often the GC walks the whole heap)
-        cdef tuple views = PyTuple_New(n)
-        for k in range(n):
-            obj = into[k]
-            if type(obj) is cnp.ndarray:
-                return None  # a host output: the Python checks take them all
-            dv = read_device(obj, self.device, <uintptr_t>p.ext_stream if p.ext else None, d.cupy_stream)
-            if dv is None:
-                d.cupy_stream = None
-                return None
-            d.cupy_stream = dv.memo
-            oc = &p.out_checks[k]
-            if dv.read_only or dv.nbytes != oc.nbytes or dv.itemsize != oc.itemsize or dv.kind_code != oc.kind:
-                return None
-            Py_INCREF(dv)
-            PyTuple_SET_ITEM(views, k, dv)
-        return views
-
-    cdef int _ensure_resident(self, Prepared p) except -1:
-        """Once per plan, at its first params-only dispatch: its params blocks uploaded to a block
-        of their own, kept for the plan's life. Synchronous, on a pool stream (a copy from pageable
-        memory is complete only once its stream is). Any failure leaves the plan on its
-        params-only slab."""
-        cdef cydriver.CUdeviceptr block = 0
-        cdef cydriver.CUstream s = NULL
-        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
-        cdef const char* src
-        cdef size_t n = p.compact_upload_end
-        p.resident_tried = True  # (under the GIL: one thread tries; the others use the slab)
-        if p.compact_image is None or self.ctx == NULL or not self.resident_blocks.alive or n == 0:
-            return 0
-        src = p.compact_image
-        bind_context(self.ctx)
-        try:
-            self.resources.spool.acquire_stream(&s)
-        except BaseException:
-            return 0
-        with nogil:
-            st = cydriver.cuMemAlloc(&block, n)
-            if st == cydriver.CUDA_SUCCESS:
-                st = cydriver.cuMemcpyHtoDAsync(block, src, n, s)
-                if st == cydriver.CUDA_SUCCESS:
-                    st = cydriver.cuStreamSynchronize(s)
-        self.resources.spool.release_stream(s)
-        if st != cydriver.CUDA_SUCCESS:
-            if block:
-                with nogil:
-                    cydriver.cuMemFree(block)
-            return 0
-        self.resident_blocks.add(block, n)
-        p.resident_owner = self.resident_blocks
-        p.resident = block
-        return 0
-
     cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1:
         """Fail closed: synchronise the stream; recycle on success, leak on failure; raise."""
         cdef cydriver.CUresult sync = cydriver.CUDA_SUCCESS
@@ -782,49 +540,10 @@ cdef class Core:
         raise err
 
     cdef int _after_enqueue(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1:
-        cdef Prepared p = d.prep
-        cdef size_t i
-        cdef unsigned long long direct = 0
         if status != cydriver.CUDA_SUCCESS:
             self._fail(d, status, call)
         d.f.enqueued = True
-        tel_add(&self.tel[T_DISPATCHES], 1)
-        cdef size_t h2d = 0 if d.resident else p.tel_h2d_bytes
-        tel_add(&self.tel[T_H2D_BYTES], h2d)
-        tel_add(&self.tel[T_TRANSIENT_ALLOC_BYTES], d.f.bucket)
-        tel_add(&self.tel[T_PARAM_UPLOAD_BYTES], 0 if d.resident else p.tel_param_bytes)
-        tel_add(&self.tel[T_LAUNCHES], p.tel_launches)
-        if p.route == ROUTE_COOPERATIVE:
-            tel_add(&self.tel[T_COOPERATIVE_LAUNCHES], p.tel_launches)
-        elif p.route == ROUTE_SPLIT:
-            tel_add(&self.tel[T_SPLIT_LAUNCHES], p.tel_launches)
-        for i in range(d.out_inplace.size()):
-            tel_add(&self.tel[T_MEMSET_OPS], d.out_inplace[i].zero)
-        tel_add(&self.tel[T_MEMSET_OPS], 0 if d.compact else p.tel_memsets)
-        tel_add(&self.tel[T_IN_PLACE_OUTPUTS], d.out_inplace.size())
-        if d.graph_events:
-            tel_add(&self.tel[T_GRAPH_REPLAYS], (d.graph_events & G_REPLAY) != 0)
-            tel_add(&self.tel[T_GRAPH_CAPTURES], (d.graph_events & G_CAPTURE) != 0)
-            tel_add(&self.tel[T_GRAPH_UPDATES], (d.graph_events & G_UPDATE) != 0)
-            tel_add(&self.tel[T_GRAPH_FALLBACKS], (d.graph_events & G_FALLBACK) != 0)
-            d.graph_events = 0
-        if p.ring:
-            # (a params-only dispatch sends its params in one copy outside the ring, or none)
-            tel_add(&self.tel[T_H2D_OPS], d.ops[0] + (d.compact and not d.resident))
-            tel_add(&self.tel[T_RING_CHUNKS], d.ops[1])
-            if d.any_direct:
-                for i in range(p.sources.size()):
-                    if p.sources[i].kind == SRC_INPUT and d.direct[p.sources[i].index]:
-                        direct += p.sources[i].n
-            if p.streamed:
-                direct += d.s_direct_h2d
-                tel_add(&self.tel[T_STREAMED_DISPATCHES], 1)
-                tel_add(&self.tel[T_STREAMED_CHUNKS], p.s_chunks)
-        else:
-            tel_add(&self.tel[T_H2D_OPS], 0 if d.resident else p.tel_h2d_ops)
-        tel_add(&self.tel[T_DIRECT_H2D_BYTES], direct)
-        tel_add(&self.tel[T_STAGED_H2D_BYTES], h2d - direct)
-        d.ops[0] = d.ops[1] = 0
+        count_enqueued(self.tel, d)
         return 0
 
     # ---------------------------------------------------------------- entry points
@@ -992,37 +711,6 @@ cdef class Core:
     def dispatch_timed(self, program, inputs, config=None, Prepared prep=None):
         cdef PendingDispatch pending = self.dispatch_async(program, inputs, config, True, prep)
         return pending.timed_result(pending.prep.timeout)  # a blocking call: the config's timeout
-
-
-cdef void _release(vector[Py_buffer]& views, Py_ssize_t n) noexcept:
-    # release the first n (the ones acquired so far) and forget all: the owner must not release
-    # them again
-    cdef Py_ssize_t i
-    for i in range(n):
-        PyBuffer_Release(&views[i])
-    views.clear()
-
-
-cdef int _hold_device(PendingDispatch d, Py_ssize_t i, Py_ssize_t n, Py_buffer* view, cydriver.CUdeviceptr ptr,
-                      keep, wait) except -1:
-    """Input ``i`` of ``n`` is device memory at ``ptr``: the kernel reads it in place, ``keep``
-    stays referenced until the dispatch completes, and the dispatch stream waits on ``wait``
-    (a producer's stream, or None) first."""
-    # an empty placeholder view keeps the release loops uniform (releasing a view of no
-    # object does nothing)
-    memset(view, 0, sizeof(Py_buffer))
-    cdef DevInput zero
-    if d.dev_in.size() == 0:
-        memset(&zero, 0, sizeof(DevInput))
-        d.dev_in.assign(n, zero)
-        d.keep = []
-    d.dev_in[i].ptr = ptr
-    d.keep.append(keep)
-    if wait is not None:
-        if d.waits is None:
-            d.waits = []
-        d.waits.append(wait)
-    return 0
 
 
 # ---------------------------------------------------------------- a dispatch's life (see _dispatch.pxd)
@@ -1220,15 +908,11 @@ cdef void drop(PendingDispatch d) noexcept:
     e.held = <PyObject*>held
     d.f.active = False  # (the entry owns them now; the backend still counts them as outstanding)
     a_store(&d.state, D_DROPPED)
-    lock_with_gil(core.defer_mu)
-    core.deferred.push_back(e)
-    core.defer_bytes += e.nbytes
-    core.defer_mu.unlock()
-    a_add(&core.defer_n, 1)
+    core.defer.push(e)
     tel_add(&core.tel[T_DEFERRED_DROPS], 1)
     if a_load(&core.closed_flag):
         # close() may have made its last reclaim between this handle's query and the push
-        # above (close sets the flag before it reclaims, and the push is under defer_mu, so one
+        # above (close sets the flag before it reclaims, and the push is under the list's lock, so one
         # of the two sees the entry): nothing else would reclaim it, so wait for it here. Its
         # GPU work is all that is waited for; close() already waited for the context, or lets
         # the last handle free the pools.

@@ -7,6 +7,7 @@ from cuda.bindings cimport cydriver
 from ._transfer cimport CoopOrder
 from ._windows cimport Source
 from ._launch cimport CoopGate, GraphCache
+from ._streams cimport StreamPool
 
 
 cdef enum:
@@ -88,6 +89,9 @@ cdef struct ChunkShape:
     size_t params_offset  # in the shared region
 
 
+cdef class Prepared  # (declared below)
+
+
 cdef class ResidentBlocks:
     # one backend's resident params blocks: freed when their plan dies (no dispatch holds it
     # then), or all at close() once the device is idle; never after the context went away
@@ -95,7 +99,7 @@ cdef class ResidentBlocks:
     cdef cydriver.CUcontext ctx
     cdef bint alive
     cdef dict live  # pointer -> bytes
-    cdef int add(self, cydriver.CUdeviceptr ptr, size_t nbytes) except -1
+    cdef int upload(self, Prepared p, StreamPool spool) except -1
     cdef void free_block(self, cydriver.CUdeviceptr ptr) noexcept
 
 
@@ -162,7 +166,7 @@ cdef class Prepared:
     # queued behind its work is a wait for that work)
     cdef size_t compact_staging
     # the same params blocks kept on the device for the plan's life (uploaded by its first
-    # params-only dispatch, Core._ensure_resident): such a dispatch then uploads nothing and
+    # params-only dispatch, ResidentBlocks.upload): such a dispatch then uploads nothing and
     # takes no slab. ``compact_image``: the blocks' bytes (None: the plan cannot)
     cdef bytes compact_image
     cdef bint resident_tried

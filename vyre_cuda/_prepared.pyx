@@ -39,10 +39,47 @@ cdef class ResidentBlocks:
         self.alive = True
         self.live = {}
 
-    cdef int add(self, cydriver.CUdeviceptr ptr, size_t nbytes) except -1:
+    cdef int upload(self, Prepared p, StreamPool spool) except -1:
+        """Once per plan, at its first params-only dispatch: its params blocks uploaded to a block
+        of their own, kept for the plan's life (``p.resident``). Synchronous, on a pool stream (a
+        copy from pageable memory is complete only once its stream is). A failure, or a table
+        closed meanwhile, leaves the plan on its params-only slab."""
+        cdef cydriver.CUdeviceptr block = 0
+        cdef cydriver.CUstream s = NULL
+        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
+        cdef const char* src
+        cdef size_t n = p.compact_upload_end
+        cdef bint kept
+        # (two threads may both try: the one that loses the race to set p.resident leaves its
+        # block in the table, freed at close)
+        p.resident_tried = True
+        if p.compact_image is None or self.ctx == NULL or n == 0:
+            return 0
+        src = p.compact_image
+        bind_context(self.ctx)
+        try:
+            spool.acquire_stream(&s)
+        except BaseException:
+            return 0
+        with nogil:
+            st = cydriver.cuMemAlloc(&block, n)
+            if st == cydriver.CUDA_SUCCESS:
+                st = cydriver.cuMemcpyHtoDAsync(block, src, n, s)
+                if st == cydriver.CUDA_SUCCESS:
+                    st = cydriver.cuStreamSynchronize(s)
+        spool.release_stream(s)
         lock_with_gil(self.mu)
-        self.live[<uintptr_t>ptr] = nbytes
+        kept = st == cydriver.CUDA_SUCCESS and self.alive
+        if kept:
+            self.live[<uintptr_t>block] = n  # (an int key: no Python code runs under the lock)
         self.mu.unlock()
+        if not kept:
+            if block:
+                with nogil:
+                    cydriver.cuMemFree(block)
+            return 0
+        p.resident_owner = self
+        p.resident = block
         return 0
 
     cdef void free_block(self, cydriver.CUdeviceptr ptr) noexcept:

@@ -55,6 +55,7 @@ cdef object nvtx_blocking(Core core, PendingDispatch d, program, config, list in
 cdef PendingDispatch nvtx_async(Core core, PendingDispatch d, program, config, bint timed, unsigned long long t0,
                                 list into)
 cdef void nvtx_refused(program, config, bint blocking) noexcept
+cdef void count_enqueued(unsigned long long* tel, PendingDispatch d) noexcept
 
 
 cdef inline void mark(unsigned long long* marks, int k) noexcept nogil:

@@ -12,6 +12,19 @@ from ._driver cimport now_ns
 from ._prepared cimport Prepared
 from ._dispatch cimport Core
 from ._waits cimport PendingDispatch
+from ._counters cimport (
+    T_DISPATCHES, T_H2D_BYTES, T_H2D_OPS, T_TRANSIENT_ALLOC_BYTES, T_PARAM_UPLOAD_BYTES, T_LAUNCHES,
+    T_COOPERATIVE_LAUNCHES, T_SPLIT_LAUNCHES, T_MEMSET_OPS, T_STAGED_H2D_BYTES, T_DIRECT_H2D_BYTES, T_RING_CHUNKS,
+    T_GRAPH_REPLAYS, T_GRAPH_CAPTURES, T_GRAPH_UPDATES, T_GRAPH_FALLBACKS, T_STREAMED_DISPATCHES,
+    T_STREAMED_CHUNKS, T_IN_PLACE_OUTPUTS,
+)
+from ._prepared cimport ROUTE_COOPERATIVE, ROUTE_SPLIT
+from ._windows cimport SRC_INPUT
+from ._launch cimport G_REPLAY, G_CAPTURE, G_UPDATE, G_FALLBACK
+
+
+cdef extern from "_atomic.hpp" namespace "vyre" nogil:
+    void tel_add "vyre::count"(unsigned long long* p, unsigned long long v)
 from .config import DispatchConfig
 from .program import Program
 
@@ -188,3 +201,48 @@ def nvtx_counts():
 def nvtx_reset():
     """Zero the counts of :func:`nvtx_counts` (tests)."""
     vyre_nvtx_reset()
+
+
+cdef void count_enqueued(unsigned long long* tel, PendingDispatch d) noexcept:
+    """A dispatch's work is enqueued: its share of the backend's telemetry (``tel``, added to
+    atomically), from its plan's per-dispatch figures and what this dispatch did."""
+    cdef Prepared p = d.prep
+    cdef size_t i
+    cdef unsigned long long direct = 0
+    cdef size_t h2d = 0 if d.resident else p.tel_h2d_bytes
+    tel_add(&tel[T_DISPATCHES], 1)
+    tel_add(&tel[T_H2D_BYTES], h2d)
+    tel_add(&tel[T_TRANSIENT_ALLOC_BYTES], d.f.bucket)
+    tel_add(&tel[T_PARAM_UPLOAD_BYTES], 0 if d.resident else p.tel_param_bytes)
+    tel_add(&tel[T_LAUNCHES], p.tel_launches)
+    if p.route == ROUTE_COOPERATIVE:
+        tel_add(&tel[T_COOPERATIVE_LAUNCHES], p.tel_launches)
+    elif p.route == ROUTE_SPLIT:
+        tel_add(&tel[T_SPLIT_LAUNCHES], p.tel_launches)
+    for i in range(d.out_inplace.size()):
+        tel_add(&tel[T_MEMSET_OPS], d.out_inplace[i].zero)
+    tel_add(&tel[T_MEMSET_OPS], 0 if d.compact else p.tel_memsets)
+    tel_add(&tel[T_IN_PLACE_OUTPUTS], d.out_inplace.size())
+    if d.graph_events:
+        tel_add(&tel[T_GRAPH_REPLAYS], (d.graph_events & G_REPLAY) != 0)
+        tel_add(&tel[T_GRAPH_CAPTURES], (d.graph_events & G_CAPTURE) != 0)
+        tel_add(&tel[T_GRAPH_UPDATES], (d.graph_events & G_UPDATE) != 0)
+        tel_add(&tel[T_GRAPH_FALLBACKS], (d.graph_events & G_FALLBACK) != 0)
+        d.graph_events = 0
+    if p.ring:
+        # (a params-only dispatch sends its params in one copy outside the ring, or none)
+        tel_add(&tel[T_H2D_OPS], d.ops[0] + (d.compact and not d.resident))
+        tel_add(&tel[T_RING_CHUNKS], d.ops[1])
+        if d.any_direct:
+            for i in range(p.sources.size()):
+                if p.sources[i].kind == SRC_INPUT and d.direct[p.sources[i].index]:
+                    direct += p.sources[i].n
+        if p.streamed:
+            direct += d.s_direct_h2d
+            tel_add(&tel[T_STREAMED_DISPATCHES], 1)
+            tel_add(&tel[T_STREAMED_CHUNKS], p.s_chunks)
+    else:
+        tel_add(&tel[T_H2D_OPS], 0 if d.resident else p.tel_h2d_ops)
+    tel_add(&tel[T_DIRECT_H2D_BYTES], direct)
+    tel_add(&tel[T_STAGED_H2D_BYTES], h2d - direct)
+    d.ops[0] = d.ops[1] = 0

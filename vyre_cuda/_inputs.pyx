@@ -1,0 +1,214 @@
+# cython: language_level=3
+"""A dispatch's arrays as the hot path sees them.
+
+Each input is acquired as a C-contiguous buffer view (numpy and any buffer exporter) or, where
+the buffer protocol fails or refuses, read as a device array: in C when its producer allows
+(_devview), else by the Python reader, which also words every refusal (_device_io). An input's
+length code (its bytes; a device input's as -1 - bytes) is part of the plan lookup's key. Every
+function here releases what it acquired when it raises: the caller owns only what it returns.
+"""
+
+from cpython.buffer cimport PyObject_GetBuffer, PyObject_CheckBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from libc.stdint cimport uintptr_t
+from libc.string cimport memset
+
+cimport numpy as cnp
+from cuda.bindings cimport cydriver
+
+from ._counters cimport T_DEVICE_ARRAYS_READ_IN_C, T_DEVICE_ARRAYS_READ_IN_PYTHON
+from ._driver cimport bind_context
+from ._devview cimport DevView, read_device, device_type
+from ._formats cimport kind_ok
+from ._prepared cimport InputCheck, OutCheck
+from ._waits cimport DevInput
+from .errors import ValidationError
+from ._io_checks import dtype_error, input_error, raw_bits
+from ._device_io import device_input
+
+cnp.import_array()
+
+
+cdef extern from "_atomic.hpp" namespace "vyre" nogil:
+    void tel_add "vyre::count"(unsigned long long* p, unsigned long long v)
+
+
+cdef object _UNREAD = object()  # (read_inputs: the config's stream not read yet)
+
+
+cdef void release_views(vector[Py_buffer]& views, Py_ssize_t n) noexcept:
+    """Release the first ``n`` views (the ones acquired so far) and forget all: the owner must not
+    release them again."""
+    cdef Py_ssize_t i
+    for i in range(n):
+        PyBuffer_Release(&views[i])
+    views.clear()
+
+
+cdef int _hold_device(PendingDispatch d, Py_ssize_t i, Py_ssize_t n, Py_buffer* view, cydriver.CUdeviceptr ptr,
+                      keep, wait) except -1:
+    """Input ``i`` of ``n`` is device memory at ``ptr``: the kernel reads it in place, ``keep``
+    stays referenced until the dispatch completes, and the dispatch stream waits on ``wait``
+    (a producer's stream, or None) first."""
+    # an empty placeholder view keeps the release loops uniform (releasing a view of no
+    # object does nothing)
+    memset(view, 0, sizeof(Py_buffer))
+    cdef DevInput zero
+    if d.dev_in.size() == 0:
+        memset(&zero, 0, sizeof(DevInput))
+        d.dev_in.assign(n, zero)
+        d.keep = []
+    d.dev_in[i].ptr = ptr
+    d.keep.append(keep)
+    if wait is not None:
+        if d.waits is None:
+            d.waits = []
+        d.waits.append(wait)
+    return 0
+
+
+cdef long long _device_input(cydriver.CUcontext ctx, int device, unsigned long long* tel, obj, Py_ssize_t i,
+                             Py_ssize_t n, own, Py_buffer* view, PendingDispatch d) except -2:
+    """A device input read in C (_devview): its bytes, or -1 when the C reader leaves it to the
+    Python one (which also words every refusal). ``own``: the config's stream (None: the
+    backend's own streams)."""
+    bind_context(ctx)  # the pointer queries want our context (a producer's code may move it)
+    cdef DevView dv = read_device(obj, device, own, d.cupy_stream)
+    if dv is None:
+        d.cupy_stream = None  # the Python reader may run the producer's code
+        return -1
+    d.cupy_stream = dv.memo
+    _hold_device(d, i, n, view, dv.ptr, dv.keep, dv.wait)
+    tel_add(&tel[T_DEVICE_ARRAYS_READ_IN_C], 1)
+    d.dev_in[i].kind = dv.kind_code
+    d.dev_in[i].size = dv.itemsize
+    return <long long>dv.nbytes
+
+
+cdef long long _cold_input(cydriver.CUcontext ctx, int device, unsigned long long* tel, program, obj,
+                           Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view, PendingDispatch d,
+                           exc) except? -2:
+    """An input the buffer protocol refused: raw bits of a format-less dtype, a CPU DLPack tensor
+    (its numpy view), or a device array. Returns its length code; raises a typed error."""
+    bits = raw_bits(obj)  # bfloat16 & co. export no format: take their raw bits
+    if bits is None:
+        bind_context(ctx)  # the pointer queries of the device checks want our context
+        dv = device_input(program, i, obj, device, None if config is None else config.stream)
+        if dv is None:
+            raise input_error(program, i, obj, exc) from None
+        if type(dv) is not cnp.ndarray:
+            _hold_device(d, i, n, view, <cydriver.CUdeviceptr>dv.ptr, dv.keep, dv.wait)
+            tel_add(&tel[T_DEVICE_ARRAYS_READ_IN_PYTHON], 1)
+            return -1 - <long long>dv.nbytes
+        bits = dv  # a CPU DLPack tensor as numpy: the host path
+    try:
+        PyObject_GetBuffer(bits, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    except Exception:
+        raise input_error(program, i, obj, exc) from None
+    return view.len
+
+
+cdef int read_inputs(cydriver.CUcontext ctx, int device, unsigned long long* tel, program, inputs,
+                     config, vector[Py_buffer]& views, long long* lens, PendingDispatch d) except -1:
+    """Acquire input ``i`` of the list or tuple ``inputs`` into ``views[i]`` and its length code
+    into ``lens[i]``, for every ``i`` (``views`` sized by the caller). A device input (found only
+    where the buffer protocol fails, so host buffers pay nothing) is held by ``d``. On failure
+    every view acquired so far is released."""
+    cdef Py_ssize_t i, n = len(inputs)
+    cdef long long nbytes
+    cdef Py_buffer* view
+    own = _UNREAD  # the caller's stream, read at the first device input (one attribute read)
+    for i in range(n):
+        view = &views[i]
+        obj = inputs[i]
+        try:
+            # not numpy: a device array (no buffer protocol, or a refusing one, as CuPy's), read
+            # in C when its producer allows
+            nbytes = -1
+            if type(obj) is not cnp.ndarray and (not PyObject_CheckBuffer(obj) or device_type(obj)):
+                if own is _UNREAD:
+                    own = None if config is None else config.stream
+                nbytes = _device_input(ctx, device, tel, obj, i, n, own, view, d)
+            if nbytes >= 0:
+                lens[i] = -1 - nbytes
+                continue
+            if type(obj) is not cnp.ndarray:
+                d.cupy_stream = None  # a buffer exporter may run Python code (__buffer__)
+            try:
+                PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+                lens[i] = view.len
+            except Exception as exc:
+                if type(obj) is not cnp.ndarray and PyObject_CheckBuffer(obj):
+                    if own is _UNREAD:
+                        own = None if config is None else config.stream
+                    nbytes = _device_input(ctx, device, tel, obj, i, n, own, view, d)  # (and learns its type)
+                lens[i] = (-1 - nbytes if nbytes >= 0
+                           else _cold_input(ctx, device, tel, program, obj, i, n, config, view, d, exc))
+        except BaseException:
+            release_views(views, i)
+            raise
+    return 0
+
+
+cdef int check_inputs(int device, program, inputs, config, Prepared p, vector[Py_buffer]& views,
+                      PendingDispatch d) except -1:
+    """Each input's element type against its declaration: host views by their buffer format,
+    device inputs read in C by what the reader saw (the Python reader checks its own as it
+    reads). A mismatch releases every view and raises the typed error."""
+    cdef InputCheck* ic
+    cdef Py_buffer* view
+    cdef size_t k
+    cdef char got
+    for k in range(p.dev_checks.size() if d.dev_in.size() else 0):
+        ic = &p.dev_checks[k]
+        got = d.dev_in[ic.index].kind
+        if got == 0 or ic.kind == 0 or d.dev_in[ic.index].size == 1:
+            continue  # read by the Python reader (checked there), untyped, or raw bytes, or not a device input
+        if d.dev_in[ic.index].size != ic.itemsize or got != ic.kind:
+            release_views(views, views.size())
+            device_input(program, ic.index, inputs[ic.index], device,
+                         None if config is None else config.stream)  # raises the typed error
+            raise ValidationError(  # (the two readers disagree: never expected)
+                f"input {ic.index} has element kind {chr(got)!r}, {d.dev_in[ic.index].size} bytes, but the "
+                f"buffer is declared kind {chr(ic.kind)!r}, {ic.itemsize} bytes",
+                "pass a device array of the declared dtype",
+            )
+    for k in range(p.checks.size()):
+        ic = &p.checks[k]
+        view = &views[ic.index]
+        if not kind_ok(ic.kind, ic.itemsize, view.format, view.itemsize):
+            fmt = view.format.decode() if view.format != NULL else "B"
+            release_views(views, views.size())
+            raise dtype_error(program, ic.index, fmt, view.itemsize, inputs[ic.index])
+    return 0
+
+
+cdef tuple device_outputs(cydriver.CUcontext ctx, int device, Prepared p, list into, PendingDispatch d):
+    """The views of ``into`` when every output is a device array read in C and right for its slot
+    (dtype, exact size, writable); else None, and the Python checks run (and word any refusal)."""
+    cdef Py_ssize_t k, n = len(into)
+    cdef DevView dv
+    cdef OutCheck* oc
+    if n != <Py_ssize_t>p.out_checks.size():
+        return None
+    bind_context(ctx)
+    # a tuple, not a list: holding only DevViews (which the GC does not track), the GC stops
+    # tracking it at its first pass, so a dispatch kept in flight adds one object fewer to the
+    # older generations (whose growth sets how often the GC walks the whole heap)
+    cdef tuple views = PyTuple_New(n)
+    for k in range(n):
+        obj = into[k]
+        if type(obj) is cnp.ndarray:
+            return None  # a host output: the Python checks take them all
+        dv = read_device(obj, device, <uintptr_t>p.ext_stream if p.ext else None, d.cupy_stream)
+        if dv is None:
+            d.cupy_stream = None
+            return None
+        d.cupy_stream = dv.memo
+        oc = &p.out_checks[k]
+        if dv.read_only or dv.nbytes != oc.nbytes or dv.itemsize != oc.itemsize or dv.kind_code != oc.kind:
+            return None
+        Py_INCREF(dv)
+        PyTuple_SET_ITEM(views, k, dv)
+    return views
