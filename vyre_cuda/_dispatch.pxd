@@ -12,6 +12,7 @@ from ._resources cimport Resources, InFlight
 from ._prepared cimport Prepared, ResidentBlocks
 from ._waits cimport PendingDispatch
 from ._deferred cimport DeferredWork
+from ._plans cimport PlanTable
 
 
 cdef extern from "_atomic.hpp" namespace "vyre" nogil:
@@ -51,12 +52,7 @@ cdef class Core:
     cdef cydriver.CUcontext ctx
     cdef readonly Resources resources  # the one owner of this backend's pools
     cdef readonly ResidentBlocks resident_blocks  # the plans' resident params blocks
-    cdef dict prepared
-    cdef mutex hit_mu  # guards last_hit (a reference swapped by any thread)
-    cdef object last_hit  # the last plan found (a _LastHit); None once plans are cleared
-    cdef unsigned long long cleared  # how many times the plans were cleared (last_hit's guard)
-    cdef public int stream_plans  # cached plans keyed on a caller's stream
-    cdef list graphed  # prepared plans that may hold graph execs (released with the plans)
+    cdef PlanTable plans  # the prepared plans and the last-hit memo (one lock of its own)
     cdef unsigned long long tel[N_COUNTERS]  # added to with tel_add (atomic), read with tel_read
     cdef public object lost
     cdef int closed_flag  # atomic: set once by refuse_new(); every later call is refused

@@ -30,12 +30,10 @@ a mutex taken GIL-safely (lock_with_gil), and no Python code runs while one is h
 """
 
 cimport cython
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF, PyObject
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.weakref cimport PyWeakref_GetObject, PyWeakref_NewRef
 from libc.stdint cimport uintptr_t
-from libc.string cimport memcmp, memset
+from libc.string cimport memset
 from libcpp.vector cimport vector
 from posix.time cimport nanosleep, timespec
 
@@ -46,13 +44,14 @@ from ._counters cimport (
     T_DEVICE_ARRAYS_READ_IN_PYTHON, T_DEFERRED_DROPS,
 )
 from ._pools cimport lock_with_gil
-from ._driver cimport bind_context, now_ns
+from ._driver cimport now_ns
 from ._resources cimport Resources, InFlight
 from ._transfer cimport TransferEngine
 from ._windows cimport page_locked
 from ._prepared cimport Prepared, ResidentBlocks
 from ._devview cimport DevView
 from ._deferred cimport Deferred, DeferredWork
+from ._plans cimport PlanTable, lookup_key
 from ._inputs cimport release_views, read_inputs, check_inputs, device_outputs
 from ._launch cimport issue, collect, stream_waits, trial_record
 from ._waits cimport (
@@ -73,53 +72,6 @@ from ._plan_miss import PlanMiss
 from ._io_checks import as_input_list, as_output_list, check_outputs
 
 
-# plans made for callers' streams kept at most (each new stream is a new plan key)
-cdef int MAX_STREAM_PLANS = 64
-
-
-@cython.final
-cdef class _LastHit:
-    """The last plan found and what found it: the program and config objects and each input's
-    length code (its bytes; a device input's as -1 - bytes). Never changed once made: a thread
-    reads the core's one reference, then compares in C. A config holding the caller's stream
-    object is remembered by a weak reference (``config_ref``): the memo must not keep the
-    caller's stream alive, which plans never do, yet the README's chain (one config with a CuPy
-    ``Stream``, reused at every step) finds its plan without hashing the config."""
-    cdef object program
-    cdef object config
-    cdef object config_ref
-    cdef Prepared prep
-    cdef vector[long long] lens
-
-
-cdef inline bint _is_last_hit(_LastHit hit, program, config, const long long* lens, Py_ssize_t n) noexcept:
-    """Whether the plan dict would find ``hit``'s plan for this lookup, with no Python
-    ``__hash__``/``__eq__`` of the program or config run (two Python frames per dispatch)."""
-    # (a weak reference is compared by address only: when it names ``config``, the caller holds
-    # that object alive; when its object died it names None)
-    return (hit.program is program
-            and (hit.config is config
-                 or (hit.config_ref is not None and PyWeakref_GetObject(hit.config_ref) == <PyObject*>config))
-            and <Py_ssize_t>hit.lens.size() == n
-            and memcmp(hit.lens.data(), lens, n * sizeof(long long)) == 0)
-
-
-cdef tuple _lookup_key(program, config, const long long* lens, Py_ssize_t n):
-    """The plan dict's key: (program, config, each input's byte length or ("device", bytes))."""
-    cdef Py_ssize_t i
-    cdef object entry  # an object: PyTuple_SET_ITEM steals this reference
-    key = PyTuple_New(n + 2)
-    Py_INCREF(program)
-    PyTuple_SET_ITEM(key, 0, program)
-    Py_INCREF(config)
-    PyTuple_SET_ITEM(key, 1, config)
-    for i in range(n):
-        entry = lens[i] if lens[i] >= 0 else ("device", -1 - lens[i])
-        Py_INCREF(entry)
-        PyTuple_SET_ITEM(key, i + 2, entry)
-    return key
-
-
 @cython.final
 cdef class Core:
     """Per-backend driver state: context, the pools' owner, prepared plans, counters."""
@@ -130,10 +82,9 @@ cdef class Core:
         self.ctx = <cydriver.CUcontext>ctx
         self.resources = Resources(ctx, device, device_cap, pinned_cap, output_cache, chunk_bytes, n_chunks,
                                    copy_threads)
-        self.prepared = {}
+        self.plans = PlanTable()
         self.resident_blocks = ResidentBlocks(ctx)
         self.defer = DeferredWork()
-        self.graphed = []
         self.lost = None
         self.trace = trace
         import logging
@@ -185,8 +136,7 @@ cdef class Core:
     def pool_stats(self):
         """The pools' typed stats as telemetry's flat dict, with the prepared-plan counts."""
         stats = flat_pool_stats(self.resources.stats())
-        stats["prepared_plans"] = len(self.prepared)
-        stats["graph_execs_live"] = sum((<Prepared>p).graph_execs for p in list(self.graphed))
+        stats["prepared_plans"], stats["graph_execs_live"] = self.plans.stats()
         return stats
 
     @property
@@ -212,23 +162,8 @@ cdef class Core:
             self._leave()
 
     def clear_prepared(self):
-        lock_with_gil(self.hit_mu)
-        hit, self.last_hit = self.last_hit, None
-        self.hit_mu.unlock()
-        hit = None  # (dropped outside the lock: a plan's release may run code)
-        self.cleared += 1  # (a lookup that found a plan before this does not remember it)
-        self._release_graphs(self.ctx != NULL)
-        self.prepared.clear()
-        self.stream_plans = 0
-
-    def _release_graphs(self, bint destroy):
-        # the plans' graph execs go with the plans (module eviction, close, the lookup's bound);
-        # a plan still used by a dispatch in flight then issues its launches without a graph
-        graphed, self.graphed = self.graphed, []
-        if graphed and destroy:
-            bind_context(self.ctx)
-        for p in graphed:
-            (<Prepared>p).release_graphs(destroy)
+        """Drop every cached plan and release their graph execs (module eviction, close)."""
+        self.plans.clear(<uintptr_t>self.ctx)
 
     def when_settled(self, callback):
         """Call ``callback`` once no dispatch owner is left: now when none is, else when the last
@@ -268,31 +203,20 @@ cdef class Core:
     def forget_context(self):
         """Called once the backend's context is released after a fault: every pool drops its
         handles without a driver call (they died with the context)."""
-        self._release_graphs(False)
+        self.plans.clear(0)  # (their graph execs died with the context: only forgotten)
         self.resident_blocks.forget()
         self.resources.forget_context()
         self.ctx = NULL  # handles still pending write their resources off instead
 
     def prepared_for(self, key):
-        return self.prepared.get(key)
+        return self.plans.get(key)
 
     def insert(self, miss, Prepared prep not None):
         """Cache ``prep`` under the key of a :class:`PlanMiss` (the backend planned it)."""
         if self.closed:
             return  # closed while it was planned: the call that retries refuses with the reason
-        key = miss.key
-        config = key[1]
-        if config is not None and config.stream is not None:
-            # plans for callers' streams are bounded: every new stream is a new key
-            self.stream_plans += 1
-            if self.stream_plans > MAX_STREAM_PLANS:
-                self.clear_prepared()
-                self.stream_plans = 1
-        if len(self.prepared) >= 4096:
-            self.clear_prepared()  # bounded: distinct lengths should not grow memory forever
-        self.prepared[key] = prep
-        if prep.graphs != NULL:
-            self.graphed.append(prep)  # its graphs are released with the plans
+        config = miss.key[1]
+        self.plans.insert(miss.key, prep, config is not None and config.stream is not None, <uintptr_t>self.ctx)
 
     def trace_refused(self, program, config, bint blocking=True):
         """A traced dispatch refused while it was planned: its ranges, opened and closed at once
@@ -351,7 +275,7 @@ cdef class Core:
         cdef Py_ssize_t n
         cdef long long small[8]
         cdef vector[long long] big
-        cdef long long* lens = small  # each input's length code (see _LastHit)
+        cdef long long* lens = small  # each input's length code (see _plans)
         if type(program) is not Program:
             raise ValidationError(
                 f"dispatch needs a vyre_cuda.Program (got {type(program).__name__})",
@@ -366,35 +290,15 @@ cdef class Core:
             lens = big.data()
         read_inputs(self.ctx, self.device, self.tel, program, inputs, config, views, lens, d)
         prep = given
-        lock_with_gil(self.hit_mu)  # (a reference read while another thread may swap it)
-        hit = self.last_hit
-        self.hit_mu.unlock()
-        cdef unsigned long long cleared = self.cleared
-        if prep is None and hit is not None and _is_last_hit(<_LastHit>hit, program, config, lens, n):
-            prep = (<_LastHit>hit).prep
-        elif prep is None:
-            key = _lookup_key(program, config, lens, n)
+        if prep is None:
             try:
-                prep = self.prepared.get(key)  # (may run Python code: other threads run meanwhile)
+                prep = self.plans.find(program, config, lens, n)
             except BaseException:  # an unhashable config field
                 release_views(views, n)
                 raise
             if prep is None:
                 release_views(views, n)
-                raise self._miss(key, config, inputs, d)
-            if self.cleared == cleared:  # (not cleared since the lookup began: safe to remember)
-                hit = _LastHit.__new__(_LastHit)
-                (<_LastHit>hit).program = program
-                if config is None or config._without_stream_object() is config:
-                    (<_LastHit>hit).config = config
-                else:  # (a config holding the caller's stream object: see _LastHit)
-                    (<_LastHit>hit).config_ref = PyWeakref_NewRef(config, None)
-                (<_LastHit>hit).prep = <Prepared>prep
-                (<_LastHit>hit).lens.assign(lens, lens + n)
-                lock_with_gil(self.hit_mu)
-                hit, self.last_hit = self.last_hit, hit
-                self.hit_mu.unlock()
-                hit = None  # (the one replaced, dropped outside the lock)
+                raise self._miss(lookup_key(program, config, lens, n), config, inputs, d)
         cdef Prepared p = <Prepared>prep
         check_inputs(self.device, program, inputs, config, p, views, d)
         return p

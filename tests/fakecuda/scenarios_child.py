@@ -197,6 +197,62 @@ def eight_threads_dispatch_correctly(fake):
 
 
 @scenario
+def plans_stay_bounded_while_threads_plan_and_clear(fake):
+    # the plan table (one lock, published whole): threads planning new lengths on the backend's
+    # streams and on callers' streams while another thread clears the table; every result right,
+    # and plans for callers' streams bounded (each new stream is a new key)
+    backend = vecadd_backend(fake)
+    streams = []
+    for _ in range(100):
+        s = ctypes.c_void_p()
+        assert fake.lib.cuStreamCreate(ctypes.byref(s), 1) == 0
+        streams.append(s.value)
+    errors, stop = [], threading.Event()
+
+    def plan(seed):
+        r = np.random.default_rng(seed)
+        try:
+            for k in range(60):
+                n = int(r.integers(1, 3000))
+                a, b = r.standard_normal(n).astype(np.float32), r.standard_normal(n).astype(np.float32)
+                cfg = vc.DispatchConfig(stream=streams[int(r.integers(len(streams)))]) if k % 2 else None
+                (out,) = backend.dispatch(VECADD, [a, b], cfg)
+                assert np.array_equal(out, a + b), "a wrong result"
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(repr(exc))
+
+    def clear():
+        while not stop.is_set():
+            backend._core.clear_prepared()
+            time.sleep(0.001)
+
+    sys.setswitchinterval(1e-6)
+    try:
+        clearer = threading.Thread(target=clear)
+        clearer.start()
+        threads = [threading.Thread(target=plan, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        stop.set()
+        clearer.join(30)
+    finally:
+        sys.setswitchinterval(0.005)
+    assert not errors, errors[:3]
+    backend._core.clear_prepared()
+    a, b = pair(1000)
+    for s in streams:  # one plan per stream: the table keeps at most 64 of them
+        (out,) = backend.dispatch(VECADD, [a, b], vc.DispatchConfig(stream=s))
+        assert np.array_equal(out, a + b)
+        assert backend._core.pool_stats()["prepared_plans"] <= 64
+    assert backend._core.pool_stats()["prepared_plans"] == len(streams) % 64
+    for s in streams:
+        assert fake.lib.cuStreamDestroy(ctypes.c_void_p(s)) == 0
+    backend.close()
+
+
+@scenario
 def close_frees_every_allocation_module_and_the_context(fake):
     before = fake.stats()
     backend = vecadd_backend(fake)
