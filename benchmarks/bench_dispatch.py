@@ -1,7 +1,7 @@
-"""The dispatch benchmark suite, built on the profiling harness (``vyre_cuda.profile``).
+"""The dispatch benchmark suite: ``vyre_cuda.profile`` with the record's harness (``benchmarks/harness``).
 
-Every ``bench_*`` function measures vyre_cuda against the C driver floor and the transfer
-ceilings in the same run and returns a :class:`vyre_cuda.profile.ProfileReport`. ``main`` runs
+Every ``bench_*`` function measures vyre_cuda against the C driver floor, the transfer ceilings and
+the peers in the same run and returns a :class:`harness.BenchReport`. ``main`` runs
 the whole suite as ONE harness run (ratios compare only within a run), prints the table, writes
 the JSON result, and with ``--readme`` regenerates the results section of
 ``benchmarks/README.md``. The small sizes are compared with a stored baseline result
@@ -19,7 +19,7 @@ build_ext --inplace``)::
 
 The device-resident rows (vyre_cuda on CuPy arrays and torch tensors, against CuPy, PyTorch and
 cuda.core on the same arrays) run in every benchmark that measures peers, for the peers that are
-importable. The patterns users are taught (``vyre_cuda.profile.patterns``) run in the suite (skip
+importable. The patterns users are taught (``benchmarks/harness/patterns.py``) run in the suite (skip
 them with ``--no-patterns``) and alone with ``--only patterns``.
 """
 
@@ -35,6 +35,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(HERE.parent))
 
+from benchmarks import harness  # noqa: E402
 from vyre_cuda import profile  # noqa: E402
 from vyre_cuda.errors import BackendError  # noqa: E402
 from vyre_cuda.profile import cli as profile_cli  # noqa: E402
@@ -48,7 +49,7 @@ KIB, MIB, GIB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 
 def bench_small_dispatch(loops=None, backend=None, progress=None, baseline=None):
     """vecadd of 3 x 4 KiB from numpy to numpy: vyre_cuda, the floor and the peers."""
-    return profile.run_profile(
+    return harness.run_bench(
         sizes=(4 * KIB,),
         iterations=loops,
         threads=False,
@@ -61,7 +62,7 @@ def bench_small_dispatch(loops=None, backend=None, progress=None, baseline=None)
 
 def bench_large_dispatch(loops=None, backend=None, progress=None, baseline=None):
     """vecadd of 3 x 4 MiB and 3 x 64 MiB: vyre_cuda against the driver's pageable path."""
-    return profile.run_profile(
+    return harness.run_bench(
         sizes=(4 * MIB, 64 * MIB),
         iterations=loops,
         threads=False,
@@ -75,7 +76,7 @@ def bench_large_dispatch(loops=None, backend=None, progress=None, baseline=None)
 def bench_bandwidth(loops=None, backend=None, progress=None, baseline=None):
     """vecadd of 3 x 256 MiB and 3 x 1 GiB: GB/s per direction against the DMA and host
     memcpy ceilings, numpy and page-locked arrays."""
-    return profile.run_profile(
+    return harness.run_bench(
         sizes=(256 * MIB, 1 * GIB),
         iterations=loops,
         threads=False,
@@ -90,7 +91,7 @@ def bench_streamed(loops=None, backend=None, progress=None, baseline=None):
     """The streamed route at 4 MiB, 256 MiB and 1 GiB: the elementwise vecadd streamed from numpy
     and page-locked arrays against the DMA of both directions at once and the serial
     ``dispatch_into``, and the heavy kernel's overlap at 256 MiB."""
-    return profile.run_profile(
+    return harness.run_bench(
         sizes=(4 * MIB, 256 * MIB, 1 * GIB),
         iterations=loops,
         threads=False,
@@ -107,7 +108,7 @@ def bench_device_resident(loops=None, backend=None, progress=None, baseline=None
     and torch tensors, ``outputs="device"``, and the ``dispatch_async`` enqueue on a caller's
     stream, against CuPy, PyTorch and cuda.core on the same arrays and the launch floor; with the
     issued floor from page-locked arrays and the rebuilt-Program row at 4 KiB."""
-    return profile.run_profile(
+    return harness.run_bench(
         sizes=(4 * KIB, 64 * MIB),
         iterations=loops,
         threads=False,
@@ -120,7 +121,7 @@ def bench_device_resident(loops=None, backend=None, progress=None, baseline=None
 
 def bench_two_threads(loops=None, backend=None, progress=None, baseline=None):
     """Throughput from 1 and 2 Python threads, vyre_cuda against the floor (4 KiB)."""
-    return profile.run_profile(
+    return harness.run_bench(
         sizes=(4 * KIB,),
         iterations=loops,
         peers=False,
@@ -136,8 +137,8 @@ def bench_patterns(loops=None, backend=None, progress=None, baseline=None):
     """The patterns users are taught, beside their peers (no sizes): the README's enqueue chain
     against cuda.core, CuPy and PyTorch chains, dropped and awaited ``dispatch_async``, 1,000 in
     flight, the idle CPU of a long await and the ``device_memory_budget`` sweep
-    (``vyre_cuda.profile.patterns``; ``loops`` and ``baseline`` do not apply)."""
-    from vyre_cuda.profile.patterns import run_patterns
+    (``harness.patterns``; ``loops`` and ``baseline`` do not apply)."""
+    from benchmarks.harness.patterns import run_patterns
 
     return run_patterns(backend=backend, progress=progress)
 
@@ -154,9 +155,9 @@ def bench_suite(
     host_threads=None,
     backend_options=None,
     patterns=True,
-) -> profile.ProfileReport:
+) -> harness.BenchReport:
     """Everything above in one harness run: the figures quoted in README.md."""
-    return profile.run_profile(
+    return harness.run_bench(
         sizes=sizes,
         iterations=loops,
         warmup=warmup,
@@ -213,6 +214,16 @@ def _load_write_readme():
     return module
 
 
+def _devices_arg(text):
+    from benchmarks.harness.devices import parse_devices
+    from vyre_cuda.errors import ValidationError
+
+    try:
+        return parse_devices(text)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _parser():
     parser = argparse.ArgumentParser(prog="bench_dispatch.py", description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -252,6 +263,14 @@ def _parser():
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--no-threads", action="store_true")
     parser.add_argument("--no-patterns", action="store_true", help="skip the patterns users are taught")
+    parser.add_argument(
+        "--devices",
+        type=_devices_arg,
+        default=None,
+        metavar="LIST",
+        help="also measure multi-GPU scaling: DeviceGroup.map over these device ordinals (e.g. 0,1) "
+        "against the first of them alone",
+    )
     parser.add_argument(
         "--only", choices=sorted(BENCHES), help="run one benchmark instead of the suite (not written to README)"
     )
@@ -296,6 +315,10 @@ def main(argv=None) -> int:
                 args.host_threads,
                 patterns=not args.no_patterns,
             )
+        if args.devices:
+            from benchmarks.harness.devices import measure_device_scaling
+
+            report.meta["device_scaling"] = measure_device_scaling(args.devices)
     except BackendError as exc:
         progress.done()
         print(f"bench_dispatch: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -48,9 +48,9 @@ import numpy as np  # noqa: E402
 from helpers.bfs import INF, bfs_program  # noqa: E402
 
 import vyre_cuda as vc  # noqa: E402
+from benchmarks.harness import hooks as _hooks  # noqa: E402
 from vyre_cuda import DispatchConfig  # noqa: E402
 from vyre_cuda import builtin_programs as bp  # noqa: E402
-from vyre_cuda.profile import _hooks  # noqa: E402
 
 TARGETS = {"fixpoint100": 0.5, "bfs_split94": 0.6}
 COUNTERS = ("graph_replays", "graph_captures", "graph_updates", "graph_fallbacks", "launches")

@@ -105,9 +105,9 @@ class Env:
     def device_count(self) -> int:
         if self._count is not None:
             return self._count
-        from vyre_cuda.profile import _hooks
+        from benchmarks.harness import hooks
 
-        return _hooks.device_count()
+        return hooks.device_count()
 
 
 def timed(fn, reps: int) -> dict:

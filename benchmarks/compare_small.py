@@ -28,9 +28,11 @@ rng = np.random.default_rng(1)
 a = rng.standard_normal(n).astype(np.float32); b = rng.standard_normal(n).astype(np.float32)
 prog = bp.vecadd_f32()
 mode = os.environ.get("VYRE_CUDA_WAIT_MODE")
-if mode is not None:
-    from vyre_cuda.profile import _hooks
-    _hooks.set_wait_mode(int(mode))
+if mode is not None:  # through this tree's benchmarks/harness/hooks.py, loaded by path (whichever build runs)
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_hooks", os.environ["VYRE_BENCH_HOOKS"])
+    hooks = importlib.util.module_from_spec(spec); spec.loader.exec_module(hooks)
+    hooks.set_wait_mode(int(mode))
 with vc.CudaBackend(0) as g:
     for _ in range(warmup):
         (out,) = g.dispatch(prog, [a, b])
@@ -67,6 +69,7 @@ def run(root: pathlib.Path, nbytes: int, iters: int, wait_mode=None, cpu=None, w
         env["VYRE_BENCH_CPU"] = str(cpu)
     if wait_mode is not None:
         env["VYRE_CUDA_WAIT_MODE"] = str(wait_mode)
+        env["VYRE_BENCH_HOOKS"] = str(pathlib.Path(__file__).resolve().parent / "harness" / "hooks.py")
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(nbytes), str(iters), str(warmup), str(threads)],
         cwd="/",

@@ -30,8 +30,9 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
 import vyre_cuda as vc  # noqa: E402
+from benchmarks.harness import hooks as _hooks  # noqa: E402
 from vyre_cuda import builtin_programs as bp  # noqa: E402
-from vyre_cuda.profile import _hooks  # noqa: E402
+from vyre_cuda.profile import _hooks as profile_hooks  # noqa: E402
 
 MIB = 1 << 20
 
@@ -264,7 +265,7 @@ def streaming_sweep(report, sizes=(4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)):
     prog = bp.vecadd_f32()
     rng = np.random.default_rng(11)
     rows = []
-    stages = list(_hooks.stage_names())
+    stages = list(profile_hooks.stage_names())
     keep = vc.CudaBackend(0)
     try:
         for nbytes in sizes:
@@ -289,7 +290,7 @@ def streaming_sweep(report, sizes=(4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)):
                     t = median_time(lambda: g.dispatch(prog, [a, b]), reps)
                     t_into = median_time(lambda: g.dispatch_into(prog, [a, b], [out]), reps)
                     assert np.array_equal(out, ref)
-                    profiled = _hooks.profiled_dispatch(g)
+                    profiled = profile_hooks.profiled_dispatch(g)
                     per = [profiled(prog, [a, b])[1] for _ in range(min(reps, 50))]
                     st_med = {name: statistics.median(p[k] for p in per) / 1e3 for k, name in enumerate(stages)}
                 rows.append(

@@ -17,9 +17,11 @@ HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(HERE.parent))
 
-from vyre_cuda.profile import ProfileReport, format_size  # noqa: E402
+from benchmarks.harness import BenchReport as ProfileReport  # noqa: E402 (its series labels too)
+from benchmarks.harness.records import target_status, target_value  # noqa: E402
+from vyre_cuda.profile import format_size  # noqa: E402
 from vyre_cuda.profile.systems import label, order  # noqa: E402
-from vyre_cuda.profile.table import driver_text, target_status, target_value  # noqa: E402
+from vyre_cuda.profile.table import driver_text  # noqa: E402
 
 README = HERE / "README.md"
 BEGIN = "<!-- results:begin (written by benchmarks/write_readme.py from a result JSON; do not edit) -->"

@@ -12,9 +12,10 @@ import numpy as np
 from helpers.contracts import ProfiledBackend
 
 import vyre_cuda
+from benchmarks.harness import patterns, standalone, streamed
 from vyre_cuda import profile as P
 from vyre_cuda.errors import ValidationError
-from vyre_cuda.profile import _hooks, engine, patterns, streamed
+from vyre_cuda.profile import _hooks, engine
 from vyre_cuda.program import BufferDecl, Kernel, Program
 
 STAGES = P.STAGE_NAMES
@@ -246,20 +247,10 @@ def _fake_floor_module():
             assert batch_size == engine.LAUNCH_BATCH
             return np.full(batches, 3_500, np.int64)
 
-        def run_fixed(self, a, b, out, iterations):
-            np.add(a, b, out=out)
-            t0 = time.perf_counter_ns()
-            time.sleep(0.001 * (1 + len([f for f in mod.opened if not f.closed]) // 3))
-            return t0, time.perf_counter_ns()
-
         def tight(self, a, b, out, count, wait="spin", graph=False):
             mod.calls.append(("tight", wait, graph))
             np.add(a, b, out=out)
             return np.full(count, TIGHT_NS[graph, wait], np.int64)
-
-        def run_fixed_tight(self, a, b, out, iterations, wait="spin"):
-            mod.calls.append(("run_fixed_tight", wait))
-            return self.run_fixed(a, b, out, iterations)
 
         def dma_h2d(self, count):
             mod.calls.append("dma_h2d")
@@ -357,12 +348,10 @@ def install(monkeypatch):
         return np.empty(shape, dtype).view(Locked)
 
     monkeypatch.setattr(vyre_cuda, "CudaBackend", backend_factory, raising=False)
-    from vyre_cuda.profile import tight
-
     monkeypatch.setattr(FakeStandalone, "started", [])
     monkeypatch.setattr(FakeStandalone, "fail", None)
     monkeypatch.setattr(FakeStandalone, "no_capture", None)
-    monkeypatch.setattr(tight, "StandaloneFloor", FakeStandalone)
+    monkeypatch.setattr(standalone, "StandaloneFloor", FakeStandalone)
     monkeypatch.setattr(vyre_cuda, "pinned_empty", pinned_empty, raising=False)
     # the patterns, scaled down (a 20 ms kernel, 1 MiB budgets), and no driver call to drain
     monkeypatch.setattr(patterns, "DEFAULTS", PATTERNS_SMALL)

@@ -383,7 +383,7 @@ def test_profile_without_a_driver_exits_no_gpu(monkeypatch, capsys):
         raise error
 
     monkeypatch.setattr(profile_cli, "run_profile", no_driver)
-    rc, out, err = run(capsys, "profile", "--no-peers", "--no-threads", "--sizes", "4KiB")
+    rc, out, err = run(capsys, "profile", "--sizes", "4KiB")
     assert rc == cli.EXIT_NO_GPU, (out, err)
     assert err[-2:] == [f"vyre-cuda profile: DriverUnavailable: {error.message}", f"Fix: {error.fix}"]
 
@@ -397,7 +397,7 @@ def test_profile_in_a_process_without_a_device():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, "-m", "vyre_cuda", "profile", "--no-peers", "--no-threads", "--sizes", "4KiB"],
+        [sys.executable, "-m", "vyre_cuda", "profile", "--sizes", "4KiB"],
         cwd=root.parent,
         env=env,
         capture_output=True,

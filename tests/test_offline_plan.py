@@ -191,7 +191,7 @@ def test_profile_reports_a_kernel_compile_error_without_a_gpu(tmp_path):
 
     def run(path):
         argv = [sys.executable, "-c", code, "profile", "--kernel", str(path), "--buffers", "a:f32:in,o:f32:out"]
-        argv += ["--no-peers", "--sizes", "4KiB"]
+        argv += ["--sizes", "4KiB"]
         # cwd and PYTHONPATH: the vyre_cuda under test (an installed one, not an unbuilt checkout)
         package_root = str(pathlib.Path(vc.__file__).resolve().parents[1])
         child_env = {**env, "HOME": str(tmp_path), "PYTHONPATH": package_root}

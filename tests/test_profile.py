@@ -8,9 +8,11 @@ import re
 import numpy as np
 import pytest
 
+import benchmarks.harness as H
+from benchmarks.harness import records, targets
 from vyre_cuda import profile as P
 from vyre_cuda.errors import UnsupportedFeature, ValidationError
-from vyre_cuda.profile import engine, systems, table, targets
+from vyre_cuda.profile import engine, systems, table
 from vyre_cuda.profile.specs import format_size
 from vyre_cuda.program import BindingRole
 
@@ -72,12 +74,12 @@ def test_ratio_gain_throughput_gbps():
     assert P.ratio(None, 1.0) is None
     assert P.ratio(1.0, None) is None
     assert P.ratio(1.0, 0.0) is None
-    assert P.gain(1000.0, 1800.0) == pytest.approx(1.8)
-    assert P.gain(None, 1800.0) is None
-    assert P.throughput(2000, 1_000_000_000) == pytest.approx(2000.0)
-    assert P.throughput(1, 20_000) == pytest.approx(50_000.0)
+    assert records.gain(1000.0, 1800.0) == pytest.approx(1.8)
+    assert records.gain(None, 1800.0) is None
+    assert records.throughput(2000, 1_000_000_000) == pytest.approx(2000.0)
+    assert records.throughput(1, 20_000) == pytest.approx(50_000.0)
     with pytest.raises(ValueError):
-        P.throughput(1, 0)
+        records.throughput(1, 0)
     # 256 MiB in 4.88 ms is 55 GB/s (10**9 bytes per second)
     assert P.gbps(256 * MIB, 4_880_000) == pytest.approx(268_435_456 / 4_880_000)
     assert P.gbps(1_000_000_000, 1_000_000_000) == pytest.approx(1.0)
@@ -382,7 +384,7 @@ META = {
 
 def _synthetic_report(baseline=None):
     sizes = _synthetic_sizes()
-    threads = P.ThreadScaling(
+    threads = H.ThreadScaling(
         4096,
         4,
         2000,
@@ -390,12 +392,14 @@ def _synthetic_report(baseline=None):
         floor={1: 58_000.0, 2: 100_000.0, 4: 150_000.0},
         tight={1: 70_000.0, 2: 120_000.0, 4: 125_000.0},
     )
-    return P.ProfileReport(dict(META), sizes, threads, P.evaluate_targets(sizes, threads, baseline=baseline), STAGES)
+    return H.BenchReport(
+        dict(META), sizes, STAGES, targets=targets.evaluate_targets(sizes, threads, baseline=baseline), threads=threads
+    )
 
 
 def _baseline(vyre_small=17_000.0, floor_small=17_000.0):
     small = _size(4 * KIB, {"vyre.dispatch": vyre_small, "floor.pinned": floor_small})
-    return P.ProfileReport(dict(META, commit="old0"), [small])
+    return H.BenchReport(dict(META, commit="old0"), [small])
 
 
 def test_size_result_gbps_per_kind():
@@ -500,10 +504,10 @@ def test_no_regression_without_a_baseline_or_without_the_size():
     t = _targets(_synthetic_report())[("no_regression", 4 * KIB)]
     assert t.op == "report" and t.value is None and t.met is None
     assert "--baseline" in t.description
-    other = P.ProfileReport(dict(META), [_size(8 * KIB, {"vyre.dispatch": 1.0, "floor.pinned": 1.0})])
+    other = H.BenchReport(dict(META), [_size(8 * KIB, {"vyre.dispatch": 1.0, "floor.pinned": 1.0})])
     t = _targets(_synthetic_report(other))[("no_regression", 4 * KIB)]
     assert t.value is None and t.met is None and "has no such size" in t.description
-    assert table.target_status(t) == "n/a"
+    assert records.target_status(t) == "n/a"
 
 
 def test_targets_against_the_drivers_pageable_path():
@@ -559,14 +563,14 @@ def test_thread_rates_against_the_tight_floor_one_target_per_count():
     assert four.met is True and four.note == ""
     assert report.threads.rate_ratio(1) == pytest.approx(50 / 70)
     # a run without the tight floor's rates (a stored result of an older harness) says so
-    old = P.ThreadScaling(4096, 2, 2000, vyre={1: 5.0, 2: 9.0}, floor={1: 6.0, 2: 10.0})
-    (only,) = [x for x in P.evaluate_targets([], old) if x.key == "threads_rate_vs_floor"]
+    old = H.ThreadScaling(4096, 2, 2000, vyre={1: 5.0, 2: 9.0}, floor={1: 6.0, 2: 10.0})
+    (only,) = [x for x in targets.evaluate_targets([], old) if x.key == "threads_rate_vs_floor"]
     assert only.value is None and only.met is None and "not measured" in only.description
 
 
 def test_targets_only_for_the_builtin_vecadd():
     report = _synthetic_report()
-    assert P.evaluate_targets(report.sizes, report.threads, builtin=False) == []
+    assert targets.evaluate_targets(report.sizes, report.threads, builtin=False) == []
 
 
 def test_targets_say_nothing_about_issue_numbers():
@@ -579,10 +583,10 @@ def test_targets_say_nothing_about_issue_numbers():
 def test_page_locked_target_not_measured_reads_n_a():
     sizes = _synthetic_sizes()
     del sizes[3].systems["vyre.pinned"]
-    t = {(x.key, x.size_bytes): x for x in P.evaluate_targets(sizes, None)}
+    t = {(x.key, x.size_bytes): x for x in targets.evaluate_targets(sizes, None)}
     locked = t[("page_locked_gbps", 256 * MIB)]
     assert locked.value is None and locked.met is None
-    assert table.target_status(locked) == "n/a"
+    assert records.target_status(locked) == "n/a"
 
 
 # -- the table -------------------------------------------------------------------------------
@@ -696,7 +700,7 @@ def test_json_round_trip():
     assert data["threads"]["tight_per_s"] == {"1": 70_000.0, "2": 120_000.0, "4": 125_000.0}
     assert [t["met"] for t in data["targets"] if t["key"] == "threads_rate_vs_floor"] == [False, True]
     assert any(t["unit"] == "GB/s" for t in data["targets"])
-    again = P.ProfileReport.from_json(report.to_json())
+    again = H.BenchReport.from_json(report.to_json())
     assert again.to_dict() == report.to_dict()
     assert again.format_table() == report.format_table()
 
@@ -740,7 +744,7 @@ def _first_schema_result():
 def test_reads_first_schema_results_as_baselines(tmp_path):
     path = tmp_path / "old.json"
     path.write_text(json.dumps(_first_schema_result()))
-    old = P.ProfileReport.load(path)
+    old = H.BenchReport.load(path)
     small = old.size(4096)
     assert small.moved == {} and small.telemetry == {} and small.directions == {}
     assert small.gbps("vyre.dispatch") == pytest.approx(3 * 4096 / 18_000)  # vecadd's bytes
@@ -750,7 +754,7 @@ def test_reads_first_schema_results_as_baselines(tmp_path):
 
 
 def test_the_stored_benchmark_result_loads():
-    stored = P.ProfileReport.load(ROOT / "benchmarks" / "results" / "latest.json")
+    stored = H.BenchReport.load(ROOT / "benchmarks" / "results" / "latest.json")
     small = stored.size(4096)
     assert small.median("vyre.dispatch") > 0 and small.ratio("vyre.dispatch") > 0
     assert "4 KiB per buffer" in stored.format_table()
@@ -759,23 +763,35 @@ def test_the_stored_benchmark_result_loads():
 def test_from_dict_and_load_refuse_other_files(tmp_path):
     for bad in ({"schema": "something else"}, ["not", "a", "dict"]):
         with pytest.raises(ValidationError) as err:
-            P.ProfileReport.from_dict(bad)
+            H.BenchReport.from_dict(bad)
         assert _fix_line(err.value).startswith("Fix: ")
     with pytest.raises(ValidationError) as err:
-        P.ProfileReport.from_json("{not json")
+        H.BenchReport.from_json("{not json")
     assert _fix_line(err.value).startswith("Fix: ")
     with pytest.raises(ValidationError) as err:
-        P.ProfileReport.load(tmp_path / "missing.json")
+        H.BenchReport.load(tmp_path / "missing.json")
     assert "missing.json" in str(err.value)
 
 
 # -- the plot --------------------------------------------------------------------------------
 def test_plot_has_the_ratio_stage_and_bandwidth_panels(tmp_path):
     pytest.importorskip("matplotlib")
+    from benchmarks.harness.plot import plot_bench
     from vyre_cuda.profile.plot import plot_report
 
+    # the profile's own figure: no peers, no device panel
+    report = _synthetic_report()
+    fig = plot_report(P.ProfileReport(report.meta, report.sizes, STAGES), tmp_path / "own.png")
+    axes = {ax.get_label(): ax for ax in fig.get_axes()}
+    assert list(axes) == ["headline", "stages", "bandwidth"]
+    assert {line.get_label() for line in axes["headline"].get_lines()} == {
+        "vyre_cuda (= 1x)",
+        "per-buffer floor (pinned staging)",
+        "driver, pageable copies",
+    }
+    # the benchmark record's: the peers beside the floors, and the device panel
     path = tmp_path / "p.png"
-    fig = plot_report(_synthetic_report(), path)
+    fig = plot_bench(_synthetic_report(), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     axes = {ax.get_label(): ax for ax in fig.get_axes()}
     assert list(axes) == ["headline", "device", "stages", "bandwidth"]

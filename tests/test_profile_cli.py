@@ -10,9 +10,10 @@ import re
 import profile_fakes
 import pytest
 
+import benchmarks.harness as H
 import vyre_cuda
 from vyre_cuda import profile as P
-from vyre_cuda.errors import BackendError
+from vyre_cuda.errors import BackendError, ValidationError
 from vyre_cuda.profile import cli as profile_cli
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -98,7 +99,7 @@ def test_progress_eta_is_the_steps_left_times_the_time_per_step(fake_device):
     after step k of n, at 2 s a step, is exactly 2 (n - k) s."""
     stream = _Stream(tty=False)
     line = profile_cli.ProgressLine(stream, delay=0, interval=0, clock=_Clock(2.0))
-    P.run_profile(
+    H.run_bench(
         sizes=["4KiB"], iterations=10, warmup=1, peers=False, threads=False, progress=line, rounds=3, patterns=False
     )
     rows = _eta_lines(stream.getvalue())
@@ -113,7 +114,7 @@ def test_progress_eta_is_the_steps_left_times_the_time_per_step(fake_device):
 def test_progress_eta_over_sizes_and_threads_falls_to_zero(fake_device):
     stream = _Stream(tty=False)
     line = profile_cli.ProgressLine(stream, delay=0, interval=0, clock=_Clock(1.0))
-    P.run_profile(
+    H.run_bench(
         sizes=["4KiB", "64KiB"], iterations=6, warmup=1, peers=False, threads=True, progress=line, patterns=False
     )
     rows = _eta_lines(stream.getvalue())
@@ -146,8 +147,15 @@ def test_cli_defaults():
     args = _parser().parse_args([])
     assert args.sizes == (4 * KIB, 4 * MIB, 64 * MIB, 256 * MIB, GIB)
     assert args.iterations is None and args.warmup is None
-    assert args.json is None and args.plot is None and args.baseline is None
-    assert not args.no_peers and not args.no_threads
+    assert args.json is None and args.plot is None and args.from_file is None
+    for gone in (
+        "baseline",
+        "no_peers",
+        "no_threads",
+        "patterns_only",
+        "devices",
+    ):  # the benchmark record's (benchmarks/)
+        assert not hasattr(args, gone)
     assert args.kernel is None and args.entry is None and args.buffers is None
     assert args.device == 0 and args.host_threads is None
     assert profile_cli.backend_options(args) == {}
@@ -165,8 +173,6 @@ def test_cli_options():
             "--json",
             "--plot",
             "x.png",
-            "--no-peers",
-            "--no-threads",
             "--kernel",
             "k.cu",
             "--entry",
@@ -175,8 +181,6 @@ def test_cli_options():
             "a:f32:in,o:f32:out",
             "--device",
             "1",
-            "--baseline",
-            "old.json",
             "--host-threads",
             "8",
             "--staging-chunk-bytes",
@@ -189,9 +193,8 @@ def test_cli_options():
     )
     assert args.sizes == (8192, 1 << 20, GIB)
     assert (args.iterations, args.warmup, args.json, args.plot) == (50, 0, "-", "x.png")
-    assert args.no_peers and args.no_threads
     assert (args.kernel, args.entry, args.buffers, args.device) == ("k.cu", "k", "a:f32:in,o:f32:out", 1)
-    assert (args.baseline, args.host_threads) == ("old.json", 8)
+    assert args.host_threads == 8
     assert profile_cli.backend_options(args) == {"staging_chunk_bytes": 8 << 20, "staging_chunks": 6, "copy_threads": 4}
     assert _parser().parse_args(["--json", "out.json"]).json == "out.json"
 
@@ -233,14 +236,13 @@ def test_cli_main_validation_errors(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("content", [None, "{not json", '{"schema": "other"}'])
-def test_cli_bad_baseline_fails_before_the_run(fake_device, tmp_path, capsys, content):
+def test_bench_bad_baseline_fails_before_the_run(fake_device, tmp_path, content):
     path = tmp_path / "base.json"
     if content is not None:
         path.write_text(content)
-    args = _parser().parse_args(["--sizes", "4KiB", "--baseline", str(path), "--no-peers"])
-    assert P.main(args) == 2
-    err = capsys.readouterr().err
-    assert "ValidationError" in err and "Fix:" in err
+    with pytest.raises(ValidationError) as err:
+        H.run_bench(sizes=(4096,), baseline=path)
+    assert "Fix:" in str(err.value)
     assert fake_device.created == []  # no backend was opened
 
 
@@ -254,8 +256,6 @@ def test_cli_main_end_to_end_on_fakes(fake_device, tmp_path, capsys):
             "6",
             "--warmup",
             "1",
-            "--no-peers",
-            "--no-threads",
             "--json",
             str(out),
             "--copy-threads",
@@ -272,7 +272,7 @@ def test_cli_main_end_to_end_on_fakes(fake_device, tmp_path, capsys):
     assert data["sizes"][0]["bytes"] == 4096
     assert fake_device.created[0].options == {"copy_threads": 2}
     assert fake_device.created[0].closed  # the CLI's backend is closed
-    args = _parser().parse_args(["--sizes", "4KiB", "--iterations", "4", "--no-peers", "--no-threads", "--json"])
+    args = _parser().parse_args(["--sizes", "4KiB", "--iterations", "4", "--json"])
     assert P.main(args) == 0
     assert json.loads(capsys.readouterr().out)["schema"] == P.SCHEMA
 
@@ -282,7 +282,7 @@ def test_backend_errors_become_exit_status(fake_device, monkeypatch, capsys):
         raise vyre_cuda.DriverUnavailable("no CUDA driver was found", "install the NVIDIA driver")
 
     monkeypatch.setattr(vyre_cuda, "CudaBackend", broken)
-    args = _parser().parse_args(["--no-peers", "--no-threads"])
+    args = _parser().parse_args([])
     assert P.main(args) == 3  # no usable driver: the status every vyre-cuda command exits with
     assert "DriverUnavailable: no CUDA driver was found\nFix: install the NVIDIA driver" in capsys.readouterr().err
     assert issubclass(P.WrongResult, BackendError)
@@ -291,9 +291,9 @@ def test_backend_errors_become_exit_status(fake_device, monkeypatch, capsys):
 def test_vyre_cuda_cli_exposes_profile(fake_device, capsys):
     from vyre_cuda import cli
 
-    args = cli.build_parser().parse_args(["profile", "--sizes", "4KiB", "--no-peers"])
-    assert args.func is P.main and args.sizes == (4096,) and args.no_peers
-    assert cli.main(["profile", "--sizes", "4KiB", "--iterations", "4", "--no-peers", "--no-threads"]) == 0
+    args = cli.build_parser().parse_args(["profile", "--sizes", "4KiB"])
+    assert args.func is P.main and args.sizes == (4096,)
+    assert cli.main(["profile", "--sizes", "4KiB", "--iterations", "4"]) == 0
     assert "4 KiB per buffer" in capsys.readouterr().out
 
 
@@ -305,7 +305,7 @@ def _load_bench(name):
 
 
 def _stored_report():
-    return P.ProfileReport.load(ROOT / "benchmarks" / "results" / "latest.json")
+    return H.BenchReport.load(ROOT / "benchmarks" / "results" / "latest.json")
 
 
 def test_write_readme_replaces_only_the_results_section(tmp_path, fake_device):
@@ -313,7 +313,7 @@ def test_write_readme_replaces_only_the_results_section(tmp_path, fake_device):
     readme = tmp_path / "README.md"
     readme.write_text(f"# Title\n\nhand-written\n\n{wr.BEGIN}\nold figures\n{wr.END}\n\nfooter\n")
     stored = _stored_report()
-    report = P.run_profile(
+    report = H.run_bench(
         sizes=(4096, 8192),
         iterations=4,
         warmup=1,
@@ -390,8 +390,6 @@ def test_bench_dispatch_writes_json_and_compares_with_its_stored_result(fake_dev
                 "4",
                 "--warmup",
                 "1",
-                "--no-peers",
-                "--no-threads",
                 "--sizes",
                 "4KiB",
                 "--host-threads",
@@ -405,19 +403,14 @@ def test_bench_dispatch_writes_json_and_compares_with_its_stored_result(fake_dev
     # the stored result is the baseline by default
     assert data["meta"]["baseline"]["commit"] == _stored_report().meta["commit"]
     assert "4 KiB per buffer" in capsys.readouterr().out
-    assert (
-        bench.main(
-            ["--out", str(out), "--iterations", "4", "--no-peers", "--no-threads", "--sizes", "4KiB", "--no-baseline"]
-        )
-        == 0
-    )
+    assert bench.main(["--out", str(out), "--iterations", "4", "--sizes", "4KiB", "--no-baseline"]) == 0
     assert "baseline" not in json.loads(out.read_text())["meta"]
     assert set(bench.BENCHES) == {"small", "large", "bandwidth", "streamed", "device", "threads", "patterns"}
     assert bench.main(["--out", str(out), "--sizes", "4KiB", "--baseline", str(tmp_path / "none.json")]) == 1
 
 
 def test_devices_option_parses_ordinals():
-    from vyre_cuda.profile.devices import format_device_scaling, parse_devices
+    from benchmarks.harness.devices import format_device_scaling, parse_devices
 
     assert parse_devices("0,1") == (0, 1) and parse_devices("3") == (3,)
     for bad in ("", "0,0", "-1", "a,b"):
@@ -448,8 +441,6 @@ def _stored_json(tmp_path):
             "6",
             "--warmup",
             "1",
-            "--no-peers",
-            "--no-threads",
             "--json",
             str(path),
         ]
@@ -560,11 +551,11 @@ def test_from_refuses_what_is_not_a_stored_result(tmp_path, capsys, content, exp
 
 def test_from_refuses_measuring_options(tmp_path, capsys):
     path = tmp_path / "r.json"  # never read: the options are refused first
-    args = _parser().parse_args(["--from", str(path), "--sizes", "4KiB", "--copy-threads", "2", "--no-peers"])
+    args = _parser().parse_args(["--from", str(path), "--sizes", "4KiB", "--copy-threads", "2"])
     assert P.main(args) == 2
     err = capsys.readouterr().err
-    assert "--sizes, --no-peers, --copy-threads describe a new measurement" in err
-    assert err.rstrip().endswith("Fix: drop --sizes, --no-peers, --copy-threads, or drop --from to measure")
+    assert "--sizes, --copy-threads describe a new measurement" in err
+    assert err.rstrip().endswith("Fix: drop --sizes, --copy-threads, or drop --from to measure")
 
 
 def test_from_plot_without_matplotlib_fails_like_a_run(tmp_path, capsys, monkeypatch):
@@ -610,7 +601,7 @@ def test_loading_a_benchmark_leaves_sys_path_as_it_was():
 def test_bench_dispatch_streamed_runs_the_streamed_sizes(monkeypatch):
     bench = _load_bench("bench_dispatch")
     seen = {}
-    monkeypatch.setattr(bench.profile, "run_profile", lambda **kw: seen.update(kw) or "report")
+    monkeypatch.setattr(bench.harness, "run_bench", lambda **kw: seen.update(kw) or "report")
     assert bench.BENCHES["streamed"](3) == "report"
     assert seen["sizes"] == (4 * MIB, 256 * MIB, GIB) and seen["iterations"] == 3
     assert seen["peers"] is False and seen["threads"] is False
@@ -619,7 +610,7 @@ def test_bench_dispatch_streamed_runs_the_streamed_sizes(monkeypatch):
 def test_bench_dispatch_device_runs_the_device_sizes_with_peers(monkeypatch):
     bench = _load_bench("bench_dispatch")
     seen = {}
-    monkeypatch.setattr(bench.profile, "run_profile", lambda **kw: seen.update(kw) or "report")
+    monkeypatch.setattr(bench.harness, "run_bench", lambda **kw: seen.update(kw) or "report")
     assert bench.BENCHES["device"](7) == "report"
     assert seen["sizes"] == (4 * KIB, 64 * MIB) and seen["iterations"] == 7
     assert seen.get("peers", True) is True and seen["threads"] is False  # the peers are the bar

@@ -10,10 +10,12 @@ import profile_fakes
 import pytest
 from profile_fakes import FakeBackend
 
+import benchmarks.harness as H
+from benchmarks.harness import peers, targets
+from benchmarks.harness.peers import cuda_core_peer, cupy_peer, torch_peer
 from vyre_cuda import builtin_programs as bp
 from vyre_cuda import profile as P
-from vyre_cuda.profile import engine, peers, run, systems, targets
-from vyre_cuda.profile.peers import cuda_core_peer, cupy_peer, torch_peer
+from vyre_cuda.profile import engine, systems
 
 KIB, MIB = 1024, 1 << 20
 NEW_DEVICE_KEYS = (
@@ -193,14 +195,14 @@ def test_device_targets_by_size():
 
 def test_table_and_json_carry_the_new_rows_and_targets():
     s = _size(4 * KIB, SMALL)
-    report = P.ProfileReport(meta={"device_name": "Fake GPU"}, sizes=[s], threads=None, targets=[])
+    report = H.BenchReport(meta={"device_name": "Fake GPU"}, sizes=[s])
     report.targets = targets.evaluate_targets(report.sizes, None)
     text = report.format_table()
     for key in (*NEW_DEVICE_KEYS, "floor.pinned_direct", "vyre.rebuilt"):
         assert systems.label(key) in text, key
     assert "CuPy device arrays / cuda.core launch on device buffers + sync: 1.20x (target <= 1.15)" in text
     assert "why: the launch floor alone is 2.00 us (floor.launch_only) and 2.50 us (peer.cuda_core.enqueue)" in text
-    back = P.ProfileReport.from_json(report.to_json())
+    back = H.BenchReport.from_json(report.to_json())
     assert back.to_dict() == report.to_dict()
     data = json.loads(report.to_json())
     assert set(SMALL) <= set(data["sizes"][0]["systems"])
@@ -214,8 +216,8 @@ def test_the_new_peers_are_registered_and_skipped_by_name_when_missing(fake_devi
     assert peers.PEERS[-1] == "cuda_core" and peers.PEER_MODULES["cuda_core"] == "cuda.core"
     if importlib.util.find_spec("cuda.core") is None:  # (this machine has no cuda.core)
         assert peers.peer_available("cuda_core") is False
-    monkeypatch.setattr(run, "peer_available", lambda name: False)
-    report = P.run_profile(sizes=(4096,), iterations=4, warmup=1, peers=True, threads=False, rounds=2)
+    monkeypatch.setattr(H, "peer_available", lambda name: False)
+    report = H.run_bench(sizes=(4096,), iterations=4, warmup=1, peers=True, threads=False, rounds=2)
     s = report.size(4096)
     assert s.skipped["cuda_core"] == "cuda.core is not installed" and s.skipped["torch"] == "torch is not installed"
     assert not {k for k in s.systems if k.startswith(("peer.", "vyre.device"))}
@@ -227,10 +229,10 @@ def test_the_new_peers_are_registered_and_skipped_by_name_when_missing(fake_devi
 @pytest.mark.parametrize("stream_first", [True, False])
 def test_every_device_row_runs_on_faked_peers(fake_device, monkeypatch, stream_first):
     core = profile_fakes.install_peer_libraries(monkeypatch, stream_first)
-    monkeypatch.setattr(run, "peer_available", lambda name: name != "cuda_bindings")
+    monkeypatch.setattr(H, "peer_available", lambda name: name != "cuda_bindings")
     backend = FakeBackend()
     # (no patterns: their dispatch_async calls would count among the enqueue rows')
-    report = P.run_profile(
+    report = H.run_bench(
         sizes=(4096,), iterations=8, warmup=1, peers=True, threads=False, backend=backend, rounds=2, patterns=False
     )
     s = report.size(4096)
@@ -267,13 +269,13 @@ def test_every_device_row_runs_on_faked_peers(fake_device, monkeypatch, stream_f
 
 def test_a_failing_vyre_hook_is_skipped_alone(fake_device, monkeypatch):
     profile_fakes.install_peer_libraries(monkeypatch)
-    monkeypatch.setattr(run, "peer_available", lambda name: name == "cupy")
+    monkeypatch.setattr(H, "peer_available", lambda name: name == "cupy")
 
     def refuse(self, backend, program):
         raise ValueError("no caller streams here\nsecond line")
 
     monkeypatch.setattr(cupy_peer.CupyPeer, "vyre_enqueue", refuse)
-    report = P.run_profile(sizes=(4096,), iterations=4, warmup=1, peers=True, threads=False, rounds=2)
+    report = H.run_bench(sizes=(4096,), iterations=4, warmup=1, peers=True, threads=False, rounds=2)
     s = report.size(4096)
     assert s.skipped["cupy vyre_enqueue"] == "failed to start: ValueError: no caller streams here"
     assert "vyre.device.enqueue" not in s.systems
@@ -351,6 +353,7 @@ from fakecuda import FakeDriver, array_at, vecadd_emulation
 from vyre_cuda import builtin_programs
 from vyre_cuda.errors import ValidationError
 from vyre_cuda.profile import engine, run, runners
+import benchmarks.harness as H
 
 res = {}
 fake = FakeDriver()
@@ -409,7 +412,7 @@ fake.emulate(backend, program, [a, b], vecadd_emulation(np.float32))
 (first,) = backend.dispatch(program, [a, b])
 snap0 = backend.telemetry.snapshot()
 check = lambda outs: len(outs) == 1 and np.array_equal(outs[0], expected)
-rebuilt = runners.rebuilt_runner(backend, factory, [a, b], check)
+rebuilt = H.rebuilt_runner(backend, factory, [a, b], check)
 samples = rebuilt(6)
 snap1 = backend.telemetry.snapshot()
 res["rebuilt_n"] = len(samples["vyre.rebuilt"])
@@ -452,20 +455,16 @@ def test_issued_floor_and_rebuilt_program_on_the_fake_driver(fake_libcuda, rng):
     assert res["other_plans"] == 2  # a Program that differs does plan again (the count is live)
 
 
-def test_profile_cli_json_carries_the_new_series_and_targets(fake_device, monkeypatch, tmp_path):
-    import argparse
-
+def test_bench_json_carries_the_new_series_and_targets(fake_device, monkeypatch, tmp_path):
     profile_fakes.install_peer_libraries(monkeypatch)
-    monkeypatch.setattr(run, "peer_available", lambda name: name != "cuda_bindings")
-    parser = P.add_arguments(argparse.ArgumentParser(prog="vyre-cuda profile"))
+    monkeypatch.setattr(H, "peer_available", lambda name: name != "cuda_bindings")
     out = tmp_path / "out.json"
-    args = parser.parse_args(["--sizes", "4KiB", "--iterations", "6", "--no-threads", "--json", str(out)])
-    assert P.main(args) == 0
+    out.write_text(H.run_bench(sizes=(4096,), iterations=6, threads=False, patterns=False).to_json())
     data = json.loads(out.read_text())
     series = set(data["sizes"][0]["systems"])
     assert {*NEW_DEVICE_KEYS, "floor.pinned_direct", "vyre.rebuilt", "vyre.device"} <= series
     assert {t["key"] for t in data["targets"]} >= DEVICE_TARGETS
-    assert P.ProfileReport.load(out).size(4096).median("floor.pinned_direct") == 16_000  # the fake floor's figure
+    assert H.BenchReport.load(out).size(4096).median("floor.pinned_direct") == 16_000  # the fake floor's figure
 
 
 def test_the_zeroed_row_runs_the_program_with_its_output_zeroed():

@@ -3,7 +3,6 @@ the fake backend and the faked peers' libraries, each output checked against num
 under their keys, a peer not installed giving no row and no target, the budget sweep's stops, the
 report, the table, ``vyre-cuda profile --patterns-only / --no-patterns`` and bench_dispatch.py."""
 
-import argparse
 import json
 import pathlib
 import sys
@@ -14,12 +13,12 @@ import profile_fakes
 import pytest
 from profile_fakes import FakeBackend
 
+import benchmarks.harness as H
 import vyre_cuda
+from benchmarks.harness import patterns, records, targets
+from benchmarks.harness.records import PatternResult
 from vyre_cuda import profile as P
-from vyre_cuda.errors import BackendError, ValidationError
-from vyre_cuda.profile import cli as profile_cli
-from vyre_cuda.profile import patterns, systems, targets
-from vyre_cuda.profile.report import PatternResult
+from vyre_cuda.errors import BackendError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KIB, MIB = 1024, 1 << 20
@@ -186,7 +185,7 @@ def test_missed_targets_say_what_was_measured():
     assert "device_memory_budget=16,777,216" in note and "8.90 GB/s" in note and "192 chunks" in note
     assert "one dispatch took 2.50 s" in note
     assert "16 MiB" in t["budget_min_rate"].description
-    report = P.ProfileReport({"device_name": "X"}, [], None, list(t.values()), patterns=result)
+    report = H.BenchReport({"device_name": "X"}, [], targets=list(t.values()), patterns=result)
     table = report.format_table()
     assert table.count("why: ") == 6
     assert "stopped: device_memory_budget=16,777,216 took 2.50 s (measured once)" in table
@@ -304,7 +303,7 @@ def test_the_sweep_stops_below_a_budget_that_takes_too_long(fake_device):
     assert result.budget_stop["reason"] == "slow" and result.budget_stop["budget"] == 256 * KIB
     tried = {cfg.device_memory_budget for _, name, cfg in backend.calls if name == "vecadd_f32_elementwise"}
     assert tried == {None, 512 * KIB, 256 * KIB}  # nothing smaller was tried
-    table = P.ProfileReport({}, [], patterns=result).format_table()
+    table = H.BenchReport({}, [], patterns=result).format_table()
     assert "stopped: device_memory_budget=262,144 took" in table
 
 
@@ -367,7 +366,7 @@ def test_the_spin_kernel_is_a_program_of_one_input_and_32_outputs():
 # -- the report, the profile run, the CLI and the benchmark script -----------------------------
 def test_run_profile_measures_the_patterns_and_stores_them(fake_device):
     seen = []
-    report = P.run_profile(
+    report = H.run_bench(
         sizes=(4096,),
         iterations=4,
         warmup=1,
@@ -385,13 +384,13 @@ def test_run_profile_measures_the_patterns_and_stores_them(fake_device):
     data = json.loads(report.to_json())
     assert {t["key"] for t in data["targets"]} >= TARGET_KEYS - {"chain_vs_cuda_core"}
     assert data["patterns"]["budgets"][0]["budget"] is None
-    again = P.ProfileReport.from_json(report.to_json())
+    again = H.BenchReport.from_json(report.to_json())
     assert again.to_dict() == report.to_dict() and again.format_table() == report.format_table()
     table = report.format_table()
     assert "patterns users are taught (4 KiB per buffer" in table
-    assert systems.pattern_label("pattern.await") in table and "device_memory_budget sweep" in table
+    assert records.pattern_label("pattern.await") in table and "device_memory_budget sweep" in table
     assert "skipped chain: peers are off" in table
-    without = P.run_profile(
+    without = H.run_bench(
         sizes=(4096,), iterations=2, warmup=0, peers=False, threads=False, backend=FakeBackend(), patterns=False
     )
     assert without.patterns is None and not TARGET_KEYS & {t.key for t in without.targets}
@@ -402,42 +401,7 @@ def test_run_profile_measures_the_patterns_and_stores_them(fake_device):
 def test_a_stored_report_without_patterns_still_loads():
     data = json.loads((ROOT / "benchmarks" / "results" / "latest.json").read_text())
     data.pop("patterns", None)
-    assert P.ProfileReport.from_dict(data).patterns is None
-
-
-def _parser():
-    return P.add_arguments(argparse.ArgumentParser(prog="vyre-cuda profile"))
-
-
-def test_cli_patterns_only_measures_the_patterns_alone(fake_device, capsys, tmp_path):
-    out = tmp_path / "p.json"
-    assert P.main(_parser().parse_args(["--patterns-only", "--no-peers", "--json", str(out)])) == 0
-    printed = capsys.readouterr().out
-    assert "patterns users are taught" in printed and "targets (ratios within this run)" in printed
-    data = json.loads(out.read_text())
-    assert data["sizes"] == [] and data["threads"] is None and data["meta"]["patterns_only"] is True
-    assert {t["key"] for t in data["targets"]} == TARGET_KEYS - {"chain_vs_cuda_core"}
-    assert fake_device.created and fake_device.created[0].closed
-    for extra in (["--sizes", "4KiB"], ["--no-threads"], ["--no-patterns"], ["--plot", "x.png"]):
-        assert P.main(_parser().parse_args(["--patterns-only", *extra])) == 2
-        err = capsys.readouterr().err
-        assert f"but {extra[0]} describes the rest of a profile" in err and f"Fix: drop {extra[0]}" in err
-
-
-def test_cli_no_patterns_and_from_refusing_it(fake_device, monkeypatch, capsys, tmp_path):
-    seen = {}
-
-    def fake_run(**kwargs):
-        seen.update(kwargs)
-        raise ValidationError("stop here", "nothing to fix")
-
-    monkeypatch.setattr(profile_cli, "run_profile", fake_run)
-    assert P.main(_parser().parse_args(["--no-patterns"])) == 2 and seen["patterns"] is False
-    assert P.main(_parser().parse_args([])) == 2 and seen["patterns"] is True
-    capsys.readouterr()
-    stored = ROOT / "benchmarks" / "results" / "latest.json"
-    assert P.main(_parser().parse_args(["--from", str(stored), "--no-patterns"])) == 2
-    assert "--no-patterns" in capsys.readouterr().err
+    assert H.BenchReport.from_dict(data).patterns is None
 
 
 def _load_bench(name):
@@ -460,7 +424,7 @@ def test_bench_dispatch_only_patterns_and_no_patterns(fake_device, tmp_path, mon
     assert {t["key"] for t in data["targets"]} >= TARGET_KEYS - {"chain_vs_cuda_core"}
     assert "patterns users are taught" in capsys.readouterr().out
     seen = {}
-    monkeypatch.setattr(bench.profile, "run_profile", lambda **kw: seen.update(kw) or "report")
+    monkeypatch.setattr(bench.harness, "run_bench", lambda **kw: seen.update(kw) or "report")
     assert bench.bench_suite(3, patterns=False) == "report" and seen["patterns"] is False
     for name in ("small", "large", "bandwidth", "streamed", "device", "threads"):
         seen.clear()
@@ -468,13 +432,15 @@ def test_bench_dispatch_only_patterns_and_no_patterns(fake_device, tmp_path, mon
         assert seen["patterns"] is False, name  # one benchmark measures its own rows only
 
 
-def test_patterns_only_without_a_device_exits_no_gpu(capsys, monkeypatch):
+def test_patterns_only_without_a_device_fails_with_the_reason(tmp_path, capsys, monkeypatch):
     from vyre_cuda.errors import NO_DRIVER_FIX, DriverUnavailable
 
     def no_driver(*args, **kwargs):
         raise DriverUnavailable("the CUDA driver found no device", NO_DRIVER_FIX)
 
     monkeypatch.setattr(vyre_cuda, "CudaBackend", no_driver)
-    assert P.main(_parser().parse_args(["--patterns-only"])) == 3
+    bench = _load_bench("bench_dispatch")
+    assert bench.main(["--out", str(tmp_path / "p.json"), "--only", "patterns"]) == 1
     err = capsys.readouterr().err
-    assert "vyre-cuda profile: DriverUnavailable: the CUDA driver found no device" in err and "\nFix: " in err
+    assert "bench_dispatch: DriverUnavailable: the CUDA driver found no device" in err and "\nFix: " in err
+    assert not (tmp_path / "p.json").exists()

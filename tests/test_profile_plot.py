@@ -1,13 +1,15 @@
-"""The profile's figure, read back from matplotlib: four panels (the headline ratios, the
-device-resident ratios, the stage shares, the bandwidth against the ceilings), at most six series
-each in distinct styles, vyre_cuda in one colour, log axes on the ratios, no text drawn over other
-text; on the stored result of record and on results that lack rows."""
+"""The benchmark record's figure (the profile's, with the peers), read back from matplotlib: four
+panels (the headline ratios, the device-resident ratios, the stage shares, the bandwidth against
+the ceilings), at most six series each in distinct styles, vyre_cuda in one colour, log axes on
+the ratios, no text drawn over other text; on the stored result of record and on results that
+lack rows."""
 
 import pathlib
 
 import profile_fakes
 import pytest
 
+import benchmarks.harness as H
 from vyre_cuda import profile as P
 
 matplotlib = pytest.importorskip("matplotlib")
@@ -15,7 +17,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.image import imread  # noqa: E402
 
-from vyre_cuda.profile.plot import VYRE_COLOR, plot_report  # noqa: E402
+from benchmarks.harness.plot import plot_bench  # noqa: E402
+from vyre_cuda.profile.plot import VYRE_COLOR  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LATEST = ROOT / "benchmarks" / "results" / "latest.json"
@@ -35,7 +38,7 @@ def _size(nbytes, ns):
 
 
 def _report(sizes, **meta):
-    return P.ProfileReport(dict({"device_name": "X", "date": "2026-12-01"}, **meta), sizes, None, [], P.STAGE_NAMES)
+    return H.BenchReport(dict({"device_name": "X", "date": "2026-12-01"}, **meta), sizes, P.STAGE_NAMES)
 
 
 def _without(report, drop):
@@ -50,12 +53,12 @@ def _no_cupy(key):  # vyre_cuda's device-resident rows on CuPy arrays go with Cu
 
 
 def _latest():
-    return P.ProfileReport.load(LATEST)
+    return H.BenchReport.load(LATEST)
 
 
 def _draw(report, tmp_path):
     """The figure as saved, laid out and drawn, with the renderer that measured its text."""
-    fig = plot_report(report, tmp_path / "p.png")
+    fig = plot_bench(report, tmp_path / "p.png")
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     return fig, canvas.get_renderer()
@@ -93,7 +96,7 @@ def _lines(ax):
 def _fake_cpu_report(monkeypatch):
     """A run on the fake backend and floor (no GPU, no peers)."""
     profile_fakes.install(monkeypatch)
-    return P.run_profile(sizes=(4 * KIB, 64 * KIB), iterations=4, warmup=1, peers=False, threads=False)
+    return H.run_bench(sizes=(4 * KIB, 64 * KIB), iterations=4, warmup=1, peers=False, threads=False)
 
 
 REPORTS = {

@@ -5,7 +5,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import threading
 import types
 
 import numpy as np
@@ -13,10 +12,12 @@ import profile_fakes
 import pytest
 from profile_fakes import STAGES, FakeBackend, Locked
 
+import benchmarks.harness as H
 import vyre_cuda
+from benchmarks.harness import streamed
 from vyre_cuda import profile as P
 from vyre_cuda.errors import ValidationError
-from vyre_cuda.profile import engine, run, streamed
+from vyre_cuda.profile import engine, run
 from vyre_cuda.program import BufferDecl
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -119,93 +120,6 @@ def test_run_rounds_non_group_failure_propagates():
         engine.run_rounds([broken.runner], 4, 1, 2)
 
 
-# -- host copies, for real (no GPU needed) ---------------------------------------------------
-@pytest.mark.parametrize("nbytes", [1, 63, 64, 65, 4096, 100_003, 3 << 20])
-@pytest.mark.parametrize("threads", [1, 2, 3, 8])
-def test_host_copy_copies_every_byte(rng, nbytes, threads):
-    from vyre_cuda.profile._hostcopy import host_copy
-
-    src = rng.integers(0, 256, nbytes, dtype=np.uint8)
-    dst = np.zeros(nbytes, np.uint8)
-    times = host_copy(dst, src, threads, iterations=3, warmup=1)
-    np.testing.assert_array_equal(dst, src)
-    assert times.dtype == np.int64 and times.shape == (3,) and (times > 0).all()
-
-
-@pytest.mark.parametrize("sizes", [(1, 1), (4096, 63), (100_003, 65, 7), (0, 129, 1 << 20, 5)])
-@pytest.mark.parametrize("threads", [1, 2, 5, 16])
-def test_host_copy_splits_several_buffers_across_threads(rng, sizes, threads):
-    # the floor's pageable -> pinned ceiling copies its two inputs in one pass, split into
-    # equal byte shares that straddle the buffers' boundary
-    from vyre_cuda.profile._hostcopy import host_copy
-
-    srcs = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
-    dsts = [np.zeros(n, np.uint8) for n in sizes]
-    times = host_copy(dsts, srcs, threads, iterations=2)
-    for d, s in zip(dsts, srcs):
-        np.testing.assert_array_equal(d, s)
-    assert times.shape == (2,) and (times > 0).all()
-
-
-def test_host_copy_takes_any_contiguous_buffer_and_times_each_pass(rng):
-    from vyre_cuda.profile._hostcopy import host_copy
-
-    src = rng.random((64, 1000), dtype=np.float32)
-    dst = bytearray(src.nbytes)
-    assert host_copy(dst, src, 4, iterations=0).shape == (0,)
-    assert bytes(dst) == bytes(src.nbytes)  # no pass ran
-    t = host_copy(dst, src, 4, iterations=5, warmup=2)
-    assert bytes(dst) == src.tobytes() and t.shape == (5,)
-    assert host_copy(bytearray(), b"", 2, iterations=2).tolist() == [0, 0]
-
-
-def test_host_copy_releases_the_gil(rng):
-    from vyre_cuda.profile._hostcopy import host_copy
-
-    src = rng.integers(0, 256, 8 << 20, dtype=np.uint8)
-    dst = np.empty_like(src)
-    done = threading.Event()
-    spins = 0
-    worker = threading.Thread(target=lambda: (host_copy(dst, src, 1, 40), done.set()))
-    worker.start()
-    while not done.is_set():
-        spins += 1
-    worker.join()
-    assert spins > 100, f"the main thread ran only {spins} steps while the copies ran"
-
-
-@pytest.mark.parametrize("threads", [0, -1, 257])
-def test_host_copy_refuses_bad_thread_counts(threads):
-    from vyre_cuda.profile._hostcopy import host_copy
-
-    with pytest.raises(ValidationError) as err:
-        host_copy(bytearray(8), b"12345678", threads)
-    assert _fix_line(err.value).startswith("Fix: ")
-
-
-def test_host_copy_refuses_bad_buffers():
-    from vyre_cuda.profile._hostcopy import host_copy
-
-    cases = [
-        (bytearray(4), b"12345678"),  # sizes differ
-        (b"12345678", b"12345678"),  # read-only destination
-    ]
-    for dst, src in cases:
-        with pytest.raises(ValidationError) as err:
-            host_copy(dst, src)
-        assert _fix_line(err.value).startswith("Fix: ")
-    with pytest.raises(ValidationError):
-        host_copy(np.zeros((4, 4), np.uint8)[:, ::2], np.zeros(8, np.uint8))  # not contiguous
-    with pytest.raises(ValidationError):
-        host_copy(bytearray(8), object())
-    with pytest.raises(ValidationError):
-        host_copy(bytearray(8), b"12345678", 1, iterations=-1)
-    for dst, src in (([bytearray(1)], [b"1", b"2"]), ([bytearray(1)] * 5, [b"1"] * 5), ([], [])):
-        with pytest.raises(ValidationError) as err:
-            host_copy(dst, src)
-        assert _fix_line(err.value).startswith("Fix: ")
-
-
 # -- nothing of the harness at import of the runtime API --------------------------------------
 def _fresh_python(code):
     """Run ``code`` in a fresh interpreter on this vyre_cuda, with no device visible."""
@@ -229,7 +143,7 @@ def test_runtime_api_never_imports_the_floor():
     code = (
         "import sys, vyre_cuda, vyre_cuda.backend, vyre_cuda.cli, vyre_cuda.profile\n"
         "vyre_cuda.cli.build_parser()\n"
-        "loaded = [m for m in sys.modules if m.endswith(('_floor', '_hostcopy'))]\n"
+        "loaded = [m for m in sys.modules if m.endswith('_floor')]\n"
         "assert not loaded, loaded\n"
         "print('ok')\n"
     )
@@ -238,16 +152,19 @@ def test_runtime_api_never_imports_the_floor():
 
 
 def test_the_harness_imports_no_peer_and_no_core_until_a_run():
-    # the peers are plugins: neither their libraries nor their modules load with the harness, and
-    # the compiled core loads only through profile._hooks when a run asks for it (the shared
-    # checks in _validate, planning's checked byte arithmetic, _accounting, and the dtype table,
-    # _dtypes, and the interning of equal program values, _interned, need no driver)
+    # the profile (the installed command) imports nothing of benchmarks/; the benchmark harness's
+    # peers are plugins: neither their libraries nor their modules load with it; and the compiled
+    # core loads only when a run asks for it (the shared checks in _validate, planning's checked
+    # byte arithmetic, _accounting, the dtype table, _dtypes, and the interning of equal program
+    # values, _interned, need no driver)
     code = (
         "import sys, vyre_cuda.cli, vyre_cuda.profile\n"
         "vyre_cuda.cli.build_parser()\n"
-        "from vyre_cuda.profile import peers\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'benchmarks']\n"
+        "import benchmarks.harness\n"
+        "from benchmarks.harness import peers\n"
         "assert peers.PEERS == ('cuda_bindings', 'cupy', 'torch', 'cuda_core')\n"
-        "wanted = ('cupy', 'torch', 'cuda', 'vyre_cuda.profile.peers.', 'vyre_cuda._')\n"
+        "wanted = ('cupy', 'torch', 'cuda', 'benchmarks.harness.peers.', 'vyre_cuda._')\n"
         "shared = ('vyre_cuda._validate', 'vyre_cuda._accounting', 'vyre_cuda._dtypes', 'vyre_cuda._interned')\n"
         "loaded = [m for m in sys.modules if (m.split('.')[0] in wanted[:3] or m.startswith(wanted[3:]))"
         " and m not in shared]\n"
@@ -259,7 +176,7 @@ def test_the_harness_imports_no_peer_and_no_core_until_a_run():
 
 
 def test_a_missing_peer_library_is_skipped_with_its_name(monkeypatch):
-    from vyre_cuda.profile import peers
+    from benchmarks.harness import peers
 
     monkeypatch.setitem(peers.REGISTRY, "cupy", peers.Peer("cupy", "no_such_library_for_vyre", "cupy_peer"))
     assert peers.peer_available("cupy") is False
@@ -275,12 +192,17 @@ def test_run_profile_validates_before_touching_the_device():
         {"sizes": (4096,), "iterations": True},
         {"sizes": (4096,), "host_threads": 0},
         {"sizes": (4096,), "rounds": 0},
+        {"sizes": (4096,), "thread_count": 1},
     ):
-        with pytest.raises(ValidationError):
-            P.run_profile(**kwargs)
-    with pytest.raises(ValidationError) as err:
-        P.run_profile(sizes=(4096,), backend=object(), backend_options={"copy_threads": 2})
-    assert "copy_threads" in str(err.value)
+        for run_fn in (P.run_profile, H.run_bench):  # the profile's run, and the benchmark record's
+            if run_fn is P.run_profile and "thread_count" in kwargs:
+                continue
+            with pytest.raises(ValidationError):
+                run_fn(**kwargs)
+    for run_fn in (P.run_profile, H.run_bench):
+        with pytest.raises(ValidationError) as err:
+            run_fn(sizes=(4096,), backend=object(), backend_options={"copy_threads": 2})
+        assert "copy_threads" in str(err.value)
 
 
 # -- the whole run on a fake backend and a fake floor ----------------------------------------
@@ -307,7 +229,7 @@ def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
     monkeypatch.setattr(engine, "LAUNCH_ONLY_MAX", 4 * KIB)
     backend = FakeBackend(allocate_every=40)
     progress = []
-    report = P.run_profile(
+    report = H.run_bench(
         sizes="4KiB,8KiB",
         iterations=40,
         warmup=3,
@@ -398,7 +320,7 @@ def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
     assert report.threads.floor[1] > 0 and report.threads.vyre[2] > 0
     assert sorted(report.threads.vyre) == sorted(report.threads.tight) == [1, 2, 4]
     assert all(report.threads.tight[c] > 0 for c in (1, 2, 4))
-    assert {("run_fixed_tight", w) for w in ("spin", "event", "stream")} <= set(fake_device.floor.calls)
+    assert {("tight", w, False) for w in ("spin", "event", "stream")} <= set(fake_device.floor.calls)
     assert len(backend.threads_seen) >= 4  # the 4-thread run really used 4 threads
     rates = [x for x in report.targets if x.key == "threads_rate_vs_floor"]
     assert [x.description.split(" ")[0] for x in rates] == ["2", "4"]
@@ -411,14 +333,14 @@ def test_run_profile_end_to_end_on_fakes(fake_device, monkeypatch):
     assert report.stage_names == STAGES
     assert progress and progress[-1][1] == pytest.approx(1.0)
     assert [f for _, f in progress] == sorted(f for _, f in progress)
-    assert P.ProfileReport.from_json(report.to_json()).to_dict() == report.to_dict()
+    assert H.BenchReport.from_json(report.to_json()).to_dict() == report.to_dict()
 
 
 def test_run_profile_without_page_locked_arrays_or_telemetry(fake_device, monkeypatch):
     monkeypatch.setattr(vyre_cuda, "pinned_empty", None)  # a core without page-locked arrays
     backend = FakeBackend()
     del backend.telemetry
-    report = P.run_profile(
+    report = H.run_bench(
         sizes=(4096,), iterations=6, warmup=1, peers=False, threads=False, backend=backend, rounds=2, host_threads=1
     )
     s = report.size(4096)
@@ -463,9 +385,9 @@ def test_run_profile_peers_measured_or_skipped_by_name(fake_device, monkeypatch)
         opened.append(peer)
         return peer
 
-    monkeypatch.setattr(run, "peer_available", lambda name: True)
-    monkeypatch.setattr(run, "open_peer", open_peer)
-    report = P.run_profile(
+    monkeypatch.setattr(H, "peer_available", lambda name: True)
+    monkeypatch.setattr(H, "open_peer", open_peer)
+    report = H.run_bench(
         sizes=(4096,), iterations=4, warmup=1, peers=True, threads=False, backend=FakeBackend(), rounds=2
     )
     s = report.size(4096)
@@ -476,8 +398,8 @@ def test_run_profile_peers_measured_or_skipped_by_name(fake_device, monkeypatch)
     assert all(p.closed for p in opened)
     t = {(x.key, x.size_bytes): x for x in report.targets}
     assert ("cupy_vs_vyre", 4096) in t and ("torch_vs_vyre", 4096) not in t
-    monkeypatch.setattr(run, "peer_available", lambda name: False)
-    report = P.run_profile(
+    monkeypatch.setattr(H, "peer_available", lambda name: False)
+    report = H.run_bench(
         sizes=(4096,), iterations=2, warmup=0, peers=True, threads=False, backend=FakeBackend(), rounds=1
     )
     assert report.size(4096).skipped == {
@@ -495,7 +417,7 @@ def test_run_profile_user_program_skips_peers_and_targets(fake_device):
         inputs=(BufferDecl.read("x", 0, "f64"),),
     )
     backend = FakeBackend()
-    report = P.run_profile(
+    report = H.run_bench(
         sizes=(4096,), iterations=8, warmup=1, program=program, peers=True, threads=False, backend=backend, rounds=2
     )
     s = report.size(4096)
@@ -509,10 +431,10 @@ def test_run_profile_user_program_skips_peers_and_targets(fake_device):
 
 
 def test_run_profile_passes_backend_options_and_compares_with_a_baseline(fake_device, tmp_path):
-    base = P.run_profile(sizes=(4096,), iterations=4, warmup=1, peers=False, threads=False)
+    base = H.run_bench(sizes=(4096,), iterations=4, warmup=1, peers=False, threads=False)
     path = tmp_path / "base.json"
     path.write_text(base.to_json())
-    report = P.run_profile(
+    report = H.run_bench(
         sizes=(4096,),
         iterations=4,
         warmup=1,
@@ -538,7 +460,7 @@ def test_run_profile_refuses_options_the_backend_does_not_take(fake_device, monk
 
     monkeypatch.setattr(vyre_cuda, "CudaBackend", old_backend)
     with pytest.raises(ValidationError) as err:
-        P.run_profile(sizes=(4096,), iterations=2, peers=False, threads=False, backend_options={"staging_chunks": 4})
+        H.run_bench(sizes=(4096,), iterations=2, peers=False, threads=False, backend_options={"staging_chunks": 4})
     assert "staging_chunks" in str(err.value) and _fix_line(err.value).startswith("Fix: ")
 
 
@@ -555,7 +477,7 @@ def _heavy_run(backend, monkeypatch, **extra):
     monkeypatch.setattr(streamed, "HEAVY_SIZE", 8 * KIB)  # the heavy rows' size, small for the fakes
     options = dict(iterations=6, warmup=1, peers=False, threads=False, backend=backend, rounds=2, host_threads=1)
     # (no patterns: their device arrays would count among the heavy rows' uploads)
-    return P.run_profile(sizes="4KiB,8KiB", **{**options, "patterns": False, **extra})
+    return H.run_bench(sizes="4KiB,8KiB", **{**options, "patterns": False, **extra})
 
 
 def test_heavy_rows_run_at_their_size_only_and_check_the_kernel(fake_device, monkeypatch):
@@ -622,4 +544,4 @@ def test_a_wrong_streamed_result_stops_the_run(fake_device, monkeypatch):
 
     backend.dispatch_into = wrong_when_streamed
     with pytest.raises(P.WrongResult, match="vyre_cuda streamed produced a wrong result"):
-        P.run_profile(sizes=(4096,), iterations=4, warmup=1, peers=False, threads=False, backend=backend)
+        H.run_bench(sizes=(4096,), iterations=4, warmup=1, peers=False, threads=False, backend=backend)

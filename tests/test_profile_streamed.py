@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 from profile_fakes import STAGES
 
+import benchmarks.harness as H
+from benchmarks.harness import streamed, targets
 from vyre_cuda import profile as P
-from vyre_cuda.profile import streamed, systems, targets
+from vyre_cuda.profile import systems
 
 KIB, MIB, GIB = 1024, 1 << 20, 1 << 30
 
@@ -62,7 +64,7 @@ def _sizes(big=None, four_route="streamed", four=None):
 
 
 def _by_key(sizes):
-    return {(t.key, t.size_bytes): t for t in P.evaluate_targets(sizes, None)}
+    return {(t.key, t.size_bytes): t for t in targets.evaluate_targets(sizes, None)}
 
 
 def test_streamed_series_labels_traffic_order_and_references():
@@ -157,9 +159,9 @@ def test_streamed_targets_read_n_a_when_not_measured():
 
 
 def test_target_note_and_kept_survive_json():
-    report = P.ProfileReport({"device_name": "X"}, _sizes(four_route="regular"), None, [], STAGES)
-    report.targets = P.evaluate_targets(report.sizes, None)
-    back = P.ProfileReport.from_json(report.to_json())
+    report = H.BenchReport({"device_name": "X"}, _sizes(four_route="regular"), STAGES)
+    report.targets = targets.evaluate_targets(report.sizes, None)
+    back = H.BenchReport.from_json(report.to_json())
     assert back.to_dict() == report.to_dict()
     kept = next(t for t in back.targets if t.key == "streamed_4mib_vs_serial")
     assert kept.kept == "serial kept" and kept.met is True and back.sizes[1].planner["route"] == "regular"
@@ -167,7 +169,7 @@ def test_target_note_and_kept_survive_json():
 
 def test_table_lists_streamed_rows_reasons_and_routes():
     sizes = _sizes(four_route="regular")
-    report = P.ProfileReport({"device_name": "X"}, sizes, None, P.evaluate_targets(sizes, None), STAGES)
+    report = H.BenchReport({"device_name": "X"}, sizes, STAGES, targets=targets.evaluate_targets(sizes, None))
     text = report.format_table()
     lines = text.splitlines()
     for label in (
@@ -193,7 +195,7 @@ def test_plot_draws_the_streamed_rows_and_the_duplex_ceiling(tmp_path):
     pytest.importorskip("matplotlib")
     from vyre_cuda.profile.plot import plot_report
 
-    report = P.ProfileReport({"device_name": "X"}, _sizes(), None, [], STAGES)
+    report = H.BenchReport({"device_name": "X"}, _sizes(), STAGES)
     fig = plot_report(report, tmp_path / "s.png")
     (bandwidth,) = (ax for ax in fig.get_axes() if ax.get_label() == "bandwidth")
     lines = {line.get_label(): line for line in bandwidth.get_lines()}
@@ -212,7 +214,7 @@ def test_readme_section_has_the_streamed_columns_heavy_table_reasons_and_routes(
 
     wr = load_benchmark("write_readme")
     sizes = _sizes(four_route="regular")
-    report = P.ProfileReport({"device_name": "X"}, sizes, None, P.evaluate_targets(sizes, None), STAGES)
+    report = H.BenchReport({"device_name": "X"}, sizes, STAGES, targets=targets.evaluate_targets(sizes, None))
     text = wr.render_results(report)
     assert "| vyre_cuda streamed, numpy | vyre_cuda streamed, page-locked | DMA both directions at once |" in text
     assert re.search(r"\| 256 MiB \| .*\| 10\.5 ms \([0-9.]+ GB/s\) \| 10\.1 ms", text), text

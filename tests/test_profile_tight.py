@@ -8,9 +8,11 @@ import pathlib
 import profile_fakes
 import pytest
 
+import benchmarks.harness as H
+from benchmarks.harness import records, standalone, targets
 from vyre_cuda import profile as P
 from vyre_cuda.errors import BackendError, UnsupportedFeature
-from vyre_cuda.profile import standalone, systems, table, targets, tight
+from vyre_cuda.profile import systems, tight
 
 KIB = 1024
 WAITS = ("spin", "event", "stream")
@@ -81,6 +83,8 @@ def test_add_fastest_takes_the_wait_with_the_lowest_median_per_family():
     }
     tight.add_fastest(samples)
     assert samples["floor.tight"] == [5, 6, 100]
+    assert "floor.standalone_graph" not in samples  # the profile's own families only
+    tight.add_fastest(samples, standalone.SERIES_FAMILIES)  # the benchmark's
     assert samples["floor.standalone_graph"] == [3, 4]
     assert "floor.tight_graph" not in samples and "floor.standalone" not in samples
     assert tight.fastest_wait(samples, "floor.tight") == "spin"
@@ -148,7 +152,7 @@ def test_tight_targets_not_measured_give_the_reason():
     }
     t = _by_key(targets.evaluate_targets([_size(missing, skipped=skipped)], None))
     matched = t["floor_vs_standalone"]
-    assert matched.value is None and matched.met is None and table.target_status(matched) == "n/a"
+    assert matched.value is None and matched.met is None and records.target_status(matched) == "n/a"
     assert matched.description.endswith(f"(not measured: {skipped['standalone floor']})")
     assert t["small_vs_graph_floor"].description.endswith(f"(not measured: {skipped['floor tight graph']})")
     assert "floor_graph_vs_standalone" not in t
@@ -158,21 +162,21 @@ def test_tight_targets_not_measured_give_the_reason():
 
 
 def test_a_band_target_reads_as_a_band_and_round_trips():
-    band = P.Target("floor_vs_standalone", "x", 1.2, 1.05, "<=", 4096, "x", low=0.95)
+    band = records.Target("floor_vs_standalone", "x", 1.2, 1.05, "<=", 4096, "x", low=0.95)
     assert band.met is False
     for value, met in ((0.94, False), (0.95, True), (1.0, True), (1.05, True), (1.06, False)):
         band.value = value
         assert band.met is met, value
-    assert P.Target.from_dict(json.loads(json.dumps(band.to_dict()))) == band
-    report = P.ProfileReport({}, [], None, [band])
+    assert records.Target.from_dict(json.loads(json.dumps(band.to_dict()))) == band
+    report = H.BenchReport({}, [], targets=[band])
     assert "(target 0.95 to 1.05)" in report.format_table()
-    assert P.Target.from_dict({k: v for k, v in band.to_dict().items() if k != "low"}).low is None  # older JSON
+    assert records.Target.from_dict({k: v for k, v in band.to_dict().items() if k != "low"}).low is None  # older JSON
 
 
 # -- a run on the fake floor: the standalone process not available -----------------------------
 def test_a_run_without_the_standalone_process_reports_why(fake_device):
     profile_fakes.FakeStandalone.fail = "no CUDA driver library found for the standalone floor process"
-    report = P.run_profile(
+    report = H.run_bench(
         sizes=(4096, 128 * KIB),
         iterations=6,
         warmup=1,
@@ -194,7 +198,7 @@ def test_a_run_without_the_standalone_process_reports_why(fake_device):
 
 def test_a_standalone_process_that_cannot_capture_keeps_its_issued_series(fake_device):
     profile_fakes.FakeStandalone.no_capture = "capture failed: cuMemcpyHtoDAsync returned CUDA_ERROR_NOT_SUPPORTED"
-    report = P.run_profile(
+    report = H.run_bench(
         sizes=(4096,), iterations=4, warmup=1, peers=False, threads=False, rounds=2, host_threads=1, patterns=False
     )
     s = report.size(4096)
@@ -209,7 +213,7 @@ def test_a_failing_standalone_process_is_dropped_with_its_reason(fake_device, mo
         raise BackendError("the standalone floor process failed: wrong result", "report it")
 
     monkeypatch.setattr(profile_fakes.FakeStandalone, "run", broken)
-    report = P.run_profile(
+    report = H.run_bench(
         sizes=(4096,), iterations=4, warmup=1, peers=False, threads=False, rounds=2, host_threads=1, patterns=False
     )
     s = report.size(4096)
@@ -228,7 +232,7 @@ def test_no_compiler_or_no_driver_library_is_unsupported_with_a_fix(monkeypatch)
         standalone.StandaloneFloor(b"image", 4096)
     assert "no CUDA driver library found" in str(err.value) and "\nFix: " in str(err.value)
     skipped = {}
-    assert tight.open_standalone(b"image", 4096, 0, skipped) is None
+    assert standalone.open_standalone(b"image", 4096, 0, skipped) is None
     assert skipped == {"standalone floor": err.value.message}
 
 
@@ -261,7 +265,8 @@ import numpy as np
 import vyre_cuda as vc
 from fakecuda import FakeDriver, array_at
 from vyre_cuda.errors import BackendError, ValidationError
-from vyre_cuda.profile import engine, run, standalone, threads, tight
+from vyre_cuda.profile import engine, run, tight
+from benchmarks.harness import standalone, threads
 
 res = {}
 fake = FakeDriver()
@@ -307,8 +312,6 @@ except BackendError as exc:
 out = np.zeros(n, np.float32)
 floor.tight(a, b, out, 2, wait="event")  # the stream left capture mode
 res["after_capture_ok"] = bool(np.array_equal(out, expected))
-start, end = floor.run_fixed_tight(a, b, out, 3, wait="stream")
-res["span"] = bool(end >= start > 0)
 
 failed = {}
 rows = tight.tight_runners(floor, a, b, expected)
@@ -329,7 +332,7 @@ res["threaded"] = [threaded["outputs_ok"], threaded["threads"], threaded["dispat
 # the standalone process, on the fake driver too (the libcuda this process loaded)
 res["libcuda"] = standalone.find_libcuda()
 skipped = {}
-without_hook = tight.open_standalone(image, 4096, 0, skipped)
+without_hook = standalone.open_standalone(image, 4096, 0, skipped)
 try:
     without_hook.run(3)
     res["unhooked"] = "ran"
@@ -337,21 +340,21 @@ except BackendError as exc:
     res["unhooked"] = str(exc).splitlines()[0]
 without_hook.close()
 os.environ["LD_PRELOAD"] = sys.argv[2]
-process = tight.open_standalone(image, 4096, 0, skipped)
+process = standalone.open_standalone(image, 4096, 0, skipped)
 got = process.run(5, 1)
 res["standalone"] = {k: [len(v), min(v) > 0] for k, v in got.items()}
 res["standalone_again"] = sorted(process.run(2))
 res["standalone_skipped"] = dict(skipped)
 process.close()
 os.environ["FLOOR_HOOK_WRONG"] = "1"
-wrong = tight.open_standalone(image, 4096, 0, skipped)
+wrong = standalone.open_standalone(image, 4096, 0, skipped)
 try:
     wrong.run(2)
     res["standalone_wrong"] = "ran"
 except BackendError as exc:
     res["standalone_wrong"] = str(exc).splitlines()[0]
 wrong.close()
-res["bad_image"] = tight.open_standalone(b"not a module", 4096, 0, skipped) is None and skipped["standalone floor"]
+res["bad_image"] = standalone.open_standalone(b"not a module", 4096, 0, skipped) is None and skipped["standalone floor"]
 kernel.close()
 backend.close()
 res["hook_errors"] = fake.hook_errors
@@ -384,7 +387,7 @@ def test_tight_floor_and_standalone_process_on_the_fake_driver(fake_libcuda, rng
     # the fake driver cannot capture a copy: the graph replay fails with the call's name, and the
     # stream keeps working
     assert res["graph"].startswith("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED") and "cuMemcpyHtoDAsync" in res["graph"]
-    assert res["after_capture_ok"] and res["span"]
+    assert res["after_capture_ok"]
     assert res["series"] == sorted(["floor.tight", *(f"floor.tight.{w}" for w in tight.WAITS)])
     assert list(res["failed"]) == ["floor tight graph"] and "cuMemcpyHtoDAsync" in res["failed"]["floor tight graph"]
     assert res["wrong"] == {

@@ -6,7 +6,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Self, disjoint_base
 
-__all__ = ["BLOCK_SIZE", "FLOOR_ENTRY", "FLOOR_SOURCE", "WAITS", "Floor", "FloorKernel", "monotonic_ns"]
+__all__ = ["BLOCK_SIZE", "FLOOR_ENTRY", "FLOOR_SOURCE", "WAITS", "Floor", "FloorKernel"]
 
 BLOCK_SIZE: int
 FLOOR_ENTRY: str
@@ -15,8 +15,6 @@ WAITS: tuple[str, ...]
 
 _F32: TypeAlias = npt.NDArray[np.float32]
 _I64: TypeAlias = npt.NDArray[np.int64]
-
-def monotonic_ns() -> int: ...
 
 @disjoint_base
 class FloorKernel:
@@ -42,13 +40,9 @@ class Floor:
         self, a: _F32, b: _F32, out: _F32, iterations: int, warmup: int = 0
     ) -> tuple[_I64, _I64]: ...
     def launch_only(self, batches: int, batch_size: int = 256, warmup_batches: int = 1) -> _I64: ...
-    def run_fixed(self, a: _F32, b: _F32, out: _F32, iterations: int) -> tuple[int, int]: ...
     def tight(
         self, a: _F32, b: _F32, out: _F32, iterations: int, warmup: int = 0, wait: str = "spin", graph: bool = False
     ) -> _I64: ...
-    def run_fixed_tight(
-        self, a: _F32, b: _F32, out: _F32, iterations: int, wait: str = "spin", graph: bool = False
-    ) -> tuple[int, int]: ...
     def dma_h2d(self, iterations: int, warmup: int = 0) -> _I64: ...
     def dma_d2h(self, iterations: int, warmup: int = 0) -> _I64: ...
     def dma_both(self, iterations: int, warmup: int = 0) -> _I64: ...

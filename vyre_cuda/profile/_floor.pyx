@@ -1,71 +1,41 @@
 # cython: language_level=3, embedsignature=True
 """The driver floor and the transfer ceilings: what the hardware and a minimal C loop can do.
 
-Every performance figure of :mod:`vyre_cuda.profile` is a ratio to this loop or a fraction of
-these ceilings, measured in the same run. For ``out = a + b`` on float32 buffers the floor
-issues exactly what a borrowed-buffer dispatch needs and nothing else: memcpy of the caller's
-``a`` and ``b`` into pinned staging, two ``cuMemcpyHtoDAsync``, ``cuMemsetD8Async`` of ``out``,
-``cuLaunchKernel``, ``cuMemcpyDtoHAsync``, ``cuEventRecord``, ``cuEventSynchronize`` and a
-memcpy of ``out`` into the caller's array. Device buffers, pinned staging, the stream and the
-event are allocated once, outside the timed loops.
+Every figure of ``vyre-cuda profile`` is a ratio to these loops or a fraction of these ceilings,
+measured in the same run. For ``out = a + b`` on float32 buffers, the **per-buffer floor**
+(:meth:`Floor.full_pinned`) issues what a borrowed-buffer dispatch needs and nothing else: memcpy
+of ``a`` and ``b`` into pinned staging, two ``cuMemcpyHtoDAsync``, ``cuMemsetD8Async``,
+``cuLaunchKernel``, ``cuMemcpyDtoHAsync``, ``cuEventRecord``, ``cuEventSynchronize`` and a memcpy of
+``out`` back; :meth:`Floor.full_pinned_direct` issues the same from page-locked arrays with no host
+copy. The **tight floor** (:meth:`Floor.tight`) is the fewest calls a round trip can take: one
+``cuMemcpyHtoDAsync`` of both inputs (adjacent in staging and on the device), the launch, one
+``cuMemcpyDtoHAsync`` and one of :data:`WAITS`, issued or captured once as a graph and replayed.
 
-Its issued twin (:meth:`Floor.full_pinned_direct`) starts from page-locked arrays: the DMA reads
-the inputs and writes the output in place, so the loop is two ``cuMemcpyHtoDAsync``,
-``cuLaunchKernel``, ``cuMemcpyDtoHAsync`` and ``cuStreamSynchronize``, with no host memcpy at all.
-Both issue one copy per buffer: the per-buffer floor.
-
-The tight floor (:meth:`Floor.tight`) is the fewest calls the round trip can take: the two inputs
-lie next to each other in page-locked memory and on the device, so ONE ``cuMemcpyHtoDAsync``
-uploads both, then ``cuLaunchKernel``, one ``cuMemcpyDtoHAsync`` and a wait, which is one of
-:data:`WAITS`: a ``cuEventQuery`` spin, ``cuEventSynchronize`` or ``cuStreamSynchronize``. The
-same three calls captured once into a CUDA graph and replayed (``graph=True``) are one
-``cuGraphLaunch`` and the wait. ``standalone_floor.c`` makes the same calls in a process of its own.
-
-The ceilings move the same bytes: the DMA engines from and to pinned memory (no host copy), one
-direction alone or both at once on two streams (what a pipelined dispatch can reach), and the
-host's memcpy between pageable (numpy) and pinned memory on 1 or N threads
-(:mod:`vyre_cuda.profile._hostcopy`).
-
-This module is for measurement only; the runtime API never imports it. The clock and the driver
-error checker are the core's (``vyre_cuda._driver``): ``clock_gettime(CLOCK_MONOTONIC)``, the
-clock behind ``time.perf_counter_ns`` on Linux.
+The **ceilings** move the same bytes: DMA from and to pinned memory (each direction alone, both at
+once on two streams), and host memcpy between pageable and pinned memory on 1 or N threads through
+the core's own copy pool (``vyre_cuda/_transfer.hpp``, threads started once per measurement).
+Buffers, staging, streams and events are allocated once, outside the timed loops; every loop runs
+with the GIL released and is timed with the core's clock (``vyre_cuda._driver.now_ns``). The
+runtime API never imports this module.
 """
 
 from libc.stdint cimport int64_t, uintptr_t
 from libc.string cimport memcpy, memset
 
 from cuda.bindings cimport cydriver
-from cuda.bindings.cydriver cimport (
-    CUDA_ERROR_NOT_READY,
-    CUDA_SUCCESS,
-    CUcontext,
-    CUdeviceptr,
-    CUevent,
-    CUfunction,
-    CUgraph,
-    CUgraphExec,
-    CUmodule,
-    CUresult,
-    CUstream,
-)
+from cuda.bindings.cydriver cimport (CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CUcontext, CUdeviceptr, CUevent,
+                                     CUfunction, CUgraph, CUgraphExec, CUmodule, CUresult, CUstream)
 
 from vyre_cuda._driver cimport capture_closed, capture_opened, check_cu, now_ns, raise_cu
-from vyre_cuda.profile._hostcopy cimport check_counts, copy_passes, i64_data
+from vyre_cuda._transfer cimport CopyPool
+from vyre_cuda._windows cimport CopyTask
 
 import numpy as np
 
 from vyre_cuda import _windows
 from vyre_cuda.errors import ValidationError
 
-__all__ = [
-    "BLOCK_SIZE",
-    "FLOOR_ENTRY",
-    "FLOOR_SOURCE",
-    "WAITS",
-    "Floor",
-    "FloorKernel",
-    "monotonic_ns",
-]
+__all__ = ["BLOCK_SIZE", "FLOOR_ENTRY", "FLOOR_SOURCE", "WAITS", "Floor", "FloorKernel"]
 
 
 cdef enum:
@@ -94,15 +64,50 @@ extern "C" __global__ void vecadd(const float* a, const float* b, float* out, un
 
 # Staging slices start on this boundary so each copy's host side is aligned for the DMA engine.
 cdef size_t _STAGING_ALIGN = 256
+cdef int _MAX_THREADS = 256  # of a host memcpy ceiling
 
 
-def monotonic_ns():
-    """``clock_gettime(CLOCK_MONOTONIC)`` in ns, the floor's clock (for cross-checks)."""
-    return now_ns()
+cdef int check_counts(Py_ssize_t iterations, Py_ssize_t warmup) except -1:
+    if iterations < 0 or warmup < 0:
+        raise ValidationError(f"iterations and warmup must be >= 0 (got {iterations}, {warmup})",
+                              "pass non-negative counts")
+    return 0
 
 
-cdef inline void _note(CUresult status, const char* call, CUresult* first,
-                       const char** first_call) noexcept nogil:
+cdef int64_t* i64_data(arr) except? NULL:
+    # The loops write results through a raw pointer: no bounds check inside the timed region.
+    cdef int64_t[::1] view = arr
+    if view.shape[0] == 0:
+        return NULL
+    return &view[0]
+
+
+cdef object copy_passes(CopyTask* tasks, int count, int threads, Py_ssize_t iterations, Py_ssize_t warmup):
+    # warmup + iterations passes of the copies, each split over `threads` threads of the core's copy
+    # pool (the caller and threads - 1 workers, started by an untimed pass); ns of each timed pass.
+    if threads < 1 or threads > _MAX_THREADS:
+        raise ValidationError(f"copy threads must be in 1..{_MAX_THREADS} (got {threads})",
+                              "pass threads=1 for one thread, or the number of cores to use")
+    check_counts(iterations, warmup)
+    times = np.empty(iterations, dtype=np.int64)
+    cdef int64_t* tv = i64_data(times)
+    cdef CopyPool pool
+    cdef Py_ssize_t i
+    cdef unsigned long long t0
+    with nogil:
+        pool.configure(threads - 1, 1)  # split every pass, however small
+        if threads > 1:
+            pool.run(tasks, count, False)  # starts the workers: never inside a timed pass
+        for i in range(warmup + iterations):
+            t0 = now_ns()
+            pool.run(tasks, count, False)
+            if i >= warmup:
+                tv[i - warmup] = <int64_t>(now_ns() - t0)
+        pool.stop()
+    return times
+
+
+cdef inline void _note(CUresult status, const char* call, CUresult* first, const char** first_call) noexcept nogil:
     if status != CUDA_SUCCESS and first[0] == CUDA_SUCCESS:
         first[0] = status
         first_call[0] = call
@@ -111,10 +116,8 @@ cdef inline void _note(CUresult status, const char* call, CUresult* first,
 cdef CUcontext _context_of(handle) except? NULL:
     value = int(handle)
     if value <= 0:
-        raise ValidationError(
-            f"context handle must be a non-null CUcontext address (got {handle!r})",
-            "pass backend.context_handle of an open CudaBackend",
-        )
+        raise ValidationError(f"context handle must be a non-null CUcontext address (got {handle!r})",
+                              "pass backend.context_handle of an open CudaBackend")
     return <CUcontext><uintptr_t>value
 
 
@@ -147,10 +150,8 @@ cdef class FloorKernel:
         cdef const char* data_p
         cdef const char* name_p = name
         if not data:
-            raise ValidationError(
-                "the floor kernel image is empty (got 0 bytes)",
-                "pass the .image of vyre_cuda.compile.compile_kernel(...)",
-            )
+            raise ValidationError("the floor kernel image is empty (got 0 bytes)",
+                                  "pass the .image of vyre_cuda.compile.compile_kernel(...)")
         if not data.endswith(b"\0"):
             data += b"\0"  # PTX must be NUL-terminated; a trailing byte is harmless to ELF images
         data_p = data
@@ -160,8 +161,7 @@ cdef class FloorKernel:
             with nogil:
                 check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
                 check_cu(cydriver.cuModuleLoadData(&self._module, data_p), b"cuModuleLoadData")
-                check_cu(cydriver.cuModuleGetFunction(&self._func, self._module, name_p),
-                         b"cuModuleGetFunction")
+                check_cu(cydriver.cuModuleGetFunction(&self._func, self._module, name_p), b"cuModuleGetFunction")
         except BaseException:
             self._unload(False)
             raise
@@ -238,7 +238,6 @@ cdef class Floor:
     cdef unsigned int _n
     cdef unsigned int _grid
     cdef void* _args[4]
-    cdef unsigned long long _span[2]  # start and end of the last timed loop
     cdef readonly Py_ssize_t n
 
     def __cinit__(self):
@@ -256,15 +255,11 @@ cdef class Floor:
     def __init__(self, FloorKernel kernel not None, Py_ssize_t n):
         cdef size_t stride
         if kernel.closed:
-            raise ValidationError(
-                "the FloorKernel is closed (its module was unloaded)",
-                "create the Floor before closing its FloorKernel",
-            )
+            raise ValidationError("the FloorKernel is closed (its module was unloaded)",
+                                  "create the Floor before closing its FloorKernel")
         if n <= 0 or n > 0x7FFFFFFF:
-            raise ValidationError(
-                f"floor element count must be in 1..2,147,483,647 (got {n:,})",
-                "pass a buffer size of at least 4 bytes and below 8 GiB",
-            )
+            raise ValidationError(f"floor element count must be in 1..2,147,483,647 (got {n:,})",
+                                  "pass a buffer size of at least 4 bytes and below 8 GiB")
         self._kernel = kernel
         self._ctx = kernel._ctx
         self._func = kernel._func
@@ -284,16 +279,11 @@ cdef class Floor:
                 check_cu(cydriver.cuMemAlloc(&self._d_a, 2 * stride), b"cuMemAlloc")
                 self._d_b = self._d_a + stride
                 check_cu(cydriver.cuMemAlloc(&self._d_out, self._nbytes), b"cuMemAlloc")
-                check_cu(cydriver.cuMemHostAlloc(<void**>&self._pinned, 3 * stride, 0),
-                         b"cuMemHostAlloc")
-                check_cu(cydriver.cuStreamCreate(&self._stream, cydriver.CU_STREAM_NON_BLOCKING),
-                         b"cuStreamCreate")
-                check_cu(cydriver.cuEventCreate(&self._event, cydriver.CU_EVENT_DISABLE_TIMING),
-                         b"cuEventCreate")
-                check_cu(cydriver.cuStreamCreate(&self._stream2, cydriver.CU_STREAM_NON_BLOCKING),
-                         b"cuStreamCreate")
-                check_cu(cydriver.cuEventCreate(&self._event2, cydriver.CU_EVENT_DISABLE_TIMING),
-                         b"cuEventCreate")
+                check_cu(cydriver.cuMemHostAlloc(<void**>&self._pinned, 3 * stride, 0), b"cuMemHostAlloc")
+                check_cu(cydriver.cuStreamCreate(&self._stream, cydriver.CU_STREAM_NON_BLOCKING), b"cuStreamCreate")
+                check_cu(cydriver.cuEventCreate(&self._event, cydriver.CU_EVENT_DISABLE_TIMING), b"cuEventCreate")
+                check_cu(cydriver.cuStreamCreate(&self._stream2, cydriver.CU_STREAM_NON_BLOCKING), b"cuStreamCreate")
+                check_cu(cydriver.cuEventCreate(&self._event2, cydriver.CU_EVENT_DISABLE_TIMING), b"cuEventCreate")
         except BaseException:
             self._release_quiet()
             raise
@@ -315,11 +305,9 @@ cdef class Floor:
         memcpy(self._h_a, a, self._nbytes)
         memcpy(self._h_b, b, self._nbytes)
         self._upload()
-        check_cu(cydriver.cuMemsetD8Async(self._d_out, 0, self._nbytes, self._stream),
-                 b"cuMemsetD8Async")
+        check_cu(cydriver.cuMemsetD8Async(self._d_out, 0, self._nbytes, self._stream), b"cuMemsetD8Async")
         self._launch()
-        check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes, self._stream),
-                 b"cuMemcpyDtoHAsync")
+        check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes, self._stream), b"cuMemcpyDtoHAsync")
         check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
         return 0
 
@@ -328,37 +316,24 @@ cdef class Floor:
         memcpy(out, self._h_out, self._nbytes)
         return 0
 
-    cdef int _enqueue_pageable(self, const char* a, const char* b, char* out) except -1 nogil:
-        # The driver stages pageable memory itself (and may block in the copies).
-        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_a, a, self._nbytes, self._stream),
-                 b"cuMemcpyHtoDAsync")
-        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_b, b, self._nbytes, self._stream),
-                 b"cuMemcpyHtoDAsync")
-        check_cu(cydriver.cuMemsetD8Async(self._d_out, 0, self._nbytes, self._stream),
-                 b"cuMemsetD8Async")
+    cdef int _enqueue_from(self, const char* a, const char* b, char* out, bint pageable) except -1 nogil:
+        # Straight from and into the caller's arrays. Pageable: the driver stages them itself (and
+        # may block in the copies), out is cleared and an event recorded, as a dispatch does.
+        # Page-locked: they are the DMA's host side, nothing is copied on the host, and the kernel
+        # writes every element of out, so nothing is cleared either.
+        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_a, a, self._nbytes, self._stream), b"cuMemcpyHtoDAsync")
+        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_b, b, self._nbytes, self._stream), b"cuMemcpyHtoDAsync")
+        if pageable:
+            check_cu(cydriver.cuMemsetD8Async(self._d_out, 0, self._nbytes, self._stream), b"cuMemsetD8Async")
         self._launch()
-        check_cu(cydriver.cuMemcpyDtoHAsync(out, self._d_out, self._nbytes, self._stream),
-                 b"cuMemcpyDtoHAsync")
-        check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
-        return 0
-
-    cdef int _enqueue_direct(self, const char* a, const char* b, char* out) except -1 nogil:
-        # The caller's page-locked arrays are the DMA's host side: nothing is copied on the host,
-        # and the kernel writes every element of out, so nothing is cleared either.
-        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_a, a, self._nbytes, self._stream),
-                 b"cuMemcpyHtoDAsync")
-        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_b, b, self._nbytes, self._stream),
-                 b"cuMemcpyHtoDAsync")
-        self._launch()
-        check_cu(cydriver.cuMemcpyDtoHAsync(out, self._d_out, self._nbytes, self._stream),
-                 b"cuMemcpyDtoHAsync")
+        check_cu(cydriver.cuMemcpyDtoHAsync(out, self._d_out, self._nbytes, self._stream), b"cuMemcpyDtoHAsync")
+        if pageable:
+            check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
         return 0
 
     cdef inline int _upload(self) except -1 nogil:
-        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_a, self._h_a, self._nbytes, self._stream),
-                 b"cuMemcpyHtoDAsync")
-        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_b, self._h_b, self._nbytes, self._stream),
-                 b"cuMemcpyHtoDAsync")
+        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_a, self._h_a, self._nbytes, self._stream), b"cuMemcpyHtoDAsync")
+        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_b, self._h_b, self._nbytes, self._stream), b"cuMemcpyHtoDAsync")
         return 0
 
     cdef inline int _launch(self) except -1 nogil:
@@ -397,22 +372,20 @@ cdef class Floor:
         check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
         for i in range(warmup + iterations):
             t0 = now_ns()
-            if i == warmup:
-                self._span[0] = t0
             if variant == 0:
                 self._enqueue_pinned(pa, pb)
             elif variant == 1:
-                self._enqueue_pageable(pa, pb, po)
+                self._enqueue_from(pa, pb, po, True)
             elif variant == 2:
                 self._upload()
                 check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
             elif variant == 5:
-                self._enqueue_direct(pa, pb, po)
+                self._enqueue_from(pa, pb, po, False)
             elif variant == 4:
                 self._upload()
                 check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
-                check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes,
-                                                    self._stream2), b"cuMemcpyDtoHAsync")
+                check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes, self._stream2),
+                         b"cuMemcpyDtoHAsync")
                 check_cu(cydriver.cuEventRecord(self._event2, self._stream2), b"cuEventRecord")
             else:
                 check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes,
@@ -431,13 +404,9 @@ cdef class Floor:
                 tv[i - warmup] = <int64_t>(now_ns() - t0)
                 if ev != NULL:
                     ev[i - warmup] = <int64_t>(t1 - t0)
-        self._span[1] = now_ns()
-        if iterations == 0:
-            self._span[0] = self._span[1]
         return 0
 
-    def _timed(self, int variant, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup,
-               bint with_enqueue):
+    def _timed(self, int variant, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup, bint with_enqueue):
         self._ready()
         check_counts(iterations, warmup)
         cdef const char* pa = NULL
@@ -467,11 +436,7 @@ cdef class Floor:
         return (total, enqueue) if with_enqueue else total
 
     def _views(self, a, b, out):
-        return (
-            _as_f32(a, "a", self.n, False),
-            _as_f32(b, "b", self.n, False),
-            _as_f32(out, "out", self.n, True),
-        )
+        return (_as_f32(a, "a", self.n, False), _as_f32(b, "b", self.n, False), _as_f32(out, "out", self.n, True))
 
     # -- the floor ------------------------------------------------------------------------
     def full_pinned(self, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup=0):
@@ -508,17 +473,14 @@ cdef class Floor:
                 )
         return self._timed(5, a, b, out, iterations, warmup, True)
 
-    def launch_only(self, Py_ssize_t batches, Py_ssize_t batch_size=256,
-                    Py_ssize_t warmup_batches=1):
+    def launch_only(self, Py_ssize_t batches, Py_ssize_t batch_size=256, Py_ssize_t warmup_batches=1):
         """Host time per ``cuLaunchKernel`` on the preallocated buffers: ``batches`` batches of
         ``batch_size`` launches, stream synchronized between batches (outside the timing).
         Returns an int64 array of ns per launch, one entry per batch."""
         self._ready()
         check_counts(batches, warmup_batches)
         if batch_size <= 0:
-            raise ValidationError(
-                f"batch_size must be >= 1 (got {batch_size})", "pass batch_size=256"
-            )
+            raise ValidationError(f"batch_size must be >= 1 (got {batch_size})", "pass batch_size=256")
         per_launch = np.empty(batches, dtype=np.int64)
         cdef int64_t* pv = i64_data(per_launch)
         cdef Py_ssize_t i, _j
@@ -540,21 +502,13 @@ cdef class Floor:
             raise
         return per_launch
 
-    def run_fixed(self, a, b, out, Py_ssize_t iterations):
-        """``iterations`` full pinned dispatches back to back, the GIL released for the whole
-        loop. Returns ``(start_ns, end_ns)`` of the loop."""
-        self._timed(0, a, b, out, iterations, 0, False)
-        return self._span[0], self._span[1]
-
     # -- the tight floor ------------------------------------------------------------------
     cdef inline int _tight_issue(self) except -1 nogil:
         # both inputs in one copy (staging and device hold them at the same offsets), the launch,
         # the output back
-        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_a, self._h_a, self._in_span, self._stream),
-                 b"cuMemcpyHtoDAsync")
+        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_a, self._h_a, self._in_span, self._stream), b"cuMemcpyHtoDAsync")
         self._launch()
-        check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes, self._stream),
-                 b"cuMemcpyDtoHAsync")
+        check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes, self._stream), b"cuMemcpyDtoHAsync")
         return 0
 
     cdef inline int _tight_wait(self, int wait) except -1 nogil:
@@ -588,20 +542,17 @@ cdef class Floor:
                 call = b"cuCtxSetCurrent"
             else:
                 capture_opened()  # as the core counts its own: its pools skip a synchronize meanwhile
-                st = cydriver.cuStreamBeginCapture(self._stream,
-                                                   cydriver.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                st = cydriver.cuStreamBeginCapture(self._stream, cydriver.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 if st == CUDA_SUCCESS:
                     call = b"cuMemcpyHtoDAsync"
-                    st = cydriver.cuMemcpyHtoDAsync(self._d_a, self._h_a, self._in_span,
-                                                    self._stream)
+                    st = cydriver.cuMemcpyHtoDAsync(self._d_a, self._h_a, self._in_span, self._stream)
                     if st == CUDA_SUCCESS:
                         call = b"cuLaunchKernel"
                         st = cydriver.cuLaunchKernel(self._func, self._grid, 1, 1, _BLOCK, 1, 1, 0,
                                                      self._stream, self._args, NULL)
                     if st == CUDA_SUCCESS:
                         call = b"cuMemcpyDtoHAsync"
-                        st = cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes,
-                                                        self._stream)
+                        st = cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes, self._stream)
                     # always ended, so that the stream leaves capture mode whatever failed
                     ended = cydriver.cuStreamEndCapture(self._stream, &graph)
                     if st == CUDA_SUCCESS and ended != CUDA_SUCCESS:
@@ -625,40 +576,40 @@ cdef class Floor:
         check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
         for i in range(warmup + iterations):
             t0 = now_ns()
-            if i == warmup:
-                self._span[0] = t0
             if graph:
                 check_cu(cydriver.cuGraphLaunch(self._exec, self._stream), b"cuGraphLaunch")
             else:
                 self._tight_issue()
             self._tight_wait(wait)
-            if tv != NULL and i >= warmup:
+            if i >= warmup:
                 tv[i - warmup] = <int64_t>(now_ns() - t0)
-        self._span[1] = now_ns()
-        if iterations == 0:
-            self._span[0] = self._span[1]
         return 0
 
-    def _tight(self, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup, str wait, bint graph,
-               bint timed):
+    def tight(self, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup=0, str wait="spin", bint graph=False):
+        """The tight floor, timed per round trip: one ``cuMemcpyHtoDAsync`` of both inputs,
+        ``cuLaunchKernel``, one ``cuMemcpyDtoHAsync``, then ``wait`` (one of :data:`WAITS`);
+        with ``graph=True`` those three calls captured once as a CUDA graph and replayed
+        (``cuGraphLaunch``) before the wait.
+
+        ``a`` and ``b`` are copied into the page-locked staging before the loop and the output
+        copied into ``out`` after it (neither timed). Returns int64 ns per round trip.
+        """
         self._ready()
         check_counts(iterations, warmup)
         if wait not in WAITS:
-            raise ValidationError(
-                f"the tight floor's wait must be one of {', '.join(WAITS)} (got {wait!r})",
-                "pass wait='spin', 'event' or 'stream'",
-            )
+            raise ValidationError(f"the tight floor's wait must be one of {', '.join(WAITS)} (got {wait!r})",
+                                  "pass wait='spin', 'event' or 'stream'")
         cdef int w = WAITS.index(wait)
         a, b, out = self._views(a, b, out)
         cdef const float[::1] av = a
         cdef const float[::1] bv = b
         cdef float[::1] ov = out
-        total = np.empty(iterations if timed else 0, dtype=np.int64)
-        cdef int64_t* tv = i64_data(total) if timed else NULL
+        total = np.empty(iterations, dtype=np.int64)
+        cdef int64_t* tv = i64_data(total)
         if graph:
             self._capture()
         # the inputs into the page-locked staging and the output cleared there, untimed: the
-        # timed round trips start from page-locked memory, as the standalone process's do
+        # timed round trips start from page-locked memory
         memcpy(self._h_a, &av[0], self._nbytes)
         memcpy(self._h_b, &bv[0], self._nbytes)
         memset(self._h_out, 0, self._nbytes)
@@ -670,24 +621,6 @@ cdef class Floor:
             raise
         memcpy(&ov[0], self._h_out, self._nbytes)
         return total
-
-    def tight(self, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup=0, str wait="spin",
-              bint graph=False):
-        """The tight floor, timed per round trip: one ``cuMemcpyHtoDAsync`` of both inputs,
-        ``cuLaunchKernel``, one ``cuMemcpyDtoHAsync``, then ``wait`` (one of :data:`WAITS`);
-        with ``graph=True`` those three calls captured once as a CUDA graph and replayed
-        (``cuGraphLaunch``) before the wait.
-
-        ``a`` and ``b`` are copied into the page-locked staging before the loop and the output
-        copied into ``out`` after it (neither timed). Returns int64 ns per round trip.
-        """
-        return self._tight(a, b, out, iterations, warmup, wait, graph, True)
-
-    def run_fixed_tight(self, a, b, out, Py_ssize_t iterations, str wait="spin", bint graph=False):
-        """``iterations`` tight round trips (:meth:`tight`) back to back, the GIL released for
-        the whole loop. Returns ``(start_ns, end_ns)`` of the loop."""
-        self._tight(a, b, out, iterations, 0, wait, graph, False)
-        return self._span[0], self._span[1]
 
     # -- the ceilings ---------------------------------------------------------------------
     def dma_h2d(self, Py_ssize_t iterations, Py_ssize_t warmup=0):
@@ -708,31 +641,23 @@ cdef class Floor:
 
     def copy_in(self, a, b, int threads, Py_ssize_t iterations, Py_ssize_t warmup=0):
         """Host memcpy ceiling, pageable -> pinned: ``a`` and ``b`` into the pinned staging
-        with ``threads`` threads (started once). Returns int64 ns per pass (both buffers)."""
+        with ``threads`` threads. Returns int64 ns per pass (both buffers)."""
         self._ready()
         cdef const float[::1] av = _as_f32(a, "a", self.n, False)
         cdef const float[::1] bv = _as_f32(b, "b", self.n, False)
-        cdef char* dst[2]
-        cdef const char* src[2]
-        dst[0] = self._h_a
-        dst[1] = self._h_b
-        src[0] = <const char*>&av[0]
-        src[1] = <const char*>&bv[0]
-        cdef size_t lengths[2]
-        lengths[0] = self._nbytes
-        lengths[1] = self._nbytes
-        return copy_passes(dst, src, lengths, 2, threads, iterations, warmup)
+        cdef CopyTask tasks[2]
+        tasks[0].dst, tasks[0].src, tasks[0].n = self._h_a, <const char*>&av[0], self._nbytes
+        tasks[1].dst, tasks[1].src, tasks[1].n = self._h_b, <const char*>&bv[0], self._nbytes
+        return copy_passes(tasks, 2, threads, iterations, warmup)
 
     def copy_out(self, out, int threads, Py_ssize_t iterations, Py_ssize_t warmup=0):
         """Host memcpy ceiling, pinned -> pageable: the pinned output staging into ``out``
-        with ``threads`` threads (started once). Returns int64 ns per pass."""
+        with ``threads`` threads. Returns int64 ns per pass."""
         self._ready()
         cdef float[::1] ov = _as_f32(out, "out", self.n, True)
-        cdef char* dst[1]
-        cdef const char* src[1]
-        dst[0] = <char*>&ov[0]
-        src[0] = self._h_out
-        return copy_passes(dst, src, &self._nbytes, 1, threads, iterations, warmup)
+        cdef CopyTask task
+        task.dst, task.src, task.n = <char*>&ov[0], self._h_out, self._nbytes
+        return copy_passes(&task, 1, threads, iterations, warmup)
 
     # -- teardown ---------------------------------------------------------------------
     cdef void _release(self, CUresult* first, const char** first_call) noexcept nogil:
@@ -742,11 +667,9 @@ cdef class Floor:
             return
         _note(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent", first, first_call)
         if self._stream != NULL:
-            _note(cydriver.cuStreamSynchronize(self._stream), b"cuStreamSynchronize",
-                  first, first_call)
+            _note(cydriver.cuStreamSynchronize(self._stream), b"cuStreamSynchronize", first, first_call)
         if self._stream2 != NULL:
-            _note(cydriver.cuStreamSynchronize(self._stream2), b"cuStreamSynchronize",
-                  first, first_call)
+            _note(cydriver.cuStreamSynchronize(self._stream2), b"cuStreamSynchronize", first, first_call)
         if self._exec != NULL:
             _note(cydriver.cuGraphExecDestroy(self._exec), b"cuGraphExecDestroy", first, first_call)
             self._exec = NULL
@@ -810,17 +733,11 @@ def _as_f32(x, str name, Py_ssize_t n, bint writable):
             "pass np.ascontiguousarray(x, dtype=np.float32).ravel()",
         )
     if not x.flags.c_contiguous:
-        raise ValidationError(
-            f"floor buffer {name!r} must be C-contiguous", "pass np.ascontiguousarray(x)"
-        )
+        raise ValidationError(f"floor buffer {name!r} must be C-contiguous", "pass np.ascontiguousarray(x)")
     if x.shape[0] < n:
-        raise ValidationError(
-            f"floor buffer {name!r} holds {x.shape[0]:,} elements, the floor needs {n:,}",
-            f"pass at least {n:,} float32 elements",
-        )
+        raise ValidationError(f"floor buffer {name!r} holds {x.shape[0]:,} elements, the floor needs {n:,}",
+                              f"pass at least {n:,} float32 elements")
     if writable and not x.flags.writeable:
-        raise ValidationError(
-            f"floor buffer {name!r} is read-only",
-            "pass a writable array, e.g. np.empty(n, np.float32)",
-        )
+        raise ValidationError(f"floor buffer {name!r} is read-only",
+                              "pass a writable array, e.g. np.empty(n, np.float32)")
     return x

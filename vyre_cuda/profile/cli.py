@@ -56,12 +56,8 @@ class ProgressLine:
     def __init__(self, stream=None, delay=1.0, interval=5.0, clock=time.monotonic):
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.clock = clock
-        self.start = clock()
-        self.delay = delay
-        self.interval = interval
-        self.last = -math.inf
-        self.shown = False
+        self.clock, self.start, self.delay, self.interval = clock, clock(), delay, interval
+        self.last, self.shown = -math.inf, False
 
     def __call__(self, label, fraction):
         now = self.clock()
@@ -86,29 +82,21 @@ class ProgressLine:
             self.stream.flush()
 
 
-def sizes_arg(text):
-    """argparse type: a comma-separated list of sizes."""
-    try:
-        return parse_sizes(text)
-    except ValidationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _arg_type(parse, doc):
+    """An argparse type: ``parse(text)``, its ValidationError an argparse error."""
+
+    def arg(text):
+        try:
+            return parse(text)
+        except ValidationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    arg.__doc__ = doc
+    return arg
 
 
-def devices_arg(text):
-    from .devices import parse_devices
-
-    try:
-        return parse_devices(text)
-    except ValidationError as exc:
-        raise argparse.ArgumentTypeError(exc.message) from None
-
-
-def size_arg(text):
-    """argparse type: one size in bytes (``8MiB``)."""
-    try:
-        return parse_size(text)
-    except ValidationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+sizes_arg = _arg_type(parse_sizes, "argparse type: a comma-separated list of sizes.")
+size_arg = _arg_type(parse_size, "argparse type: one size in bytes (``8MiB``).")
 
 
 def count_arg(minimum):
@@ -134,14 +122,6 @@ _BACKEND_OPTIONS = ("staging_chunk_bytes", "staging_chunks", "copy_threads")
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``vyre-cuda profile`` options to ``parser``."""
     parser.add_argument(
-        "--devices",
-        type=devices_arg,
-        default=None,
-        metavar="LIST",
-        help="also measure multi-GPU scaling: DeviceGroup.map over these device ordinals (e.g. 0,1) "
-        "against the first of them alone",
-    )
-    parser.add_argument(
         "--sizes",
         type=sizes_arg,
         default=DEFAULT_SIZES,
@@ -151,14 +131,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--iterations",
         type=count_arg(1),
-        default=None,
         metavar="N",
         help="timed samples per system and size (default: 2000 at 4 KiB, fewer as the size grows, 5 at 1 GiB)",
     )
     parser.add_argument(
         "--warmup",
         type=count_arg(0),
-        default=None,
         metavar="N",
         help="untimed samples per system first (default: a tenth of --iterations, at most 200)",
     )
@@ -166,70 +144,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--json",
         nargs="?",
         const="-",
-        default=None,
         metavar="FILE",
         help="write the result as JSON to FILE, or to stdout (instead of the table) without FILE",
     )
     parser.add_argument(
         "--plot",
-        default=None,
         metavar="FILE.png",
-        help=(
-            "save a figure: each system's time over vyre_cuda's by size, the same on device arrays, "
-            "vyre_cuda's stage shares, and GB/s against the DMA and memcpy ceilings (needs matplotlib)"
-        ),
+        help="save a figure: each system's time over vyre_cuda's by size, vyre_cuda's stage shares, and GB/s "
+        "against the DMA and memcpy ceilings (needs matplotlib)",
     )
     parser.add_argument(
         "--from",
         dest="from_file",
-        default=None,
         metavar="FILE.json",
-        help="show a stored result (written by --json or benchmarks/bench_dispatch.py) instead of "
-        "measuring: its table, or with --plot its figure, or with --json its JSON (only what they ask "
-        "for: no table with either); needs no GPU",
-    )
-    parser.add_argument(
-        "--baseline",
-        default=None,
-        metavar="FILE.json",
-        help="a stored result (e.g. benchmarks/results/latest.json): the small sizes' "
-        "vyre_cuda / floor ratio must not grow past it by more than 5%%",
-    )
-    parser.add_argument("--no-peers", action="store_true", help="skip cuda.bindings, CuPy and PyTorch")
-    parser.add_argument(
-        "--no-threads", action="store_true", help="skip the thread scaling measurement (1, 2 and 4 threads)"
-    )
-    parser.add_argument(
-        "--no-patterns",
-        action="store_true",
-        help="skip the patterns users are taught (the README's enqueue chain, dropped and awaited "
-        "dispatch_async, 1,000 in flight, device_memory_budget sweep; vyre_cuda.profile.patterns)",
-    )
-    parser.add_argument(
-        "--patterns-only",
-        action="store_true",
-        help="measure only the patterns users are taught, beside their peers (no sizes, no threads): "
-        "their table and targets, in about a minute",
+        help="show a stored result (written by --json, or a benchmark record) instead of measuring: its "
+        "table, or with --plot its figure, or with --json its JSON (only what they ask for); needs no GPU",
     )
     parser.add_argument(
         "--host-threads",
         type=count_arg(1),
-        default=None,
         metavar="N",
         help="threads of the N-thread host memcpy ceiling (default: the CPUs, at most 16)",
     )
     parser.add_argument(
-        "--kernel", default=None, metavar="FILE", help="profile a user kernel (.cu CUDA C++ or .ptx) instead of vecadd"
+        "--kernel", metavar="FILE", help="profile a user kernel (.cu CUDA C++ or .ptx) instead of vecadd"
     )
     parser.add_argument(
         "--entry",
-        default=None,
         metavar="NAME",
         help="the user kernel's entry point (default vyre_main, or main for PTX)",
     )
     parser.add_argument(
         "--buffers",
-        default=None,
         metavar="SPEC",
         help="the user kernel's buffers, e.g. 'a:f32:in,b:f32:in,out:f32:out'",
     )
@@ -238,16 +184,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument(
         "--staging-chunk-bytes",
         type=size_arg,
-        default=None,
         metavar="SIZE",
         help="bytes per chunk of the pinned staging ring, e.g. 8MiB",
     )
-    group.add_argument(
-        "--staging-chunks", type=count_arg(1), default=None, metavar="N", help="chunks in the pinned staging ring"
-    )
-    group.add_argument(
-        "--copy-threads", type=count_arg(1), default=None, metavar="N", help="the backend's host copy threads"
-    )
+    group.add_argument("--staging-chunks", type=count_arg(1), metavar="N", help="chunks in the pinned staging ring")
+    group.add_argument("--copy-threads", type=count_arg(1), metavar="N", help="the backend's host copy threads")
     return parser
 
 
@@ -257,23 +198,9 @@ def backend_options(args) -> dict:
 
 
 # options that describe a measurement, and their defaults: with --from nothing is measured
-_RUN_OPTIONS = {
-    "sizes": DEFAULT_SIZES,
-    "iterations": None,
-    "warmup": None,
-    "baseline": None,
-    "no_peers": False,
-    "no_threads": False,
-    "no_patterns": False,
-    "patterns_only": False,
-    "host_threads": None,
-    "kernel": None,
-    "entry": None,
-    "buffers": None,
-    "device": 0,
-    "devices": None,
-    **dict.fromkeys(_BACKEND_OPTIONS),
-}
+_RUN_OPTIONS = {"sizes": DEFAULT_SIZES, "device": 0}
+_RUN_OPTIONS.update(dict.fromkeys(("iterations", "warmup", "host_threads", "kernel", "entry", "buffers")))
+_RUN_OPTIONS.update(dict.fromkeys(_BACKEND_OPTIONS))
 
 
 def _option(dest: str) -> str:
@@ -305,10 +232,6 @@ def _write_outputs(report, args, table=True) -> None:
     else:
         if table:
             sys.stdout.write(report.format_table())
-        if table and "device_scaling" in report.meta:
-            from .devices import format_device_scaling
-
-            sys.stdout.write(format_device_scaling(report.meta["device_scaling"]))
         if args.json is not None:
             pathlib.Path(args.json).write_text(report.to_json() + "\n")
             print(f"JSON written to {args.json}", file=sys.stderr)
@@ -323,47 +246,6 @@ def _write_outputs(report, args, table=True) -> None:
         print(f"plot written to {args.plot}", file=sys.stderr)
 
 
-# what --patterns-only leaves out: the options of the sizes, the threads and a user kernel
-_NOT_PATTERNS = (
-    "sizes",
-    "iterations",
-    "warmup",
-    "baseline",
-    "no_threads",
-    "no_patterns",
-    "host_threads",
-    "kernel",
-    "entry",
-    "buffers",
-)
-
-
-def _patterns_only(args) -> int:
-    """``--patterns-only``: the patterns' table (or JSON) and targets, no sizes, no threads."""
-    from .patterns import run_patterns
-
-    given = [_option(k) for k in _NOT_PATTERNS if getattr(args, k, _RUN_OPTIONS[k]) != _RUN_OPTIONS[k]]
-    if args.plot is not None:  # (the figure plots the sizes)
-        given.append("--plot")
-    if getattr(args, "devices", None):
-        given.append("--devices")
-    if given:
-        raise ValidationError(
-            f"--patterns-only measures the patterns alone, but {', '.join(given)} "
-            f"{'describes' if len(given) == 1 else 'describe'} the rest of a profile",
-            f"drop {', '.join(given)}, or drop --patterns-only",
-        )
-    progress = ProgressLine()
-    try:
-        report = run_patterns(
-            device=args.device, backend_options=backend_options(args), peers=not args.no_peers, progress=progress
-        )
-    finally:
-        progress.done()
-    _write_outputs(report, args)
-    return 0
-
-
 def main(args) -> int:
     """Run ``vyre-cuda profile`` with parsed ``args``; returns the exit status of every vyre-cuda
     command (0 done, 1 a vyre_cuda error, 2 the arguments are wrong, 3 no usable driver or device)."""
@@ -372,8 +254,6 @@ def main(args) -> int:
         if getattr(args, "from_file", None) is not None:
             _show_stored(args)
             return 0
-        if getattr(args, "patterns_only", False):
-            return _patterns_only(args)
         if args.kernel is not None:
             program = load_user_program(args.kernel, args.entry, args.buffers)
         elif args.buffers is not None or args.entry is not None:
@@ -390,21 +270,13 @@ def main(args) -> int:
                 iterations=args.iterations,
                 warmup=args.warmup,
                 program=program,
-                peers=not args.no_peers,
-                threads=not args.no_threads,
                 progress=progress,
                 device=args.device,
                 backend_options=backend_options(args),
                 host_threads=args.host_threads,
-                baseline=args.baseline,
-                patterns=not getattr(args, "no_patterns", False),
             )
         finally:
             progress.done()
-        if getattr(args, "devices", None):
-            from .devices import measure_device_scaling
-
-            report.meta["device_scaling"] = measure_device_scaling(args.devices)
         _write_outputs(report, args)
     except BackendError as exc:
         if isinstance(exc, DriverUnavailable) and program is not None:

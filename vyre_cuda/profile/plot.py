@@ -1,16 +1,17 @@
 """The figure of a :class:`~vyre_cuda.profile.ProfileReport` (needs matplotlib).
 
-Four panels, each with at most six series and its legend beside it:
+Three panels (four with a benchmark's device rows), each with at most six series and its legend
+beside it:
 
 * **numpy arrays in and out**: each system's time per dispatch over vyre_cuda's (the driver
-  floor, the driver's pageable path and every peer the result holds), by size, log-log; above
-  1x the system is slower than vyre_cuda.
-* **data already on the GPU**: the same ratio for the peers on their own device arrays, against
-  vyre_cuda on the same arrays (same y axis).
+  floor, the driver's pageable path, and the systems a caller adds), by size, log-log; above 1x
+  the system is slower than vyre_cuda.
+* **data already on the GPU** (only with ``device_rows``): the same ratio for systems on their own
+  device arrays, against vyre_cuda on the same arrays (same y axis).
 * **where vyre_cuda's time goes**: the stage clocks in five groups, as shares of each size's
   dispatch, the median time above each bar.
-* **bandwidth against the ceilings**: vyre_cuda's effective GB/s (numpy, streamed, streamed
-  page-locked) against the DMA ceilings (one way, both ways) and the N-thread host memcpy
+* **bandwidth against the ceilings**: vyre_cuda's effective GB/s (numpy, and streamed rows when
+  the result has them) against the DMA ceilings (one way, both ways) and the N-thread host memcpy
   ceiling of the same run; a ceiling above the axis is marked with its value.
 """
 
@@ -23,20 +24,10 @@ from .specs import format_size
 __all__ = ["VYRE_COLOR", "plot_report", "require_matplotlib", "size_ticks"]
 
 VYRE_COLOR = "#d62728"  # vyre_cuda's series, in every panel
-_PEERS = {  # name -> label, colour, marker (a peer not listed here takes one of _SPARE)
-    "cuda_bindings": ("cuda.bindings", "#9467bd", "D"),
-    "cupy": ("CuPy", "#1f77b4", "^"),
-    "torch": ("PyTorch", "#2ca02c", "P"),
-    "cuda_core": ("cuda.core", "#8c564b", "X"),
-}
-_SPARE = (("#17becf", "h"), ("#bcbd22", "*"), ("#e377c2", "p"))
 _FLOORS = (  # key, label, colour, marker (dashed: the harness's own driver-API loops)
     ("floor.pinned", "per-buffer floor (pinned staging)", "0.1", "s"),
     ("floor.pageable", "driver, pageable copies", "0.55", "v"),
 )
-# the peer's device-resident row is compared with vyre_cuda's row on the same library's arrays
-_DEVICE_VYRE = {"torch": ("vyre.device.torch", "vyre.device")}
-_DEVICE_VYRE_DEFAULT = ("vyre.device", "vyre.device.torch")
 # label, colour, stages (a stage not named here counts as "other"); the host copies in oranges,
 # no colour a system has in the other panels
 _STAGE_GROUPS = (
@@ -106,19 +97,6 @@ def require_matplotlib():
             "pip install matplotlib (or vyre-cuda[plot]), or run without --plot",
         ) from None
     return Figure
-
-
-def _keys(sizes, pattern):
-    """``(peer name, key)`` of the series that match ``pattern`` (``peer.{}``), in run order."""
-    found = {k for s in sizes for k in s.systems}
-    names = list(systems.PEERS) + sorted({k.split(".")[1] for k in found if k.startswith("peer.")})
-    return [(name, pattern.format(name)) for name in dict.fromkeys(names) if pattern.format(name) in found]
-
-
-def _peer_style(name):
-    color, marker = _SPARE[sum(map(ord, name)) % len(_SPARE)]  # the same in every panel
-    label, color, marker = _PEERS.get(name, (name, color, marker))
-    return {"label": label, "color": color, "marker": marker, "linestyle": "-"}
 
 
 def _empty(ax, text):
@@ -264,36 +242,36 @@ def _bandwidth_panel(ax, sizes):
     ax.legend(**_LEGEND)
 
 
-def plot_report(report, path):
+def plot_report(report, path, host_rows=(), device_rows=None):
     """Save the figure of ``report`` to ``path`` (PNG, SVG, PDF: by the suffix); returns the
-    matplotlib ``Figure``. Its axes are labelled (``Axes.get_label()``) ``headline``, ``device``,
-    ``stages`` and ``bandwidth``."""
+    matplotlib ``Figure``. ``host_rows`` are more ``(style, key)`` systems for the numpy panel and
+    ``device_rows`` (a list, then that panel is drawn) ``(style, key, vyre_cuda's keys)`` systems
+    on data already on the GPU (a benchmark's peers). Its axes are labelled
+    (``Axes.get_label()``) ``headline``, ``device`` (with ``device_rows``), ``stages``, ``bandwidth``."""
     Figure = require_matplotlib()
     fig = Figure(figsize=(16, 9.5), layout="constrained")
     rows = fig.add_gridspec(2, 1)
-    top, bottom = rows[0].subgridspec(1, 2, width_ratios=(1.5, 1.0)), rows[1].subgridspec(1, 2, width_ratios=(1.0, 1.5))
-    names = ("headline", "device", "stages", "bandwidth")
+    panel = device_rows is not None
+    top = rows[0].subgridspec(1, 2, width_ratios=(1.5, 1.0)) if panel else [rows[0]]
+    bottom = rows[1].subgridspec(1, 2, width_ratios=(1.0, 1.5))
+    names = ("headline", "device", "stages", "bandwidth") if panel else ("headline", "stages", "bandwidth")
     axes = {name: fig.add_subplot(cell, label=name) for name, cell in zip(names, (*top, *bottom))}
     sizes = sorted(report.sizes, key=lambda s: s.nbytes)
-    floor, pageable = ((dict(label=lab, color=c, marker=mk, linestyle="--"), key) for key, lab, c, mk in _FLOORS)
-    peers = [(_peer_style(name), key) for name, key in _keys(sizes, "peer.{}")]
-    host = [(style, key, ("vyre.dispatch",)) for style, key in (floor, *peers, pageable)]
-    device = [
-        (_peer_style(name), key, _DEVICE_VYRE.get(name, _DEVICE_VYRE_DEFAULT))
-        for name, key in _keys(sizes, "peer.{}.device")
-    ]
-    host, device = _ratio_series(sizes, host), _ratio_series(sizes, device)
+    floors = [(dict(label=lab, color=c, marker=mk, linestyle="--"), key) for key, lab, c, mk in _FLOORS]
+    host = _ratio_series(sizes, [(style, key, ("vyre.dispatch",)) for style, key in (*floors, *host_rows)])
     title = "numpy arrays in and out: time per dispatch over vyre_cuda's"
-    _ratio_panel(axes["headline"], sizes, host, title, "no vyre_cuda, floor or peer rows in this result")
-    title = "data already on the GPU: peers over vyre_cuda on the same arrays"
-    empty = "no device-resident rows (they need CuPy, PyTorch or cuda.core)"
-    _ratio_panel(axes["device"], sizes, device, title, empty, most=5)
-    _ratio_axis([axes["headline"], axes["device"]], host + device)
+    _ratio_panel(axes["headline"], sizes, host, title, "no vyre_cuda or floor rows in this result")
+    device = _ratio_series(sizes, device_rows or ())
+    if panel:
+        title = "data already on the GPU: peers over vyre_cuda on the same arrays"
+        empty = "no device-resident rows (they need CuPy, PyTorch or cuda.core)"
+        _ratio_panel(axes["device"], sizes, device, title, empty, most=5)
+    _ratio_axis([axes[k] for k in ("headline", "device") if k in axes], host + device)
     _stage_panel(axes["stages"], sizes)
     _bandwidth_panel(axes["bandwidth"], sizes)
     m = report.meta
     fig.suptitle(
-        f"vyre_cuda against the driver floor, the peers and the ceilings: {m.get('device_name', '?')}, "
+        f"vyre_cuda against the driver floor and the ceilings: {m.get('device_name', '?')}, "
         f"{str(m.get('date', ''))[:10]}, commit {m.get('commit') or 'unknown'}",
         fontsize=11,
     )

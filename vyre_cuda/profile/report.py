@@ -1,16 +1,10 @@
-"""The result of a profile run: per-size summaries, thread scaling, targets, and their JSON form.
+"""The result of a profile run: per-size summaries and their JSON form.
 
-Bandwidth (GB/s, 10**9 bytes per second) is derived, never stored:
-
-* **effective GB/s** of a full dispatch = (input bytes + output bytes) / median wall time. A
-  dispatch uploads, computes, then reads back, so this is the rate each direction would need
-  if the round trip were nothing but its two transfers.
-* **H2D GB/s** = input bytes / median upload time, and **D2H GB/s** = output bytes / median
-  readback time, where upload = ``staging_memcpy + h2d_enqueue`` and readback =
-  ``readback_enqueue + copy_out`` of the core's stage clocks (per dispatch, then the median).
-  These isolate a direction where the copies are synchronous (the staging path); a DMA that
-  completes behind the enqueue (page-locked memory, small dispatches) is counted in ``wait``.
-* a ceiling's GB/s = the bytes it moves (the inputs, or the output) / its median time.
+GB/s (10**9 bytes per second) is derived, never stored: a full dispatch's is effective, (input +
+output bytes) / median wall time; vyre_cuda's H2D and D2H GB/s divide the bytes of one direction by
+its stage clocks' median (upload: ``staging_memcpy + h2d_enqueue``, readback: ``readback_enqueue +
+copy_out``; a DMA completing behind the enqueue counts in ``wait``); a ceiling's divides the bytes it
+moves by its median time.
 """
 
 from __future__ import annotations
@@ -20,77 +14,14 @@ from dataclasses import dataclass, field
 
 from ..errors import ValidationError
 from . import systems
-from .stats import Summary, gain, gbps, ratio
+from .stats import Summary, gbps, ratio
 
-__all__ = ["SCHEMA", "PatternResult", "ProfileReport", "SizeResult", "Target", "ThreadScaling"]
+__all__ = ["SCHEMA", "SECTIONS", "ProfileReport", "SizeResult"]
 
 SCHEMA = "vyre_cuda.profile/2"
 _READABLE = ("vyre_cuda.profile/1", SCHEMA)
-
-
-@dataclass
-class Target:
-    """One target: ``value op limit`` (``op`` is ``<=``, ``>=``, or ``report`` for a figure
-    stated without a limit), and ``value >= low`` too where ``low`` is set (a band); ``unit`` is
-    how the value reads (``x``, ``GB/s``...).
-
-    ``note`` says what the run measured that explains a miss (the physical limit), or how a
-    ``kept`` target holds; ``kept`` names a condition measured in the run under which the target
-    holds whatever its value (``serial kept``: the planner does not stream that size).
-    """
-
-    key: str
-    description: str
-    value: float | None
-    limit: float | None
-    op: str
-    size_bytes: int | None = None
-    unit: str = ""
-    note: str = ""
-    kept: str = ""
-    low: float | None = None
-
-    @property
-    def met(self):
-        if self.op == "report":
-            return None
-        if self.kept:
-            return True
-        if self.value is None or self.limit is None:
-            return None
-        if self.low is not None and self.value < self.low:
-            return False
-        return self.value <= self.limit if self.op == "<=" else self.value >= self.limit
-
-    def to_dict(self) -> dict:
-        return {
-            "key": self.key,
-            "description": self.description,
-            "value": self.value,
-            "limit": self.limit,
-            "op": self.op,
-            "size_bytes": self.size_bytes,
-            "unit": self.unit,
-            "met": self.met,
-            "note": self.note,
-            "kept": self.kept,
-            "low": self.low,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Target:
-        return cls(
-            d["key"],
-            d["description"],
-            d["value"],
-            d["limit"],
-            d["op"],
-            d.get("size_bytes"),
-            d.get("unit", ""),
-            d.get("note", ""),
-            d.get("kept", ""),
-            d.get("low"),
-        )
+# the sections a benchmark record adds (benchmarks/harness): kept as they were read, written back
+SECTIONS = ("targets", "threads", "patterns")
 
 
 @dataclass
@@ -203,133 +134,16 @@ class SizeResult:
 
 
 @dataclass
-class ThreadScaling:
-    """Dispatches per second from 1 up to ``threads`` Python threads: vyre_cuda, the per-buffer
-    floor and the tight floor (its fastest wait), each thread with its own stream and buffers."""
-
-    nbytes: int
-    threads: int
-    iterations: int
-    vyre: dict  # thread count -> dispatches per second
-    floor: dict
-    tight: dict = field(default_factory=dict)
-
-    def rate_ratio(self, count: int):
-        """vyre_cuda's dispatches per second from ``count`` threads over the tight floor's."""
-        return ratio(self.vyre.get(count), self.tight.get(count))
-
-    @property
-    def vyre_gain(self):
-        return gain(self.vyre.get(1), self.vyre.get(self.threads))
-
-    @property
-    def floor_gain(self):
-        return gain(self.floor.get(1), self.floor.get(self.threads))
-
-    @property
-    def gain_ratio(self):
-        """vyre_cuda's gain over the floor's gain."""
-        return ratio(self.vyre_gain, self.floor_gain)
-
-    def to_dict(self) -> dict:
-        return {
-            "bytes": self.nbytes,
-            "threads": self.threads,
-            "iterations": self.iterations,
-            "vyre_per_s": {str(k): v for k, v in self.vyre.items()},
-            "floor_per_s": {str(k): v for k, v in self.floor.items()},
-            "tight_per_s": {str(k): v for k, v in self.tight.items()},
-            "vyre_gain": self.vyre_gain,
-            "floor_gain": self.floor_gain,
-            "gain_ratio": self.gain_ratio,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> ThreadScaling:
-        return cls(
-            int(d["bytes"]),
-            int(d["threads"]),
-            int(d["iterations"]),
-            {int(k): float(v) for k, v in d["vyre_per_s"].items()},
-            {int(k): float(v) for k, v in d["floor_per_s"].items()},
-            {int(k): float(v) for k, v in d.get("tight_per_s", {}).items()},
-        )
-
-
-@dataclass
-class PatternResult:
-    """The patterns users are taught, measured beside their peers in the same run
-    (:mod:`vyre_cuda.profile.patterns`).
-
-    ``systems`` holds a :class:`Summary` (ns) per series: per chain step, per call, per await or
-    per dispatch of a gather (labels: ``systems.pattern_label``). ``values`` holds the other
-    figures: the process CPU time over the wall time while one long kernel is awaited or waited
-    for (``await_idle_cpu``, ``blocking_idle_cpu``, ``spin_wall_s``) and the counters of
-    vyre_cuda's awaits that moved (dicts: ``await_counts_per_await``, ``idle_await_counts_per_s``).
-    ``budgets`` has one dict per
-    ``device_memory_budget`` of the sweep (``budget`` bytes, None unbudgeted; ``median_ns``,
-    ``p10_ns``, ``p90_ns``, ``n``; ``gbps``; the plan's ``chunks``, ``chunk_bytes``, ``streams``),
-    ``budget_stop`` why the sweep stopped; ``skipped`` names what was not measured and why;
-    ``settings`` the steps, bytes and counts of the run.
-    """
-
-    systems: dict = field(default_factory=dict)
-    values: dict = field(default_factory=dict)
-    budgets: list = field(default_factory=list)
-    budget_stop: dict = field(default_factory=dict)
-    skipped: dict = field(default_factory=dict)
-    settings: dict = field(default_factory=dict)
-
-    def median(self, key):
-        s = self.systems.get(key)
-        return None if s is None else s.median
-
-    def ratio(self, key, reference):
-        """Median of ``key`` over the median of ``reference`` (None when either is missing)."""
-        return ratio(self.median(key), self.median(reference))
-
-    def budget(self, nbytes):
-        """The sweep's entry of ``budget`` bytes (None: the unbudgeted one), or None."""
-        for entry in self.budgets:
-            if entry.get("budget") == nbytes:
-                return entry
-        return None
-
-    def to_dict(self) -> dict:
-        return {
-            "systems": {k: v.to_dict() for k, v in self.systems.items()},
-            "values": dict(self.values),
-            "budgets": [dict(b) for b in self.budgets],
-            "budget_stop": dict(self.budget_stop),
-            "skipped": dict(self.skipped),
-            "settings": dict(self.settings),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> PatternResult:
-        return cls(
-            systems={k: Summary.from_dict(v) for k, v in d.get("systems", {}).items()},
-            values=dict(d.get("values", {})),
-            budgets=[dict(b) for b in d.get("budgets", [])],
-            budget_stop=dict(d.get("budget_stop", {})),
-            skipped=dict(d.get("skipped", {})),
-            settings=dict(d.get("settings", {})),
-        )
-
-
-@dataclass
 class ProfileReport:
     """The result of :func:`~vyre_cuda.profile.run_profile`: ``meta`` (device, driver, date,
-    package versions, settings, the baseline compared with; a benchmark script adds the source
-    ``commit``), one :class:`SizeResult` per size, the
-    :class:`ThreadScaling` (or None), the targets and the :class:`PatternResult` (or None)."""
+    package versions, settings; a benchmark adds the source ``commit``), one :class:`SizeResult`
+    per size, and ``sections``: the parts a stored benchmark record adds (:data:`SECTIONS`: its
+    targets, thread scaling and patterns), kept as read and written back."""
 
     meta: dict
     sizes: list
-    threads: ThreadScaling | None = None
-    targets: list = field(default_factory=list)
     stage_names: tuple = systems.STAGE_NAMES
-    patterns: PatternResult | None = None
+    sections: dict = field(default_factory=dict)
 
     def size(self, nbytes: int) -> SizeResult:
         for s in self.sizes:
@@ -343,9 +157,7 @@ class ProfileReport:
             "meta": dict(self.meta),
             "stage_names": list(self.stage_names),
             "sizes": [s.to_dict() for s in self.sizes],
-            "threads": None if self.threads is None else self.threads.to_dict(),
-            "targets": [t.to_dict() for t in self.targets],
-            "patterns": None if self.patterns is None else self.patterns.to_dict(),
+            **{name: self.sections.get(name, [] if name == "targets" else None) for name in SECTIONS},
         }
 
     def to_json(self, indent: int = 2) -> str:
@@ -363,10 +175,8 @@ class ProfileReport:
             return cls(
                 meta=dict(d["meta"]),
                 sizes=[SizeResult.from_dict(s) for s in d["sizes"]],
-                threads=None if d.get("threads") is None else ThreadScaling.from_dict(d["threads"]),
-                targets=[Target.from_dict(t) for t in d.get("targets", [])],
                 stage_names=tuple(d.get("stage_names", systems.STAGE_NAMES)),
-                patterns=None if d.get("patterns") is None else PatternResult.from_dict(d["patterns"]),
+                sections={name: d[name] for name in SECTIONS if d.get(name)},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a truncated or edited file
             raise ValidationError(
@@ -409,8 +219,7 @@ class ProfileReport:
         return self.format_table()
 
     def plot(self, path) -> None:
-        """Save the figure (each system's time over vyre_cuda's by size, the same on device
-        arrays, vyre_cuda's stage shares, GB/s against the ceilings) to ``path`` (needs matplotlib)."""
+        """Save the figure (:func:`~vyre_cuda.profile.plot.plot_report`) to ``path`` (needs matplotlib)."""
         from .plot import plot_report
 
         plot_report(self, path)

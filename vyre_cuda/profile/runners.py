@@ -11,14 +11,7 @@ from . import _hooks
 from .engine import LAUNCH_BATCH, Runner
 from .systems import copy_key
 
-__all__ = [
-    "ceiling_runners",
-    "floor_runners",
-    "make_inputs",
-    "page_locked_copies",
-    "rebuilt_runner",
-    "vyre_runners",
-]
+__all__ = ["ceiling_runners", "floor_runners", "make_inputs", "page_locked_copies", "vyre_runners"]
 
 
 def make_inputs(program, nbytes, rng):
@@ -152,27 +145,6 @@ def vyre_runners(backend, program, inputs, check, into=None, pinned=None, into_g
             )
         )
     return runners
-
-
-def rebuilt_runner(backend, program_factory, inputs, check):
-    """``dispatch(program_factory(), inputs)``: the Program built again per dispatch
-    (``vyre.rebuilt``) from its parts, as a function building its program does, so each one pays
-    for building it (equal builds return the first build's object) and finding its plan."""
-    pc = time.perf_counter_ns
-    dispatch = backend.dispatch
-    last = {}
-
-    def run(count):
-        walls = []
-        for _ in range(count):
-            t0 = pc()
-            outs = dispatch(program_factory(), inputs)
-            t1 = pc()
-            walls.append(t1 - t0)
-            last["outs"] = outs  # freed outside the timed window
-        return {"vyre.rebuilt": walls}
-
-    return Runner("vyre_cuda dispatch, Program rebuilt", run, None if check is None else (lambda: check(last["outs"])))
 
 
 def floor_runners(floor, a, b, expected, launch_batches_scale=None, locked=None):

@@ -9,16 +9,7 @@ from .._validate import is_int
 from ..errors import BackendError, ValidationError
 from ..program import DTYPES, BufferDecl, Kernel, Program, dtype_of
 
-__all__ = [
-    "GIB",
-    "KIB",
-    "MIB",
-    "format_size",
-    "load_user_program",
-    "parse_buffer_spec",
-    "parse_size",
-    "parse_sizes",
-]
+__all__ = ["GIB", "KIB", "MIB", "format_size", "load_user_program", "parse_buffer_spec", "parse_size", "parse_sizes"]
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -110,8 +101,7 @@ def parse_buffer_spec(spec: str) -> tuple:
             dt = dtype_of(dtype)
         except BackendError:
             raise ValidationError(
-                f"buffer {name!r} has an unknown dtype (got {dtype!r})",
-                f"use one of {', '.join(DTYPES)}",
+                f"buffer {name!r} has an unknown dtype (got {dtype!r})", f"use one of {', '.join(DTYPES)}"
             ) from None
         if role not in _ROLES:
             raise ValidationError(f"buffer {name!r} has an unknown role (got {role!r})", _SPEC_FIX)

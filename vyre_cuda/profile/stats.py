@@ -1,4 +1,4 @@
-"""Statistics of timing samples: medians, percentiles, ratios, throughput and bandwidth.
+"""Statistics of timing samples: medians, percentiles, ratios and bandwidth.
 
 Durations are nanoseconds. Bandwidth is in GB/s with GB = 10**9 bytes (as the DMA engines and
 ``nvidia-smi`` count), so ``gbps(bytes, ns) == bytes / ns``.
@@ -6,27 +6,17 @@ Durations are nanoseconds. Bandwidth is in GB/s with GB = 10**9 bytes (as the DM
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-__all__ = [
-    "Summary",
-    "gain",
-    "gbps",
-    "median",
-    "percentile",
-    "ratio",
-    "summarize",
-    "throughput",
-]
+import numpy as np
+
+__all__ = ["Summary", "gbps", "median", "percentile", "ratio", "summarize"]
 
 
-def _sorted_floats(values) -> list:
-    xs = sorted(float(v) for v in values)
-    if not xs:
-        raise ValueError("statistics of an empty sample")
-    if any(math.isnan(x) for x in xs):
-        raise ValueError("statistics of a sample containing NaN")
+def _floats(values) -> np.ndarray:
+    xs = np.asarray([float(v) for v in values], dtype=np.float64)
+    if not xs.size or np.isnan(xs).any():
+        raise ValueError(f"statistics of {'a sample containing NaN' if xs.size else 'an empty sample'}")
     return xs
 
 
@@ -34,20 +24,12 @@ def percentile(values, q: float) -> float:
     """The ``q``-th percentile (0..100), linear between closest ranks (numpy's default)."""
     if not 0.0 <= q <= 100.0:
         raise ValueError(f"percentile must be in 0..100 (got {q})")
-    xs = _sorted_floats(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return float(np.percentile(_floats(values), q))
 
 
 def median(values) -> float:
     """The median: the middle value, or the mean of the two middle values of an even count."""
-    xs = _sorted_floats(values)
-    mid = len(xs) // 2
-    if len(xs) % 2:
-        return xs[mid]
-    return (xs[mid - 1] + xs[mid]) / 2.0
+    return float(np.median(_floats(values)))
 
 
 @dataclass(frozen=True)
@@ -69,8 +51,8 @@ class Summary:
 
 def summarize(values) -> Summary:
     """:class:`Summary` of a sample of durations (ns)."""
-    xs = _sorted_floats(values)
-    return Summary(len(xs), median(xs), percentile(xs, 10), percentile(xs, 90))
+    xs = _floats(values)
+    return Summary(len(xs), float(np.median(xs)), float(np.percentile(xs, 10)), float(np.percentile(xs, 90)))
 
 
 def ratio(value, reference):
@@ -78,18 +60,6 @@ def ratio(value, reference):
     if value is None or reference is None or not reference > 0:
         return None
     return float(value) / float(reference)
-
-
-def throughput(dispatches: int, elapsed_ns: int) -> float:
-    """Dispatches per second."""
-    if elapsed_ns <= 0:
-        raise ValueError(f"elapsed time must be > 0 ns (got {elapsed_ns})")
-    return dispatches * 1e9 / elapsed_ns
-
-
-def gain(one_thread, two_threads):
-    """Throughput gain from 1 to 2 threads (2.0 is perfect scaling); None if unmeasured."""
-    return ratio(two_threads, one_thread)
 
 
 def gbps(nbytes, ns):

@@ -1,50 +1,28 @@
 """The tight floor's rows: the fewest driver calls a vecadd round trip can take, issued and as a
-graph replay, with each of the three waits, in this process and in a standalone C process.
+graph replay, with each of the three waits.
 
-Series (keys): ``floor.tight.<wait>`` and ``floor.tight_graph.<wait>`` in this process
-(:meth:`~vyre_cuda.profile._floor.Floor.tight`), ``floor.standalone.<wait>`` and
-``floor.standalone_graph.<wait>`` in the standalone process (:mod:`.standalone`), for each wait of
-:data:`WAITS`. After the rounds, :func:`add_fastest` gives each family its fastest wait's samples
-under the family's own key (``floor.tight``...): the floor is the fastest wait of its kind.
+Series (keys): ``floor.tight.<wait>`` and ``floor.tight_graph.<wait>``
+(:meth:`~vyre_cuda.profile._floor.Floor.tight`) for each wait of :data:`WAITS`. After the rounds,
+:func:`add_fastest` gives each family its fastest wait's samples under the family's own key
+(``floor.tight``...): the floor is the fastest wait of its kind.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import BackendError
 from .engine import Runner
-from .standalone import GROUP, StandaloneFloor
 from .stats import median
 
-__all__ = [
-    "FAMILIES",
-    "STANDALONE",
-    "STANDALONE_GRAPH",
-    "STANDALONE_GROUP",
-    "TIGHT",
-    "TIGHT_GRAPH",
-    "TIGHT_GRAPH_GROUP",
-    "TIGHT_GROUP",
-    "WAITS",
-    "add_fastest",
-    "fastest_wait",
-    "open_standalone",
-    "standalone_runner",
-    "tight_runners",
-    "wait_key",
-]
+__all__ = ["FAMILIES", "TIGHT", "TIGHT_GRAPH", "WAITS", "add_fastest", "fastest_wait", "tight_runners", "wait_key"]
 
 WAITS = ("spin", "event", "stream")  # as vyre_cuda.profile._floor.WAITS (importing it needs the build)
 TIGHT = "floor.tight"
 TIGHT_GRAPH = "floor.tight_graph"
-STANDALONE = "floor.standalone"
-STANDALONE_GRAPH = "floor.standalone_graph"
-FAMILIES = (TIGHT, TIGHT_GRAPH, STANDALONE, STANDALONE_GRAPH)
+FAMILIES = (TIGHT, TIGHT_GRAPH)
 # the names under which a failed row is skipped
 TIGHT_GROUP = "floor tight"
 TIGHT_GRAPH_GROUP = "floor tight graph"
-STANDALONE_GROUP = GROUP  # "standalone floor"
 
 
 def wait_key(family: str, wait: str) -> str:
@@ -73,23 +51,6 @@ def tight_runners(floor, a, b, expected) -> list:
     return rows
 
 
-def open_standalone(image, nbytes, device, skipped) -> StandaloneFloor | None:
-    """The standalone floor process for ``nbytes``, or None with the reason in
-    ``skipped["standalone floor"]`` (no C compiler, no driver library, a failed start)."""
-    try:
-        return StandaloneFloor(image, nbytes, device, skipped=skipped)
-    except (BackendError, OSError) as exc:
-        reason = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-        skipped[STANDALONE_GROUP] = reason.splitlines()[0]
-        return None
-
-
-def standalone_runner(process) -> Runner:
-    """The standalone process's rows: every wait, issued and replayed, per call (its own
-    output checked in the process)."""
-    return Runner("standalone C floor", lambda count: process.run(count), group=STANDALONE_GROUP)
-
-
 def fastest_wait(samples_or_size, family: str) -> str | None:
     """The wait whose median is the lowest in ``family``: from raw samples (a dict of lists) or
     from a :class:`~vyre_cuda.profile.SizeResult`; None when none was measured."""
@@ -106,9 +67,9 @@ def fastest_wait(samples_or_size, family: str) -> str | None:
     return min(medians, key=medians.__getitem__) if medians else None
 
 
-def add_fastest(samples: dict) -> dict:
+def add_fastest(samples: dict, families=FAMILIES) -> dict:
     """Give each family measured its fastest wait's samples under the family's key."""
-    for family in FAMILIES:
+    for family in families:
         wait = fastest_wait(samples, family)
         if wait is not None:
             samples[family] = list(samples[wait_key(family, wait)])

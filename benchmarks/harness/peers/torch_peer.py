@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from ..engine import LAUNCH_BATCH
+from vyre_cuda.profile.engine import LAUNCH_BATCH
 
 __all__ = ["TorchPeer", "start"]
 

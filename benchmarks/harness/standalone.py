@@ -25,9 +25,20 @@ import shutil
 import subprocess
 import tempfile
 
-from ..errors import BackendError, UnsupportedFeature
+from vyre_cuda.errors import BackendError, UnsupportedFeature
 
-__all__ = ["GRAPH_SKIP", "GROUP", "SERIES", "SOURCE", "StandaloneFloor", "build", "compiler", "find_libcuda"]
+__all__ = [
+    "open_standalone",
+    "GRAPH_SKIP",
+    "GROUP",
+    "SERIES",
+    "SERIES_FAMILIES",
+    "SOURCE",
+    "StandaloneFloor",
+    "build",
+    "compiler",
+    "find_libcuda",
+]
 
 SOURCE = pathlib.Path(__file__).with_name("standalone_floor.c")
 # the program's series names -> the profile's series keys
@@ -35,6 +46,7 @@ SERIES = {
     **{w: f"floor.standalone.{w}" for w in ("spin", "event", "stream")},
     **{f"graph.{w}": f"floor.standalone_graph.{w}" for w in ("spin", "event", "stream")},
 }
+SERIES_FAMILIES = ("floor.standalone", "floor.standalone_graph")  # the fastest wait of each (tight.add_fastest)
 # the names the profile's ``skipped`` gives the process, and its graph replay alone
 GROUP = "standalone floor"
 GRAPH_SKIP = "standalone floor graph"
@@ -78,7 +90,7 @@ def find_libcuda() -> str | None:
 
 
 def _folder() -> pathlib.Path:
-    from ..compile.cache import cache_dir
+    from vyre_cuda.compile.cache import cache_dir
 
     return cache_dir() / "floor"
 
@@ -253,3 +265,14 @@ class StandaloneFloor:
     def __del__(self):
         with contextlib.suppress(Exception):
             self.close()
+
+
+def open_standalone(image, nbytes, device, skipped) -> StandaloneFloor | None:
+    """The standalone floor process for ``nbytes``, or None with the reason in
+    ``skipped["standalone floor"]`` (no C compiler, no driver library, a failed start)."""
+    try:
+        return StandaloneFloor(image, nbytes, device, skipped=skipped)
+    except (BackendError, OSError) as exc:
+        reason = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        skipped[GROUP] = reason.splitlines()[0]
+        return None

@@ -47,13 +47,14 @@ import warnings
 
 import numpy as np
 
-from ..errors import ValidationError, driver_error
-from . import engine
+from vyre_cuda.errors import ValidationError, driver_error
+from vyre_cuda.profile import engine
+from vyre_cuda.profile.session import import_floor, meta, open_backend
+from vyre_cuda.profile.specs import KIB, MIB
+from vyre_cuda.profile.stats import median, summarize
+
 from .peers import missing_reason, open_peer, peer_available
-from .report import PatternResult
-from .session import import_floor, meta, open_backend
-from .specs import KIB, MIB
-from .stats import median, summarize
+from .records import PatternResult
 
 __all__ = [
     "DEFAULTS",
@@ -114,7 +115,7 @@ _SMALLEST = re.compile(r"device_memory_budget\s*>=\s*([0-9][0-9,_]*)")
 
 def spin_program():
     """The long kernel: spins ``inputs[0][0]`` nanoseconds on the GPU, then writes 32 ones."""
-    from ..program import BufferDecl, Kernel, Program
+    from vyre_cuda.program import BufferDecl, Kernel, Program
 
     decls = (BufferDecl.read("ns", 0, "u64", 1), BufferDecl.output("out", 1, "u32", SPIN_OUTPUTS))
     return Program(Kernel.cuda(SPIN_SOURCE), decls, name=SPIN_NAME)
@@ -318,7 +319,7 @@ class _Small:
 
     def dropped_device(self):
         """dispatch_async on vyre_cuda DeviceArrays, the output named, the handle dropped at once."""
-        from ..config import DispatchConfig
+        from vyre_cuda.config import DispatchConfig
 
         backend, program, steps = self.backend, self.program, self.settings.steps
         made = DispatchConfig(outputs="device")
@@ -348,7 +349,7 @@ class _Small:
     # -- the README's chain and the peers' chains
     def vyre_chain(self, cp, stream, x, y, kept):
         """The README's chain on ``stream`` (a CuPy Stream object in the config)."""
-        from ..config import DispatchConfig
+        from vyre_cuda.config import DispatchConfig
 
         key = CHAIN_KEYS[0] if kept else CHAIN_KEYS[1]
         program, steps, dispatch_async = self.program, self.settings.steps, self.backend.dispatch_async
@@ -625,7 +626,8 @@ def measure_budgets(backend, program, settings, rng, progress=None) -> tuple:
     """The budget sweep of ``program`` (the built-in vecadd) declared elementwise: ``(budgets,
     stop)``, ``budgets`` a list of dicts (unbudgeted first, then each budget measured, largest
     first) and ``stop`` why the sweep stopped. See the module's description."""
-    from ..config import DispatchConfig
+    from vyre_cuda.config import DispatchConfig
+
     from .streamed import elementwise_twin
 
     twin = elementwise_twin(program)
@@ -731,7 +733,7 @@ def measure_patterns(
     ``source`` (the floor's vecadd, entry ``entry``) when ``peers``: a
     :class:`~vyre_cuda.profile.report.PatternResult`. ``settings`` (:class:`Settings`, default
     :data:`DEFAULTS`) sizes each measurement. A pattern that fails is skipped with its reason."""
-    from .. import builtin_programs
+    from vyre_cuda import builtin_programs
 
     s = DEFAULTS if settings is None else settings
     rng = np.random.default_rng(0) if rng is None else rng
@@ -781,11 +783,11 @@ def run_patterns(
     *, device=0, backend=None, backend_options=None, peers=True, rounds=5, progress=None, seed=0, settings=None
 ):
     """Only the patterns, as a :class:`~vyre_cuda.profile.ProfileReport` with no sizes (their
-    targets included): ``vyre-cuda profile --patterns-only``."""
+    targets included): ``bench_dispatch.py --only patterns``."""
     import datetime
 
     from .peers import PEERS, peer_version
-    from .report import ProfileReport
+    from .records import BenchReport
     from .targets import evaluate_pattern_targets
 
     if backend is not None and backend_options:
@@ -824,4 +826,4 @@ def run_patterns(
     finally:
         if owned:
             backend.close()
-    return ProfileReport(meta=run_meta, sizes=[], targets=evaluate_pattern_targets(result), patterns=result)
+    return BenchReport(meta=run_meta, sizes=[], targets=evaluate_pattern_targets(result), patterns=result)

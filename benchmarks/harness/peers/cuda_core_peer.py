@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import driver_error
-from ..engine import LAUNCH_BATCH
+from vyre_cuda.errors import driver_error
+from vyre_cuda.profile.engine import LAUNCH_BATCH
 
 __all__ = ["CudaCorePeer", "import_cuda_core", "start"]
 

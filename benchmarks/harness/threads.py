@@ -14,12 +14,13 @@ import time
 
 import numpy as np
 
-from ..errors import ValidationError
-from .engine import WrongResult
-from .report import ThreadScaling
-from .runners import make_inputs
-from .stats import median, throughput
-from .tight import WAITS
+from vyre_cuda.errors import ValidationError
+from vyre_cuda.profile.engine import WrongResult
+from vyre_cuda.profile.runners import make_inputs
+from vyre_cuda.profile.stats import median
+from vyre_cuda.profile.tight import WAITS
+
+from .records import ThreadScaling, throughput
 
 __all__ = ["floor_threaded", "measure_threads"]
 
@@ -59,8 +60,7 @@ def _finished(spans: list[tuple[int, int] | None]) -> list[tuple[int, int]]:
 def floor_threaded(floor_module, kernel, n, threads, iterations, warmup=0, seed=0, wait=None):
     """``threads`` Python threads, each running its own ``Floor`` (own stream, buffers,
     staging, event) for ``iterations`` full pinned dispatches with the GIL released for the loop;
-    with ``wait`` (one of ``WAITS``), tight round trips with that wait instead
-    (``Floor.run_fixed_tight``).
+    with ``wait`` (one of ``WAITS``), tight round trips with that wait instead (``Floor.tight``).
 
     Setup and warm-up happen before a barrier; the timed window runs from the earliest loop
     start to the latest loop end. Returns a dict with ``threads``, ``iterations`` (per
@@ -89,10 +89,13 @@ def floor_threaded(floor_module, kernel, n, threads, iterations, warmup=0, seed=
             floor = floors[index]
             a, b, out = data[index]
 
-            def run(count):
+            def run(count):  # each loop releases the GIL for its whole run; its span on the same clock
+                t0 = time.perf_counter_ns()
                 if wait is None:
-                    return floor.run_fixed(a, b, out, count)
-                return floor.run_fixed_tight(a, b, out, count, wait=wait)
+                    floor.full_pinned(a, b, out, count)
+                else:
+                    floor.tight(a, b, out, count, wait=wait)
+                return t0, time.perf_counter_ns()
 
             if warmup:
                 run(warmup)

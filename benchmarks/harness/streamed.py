@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from .engine import Runner
-from .specs import MIB
+from vyre_cuda.profile.engine import Runner
+from vyre_cuda.profile.specs import MIB
 
 __all__ = [
     "HEAVY_SIZE",
@@ -65,7 +65,7 @@ def elementwise_twin(program):
 def heavy_program(steps: int = HEAVY_STEPS):
     """The compute-heavy elementwise kernel: ``out = x`` after ``x = __sinf(x) + b``, ``steps``
     times from ``x = a``."""
-    from ..program import BufferDecl, Kernel, Program
+    from vyre_cuda.program import BufferDecl, Kernel, Program
 
     decls = (BufferDecl.read("a", 0, "f32"), BufferDecl.read("b", 1, "f32"), BufferDecl.output("out", 2, "f32"))
     source = HEAVY_SRC.replace("STEPS", str(int(steps)))
@@ -107,7 +107,7 @@ def planner_route(backend, twin, inputs) -> dict:
 
 
 def _streamed_config():
-    from ..config import DispatchConfig
+    from vyre_cuda.config import DispatchConfig
 
     return DispatchConfig(streamed=True)
 
@@ -163,7 +163,7 @@ def heavy_runners(backend, plain, twin, a, b, rng, locked, steps: int = HEAVY_ST
     """The heavy rows on inputs made from ``a`` and ``b`` (:func:`heavy_inputs`):
     ``locked(arrays)`` makes page-locked copies. ``plain`` (the serial vecadd) uploads the
     device-resident inputs of ``vyre.heavy_compute`` as ``x + 0`` with ``outputs="device"``."""
-    from ..config import DispatchConfig
+    from vyre_cuda.config import DispatchConfig
 
     heavy = heavy_program(steps)
     ha, hb = heavy_inputs(a, b)

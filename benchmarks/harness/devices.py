@@ -1,4 +1,4 @@
-"""The multi-GPU scaling row of ``vyre-cuda profile --devices 0,1``.
+"""The multi-GPU scaling row of ``benchmarks/bench_dispatch.py --devices 0,1``.
 
 The same batch of independent vecadd dispatches runs through ``DeviceGroup.map`` on the first
 listed device alone, then on every listed device; the row reports both throughputs (dispatches
@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import builtin_programs
+from vyre_cuda import builtin_programs
 
 __all__ = ["measure_device_scaling", "format_device_scaling", "parse_devices"]
 
 
 def parse_devices(text: str) -> tuple:
     """``"0,1"`` -> ``(0, 1)``; refuses anything but distinct non-negative ordinals."""
-    from ..errors import ValidationError
+    from vyre_cuda.errors import ValidationError
 
     try:
         devices = tuple(int(part) for part in text.split(",") if part.strip())
@@ -28,15 +28,14 @@ def parse_devices(text: str) -> tuple:
         devices = ()
     if not devices or len(set(devices)) != len(devices) or min(devices) < 0:
         raise ValidationError(
-            f"--devices wants distinct device ordinals separated by commas (got {text!r})",
-            "pass e.g. --devices 0,1",
+            f"--devices wants distinct device ordinals separated by commas (got {text!r})", "pass e.g. --devices 0,1"
         )
     return devices
 
 
 def measure_device_scaling(devices, nbytes: int = 64 << 20, items: int = 32, passes: int = 3, seed: int = 0) -> dict:
     """Throughput of ``items`` vecadd dispatches of ``nbytes`` per buffer: first device vs all."""
-    from ..group import DeviceGroup
+    from vyre_cuda.group import DeviceGroup
 
     program = builtin_programs.vecadd_f32()
     rng = np.random.default_rng(seed)

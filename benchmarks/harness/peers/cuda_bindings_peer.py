@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from ...errors import driver_error
-from ..engine import LAUNCH_BATCH
+from vyre_cuda.errors import driver_error
+from vyre_cuda.profile.engine import LAUNCH_BATCH
 
 __all__ = ["CudaBindingsPeer", "start"]
 

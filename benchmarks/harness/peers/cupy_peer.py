@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
-from ...program import BindingRole
-from ..engine import LAUNCH_BATCH
+from vyre_cuda.profile.engine import LAUNCH_BATCH
+from vyre_cuda.program import BindingRole
 
 __all__ = ["CupyPeer", "start"]
 

@@ -9,10 +9,15 @@ hardware needs for those bytes).
 
 from __future__ import annotations
 
-from . import systems, tight
-from .report import Target
-from .specs import KIB, MIB, format_size
-from .stats import ratio
+from vyre_cuda.profile import systems, tight
+from vyre_cuda.profile.specs import KIB, MIB, format_size
+from vyre_cuda.profile.stats import ratio
+
+from .records import Target, budget_name, pattern_label
+from .standalone import GROUP as STANDALONE_GROUP
+from .standalone import SERIES_FAMILIES
+
+STANDALONE, STANDALONE_GRAPH = SERIES_FAMILIES
 
 __all__ = [
     "BANDWIDTH_MIN",
@@ -555,7 +560,7 @@ def evaluate_pattern_targets(patterns) -> list:
     """The targets of a :class:`~vyre_cuda.profile.report.PatternResult` (None: none)."""
     if patterns is None:
         return []
-    label = systems.pattern_label
+    label = pattern_label
     nbytes = patterns.settings.get("nbytes")
     out = []
     for key, (row, ref, limit) in PATTERN_LIMITS.items():
@@ -586,7 +591,7 @@ def evaluate_pattern_targets(patterns) -> list:
         target = Target(
             "budget_min_rate",
             f"streamed vecadd from numpy: slowest device_memory_budget's GB/s / unbudgeted GB/s "
-            f"(the slowest: {systems.budget_name(slowest['budget'])}, of {len(patterns.budgets) - 1} budgets)",
+            f"(the slowest: {budget_name(slowest['budget'])}, of {len(patterns.budgets) - 1} budgets)",
             slowest["gbps"] / unbudgeted["gbps"],
             BUDGET_MIN_RATE,
             ">=",
@@ -784,8 +789,8 @@ def _tight_targets(s) -> list:
     matched = Target(
         "floor_vs_standalone",
         f"{label}: tight floor in this process / the same calls in a standalone C process"
-        + _not_measured(s, tight.STANDALONE, tight.STANDALONE_GROUP),
-        s.ratio(tight.TIGHT, tight.STANDALONE),
+        + _not_measured(s, STANDALONE, STANDALONE_GROUP),
+        s.ratio(tight.TIGHT, STANDALONE),
         high,
         "<=",
         s.nbytes,
@@ -795,19 +800,19 @@ def _tight_targets(s) -> list:
     if matched.met is False:
         matched.note = (
             f"the tight floor took {_with_wait(s, tight.TIGHT)} in this process and "
-            f"{_with_wait(s, tight.STANDALONE)} in the standalone process"
+            f"{_with_wait(s, STANDALONE)} in the standalone process"
         )
-        if graph is not None and s.median(tight.STANDALONE_GRAPH) is not None:
+        if graph is not None and s.median(STANDALONE_GRAPH) is not None:
             matched.note += (
-                f"; as a graph replay {_with_wait(s, tight.TIGHT_GRAPH)} and {_with_wait(s, tight.STANDALONE_GRAPH)}"
+                f"; as a graph replay {_with_wait(s, tight.TIGHT_GRAPH)} and {_with_wait(s, STANDALONE_GRAPH)}"
             )
     out = [headline, replayed, matched]
-    if s.median(tight.TIGHT_GRAPH) is not None and s.median(tight.STANDALONE_GRAPH) is not None:
+    if s.median(tight.TIGHT_GRAPH) is not None and s.median(STANDALONE_GRAPH) is not None:
         out.append(
             Target(
                 "floor_graph_vs_standalone",
                 f"{label}: tight graph floor in this process / the same replay in a standalone C process",
-                s.ratio(tight.TIGHT_GRAPH, tight.STANDALONE_GRAPH),
+                s.ratio(tight.TIGHT_GRAPH, STANDALONE_GRAPH),
                 None,
                 "report",
                 s.nbytes,
