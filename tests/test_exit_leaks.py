@@ -14,7 +14,7 @@ from helpers import scenarios
 CHILD = scenarios.FAKECUDA / "exit_child.py"
 
 
-@pytest.mark.parametrize("shape", ["closed", "open", "cycle", "leaked_ref"])
+@pytest.mark.parametrize("shape", ["closed", "open", "open_dropped", "cycle", "leaked_ref"])
 def test_nothing_allocated_after_exit(shape, fake_libcuda, tmp_path_factory):
     report = pathlib.Path(tmp_path_factory.mktemp("exit")) / "left.txt"
     result = scenarios.run_child([CHILD, shape], fake_libcuda, tmp_path_factory, env={"FAKE_CUDA_EXIT_REPORT": report})

@@ -390,6 +390,8 @@ def test_bench_dispatch_writes_json_and_compares_with_its_stored_result(fake_dev
                 "4",
                 "--warmup",
                 "1",
+                "--no-peers",  # (the fake device's context is no real one: a peer would use it)
+                "--no-threads",
                 "--sizes",
                 "4KiB",
                 "--host-threads",
@@ -403,7 +405,12 @@ def test_bench_dispatch_writes_json_and_compares_with_its_stored_result(fake_dev
     # the stored result is the baseline by default
     assert data["meta"]["baseline"]["commit"] == _stored_report().meta["commit"]
     assert "4 KiB per buffer" in capsys.readouterr().out
-    assert bench.main(["--out", str(out), "--iterations", "4", "--sizes", "4KiB", "--no-baseline"]) == 0
+    assert (
+        bench.main(
+            ["--out", str(out), "--iterations", "4", "--no-peers", "--no-threads", "--sizes", "4KiB", "--no-baseline"]
+        )
+        == 0
+    )
     assert "baseline" not in json.loads(out.read_text())["meta"]
     assert set(bench.BENCHES) == {"small", "large", "bandwidth", "streamed", "device", "threads", "patterns"}
     assert bench.main(["--out", str(out), "--sizes", "4KiB", "--baseline", str(tmp_path / "none.json")]) == 1

@@ -1,4 +1,4 @@
-"""The patterns users are taught (vyre_cuda.profile.patterns) without a GPU: every row end to end on
+"""The patterns users are taught (benchmarks/harness/patterns.py) without a GPU: every row end to end on
 the fake backend and the faked peers' libraries, each output checked against numpy, the targets
 under their keys, a peer not installed giving no row and no target, the budget sweep's stops, the
 report, the table, ``vyre-cuda profile --patterns-only / --no-patterns`` and bench_dispatch.py."""

@@ -18,7 +18,8 @@ def test_draws(rng):
 
 
 def _run(folder, seed=None):
-    env = {k: v for k, v in os.environ.items() if k != "VYRE_CUDA_TEST_SEED"}
+    # (the child runs all of its own tests: no seed, and no shard of scripts/gpu-check's run)
+    env = {k: v for k, v in os.environ.items() if k not in ("VYRE_CUDA_TEST_SEED", "VYRE_CUDA_TEST_SHARD")}
     if seed is not None:
         env["VYRE_CUDA_TEST_SEED"] = seed
     return subprocess.run(

@@ -49,7 +49,8 @@ def _run(tmp_path, *args, source=TINY):
     folder.mkdir()
     (folder / "test_tiny.py").write_text(source)
     shutil.copy(TESTS / "conftest.py", folder / "conftest.py")
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    # (the child runs all of its own tests: not a shard of scripts/gpu-check's run)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "VYRE_CUDA_TEST_SHARD")}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, str(folder)],
         cwd=tmp_path,

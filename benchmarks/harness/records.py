@@ -224,7 +224,7 @@ class ThreadScaling:
 @dataclass
 class PatternResult:
     """The patterns users are taught, measured beside their peers in the same run
-    (:mod:`vyre_cuda.profile.patterns`).
+    (benchmarks/harness/patterns.py).
 
     ``systems`` holds a :class:`Summary` (ns) per series: per chain step, per call, per await or
     per dispatch of a gather (labels: ``systems.pattern_label``). ``values`` holds the other
@@ -340,7 +340,7 @@ def thread_lines(report) -> list:
 
 
 def pattern_lines(report) -> list:
-    """The patterns users are taught (:mod:`vyre_cuda.profile.patterns`): their series, the idle
+    """The patterns users are taught (benchmarks/harness/patterns.py): their series, the idle
     CPU of a long await, the device_memory_budget sweep and what was skipped."""
     p = report.patterns
     if p is None:

@@ -543,7 +543,7 @@ def _versus_issued(s) -> Target:
     return target
 
 
-# -- the patterns users are taught (vyre_cuda.profile.patterns) --------------------------------
+# -- the patterns users are taught (benchmarks/harness/patterns.py) --------------------------------
 # key -> (series, reference series, limit): ratios of medians, evaluated where both were measured
 # (a peer not installed gives no target).
 PATTERN_LIMITS = {

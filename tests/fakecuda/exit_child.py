@@ -3,7 +3,8 @@ script leaves behind: ``python exit_child.py SHAPE``. The fake driver writes wha
 allocated after the process has finalized (FAKE_CUDA_EXIT_REPORT); the test reads it.
 
 Shapes: ``closed`` (``with CudaBackend(0)``, a page-locked array kept in a global),
-``open`` (the backend never closed), ``cycle`` (the array held by a reference cycle with a
+``open`` (the backend never closed), ``open_dropped`` (never closed, its last dispatch_async
+handle dropped at once), ``cycle`` (the array held by a reference cycle with a
 finalizer-free object that the last collection runs after module teardown), ``leaked_ref``
 (an extra reference the interpreter never drops, as a C library's cache would keep)."""
 
@@ -40,6 +41,10 @@ if shape == "closed":
 elif shape == "open":
     gpu = vc.CudaBackend(0)
     dispatch_once(gpu, a, b)
+elif shape == "open_dropped":
+    gpu = vc.CudaBackend(0)
+    dispatch_once(gpu, a, b)
+    gpu.dispatch_async(VECADD, [a, b])  # dropped at once: its work waits on the deferred list
 elif shape == "cycle":
     with vc.CudaBackend(0) as gpu:
         dispatch_once(gpu, a, b)

@@ -453,8 +453,9 @@ def test_device_scaling_row_on_the_visible_devices():
 def test_streamed_and_heavy_rows_on_the_gpu(backend, rng):
     # The rows the harness adds at large sizes, run here at 16 MiB (2 chunks of 8 MiB: the
     # planner streams it unforced) with few samples; each row's check against numpy runs.
+    from benchmarks.harness import streamed
     from vyre_cuda import builtin_programs
-    from vyre_cuda.profile import engine, runners, streamed
+    from vyre_cuda.profile import engine, runners
 
     plain = builtin_programs.vecadd_f32()
     twin = streamed.elementwise_twin(plain)
