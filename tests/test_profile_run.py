@@ -124,7 +124,8 @@ def test_run_rounds_non_group_failure_propagates():
 def _fresh_python(code):
     """Run ``code`` in a fresh interpreter on this vyre_cuda, with no device visible."""
     env = {
-        "PYTHONPATH": str(pathlib.Path(vyre_cuda.__file__).resolve().parents[1]),
+        # the package under test first, then the checkout for benchmarks/harness (not in the wheel)
+        "PYTHONPATH": os.pathsep.join([str(pathlib.Path(vyre_cuda.__file__).resolve().parents[1]), str(ROOT)]),
         "CUDA_VISIBLE_DEVICES": "",
         "PATH": "/usr/bin:/bin",
     }

@@ -134,7 +134,10 @@ def child_env(libdir: pathlib.Path, **extra) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1", FAKE_CUDA_DEVICES="1", VYRE_CUDA_GRAPH_TRIAL="0")
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libdir), env.get("LD_LIBRARY_PATH")]))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(TESTS_DIR), env.get("PYTHONPATH")]))
+    # the checkout (for benchmarks/harness, not in the wheel) comes after the package under test,
+    # so that its unbuilt vyre_cuda/ never shadows an installed one
+    path = [str(root), str(TESTS_DIR), str(TESTS_DIR.parent), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, path))
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
