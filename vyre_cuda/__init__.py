@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     # the lazy names below, typed for checkers; at run time __getattr__ imports each at first use
     from . import builtin_programs, tracing, tuning
     from ._devarray import DeviceArray
+    from ._hostreg import AutoRegister, registered_stats, set_registered_budget
     from ._waits import PendingDispatch
     from .backend import CudaBackend, driver_status, reset_device
     from .group import DeviceGroup
@@ -72,6 +73,7 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "ArraySpec",
+    "AutoRegister",
     "BackendError",
     "BindingRole",
     "BufferAccess",
@@ -103,7 +105,9 @@ __all__ = [
     "pinned_like",
     "pinned_zeros",
     "plan",
+    "registered_stats",
     "reset_device",
+    "set_registered_budget",
     "tracing",
     "tuning",
 ]
@@ -128,6 +132,9 @@ _LAZY = {
     "plan": ("offline", "plan"),
     "ArraySpec": ("offline", "ArraySpec"),
     "DeviceCaps": ("planning.caps", "DeviceCaps"),
+    "AutoRegister": ("_hostreg", "AutoRegister"),
+    "registered_stats": ("_hostreg", "registered_stats"),
+    "set_registered_budget": ("_hostreg", "set_registered_budget"),
 }
 
 

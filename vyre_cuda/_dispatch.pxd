@@ -64,6 +64,7 @@ cdef class Core:
     cdef public int trace  # TRACE_LOG | TRACE_NVTX bits; 0: untraced (the hot path's one test)
     cdef object logger
     cdef public int device
+    cdef public object auto_hook  # the automatic registration policy's (obj, address, nbytes) hook; None: off
 
     cdef int _check_usable(self) except -1
     cdef int _enter(self) except -1
@@ -78,6 +79,7 @@ cdef class Core:
     cdef int _begin(self, PendingDispatch d, config, list into, bint want_done, bint timed,
                     unsigned long long* marks) except -1
     cdef void _settled(self) noexcept
+    cdef int _sight(self, PendingDispatch d, list into) except -1
     cdef void _run_on_settled(self) noexcept
     cdef int _reclaim(self, bint every, bint wait) except -1
     cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1

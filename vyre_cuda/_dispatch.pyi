@@ -21,6 +21,7 @@ class Core:
     on_settled: Any
     trace: int
     device: int
+    auto_hook: Callable[[Any, int | None, int | None], None] | None
     def __init__(
         self,
         ctx: int,

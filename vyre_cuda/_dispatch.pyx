@@ -47,7 +47,7 @@ from ._pools cimport lock_with_gil
 from ._driver cimport now_ns
 from ._resources cimport Resources, InFlight
 from ._transfer cimport TransferEngine
-from ._windows cimport page_locked
+from ._windows cimport auto_registered, page_locked
 from ._prepared cimport Prepared, ResidentBlocks
 from ._devview cimport DevView
 from ._deferred cimport Deferred, DeferredWork
@@ -90,6 +90,7 @@ cdef class Core:
         import logging
         self.logger = logging.getLogger("vyre_cuda")
         self.device = device
+        self.auto_hook = None
         memset(self.tel, 0, sizeof(self.tel))
 
     def __dealloc__(self):
@@ -420,15 +421,34 @@ cdef class Core:
         if p.ring:
             self.resources.xfer.ensure_ring()
         if p.ring and not d.compact:  # (a params-only dispatch copies nothing through the ring)
+            if self.auto_hook is not None:  # before they are asked whether they are page-locked
+                self._sight(d, into)
             self.resources.xfer.wake()  # the copy threads wake while the rest is set up
             with nogil:
                 for i in range(n):
-                    if page_locked(d.views[i].buf, d.views[i].len):
+                    # an async dispatch copies what only the automatic policy page-locked before it
+                    # returns, as it would pageable memory: the caller may reuse it at once
+                    if page_locked(d.views[i].buf, d.views[i].len) and not (
+                            want_done and auto_registered(d.views[i].buf, d.views[i].len)):
                         d.direct[i] = 1
                         d.any_direct = True
         if p.timeout is not None:
             d.deadline = now_ns() + timeout_ns(p.timeout)
             d.wait_timeout = p.timeout
+        return 0
+
+    cdef int _sight(self, PendingDispatch d, list into) except -1:
+        """The automatic registration policy sees this dispatch's host buffers (a buffer it
+        registers, or holds registered, moves by direct DMA: see _hostreg)."""
+        cdef size_t i
+        hook = self.auto_hook
+        for i in range(d.views.size()):
+            if d.views[i].obj is not None:
+                hook(d.views[i].obj, <uintptr_t>d.views[i].buf, <size_t>d.views[i].len)
+        if into is not None:
+            for k in range(len(into)):
+                if d.out_checked is None or d.out_checked[k] is None:  # a host output
+                    hook(into[k], None, None)
         return 0
 
     cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1:

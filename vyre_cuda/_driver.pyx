@@ -327,23 +327,31 @@ def occupancy_blocks_per_sm(uintptr_t function, int block_threads, size_t shared
     return blocks
 
 
-def host_register(uintptr_t address, size_t nbytes):
-    """Page-lock [address, address + nbytes) for DMA (portable to every context)."""
-    cdef cydriver.CUresult status
+def host_register(uintptr_t ctx, uintptr_t address, size_t nbytes):
+    """cuMemHostRegister of [address, address + nbytes), portable to every context, with ``ctx``
+    pushed (this thread's current context is left as it was). Returns the status: a refusal is the
+    caller's to fall back from."""
+    cdef cydriver.CUresult st
+    cdef cydriver.CUcontext prev
     with nogil:
-        status = cydriver.cuMemHostRegister(<void*>address, nbytes, cydriver.CU_MEMHOSTREGISTER_PORTABLE)
-    if status == cydriver.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
-        from .errors import ValidationError
-        raise ValidationError(
-            f"the {nbytes:,}-byte buffer at 0x{address:x} overlaps memory that is already page-locked",
-            "use it as it is (page-locked memory is already DMA'd directly), or register it once",
-        )
-    check_cu(status, b"cuMemHostRegister")
+        st = cydriver.cuCtxPushCurrent(<cydriver.CUcontext>ctx)
+        if st == cydriver.CUDA_SUCCESS:
+            st = cydriver.cuMemHostRegister(<void*>address, nbytes, cydriver.CU_MEMHOSTREGISTER_PORTABLE)
+            cydriver.cuCtxPopCurrent(&prev)
+    return <int>st
 
 
-def host_unregister(uintptr_t address):
+def host_unregister(uintptr_t ctx, uintptr_t address):
+    """cuMemHostUnregister of the range registered at ``address``, with ``ctx`` pushed. Returns the
+    status."""
+    cdef cydriver.CUresult st
+    cdef cydriver.CUcontext prev
     with nogil:
-        check_cu(cydriver.cuMemHostUnregister(<void*>address), b"cuMemHostUnregister")
+        st = cydriver.cuCtxPushCurrent(<cydriver.CUcontext>ctx)
+        if st == cydriver.CUDA_SUCCESS:
+            st = cydriver.cuMemHostUnregister(<void*>address)
+            cydriver.cuCtxPopCurrent(&prev)
+    return <int>st
 
 
 def function_max_threads(uintptr_t function):

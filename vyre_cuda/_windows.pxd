@@ -39,6 +39,7 @@ cdef struct Piece:
 
 
 cdef bint page_locked(const void* ptr, size_t nbytes) noexcept nogil
+cdef bint auto_registered(const void* ptr, size_t nbytes) noexcept nogil
 cdef size_t window_bytes(size_t total, size_t chunk) noexcept nogil
 cdef size_t readback_window_bytes(size_t total, size_t chunk) noexcept nogil
 cdef bint next_upload_window(Cursor* c, const Source* sources, size_t n_sources, const char* direct,

@@ -8,8 +8,13 @@ Pure C (no driver call but the pointer-attribute query, no state but the minimum
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE
 from libc.stdint cimport uintptr_t
+from libcpp.mutex cimport mutex
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
+
+cdef extern from "_atomic.hpp" namespace "vyre" nogil:
+    int a_load "vyre::load"(const int* p)
+    void a_store "vyre::store"(int* p, int v)
 
 cdef enum:
     WINDOW_ALIGN = 64 << 10
@@ -50,6 +55,54 @@ cdef bint page_locked(const void* ptr, size_t nbytes) noexcept nogil:
     if cydriver.cuPointerGetAttributes(2, attrs, data, <cydriver.CUdeviceptr>(p + nbytes - 1)) != cydriver.CUDA_SUCCESS:
         return False
     return memtype == cydriver.CU_MEMORYTYPE_HOST and buffer_id != 0 and buffer_id == last_id
+
+
+# The ranges vyre_cuda registered only by a backend's automatic policy (_hostreg keeps this list):
+# the caller did not ask for them to be page-locked, so an async dispatch still copies them before
+# it returns (the caller may reuse a pageable input at once), where a page-locked one is read by
+# DMA while the dispatch runs.
+cdef mutex _auto_mu
+cdef vector[uintptr_t] _auto_spans  # start, end, start, end, ...
+cdef int _auto_count = 0  # atomic: the fast test when the policy registered nothing
+
+
+cdef bint auto_registered(const void* ptr, size_t nbytes) noexcept nogil:
+    """Whether [ptr, ptr + nbytes) overlaps a range registered only by the automatic policy."""
+    cdef uintptr_t p = <uintptr_t>ptr
+    cdef size_t k
+    cdef bint hit = False
+    if a_load(&_auto_count) == 0 or nbytes == 0:
+        return False
+    _auto_mu.lock()
+    k = 0
+    while k < _auto_spans.size():
+        if _auto_spans[k] < p + nbytes and p < _auto_spans[k + 1]:
+            hit = True
+            break
+        k += 2
+    _auto_mu.unlock()
+    return hit
+
+
+def set_auto_registered(spans):
+    """Publish the ranges registered only by the automatic policy: (start, end) pairs."""
+    cdef vector[uintptr_t] flat
+    for start, end in spans:
+        flat.push_back(start)
+        flat.push_back(end)
+    with nogil:
+        _auto_mu.lock()
+        _auto_spans.swap(flat)
+        a_store(&_auto_count, <int>(_auto_spans.size() // 2))
+        _auto_mu.unlock()
+
+
+def is_auto_registered(uintptr_t address, size_t nbytes):
+    """Python view of :func:`auto_registered` (for tests)."""
+    cdef bint r
+    with nogil:
+        r = auto_registered(<const void*>address, nbytes)
+    return r
 
 
 def buffer_span(obj, bint writable=True):

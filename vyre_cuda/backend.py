@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
-from . import _driver, tuning
+from . import _driver, _hostreg, tuning
 from ._plan_miss import PlanMiss
 from ._validate import check_int, check_size
 from .compile.modules import ModuleCache
@@ -121,6 +121,7 @@ def reset_device(device: int = 0) -> None:
     hostmem = sys.modules.get("vyre_cuda.hostmem")
     if hostmem is not None:
         hostmem._forget_pinned_pool(device)
+    _hostreg.REGISTRY.forget_device(device)  # (registrations die with the context)
     try:
         _driver.reset_primary_context(device)
         # prove a fresh context can be made, so the caller learns now, not at the next dispatch
@@ -165,6 +166,12 @@ class CudaBackend:
         ``"nvtx"``: NVTX ranges per dispatch and per stage (Nsight Systems); ``"log"``: one log
         line per blocking dispatch with its stage times; ``True``: both; None reads
         ``VYRE_CUDA_TRACE`` (see :mod:`vyre_cuda.tracing`). Off costs nothing.
+    auto_register : bool or AutoRegister
+        Register ordinary numpy buffers in place (``cuMemHostRegister``) once they have been
+        seen again often enough for the staging they save to pay for it, so they then move by
+        direct DMA. Off by default; ``True`` uses :class:`AutoRegister`'s defaults. Registered
+        bytes are bounded process-wide (:func:`set_registered_budget`); a buffer is unregistered
+        before numpy frees it, and at :meth:`trim` and :meth:`close`.
 
     Examples
     --------
@@ -190,6 +197,7 @@ class CudaBackend:
         copy_threads: int | None = None,
         output_cache_bytes: int = 4 << 30,
         trace: bool | str | None = None,
+        auto_register: bool | _hostreg.AutoRegister = False,
     ):
         from ._dispatch import Core  # noqa: PLC0415 (the compiled core loads at first use)
 
@@ -202,6 +210,7 @@ class CudaBackend:
             check_size(name, value, fix=f"pass {name}=0 to cache nothing, or a byte count such as 256 << 20")
         chunk_bytes, chunks, threads = _transfer_settings(staging_chunk_bytes, staging_chunks, copy_threads)
         trace_bits = trace_flags(trace)  # before the context is retained: a bad value leaks nothing
+        policy = _auto_policy(auto_register)
         self.device = int(device)
         preload_nvrtc()  # overlaps the driver's start below; the first dispatch needs NVRTC's version
         _driver.init_driver()
@@ -225,6 +234,10 @@ class CudaBackend:
             self._ctx, self._caps.cc, self._caps.driver_version, on_evict=self._core.clear_prepared
         )
         self.telemetry = Telemetry(self._core)
+        core = self._core
+        self._holder = _hostreg.REGISTRY.holder(self._ctx, self.device, lambda: core.outstanding > 0)
+        if policy is not None:
+            core.auto_hook = _auto_hook(_hostreg.REGISTRY, self._holder, policy)
         self._closed = False
         log.debug("CudaBackend(device=%d): %s, cc %s", self.device, self._caps.name, self._caps.cc)
 
@@ -582,41 +595,43 @@ class CudaBackend:
         that dispatches in flight use stays theirs."""
         self._check_open()
         self._core.trim()  # (counted as a call in progress: close() waits for it)
+        _hostreg.REGISTRY.release(self._holder, explicit=False)  # the automatic policy's ranges
         devarray = sys.modules.get("vyre_cuda._devarray")  # (never loaded: no DeviceArray was made)
         if devarray is not None:
             devarray.trim_array_pool(self.device)
 
     @contextlib.contextmanager
-    def register(self, array: OutputT) -> Iterator[OutputT]:
-        """Page-lock a caller-owned buffer for the ``with`` block, so dispatches DMA straight
-        from/to it (no staging copy).
+    def register(self, *arrays: OutputT) -> Iterator[Any]:
+        """Page-lock caller-owned buffers in place for the ``with`` block, so dispatches DMA
+        straight from/to them (no staging copy): ``cudaHostRegister`` with a lifetime.
 
         Registering costs about as much as copying the buffer once (cuMemHostRegister), so it pays
-        for buffers reused across many dispatches. On exit the backend waits for its work in flight
-        (which may still read or write the buffer), then unregisters it.
+        for buffers reused across many dispatches. Each array's page-aligned span is registered
+        (or found registered already: registrations are shared and counted process-wide); while
+        the block lasts the arrays cannot be freed or resized. On exit, once no other hold is
+        left, vyre_cuda waits for the GPU work in flight that may still use them, then unregisters
+        them. A registration the driver or the budget refuses leaves that buffer to staging
+        (results are the same; :func:`vyre_cuda.registered_stats` counts it).
 
-        >>> with backend.register(x):                              # doctest: +SKIP
+        Yields the array (or the tuple of arrays, for several).
+
+        >>> with backend.register(x, out):                         # doctest: +SKIP
         ...     for _ in range(100):
         ...         backend.dispatch_into(prog, [x], [out])
         """
         self._check_open()
-        address, nbytes = _buffer_span(array)
-        if nbytes == 0:
-            yield array
-            return
-        _driver.make_current(self._ctx)
-        _driver.host_register(address, nbytes)
+        if not arrays:
+            raise ValidationError("register() got no array", "pass the arrays to page-lock: backend.register(a, b)")
+        spans = [_buffer_span(a) for a in arrays]  # all checked before any is registered
+        held = []
         try:
-            yield array
+            for a, (address, nbytes) in zip(arrays, spans):
+                if nbytes and _hostreg.REGISTRY.hold(self._holder, a, address, nbytes):
+                    held.append((address, nbytes))
+            yield arrays[0] if len(arrays) == 1 else arrays
         finally:
-            _driver.make_current(self._ctx)
-            if self._core.outstanding:
-                # a dispatch handle's copies may still read or write the buffer: wait for them (a
-                # context synchronize; with none held, nothing of this backend's can still run,
-                # and a graph capture elsewhere on the device is left alone). If the wait fails
-                # the buffer stays registered: unregistered under a DMA, it could be read wrong.
-                _driver.context_synchronize()
-            _driver.host_unregister(address)
+            for address, nbytes in reversed(held):
+                _hostreg.REGISTRY.unhold(self._holder, address, nbytes)
 
     def close(self) -> None:
         """Refuse new work, wait for the calls other threads are running, then free the pools,
@@ -630,6 +645,7 @@ class CudaBackend:
             return
         core = self._core
         core.refuse_new()  # from here on every new call is refused with the closed error
+        core.auto_hook = None  # (it refers to the core: a cycle otherwise)
         while core.busy:  # a short poll, GIL released: Ctrl-C interrupts it
             time.sleep(0.0002)
         if self._closed:  # another thread's close() finished meanwhile
@@ -651,6 +667,7 @@ class CudaBackend:
                 )
             else:
                 core.reclaim_deferred(wait=True)  # dropped handles' work: done now, their blocks back
+                _hostreg.REGISTRY.release(self._holder, explicit=True)  # before the context goes
                 self._free_resources()
                 freed = True
         else:
@@ -740,6 +757,36 @@ class CudaBackend:
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("lost" if self.lost else "open")
         return f"CudaBackend(device={self.device}, {self._caps.name}, {state})"
+
+
+def _auto_policy(value) -> _hostreg.AutoRegister | None:
+    if value is False or value is None:
+        return None
+    if value is True:
+        return _hostreg.AutoRegister()
+    if isinstance(value, _hostreg.AutoRegister):
+        return value
+    raise ValidationError(
+        f"auto_register={value!r} is not a bool or an AutoRegister",
+        "pass auto_register=True, or vc.AutoRegister(min_bytes=...) to tune the policy",
+    )
+
+
+def _auto_hook(registry, holder, policy):
+    """The core's view of the automatic policy: called with each host buffer of a dispatch that
+    crosses the staging ring (address and size None for an output)."""
+    min_bytes = policy.min_bytes
+
+    def sighted(obj, address, nbytes):
+        if address is None:
+            if not isinstance(obj, np.ndarray) or obj.nbytes < min_bytes:
+                return
+            address, nbytes = obj.__array_interface__["data"][0], obj.nbytes
+        elif nbytes < min_bytes:
+            return
+        registry.sighted(holder, policy, obj, address, nbytes)
+
+    return sighted
 
 
 def _buffer_span(obj):

@@ -59,6 +59,9 @@ STATS = (
     "captured_nodes",
     "exec_updates",
     "stream_waits",  # successful cuStreamWaitEvent calls
+    "registered_bytes",  # bytes in live cuMemHostRegister ranges
+    "htod_registered",  # async H2D copies whose source lies in a registered range
+    "dtoh_registered",  # async D2H copies whose destination lies in a registered range
 )
 STATUS = {
     "CUDA_ERROR_INVALID_VALUE": 1,
@@ -69,6 +72,7 @@ STATUS = {
     "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
     "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES": 701,
     "CUDA_ERROR_LAUNCH_FAILED": 719,
+    "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED": 712,
     "CUDA_ERROR_NOT_SUPPORTED": 801,
     "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED": 900,
     "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED": 901,

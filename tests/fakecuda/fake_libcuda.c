@@ -91,6 +91,7 @@ enum {
   CUDA_ERROR_NOT_READY = 600, CUDA_ERROR_ILLEGAL_ADDRESS = 700, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
   CUDA_ERROR_ILLEGAL_INSTRUCTION = 715, CUDA_ERROR_LAUNCH_FAILED = 719,
   CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720, CUDA_ERROR_NOT_SUPPORTED = 801,
+  CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
   CUDA_ERROR_ILLEGAL_STATE = 401, CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910, CUDA_ERROR_UNKNOWN = 999,
 };
@@ -148,7 +149,7 @@ enum {
   S_LAUNCHES, S_COOP_LAUNCHES, S_HTOD, S_DTOH, S_MEMSETS, S_CTX_REFS, S_VIOLATIONS,
   S_DEVICE_ALLOC_CALLS, S_HOST_ALLOC_CALLS, S_STREAM_CREATES, S_EVENT_CREATES, S_SYNCS, S_NO_CONTEXT,
   S_REGISTERED, S_POOLS, S_DTOD, S_GRAPHS, S_GRAPH_EXECS, S_GRAPH_LAUNCHES, S_CAPTURED_NODES, S_EXEC_UPDATES, S_STREAM_WAITS,
-  N_STATS
+  S_REGISTERED_BYTES, S_HTOD_REGISTERED, S_DTOH_REGISTERED, N_STATS
 };
 static long long stats[N_STATS];
 static char last_violation[512];
@@ -274,6 +275,7 @@ const char* fake_cuda_last_violation(void) { return last_violation; }
 void fake_cuda_reset_counters(void) {
   pthread_mutex_lock(&lock);
   stats[S_LAUNCHES] = stats[S_COOP_LAUNCHES] = stats[S_HTOD] = stats[S_DTOH] = stats[S_MEMSETS] = 0;
+  stats[S_HTOD_REGISTERED] = stats[S_DTOH_REGISTERED] = 0;
   stats[S_VIOLATIONS] = stats[S_DEVICE_ALLOC_CALLS] = stats[S_HOST_ALLOC_CALLS] = 0;
   stats[S_STREAM_CREATES] = stats[S_EVENT_CREATES] = stats[S_SYNCS] = 0;
   stats[S_GRAPH_LAUNCHES] = stats[S_CAPTURED_NODES] = stats[S_EXEC_UPDATES] = 0;
@@ -733,11 +735,19 @@ CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int flags) {
   pthread_mutex_lock(&lock);
   INJECT("cuMemHostRegister");
   NEED_CTX();
-  if (p == NULL || bytesize == 0 || find_range((const char*)p, 1, KIND_REGISTERED)) {
+  if (p == NULL || bytesize == 0) {
     pthread_mutex_unlock(&lock);
     return CUDA_ERROR_INVALID_VALUE;
   }
+  /* as the real driver: a range that overlaps page-locked memory in any byte is refused */
+  for (const Alloc* a = allocs; a; a = a->next)
+    if ((a->kind == KIND_REGISTERED || a->kind == KIND_HOST) && (char*)p < a->base + a->size &&
+        a->base < (char*)p + bytesize) {
+      pthread_mutex_unlock(&lock);
+      return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    }
   track((char*)p, bytesize, KIND_REGISTERED);
+  stats[S_REGISTERED_BYTES] += bytesize;
   stats[S_REGISTERED]++;
   pthread_mutex_unlock(&lock);
   return CUDA_SUCCESS;
@@ -748,11 +758,15 @@ CUresult cuMemHostUnregister(void* p) {
   pthread_mutex_lock(&lock);
   INJECT("cuMemHostUnregister");
   NEED_CTX();
+  size_t size = 0; /* (the range that starts at p: an adjacent one may end there) */
+  for (const Alloc* r = allocs; r; r = r->next)
+    if (r->kind == KIND_REGISTERED && r->base == (const char*)p) size = r->size;
   if (!untrack((const char*)p, KIND_REGISTERED)) {
     pthread_mutex_unlock(&lock);
     return CUDA_ERROR_INVALID_VALUE;
   }
   stats[S_REGISTERED]--;
+  stats[S_REGISTERED_BYTES] -= size;
   pthread_mutex_unlock(&lock);
   return CUDA_SUCCESS;
 }
@@ -1246,6 +1260,7 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream 
   NEED_CTX();
   NO_CAPTURE(s);
   stats[S_HTOD]++;
+  if (find_range((const char*)src, n, KIND_REGISTERED)) stats[S_HTOD_REGISTERED]++;
   if (!is_stream(s) || !find_range((const char*)(uintptr_t)dst, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemcpyHtoDAsync destination", dst, n);
     pthread_mutex_unlock(&lock);
@@ -1264,6 +1279,7 @@ CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
   NEED_CTX();
   NO_CAPTURE(s);
   stats[S_DTOH]++;
+  if (find_range((const char*)dst, n, KIND_REGISTERED)) stats[S_DTOH_REGISTERED]++;
   if (!is_stream(s) || !find_range((const char*)(uintptr_t)src, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemcpyDtoHAsync source", src, n);
     pthread_mutex_unlock(&lock);
@@ -2053,6 +2069,8 @@ static const struct { CUresult status; const char* name; const char* text; } ERR
      "too many blocks in cooperative launch"},
     {CUDA_ERROR_ILLEGAL_INSTRUCTION, "CUDA_ERROR_ILLEGAL_INSTRUCTION", "an illegal instruction was encountered"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+     "part or all of the requested memory range is already mapped"},
     {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
     {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
      "operation not permitted when stream is capturing"},

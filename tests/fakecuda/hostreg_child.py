@@ -1,0 +1,423 @@
+"""Child of tests/test_registered_host.py: numpy memory registered in place (vyre_cuda._hostreg) on
+a real CudaBackend over the fake driver, which refuses overlapping registrations as the real one
+does and counts the async copies whose host side lies in a registered range.
+
+Every scenario checks results against numpy on fresh random data, and that the driver's registered
+ranges are back to what they were at its end. Prints one JSON object (tests/helpers/scenarios.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import sys
+import threading
+
+import numpy as np
+from helpers.scenarios import Scenarios, raises
+
+import vyre_cuda as vc
+from fakecuda import FakeDriver, vecadd_emulation
+from vyre_cuda import _hostreg
+from vyre_cuda import builtin_programs as bp
+
+VECADD = bp.vecadd_f32()
+N = 1 << 18  # 1 MiB per float32 buffer: crosses the staging ring
+SCENARIOS = Scenarios()
+scenario = SCENARIOS.register
+RNG = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+PAGE = _hostreg.PAGE
+# registers at the first sighting whatever the measured register rate (the fake's is very high)
+AT_ONCE = vc.AutoRegister(min_bytes=64 << 10, saving_gbps=1.0)
+# pays at the third sighting before any rate was measured: 3 x n / 30 >= n / 20 + n / 20
+THIRD = vc.AutoRegister(min_bytes=64 << 10, saving_gbps=30.0, register_gbps=20.0, unregister_gbps=20.0)
+
+
+def backend_on(fake, **kw):
+    backend = vc.CudaBackend(0, **kw)
+    a, b = pair()
+    fake.emulate(backend, VECADD, [a, b], vecadd_emulation(np.float32))
+    return backend
+
+
+def pair(n=N):
+    return RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(n).astype(np.float32)
+
+
+def aligned(n=N):
+    """Random float32 values whose memory starts and ends on page boundaries: no other array
+    shares their pages (heap neighbours that share an edge page overlap each other's span, and
+    the second to register falls back; see the scenario on overlaps)."""
+    root = np.empty(n * 4 + 2 * PAGE, np.uint8)
+    offset = -root.__array_interface__["data"][0] % PAGE
+    x = root[offset : offset + n * 4].view(np.float32)
+    x[:] = RNG.standard_normal(n)
+    return x
+
+
+def aligned_pair(n=N):
+    return aligned(n), aligned(n)
+
+
+def span(x) -> int:
+    address = x.__array_interface__["data"][0]
+    return ((address + x.nbytes + PAGE - 1) & ~(PAGE - 1)) - (address & ~(PAGE - 1))
+
+
+def check(backend, a, b, into=None):
+    if into is None:
+        (out,) = backend.dispatch(VECADD, [a, b])
+    else:
+        (out,) = backend.dispatch_into(VECADD, [a, b], [into])
+    assert np.array_equal(out, a + b), "vecadd gave a wrong result"
+    return out
+
+
+def settled(fake, before):
+    """Nothing registered is left, in the driver and in the registry."""
+    gc.collect()
+    stats = fake.stats()
+    assert stats["registered"] == before["registered"], (stats["registered"], before["registered"])
+    assert stats["registered_bytes"] == before["registered_bytes"], stats["registered_bytes"]
+    assert vc.registered_stats()["registered_ranges"] == 0, vc.registered_stats()
+
+
+def counts():
+    s = vc.registered_stats()
+    return {k: s[k] for k in ("registrations", "unregistrations", "hits", "fallbacks")}
+
+
+def delta(before):
+    now = counts()
+    return {k: now[k] - before[k] for k in now}
+
+
+# ------------------------------------------------------------------ explicit registration
+@scenario
+def register_pages_the_span_and_the_dispatch_dmas_directly(fake):
+    backend = backend_on(fake)
+    before, c0 = fake.stats(), counts()
+    a, b = aligned_pair()
+    out = aligned()
+    fake.reset_counters()
+    check(backend, a, b, out)
+    assert fake.stats()["htod_registered"] == 0  # staged: nothing registered yet
+    with backend.register(a, b, out) as held:
+        assert held == (a, b, out)
+        assert all(vc.is_page_locked(x) for x in (a, b, out))
+        want = sum(span(x) for x in (a, b, out))
+        assert fake.stats()["registered_bytes"] - before["registered_bytes"] == want
+        for _ in range(3):
+            a[:], b[:] = pair()
+            check(backend, a, b, out)
+        stats = fake.stats()
+        assert stats["htod_registered"] >= 6 and stats["dtoh_registered"] >= 3, stats
+    assert not any(vc.is_page_locked(x) for x in (a, b, out))
+    assert delta(c0) == {"registrations": 3, "unregistrations": 3, "hits": 0, "fallbacks": 0}, delta(c0)
+    check(backend, a, b, out)  # staged again, still right
+    backend.close()
+    settled(fake, before)
+
+
+@scenario
+def a_registered_array_can_be_neither_resized_nor_its_bytearray_grown(fake):
+    backend = backend_on(fake)
+    before = fake.stats()
+    a, b = aligned_pair()
+    raw = bytearray(b.tobytes())
+    view = np.frombuffer(raw, np.float32)  # memory numpy does not own
+    with backend.register(a, view):
+        check(backend, a, view)
+        assert "cannot resize" in str(raises(ValueError, a.resize, (2 * N,)))
+        raises(BufferError, raw.extend, b"\0" * PAGE)
+    del view
+    raw.extend(b"\0" * PAGE)  # free to grow once the block is over
+    backend.close()
+    settled(fake, before)
+
+
+@scenario
+def views_and_nested_blocks_share_their_owners_range(fake):
+    backend = backend_on(fake)
+    before, c0 = fake.stats(), counts()
+    big = aligned(2 * N)
+    b = RNG.standard_normal(N).astype(np.float32)
+    with backend.register(big):
+        with backend.register(big[N:]) as tail:  # inside the owner's range: a hit, no new range
+            check(backend, tail, b)
+            assert delta(c0) == {"registrations": 1, "unregistrations": 0, "hits": 1, "fallbacks": 0}, delta(c0)
+        assert vc.is_page_locked(big), "the inner block's end unregistered the outer one's range"
+        check(backend, big[:N], b)
+    assert not vc.is_page_locked(big) and delta(c0)["unregistrations"] == 1
+    backend.close()
+    settled(fake, before)
+
+
+@scenario
+def two_backends_share_one_counted_range(fake):
+    one, two = backend_on(fake), backend_on(fake)
+    before, c0 = fake.stats(), counts()
+    a, b = aligned_pair()
+    with one.register(a):
+        with two.register(a):
+            check(one, a, b)
+            check(two, a, b)
+        assert vc.is_page_locked(a), "the second backend's block ended the first's registration"
+    assert not vc.is_page_locked(a)
+    assert delta(c0) == {"registrations": 1, "unregistrations": 1, "hits": 1, "fallbacks": 0}, delta(c0)
+    # a close ends the blocks still open: their exits then do nothing
+    block = one.register(a)
+    block.__enter__()
+    one.close()
+    assert not vc.is_page_locked(a)
+    block.__exit__(None, None, None)
+    check(two, a, b)
+    two.close()
+    settled(fake, before)
+
+
+@scenario
+def page_locked_arrays_are_used_as_they_are(fake):
+    backend = backend_on(fake)
+    before, c0 = fake.stats(), counts()
+    a = vc.pinned_empty(N, np.float32)  # (a pinned block: nothing to register)
+    a[:] = RNG.standard_normal(N)
+    _, b = pair()
+    with backend.register(a):
+        check(backend, a, b)
+    assert delta(c0) == {"registrations": 0, "unregistrations": 0, "hits": 0, "fallbacks": 0}, delta(c0)
+    assert vc.is_page_locked(a)
+    del a
+    backend.close()
+    settled(fake, before)
+
+
+# ------------------------------------------------------------------ refusals fall back to staging
+@scenario
+def arrays_that_share_a_page_register_the_first_and_stage_the_second(fake):
+    backend = backend_on(fake)
+    before, c0 = fake.stats(), counts()
+    root = aligned(2 * N + PAGE)
+    a, b = root[: N + 100], root[N + 100 : 2 * N + 100]  # one page holds the end of a and the start of b
+    with backend.register(a, b):
+        assert vc.is_page_locked(a) and not vc.is_page_locked(b)
+        check(backend, a[:N], b[:N])
+    reasons = vc.registered_stats()["fallback_reasons"]
+    assert delta(c0)["fallbacks"] == 1 and reasons.get("overlaps a registered range", 0) >= 1, reasons
+    backend.close()
+    settled(fake, before)
+
+
+@scenario
+def a_budget_too_small_leaves_the_buffer_to_staging(fake):
+    backend = backend_on(fake)
+    before, c0 = fake.stats(), counts()
+    budget = vc.registered_stats()["budget_bytes"]
+    vc.set_registered_budget(span(pair()[0]) - PAGE)
+    try:
+        a, b = pair()
+        with backend.register(a):
+            assert not vc.is_page_locked(a)
+            check(backend, a, b)
+    finally:
+        vc.set_registered_budget(budget)
+    assert delta(c0)["fallbacks"] == 1 and vc.registered_stats()["fallback_reasons"].get("budget", 0) >= 1
+    err = raises(vc.ValidationError, vc.set_registered_budget, -1)
+    assert "-1" in err.message and err.fix, err
+    backend.close()
+    settled(fake, before)
+
+
+@scenario
+def a_driver_refusal_leaves_the_buffer_to_staging(fake):
+    backend = backend_on(fake)
+    before, c0 = fake.stats(), counts()
+    a, b = pair()
+    fake.fail("cuMemHostRegister", "CUDA_ERROR_OUT_OF_MEMORY")
+    with backend.register(a):
+        assert not vc.is_page_locked(a)
+        check(backend, a, b)
+    assert delta(c0)["fallbacks"] == 1
+    assert vc.registered_stats()["fallback_reasons"].get("CUDA_ERROR_OUT_OF_MEMORY", 0) >= 1
+    # memory the caller registered itself, overlapping in part: the driver refuses, staged
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuMemHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+    lib.cuMemHostUnregister.argtypes = [ctypes.c_void_p]
+    start = a.__array_interface__["data"][0] & ~(PAGE - 1)
+    assert lib.cuMemHostRegister(start + 8 * PAGE, PAGE, 0) == 0
+    try:
+        with backend.register(a):
+            check(backend, a, b)
+        assert vc.registered_stats()["fallback_reasons"].get("already registered", 0) >= 1
+    finally:
+        assert lib.cuMemHostUnregister(start + 8 * PAGE) == 0
+    err = raises(vc.ValidationError, backend.register(object()).__enter__)
+    assert "register()" in err.message and err.fix, err
+    err = raises(vc.ValidationError, backend.register().__enter__)
+    assert err.fix, err
+    backend.close()
+    settled(fake, before)
+
+
+# ------------------------------------------------------------------ the automatic policy
+@scenario
+def the_policy_registers_once_it_pays_and_unregisters_before_numpy_frees(fake):
+    backend = backend_on(fake, auto_register=THIRD)
+    before, c0 = fake.stats(), counts()
+    _hostreg.REGISTRY._register_gbps = None  # (the rate the scenarios before measured: THIRD's instead)
+    a, b = aligned_pair()
+    out = aligned()
+    for k in range(2):  # two sightings: not paid yet
+        check(backend, a, b, out)
+        assert not vc.is_page_locked(a), k
+    check(backend, a, b, out)  # the third pays: registered, then moved directly
+    assert all(vc.is_page_locked(x) for x in (a, b, out)), counts()
+    assert delta(c0)["registrations"] == 3
+    fake.reset_counters()
+    a[:], b[:] = pair()
+    check(backend, a, b, out)
+    assert fake.stats()["htod_registered"] >= 2 and fake.stats()["dtoh_registered"] >= 1, fake.stats()
+    assert "cannot resize" in str(raises(ValueError, a.resize, (2 * N,)))  # weakly referenced
+    held = fake.stats()["registered"]
+    del a  # the owner dies: unregistered before numpy frees its memory
+    assert fake.stats()["registered"] == held - 1 and delta(c0)["unregistrations"] == 1
+    # new memory, maybe at the same address: counted afresh, and right
+    a, _ = pair()
+    check(backend, a, b, out)
+    assert not vc.is_page_locked(a)
+    del a, b, out
+    backend.close()
+    settled(fake, before)
+
+
+@scenario
+def the_policy_leaves_memory_numpy_does_not_own_and_small_buffers(fake):
+    backend = backend_on(fake, auto_register=AT_ONCE)
+    before, c0 = fake.stats(), counts()
+    a, b = pair()
+    raw = bytearray(a.tobytes())
+    view = np.frombuffer(raw, np.float32)
+    for _ in range(3):
+        check(backend, view, b)
+    assert not vc.is_page_locked(view)
+    assert vc.registered_stats()["fallback_reasons"].get("not owned by numpy", 0) >= 3
+    small_a, small_b = pair(1000)
+    fake.emulate(backend, VECADD, [small_a, small_b], vecadd_emulation(np.float32))
+    regs = counts()["registrations"]
+    for _ in range(3):
+        check(backend, small_a, small_b)
+    assert counts()["registrations"] == regs and not vc.is_page_locked(small_a)
+    del b
+    err = raises(vc.ValidationError, vc.CudaBackend, 0, auto_register="yes")
+    assert "auto_register" in err.message and err.fix, err
+    err = raises(vc.ValidationError, vc.AutoRegister, min_bytes=1)
+    assert "min_bytes" in err.message and err.fix, err
+    backend.close()
+    assert delta(c0)["registrations"] == counts()["registrations"] - c0["registrations"]
+    settled(fake, before)
+
+
+@scenario
+def an_async_dispatch_still_copies_what_only_the_policy_registered(fake):
+    # dispatch_async lets the caller reuse a pageable input at once: a buffer the policy
+    # registered behind the caller's back keeps that promise (copied before the call returns),
+    # while a blocking dispatch, and memory the caller registered, move by direct DMA
+    backend = backend_on(fake, auto_register=AT_ONCE)
+    before = fake.stats()
+    a, b = aligned_pair()
+    check(backend, a, b)
+    assert vc.is_page_locked(a) and vc.is_page_locked(b), vc.registered_stats()
+    was = fake.set_lazy(True)  # copies run as late as CUDA allows: a late DMA reads the new values
+    try:
+        fake.reset_counters()
+        want = a + b
+        pending = backend.dispatch_async(VECADD, [a, b])
+        a[:], b[:] = pair()  # reused at once, as the promise allows
+        assert np.array_equal(pending.result()[0], want), "the async dispatch read the reused input"
+        assert fake.stats()["htod_registered"] == 0, fake.stats()
+        with backend.register(a, b):  # asked for: DMA'd while it runs
+            pending = backend.dispatch_async(VECADD, [a, b])
+            assert np.array_equal(pending.result()[0], a + b)
+            assert fake.stats()["htod_registered"] >= 2, fake.stats()
+    finally:
+        fake.set_lazy(was)
+    backend.close()
+    settled(fake, before)
+
+
+@scenario
+def trim_and_close_unregister_what_the_policy_holds(fake):
+    backend = backend_on(fake, auto_register=AT_ONCE)
+    before = fake.stats()
+    a, b = aligned_pair()
+    check(backend, a, b)
+    assert vc.is_page_locked(a) and vc.is_page_locked(b), vc.registered_stats()
+    pending = backend.dispatch_async(VECADD, [a, b])  # in flight while trim unregisters
+    backend.trim()
+    assert not vc.is_page_locked(a)
+    assert np.array_equal(pending.result()[0], a + b)
+    check(backend, a, b)  # registered again
+    assert vc.is_page_locked(a)
+    backend.close()
+    assert not vc.is_page_locked(a)
+    settled(fake, before)
+
+
+@scenario
+def threads_and_two_backends_register_share_trim_and_drop(fake):
+    sys.setswitchinterval(1e-6)
+    backends = [backend_on(fake, auto_register=AT_ONCE), backend_on(fake, auto_register=AT_ONCE)]
+    plain = backend_on(fake)  # no policy: uses what the others registered
+    before = fake.stats()
+    shared = [aligned_pair()]  # (a list: emptied at the end, so its arrays die before the check)
+    errors, stop = [], threading.Event()
+
+    def work(k):
+        try:
+            rng = np.random.default_rng(int(RNG.integers(1 << 30)))
+            for i in range(40):
+                be = (backends + [plain])[(k + i) % 3]
+                if i % 3 == 0:
+                    a, b = shared[0]
+                else:
+                    a = rng.standard_normal(N).astype(np.float32)
+                    b = rng.standard_normal(N).astype(np.float32)
+                if i % 5 == 0:
+                    with be.register(a):
+                        out = be.dispatch(VECADD, [a, b])[0]
+                elif i % 7 == 0:
+                    be.dispatch_async(VECADD, [a, b])  # dropped
+                    continue
+                else:
+                    out = be.dispatch_async(VECADD, [a, b]).result()[0]
+                if not np.array_equal(out, a + b):
+                    errors.append(f"thread {k} step {i}: wrong result")
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(f"thread {k}: {exc!r}")
+
+    def trimmer():
+        while not stop.is_set():
+            for be in backends:
+                be.trim()
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+    side = threading.Thread(target=trimmer)
+    try:
+        side.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        stop.set()
+        side.join()
+        sys.setswitchinterval(0.005)
+    assert not errors, errors[:5]
+    shared.clear()
+    for be in (*backends, plain):
+        be.close()
+    settled(fake, before)
+
+
+if __name__ == "__main__":
+    SCENARIOS.main(FakeDriver())
