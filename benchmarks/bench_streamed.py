@@ -13,14 +13,19 @@ Per size (bytes per buffer, vecadd f32 declared elementwise: 2 inputs up, 1 outp
   alone on device-resident arrays (``vyre.heavy_compute``) and the transfer-only round trip of the
   same bytes through a copy kernel (``vyre.heavy_transfer``);
 - with ``--budget SIZE:BUDGET``: a dispatch of SIZE per buffer under
-  ``device_memory_budget=BUDGET`` against the unbudgeted streamed dispatch, from numpy.
+  ``device_memory_budget=BUDGET`` against the unbudgeted streamed dispatch, from numpy;
+- with ``--registered SIZE``: numpy arrays registered in place (``CudaBackend.register``),
+  streamed, against the duplex DMA time and the staged numpy route; what registering and
+  unregistering cost, and after how many dispatches it has paid; and 20 dispatches of new arrays
+  under ``auto_register=True`` against 20 staged ones, each on a fresh backend.
 
 Every configuration is checked against numpy (``a + b`` on random data, outputs poisoned with NaN)
 on its first run and at sampled rows after every timed run; a wrong result exits 1. Medians of
 interleaved rounds after warm-ups, wall clock. ``--tune`` sweeps chunk bytes x streams at each
 size instead (page-locked and numpy), for setting ``planning.stream``'s constants.
 Prints tables and, with ``--out``, writes JSON with the targets: ``streamed_pinned_vs_duplex``,
-``streamed_numpy_vs_duplex``, ``streamed_4mib_vs_serial``, ``overlap_vs_max``, ``budget_vs_unbudgeted``.
+``streamed_numpy_vs_duplex``, ``streamed_4mib_vs_serial``, ``overlap_vs_max``, ``budget_vs_unbudgeted``,
+``registered_numpy_vs_duplex``, ``registration_breakeven``, ``auto_register_vs_staged``.
 """
 
 from __future__ import annotations
@@ -315,6 +320,100 @@ def budget_rows(vc, backend, program, spec, args, rng) -> dict:
     return {"bytes_per_buffer": size, "budget": budget, **results, "budget_vs_unbudgeted": ratio}
 
 
+def _numpy_triple(rng, rows):
+    a = (rng.random(rows, dtype=np.float32) + np.float32(0.5)).astype(np.float32)
+    b = (rng.random(rows, dtype=np.float32) - np.float32(2.0)).astype(np.float32)
+    out = np.empty(rows, np.float32)
+    out[:] = 0  # touched: every page mapped, as a reused buffer's would be
+    return a, b, out
+
+
+def registered_rows(vc, backend, program, nbytes, args, rng, dispatches=20) -> dict:
+    """Registered numpy against the duplex DMA and the staged route; registration's cost and
+    break-even; the automatic policy over ``dispatches`` dispatches against staging only."""
+    from vyre_cuda import DispatchConfig
+
+    rows = nbytes // 4
+    cfg = DispatchConfig(streamed=True)
+    hosts = inputs(vc, rng, rows)
+    staged = hosts["numpy"]
+    expected = staged[0] + staged[1]
+    reg = tuple(x.copy() for x in staged)  # its own arrays: the staged row stays pageable
+    pa, pb, pout = hosts["pinned"]
+    ceilings = proto.DmaCeilings(backend.context_handle, pa, pb, pout)
+    try:
+        duplex_cfg = proto.Config(
+            "ceiling.dma_both", "pinned", "dma both directions", ceilings.duplex, None, 3 * nbytes, None, None
+        )
+        with backend.register(*reg):
+            configs = [
+                duplex_cfg,
+                dispatch_config(backend, program, cfg, *staged, expected, "vyre.streamed", "numpy", "staged", nbytes),
+                dispatch_config(
+                    backend, program, cfg, *reg, expected, "vyre.streamed_registered", "numpy", "registered", nbytes
+                ),
+            ]
+            rows_out = measure(configs, args.rounds, args.warmup)
+    finally:
+        ceilings.close()
+    t = {r["name"]: r["median_ms"] for r in rows_out}
+    # registering and unregistering three buffers of new memory (touched), median of rounds
+    costs: dict[str, list[float]] = {"register_ms": [], "unregister_ms": []}
+    for _ in range(max(3, args.rounds // 3)):
+        fresh = _numpy_triple(rng, rows)
+        block = backend.register(*fresh)
+        t0 = time.perf_counter()
+        block.__enter__()
+        t1 = time.perf_counter()
+        block.__exit__(None, None, None)
+        t2 = time.perf_counter()
+        costs["register_ms"].append(1e3 * (t1 - t0))
+        costs["unregister_ms"].append(1e3 * (t2 - t1))
+        del fresh
+    cost = {k: float(np.median(v)) for k, v in costs.items()}
+    saving = t["vyre.streamed"] - t["vyre.streamed_registered"]
+    breakeven = (cost["register_ms"] + cost["unregister_ms"]) / saving if saving > 0 else None
+    # the policy on a fresh backend against staging on another: the same number of dispatches of
+    # new arrays each (planned and loaded first on other arrays of the size)
+    totals = {}
+    for name, policy in (("staged", False), ("auto", True)):
+        with vc.CudaBackend(backend.device, auto_register=policy) as fresh_backend:
+            warm = _numpy_triple(rng, rows)
+            fresh_backend.dispatch_into(program, list(warm[:2]), [warm[2]], cfg)
+            del warm
+            a, b, out = _numpy_triple(rng, rows)
+            t0 = time.perf_counter()
+            for _ in range(dispatches):
+                fresh_backend.dispatch_into(program, [a, b], [out], cfg)
+            totals[name] = 1e3 * (time.perf_counter() - t0)
+            if not np.array_equal(out, a + b):
+                raise proto.WrongResult(f"auto_register={policy} dispatch of {nbytes} bytes per buffer")
+            t0 = time.perf_counter()
+            del a, b, out  # the policy's ranges go with the arrays
+            totals[f"{name}_release_ms"] = 1e3 * (time.perf_counter() - t0)
+    out = {
+        "bytes_per_buffer": nbytes,
+        "rows": rows_out,
+        **cost,
+        "registered_numpy_vs_duplex": t["vyre.streamed_registered"] / t["ceiling.dma_both"],
+        "staged_numpy_vs_duplex": t["vyre.streamed"] / t["ceiling.dma_both"],
+        "registration_breakeven": breakeven,
+        "auto_register_vs_staged": totals["auto"] / totals["staged"],
+        "auto_totals_ms": totals,
+        "dispatches": dispatches,
+        "registered_stats": vc.registered_stats(),
+    }
+    print(f"\n== registered numpy, {nbytes / MIB:g} MiB per buffer ==")
+    for r in rows_out:
+        print(f"{r['name']:28} {r['median_ms']:10.3f} ms  {r['median_ms'] / t['ceiling.dma_both']:.3f}x duplex")
+    print(
+        f"register {cost['register_ms']:.2f} ms, unregister {cost['unregister_ms']:.2f} ms (three buffers); "
+        f"break-even after {breakeven if breakeven is None else round(breakeven, 1)} dispatches; "
+        f"auto over {dispatches}: {out['auto_register_vs_staged']:.3f}x staged ({totals})"
+    )
+    return out
+
+
 def targets(report) -> dict:
     out = {}
     by_size = {s["bytes_per_buffer"]: s for s in report.get("sizes", [])}
@@ -336,6 +435,9 @@ def targets(report) -> dict:
         out["overlap_vs_max"] = report["heavy"]["overlap_vs_max"]
     if report.get("budget"):
         out["budget_vs_unbudgeted"] = report["budget"]["budget_vs_unbudgeted"]
+    if report.get("registered"):
+        for key in ("registered_numpy_vs_duplex", "registration_breakeven", "auto_register_vs_staged"):
+            out[key] = report["registered"][key]
     return out
 
 
@@ -362,6 +464,7 @@ def build_parser():
     ap.add_argument("--heavy", type=proto.parse_size, default=None, help="bytes per buffer of the heavy rows")
     ap.add_argument("--heavy-steps", type=int, default=400)
     ap.add_argument("--budget", type=parse_budget, default=None, help="SIZE:BUDGET, e.g. 8G:1G")
+    ap.add_argument("--registered", type=proto.parse_size, default=None, help="bytes per buffer, e.g. 256M")
     ap.add_argument("--seed", type=int, default=20261201)
     ap.add_argument("--out", default=None)
     return ap
@@ -401,6 +504,8 @@ def main(argv=None) -> int:
                 report["heavy"] = heavy_rows(vc, backend, heavy, args.heavy, args, rng)
             if args.budget:
                 report["budget"] = budget_rows(vc, backend, vecadd, args.budget, args, rng)
+            if args.registered:
+                report["registered"] = registered_rows(vc, backend, vecadd, args.registered, args, rng)
             report["targets"] = targets(report)
             print("\ntargets:", json.dumps(report["targets"], indent=1))
     except proto.WrongResult as exc:

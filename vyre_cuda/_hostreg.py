@@ -389,6 +389,38 @@ class HostRegistry:
 REGISTRY = HostRegistry()
 
 
+def policy_of(value) -> AutoRegister | None:
+    """``CudaBackend(auto_register=value)``'s policy (None: off)."""
+    if value is False or value is None:
+        return None
+    if value is True:
+        return AutoRegister()
+    if isinstance(value, AutoRegister):
+        return value
+    raise ValidationError(
+        f"auto_register={value!r} is not a bool or an AutoRegister",
+        "pass auto_register=True, or vc.AutoRegister(min_bytes=...) to tune the policy",
+    )
+
+
+def core_hook(holder: Holder, policy: AutoRegister):
+    """The core's view of a backend's policy: called with each host buffer of a dispatch that
+    crosses the staging ring (address and size None for an output), before the dispatch asks
+    whether it is page-locked."""
+    min_bytes = policy.min_bytes
+
+    def sighted(obj, address, nbytes):
+        if address is None:
+            if not isinstance(obj, np.ndarray) or obj.nbytes < min_bytes:
+                return
+            address, nbytes = obj.__array_interface__["data"][0], obj.nbytes
+        elif nbytes < min_bytes:
+            return
+        REGISTRY.sighted(holder, policy, obj, address, nbytes)
+
+    return sighted
+
+
 def registered_stats() -> dict:
     """What the registry of caller memory registered in place holds and has done.
 

@@ -210,7 +210,7 @@ class CudaBackend:
             check_size(name, value, fix=f"pass {name}=0 to cache nothing, or a byte count such as 256 << 20")
         chunk_bytes, chunks, threads = _transfer_settings(staging_chunk_bytes, staging_chunks, copy_threads)
         trace_bits = trace_flags(trace)  # before the context is retained: a bad value leaks nothing
-        policy = _auto_policy(auto_register)
+        policy = _hostreg.policy_of(auto_register)
         self.device = int(device)
         preload_nvrtc()  # overlaps the driver's start below; the first dispatch needs NVRTC's version
         _driver.init_driver()
@@ -237,7 +237,7 @@ class CudaBackend:
         core = self._core
         self._holder = _hostreg.REGISTRY.holder(self._ctx, self.device, lambda: core.outstanding > 0)
         if policy is not None:
-            core.auto_hook = _auto_hook(_hostreg.REGISTRY, self._holder, policy)
+            core.auto_hook = _hostreg.core_hook(self._holder, policy)
         self._closed = False
         log.debug("CudaBackend(device=%d): %s, cc %s", self.device, self._caps.name, self._caps.cc)
 
@@ -757,36 +757,6 @@ class CudaBackend:
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("lost" if self.lost else "open")
         return f"CudaBackend(device={self.device}, {self._caps.name}, {state})"
-
-
-def _auto_policy(value) -> _hostreg.AutoRegister | None:
-    if value is False or value is None:
-        return None
-    if value is True:
-        return _hostreg.AutoRegister()
-    if isinstance(value, _hostreg.AutoRegister):
-        return value
-    raise ValidationError(
-        f"auto_register={value!r} is not a bool or an AutoRegister",
-        "pass auto_register=True, or vc.AutoRegister(min_bytes=...) to tune the policy",
-    )
-
-
-def _auto_hook(registry, holder, policy):
-    """The core's view of the automatic policy: called with each host buffer of a dispatch that
-    crosses the staging ring (address and size None for an output)."""
-    min_bytes = policy.min_bytes
-
-    def sighted(obj, address, nbytes):
-        if address is None:
-            if not isinstance(obj, np.ndarray) or obj.nbytes < min_bytes:
-                return
-            address, nbytes = obj.__array_interface__["data"][0], obj.nbytes
-        elif nbytes < min_bytes:
-            return
-        registry.sighted(holder, policy, obj, address, nbytes)
-
-    return sighted
 
 
 def _buffer_span(obj):
