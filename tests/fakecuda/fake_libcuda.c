@@ -698,7 +698,11 @@ CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
   INJECT("cuMemHostAlloc");
   NEED_CTX();
   stats[S_HOST_ALLOC_CALLS]++;
-  char* p = (char*)aligned(bytesize, 0xAB);
+  /* whole pages, as the driver maps them: no other allocation shares a page with it (a caller's
+     cuMemHostRegister of a neighbour's span would be refused as overlapping otherwise) */
+  size_t pages = (bytesize + 4095) & ~(size_t)4095;
+  char* p = (char*)aligned_alloc(4096, pages ? pages : 4096);
+  if (p) memset(p, 0xAB, pages ? pages : 4096);
   if (!p) {
     pthread_mutex_unlock(&lock);
     return CUDA_ERROR_OUT_OF_MEMORY;

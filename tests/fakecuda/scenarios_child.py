@@ -434,6 +434,7 @@ def register_waits_for_a_graph_capture_elsewhere_only_with_a_handle_held(fake):
     assert ended == [0, 0, 0], ended
     assert np.array_equal(out, a + b) and fake.stats()["registered"] == 0
     with backend.register(a):
+        assert vc.is_page_locked(a), vc.registered_stats()
         pending = backend.dispatch_async(VECADD, [a, b])
         ctx, stream = begin_foreign_capture(fake)
         ended = []
