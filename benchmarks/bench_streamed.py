@@ -481,7 +481,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
     backend = vc.CudaBackend(0, copy_threads=args.copy_threads)
     if args.copy_mode is not None:
-        hooks.set_streamed_copy_mode(args.copy_mode)
+        hooks.set_knobs(backend, streamed_copy_mode=args.copy_mode)
     vecadd, heavy = programs(vc, args.heavy_steps)
     report = {
         "meta": {

@@ -219,7 +219,8 @@ def mirror_boundary(report):
         b = rng.standard_normal(n).astype(np.float32)
         row = dict(bytes=nbytes)
         for name, limit in (("mirror", 1 << 40), ("ring", 0)):
-            with _hooks.mirror_max(limit), vc.CudaBackend(0) as g:
+            with vc.CudaBackend(0) as g:
+                _hooks.set_knobs(g, mirror_max=limit)
                 (res,) = g.dispatch(prog, [a, b])
                 assert np.array_equal(res, a + b)
                 row[name + "_us"] = median_time(lambda: g.dispatch(prog, [a, b]), 200) * 1e6
@@ -244,8 +245,8 @@ def window_sweep(report):
             out = np.empty_like(a)
             row = dict(bytes=nbytes, pageable_floor_us=pageable_floor(a, b, out) * 1e6)
             for w in (256 << 10, 512 << 10, 1 << 20):
-                _hooks.set_min_window(w)
                 with vc.CudaBackend(0) as g:
+                    _hooks.set_knobs(g, min_window=w)
                     g.dispatch_into(prog, [a, b], [out])
                     assert np.array_equal(out, a + b)
                     row[f"min_window_{w >> 10}k_us"] = (
@@ -254,7 +255,6 @@ def window_sweep(report):
             rows.append(row)
             print("window", {k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()})
     finally:
-        _hooks.set_min_window(512 << 10)
         keep.close()
     report["windows"] = rows
 
@@ -282,9 +282,13 @@ def streaming_sweep(report, sizes=(4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)):
                     for rbw in (512 << 10, 1 << 20) if nbytes <= 16 * MIB else (512 << 10,):
                         configs.append((threads, up, rb, rbw))
             for threads, up, rb, rbw in configs:
-                _hooks.set_min_window(512 << 10, rbw)
                 with vc.CudaBackend(0, copy_threads=threads) as g:
-                    _hooks.set_streaming_copies(g, (1 << 40) if up else 0, (1 << 40) if rb else 0)
+                    _hooks.set_knobs(
+                        g,
+                        min_readback_window=rbw,
+                        stream_upload_max=(1 << 40) if up else 0,
+                        stream_readback_max=(1 << 40) if rb else 0,
+                    )
                     (res,) = g.dispatch(prog, [a, b])
                     assert np.array_equal(res, ref)
                     t = median_time(lambda: g.dispatch(prog, [a, b]), reps)
@@ -324,7 +328,6 @@ def streaming_sweep(report, sizes=(4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)):
                 f"rbw {best['min_readback_window'] >> 10}K)"
             )
     finally:
-        _hooks.set_min_window(512 << 10, 1 << 20)
         keep.close()
     report["streaming"] = rows
 

@@ -252,6 +252,7 @@ import numpy as np
 import vyre_cuda as vc
 from fakecuda import FakeDriver, vecadd_emulation
 from vyre_cuda import builtin_programs as bp
+from vyre_cuda._knobs import Knobs
 
 MIB = 1 << 20
 fake = FakeDriver()
@@ -261,7 +262,8 @@ results = {"checked": 0, "errors": []}
 # a small ring (1 MiB chunks, 2 of them) so every size below crosses windows and reuses slots
 g = vc.CudaBackend(0, staging_chunk_bytes=MIB, staging_chunks=2, copy_threads=3)
 # both copy kinds: plain memcpy, and non-temporal stores (odd sizes exercise their head and tail)
-g._core.xfer.stream_upload_max = g._core.xfer.stream_readback_max = (1 << 40) if sys.argv[2] == "1" else 0
+nt = (1 << 40) if sys.argv[2] == "1" else 0
+g._use_knobs(Knobs(stream_upload_max=nt, stream_readback_max=nt))
 sizes = [MIB // 4 - 1, MIB // 4, MIB // 4 + 1, 2 * MIB // 4 + 7, 3 * MIB // 4 - 5, 5 * MIB // 4 + 3]
 for n in sizes:
     a = rng.standard_normal(n).astype(np.float32)

@@ -65,6 +65,7 @@ cdef class Core:
     cdef object logger
     cdef public int device
     cdef public object auto_hook  # the automatic registration policy's (obj, address, nbytes) hook; None: off
+    cdef public int wait_mode  # how its blocking dispatches wait (_waits.WAIT_*; set by set_knobs)
 
     cdef int _check_usable(self) except -1
     cdef int _enter(self) except -1

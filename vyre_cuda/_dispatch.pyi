@@ -5,6 +5,7 @@ from typing import Any, TypeVar, final
 
 import numpy as np
 
+from ._knobs import Knobs
 from ._plan_miss import PlanMiss
 from ._prepared import Prepared, ResidentBlocks
 from ._resources import Resources
@@ -22,6 +23,7 @@ class Core:
     trace: int
     device: int
     auto_hook: Callable[[Any, int | None, int | None], None] | None
+    wait_mode: int
     def __init__(
         self,
         ctx: int,
@@ -54,6 +56,7 @@ class Core:
     def reclaim_deferred(self, wait: bool = False) -> int: ...
     def counted(self, fn: Callable[[], _T]) -> _T: ...
     def clear_prepared(self) -> None: ...
+    def set_knobs(self, knobs: Knobs) -> None: ...
     def when_settled(self, callback: Callable[[], object]) -> None: ...
     def forget_context(self) -> None: ...
     def prepared_for(self, key: Any) -> Prepared | None: ...

@@ -55,7 +55,7 @@ from ._plans cimport PlanTable, lookup_key
 from ._inputs cimport release_views, read_inputs, check_inputs, device_outputs
 from ._launch cimport issue, collect, stream_waits, trial_record
 from ._waits cimport (
-    PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE, W_TIMEOUT,
+    PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE, W_TIMEOUT, WAIT_POLL,
 )
 from ._tracing cimport (
     count_enqueued, mark, nvtx_stage_open, nvtx_stage, nvtx_blocking, nvtx_async, nvtx_refused, stage_durations,
@@ -91,6 +91,7 @@ cdef class Core:
         self.logger = logging.getLogger("vyre_cuda")
         self.device = device
         self.auto_hook = None
+        self.wait_mode = WAIT_POLL
         memset(self.tel, 0, sizeof(self.tel))
 
     def __dealloc__(self):
@@ -173,6 +174,21 @@ cdef class Core:
     def clear_prepared(self):
         """Drop every cached plan and release their graph execs (module eviction, close)."""
         self.plans.clear(<uintptr_t>self.ctx)
+
+    def set_knobs(self, knobs):
+        """This backend's measurement settings (a :class:`vyre_cuda._knobs.Knobs`, checked there)
+        into the C fields the hot path reads: the wait mode here, the copy and window settings on
+        the transfer engine. The cached plans are dropped (the mirror boundary and the stream
+        tuning, planning's part of the knobs, are baked into them). Call it while no other thread
+        dispatches on this backend."""
+        cdef TransferEngine xfer = self.resources.xfer
+        self.wait_mode = knobs.wait_mode
+        xfer.streamed_copy_mode = knobs.streamed_copy_mode
+        xfer.min_window = knobs.min_window
+        xfer.min_readback_window = knobs.min_readback_window
+        xfer.stream_upload_max = knobs.stream_upload_max
+        xfer.stream_readback_max = knobs.stream_readback_max
+        self.clear_prepared()
 
     def when_settled(self, callback):
         """Call ``callback`` once no dispatch owner is left: now when none is, else when the last

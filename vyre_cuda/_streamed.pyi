@@ -1,3 +1,1 @@
 """The streamed route's executor (its entry points are cdef: the core calls them)."""
-
-def _set_copy_mode(mode: int) -> None: ...

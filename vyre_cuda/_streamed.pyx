@@ -29,24 +29,18 @@ from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
 from ._resources cimport InFlight
-from ._transfer cimport TransferEngine
+from ._transfer cimport TransferEngine, COPY_BY_RULE, COPY_STREAMING
 from ._windows cimport CopyTask
 from ._prepared cimport Prepared, StreamCut, ChunkShape, MAX_ARGS
 from ._waits cimport PendingDispatch
 
 
-# how the copy threads write staging and outputs: 0 by the transfer engine's rule (non-temporal
-# stores for jobs up to its stream_upload_max), 1 plain stores, 2 non-temporal stores. Measured on
-# an H200 host (256 MiB per buffer from numpy, 15 copy threads): plain 1.23x the both-directions
-# DMA time, the engine's rule 1.38x, non-temporal 1.44x: the chunk's copy-in and copy-out run in
-# one job, and streaming stores of one compete with the loads of the other.
-cdef int _copy_mode = 1
-
-
-def _set_copy_mode(int mode):
-    """For measurements only: see ``_copy_mode``."""
-    global _copy_mode
-    _copy_mode = mode
+# How the copy threads write staging and outputs: the backend's TransferEngine.streamed_copy_mode
+# (COPY_BY_RULE: the engine's rule, non-temporal stores for jobs up to its stream_upload_max;
+# COPY_PLAIN; COPY_STREAMING: non-temporal stores). Plain stores are the default: measured on an
+# H200 host (256 MiB per buffer from numpy, 15 copy threads), plain 1.23x the both-directions DMA
+# time, the engine's rule 1.38x, non-temporal 1.44x: the chunk's copy-in and copy-out run in one
+# job, and streaming stores of one compete with the loads of the other.
 
 
 cdef inline size_t _pad16(size_t n) noexcept nogil:
@@ -119,7 +113,8 @@ cdef void _run_copies(TransferEngine xfer, vector[CopyTask]& tasks) noexcept nog
         return
     for i in range(tasks.size()):
         total += tasks[i].n
-    streaming = _copy_mode == 2 or (_copy_mode == 0 and total <= xfer.stream_upload_max)
+    streaming = (xfer.streamed_copy_mode == COPY_STREAMING
+                 or (xfer.streamed_copy_mode == COPY_BY_RULE and total <= xfer.stream_upload_max))
     xfer.pool.run(tasks.data(), tasks.size(), streaming)
 
 

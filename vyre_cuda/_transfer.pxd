@@ -35,6 +35,14 @@ cdef extern from "_transfer.hpp" namespace "vyre" nogil:
         bint recorded
 
 
+# how the streamed route's copy jobs store (TransferEngine.streamed_copy_mode; _streamed.pyx says
+# why plain stores are the default)
+cdef enum:
+    COPY_BY_RULE = 0    # by the engine's rule: non-temporal stores for jobs up to stream_upload_max
+    COPY_PLAIN = 1      # plain stores
+    COPY_STREAMING = 2  # non-temporal stores
+
+
 cdef class TransferEngine:
     cdef cydriver.CUcontext ctx
     cdef mutex ring_mu  # creation and freeing of the ring (read without it once set: release/acquire)
@@ -49,9 +57,16 @@ cdef class TransferEngine:
     cdef public size_t ring_bytes
     cdef public unsigned long long pinned_alloc_calls
     cdef public bint closed
-    # staged transfers up to this many bytes copy with non-temporal stores (see _transfer.hpp)
+    # This backend's measurement settings (vyre_cuda._knobs; defaults set in __init__), read per
+    # transfer. Staged transfers up to this many bytes copy with non-temporal stores (see
+    # _transfer.hpp):
     cdef public size_t stream_upload_max
     cdef public size_t stream_readback_max
+    # ... the smallest windows a staged upload and a staged readback are cut into (_windows):
+    cdef public size_t min_window
+    cdef public size_t min_readback_window
+    # ... and how the streamed route's copy jobs store (COPY_*):
+    cdef public int streamed_copy_mode
 
     cdef int ensure_ring(self) except -1
     cdef void wake(self) noexcept nogil

@@ -8,6 +8,9 @@ class TransferEngine:
     min_split: int
     stream_upload_max: int
     stream_readback_max: int
+    min_window: int
+    min_readback_window: int
+    streamed_copy_mode: int
     ring_bytes: int
     pinned_alloc_calls: int
     closed: bool

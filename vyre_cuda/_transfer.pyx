@@ -22,8 +22,8 @@ from cuda.bindings cimport cydriver
 
 from ._driver cimport check_cu, bind_context, now_ns
 from ._pools cimport lock_with_gil
-from ._windows cimport (CopyTask, Cursor, Piece, Source, SRC_INPUT, window_bytes, readback_window_bytes,
-                        next_upload_window, next_readback_window)
+from ._windows cimport (CopyTask, Cursor, Piece, Source, SRC_INPUT, MIN_WINDOW, MIN_READBACK_WINDOW,
+                        window_bytes, next_upload_window, next_readback_window)
 
 cdef enum:
     READBACK_DEPTH = 3          # readback windows in flight per dispatch (DMA ahead of copy-out)
@@ -56,6 +56,9 @@ cdef class TransferEngine:
         # but slow 128-512 MiB uploads by 25-50%; on readback they made no measurable difference.
         self.stream_upload_max = 32 << 20
         self.stream_readback_max = 0
+        self.min_window = MIN_WINDOW
+        self.min_readback_window = MIN_READBACK_WINDOW
+        self.streamed_copy_mode = COPY_PLAIN
 
     cdef int ensure_ring(self) except -1:
         """Allocate the ring and its events once. Two threads' first large dispatches may arrive
@@ -133,7 +136,7 @@ cdef class TransferEngine:
                     return st
             else:
                 staged += src.n
-        window = window_bytes(staged, self.chunk_bytes)
+        window = window_bytes(staged, self.chunk_bytes, self.min_window)
         streaming = staged <= self.stream_upload_max
         cur.i = cur.pos = 0
         if not next_upload_window(&cur, sources, n_sources, direct, window, input_ptrs, params,
@@ -284,7 +287,7 @@ cdef class TransferEngine:
                 staged += pieces[i].n
         if staged:
             self.pool.wake()  # the copy threads wake during the first window's DMA
-        window = readback_window_bytes(staged, self.chunk_bytes)
+        window = window_bytes(staged, self.chunk_bytes, self.min_readback_window)
         streaming = staged <= self.stream_readback_max
         cur.i = cur.pos = 0
         while True:

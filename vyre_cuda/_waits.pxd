@@ -27,6 +27,14 @@ cdef enum:
     W_INTERRUPTED = 2
 
 
+# how a blocking dispatch with no timeout waits: its backend's Core.wait_mode (a measurement may
+# set another: vyre_cuda._knobs)
+cdef enum:
+    WAIT_POLL = 0  # spin with a pause per query, then sleep-poll (interruptible): the default
+    WAIT_SPIN = 1  # the same without the pause between queries
+    WAIT_SYNC = 2  # cuEventSynchronize / cuStreamSynchronize (not interruptible)
+
+
 cdef class PendingDispatch:
     cdef Core core
     cdef Prepared prep

@@ -7,8 +7,6 @@ from .telemetry import TimedDispatchResult
 
 _O = TypeVar("_O")
 
-def _set_wait_mode(mode: int) -> None: ...
-
 @final
 class PendingDispatch:
     """A dispatch in flight; made by CudaBackend.dispatch_async()."""

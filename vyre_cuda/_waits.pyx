@@ -52,16 +52,6 @@ cdef enum:
     SPIN_NS = 2000000
     SIGNAL_CHECK_NS = 20000000
 
-# how a blocking dispatch with no timeout waits (0 unless a measurement says otherwise)
-cdef int _wait_mode = 0
-
-
-def _set_wait_mode(int mode):
-    """For measurements only: 0 polls (interruptible), 1 polls without pausing between queries,
-    2 calls cuStreamSynchronize (not interruptible) when there is no timeout."""
-    global _wait_mode
-    _wait_mode = mode
-
 
 class _Timeout(Exception):
     pass
@@ -101,14 +91,16 @@ cdef int wait_nogil(PendingDispatch d, cydriver.CUresult* status) noexcept nogil
     """Wait for the dispatch's GPU work. Spins first (a short dispatch is done within microseconds,
     as cuStreamSynchronize would spin), then sleeps between polls so a timeout or Ctrl-C (checked
     every 20 ms on the main thread) can end the wait. Returns W_DONE (``status`` says how it went),
-    W_TIMEOUT or W_INTERRUPTED."""
+    W_TIMEOUT or W_INTERRUPTED. How it waits is its backend's ``Core.wait_mode`` (WAIT_POLL
+    unless a measurement set another)."""
     cdef InFlight* f = &d.f
+    cdef int mode = d.core.wait_mode
     cdef cydriver.CUresult st
     cdef unsigned long long t0 = now_ns(), t, next_signals = 0
     cdef timespec nap
     cdef long interval = 10000
     cdef int _spin
-    if _wait_mode == 2 and not d.deadline:
+    if mode == WAIT_SYNC and not d.deadline:
         status[0] = cydriver.cuEventSynchronize(f.done) if f.has_done else cydriver.cuStreamSynchronize(f.stream)
         return W_DONE
     while True:
@@ -123,7 +115,7 @@ cdef int wait_nogil(PendingDispatch d, cydriver.CUresult* status) noexcept nogil
         if d.deadline and t >= d.deadline:
             return W_TIMEOUT
         if t - t0 < SPIN_NS:
-            if _wait_mode == 0:
+            if mode == WAIT_POLL:
                 for _spin in range(8):
                     _relax()
             continue

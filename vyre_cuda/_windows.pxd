@@ -16,6 +16,15 @@ cdef enum:
     SRC_PARAMS = 2  # bytes of the params blob, from byte `src_offset`
 
 
+# The smallest windows a transfer engine cuts staged transfers into, unless a measurement sets its
+# own (TransferEngine.min_window / min_readback_window, vyre_cuda._knobs): below 512 KiB a window's
+# driver calls cost more than its overlap buys; 1 MiB readback windows took 4 MiB readbacks from
+# 140 to 104 us against 512 KiB (notes/transfer-engine.md).
+cdef enum:
+    MIN_WINDOW = 512 << 10
+    MIN_READBACK_WINDOW = 1 << 20
+
+
 cdef struct Source:
     # one run of the upload region [0, upload_end); the runs are sorted and cover it exactly
     size_t offset
@@ -40,8 +49,7 @@ cdef struct Piece:
 
 cdef bint page_locked(const void* ptr, size_t nbytes) noexcept nogil
 cdef bint auto_registered(const void* ptr, size_t nbytes) noexcept nogil
-cdef size_t window_bytes(size_t total, size_t chunk) noexcept nogil
-cdef size_t readback_window_bytes(size_t total, size_t chunk) noexcept nogil
+cdef size_t window_bytes(size_t total, size_t chunk, size_t minimum) noexcept nogil
 cdef bint next_upload_window(Cursor* c, const Source* sources, size_t n_sources, const char* direct,
                              size_t window, const char** input_ptrs, const char* params,
                              vector[Piece]& pieces, vector[CopyTask]& tasks) noexcept nogil

@@ -1,9 +1,9 @@
 # cython: language_level=3
 """What crosses the staging ring in which window, and which caller memory is page-locked.
 
-Pure C (no driver call but the pointer-attribute query, no state but the minimum window sizes):
-:class:`~vyre_cuda._transfer.TransferEngine` asks these per window; planning tests call the
-``plan_*_windows`` views.
+Pure C (no driver call but the pointer-attribute query; the minimum window sizes are the caller's):
+:class:`~vyre_cuda._transfer.TransferEngine` asks these per window, with its own minimums; planning
+tests call the ``plan_*_windows`` views.
 """
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE
@@ -147,29 +147,11 @@ def is_page_locked_address(uintptr_t address, size_t nbytes):
     return r
 
 
-# below this a window's driver calls cost more than its overlap buys
-cdef size_t _min_window = 512 << 10
-cdef size_t _min_readback_window = 1 << 20  # 4 MiB readbacks: 140 -> 104 us against 512 KiB
-
-
-def _set_min_window(size_t nbytes, size_t readback=0):
-    """For measurements only: the smallest window an upload (and a readback, when ``readback``
-    is given) is cut into."""
-    global _min_window, _min_readback_window
-    _min_window = nbytes
-    if readback:
-        _min_readback_window = readback
-
-
-cdef size_t window_bytes(size_t total, size_t chunk) noexcept nogil:
-    """The window an upload of ``total`` staged bytes is cut into: about an eighth of it, so even
-    a 4 MiB buffer overlaps copy and DMA with a short tail, between 512 KiB and the ring's chunk."""
-    return _window(total, chunk, _min_window)
-
-
-cdef size_t readback_window_bytes(size_t total, size_t chunk) noexcept nogil:
-    """The window a readback of ``total`` staged bytes is cut into (its own minimum)."""
-    return _window(total, chunk, _min_readback_window)
+cdef size_t window_bytes(size_t total, size_t chunk, size_t minimum) noexcept nogil:
+    """The window a transfer of ``total`` staged bytes is cut into: about an eighth of it, so even
+    a 4 MiB buffer overlaps copy and DMA with a short tail, between ``minimum`` (the transfer
+    engine's, by direction: MIN_WINDOW, MIN_READBACK_WINDOW by default) and the ring's chunk."""
+    return _window(total, chunk, minimum)
 
 
 cdef inline size_t _window(size_t total, size_t chunk, size_t minimum) noexcept nogil:
@@ -258,14 +240,16 @@ cdef bint next_readback_window(Cursor* c, const Piece* pieces, size_t n_pieces, 
     return used != 0
 
 
-def plan_upload_windows(list sources, list direct, size_t staged_total, size_t chunk_bytes):
+def plan_upload_windows(list sources, list direct, size_t staged_total, size_t chunk_bytes,
+                        size_t min_window=MIN_WINDOW):
     """Pure view of the upload windowing, for property tests.
 
     ``sources``: (offset, n, kind, index, src_offset) runs (kind 0 zero, 1 input, 2 params);
     ``direct``: per input index. Input ``i``'s bytes are addressed as ``(i + 1) << 40`` and the
-    params blob as ``1 << 60`` so tests can check where every byte comes from. Returns the window
-    size and a list of windows, each ``(pieces, tasks)`` with pieces ``(device offset, slot
-    offset, n)`` and tasks ``(slot offset, source address or None, n)``.
+    params blob as ``1 << 60`` so tests can check where every byte comes from; ``min_window``: the
+    smallest window (a transfer engine's default unless given). Returns the window size and a list
+    of windows, each ``(pieces, tasks)`` with pieces ``(device offset, slot offset, n)`` and tasks
+    ``(slot offset, source address or None, n)``.
     """
     cdef vector[Source] srcs
     cdef vector[char] flags
@@ -274,7 +258,7 @@ def plan_upload_windows(list sources, list direct, size_t staged_total, size_t c
     cdef vector[CopyTask] tasks
     cdef Source src
     cdef Cursor cur
-    cdef size_t window = window_bytes(staged_total, chunk_bytes)
+    cdef size_t window = window_bytes(staged_total, chunk_bytes, min_window)
     for offset, n, kind, index, src_offset in sources:
         src.offset, src.n, src.kind, src.index, src.src_offset = offset, n, kind, index, src_offset
         srcs.push_back(src)
@@ -295,9 +279,11 @@ def plan_upload_windows(list sources, list direct, size_t staged_total, size_t c
     return window, out
 
 
-def plan_readback_windows(list pieces, list direct, size_t chunk_bytes):
-    """Pure view of the readback windowing: ``pieces`` are (device offset, host address, n).
-    Returns the window size and windows of ``(dmas, tasks)``: dmas ``(device offset, slot offset,
+def plan_readback_windows(list pieces, list direct, size_t chunk_bytes,
+                          size_t min_window=MIN_READBACK_WINDOW):
+    """Pure view of the readback windowing: ``pieces`` are (device offset, host address, n);
+    ``min_window``: the smallest window (a transfer engine's default unless given). Returns the
+    window size and windows of ``(dmas, tasks)``: dmas ``(device offset, slot offset,
     n)``, tasks ``(host address, slot offset, n)``."""
     cdef vector[Piece] ps
     cdef vector[char] flags
@@ -314,7 +300,7 @@ def plan_readback_windows(list pieces, list direct, size_t chunk_bytes):
         flags.push_back(flag_c)
         if not flag:
             staged += n
-    cdef size_t window = readback_window_bytes(staged, chunk_bytes)
+    cdef size_t window = window_bytes(staged, chunk_bytes, min_window)
     out = []
     cur.i = cur.pos = 0
     while next_readback_window(&cur, ps.data(), ps.size(), flags.data(), window, dmas, tasks):

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import numpy as np
 
 from . import _driver, _hostreg, tuning
+from ._knobs import DEFAULT as DEFAULT_KNOBS
+from ._knobs import Knobs
 from ._plan_miss import PlanMiss
 from ._validate import check_int, check_size
 from .compile.modules import ModuleCache
@@ -41,7 +43,6 @@ if TYPE_CHECKING:
 
     from ._waits import PendingDispatch
     from .config import DispatchConfig
-    from .planning.stream import StreamTuning
     from .program import Program
     from .tuning import TuneResult
     from .typing import ConfigLike, HostOutput, InputBuffer, OutputBuffer, OutputT
@@ -183,8 +184,8 @@ class CudaBackend:
     ...     assert np.array_equal(out, a + b)
     """
 
-    # the streamed route's constants (None: the measured defaults; profile._hooks.set_stream_tuning)
-    _stream_tuning: StreamTuning | None = None
+    # measurement settings (_knobs.Knobs): the defaults unless _use_knobs() gave this backend others
+    _knobs: Knobs = DEFAULT_KNOBS
 
     def __init__(
         self,
@@ -259,6 +260,23 @@ class CudaBackend:
     @property
     def lost(self) -> bool:
         return self._core.lost is not None
+
+    def _use_knobs(self, knobs: Knobs) -> None:
+        """Measure with other settings (a :class:`vyre_cuda._knobs.Knobs`): this backend's own, no
+        other backend's. The core's part goes into its C fields, planning's part is passed to
+        every plan made from now on, and the cached plans are dropped.
+
+        Set on a live backend rather than passed to ``CudaBackend(...)``: that leaves the public
+        constructor's signature alone, and a measurement can change them between runs on one
+        backend (bench_streamed.py tunes the stream constants on one). Call it while no other
+        thread dispatches on this backend (a dispatch running meanwhile may see either setting).
+        """
+        self._check_open()
+        if not isinstance(knobs, Knobs):
+            raise ValidationError(f"expected a vyre_cuda._knobs.Knobs, got {knobs!r}", "pass Knobs(...)")
+        with self._plan_lock:  # (no plan is made with half of them)
+            self._knobs = knobs
+            self._core.set_knobs(knobs)
 
     # ------------------------------------------------------------------ dispatch
     @overload
@@ -502,7 +520,8 @@ class CudaBackend:
                 self._modules,
                 device_inputs,
                 self._free_device_memory,
-                self._stream_tuning,
+                self._knobs.stream_tuning,
+                self._knobs.mirror_max,
             )
         if cfg.autotune:
             plan = self._tuned(program, lengths, cfg, plan, device_inputs, inputs)
@@ -551,6 +570,8 @@ class CudaBackend:
                     self._modules,
                     device_inputs,
                     self._free_device_memory,
+                    self._knobs.stream_tuning,
+                    self._knobs.mirror_max,
                 )
         # the plan keeps the caller's config (label, timeout, iterations are the same)
         return dataclasses.replace(

@@ -47,6 +47,7 @@ __all__ = [
 # Dispatches whose slab fits this many bytes keep one pinned mirror of the slab (one upload, one
 # readback); larger ones stream through the transfer engine's staging ring. Measured on an H200:
 # at 3 x 128 KiB the mirror wins (67 vs 75 us), at 3 x 256 KiB the ring does (96 vs 111 us).
+# The default of the planning calls' ``mirror_max`` (a backend passes its own: vyre_cuda._knobs).
 MIRROR_MAX = 512 << 10
 MAX_ARGS = 256  # kernel arguments the core packs (one per buffer binding + the params pointer)
 AUDIT_BLOCK = 256  # pinned bytes a ring-staged cooperative dispatch reads its barrier counter into
@@ -112,15 +113,16 @@ class DispatchPlan:
         return self.config.iterations
 
 
-def staging_for(layout: SlabLayout, cooperative_audit: bool) -> tuple:
+def staging_for(layout: SlabLayout, cooperative_audit: bool, mirror_max: int = MIRROR_MAX) -> tuple:
     """(mirror, device block, staging block, audit offset) of a layout.
 
-    A small slab has one pinned mirror (its pool block rounds up to a power of two) and a cached
-    power-of-two device block; the barrier counter of a cooperative launch lands just past the
-    slab image. A large slab is exact-size from the stream-ordered device pool and streams through
-    the ring; its only staging is the counter's landing spot, when it has one.
+    A small slab (at most ``mirror_max`` bytes) has one pinned mirror (its pool block rounds up to
+    a power of two) and a cached power-of-two device block; the barrier counter of a cooperative
+    launch lands just past the slab image. A large slab is exact-size from the stream-ordered
+    device pool and streams through the ring; its only staging is the counter's landing spot, when
+    it has one.
     """
-    if layout.slab_bytes <= MIRROR_MAX:
+    if layout.slab_bytes <= mirror_max:
         return True, layout.bucket_bytes, bucket_size(layout.slab_bytes + 16), layout.slab_bytes
     return False, layout.slab_bytes, AUDIT_BLOCK if cooperative_audit else 0, 0
 
@@ -206,12 +208,14 @@ def plan_dispatch(
     device_inputs=frozenset(),
     free_memory: Callable[[], int | None] | None = None,
     stream_tuning: StreamTuning | None = None,
+    mirror_max: int = MIRROR_MAX,
 ) -> DispatchPlan:
     """Plan one dispatch of ``program`` on inputs of ``lengths`` bytes (see :class:`DispatchPlan`);
     ``device_inputs``: the indices of inputs that are device memory (used in place, not uploaded);
     ``free_memory``: reads the device's free bytes, called only when an elementwise dispatch's
     streamed route is sized (without it, 90% of total memory stands in); ``stream_tuning``: the
-    streamed route's constants (None: the measured defaults)."""
+    streamed route's constants (None: the measured defaults); ``mirror_max``: the largest slab
+    staged through one pinned mirror (larger ones use the staging ring)."""
     bindings, launch, compiled, module, route = plan_route(program, lengths, config, caps, modules)
     cooperative = route.kind == "cooperative"
     if program.grid_sync and cooperative and not module.barrier:
@@ -262,14 +266,27 @@ def plan_dispatch(
         barrier,
         module.gate if cooperative and barrier else None,
         module,
+        mirror_max,
     )
     return plan if stream is None else dataclasses.replace(plan, stream=stream)
 
 
 def assemble_plan(
-    program, config, bindings, launch, layout, route, kernel=None, function=0, barrier=0, gate=None, module=None
+    program,
+    config,
+    bindings,
+    launch,
+    layout,
+    route,
+    kernel=None,
+    function=0,
+    barrier=0,
+    gate=None,
+    module=None,
+    mirror_max: int = MIRROR_MAX,
 ) -> DispatchPlan:
-    """The executable decisions derived from the planning stages' results (pure)."""
+    """The executable decisions derived from the planning stages' results (pure); ``mirror_max``
+    as for :func:`plan_dispatch`."""
     arg_count = len(layout.arg_offsets) + 1
     if arg_count > MAX_ARGS:
         raise UnsupportedFeature(
@@ -283,7 +300,7 @@ def assemble_plan(
         for slot, (_, nbytes) in zip(bindings.outputs, layout.outputs)
     )
     mirror, device_block, staging_block, audit_offset = staging_for(
-        layout, bool(route.kind == "cooperative" and barrier)
+        layout, bool(route.kind == "cooperative" and barrier), mirror_max
     )
     graph, graph_reason = plan_graph(config, route.kind, program.phases)
     graph_trial = plan_graph_trial(config, route.kind, graph)

@@ -1,7 +1,7 @@
 """The profile's one door into the core's private parts: the stage clocks and the per-backend
-streamed-route tuning (the benchmarks' process-wide knobs: ``benchmarks/harness/hooks.py``). No
-other file of the profile imports a private core module, so when the core's modules move only this
-file follows. Measuring aids, not API; nothing here is imported before it is called."""
+streamed-route tuning (the benchmarks' other per-backend knobs: ``benchmarks/harness/hooks.py``).
+No other file of the profile imports a private core module, so when the core's modules move only
+this file follows. Measuring aids, not API; nothing here is imported before it is called."""
 
 from __future__ import annotations
 
@@ -29,6 +29,6 @@ def profiled_dispatch(backend) -> Callable[..., tuple[list, tuple[int, ...]]]:
 def set_stream_tuning(backend, tuning) -> None:
     """``backend``'s streamed-route constants: a :class:`~vyre_cuda.planning.stream.StreamTuning`
     (chunk bytes, streams, the smallest chunk count, waves per chunk), or None for the measured
-    defaults. Cached plans are dropped, so the next dispatch plans with it."""
-    backend._stream_tuning = tuning
-    backend._core.clear_prepared()
+    defaults. Cached plans are dropped, so the next dispatch plans with it. The backend's other
+    measurement settings (``vyre_cuda._knobs.Knobs``) stay as they are."""
+    backend._use_knobs(backend._knobs.replace(stream_tuning=tuning))
