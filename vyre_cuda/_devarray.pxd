@@ -3,7 +3,7 @@
 from libc.stdint cimport uintptr_t
 from cuda.bindings cimport cydriver
 
-from ._pools cimport ArrayPool
+from ._array_pool cimport ArrayPool
 
 
 cdef class DeviceArray:

@@ -4,7 +4,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import disjoint_base
 
-from ._pools import ArrayPool
+from ._array_pool import ArrayPool
 
 __all__ = [
     "DeviceArray",

@@ -8,7 +8,7 @@ in device memory that CuPy, torch, numba and cuda.core wrap without a copy, thro
 from the device's array pool, which holds the device's primary context for the life of the
 process, so it stays valid after the backend is closed. When the last reference (its own, or a
 DLPack consumer's) goes away the memory goes back to the pool, which reuses it only after a
-context synchronize has made sure no stream's earlier work still reads it (``_pools.ArrayPool``).
+context synchronize has made sure no stream's earlier work still reads it (``_array_pool.ArrayPool``).
 
 DLPack structures come from _dlpack.h (the ABI of dlpack.h v1.x, which is stable): the
 legacy ``DLManagedTensor`` (capsule ``"dltensor"``) and the versioned ``DLManagedTensorVersioned``
@@ -26,7 +26,7 @@ import numpy as np
 from cuda.bindings cimport cydriver
 
 from ._driver cimport check_cu
-from ._pools cimport ArrayPool, array_block_size
+from ._array_pool cimport ArrayPool, array_block_size
 from ._dlpack cimport DLDataType, DLTensor, DLManagedTensor, DLManagedTensorVersioned
 
 __all__ = ["DeviceArray", "pointer_device", "dlpack_info", "array_pool_stats", "trim_array_pool",
