@@ -217,12 +217,18 @@ class HostRegistry:
             owner = owning_array(obj)
             r = self._containing(start, end)
             if r is not None:
-                if r.owner is None or r.owner() is owner:
+                # (a range of memory numpy does not own lives only while a register() block keeps
+                # it: the policy never holds one, or it could outlive that memory)
+                if r.owner is not None and r.owner() is owner:
                     if h not in r.auto:
                         r.auto[h] = 1  # held: another backend's trim cannot pull it from under this one
                         self._publish()
                     self._counts["hits"] += 1
                 return
+            from ._windows import is_page_locked_address  # noqa: PLC0415
+
+            if is_page_locked_address(address, nbytes):
+                return  # page-locked already (pinned_empty, or registered by the caller)
             if owner is None:
                 self._refuse("not owned by numpy")
                 return

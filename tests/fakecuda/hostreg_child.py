@@ -346,6 +346,35 @@ def an_async_dispatch_still_copies_what_only_the_policy_registered(fake):
 
 
 @scenario
+def the_policy_never_keeps_what_only_a_block_keeps_alive(fake):
+    # memory numpy does not own, registered by a register() block and dispatched on by a backend
+    # with the policy: the block's end unregisters it (a policy hold would outlive the memory)
+    backend = backend_on(fake, auto_register=AT_ONCE)
+    before, c0 = fake.stats(), counts()
+    a, b = aligned_pair()
+    raw = bytearray(a.tobytes())
+    view = np.frombuffer(raw, np.float32)
+    with backend.register(view):
+        for _ in range(2):
+            check(backend, view, b)
+        assert vc.is_page_locked(view)
+    assert not vc.is_page_locked(view), vc.registered_stats()
+    del view
+    raw.extend(b"\0" * PAGE)  # its memory may move now
+    # page-locked arrays are neither registered nor counted as fallbacks
+    pinned = vc.pinned_empty(N, np.float32)
+    pinned[:] = a
+    c1 = counts()
+    for _ in range(2):
+        check(backend, pinned, b)
+    assert counts()["fallbacks"] == c1["fallbacks"] and counts()["registrations"] == c1["registrations"]
+    del pinned
+    backend.close()
+    assert delta(c0)["registrations"] - delta(c0)["unregistrations"] == 0, delta(c0)
+    settled(fake, before)
+
+
+@scenario
 def trim_and_close_unregister_what_the_policy_holds(fake):
     backend = backend_on(fake, auto_register=AT_ONCE)
     before = fake.stats()
