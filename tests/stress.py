@@ -61,7 +61,8 @@ class Stress:
         self.base = self.fake.stats() if self.fake is not None else None
         self.pinned_pool_before = 0 in hostmem._pools  # (it keeps a context reference for the process)
         self.array_pool_before = 0 in _devarray._array_pools  # (so does the DeviceArray pool)
-        self.slots = [self._new_backend() for _ in range(args.backends)]
+        self.registered_before = vc.registered_stats()
+        self.slots = [self._new_backend(k) for k in range(args.backends)]
         self.retired = []  # closed backends: checked for leaks at the end
         self.counts = dict.fromkeys(
             ("dispatches", "checked", "wrong", "errors", "refused", "closes", "trims", "pinned_arrays", "clears"), 0
@@ -74,8 +75,14 @@ class Stress:
         self.stop = threading.Event()
 
     # ---------------------------------------------------------------- setup
-    def _new_backend(self):
-        backend = vc.CudaBackend(0, staging_chunk_bytes=self.args.chunk_mib << 20, staging_chunks=self.args.chunks)
+    def _new_backend(self, slot):
+        # every other backend registers the buffers it sees again (at once, from 256 KiB): the
+        # threads' inputs are overlapping slices of one array, so ranges are hit, refused as
+        # overlapping, held by two backends, trimmed, and unregistered when the array dies
+        policy = vc.AutoRegister(min_bytes=256 << 10, saving_gbps=1.0) if slot % 2 else False
+        backend = vc.CudaBackend(
+            0, staging_chunk_bytes=self.args.chunk_mib << 20, staging_chunks=self.args.chunks, auto_register=policy
+        )
         if self.fake is not None:
             x = np.zeros(1024, np.float32)
             self.fake.emulate(backend, VECADD, [x, x], self._emulation)
@@ -221,7 +228,7 @@ class Stress:
                         with self.lock:
                             old = self.slots[slot]
                         old.close()  # other threads are dispatching on it now
-                        new = self._new_backend()
+                        new = self._new_backend(slot)
                         with self.lock:
                             self.slots[slot] = new
                             self.retired.append(old)
@@ -317,6 +324,14 @@ class Stress:
         arrays = _devarray.array_pool_stats(0)
         if arrays["live_bytes"] or arrays["cached_bytes"]:
             leaks["DeviceArray pool"] = arrays
+        registered = vc.registered_stats()  # (the threads' arrays died with them: nothing is left)
+        if registered["registered_ranges"]:
+            leaks["registered ranges"] = registered["registered_ranges"]
+        regs = registered["registrations"] - self.registered_before["registrations"]
+        self.counts["registrations"] = regs
+        unregs = registered["unregistrations"] - self.registered_before["unregistrations"]
+        if unregs != regs:
+            leaks["registrations not undone"] = regs - unregs
         time.sleep(0.05)  # joined threads leave the interpreter's count a moment later
         if threading.active_count() > before_threads:
             leaks["threads"] = threading.active_count() - before_threads
@@ -326,7 +341,16 @@ class Stress:
                 after["context_refs"] -= 1  # the page-locked array pool's, held for the process
             if not self.array_pool_before and 0 in _devarray._array_pools:
                 after["context_refs"] -= 1  # the DeviceArray pool's, held for the process
-            for name in ("device_allocs", "host_allocs", "streams", "events", "modules", "context_refs", "mempools"):
+            for name in (
+                "device_allocs",
+                "host_allocs",
+                "streams",
+                "events",
+                "modules",
+                "context_refs",
+                "mempools",
+                "registered",
+            ):
                 if after[name] != base[name]:
                     leaks[f"driver {name}"] = after[name] - base[name]
             if after["no_context"] != base["no_context"]:

@@ -457,9 +457,12 @@ cdef class Core:
         """The automatic registration policy sees this dispatch's host buffers (a buffer it
         registers, or holds registered, moves by direct DMA: see _hostreg)."""
         cdef size_t i
-        hook = self.auto_hook
+        hook = self.auto_hook  # (read once)
+        if hook is None:
+            return 0
         for i in range(d.views.size()):
-            if d.views[i].obj is not None:
+            # (a device input's slot holds no buffer: its obj is NULL, not None)
+            if <void*>d.views[i].obj != NULL and d.views[i].len:
                 hook(d.views[i].obj, <uintptr_t>d.views[i].buf, <size_t>d.views[i].len)
         if into is not None:
             for k in range(len(into)):

@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -235,10 +236,9 @@ class CudaBackend:
             self._ctx, self._caps.cc, self._caps.driver_version, on_evict=self._core.clear_prepared
         )
         self.telemetry = Telemetry(self._core)
-        core = self._core
-        self._holder = _hostreg.REGISTRY.holder(self._ctx, self.device, lambda: core.outstanding > 0)
+        self._holder = _hostreg.REGISTRY.holder(self._ctx, self.device, _busy_probe(self))
         if policy is not None:
-            core.auto_hook = _hostreg.core_hook(self._holder, policy)
+            self._core.auto_hook = _hostreg.core_hook(self._holder, policy)
         self._closed = False
         log.debug("CudaBackend(device=%d): %s, cc %s", self.device, self._caps.name, self._caps.cc)
 
@@ -666,7 +666,6 @@ class CudaBackend:
             return
         core = self._core
         core.refuse_new()  # from here on every new call is refused with the closed error
-        core.auto_hook = None  # (it refers to the core: a cycle otherwise)
         while core.busy:  # a short poll, GIL released: Ctrl-C interrupts it
             time.sleep(0.0002)
         if self._closed:  # another thread's close() finished meanwhile
@@ -778,6 +777,18 @@ class CudaBackend:
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("lost" if self.lost else "open")
         return f"CudaBackend(device={self.device}, {self._caps.name}, {state})"
+
+
+def _busy_probe(backend):
+    """Whether ``backend`` has GPU work in flight, for the registry (a weak reference: the probe
+    lives in the core's policy hook, and a dropped backend closed first, waiting for its work)."""
+    ref = weakref.ref(backend)
+
+    def busy() -> bool:
+        b = ref()
+        return b is not None and b._core.outstanding > 0
+
+    return busy
 
 
 def _buffer_span(obj):
