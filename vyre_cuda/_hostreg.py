@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from . import _driver
+from ._windows import is_page_locked_address, set_auto_registered
 from .errors import BackendError, ValidationError
 
 log = logging.getLogger("vyre_cuda")
@@ -225,8 +226,6 @@ class HostRegistry:
                         self._publish()
                     self._counts["hits"] += 1
                 return
-            from ._windows import is_page_locked_address  # noqa: PLC0415
-
             if is_page_locked_address(address, nbytes):
                 return  # page-locked already (pinned_empty, or registered by the caller)
             if owner is None:
@@ -304,8 +303,6 @@ class HostRegistry:
     def _publish(self) -> None:
         """Tell the dispatch path which ranges only the automatic policy holds: an async dispatch
         copies those before it returns, as it would pageable memory (``_windows.auto_registered``)."""
-        from ._windows import set_auto_registered  # noqa: PLC0415
-
         set_auto_registered([(r.start, r.end) for r in list(self._ranges.values()) if r.auto and not r.explicit])
 
     def _refuse(self, reason: str) -> None:
@@ -322,8 +319,6 @@ class HostRegistry:
         if r is not None or self._overlaps(start, end):
             self._refuse("overlaps a registered range")
             return None
-        from ._windows import is_page_locked_address  # noqa: PLC0415
-
         if is_page_locked_address(address, nbytes):
             return None  # page-locked already (pinned_empty, or registered by the caller): direct
         if sum(x.nbytes for x in list(self._ranges.values())) + (end - start) > self._budget:
