@@ -119,7 +119,7 @@ def extensions():
             ".".join(pyx.with_suffix("").parts),
             [pyx.as_posix()],
             language="c++",  # cydriver.pxd pulls in <type_traits>
-            # each module's own C++ header (_transfer.hpp, ...); the profile's floor uses the core's copy pool
+            # each module's own C++ header (_transfer.hpp, ...); the profile's ceilings use the core's copy pool
             include_dirs=[str(pyx.parent)] + (["vyre_cuda"] if pyx.parent.name == "profile" else []),
             extra_compile_args=["-O3", "-std=c++17", "-pthread"],  # the copy threads
             extra_link_args=["-pthread"],

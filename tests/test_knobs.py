@@ -101,7 +101,6 @@ import vyre_cuda as vc
 from fakecuda import FakeDriver, vecadd_emulation
 from vyre_cuda import builtin_programs as bp
 from vyre_cuda.planning.stream import StreamTuning
-from vyre_cuda.profile import _hooks as profile_hooks
 from benchmarks.harness import hooks
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -129,7 +128,7 @@ hooks.set_knobs(small, min_window=64 * KIB, min_readback_window=64 * KIB, mirror
 # windows of a whole chunk, the default mirror boundary, polled waits, its own stream tuning
 large = backend()
 hooks.set_knobs(large, min_window=CHUNK, min_readback_window=CHUNK, stream_upload_max=1 << 40)
-profile_hooks.set_stream_tuning(large, StreamTuning(chunk_bytes=64 * KIB, min_waves=0))
+hooks.set_stream_tuning(large, StreamTuning(chunk_bytes=64 * KIB, min_waves=0))
 # given nothing: the defaults, whatever the others were given (and given after it was made)
 plain = backend()
 backends = {"small": small, "large": large, "plain": plain}

@@ -4,9 +4,9 @@ knobs) and plan state, which the product's profile (``vyre_cuda.profile``) never
 The scripts of ``benchmarks/`` measure things the public API does not show on purpose: how the
 transfer engine behaves under other window sizes or copy routines, how a blocking dispatch waits,
 which path a prepared plan chose. Everything they need of that goes through the functions below
-(and the stage clocks and the stream tuning through ``vyre_cuda.profile._hooks``), and no other
-file of ``benchmarks/`` imports a private core module, so that when the core's modules move only
-these two files follow them.
+(and the stage clocks through ``vyre_cuda.profile._hooks``), and no other file of ``benchmarks/``
+imports a private core module, so that when the core's modules move only these two files follow
+them.
 
 These are measuring aids, not API: they change one backend's settings (``vyre_cuda._knobs.Knobs``,
 read by its dispatch path), never another's, with only the knobs' own checks. Nothing here is
@@ -22,6 +22,7 @@ __all__ = [
     "is_page_locked_address",
     "prepared_plan",
     "set_knobs",
+    "set_stream_tuning",
 ]
 
 
@@ -44,11 +45,19 @@ def set_knobs(backend, base=None, **changes) -> Any:
     - ``mirror_max``: dispatches whose device slab is at most this many bytes upload through the
       pinned mirror, larger ones through the staging ring (default
       ``vyre_cuda.planning.dispatch.MIRROR_MAX``).
-    - ``stream_tuning``: the streamed route's constants (``profile._hooks.set_stream_tuning``).
+    - ``stream_tuning``: the streamed route's constants (:func:`set_stream_tuning`).
     """
     old = backend._knobs
     backend._use_knobs((old if base is None else base).replace(**changes))
     return old
+
+
+def set_stream_tuning(backend, tuning) -> None:
+    """``backend``'s streamed-route constants: a :class:`~vyre_cuda.planning.stream.StreamTuning`
+    (chunk bytes, streams, the smallest chunk count, waves per chunk), or None for the measured
+    defaults. Cached plans are dropped, so the next dispatch plans with it. The backend's other
+    measurement settings (``vyre_cuda._knobs.Knobs``) stay as they are."""
+    set_knobs(backend, stream_tuning=tuning)
 
 
 def is_page_locked_address(address: int, nbytes: int) -> bool:

@@ -16,10 +16,10 @@ import numpy as np
 from helpers.scenarios import Scenarios, live, raises
 
 import vyre_cuda as vc
+from benchmarks.harness import hooks
 from fakecuda import FakeDriver, array_at, vecadd_emulation
 from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program
 from vyre_cuda.planning.stream import StreamTuning
-from vyre_cuda.profile import _hooks
 
 SCENARIOS = Scenarios()
 scenario = SCENARIOS.register
@@ -47,7 +47,7 @@ def backend_with(fake, program, inputs, emulation, rows_per_chunk=None, streams=
     if rows_per_chunk is not None:
         itemsize = np.asarray(inputs[0]).dtype.itemsize
         floor = {} if min_chunk_bytes is None else {"min_chunk_bytes": min_chunk_bytes}
-        _hooks.set_stream_tuning(
+        hooks.set_stream_tuning(
             backend, StreamTuning(chunk_bytes=rows_per_chunk * itemsize, streams=streams, min_waves=0, **floor)
         )
     fake.emulate(backend, program, inputs, emulation, STREAMED)

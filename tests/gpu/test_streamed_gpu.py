@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import vyre_cuda as vc
+from benchmarks.harness import hooks
 from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program
 from vyre_cuda import builtin_programs as bp
 from vyre_cuda.planning.stream import StreamTuning
-from vyre_cuda.profile import _hooks
 
 STREAMED = DispatchConfig(streamed=True)
 MIB = 1 << 20
@@ -73,7 +73,7 @@ def rng():
 def small_chunks():
     """A backend whose streamed chunks hold 64 Ki rows of 4 bytes (256 KiB), on 3 streams."""
     b = vc.CudaBackend(0)
-    _hooks.set_stream_tuning(b, StreamTuning(chunk_bytes=256 << 10, streams=3, min_waves=0))
+    hooks.set_stream_tuning(b, StreamTuning(chunk_bytes=256 << 10, streams=3, min_waves=0))
     yield b
     b.close()
 
@@ -113,7 +113,7 @@ def test_chunk_boundaries(small_chunks, rng, chunks, delta):
 
 def test_one_element_chunks(rng):
     with vc.CudaBackend(0) as b:
-        _hooks.set_stream_tuning(b, StreamTuning(chunk_bytes=4, streams=3, min_waves=0))
+        hooks.set_stream_tuning(b, StreamTuning(chunk_bytes=4, streams=3, min_waves=0))
         program = add_program()
         a, b_ = random(rng, 29), random(rng, 29)
         assert b.plan_info(program, [a, b_], STREAMED).stream.chunk_count == 29
@@ -276,7 +276,7 @@ import numpy as np
 import vyre_cuda as vc
 from vyre_cuda import BufferDecl, DispatchConfig, Kernel, Program
 from vyre_cuda.planning.stream import StreamTuning
-from vyre_cuda.profile import _hooks
+from benchmarks.harness import hooks
 
 SRC = '''#include "vyre_cuda.cuh"
 VYRE_KERNEL vyre_main(const float* a, const float* b, float* out, const vyre_u32* p) {
@@ -292,7 +292,7 @@ rng = np.random.default_rng()
 n = 1 << 20
 a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
 gpu = vc.CudaBackend(0)
-_hooks.set_stream_tuning(gpu, StreamTuning(chunk_bytes=256 << 10, streams=3, min_waves=0))
+hooks.set_stream_tuning(gpu, StreamTuning(chunk_bytes=256 << 10, streams=3, min_waves=0))
 res = {}
 (out,) = gpu.dispatch(prog, [a, b], DispatchConfig(streamed=True))
 res["warm_ok"] = bool(np.array_equal(out, a + b))
@@ -314,7 +314,9 @@ print("VYRE_RESULT " + json.dumps(res), flush=True)
 @pytest.mark.faults
 def test_a_fault_in_the_middle_of_the_stream():
     root = pathlib.Path(vc.__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    checkout = pathlib.Path(__file__).resolve().parents[2]  # benchmarks/harness (not in the wheel), after the package
+    path = [str(root), str(checkout), os.environ.get("PYTHONPATH")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
     proc = subprocess.run(
         [sys.executable, "-c", FAULT_CHILD], capture_output=True, text=True, timeout=120, env=env, cwd=root.parent
     )

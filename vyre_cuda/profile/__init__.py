@@ -10,7 +10,8 @@ size (bytes per buffer; vecadd moves two inputs in and one output out):
 * **the floors** (``vyre_cuda.profile._floor``): the same driver calls from a minimal C loop, one
   copy per buffer through pinned staging (and its enqueue part), the driver's pageable path, from
   page-locked arrays, one ``cuLaunchKernel``; the tight floor (:mod:`.tight`), issued and replayed.
-* **the ceilings**: DMA each direction and both at once; host memcpy on 1 and N threads.
+* **the ceilings** (``vyre_cuda.profile._ceilings``, on the floor's buffers): DMA each direction
+  and both at once; host memcpy on 1 and N threads.
 
 Every time is a median with p10 and p90, beside its GB/s (:mod:`.report`) and its ratio to the
 floor of the same run. Peers, thread scaling, taught patterns and targets are the benchmark
@@ -21,7 +22,8 @@ record's (``benchmarks/`` in the source repository), built on this package.
 >>> print(report.format_table())                             # doctest: +SKIP
 >>> report.plot("profile.png")                               # doctest: +SKIP
 
-The floor extension is imported only by a run, never by ``import vyre_cuda`` or this package.
+The floor and ceiling extensions are imported only by a run, never by ``import vyre_cuda`` or this
+package.
 """
 
 from .cli import add_arguments, main

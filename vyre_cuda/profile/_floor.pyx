@@ -1,8 +1,9 @@
 # cython: language_level=3, embedsignature=True
-"""The driver floor and the transfer ceilings: what the hardware and a minimal C loop can do.
+"""The driver floors: what a minimal C loop of driver calls can do.
 
-Every figure of ``vyre-cuda profile`` is a ratio to these loops or a fraction of these ceilings,
-measured in the same run. For ``out = a + b`` on float32 buffers, the **per-buffer floor**
+Every figure of ``vyre-cuda profile`` is a ratio to these loops or a fraction of the transfer
+ceilings (:mod:`._ceilings`, on the same buffers: :class:`Floor` extends its ``Ceilings``), measured
+in the same run. For ``out = a + b`` on float32 buffers, the **per-buffer floor**
 (:meth:`Floor.full_pinned`) issues what a borrowed-buffer dispatch needs and nothing else: memcpy
 of ``a`` and ``b`` into pinned staging, two ``cuMemcpyHtoDAsync``, ``cuMemsetD8Async``,
 ``cuLaunchKernel``, ``cuMemcpyDtoHAsync``, ``cuEventRecord``, ``cuEventSynchronize`` and a memcpy of
@@ -11,24 +12,20 @@ copy. The **tight floor** (:meth:`Floor.tight`) is the fewest calls a round trip
 ``cuMemcpyHtoDAsync`` of both inputs (adjacent in staging and on the device), the launch, one
 ``cuMemcpyDtoHAsync`` and one of :data:`WAITS`, issued or captured once as a graph and replayed.
 
-The **ceilings** move the same bytes: DMA from and to pinned memory (each direction alone, both at
-once on two streams), and host memcpy between pageable and pinned memory on 1 or N threads through
-the core's own copy pool (``vyre_cuda/_transfer.hpp``, threads started once per measurement).
-Buffers, staging, streams and events are allocated once, outside the timed loops; every loop runs
-with the GIL released and is timed with the core's clock (``vyre_cuda._driver.now_ns``). The
-runtime API never imports this module.
+The kernel, buffers, staging, streams and events are loaded or allocated once, outside the timed
+loops; every loop runs with the GIL released and is timed with the core's clock
+(``vyre_cuda._driver.now_ns``). The runtime API never imports this module.
 """
 
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int64_t
 from libc.string cimport memcpy, memset
 
 from cuda.bindings cimport cydriver
-from cuda.bindings.cydriver cimport (CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CUcontext, CUdeviceptr, CUevent,
-                                     CUfunction, CUgraph, CUgraphExec, CUmodule, CUresult, CUstream)
+from cuda.bindings.cydriver cimport (CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CUcontext, CUfunction, CUgraph,
+                                     CUgraphExec, CUmodule, CUresult)
 
 from vyre_cuda._driver cimport capture_closed, capture_opened, check_cu, now_ns, raise_cu
-from vyre_cuda._transfer cimport CopyPool
-from vyre_cuda._windows cimport CopyTask
+from vyre_cuda.profile._ceilings cimport Ceilings, as_f32, check_counts, context_of, i64_data, note
 
 import numpy as np
 
@@ -61,64 +58,6 @@ extern "C" __global__ void vecadd(const float* a, const float* b, float* out, un
     }
 }
 """
-
-# Staging slices start on this boundary so each copy's host side is aligned for the DMA engine.
-cdef size_t _STAGING_ALIGN = 256
-cdef int _MAX_THREADS = 256  # of a host memcpy ceiling
-
-
-cdef int check_counts(Py_ssize_t iterations, Py_ssize_t warmup) except -1:
-    if iterations < 0 or warmup < 0:
-        raise ValidationError(f"iterations and warmup must be >= 0 (got {iterations}, {warmup})",
-                              "pass non-negative counts")
-    return 0
-
-
-cdef int64_t* i64_data(arr) except? NULL:
-    # The loops write results through a raw pointer: no bounds check inside the timed region.
-    cdef int64_t[::1] view = arr
-    if view.shape[0] == 0:
-        return NULL
-    return &view[0]
-
-
-cdef object copy_passes(CopyTask* tasks, int count, int threads, Py_ssize_t iterations, Py_ssize_t warmup):
-    # warmup + iterations passes of the copies, each split over `threads` threads of the core's copy
-    # pool (the caller and threads - 1 workers, started by an untimed pass); ns of each timed pass.
-    if threads < 1 or threads > _MAX_THREADS:
-        raise ValidationError(f"copy threads must be in 1..{_MAX_THREADS} (got {threads})",
-                              "pass threads=1 for one thread, or the number of cores to use")
-    check_counts(iterations, warmup)
-    times = np.empty(iterations, dtype=np.int64)
-    cdef int64_t* tv = i64_data(times)
-    cdef CopyPool pool
-    cdef Py_ssize_t i
-    cdef unsigned long long t0
-    with nogil:
-        pool.configure(threads - 1, 1)  # split every pass, however small
-        if threads > 1:
-            pool.run(tasks, count, False)  # starts the workers: never inside a timed pass
-        for i in range(warmup + iterations):
-            t0 = now_ns()
-            pool.run(tasks, count, False)
-            if i >= warmup:
-                tv[i - warmup] = <int64_t>(now_ns() - t0)
-        pool.stop()
-    return times
-
-
-cdef inline void _note(CUresult status, const char* call, CUresult* first, const char** first_call) noexcept nogil:
-    if status != CUDA_SUCCESS and first[0] == CUDA_SUCCESS:
-        first[0] = status
-        first_call[0] = call
-
-
-cdef CUcontext _context_of(handle) except? NULL:
-    value = int(handle)
-    if value <= 0:
-        raise ValidationError(f"context handle must be a non-null CUcontext address (got {handle!r})",
-                              "pass backend.context_handle of an open CudaBackend")
-    return <CUcontext><uintptr_t>value
 
 
 cdef class FloorKernel:
@@ -155,7 +94,7 @@ cdef class FloorKernel:
         if not data.endswith(b"\0"):
             data += b"\0"  # PTX must be NUL-terminated; a trailing byte is harmless to ELF images
         data_p = data
-        self._ctx = _context_of(context_handle)
+        self._ctx = context_of(context_handle)
         self.entry = entry
         try:
             with nogil:
@@ -204,11 +143,11 @@ cdef class FloorKernel:
         self.close()
 
 
-cdef class Floor:
-    """One floor loop's resources: three device buffers of ``n`` float32 (the two inputs next to
-    each other in one allocation), pinned staging for them (likewise), a non-blocking stream and
-    an event (and a second pair for the readback of the both-directions ceiling), all allocated
-    once; the tight floor's graph is captured at its first use.
+cdef class Floor(Ceilings):
+    """The floor loops on the buffers of :class:`~vyre_cuda.profile._ceilings.Ceilings` (three
+    device buffers of ``n`` float32, pinned staging, a non-blocking stream and an event, allocated
+    in the kernel's context), whose transfer ceilings it also measures; the tight floor's graph is
+    captured at its first use.
 
     Each timed method makes the context current in the calling thread, then runs its whole
     loop with the GIL released. Use one Floor per thread.
@@ -219,86 +158,28 @@ cdef class Floor:
     """
 
     cdef FloorKernel _kernel
-    cdef CUcontext _ctx
     cdef CUfunction _func
-    cdef CUdeviceptr _d_a  # the inputs' allocation: a, then b at _d_a + stride
-    cdef CUdeviceptr _d_b
-    cdef CUdeviceptr _d_out
-    cdef size_t _in_span  # bytes from the start of a to the end of b (staging and device alike)
     cdef CUgraphExec _exec  # the tight floor's round trip as a graph (NULL until first used)
-    cdef char* _pinned
-    cdef char* _h_a
-    cdef char* _h_b
-    cdef char* _h_out
-    cdef CUstream _stream
-    cdef CUevent _event
-    cdef CUstream _stream2  # the both-directions ceiling's readback runs here
-    cdef CUevent _event2
-    cdef size_t _nbytes
     cdef unsigned int _n
     cdef unsigned int _grid
     cdef void* _args[4]
-    cdef readonly Py_ssize_t n
 
     def __cinit__(self):
-        self._ctx = NULL
-        self._pinned = NULL
-        self._stream = NULL
-        self._event = NULL
-        self._stream2 = NULL
-        self._event2 = NULL
-        self._d_a = 0
-        self._d_b = 0
-        self._d_out = 0
         self._exec = NULL
 
     def __init__(self, FloorKernel kernel not None, Py_ssize_t n):
-        cdef size_t stride
         if kernel.closed:
             raise ValidationError("the FloorKernel is closed (its module was unloaded)",
                                   "create the Floor before closing its FloorKernel")
-        if n <= 0 or n > 0x7FFFFFFF:
-            raise ValidationError(f"floor element count must be in 1..2,147,483,647 (got {n:,})",
-                                  "pass a buffer size of at least 4 bytes and below 8 GiB")
+        self._allocate(kernel._ctx, n)
         self._kernel = kernel
-        self._ctx = kernel._ctx
         self._func = kernel._func
-        self.n = n
         self._n = <unsigned int>n
-        self._nbytes = <size_t>n * sizeof(float)
         self._grid = <unsigned int>((n + _BLOCK - 1) // _BLOCK)
-        stride = (self._nbytes + _STAGING_ALIGN - 1) // _STAGING_ALIGN * _STAGING_ALIGN
-        self._in_span = stride + self._nbytes
         self._args[0] = &self._d_a
         self._args[1] = &self._d_b
         self._args[2] = &self._d_out
         self._args[3] = &self._n
-        try:
-            with nogil:
-                check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
-                check_cu(cydriver.cuMemAlloc(&self._d_a, 2 * stride), b"cuMemAlloc")
-                self._d_b = self._d_a + stride
-                check_cu(cydriver.cuMemAlloc(&self._d_out, self._nbytes), b"cuMemAlloc")
-                check_cu(cydriver.cuMemHostAlloc(<void**>&self._pinned, 3 * stride, 0), b"cuMemHostAlloc")
-                check_cu(cydriver.cuStreamCreate(&self._stream, cydriver.CU_STREAM_NON_BLOCKING), b"cuStreamCreate")
-                check_cu(cydriver.cuEventCreate(&self._event, cydriver.CU_EVENT_DISABLE_TIMING), b"cuEventCreate")
-                check_cu(cydriver.cuStreamCreate(&self._stream2, cydriver.CU_STREAM_NON_BLOCKING), b"cuStreamCreate")
-                check_cu(cydriver.cuEventCreate(&self._event2, cydriver.CU_EVENT_DISABLE_TIMING), b"cuEventCreate")
-        except BaseException:
-            self._release_quiet()
-            raise
-        self._h_a = self._pinned
-        self._h_b = self._pinned + stride
-        self._h_out = self._pinned + 2 * stride
-
-    @property
-    def nbytes(self):
-        """Bytes per buffer."""
-        return self._nbytes
-
-    @property
-    def closed(self):
-        return self._stream == NULL
 
     # -- one iteration, split where the timings split -------------------------------------
     cdef int _enqueue_pinned(self, const char* a, const char* b) except -1 nogil:
@@ -345,28 +226,11 @@ cdef class Floor:
         check_cu(cydriver.cuEventSynchronize(self._event), b"cuEventSynchronize")
         return 0
 
-    cdef void _drain(self) noexcept:
-        # After a failure mid-loop, wait for what was enqueued (copies may target the caller's
-        # memory); the result is ignored, the original error is the one reported.
-        if self._stream != NULL:
-            with nogil:
-                cydriver.cuStreamSynchronize(self._stream)
-        if self._stream2 != NULL:
-            with nogil:
-                cydriver.cuStreamSynchronize(self._stream2)
-
-    cdef int _ready(self) except -1:
-        if self._stream == NULL:
-            raise ValidationError("this Floor is closed", "create a new Floor")
-        return 0
-
     cdef int _loop(self, int variant, const char* pa, const char* pb, char* po,
                    Py_ssize_t iterations, Py_ssize_t warmup, int64_t* tv,
                    int64_t* ev) except -1 nogil:
-        # variant 0: full through pinned staging; 1: the driver's pageable path; 2: the DMA
-        # ceiling upload (both inputs, pinned -> device); 3: the DMA ceiling readback; 4: both
-        # at once, the upload on the stream and the readback on the second stream; 5: issued
-        # from page-locked arrays (DMA straight from and into them, then a stream synchronize).
+        # variant 0: full through pinned staging; 1: the driver's pageable path; 2: issued from
+        # page-locked arrays (DMA straight from and into them, then a stream synchronize).
         cdef Py_ssize_t i
         cdef unsigned long long t0, t1
         check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
@@ -376,67 +240,45 @@ cdef class Floor:
                 self._enqueue_pinned(pa, pb)
             elif variant == 1:
                 self._enqueue_from(pa, pb, po, True)
-            elif variant == 2:
-                self._upload()
-                check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
-            elif variant == 5:
-                self._enqueue_from(pa, pb, po, False)
-            elif variant == 4:
-                self._upload()
-                check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
-                check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes, self._stream2),
-                         b"cuMemcpyDtoHAsync")
-                check_cu(cydriver.cuEventRecord(self._event2, self._stream2), b"cuEventRecord")
             else:
-                check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes,
-                                                    self._stream), b"cuMemcpyDtoHAsync")
-                check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
+                self._enqueue_from(pa, pb, po, False)
             t1 = now_ns()
             if variant == 0:
                 self._finish_pinned(po)
-            elif variant == 5:
+            elif variant == 2:
                 check_cu(cydriver.cuStreamSynchronize(self._stream), b"cuStreamSynchronize")
             else:
                 self._sync()
-                if variant == 4:
-                    check_cu(cydriver.cuEventSynchronize(self._event2), b"cuEventSynchronize")
             if i >= warmup:
                 tv[i - warmup] = <int64_t>(now_ns() - t0)
-                if ev != NULL:
-                    ev[i - warmup] = <int64_t>(t1 - t0)
+                ev[i - warmup] = <int64_t>(t1 - t0)
         return 0
 
-    def _timed(self, int variant, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup, bint with_enqueue):
+    def _timed(self, int variant, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup):
+        # (total_ns, enqueue_ns) of one of _loop's variants
         self._ready()
         check_counts(iterations, warmup)
-        cdef const char* pa = NULL
-        cdef const char* pb = NULL
-        cdef char* po = NULL
-        cdef const float[::1] av
-        cdef const float[::1] bv
-        cdef float[::1] ov
-        if a is not None:
-            a, b, out = self._views(a, b, out)
-            av = a
-            bv = b
-            ov = out
-            pa = <const char*>&av[0]
-            pb = <const char*>&bv[0]
-            po = <char*>&ov[0]
+        a, b, out = self._views(a, b, out)
+        cdef const float[::1] av = a
+        cdef const float[::1] bv = b
+        cdef float[::1] ov = out
+        cdef const char* pa = <const char*>&av[0]
+        cdef const char* pb = <const char*>&bv[0]
+        cdef char* po = <char*>&ov[0]
         total = np.empty(iterations, dtype=np.int64)
-        enqueue = np.empty(iterations, dtype=np.int64) if with_enqueue else None
+        enqueue = np.empty(iterations, dtype=np.int64)
         cdef int64_t* tv = i64_data(total)
-        cdef int64_t* ev = i64_data(enqueue) if with_enqueue else NULL
+        cdef int64_t* ev = i64_data(enqueue)
         try:
             with nogil:
                 self._loop(variant, pa, pb, po, iterations, warmup, tv, ev)
         except BaseException:
             self._drain()
             raise
-        return (total, enqueue) if with_enqueue else total
+        return total, enqueue
 
     def _views(self, a, b, out):
-        return (_as_f32(a, "a", self.n, False), _as_f32(b, "b", self.n, False), _as_f32(out, "out", self.n, True))
+        return (as_f32(a, "a", self.n, False), as_f32(b, "b", self.n, False), as_f32(out, "out", self.n, True))
 
     # -- the floor ------------------------------------------------------------------------
     def full_pinned(self, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup=0):
@@ -446,13 +288,13 @@ cdef class Floor:
         iteration (memcpy in ... memcpy out), and its enqueue part (up to and including
         ``cuEventRecord``). ``out`` holds ``a + b`` afterwards.
         """
-        return self._timed(0, a, b, out, iterations, warmup, True)
+        return self._timed(0, a, b, out, iterations, warmup)
 
     def full_pageable(self, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup=0):
         """Full dispatch with H2D straight from ``a``/``b`` and D2H straight into ``out``
         (the driver's own pageable path). Returns ``(total_ns, enqueue_ns)`` like
         :meth:`full_pinned`."""
-        return self._timed(1, a, b, out, iterations, warmup, True)
+        return self._timed(1, a, b, out, iterations, warmup)
 
     def full_pinned_direct(self, a, b, out, Py_ssize_t iterations, Py_ssize_t warmup=0):
         """Full dispatch from page-locked ``a`` and ``b`` into page-locked ``out`` (e.g.
@@ -464,14 +306,14 @@ cdef class Floor:
         an array is not page-locked (the driver would stage it: not this floor).
         """
         for name, x in (("a", a), ("b", b), ("out", out)):
-            _as_f32(x, name, self.n, name == "out")
+            as_f32(x, name, self.n, name == "out")
             if not _windows.is_page_locked_address(x.ctypes.data, self._nbytes):
                 raise ValidationError(
                     f"floor buffer {name!r} is not page-locked memory ({self._nbytes:,} bytes at "
                     f"0x{x.ctypes.data:x})",
                     "pass arrays from vyre_cuda.pinned_empty (or registered with CudaBackend.register)",
                 )
-        return self._timed(5, a, b, out, iterations, warmup, True)
+        return self._timed(2, a, b, out, iterations, warmup)
 
     def launch_only(self, Py_ssize_t batches, Py_ssize_t batch_size=256, Py_ssize_t warmup_batches=1):
         """Host time per ``cuLaunchKernel`` on the preallocated buffers: ``batches`` batches of
@@ -622,122 +464,12 @@ cdef class Floor:
         memcpy(&ov[0], self._h_out, self._nbytes)
         return total
 
-    # -- the ceilings ---------------------------------------------------------------------
-    def dma_h2d(self, Py_ssize_t iterations, Py_ssize_t warmup=0):
-        """DMA ceiling, upload: both input buffers from pinned staging to the device (two
-        ``cuMemcpyHtoDAsync``, an event, its synchronize). Returns int64 ns per upload."""
-        return self._timed(2, None, None, None, iterations, warmup, False)
-
-    def dma_d2h(self, Py_ssize_t iterations, Py_ssize_t warmup=0):
-        """DMA ceiling, readback: the output buffer from the device into pinned staging.
-        Returns int64 ns per readback."""
-        return self._timed(3, None, None, None, iterations, warmup, False)
-
-    def dma_both(self, Py_ssize_t iterations, Py_ssize_t warmup=0):
-        """DMA ceiling, both directions at once: the upload of both inputs on one stream and
-        the readback of the output on another, issued together and both waited for (the
-        dispatch's bytes: 2 x n up, n down). Returns int64 ns per pair."""
-        return self._timed(4, None, None, None, iterations, warmup, False)
-
-    def copy_in(self, a, b, int threads, Py_ssize_t iterations, Py_ssize_t warmup=0):
-        """Host memcpy ceiling, pageable -> pinned: ``a`` and ``b`` into the pinned staging
-        with ``threads`` threads. Returns int64 ns per pass (both buffers)."""
-        self._ready()
-        cdef const float[::1] av = _as_f32(a, "a", self.n, False)
-        cdef const float[::1] bv = _as_f32(b, "b", self.n, False)
-        cdef CopyTask tasks[2]
-        tasks[0].dst, tasks[0].src, tasks[0].n = self._h_a, <const char*>&av[0], self._nbytes
-        tasks[1].dst, tasks[1].src, tasks[1].n = self._h_b, <const char*>&bv[0], self._nbytes
-        return copy_passes(tasks, 2, threads, iterations, warmup)
-
-    def copy_out(self, out, int threads, Py_ssize_t iterations, Py_ssize_t warmup=0):
-        """Host memcpy ceiling, pinned -> pageable: the pinned output staging into ``out``
-        with ``threads`` threads. Returns int64 ns per pass."""
-        self._ready()
-        cdef float[::1] ov = _as_f32(out, "out", self.n, True)
-        cdef CopyTask task
-        task.dst, task.src, task.n = <char*>&ov[0], self._h_out, self._nbytes
-        return copy_passes(&task, 1, threads, iterations, warmup)
-
     # -- teardown ---------------------------------------------------------------------
     cdef void _release(self, CUresult* first, const char** first_call) noexcept nogil:
-        # Wait for in-flight work (it reads the staging) before freeing anything; keep going
-        # after a failure so that everything else is still freed, and remember the first one.
-        if self._ctx == NULL:
-            return
-        _note(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent", first, first_call)
-        if self._stream != NULL:
-            _note(cydriver.cuStreamSynchronize(self._stream), b"cuStreamSynchronize", first, first_call)
-        if self._stream2 != NULL:
-            _note(cydriver.cuStreamSynchronize(self._stream2), b"cuStreamSynchronize", first, first_call)
+        # the graph after the stream's work (a replay reads the staging), then the ceilings' buffers
         if self._exec != NULL:
-            _note(cydriver.cuGraphExecDestroy(self._exec), b"cuGraphExecDestroy", first, first_call)
+            note(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent", first, first_call)
+            note(cydriver.cuStreamSynchronize(self._stream), b"cuStreamSynchronize", first, first_call)
+            note(cydriver.cuGraphExecDestroy(self._exec), b"cuGraphExecDestroy", first, first_call)
             self._exec = NULL
-        if self._event2 != NULL:
-            _note(cydriver.cuEventDestroy(self._event2), b"cuEventDestroy", first, first_call)
-            self._event2 = NULL
-        if self._stream2 != NULL:
-            _note(cydriver.cuStreamDestroy(self._stream2), b"cuStreamDestroy", first, first_call)
-            self._stream2 = NULL
-        if self._event != NULL:
-            _note(cydriver.cuEventDestroy(self._event), b"cuEventDestroy", first, first_call)
-            self._event = NULL
-        if self._stream != NULL:
-            _note(cydriver.cuStreamDestroy(self._stream), b"cuStreamDestroy", first, first_call)
-            self._stream = NULL
-        if self._d_a != 0:  # b lies in the same allocation
-            _note(cydriver.cuMemFree(self._d_a), b"cuMemFree", first, first_call)
-            self._d_a = 0
-            self._d_b = 0
-        if self._d_out != 0:
-            _note(cydriver.cuMemFree(self._d_out), b"cuMemFree", first, first_call)
-            self._d_out = 0
-        if self._pinned != NULL:
-            _note(cydriver.cuMemFreeHost(self._pinned), b"cuMemFreeHost", first, first_call)
-            self._pinned = NULL
-            self._h_a = NULL
-            self._h_b = NULL
-            self._h_out = NULL
-
-    cdef void _release_quiet(self) noexcept:
-        cdef CUresult first = CUDA_SUCCESS
-        cdef const char* first_call = NULL
-        self._release(&first, &first_call)
-
-    def close(self):
-        """Synchronize the stream, then free the event, stream, device buffers and staging.
-        Safe to call twice; raises the first driver failure after freeing everything."""
-        cdef CUresult first = CUDA_SUCCESS
-        cdef const char* first_call = NULL
-        with nogil:
-            self._release(&first, &first_call)
-        if first != CUDA_SUCCESS:
-            raise_cu(first, first_call)
-
-    def __dealloc__(self):
-        # A finaliser never raises; freeing here is the fallback for a Floor never closed.
-        self._release_quiet()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def _as_f32(x, str name, Py_ssize_t n, bint writable):
-    if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 1:
-        raise ValidationError(
-            f"floor buffer {name!r} must be a 1-D float32 numpy array "
-            f"(got {type(x).__name__} {getattr(x, 'dtype', '')} ndim={getattr(x, 'ndim', '?')})",
-            "pass np.ascontiguousarray(x, dtype=np.float32).ravel()",
-        )
-    if not x.flags.c_contiguous:
-        raise ValidationError(f"floor buffer {name!r} must be C-contiguous", "pass np.ascontiguousarray(x)")
-    if x.shape[0] < n:
-        raise ValidationError(f"floor buffer {name!r} holds {x.shape[0]:,} elements, the floor needs {n:,}",
-                              f"pass at least {n:,} float32 elements")
-    if writable and not x.flags.writeable:
-        raise ValidationError(f"floor buffer {name!r} is read-only",
-                              "pass a writable array, e.g. np.empty(n, np.float32)")
-    return x
+        Ceilings._release(self, first, first_call)

@@ -1,5 +1,5 @@
-"""The profile's one door into the core's private parts: the stage clocks and the per-backend
-streamed-route tuning (the benchmarks' other per-backend knobs: ``benchmarks/harness/hooks.py``).
+"""The profile's one door into the core's private parts: the stage clocks (the benchmarks'
+per-backend knobs, the streamed route's tuning among them: ``benchmarks/harness/hooks.py``).
 No other file of the profile imports a private core module, so when the core's modules move only
 this file follows. Measuring aids, not API; nothing here is imported before it is called."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["profiled_dispatch", "set_stream_tuning", "stage_names"]
+__all__ = ["profiled_dispatch", "stage_names"]
 
 
 def stage_names() -> tuple[str, ...]:
@@ -24,11 +24,3 @@ def profiled_dispatch(backend) -> Callable[..., tuple[list, tuple[int, ...]]]:
     per :func:`stage_names` entry, measured from ``start_ns`` (a ``time.perf_counter_ns()``
     taken by the caller just before the call). Bound once, so a timed loop pays no lookup."""
     return backend._dispatch_profiled
-
-
-def set_stream_tuning(backend, tuning) -> None:
-    """``backend``'s streamed-route constants: a :class:`~vyre_cuda.planning.stream.StreamTuning`
-    (chunk bytes, streams, the smallest chunk count, waves per chunk), or None for the measured
-    defaults. Cached plans are dropped, so the next dispatch plans with it. The backend's other
-    measurement settings (``vyre_cuda._knobs.Knobs``) stay as they are."""
-    backend._use_knobs(backend._knobs.replace(stream_tuning=tuning))
