@@ -156,8 +156,8 @@ def test_the_harness_imports_no_peer_and_no_core_until_a_run():
     # the profile (the installed command) imports nothing of benchmarks/; the benchmark harness's
     # peers are plugins: neither their libraries nor their modules load with it; and the compiled
     # core loads only when a run asks for it (the shared checks in _validate, planning's checked
-    # byte arithmetic, _accounting, the dtype table, _dtypes, and the interning of equal program
-    # values, _interned, need no driver)
+    # byte arithmetic, _accounting, the dtype table, _dtypes, the buffer declarations, _buffer_decl,
+    # and the interning of equal program values, _interned, need no driver)
     code = (
         "import sys, vyre_cuda.cli, vyre_cuda.profile\n"
         "vyre_cuda.cli.build_parser()\n"
@@ -166,7 +166,8 @@ def test_the_harness_imports_no_peer_and_no_core_until_a_run():
         "from benchmarks.harness import peers\n"
         "assert peers.PEERS == ('cuda_bindings', 'cupy', 'torch', 'cuda_core')\n"
         "wanted = ('cupy', 'torch', 'cuda', 'benchmarks.harness.peers.', 'vyre_cuda._')\n"
-        "shared = ('vyre_cuda._validate', 'vyre_cuda._accounting', 'vyre_cuda._dtypes', 'vyre_cuda._interned')\n"
+        "shared = ('vyre_cuda._validate', 'vyre_cuda._accounting', 'vyre_cuda._dtypes', 'vyre_cuda._buffer_decl',"
+        " 'vyre_cuda._interned')\n"
         "loaded = [m for m in sys.modules if (m.split('.')[0] in wanted[:3] or m.startswith(wanted[3:]))"
         " and m not in shared]\n"
         "assert not loaded, loaded\n"

@@ -59,9 +59,10 @@ if TYPE_CHECKING:
     # the lazy names below, typed for checkers; at run time __getattr__ imports each at first use
     from . import builtin_programs, tracing, tuning
     from ._devarray import DeviceArray
+    from ._device import driver_status, reset_device
     from ._hostreg import AutoRegister, registered_stats, set_registered_budget
     from ._waits import PendingDispatch
-    from .backend import CudaBackend, driver_status, reset_device
+    from .backend import CudaBackend
     from .group import DeviceGroup
     from .hostmem import is_page_locked, pinned_empty, pinned_like, pinned_zeros
     from .offline import ArraySpec, plan
@@ -120,8 +121,8 @@ _LAZY = {
     "DeviceGroup": ("group", "DeviceGroup"),
     "TimedDispatchResult": ("telemetry", "TimedDispatchResult"),
     "PendingDispatch": ("_waits", "PendingDispatch"),
-    "driver_status": ("backend", "driver_status"),
-    "reset_device": ("backend", "reset_device"),
+    "driver_status": ("_device", "driver_status"),
+    "reset_device": ("_device", "reset_device"),
     "builtin_programs": ("builtin_programs", None),
     "tracing": ("tracing", None),
     "tuning": ("tuning", None),

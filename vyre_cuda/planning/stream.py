@@ -17,8 +17,10 @@ applied to the chunk's binding counts (the chunk's element count), word ``bindin
 binding is the chunk's count and of any other binding its whole count. Pure outputs are cleared
 in the slot before each chunk's launch; read-write bindings upload and read back the same chunk.
 
-The core executes the plan (``vyre_cuda._streamed``). The constants below were measured on an
-H200 (the README's "Streamed dispatch" section gives the figures).
+The core executes the plan (``vyre_cuda._streamed``). The byte layout of the shared region and the
+slots, and the chunk size that fits a memory limit, are :mod:`vyre_cuda.planning.stream_budget`'s.
+The constants below were measured on an H200 (the README's "Streamed dispatch" section gives the
+figures).
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._accounting import U64_MAX, align_up, checked_add, checked_mul
-from ..errors import DeviceOutOfMemory, ValidationError
+from .._accounting import U64_MAX, align_up
+from ..errors import ValidationError
 from ..program import BindingRole
 from .caps import DeviceCaps
 from .launch import params_words, plan_launch
-from .layout import COPY_ALIGN, REGION_ALIGN
+from .layout import COPY_ALIGN
+from .stream_budget import Geometry, budget_too_small, fit, no_chunk_fits, padded
 from .stream_rules import check_serial_budget, serial_blocker, shared_rows
 
 __all__ = [
@@ -304,98 +307,6 @@ def _stream_count(copy_engines: int, wanted: int) -> int:
     return min(wanted, 2) if copy_engines == 1 else 1
 
 
-class _Geometry:
-    """The byte layout of the shared region and of one slot for a given chunk size."""
-
-    def __init__(self, bindings, widths, params_bytes):
-        self.cut = [s for s in bindings.slots if s.decl.name in widths]
-        self.whole = [s for s in bindings.slots if s.decl.name not in widths]
-        self.widths = widths
-        offset = 0
-        self.whole_offsets = {}
-        for slot in self.whole:
-            offset = align_up(offset, _alignment(slot), "streamed shared region")
-            self.whole_offsets[slot.decl.name] = offset
-            offset = checked_add(offset, _padded(slot.byte_len), "streamed shared region")
-        self.params_offsets = []
-        for _ in range(2):  # a full chunk's params block and the last chunk's
-            offset = align_up(offset, REGION_ALIGN, "streamed params offset")
-            self.params_offsets.append(offset)
-            offset = checked_add(offset, params_bytes, "streamed params offset")
-        self.shared_bytes = align_up(offset, REGION_ALIGN, "streamed shared region")
-        # the DMA bytes of one row: each cut binding up (an input), back (an output) or both
-        self.moved_per_row = max(1, sum(widths[s.decl.name] * s.decl.dtype.itemsize * _ways(s.role) for s in self.cut))
-
-    def slot(self, rows: int) -> tuple:
-        """(slot bytes, {name: region offset}, {name: region bytes}) for chunks of ``rows``."""
-        offset, offsets, sizes = 0, {}, {}
-        for slot in self.cut:
-            nbytes = checked_mul(rows * self.widths[slot.decl.name], slot.decl.dtype.itemsize, "streamed chunk")
-            offset = align_up(offset, _alignment(slot), "streamed slot")
-            offsets[slot.decl.name], sizes[slot.decl.name] = offset, _padded(nbytes)
-            offset = checked_add(offset, sizes[slot.decl.name], "streamed slot")
-        return align_up(offset, REGION_ALIGN, "streamed slot"), offsets, sizes
-
-    def held(self, rows: int, streams: int) -> int:
-        return checked_add(self.shared_bytes, checked_mul(streams, self.slot(rows)[0], "streamed slots"), "held")
-
-
-def _ways(role) -> int:
-    return 2 if role is BindingRole.INPUT_OUTPUT else 1
-
-
-def _alignment(slot) -> int:
-    return max(REGION_ALIGN, slot.decl.alignment or 1, slot.decl.dtype.itemsize)
-
-
-def _padded(nbytes: int) -> int:
-    return align_up(max(nbytes, 1), COPY_ALIGN, "streamed region")  # a zero-byte buffer still gets 16
-
-
-def _fit(geometry, target: int, align: int, streams: int, limit, rows: int, floor: int | None = None) -> tuple:
-    """``(chunk rows, streams)``: the target when it fits ``limit``, else more streams first (the
-    overlap), then the largest multiple of ``align`` that fits; ``(0, 0)`` when nothing fits.
-
-    Without ``floor``, any chunk of at least ``align`` rows is taken, on fewer streams when it must.
-    With ``floor`` (the budget's smallest efficient chunk, at most ``target``), a chunk of fewer
-    rows is not taken, nor fewer than ``streams`` streams unless every chunk is then in flight at
-    once (``chunk count <= streams``): :func:`_smallest_budget` is the least ``limit`` that fits."""
-    if limit is None or geometry.held(target, streams) <= limit:
-        return target, streams
-    for s in range(streams, 0, -1):
-        if geometry.held(target, s) <= limit:
-            chunk = target
-        elif target < align:  # all rows, fewer than align: one chunk or none
-            chunk = 0
-        else:
-            lo, hi = 0, target // align  # the largest k with held(k * align, s) <= limit
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if geometry.held(mid * align, s) <= limit:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            chunk = lo * align
-        if floor is None:
-            if chunk:
-                return chunk, s
-        elif chunk and chunk >= floor and (s == streams or -(-rows // chunk) <= s):
-            return chunk, s
-    return 0, 0
-
-
-def _smallest_budget(geometry, target: int, align: int, streams: int, rows: int, floor: int) -> int:
-    """The least limit for which ``_fit(..., floor)`` finds a chunk: chunks of ``floor`` rows on
-    every stream, or fewer streams holding every chunk at once (each at least ``floor`` rows) when
-    that takes less."""
-    best = geometry.held(floor, streams)
-    for s in range(1, streams):
-        chunk = min(rows, -(-max(floor, -(-rows // s)) // align) * align)
-        if chunk <= target:
-            best = min(best, geometry.held(chunk, s))
-    return best
-
-
 def _chunk_launch(program, bindings, widths, config, caps, rows: int, params_offset: int) -> ChunkLaunch:
     """The launch of a chunk of ``rows`` rows: the program's own launch rule on the chunk's counts."""
     slots = tuple(
@@ -470,26 +381,26 @@ def plan_stream(
     target = min(rows, max(align, target // align * align))
     wanted = -(-rows // target) >= tuning.min_chunks
     params_len = len(params_words(bindings, launch))
-    geometry = _Geometry(bindings, widths, align_up(4 * params_len, COPY_ALIGN, "params block"))
+    geometry = Geometry(bindings, widths, align_up(4 * params_len, COPY_ALIGN, "params block"))
     wanted_streams = _stream_count(device.copy_engines, tuning.streams)
     floor = None
     if config.device_memory_budget is not None and config.device_memory_budget == limit and tuning.min_chunk_bytes:
         # the caller's budget sizes the chunks: none smaller than STREAM_MIN_CHUNK_BYTES moved
         least = -(-tuning.min_chunk_bytes // geometry.moved_per_row)  # rows
         floor = min(target, -(-least // align) * align)
-    chunk_rows, streams = _fit(geometry, target, align, wanted_streams, limit, rows, floor)
+    chunk_rows, streams = fit(geometry, target, align, wanted_streams, limit, rows, floor)
     if not chunk_rows:
         assert limit is not None  # (without a limit the target always fits)
         if floor is not None:
             if forced or needed:
-                raise _budget_too_small(geometry, target, align, wanted_streams, rows, floor, limit, tuning)
+                raise budget_too_small(geometry, target, align, wanted_streams, rows, floor, limit, tuning)
             return StreamPlan(
                 "serial",
                 f"the {limit:,}-byte budget cuts the rows into chunks that move fewer than "
                 f"{tuning.min_chunk_bytes:,} bytes each",
             )
         if forced or needed:
-            raise _no_chunk_fits(geometry, min(align, rows), limit, config.device_memory_budget)
+            raise no_chunk_fits(geometry, min(align, rows), limit, config.device_memory_budget)
         return StreamPlan("serial", f"one chunk of {min(align, rows)} row(s) does not fit the {limit:,}-byte budget")
     chunk_count = -(-rows // chunk_rows)
     streams = min(streams, chunk_count)
@@ -523,7 +434,7 @@ def plan_stream(
             row_elements=widths.get(s.decl.name, s.count),
             total_bytes=s.byte_len,
             region_offset=offsets[s.decl.name] if s.decl.name in widths else geometry.whole_offsets[s.decl.name],
-            region_bytes=sizes[s.decl.name] if s.decl.name in widths else _padded(s.byte_len),
+            region_bytes=sizes[s.decl.name] if s.decl.name in widths else padded(s.byte_len),
             input_index=s.input_index,
             output_index=s.output_index,
             zeroed=s.decl.zeroed,
@@ -564,57 +475,4 @@ def plan_stream(
         last=last,
         h2d_bytes=sum(b.total_bytes for b in stream_bindings if b.upload) + params_h2d,
         d2h_bytes=sum(b.total_bytes for b in stream_bindings if b.readback),
-    )
-
-
-def _budget_too_small(geometry, target, align, streams, rows, floor, budget, tuning) -> ValidationError:
-    """The error for a budget that cuts the rows into chunks moving fewer than
-    ``tuning.min_chunk_bytes`` bytes (or a dispatch that moves less in all into more than one)."""
-    per_row = geometry.moved_per_row
-    chunk, s = _fit(geometry, target, align, streams, budget, rows)  # what the budget alone gives
-    if chunk:
-        count = -(-rows // chunk)
-        gives = (
-            f"it cuts the {rows:,} rows into {count:,} chunks of {chunk:,} row(s) on {min(s, count)} stream(s), "
-            f"each moving {chunk * per_row:,} bytes"
-        )
-    else:
-        gives = f"it holds no chunk of {min(align, rows):,} row(s) ({geometry.held(min(align, rows), 1):,} bytes)"
-    smallest = _smallest_budget(geometry, target, align, streams, rows, floor)
-    least_rows, least_streams = _fit(geometry, target, align, streams, smallest, rows, floor)  # what it gives
-    if floor < rows:
-        rule = f"a chunk must move at least {min(tuning.min_chunk_bytes, floor * per_row):,} bytes"
-    else:
-        rule = f"a dispatch moving fewer than {tuning.min_chunk_bytes:,} bytes in all must go in one chunk"
-    count = -(-rows // least_rows)
-    return ValidationError(
-        f"DispatchConfig(device_memory_budget={budget:,}) is too small to stream this dispatch: {gives}, "
-        f"and {rule} (each chunk costs some 40 us beyond its copies, so smaller chunks stream at under half "
-        f"the unbudgeted rate). The smallest budget that works for this dispatch is "
-        f"{smallest:,} bytes: {count:,} chunk(s) of {least_rows:,} row(s) on {min(least_streams, count)} stream(s), "
-        f"each moving {least_rows * per_row:,} bytes",
-        f"pass device_memory_budget >= {smallest:,}, or None",
-    )
-
-
-def _no_chunk_fits(geometry, rows: int, limit: int, budget) -> Exception:
-    """The error for a budget below the smallest chunk (``align`` rows, or all rows when fewer)
-    on one stream."""
-    needed = geometry.held(rows, 1)
-    what = (
-        f"{needed:,} device bytes are needed to stream even one chunk of {rows} row(s) "
-        f"({geometry.shared_bytes:,} for the inputs that are not cut and the params blocks, "
-        f"{geometry.slot(rows)[0]:,} for the chunk)"
-    )
-    smaller = ", or a smaller align" if rows > 1 else ""
-    if budget is not None and budget == limit:
-        return ValidationError(
-            f"DispatchConfig(device_memory_budget={budget:,}) is too small: {what}",
-            f"pass device_memory_budget >= {needed:,}{smaller}",
-        )
-    return DeviceOutOfMemory(
-        f"free device memory ({limit:,} bytes) is too small: {what}",
-        f"free device memory (other processes, CudaBackend.trim()), or pass smaller inputs that are not cut{smaller}",
-        status="budget",
-        call="plan",
     )
