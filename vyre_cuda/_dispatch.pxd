@@ -80,7 +80,6 @@ cdef class Core:
     cdef int _begin(self, PendingDispatch d, config, list into, bint want_done, bint timed,
                     unsigned long long* marks) except -1
     cdef void _settled(self) noexcept
-    cdef int _sight(self, PendingDispatch d, list into) except -1
     cdef void _run_on_settled(self) noexcept
     cdef int _reclaim(self, bint every, bint wait) except -1
     cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1

@@ -31,32 +31,26 @@ a mutex taken GIL-safely (lock_with_gil), and no Python code runs while one is h
 
 cimport cython
 from cpython.ref cimport Py_INCREF, PyObject
-from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport uintptr_t
 from libc.string cimport memset
 from libcpp.vector cimport vector
-from posix.time cimport nanosleep, timespec
 
 from cuda.bindings cimport cydriver
 
-from ._counters cimport (
-    N_COUNTERS, T_FAILED_DISPATCHES, T_LEAKED_ALLOCATIONS, T_DEVICE_ARRAYS_READ_IN_C,
-    T_DEVICE_ARRAYS_READ_IN_PYTHON, T_DEFERRED_DROPS,
-)
+from ._counters cimport N_COUNTERS, T_FAILED_DISPATCHES, T_LEAKED_ALLOCATIONS, T_DEFERRED_DROPS
 from ._pools cimport lock_with_gil
 from ._driver cimport now_ns
 from ._resources cimport Resources, InFlight
 from ._transfer cimport TransferEngine
-from ._windows cimport auto_registered, page_locked
 from ._prepared cimport Prepared, ResidentBlocks
-from ._devview cimport DevView
 from ._deferred cimport Deferred, DeferredWork
 from ._plans cimport PlanTable, lookup_key
-from ._inputs cimport release_views, read_inputs, check_inputs, device_outputs
+from ._inputs cimport release_views, read_inputs, check_inputs, input_pointers, sight_buffers, mark_direct
 from ._launch cimport issue, collect, stream_waits, trial_record
 from ._waits cimport (
-    PendingDispatch, wait_nogil, timeout_ns, new_outputs, W_DONE, W_TIMEOUT, WAIT_POLL,
+    PendingDispatch, wait_nogil, wait_for_taker, timeout_ns, W_DONE, WAIT_POLL,
 )
+from ._outputs cimport new_outputs, find_targets, fits_in_place, check_into
 from ._tracing cimport (
     count_enqueued, mark, nvtx_stage_open, nvtx_stage, nvtx_blocking, nvtx_async, nvtx_refused, stage_durations,
     trace_line, TRACE_LOG, TRACE_NVTX, S_UPLOAD, M_START, M_LOOKUP, M_WAIT, M_COPYOUT, M_RELEASE, N_MARKS,
@@ -69,7 +63,7 @@ from .errors import DeviceLost, ValidationError, driver_error, STICKY_ERRORS
 from .config import _timeout as _check_timeout
 from .telemetry import TimedDispatchResult
 from ._plan_miss import PlanMiss
-from ._io_checks import as_input_list, as_output_list, check_outputs
+from ._io_checks import as_input_list, as_output_list
 
 
 @cython.final
@@ -377,32 +371,16 @@ cdef class Core:
         """Output checks and resources of an opened owner: from here on it holds everything, and
         releases it on every path."""
         cdef Prepared p = d.prep
-        cdef size_t i, n
         if a_loadll(&self.defer.count):  # dropped work: what has finished goes back to the pools first
             self._reclaim(False, False)
         d.no_graph = p.graph_off or p.trial_left > 0  # undecided plans issue (the trial alternates)
         if into is not None:  # checked before it runs
-            d.out_checked = device_outputs(self.ctx, self.device, p, into, d)
-            if d.out_checked is None:
-                d.out_checked = tuple(check_outputs(p.plan, into, self.device,
-                                                    <uintptr_t>p.ext_stream if p.ext else None))
-                for v in d.out_checked:
-                    if v is not None:
-                        tel_add(&self.tel[T_DEVICE_ARRAYS_READ_IN_PYTHON], 1)
-            else:
-                tel_add(&self.tel[T_DEVICE_ARRAYS_READ_IN_C], len(into))
-            # their producers' streams are waited on with the inputs' (one query per stream; every
-            # export was read before that wait is issued, and before any GPU work of the dispatch)
-            for v in d.out_checked:
-                if v is not None and (<DevView>v).wait is not None:
-                    if d.waits is None:
-                        d.waits = []
-                    d.waits.append((<DevView>v).wait)
+            check_into(self, d, into)
         if marks != NULL:
             marks[M_LOOKUP] = now_ns()
         if p.compact_bucket:
             if into is not None:
-                d.compact = d.out_checked is not None and d._fits_in_place(d.out_checked)
+                d.compact = d.out_checked is not None and fits_in_place(d, d.out_checked)
             else:
                 # blocking outputs="device": new arrays, which overlap nothing (an async dispatch
                 # makes them only at result(), from the slab)
@@ -429,45 +407,18 @@ cdef class Core:
             stream_waits(d, d.waits)
         if p.coop is not None:
             p.coop.ensure()
-        n = d.views.size()
-        d.input_ptrs.resize(n)
-        d.direct.assign(n, 0)
-        for i in range(n):
-            d.input_ptrs[i] = <const char*>d.views[i].buf
+        input_pointers(d)
         if p.ring:
             self.resources.xfer.ensure_ring()
         if p.ring and not d.compact:  # (a params-only dispatch copies nothing through the ring)
             if self.auto_hook is not None:  # before they are asked whether they are page-locked
-                self._sight(d, into)
+                sight_buffers(self.auto_hook, d, into)
             self.resources.xfer.wake()  # the copy threads wake while the rest is set up
             with nogil:
-                for i in range(n):
-                    # an async dispatch copies what only the automatic policy page-locked before it
-                    # returns, as it would pageable memory: the caller may reuse it at once
-                    if page_locked(d.views[i].buf, d.views[i].len) and not (
-                            want_done and auto_registered(d.views[i].buf, d.views[i].len)):
-                        d.direct[i] = 1
-                        d.any_direct = True
+                mark_direct(d, want_done)
         if p.timeout is not None:
             d.deadline = now_ns() + timeout_ns(p.timeout)
             d.wait_timeout = p.timeout
-        return 0
-
-    cdef int _sight(self, PendingDispatch d, list into) except -1:
-        """The automatic registration policy sees this dispatch's host buffers (a buffer it
-        registers, or holds registered, moves by direct DMA: see _hostreg)."""
-        cdef size_t i
-        hook = self.auto_hook  # (read once)
-        if hook is None:
-            return 0
-        for i in range(d.views.size()):
-            # (a device input's slot holds no buffer: its obj is NULL, not None)
-            if <void*>d.views[i].obj != NULL and d.views[i].len:
-                hook(d.views[i].obj, <uintptr_t>d.views[i].buf, <size_t>d.views[i].len)
-        if into is not None:
-            for k in range(len(into)):
-                if d.out_checked is None or d.out_checked[k] is None:  # a host output
-                    hook(into[k], None, None)
         return 0
 
     cdef int _fail(self, PendingDispatch d, cydriver.CUresult status, const char* call) except -1:
@@ -571,7 +522,7 @@ cdef class Core:
             nvtx_stage(S_UPLOAD)
         xfer = self.resources.xfer
         outs = new_outputs(self, p, True) if into is None else into
-        d._targets(outs)
+        find_targets(d, outs)
         d.s_drain = p.streamed  # a blocking streamed dispatch copies each chunk out as it lands
         if p.trial_left:
             # graph-or-issued trial: alternate the paths, time the whole round trip
@@ -641,12 +592,12 @@ cdef class Core:
             # (in place when they can be), host ones when the result is taken
             d.s_outs = into
             d.named_outputs = True
-            d._targets(into)
+            find_targets(d, into)
         elif p.streamed:
             # the chunks' outputs leave the device as the dispatch runs: into arrays of its own,
             # which result() returns (result_into copies them)
             d.s_outs = new_outputs(self, p, False)
-            d._targets(d.s_outs)
+            find_targets(d, d.s_outs)
         elif p.device_outputs and not p.ring:
             # result() copies the outputs device-to-device from the slab: no readback, unless
             # result_into() takes them into host arrays (then read back late)
@@ -713,9 +664,7 @@ cdef object take(PendingDispatch d, int form, outputs, timeout):
                 limit = None if limit is None else _check_timeout(limit)
                 deadline = 0 if limit is None else now_ns() + timeout_ns(limit)
                 have_deadline = True
-            if _wait_for_taker(d, deadline) == W_TIMEOUT:
-                from ._waits import _timeout_error  # (cold; a module-level import would be circular)
-                raise _timeout_error(limit, d)
+            wait_for_taker(d, deadline, limit)
     try:
         if form == TAKE_RESULT and not d.f.timed:
             outs = d._result(timeout)
@@ -761,30 +710,6 @@ cdef object _published(PendingDispatch d, int form, outputs):
         "call result() to get the arrays every caller shares (then numpy.copyto into yours), or call "
         "result_into() once",
     )
-
-
-cdef int _wait_for_taker(PendingDispatch d, unsigned long long deadline) except -1:
-    """Wait, without the GIL, until the caller that claimed ``d`` publishes (or gives the claim
-    back): a short spin, then naps doubling to 200 us; Ctrl-C is checked every 20 ms. W_TIMEOUT
-    once ``deadline`` (0: none) passes."""
-    cdef timespec nap
-    cdef long interval = 2000
-    cdef unsigned long long t, next_signals = now_ns() + 20000000
-    with nogil:
-        while a_load(&d.state) == D_TAKING:
-            t = now_ns()
-            if deadline and t >= deadline:
-                return W_TIMEOUT
-            if t >= next_signals:
-                with gil:
-                    PyErr_CheckSignals()
-                next_signals = t + 20000000
-            nap.tv_sec = 0
-            nap.tv_nsec = interval
-            nanosleep(&nap, NULL)
-            if interval < 200000:
-                interval *= 2
-    return W_DONE
 
 
 cdef int poll_ready(PendingDispatch d) except -1:

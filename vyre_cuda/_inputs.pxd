@@ -16,3 +16,6 @@ cdef int read_inputs(cydriver.CUcontext ctx, int device, unsigned long long* tel
 cdef int check_inputs(int device, program, inputs, config, Prepared p, vector[Py_buffer]& views,
                       PendingDispatch d) except -1
 cdef tuple device_outputs(cydriver.CUcontext ctx, int device, Prepared p, list into, PendingDispatch d)
+cdef void input_pointers(PendingDispatch d) noexcept
+cdef int sight_buffers(hook, PendingDispatch d, list into) except -1
+cdef void mark_direct(PendingDispatch d, bint want_done) noexcept nogil

@@ -23,6 +23,7 @@ from ._devview cimport DevView, read_device, device_type
 from ._formats cimport kind_ok
 from ._prepared cimport InputCheck, OutCheck
 from ._waits cimport DevInput
+from ._windows cimport auto_registered, page_locked
 from .errors import ValidationError
 from ._io_checks import dtype_error, input_error, raw_bits
 from ._device_io import device_input
@@ -212,3 +213,39 @@ cdef tuple device_outputs(cydriver.CUcontext ctx, int device, Prepared p, list i
         Py_INCREF(dv)
         PyTuple_SET_ITEM(views, k, dv)
     return views
+
+
+cdef void input_pointers(PendingDispatch d) noexcept:
+    """Each input's bytes as the enqueue reads them; none yet read in place (mark_direct)."""
+    cdef size_t i, n = d.views.size()
+    d.input_ptrs.resize(n)
+    d.direct.assign(n, 0)
+    for i in range(n):
+        d.input_ptrs[i] = <const char*>d.views[i].buf
+
+
+cdef int sight_buffers(hook, PendingDispatch d, list into) except -1:
+    """The automatic registration policy sees this dispatch's host buffers (a buffer it
+    registers, or holds registered, moves by direct DMA: see _hostreg)."""
+    cdef size_t i
+    for i in range(d.views.size()):
+        # (a device input's slot holds no buffer: its obj is NULL, not None)
+        if <void*>d.views[i].obj != NULL and d.views[i].len:
+            hook(d.views[i].obj, <uintptr_t>d.views[i].buf, <size_t>d.views[i].len)
+    if into is not None:
+        for k in range(len(into)):
+            if d.out_checked is None or d.out_checked[k] is None:  # a host output
+                hook(into[k], None, None)
+    return 0
+
+
+cdef void mark_direct(PendingDispatch d, bint want_done) noexcept nogil:
+    """Which inputs the GPU reads in place (page-locked): no staging copy. An async dispatch
+    copies what only the automatic policy page-locked before it returns, as it would pageable
+    memory: the caller may reuse it at once."""
+    cdef size_t i
+    for i in range(d.views.size()):
+        if page_locked(d.views[i].buf, d.views[i].len) and not (
+                want_done and auto_registered(d.views[i].buf, d.views[i].len)):
+            d.direct[i] = 1
+            d.any_direct = True

@@ -28,15 +28,6 @@ inline std::atomic<long long> armed_now{0};
 inline std::atomic<unsigned long long> fired_total{0};
 inline std::atomic<unsigned long long> spin_queries{0};  // completion queries of spin()
 
-// a pause between two queries of a spin
-inline void relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 struct Notifier {
   std::mutex mu;
   std::vector<uint64_t> fired;  // tokens of finished awaits, not yet drained

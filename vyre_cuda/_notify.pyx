@@ -42,7 +42,10 @@ cdef extern from "_notify.hpp" namespace "vyre_notify" nogil:
     unsigned long long fired_count "vyre_notify::fired_total.load"()
     unsigned long long spin_queries_count "vyre_notify::spin_queries.load"()
     void add_spin_queries "vyre_notify::spin_queries.fetch_add"(unsigned long long n)
-    void relax "vyre_notify::relax"()
+
+
+cdef extern from "_relax.h":
+    void relax "vyre_cpu_relax"() noexcept nogil  # the core's one spin pause
 
 
 # Notifier.arm's outcomes besides a driver status (> 0)

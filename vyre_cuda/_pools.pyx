@@ -24,16 +24,11 @@ from cpython.buffer cimport PyBuffer_FillInfo
 from cuda.bindings cimport cydriver
 
 from ._driver cimport check_cu, bind_context
+from ._pinned_exit cimport pinned_born, pinned_gone, pinned_forget_context
 from .errors import DeviceOutOfMemory
 
 cdef extern from "<stdlib.h>" nogil:
     int posix_memalign(void** memptr, size_t alignment, size_t size)
-
-cdef extern from "<unistd.h>" nogil:
-    int getpid()
-
-cdef extern from "Python.h":
-    int Py_AtExit(void (*func)() noexcept)
 
 cdef extern from "<sys/mman.h>" nogil:
     int madvise(void* addr, size_t length, int advice)
@@ -458,59 +453,6 @@ cdef class DevicePool(BlockPool):
                     cydriver.cuCtxPopCurrent(&prev)
 
 
-# Every page-locked block this process holds (cached or lent to an array), with its context: freed
-# once the interpreter has finalized. An array still alive at exit (a global, a cycle the last
-# collection left, an object a C library keeps) never gives its block back, and
-# compute-sanitizer's leak check, which users run over their own programs, would list it. A
-# Py_AtExit function runs after every Python object is past use (no Python code runs any more)
-# and before the driver's own exit handlers, so freeing there is safe. Not in a forked child: the
-# parent's blocks are not the child's to free.
-cdef mutex _pinned_mu
-cdef unordered_map[uintptr_t, uintptr_t] _pinned_live  # block -> its context
-cdef int _pinned_pid = 0
-cdef bint _pinned_hooked = False  # (under _pinned_mu; a forked child inherits the hook)
-
-
-cdef void _free_pinned_at_exit() noexcept nogil:
-    cdef cydriver.CUcontext prev
-    _pinned_mu.lock()
-    if _pinned_pid == getpid():
-        for entry in _pinned_live:
-            if cydriver.cuCtxPushCurrent(<cydriver.CUcontext>entry.second) == cydriver.CUDA_SUCCESS:
-                cydriver.cuMemFreeHost(<void*>entry.first)
-                cydriver.cuCtxPopCurrent(&prev)
-    _pinned_live.clear()
-    _pinned_mu.unlock()
-
-
-cdef void _pinned_born(uintptr_t ptr, cydriver.CUcontext ctx) noexcept nogil:
-    global _pinned_pid
-    _pinned_mu.lock()
-    if _pinned_pid != getpid():  # the first block of this process (or of a forked child)
-        _pinned_pid = getpid()
-        _pinned_live.clear()
-    _pinned_live[ptr] = <uintptr_t>ctx
-    _pinned_mu.unlock()
-
-
-cdef void _pinned_gone(uintptr_t ptr) noexcept nogil:
-    _pinned_mu.lock()
-    _pinned_live.erase(ptr)
-    _pinned_mu.unlock()
-
-
-cdef void _pinned_forget_context(cydriver.CUcontext ctx) noexcept nogil:
-    # the context died with its blocks: none of them may be freed at exit
-    cdef vector[uintptr_t] dead
-    _pinned_mu.lock()
-    for entry in _pinned_live:
-        if entry.second == <uintptr_t>ctx:
-            dead.push_back(entry.first)
-    for ptr in dead:
-        _pinned_live.erase(ptr)
-    _pinned_mu.unlock()
-
-
 cdef class PinnedPool(BlockPool):
     """Page-locked (portable) host memory: staging mirrors of small dispatches, host arrays."""
 
@@ -521,7 +463,7 @@ cdef class PinnedPool(BlockPool):
         """As BlockPool's; the process-wide table of page-locked blocks forgets the context's
         blocks too (the exit hook must never free them)."""
         if self.ctx != NULL:
-            _pinned_forget_context(self.ctx)
+            pinned_forget_context(self.ctx)
         BlockPool.forget_context(self)
 
     cdef int _alloc(self, size_t block, uintptr_t* out) except -1:
@@ -541,17 +483,12 @@ cdef class PinnedPool(BlockPool):
                 status="CUDA_ERROR_OUT_OF_MEMORY", call="cuMemHostAlloc",
             )
         check_cu(status, b"cuMemHostAlloc")
-        global _pinned_hooked
-        _pinned_mu.lock()  # (its holders never wait for the GIL: taken with it held, no deadlock)
-        if not _pinned_hooked:
-            _pinned_hooked = Py_AtExit(_free_pinned_at_exit) == 0
-        _pinned_mu.unlock()
-        _pinned_born(<uintptr_t>ptr, self.ctx)
+        pinned_born(<uintptr_t>ptr, self.ctx)
         out[0] = <uintptr_t>ptr
         return 0
 
     cdef cydriver.CUresult _free(self, uintptr_t ptr) noexcept nogil:
-        _pinned_gone(ptr)
+        pinned_gone(ptr)
         return cydriver.cuMemFreeHost(<void*>ptr)
 
 

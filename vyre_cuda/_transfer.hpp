@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "_relax.h"
+
 #if defined(__x86_64__) || defined(__SSE2__)
 #include <emmintrin.h>
 #define VYRE_HAVE_STREAMING_STORES 1
@@ -23,15 +25,6 @@
 
 namespace vyre {
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#else
-    std::this_thread::yield();
-#endif
-}
 
 // The ring pointer is published once, after its events exist: readers that find it set see them.
 inline char* load_acquire(char** p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -176,10 +169,10 @@ class CopyPool {
     void finish(int started) {
         if (started <= 1) return;
         work(&job_);
-        while (job_.done.load(std::memory_order_acquire) < job_.count) cpu_relax();
+        while (job_.done.load(std::memory_order_acquire) < job_.count) vyre_cpu_relax();
         // a worker that woke late may still hold &job_: wait until none does
         current_.store(nullptr, std::memory_order_seq_cst);
-        while (active_.load(std::memory_order_seq_cst) != 0) cpu_relax();
+        while (active_.load(std::memory_order_seq_cst) != 0) vyre_cpu_relax();
         parallel_jobs_.fetch_add(1, std::memory_order_relaxed);
         job_mutex_.unlock();
     }
@@ -261,7 +254,7 @@ class CopyPool {
             while (generation_.load(std::memory_order_acquire) == seen) {
                 auto waited = std::chrono::steady_clock::now() - start;
                 if (waited < std::chrono::microseconds(spin_us_)) {
-                    for (int k = 0; k < 64; ++k) cpu_relax();
+                    for (int k = 0; k < 64; ++k) vyre_cpu_relax();
                 } else if (waited < std::chrono::microseconds(yield_us_)) {
                     std::this_thread::yield();
                 } else {

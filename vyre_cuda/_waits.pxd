@@ -1,4 +1,4 @@
-# Waits and PendingDispatch's face: its waits, output targets and copy-out bookkeeping. Its life
+# Waits and PendingDispatch's face: its waits and copy-out bookkeeping (its outputs' targets: _outputs). Its life
 # (state, claim, publication, recycling, deferral when dropped) is _dispatch's: no method here
 # writes the fields marked "(_dispatch)".
 
@@ -90,10 +90,6 @@ cdef class PendingDispatch:
     cdef int _check_takeable(self) except -1
     cdef int _wait(self, timeout) except -1
     cdef int _after_wait(self, int outcome, cydriver.CUresult status, const char* call) except -1
-    cdef int _targets(self, list outs) except -1
-    cdef bint _shares_device_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept
-    cdef bint _overlaps_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept
-    cdef int _fits_in_place(self, tuple views) except -1
     cdef int _collect(self, list outs) except -1
     cdef int _after_collect(self, cydriver.CUresult status, const char* call) except -1
     cdef int _audit(self) except -1
@@ -103,9 +99,8 @@ cdef class PendingDispatch:
     cdef object _result_into(self, outputs, timeout)
     cdef object _timed_result(self, timeout)
     cdef list _new_outputs(self)
-    cdef int _copy_streamed(self, list outs) except -1
 
 
 cdef int wait_nogil(PendingDispatch d, cydriver.CUresult* status) noexcept nogil
+cdef int wait_for_taker(PendingDispatch d, unsigned long long deadline, limit) except -1
 cdef unsigned long long timeout_ns(timeout) except? 0
-cdef list new_outputs(Core core, Prepared p, bint may_wait)

@@ -10,13 +10,12 @@ timeout or Ctrl-C can end them; the work stays owned by the handle then.
 """
 
 cimport cython
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE
+from cpython.buffer cimport PyBuffer_Release
 from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport uintptr_t, uint32_t
 from libc.string cimport memcpy
 from posix.time cimport nanosleep, timespec
 
-cimport numpy as cnp
 from cuda.bindings cimport cydriver
 
 from ._counters cimport (
@@ -25,29 +24,22 @@ from ._counters cimport (
     T_TIMED_ENQUEUE_NS, T_TIMED_WAIT_NS,
 )
 from ._driver cimport check_cu, bind_context, now_ns
-from ._pools cimport lend_block
 from ._transfer cimport TransferEngine
-from ._windows cimport CopyTask, Piece, page_locked
-from ._prepared cimport Prepared, DevCopy
+from ._prepared cimport Prepared
 from ._dispatch cimport (
-    Core, a_load, release_resources, tel_add, take, poll_ready, drop, is_taken, mark_completed, TAKE_RESULT, TAKE_INTO,
+    Core, D_TAKING, a_load, release_resources, tel_add, take, poll_ready, drop, is_taken, mark_completed, TAKE_RESULT, TAKE_INTO,
     TAKE_TIMED,
 )
-from ._launch cimport collect, late_device_outputs, late_readbacks, stream_waits
+from ._launch cimport collect, late_device_outputs, late_readbacks
 from ._tracing cimport nvtx_push, nvtx_pop, nvtx_end, S_RESULT
 from .config import _timeout as _check_timeout
 from .errors import DispatchFailed, ValidationError
 from .telemetry import TimedDispatchResult
 from ._io_checks import as_output_list, check_outputs
-from ._device_io import device_output
-from ._devarray cimport DeviceArray
-from ._devview cimport DevView, read_device
-from numpy import frombuffer as _frombuffer
+from ._outputs cimport new_outputs, find_targets, copy_streamed
 
-cnp.import_array()
 
 cdef enum:
-    OUTPUT_CACHE_MIN = 1 << 20  # outputs from this size up come from the recycled host pool
     # waits: spin this long (as cuStreamSynchronize would), then sleep-poll so Ctrl-C and timeouts work
     SPIN_NS = 2000000
     SIGNAL_CHECK_NS = 20000000
@@ -84,6 +76,31 @@ cdef int _check_signals(PendingDispatch d) noexcept with gil:
     except BaseException as exc:
         d.interrupt = exc
         return 1
+    return 0
+
+
+cdef int wait_for_taker(PendingDispatch d, unsigned long long deadline, limit) except -1:
+    """Wait, without the GIL, until the caller that claimed ``d`` publishes (or gives the claim
+    back): a short spin, then naps doubling to 200 us; Ctrl-C is checked every 20 ms. Once
+    ``deadline`` (0: none) passes, the timeout error of ``limit`` seconds."""
+    cdef timespec nap
+    cdef long interval = 2000
+    cdef unsigned long long t, next_signals = now_ns() + 20000000
+    with nogil:
+        while a_load(&d.state) == D_TAKING:
+            t = now_ns()
+            if deadline and t >= deadline:
+                with gil:
+                    raise _timeout_error(limit, d)
+            if t >= next_signals:
+                with gil:
+                    PyErr_CheckSignals()
+                next_signals = t + 20000000
+            nap.tv_sec = 0
+            nap.tv_nsec = interval
+            nanosleep(&nap, NULL)
+            if interval < 200000:
+                interval *= 2
     return 0
 
 
@@ -130,53 +147,8 @@ cdef int wait_nogil(PendingDispatch d, cydriver.CUresult* status) noexcept nogil
             interval *= 2
 
 
-cdef extern from *:
-    """
-    static inline void vyre_relax(void) {
-    #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-    #elif defined(__aarch64__)
-        __asm__ __volatile__("yield");
-    #endif
-    }
-    """
-    void _relax "vyre_relax"() noexcept nogil
-
-
-cdef list new_outputs(Core core, Prepared p, bint may_wait):
-    """New output arrays of a dispatch: numpy (large ones in recycled host memory) or, with
-    ``DispatchConfig(outputs="device")``, device arrays (``may_wait``: whether their pool may
-    synchronize the device to reuse memory; not in an asynchronous enqueue)."""
-    cdef list outs = []
-    cdef cnp.npy_intp dim
-    cdef Py_ssize_t k
-    cdef size_t nbytes
-    if p.device_outputs:
-        for k in range(len(p.out_counts)):
-            nbytes = p.outputs[k].nbytes
-            outs.append(DeviceArray._empty(nbytes // (<cnp.dtype>p.out_dtypes[k]).itemsize, p.out_dtypes[k],
-                                           core.device, may_wait))
-        return outs
-    for k in range(len(p.out_counts)):
-        dim = p.out_counts[k]
-        nbytes = p.outputs[k].nbytes
-        if nbytes != <size_t>dim * (<cnp.dtype>p.out_dtypes[k]).itemsize:
-            # an output_byte_range reads back part of the buffer: return those bytes' elements
-            dim = nbytes // (<cnp.dtype>p.out_dtypes[k]).itemsize
-        if p.ring and nbytes >= OUTPUT_CACHE_MIN and core.resources.opool.cap_bytes:
-            # a large output: recycled host memory, already faulted in (see HostPool)
-            outs.append(_frombuffer(lend_block(core.resources.opool, nbytes), dtype=p.out_dtypes[k], count=dim))
-        else:
-            outs.append(cnp.PyArray_EMPTY(1, &dim, p.out_typenums[k], 0))
-    return outs
-
-
-cdef inline cydriver.CUdeviceptr _view_ptr(view) except? 0:
-    """The address of a checked device view: a DevView's read in C, a DeviceView's (the Python
-    reader's) as an attribute."""
-    if type(view) is DevView:
-        return (<DevView>view).ptr
-    return <cydriver.CUdeviceptr>view.ptr
+cdef extern from "_relax.h":
+    void _relax "vyre_cpu_relax"() noexcept nogil  # the core's one spin pause
 
 
 @cython.final
@@ -294,139 +266,6 @@ cdef class PendingDispatch:
             )
         return 0
 
-    cdef int _targets(self, list outs) except -1:
-        """Where each output's bytes go: numpy data pointers, or buffers held until collected."""
-        cdef PendingDispatch d = self
-        cdef Core core = self.core
-        cdef Prepared p = d.prep
-        cdef Py_ssize_t k, n = len(outs)
-        cdef Piece piece
-        cdef DevCopy dc
-        cdef InPlace ip
-        cdef list waits = None
-        cdef bint checked
-        d.out_pieces.clear()
-        d.out_dev.clear()
-        d.out_inplace.clear()
-        d.out_direct.assign(n, 0)
-        if p.streamed:
-            d.s_out_dev.assign(n, 0)
-        for k in range(n):
-            piece.dev_offset = p.outputs[k].offset
-            piece.n = p.outputs[k].nbytes
-            dv = None
-            checked = False
-            if type(outs[k]) is cnp.ndarray:
-                piece.host = <char*>cnp.PyArray_DATA(<cnp.ndarray>outs[k])
-            elif d.out_checked is not None and d.out_checked[k] is not None:
-                dv = d.out_checked[k]  # a device array check_outputs already checked
-                checked = True  # (its producer's stream was waited on with the inputs')
-            elif p.device_outputs and type(outs[k]) is DeviceArray:
-                dv = read_device(outs[k], core.device, None, None)  # one new_outputs made for this slot
-                if dv is not None and dv.nbytes != piece.n:
-                    dv = None
-            if dv is None and type(outs[k]) is not cnp.ndarray:
-                d.out_views.resize(d.out_views.size() + 1)
-                try:
-                    PyObject_GetBuffer(outs[k], &d.out_views.back(), PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
-                    piece.host = <char*>d.out_views.back().buf
-                except BaseException as exc:
-                    d.out_views.pop_back()
-                    try:
-                        dv = device_output(p.plan, k, outs[k], core.device,
-                                           <uintptr_t>p.ext_stream if p.ext else None)
-                    except BaseException:
-                        d._release_out_views()
-                        raise
-                    if dv is None:
-                        d._release_out_views()
-                        raise exc
-            if dv is not None:  # a device array: copied device-to-device from the slab, not read back
-                if type(dv) is DevView:  # (read in C: its fields too)
-                    dc.ptr, dv_keep, dv_wait = (<DevView>dv).ptr, (<DevView>dv).keep, (<DevView>dv).wait
-                else:  # (the Python reader's DeviceView)
-                    dc.ptr, dv_keep, dv_wait = <cydriver.CUdeviceptr>dv.ptr, dv.keep, dv.wait
-                dc.dev_offset, dc.n = piece.dev_offset, piece.n
-                if p.streamed:
-                    d.s_out_dev[k] = dc.ptr  # each chunk's rows, device-to-device from its slot
-                elif (not d.f.enqueued and p.out_args[k] >= 0 and piece.n
-                      and not d._overlaps_input(dc.ptr, piece.n)):
-                    # not yet launched, and no input shares its bytes: the kernel writes it
-                    ip.arg, ip.ptr, ip.n, ip.zero = <size_t>p.out_args[k], dc.ptr, piece.n, p.out_zero[k] != 0
-                    d.out_inplace.push_back(ip)
-                elif d.compact:
-                    # (decided in Core._begin by _fits_in_place: the slab has no room for it)
-                    raise RuntimeError(f"vyre_cuda internal error: output {k} was planned in place")
-                else:
-                    d.out_dev.push_back(dc)
-                if d.keep is None:
-                    d.keep = []
-                d.keep.append(dv_keep)
-                if dv_wait is not None and not checked:
-                    waits = [dv_wait] if waits is None else waits + [dv_wait]
-                piece.host = NULL
-                piece.n = 0
-            d.out_pieces.push_back(piece)
-        if waits is not None:
-            stream_waits(d, waits)  # before the copies into them are enqueued
-        if not d.f.enqueued and not p.ring and not p.streamed:
-            # every output a device array: the slab's output bytes need not come back to staging
-            d.readback_skipped = True
-            for k in range(n):
-                if d.out_pieces[k].n:
-                    d.readback_skipped = False
-                    break
-        if p.ring:
-            with nogil:
-                for k in range(n):
-                    if d.out_pieces[k].n and page_locked(d.out_pieces[k].host, d.out_pieces[k].n):
-                        d.out_direct[k] = 1
-        return 0
-
-    cdef int _fits_in_place(self, tuple views) except -1:
-        """Whether every output of ``views`` (checked device views, in order) will be written in
-        place by :meth:`_targets`: the same rule, decided before the slab is taken."""
-        cdef Prepared p = self.prep
-        cdef size_t k, j, n, m
-        cdef cydriver.CUdeviceptr ptr, other
-        if len(views) != <Py_ssize_t>p.out_args.size():
-            return 0
-        for k in range(len(views)):
-            v = views[k]
-            if v is None or p.out_args[k] < 0 or p.outputs[k].nbytes == 0:
-                return 0
-            ptr, n = _view_ptr(v), p.outputs[k].nbytes
-            if self._shares_device_input(ptr, n):
-                return 0
-            for j in range(k):
-                other, m = _view_ptr(views[j]), p.outputs[j].nbytes
-                if other < ptr + n and ptr < other + m:
-                    return 0
-        return 1
-
-    cdef bint _shares_device_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept:
-        cdef size_t i
-        cdef cydriver.CUdeviceptr start
-        cdef Prepared p = self.prep
-        for i in range(p.dev_args.size()):
-            start = self.dev_in[p.dev_args[i].input].ptr
-            if start < ptr + n and ptr < start + p.dev_args[i].nbytes:
-                return True
-        return False
-
-    cdef bint _overlaps_input(self, cydriver.CUdeviceptr ptr, size_t n) noexcept:
-        # an output written in place must share no byte with a device input (nor with another
-        # output written in place): the kernel would read what it writes
-        cdef size_t i
-        cdef cydriver.CUdeviceptr start
-        if self._shares_device_input(ptr, n):
-            return True
-        for i in range(self.out_inplace.size()):
-            start = self.out_inplace[i].ptr
-            if start < ptr + n and ptr < start + self.out_inplace[i].n:
-                return True
-        return False
-
     cdef int _wait(self, timeout) except -1:
         cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
         cdef int outcome
@@ -447,7 +286,7 @@ cdef class PendingDispatch:
         cdef Prepared p = self.prep
         cdef TransferEngine xfer = self.core.resources.xfer
         if self.s_outs is None:
-            self._targets(outs)
+            find_targets(self, outs)
         if self.readback_skipped:
             late_readbacks(self)  # (only when an output turned out to be host memory)
         if self.out_dev.size() and not self.out_dev_issued:
@@ -457,7 +296,7 @@ cdef class PendingDispatch:
         self._after_collect(st, call)
         self._audit()
         if self.s_outs is not None and outs is not self.s_outs:
-            self._copy_streamed(outs)
+            copy_streamed(self, outs)
         return 0
 
     cdef list _new_outputs(self):
@@ -465,42 +304,6 @@ cdef class PendingDispatch:
         # device outputs never wait on the array pool's synchronize: result() waits for this
         # dispatch only, and under asyncio it runs on the event loop.)
         return self.s_outs if self.s_outs is not None else new_outputs(self.core, self.prep, False)
-
-    cdef int _copy_streamed(self, list outs) except -1:
-        """result_into of a streamed dispatch_async: its outputs (complete, in its own arrays)
-        copied into the caller's, checked by check_outputs (host: the copy threads; device: one
-        upload each, on the dispatch's stream)."""
-        cdef Py_buffer view
-        cdef cnp.ndarray src
-        cdef size_t n
-        cdef Py_ssize_t k
-        cdef CopyTask task
-        cdef cydriver.CUdeviceptr dst
-        cdef void* data
-        cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
-        cdef TransferEngine xfer = self.core.resources.xfer
-        for k in range(len(outs)):
-            src = <cnp.ndarray>self.s_outs[k]
-            n = <size_t>cnp.PyArray_NBYTES(src)
-            dv = self.out_checked[k] if self.out_checked is not None else None
-            if dv is not None:
-                dst = <cydriver.CUdeviceptr><uintptr_t>dv.ptr
-                data = cnp.PyArray_DATA(src)
-                with nogil:
-                    st = cydriver.cuMemcpyHtoDAsync(dst, data, n, self.f.stream)
-                    if st == cydriver.CUDA_SUCCESS:
-                        st = cydriver.cuStreamSynchronize(self.f.stream)
-                if st != cydriver.CUDA_SUCCESS:
-                    self.core._fail(self, st, b"cuMemcpyHtoDAsync")
-                continue
-            PyObject_GetBuffer(outs[k], &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
-            task.dst = <char*>view.buf
-            task.src = <const char*>cnp.PyArray_DATA(src)
-            task.n = n
-            with nogil:
-                xfer.pool.run(&task, 1, False)
-            PyBuffer_Release(&view)
-        return 0
 
     def is_ready(self):
         """True once the GPU has finished, or the outputs were taken (never blocks). A dispatch
