@@ -48,8 +48,9 @@ from ._plans cimport PlanTable, lookup_key
 from ._inputs cimport release_views, read_inputs, check_inputs, input_pointers, sight_buffers, mark_direct
 from ._launch cimport issue, collect, stream_waits, trial_record
 from ._waits cimport (
-    PendingDispatch, wait_nogil, wait_for_taker, timeout_ns, W_DONE, WAIT_POLL,
+    PendingDispatch, wait_nogil, wait_for_taker, leave_gate, timeout_ns, W_DONE, WAIT_POLL,
 )
+from ._windows cimport direct_enter
 from ._outputs cimport new_outputs, find_targets, fits_in_place, check_into
 from ._tracing cimport (
     count_enqueued, mark, nvtx_stage_open, nvtx_stage, nvtx_blocking, nvtx_async, nvtx_refused, stage_durations,
@@ -414,8 +415,11 @@ cdef class Core:
             if self.auto_hook is not None:  # before they are asked whether they are page-locked
                 sight_buffers(self.auto_hook, d, into)
             self.resources.xfer.wake()  # the copy threads wake while the rest is set up
-            with nogil:
-                mark_direct(d, want_done)
+        if p.ring:  # held until its direct copies are enqueued (leave_gate)
+            d.gate = direct_enter()
+            if not d.compact:
+                with nogil:
+                    mark_direct(d, want_done)
         if p.timeout is not None:
             d.deadline = now_ns() + timeout_ns(p.timeout)
             d.wait_timeout = p.timeout
@@ -428,6 +432,7 @@ cdef class Core:
         if f.active:
             with nogil:
                 sync = cydriver.cuStreamSynchronize(f.stream)
+                leave_gate(d, False)
             release_resources(d, sync == cydriver.CUDA_SUCCESS)
         tel_add(&self.tel[T_FAILED_DISPATCHES], 1)
         d._release_views()
@@ -536,6 +541,7 @@ cdef class Core:
                 if outcome == W_DONE and wst == cydriver.CUDA_SUCCESS:
                     cst = collect(d, p, xfer, &ccall)
                     mark(marks, M_COPYOUT)
+            leave_gate(d, outcome == W_DONE)
         self._after_enqueue(d, st, call)
         d._after_wait(outcome, wst, b"cuStreamQuery")
         d._after_collect(cst, ccall)
@@ -604,6 +610,7 @@ cdef class Core:
             d.readback_skipped = True
         with nogil:
             st = issue(d, p, xfer, NULL, &call)
+            leave_gate(d, False)  # (result() takes the gate again for its readbacks)
         self._after_enqueue(d, st, call)
         d.f.t_enqueued = now_ns()
         if not d.any_direct:

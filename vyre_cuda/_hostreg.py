@@ -13,9 +13,11 @@ process-wide :class:`HostRegistry` owns every range vyre_cuda registered:
   the memory, whose callback unregisters before numpy frees the data (numpy clears weakrefs first,
   and refuses ``resize`` of an array that is weakly referenced). Memory numpy does not own (a
   bytearray, an mmap, a pointer) is registered only explicitly;
-- a range is unregistered when its last hold goes, after the GPU work of every open backend that
-  has work in flight has finished (another backend may DMA from it directly), or at once when its
-  owner dies (no dispatch can still use it: a dispatch holds its buffers' exports until done);
+- a range is unregistered when its last hold goes, with the direct gate closed (no dispatch marks
+  or enqueues a direct copy meanwhile, see ``_windows``) and after the GPU work of every open
+  backend that has work in flight has finished (another backend may DMA from it directly), or at
+  once when its owner dies (no dispatch can still use it: a dispatch holds its buffers' exports
+  until done);
 - a refusal (a budget, an overlap, the driver's locked-memory limits) falls back to staging, and
   :func:`registered_stats` counts it by reason.
 
@@ -37,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from . import _driver
-from ._windows import is_page_locked_address, set_auto_registered
+from ._windows import close_direct_gate, is_page_locked_address, open_direct_gate, set_auto_registered
 from .errors import BackendError, ValidationError
 
 log = logging.getLogger("vyre_cuda")
@@ -204,9 +206,9 @@ class HostRegistry:
             keep = keeps.pop()
             if not keeps:
                 del r.explicit[h]
-            if not r.held() and self._ranges.pop(r.start, None) is r:
-                self._unregister_live([r])
+            gone = [r] if not r.held() and self._ranges.pop(r.start, None) is r else []
             self._publish()
+        self._unregister_live(gone)
         keep.release()  # after the unregister: the memory stayed put until then
 
     # -------------------------------------------------------------- the automatic policy
@@ -260,8 +262,8 @@ class HostRegistry:
                     gone.append(r)
             if explicit:
                 self._holders.discard(h)
-            self._unregister_live(gone)
             self._publish()
+        self._unregister_live(gone)
         for keep in keeps:
             keep.release()
 
@@ -363,28 +365,45 @@ class HostRegistry:
             self._publish()
 
     def _unregister_live(self, ranges) -> None:
-        """Unregister ranges whose memory lives on: first wait for the GPU work of every open
-        backend with work in flight, since any of them may DMA from these pages directly. Under the
-        lock: no dispatch can find the range page-locked between the wait and the unregister."""
+        """Unregister ranges whose memory lives on (already out of the table), outside the lock:
+        close the direct gate (``_windows``), so no dispatch marks or enqueues a direct copy from
+        here on and every one that did has enqueued it; then wait for the GPU work of every backend
+        with work in flight (any of them may DMA from these pages); then unregister. The driver's
+        unregister does not wait for DMA in flight on the range: a copy still running faults the
+        context. Not under the registry's lock: a dispatch holding the gate may need it (its
+        policy's hook, a weakref callback of a collection) before it lets go."""
         if not ranges:
             return
-        try:
-            for h in list(self._holders):
-                if h.busy():
-                    _driver.make_current(h.ctx)
-                    _driver.context_synchronize()
-        except BackendError as exc:
-            # unregistered under a DMA, the buffer could be read wrong: left registered instead
-            log.warning("vyre_cuda: %d registered range(s) kept registered: %s", len(ranges), exc.message)
+        if not close_direct_gate():
+            # a collection inside this thread's own dispatch: left for the next unregister to take
+            with self._lock:
+                for r in ranges:
+                    self._ranges.setdefault(r.start, r)
+                self._publish()
             return
-        for r in ranges:
-            self._unregister(r)
+        try:
+            with self._lock:
+                holders = list(self._holders)
+            try:
+                for h in holders:
+                    if h.busy():
+                        _driver.make_current(h.ctx)
+                        _driver.context_synchronize()
+            except BackendError as exc:
+                # unregistered under a DMA, the buffer could be read wrong: left registered instead
+                log.warning("vyre_cuda: %d registered range(s) kept registered: %s", len(ranges), exc.message)
+                return
+            for r in ranges:
+                self._unregister(r)
+        finally:
+            open_direct_gate()
 
     def _unregister(self, r: _Range) -> None:
         status = _driver.host_unregister(r.any_ctx(), r.start)
         if status:
             log.warning("vyre_cuda: cuMemHostUnregister of 0x%x failed: %s", r.start, _driver.status_name(status))
-        self._counts["unregistrations"] += 1
+        with self._lock:
+            self._counts["unregistrations"] += 1
 
 
 REGISTRY = HostRegistry()

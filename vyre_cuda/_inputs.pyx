@@ -242,8 +242,10 @@ cdef int sight_buffers(hook, PendingDispatch d, list into) except -1:
 cdef void mark_direct(PendingDispatch d, bint want_done) noexcept nogil:
     """Which inputs the GPU reads in place (page-locked): no staging copy. An async dispatch
     copies what only the automatic policy page-locked before it returns, as it would pageable
-    memory: the caller may reuse it at once."""
+    memory: the caller may reuse it at once. Only while ``d`` holds the direct gate (_windows)."""
     cdef size_t i
+    if not d.gate:
+        return  # (the direct gate is closing: every input stages)
     for i in range(d.views.size()):
         if page_locked(d.views[i].buf, d.views[i].len) and not (
                 want_done and auto_registered(d.views[i].buf, d.views[i].len)):

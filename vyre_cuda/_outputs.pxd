@@ -9,4 +9,5 @@ cdef list new_outputs(Core core, Prepared p, bint may_wait)
 cdef int find_targets(PendingDispatch d, list outs) except -1
 cdef int fits_in_place(PendingDispatch d, tuple views) except -1
 cdef int check_into(Core core, PendingDispatch d, list into) except -1
+cdef void mark_out_direct(PendingDispatch d) noexcept
 cdef int copy_streamed(PendingDispatch d, list outs) except -1

@@ -174,12 +174,18 @@ cdef int find_targets(PendingDispatch d, list outs) except -1:
             if d.out_pieces[k].n:
                 d.readback_skipped = False
                 break
-    if p.ring:
-        with nogil:
-            for k in range(n):
-                if d.out_pieces[k].n and page_locked(d.out_pieces[k].host, d.out_pieces[k].n):
-                    d.out_direct[k] = 1
+    if p.ring and d.gate:
+        mark_out_direct(d)
     return 0
+
+
+cdef void mark_out_direct(PendingDispatch d) noexcept:
+    """Which outputs the readback writes straight into (page-locked host memory). Only while the
+    dispatch holds the direct gate (_windows)."""
+    cdef size_t k
+    with nogil:
+        for k in range(d.out_pieces.size()):
+            d.out_direct[k] = d.out_pieces[k].n != 0 and page_locked(d.out_pieces[k].host, d.out_pieces[k].n)
 
 
 cdef int fits_in_place(PendingDispatch d, tuple views) except -1:

@@ -17,7 +17,6 @@ from cython.operator cimport dereference as deref
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport free
 from libc.string cimport memset
-from libcpp.mutex cimport mutex
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 from cpython.buffer cimport PyBuffer_FillInfo

@@ -43,6 +43,7 @@ cdef class PendingDispatch:
     cdef vector[const char*] input_ptrs
     cdef vector[char] direct
     cdef bint any_direct
+    cdef bint gate  # holds the direct gate (_windows): may mark and enqueue direct DMA now
     cdef vector[Py_buffer] out_views
     cdef vector[Piece] out_pieces
     cdef vector[char] out_direct
@@ -102,5 +103,6 @@ cdef class PendingDispatch:
 
 
 cdef int wait_nogil(PendingDispatch d, cydriver.CUresult* status) noexcept nogil
+cdef void leave_gate(PendingDispatch d, bint keep_direct) noexcept nogil
 cdef int wait_for_taker(PendingDispatch d, unsigned long long deadline, limit) except -1
 cdef unsigned long long timeout_ns(timeout) except? 0

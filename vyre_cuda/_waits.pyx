@@ -27,8 +27,8 @@ from ._driver cimport check_cu, bind_context, now_ns
 from ._transfer cimport TransferEngine
 from ._prepared cimport Prepared
 from ._dispatch cimport (
-    Core, D_TAKING, a_load, release_resources, tel_add, take, poll_ready, drop, is_taken, mark_completed, TAKE_RESULT, TAKE_INTO,
-    TAKE_TIMED,
+    Core, D_TAKING, a_load, release_resources, tel_add, take, poll_ready, drop, is_taken, mark_completed,
+    TAKE_RESULT, TAKE_INTO, TAKE_TIMED,
 )
 from ._launch cimport collect, late_device_outputs, late_readbacks
 from ._tracing cimport nvtx_push, nvtx_pop, nvtx_end, S_RESULT
@@ -36,7 +36,8 @@ from .config import _timeout as _check_timeout
 from .errors import DispatchFailed, ValidationError
 from .telemetry import TimedDispatchResult
 from ._io_checks import as_output_list, check_outputs
-from ._outputs cimport new_outputs, find_targets, copy_streamed
+from ._outputs cimport new_outputs, find_targets, mark_out_direct, copy_streamed
+from ._windows cimport direct_enter, direct_leave
 
 
 cdef enum:
@@ -77,6 +78,22 @@ cdef int _check_signals(PendingDispatch d) noexcept with gil:
         d.interrupt = exc
         return 1
     return 0
+
+
+cdef void leave_gate(PendingDispatch d, bint keep_direct) noexcept nogil:
+    """Let go of the direct gate once every direct copy marked so far is enqueued. Unless
+    ``keep_direct`` (the dispatch is done), its direct marks are cleared first: a copy enqueued
+    later (a readback at result(), a streamed chunk) stages, or takes the gate again."""
+    cdef size_t i
+    if not d.gate:
+        return
+    if not keep_direct:
+        for i in range(d.direct.size()):
+            d.direct[i] = 0
+        for i in range(d.out_direct.size()):
+            d.out_direct[i] = 0
+    d.gate = False
+    direct_leave()
 
 
 cdef int wait_for_taker(PendingDispatch d, unsigned long long deadline, limit) except -1:
@@ -285,14 +302,23 @@ cdef class PendingDispatch:
         cdef const char* call = NULL
         cdef Prepared p = self.prep
         cdef TransferEngine xfer = self.core.resources.xfer
-        if self.s_outs is None:
-            find_targets(self, outs)
-        if self.readback_skipped:
-            late_readbacks(self)  # (only when an output turned out to be host memory)
-        if self.out_dev.size() and not self.out_dev_issued:
-            late_device_outputs(self)
+        if p.ring and not self.gate:
+            self.gate = direct_enter()  # (its readbacks may go straight into page-locked outputs)
+        try:
+            if self.s_outs is None:
+                find_targets(self, outs)
+            elif self.gate:
+                mark_out_direct(self)
+            if self.readback_skipped:
+                late_readbacks(self)  # (only when an output turned out to be host memory)
+            if self.out_dev.size() and not self.out_dev_issued:
+                late_device_outputs(self)
+        except BaseException:
+            leave_gate(self, False)  # (the handle may live on: it must not keep the gate)
+            raise
         with nogil:
             st = collect(self, p, xfer, &call)
+            leave_gate(self, True)
         self._after_collect(st, call)
         self._audit()
         if self.s_outs is not None and outs is not self.s_outs:
@@ -404,6 +430,7 @@ cdef class PendingDispatch:
 
     cdef void _finish(self) noexcept:
         # the GPU is done: the resources go back to the pools, the caller's buffers are let go
+        leave_gate(self, True)
         release_resources(self, True)
         self._release_views()
         self._release_out_views()
@@ -440,6 +467,7 @@ cdef class PendingDispatch:
         # Dropped un-taken: never waits for the GPU. What the GPU may still use (the slab, the
         # staging, page-locked inputs, device arrays) goes to the backend's deferred list, reclaimed
         # once the completion event has fired (_dispatch.drop).
+        leave_gate(self, False)
         if self.core is not None:
             drop(self)
         self._end_range()

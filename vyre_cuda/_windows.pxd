@@ -49,6 +49,8 @@ cdef struct Piece:
 
 cdef bint page_locked(const void* ptr, size_t nbytes) noexcept nogil
 cdef bint auto_registered(const void* ptr, size_t nbytes) noexcept nogil
+cdef bint direct_enter() noexcept nogil
+cdef void direct_leave() noexcept nogil
 cdef size_t window_bytes(size_t total, size_t chunk, size_t minimum) noexcept nogil
 cdef bint next_upload_window(Cursor* c, const Source* sources, size_t n_sources, const char* direct,
                              size_t window, const char** input_ptrs, const char* params,

@@ -10,11 +10,20 @@ from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIG
 from libc.stdint cimport uintptr_t
 from libcpp.mutex cimport mutex
 from libcpp.vector cimport vector
+from posix.time cimport nanosleep, timespec
 from cuda.bindings cimport cydriver
 
 cdef extern from "_atomic.hpp" namespace "vyre" nogil:
     int a_load "vyre::load"(const int* p)
     void a_store "vyre::store"(int* p, int v)
+    long long a_add "vyre::add"(long long* p, long long v)
+    long long a_loadll "vyre::loadll"(const long long* p)
+
+cdef extern from *:
+    """
+    static thread_local int vyre_gate_mine = 0;  /* this thread's holds of the direct gate */
+    """
+    int gate_mine "vyre_gate_mine"
 
 cdef enum:
     WINDOW_ALIGN = 64 << 10
@@ -103,6 +112,65 @@ def is_auto_registered(uintptr_t address, size_t nbytes):
     with nogil:
         r = auto_registered(<const void*>address, nbytes)
     return r
+
+
+# The direct gate: a dispatch reads or writes caller memory by direct DMA only while it holds the
+# gate, from asking whether that memory is page-locked until each such copy is enqueued; the
+# registry unregisters a range (vyre_cuda._hostreg) only with the gate closed and every holder gone,
+# then after a context synchronize. cuMemHostUnregister does not wait for DMA in flight on the
+# range: a copy enqueued while it ran faults the context (seen on an H100: CUDA_ERROR_LAUNCH_FAILED
+# under threads, a trimmer and registered arrays), and a context synchronize alone does not cover
+# a copy another thread enqueues while it runs. A dispatch that finds the gate closing stages its
+# copies instead: no dispatch ever waits for it. Sequentially consistent, Dekker style: a holder
+# counts itself, then reads `closing`; the registry counts `closing`, then reads the holders, so
+# either the dispatch sees the gate closing or the registry sees the dispatch.
+cdef long long _gate_holders = 0
+cdef long long _gate_closing = 0
+
+
+cdef bint direct_enter() noexcept nogil:
+    """Hold the gate (True), or find it closing (False: no direct DMA for this dispatch now)."""
+    global gate_mine
+    a_add(&_gate_holders, 1)
+    if a_loadll(&_gate_closing):
+        a_add(&_gate_holders, -1)
+        return False
+    gate_mine += 1
+    return True
+
+
+cdef void direct_leave() noexcept nogil:
+    global gate_mine
+    gate_mine -= 1
+    a_add(&_gate_holders, -1)
+
+
+def close_direct_gate():
+    """Close the gate and wait, without the GIL, until no dispatch holds it (they finish enqueueing
+    their direct copies). False, with the gate left open, on a thread that holds the gate itself (a
+    collection run inside a dispatch): it cannot wait for itself."""
+    cdef timespec nap
+    cdef long interval = 1000
+    if gate_mine > 0:
+        return False
+    a_add(&_gate_closing, 1)
+    with nogil:
+        while a_loadll(&_gate_holders) != 0:
+            nap.tv_sec = 0
+            nap.tv_nsec = interval
+            nanosleep(&nap, NULL)
+            if interval < 200000:
+                interval *= 2
+    return True
+
+
+def open_direct_gate():
+    a_add(&_gate_closing, -1)
+
+
+def direct_gate_state():
+    """(holders, closing): for tests."""
+    return a_loadll(&_gate_holders), a_loadll(&_gate_closing)
 
 
 def buffer_span(obj, bint writable=True):

@@ -175,6 +175,87 @@ static void violation_text(const char* text) {
   if (getenv("FAKE_CUDA_VERBOSE")) fprintf(stderr, "fake libcuda: %s\n", last_violation);
 }
 
+static Alloc* find_range(const char* p, size_t n, int kind);
+
+/* DMA in flight on registered memory (eager mode; the caller holds `lock`). An async copy whose
+ * host side lies in a registered range is in flight, as on the GPU, until the caller has seen its
+ * stream finish past it: a stream synchronize or a successful query, an event recorded after it
+ * synchronized or queried, or a context synchronize that BEGAN after it was enqueued (one that
+ * began before does not wait for it, as with the driver: another thread's copy enqueued while a
+ * context synchronize runs may still be running when it returns). A stream that waited on an event
+ * (cuStreamWaitEvent) has seen the event's stream up to the event once it is seen past the wait.
+ * cuMemHostUnregister of a range with a copy still in flight is a violation: the driver does not
+ * wait for it, and the GPU faults (CUDA_ERROR_LAUNCH_FAILED) or moves the wrong bytes. */
+typedef struct { const char* base; size_t n; CUstream s; unsigned long long seq; } Flight;
+typedef struct { CUstream s; unsigned long long seen; } Seen;
+typedef struct { CUstream waiter; unsigned long long at; CUstream src; unsigned long long upto; } Join;
+#define MAX_FLIGHTS 4096
+#define MAX_SEEN 512
+#define MAX_JOINS 4096
+static Flight flights[MAX_FLIGHTS];
+static int n_flights = 0;
+static Seen seen_streams[MAX_SEEN];
+static int n_seen = 0;
+static Join joins[MAX_JOINS];
+static int n_joins = 0;
+static unsigned long long op_seq = 0; /* every async op of every stream, in enqueue order */
+
+static unsigned long long* seen_of(CUstream s) {
+  for (int k = 0; k < n_seen; k++)
+    if (seen_streams[k].s == s) return &seen_streams[k].seen;
+  if (n_seen == MAX_SEEN) n_seen = 0; /* (forgets the oldest: its flights then count as seen) */
+  seen_streams[n_seen].s = s;
+  seen_streams[n_seen].seen = 0;
+  return &seen_streams[n_seen++].seen;
+}
+
+static void seen_upto(CUstream s, unsigned long long seq) {
+  unsigned long long* p = seen_of(s);
+  if (*p >= seq) return;
+  *p = seq;
+  for (int k = 0; k < n_joins; k++)
+    if (joins[k].waiter == s && joins[k].at <= seq) {
+      Join j = joins[k];
+      joins[k] = joins[--n_joins];
+      k--;
+      seen_upto(j.src, j.upto);
+    }
+}
+
+static void seen_all(unsigned long long seq) {
+  for (int k = 0; k < n_flights; k++) seen_upto(flights[k].s, seq);
+}
+
+static void prune_flights(void) {
+  int w = 0;
+  for (int k = 0; k < n_flights; k++)
+    if (flights[k].seq > *seen_of(flights[k].s)) flights[w++] = flights[k];
+  n_flights = w;
+}
+
+static void in_flight(const char* host, size_t n, CUstream s) {
+  if (lazy || !find_range(host, n, KIND_REGISTERED)) return;
+  if (n_flights == MAX_FLIGHTS) prune_flights();
+  if (n_flights == MAX_FLIGHTS) n_flights = 0; /* (forgets: never a false violation) */
+  flights[n_flights].base = host;
+  flights[n_flights].n = n;
+  flights[n_flights].s = s;
+  flights[n_flights].seq = op_seq;
+  n_flights++;
+}
+
+static void unregister_check(const char* base, size_t size) {
+  prune_flights();
+  for (int k = 0; k < n_flights; k++)
+    if (flights[k].base < base + size && base < flights[k].base + flights[k].n) {
+      char text[200];
+      snprintf(text, sizeof(text), "cuMemHostUnregister of [%p, +%zu) while an async copy of its bytes may be in flight",
+               (const void*)base, size);
+      violation_text(text);
+      return;
+    }
+}
+
 /* the allocation holding [p, p + n), or NULL */
 static Alloc* find_range(const char* p, size_t n, int kind) {
   for (Alloc* a = allocs; a; a = a->next) {
@@ -618,8 +699,14 @@ CUresult cuCtxSynchronize(void) {
     pthread_mutex_unlock(&lock);
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
+  unsigned long long upto = op_seq; /* (what was enqueued before it began: DMA in flight) */
   pthread_mutex_unlock(&lock);
   wait_not_held();
+  if (!lazy) {
+    pthread_mutex_lock(&lock);
+    seen_all(upto);
+    pthread_mutex_unlock(&lock);
+  }
   return lazy ? lazy_sync_all() : CUDA_SUCCESS;
 }
 
@@ -765,6 +852,7 @@ CUresult cuMemHostUnregister(void* p) {
   size_t size = 0; /* (the range that starts at p: an adjacent one may end there) */
   for (const Alloc* r = allocs; r; r = r->next)
     if (r->kind == KIND_REGISTERED && r->base == (const char*)p) size = r->size;
+  if (!lazy && size) unregister_check((const char*)p, size);
   if (!untrack((const char*)p, KIND_REGISTERED)) {
     pthread_mutex_unlock(&lock);
     return CUDA_ERROR_INVALID_VALUE;
@@ -1106,6 +1194,12 @@ CUresult cuStreamDestroy(CUstream s) {
   return CUDA_SUCCESS;
 }
 
+static void stream_seen(CUstream s, unsigned long long upto) {
+  pthread_mutex_lock(&lock);
+  seen_upto(s, upto);
+  pthread_mutex_unlock(&lock);
+}
+
 CUresult cuStreamSynchronize(CUstream s) {
   pthread_mutex_lock(&lock);
   INJECT("cuStreamSynchronize");
@@ -1113,8 +1207,10 @@ CUresult cuStreamSynchronize(CUstream s) {
   NO_CAPTURE(s);
   stats[S_SYNCS]++;
   int ok = is_stream(s);
+  unsigned long long upto = op_seq;
   pthread_mutex_unlock(&lock);
   if (ok) wait_not_held();
+  if (ok && !lazy) stream_seen(s, upto);
   if (ok && lazy) return lazy_run(s, 0, ALL_OPS, 1);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
@@ -1125,14 +1221,17 @@ CUresult cuStreamQuery(CUstream s) {
   NEED_CTX();
   NO_CAPTURE(s);
   int ok = is_stream(s);
+  unsigned long long upto = op_seq;
   pthread_mutex_unlock(&lock);
   if (ok && busy_query()) return CUDA_ERROR_NOT_READY;
+  if (ok && !lazy) stream_seen(s, upto);
   if (ok && lazy) return lazy_run(s, 0, ALL_OPS, 1);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
 /* lazy mode: where the last cuEventRecord put the event (recorded == 0: never, or in eager mode) */
-typedef struct { int magic; int recorded; CUstream stream; unsigned long long serial, mark; } Event;
+typedef struct { int magic; int recorded; CUstream stream; unsigned long long serial, mark; CUstream fs; unsigned long long fseq; } Event;
+/* (fs, fseq: the stream and op_seq of its last record, in both modes: DMA in flight) */
 
 CUresult cuEventCreate(CUevent* e, unsigned int flags) {
   (void)flags;
@@ -1173,6 +1272,12 @@ static CUresult lazy_run_event(CUevent e, int take_error) {
   return copy.recorded ? lazy_run(copy.stream, copy.serial, copy.mark, take_error) : CUDA_SUCCESS;
 }
 
+static void event_seen(CUevent e) {
+  pthread_mutex_lock(&lock);
+  if (is_event(e) && ((Event*)e)->fseq) seen_upto(((Event*)e)->fs, ((Event*)e)->fseq);
+  pthread_mutex_unlock(&lock);
+}
+
 /* busy: what a held GPU does to the call (a query answers NOT_READY, a synchronize waits) */
 #define EVENT_CALL(name, label, busy)                                     \
   CUresult name(CUevent e) {                                              \
@@ -1182,6 +1287,7 @@ static CUresult lazy_run_event(CUevent e, int take_error) {
     int ok = is_event(e);                                                 \
     pthread_mutex_unlock(&lock);                                          \
     if (ok && (busy)) return CUDA_ERROR_NOT_READY;                        \
+    if (ok && !lazy) event_seen(e);                                       \
     if (ok && lazy) return lazy_run_event(e, 1);                          \
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;                 \
   }
@@ -1196,6 +1302,8 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
   int ok = is_event(e) && is_stream(s);
   if (ok) {
     Event* ev = (Event*)e;
+    ev->fs = s;
+    ev->fseq = ++op_seq;
     ev->recorded = lazy;
     if (lazy) {
       Queue* q = find_queue(s, 0, 1);
@@ -1217,6 +1325,10 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
   int ok = is_event(e) && is_stream(s);
   if (ok) stats[S_STREAM_WAITS]++;
   Event* ev = (Event*)e;
+  if (ok && !lazy && ev->fseq) {
+    if (n_joins == MAX_JOINS) n_joins = 0; /* (forgets: never a false violation) */
+    joins[n_joins++] = (Join){s, ++op_seq, ev->fs, ev->fseq};
+  }
   if (ok && lazy && ev->recorded) {
     Op* op = enqueue(s, OP_WAIT);
     op->wait_stream = ev->stream;
@@ -1265,6 +1377,8 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream 
   NO_CAPTURE(s);
   stats[S_HTOD]++;
   if (find_range((const char*)src, n, KIND_REGISTERED)) stats[S_HTOD_REGISTERED]++;
+  op_seq++;
+  if (is_stream(s)) in_flight((const char*)src, n, s);
   if (!is_stream(s) || !find_range((const char*)(uintptr_t)dst, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemcpyHtoDAsync destination", dst, n);
     pthread_mutex_unlock(&lock);
@@ -1284,6 +1398,8 @@ CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
   NO_CAPTURE(s);
   stats[S_DTOH]++;
   if (find_range((const char*)dst, n, KIND_REGISTERED)) stats[S_DTOH_REGISTERED]++;
+  op_seq++;
+  if (is_stream(s)) in_flight((const char*)dst, n, s);
   if (!is_stream(s) || !find_range((const char*)(uintptr_t)src, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemcpyDtoHAsync source", src, n);
     pthread_mutex_unlock(&lock);

@@ -12,13 +12,14 @@ import ctypes
 import gc
 import sys
 import threading
+import time
 
 import numpy as np
 from helpers.scenarios import Scenarios, raises
 
 import vyre_cuda as vc
 from fakecuda import FakeDriver, vecadd_emulation
-from vyre_cuda import _hostreg
+from vyre_cuda import _hostreg, _windows
 from vyre_cuda import builtin_programs as bp
 
 VECADD = bp.vecadd_f32()
@@ -173,6 +174,62 @@ def two_backends_share_one_counted_range(fake):
     block.__exit__(None, None, None)
     check(two, a, b)
     two.close()
+    settled(fake, before)
+
+
+@scenario
+def an_unregister_waits_for_direct_copies_and_dispatches_stage_meanwhile(fake):
+    """The direct gate (vyre_cuda._windows): a dispatch that may DMA straight from registered
+    memory holds it until its copies are enqueued (a blocking one, through its readbacks); an
+    unregister closes it and waits for those holders; a dispatch that finds it closing stages."""
+    one, two = backend_on(fake), backend_on(fake)
+    before = fake.stats()
+    a, b = aligned_pair()
+    out = aligned()
+    waited = threading.Event()
+    with one.register(a, b, out):
+        fake.lib.fake_cuda_hold(1)  # the GPU is busy: the blocking dispatch waits, holding the gate
+        try:
+            failed: list[BaseException] = []
+
+            def run():
+                try:
+                    check(two, a, b, out)
+                except BaseException as exc:  # noqa: BLE001 (reported below)
+                    failed.append(exc)
+
+            worker = threading.Thread(target=run)
+            worker.start()
+            deadline = time.monotonic() + 10
+            while _windows.direct_gate_state()[0] == 0:
+                assert time.monotonic() < deadline, "the dispatch never took the gate"
+                time.sleep(0.001)
+            closer = threading.Thread(target=lambda: _windows.close_direct_gate() and waited.set())
+            closer.start()
+            while _windows.direct_gate_state()[1] == 0:
+                time.sleep(0.001)
+            time.sleep(0.05)
+            assert not waited.is_set(), "the gate closed under a dispatch that held it"
+        finally:
+            fake.lib.fake_cuda_hold(0)
+        worker.join()
+        closer.join()
+        assert not failed, failed
+        assert waited.is_set()
+        # closed (no holder now): a dispatch stages, even from memory the caller registered
+        fake.reset_counters()
+        late = one.dispatch_async(VECADD, [a, b])
+        stats = fake.stats()
+        assert stats["htod_registered"] == 0 and stats["htod_copies"] > 0, stats
+        assert np.array_equal(late.result()[0], a + b)
+        _windows.open_direct_gate()
+        assert _windows.direct_gate_state() == (0, 0)
+        fake.reset_counters()
+        check(one, a, b, out)  # open again: straight from the registered arrays
+        assert fake.stats()["htod_registered"] >= 2, fake.stats()
+    one.close()
+    two.close()
+    assert fake.stats()["violations"] == before["violations"], fake.last_violation()
     settled(fake, before)
 
 
