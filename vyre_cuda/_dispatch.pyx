@@ -47,10 +47,7 @@ from ._deferred cimport Deferred, DeferredWork
 from ._plans cimport PlanTable, lookup_key
 from ._inputs cimport release_views, read_inputs, check_inputs, input_pointers, sight_buffers, mark_direct
 from ._launch cimport issue, collect, stream_waits, trial_record
-from ._waits cimport (
-    PendingDispatch, wait_nogil, wait_for_taker, leave_gate, timeout_ns, W_DONE, WAIT_POLL,
-)
-from ._windows cimport direct_enter
+from ._waits cimport PendingDispatch, wait_nogil, wait_for_taker, leave_gate, timeout_ns, W_DONE, WAIT_POLL
 from ._outputs cimport new_outputs, find_targets, fits_in_place, check_into
 from ._tracing cimport (
     count_enqueued, mark, nvtx_stage_open, nvtx_stage, nvtx_blocking, nvtx_async, nvtx_refused, stage_durations,
@@ -415,11 +412,8 @@ cdef class Core:
             if self.auto_hook is not None:  # before they are asked whether they are page-locked
                 sight_buffers(self.auto_hook, d, into)
             self.resources.xfer.wake()  # the copy threads wake while the rest is set up
-        if p.ring:  # held until its direct copies are enqueued (leave_gate)
-            d.gate = direct_enter()
-            if not d.compact:
-                with nogil:
-                    mark_direct(d, want_done)
+            with nogil:
+                mark_direct(d, want_done)  # (takes the direct gate: leave_gate lets go)
         if p.timeout is not None:
             d.deadline = now_ns() + timeout_ns(p.timeout)
             d.wait_timeout = p.timeout

@@ -23,7 +23,7 @@ from ._devview cimport DevView, read_device, device_type
 from ._formats cimport kind_ok
 from ._prepared cimport InputCheck, OutCheck
 from ._waits cimport DevInput
-from ._windows cimport auto_registered, page_locked
+from ._windows cimport auto_registered, page_locked, direct_enter
 from .errors import ValidationError
 from ._io_checks import dtype_error, input_error, raw_bits
 from ._device_io import device_input
@@ -242,10 +242,12 @@ cdef int sight_buffers(hook, PendingDispatch d, list into) except -1:
 cdef void mark_direct(PendingDispatch d, bint want_done) noexcept nogil:
     """Which inputs the GPU reads in place (page-locked): no staging copy. An async dispatch
     copies what only the automatic policy page-locked before it returns, as it would pageable
-    memory: the caller may reuse it at once. Only while ``d`` holds the direct gate (_windows)."""
+    memory: the caller may reuse it at once. Takes the direct gate first (_windows): without it,
+    nothing is read or written by DMA in place."""
     cdef size_t i
+    d.gate = direct_enter()  # held until the direct copies are enqueued (_waits.leave_gate)
     if not d.gate:
-        return  # (the direct gate is closing: every input stages)
+        return  # (the direct gate is closing: every input, and every output, stages)
     for i in range(d.views.size()):
         if page_locked(d.views[i].buf, d.views[i].len) and not (
                 want_done and auto_registered(d.views[i].buf, d.views[i].len)):
