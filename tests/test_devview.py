@@ -209,9 +209,15 @@ class Versioned:
                 "version": type(self).version}
 if protocol_of(Versioned(x)) != "python":
     fail(f"a CAI v2 type read as {protocol_of(Versioned(x))}")
-Versioned.version = 3  # modifies the type: its version tag changes, the cache entry is stale
+Versioned.version = 3  # a type left to the Python reader is asked again at its next array
 if protocol_of(Versioned(x)) != "cai":
     fail(f"after the type changed to v3: {protocol_of(Versioned(x))} (a stale cache entry)")
+res["checked"] += 1
+Versioned.version = 2  # a kept type whose next array is refused is forgotten, then decided again
+if device_view(Versioned(x), 0, None) is not None:
+    fail("a CAI v2 array of a type kept as v3 was read in C")
+if protocol_of(Versioned(x)) != "python":
+    fail(f"after the type changed back to v2: {protocol_of(Versioned(x))} (a stale cache entry)")
 res["checked"] += 1
 
 # -- DLPack's C exchange API

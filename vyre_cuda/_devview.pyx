@@ -15,9 +15,13 @@ is read as CuPy's CAI computes it (``cupy.cuda.get_current_stream().ptr``, its d
 0, under ``CUPY_CUDA_ARRAY_INTERFACE_EXPORT_VERSION`` 3), checked once per process against a real
 CAI; where those functions are missing or disagree, the first array's CAI is read instead.
 
-Which protocol a type speaks is decided once per type and kept with the type's version tag, which
-CPython changes whenever the type is modified (a library that patches ``torch.Tensor`` with an
-exchange API after the first dispatch is seen at the next one): the cache cannot go stale.
+Which protocol a type speaks is decided once per type, from the type and its first array, and
+kept in a table keyed by the type (written under a lock; no CPython internals read). Only a type
+found to speak one is kept: one left to the Python reader is asked again at its next array (a
+library that patches ``torch.Tensor`` with an exchange API after the first dispatch is seen at the
+next one), and a kept type whose array this reader then refuses is forgotten, so a type changed
+after its first array is decided again. (A CuPy subclass that overrides one of the fields read
+after its first array was seen is the one change not caught: its fields keep being read in C.)
 
 This reader takes only what it can prove well-formed: a device array on this backend's device,
 C-contiguous, of a type the checks know, with a usable stream. Anything else returns None, and
@@ -31,6 +35,7 @@ cimport numpy as cnp
 from cpython.exc cimport PyErr_Clear
 from cpython.pycapsule cimport PyCapsule_IsValid, PyCapsule_GetPointer
 from libc.stdint cimport int64_t, uintptr_t
+from libcpp.mutex cimport mutex
 from cuda.bindings cimport cydriver
 
 import sys
@@ -41,6 +46,7 @@ from ._dlpack cimport (
     DLTensor, DLManagedTensorVersioned, DLPackExchangeAPI, KDL_CUDA, DL_FLAG_READ_ONLY,
 )
 from ._devarray cimport DeviceArray
+from ._pools cimport lock_with_gil
 from ._dtypes import is_little_endian
 
 __all__ = ["DevView", "device_view", "fallback_reason", "protocol_of"]
@@ -63,17 +69,6 @@ _CUPY_POINTER = ("cupy.cuda.memory", "MemoryPointer")
 _CUPY_FIELDS = ("__cuda_array_interface__", "data", "size", "dtype", "_c_contiguous")
 cdef bint _LITTLE_HOST = sys.byteorder == "little"
 _EXCHANGE_ATTRS = ("__dlpack_c_exchange_api__", "__c_dlpack_exchange_api__")  # newer name first
-
-
-cdef extern from *:
-    """
-    static inline unsigned int vyre_type_tag(PyObject* t) {
-        /* 0: no valid tag (then nothing is cached for the type) */
-        return PyType_HasFeature((PyTypeObject*)t, Py_TPFLAGS_VALID_VERSION_TAG)
-            ? ((PyTypeObject*)t)->tp_version_tag : 0;
-    }
-    """
-    unsigned int type_tag "vyre_type_tag"(object t)
 
 
 @cython.final
@@ -131,7 +126,8 @@ cdef inline object _no(str why):
     return None
 
 
-cdef dict _protocols = {}  # type -> (protocol, the type's version tag, exchange API capsule)
+cdef dict _protocols = {}  # type -> (protocol, its payload: exchange API capsule, CuPy pointer type)
+cdef mutex _protocols_mu  # held to write _protocols (a read is one dict lookup)
 cdef dict _typestrs = {}  # CAI typestr -> (kind, itemsize), or False for one this reader leaves alone
 
 
@@ -155,14 +151,14 @@ cdef object _cupy_pointer_type(obj, t):
 
 cdef tuple _classify(obj, t):
     if t is DeviceArray:
-        return (P_DEVARRAY, 0, None)
+        return (P_DEVARRAY, None)
     for name in _EXCHANGE_ATTRS:
         cap = getattr(t, name, None)
         if cap is not None and PyCapsule_IsValid(cap, b"dlpack_exchange_api"):
             api = <DLPackExchangeAPI*>PyCapsule_GetPointer(cap, b"dlpack_exchange_api")
             if (api != NULL and api.header.version.major == 1
                     and api.managed_tensor_from_py_object_no_sync != NULL and api.current_work_stream != NULL):
-                return (P_EXCHANGE, 0, cap)
+                return (P_EXCHANGE, cap)
     try:
         cai = obj.__cuda_array_interface__
     except Exception:  # noqa: BLE001 (torch raises on a CPU tensor; the Python reader decides)
@@ -175,31 +171,25 @@ cdef tuple _classify(obj, t):
             except Exception:  # noqa: BLE001 (not the CuPy it looks like: its CAI is still good)
                 pointer_type = None
             if pointer_type is not None and _LITTLE_HOST:
-                return (P_CUPY, 0, pointer_type)
-            return (P_CAI, 0, None)
-    return (P_SLOW, 0, None)
+                return (P_CUPY, pointer_type)
+            return (P_CAI, None)
+    return (P_SLOW, None)
 
 
 cdef tuple _recent = (None, None)  # (type, its _protocols entry): the last type looked up
 
 
 cdef inline object _current_entry(t):
-    """The cached entry of type ``t`` if it is current (the type unchanged since), else None. The
-    last type looked up is compared first (a dispatch's arrays are mostly of one type): no dict
-    lookup. The tag is compared as a C int (no int object made)."""
+    """The kept entry of type ``t``, or None. The last type looked up is compared first (a
+    dispatch's arrays are mostly of one type): no dict lookup."""
     global _recent
     cdef tuple recent = _recent  # (one read: another thread may replace it, never change it)
     if recent[0] is t:
-        entry = recent[1]
-    else:
-        entry = _protocols.get(t)
-        if entry is None:
-            return None
+        return recent[1]
+    entry = _protocols.get(t)
+    if entry is not None:
         _recent = (t, entry)
-    cdef unsigned int tag = type_tag(t)
-    if tag != 0 and <unsigned int>(<tuple>entry)[1] == tag:
-        return entry
-    return None
+    return entry
 
 
 cdef tuple _protocol(obj):
@@ -209,16 +199,30 @@ cdef tuple _protocol(obj):
     if entry is not None:
         return <tuple>entry
     entry = _classify(obj, t)
-    cdef unsigned int tag = type_tag(t)  # the lookups above gave the type a tag if it had none
-    if tag != 0:
-        entry = ((<tuple>entry)[0], tag, (<tuple>entry)[2])
+    if (<tuple>entry)[0] != P_SLOW:  # (a type left to the Python reader is asked again next time)
+        lock_with_gil(_protocols_mu)
         _protocols[t] = entry
-        _recent = (t, entry)  # (a modified type's old entry must not stay the recent one)
+        _protocols_mu.unlock()
+        _recent = (t, entry)
     return <tuple>entry
 
 
+cdef void _forget(t) noexcept:
+    """A kept type whose array this reader refused: decided again at its next array (the array may
+    be one this reader cannot take, or the type may have changed since it was kept)."""
+    global _recent
+    lock_with_gil(_protocols_mu)
+    try:
+        _protocols.pop(t, None)
+    except BaseException:  # (noexcept: a type's own __eq__ raising leaves the entry)
+        pass
+    _protocols_mu.unlock()
+    if _recent[0] is t:
+        _recent = (None, None)
+
+
 cdef bint device_type(obj) noexcept:
-    """Whether ``obj``'s type is known (cached, current) to speak a protocol this reader takes:
+    """Whether ``obj``'s type is known (kept) to speak a protocol this reader takes:
     for producers whose arrays also export a buffer protocol that refuses (CuPy), so the core
     tries this reader before the buffer protocol's exception."""
     entry = _current_entry(type(obj))
@@ -544,18 +548,22 @@ cdef DevView read_device(obj, int device, own, CupyStream memo):
     cdef tuple proto = _protocol(obj)
     cdef int code = proto[0]
     cdef DevView v
-    if code == P_DEVARRAY:
-        v = _from_devarray(<DeviceArray>obj, device)
+    if code == P_DEVARRAY or code == P_EXCHANGE:
+        if code == P_DEVARRAY:
+            v = _from_devarray(<DeviceArray>obj, device)
+        else:
+            v = _from_exchange(obj, proto[1], device, own)
+        if v is not None:
+            v.memo = memo  # C only: nothing that could change CuPy's current stream ran
     elif code == P_CUPY:
-        return _from_cupy(obj, proto[2], device, own, memo)
-    elif code == P_EXCHANGE:
-        v = _from_exchange(obj, proto[2], device, own)
+        v = _from_cupy(obj, proto[1], device, own, memo)
     elif code == P_CAI:
-        return _from_cai(obj, device, own)
+        v = _from_cai(obj, device, own)
     else:
-        return _no("its type speaks no protocol this reader takes (DLPack without the exchange API, CAI v2)")
-    if v is not None:
-        v.memo = memo  # C only: nothing that could change CuPy's current stream ran
+        return _no("its type speaks no protocol this reader takes (DLPack without the exchange API, "
+                   "or not a CUDA Array Interface v3)")
+    if v is None:
+        _forget(type(obj))
     return v
 
 
