@@ -1,7 +1,7 @@
 """A backend's measurement settings: how it waits, how its copy threads store, how its transfers
 are cut into windows, where small dispatches stop using a pinned mirror, the streamed route's
-constants. For measurements only (the scripts of ``benchmarks/`` through their hooks,
-``vyre_cuda.profile._hooks``, tests): private API, not exported from :mod:`vyre_cuda`.
+constants. For measurements only (the scripts of ``benchmarks/`` through their hooks, and
+tests): private API, not exported from :mod:`vyre_cuda`.
 
 A backend starts with :data:`DEFAULT` (what every user gets); ``CudaBackend._use_knobs(knobs)``
 gives one backend others. They are per backend, never process-wide: the core keeps them in C
