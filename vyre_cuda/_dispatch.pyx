@@ -535,8 +535,8 @@ cdef class Core:
                 if outcome == W_DONE and wst == cydriver.CUDA_SUCCESS:
                     cst = collect(d, p, xfer, &ccall)
                     mark(marks, M_COPYOUT)
-            leave_gate(d, outcome == W_DONE)
-        self._after_enqueue(d, st, call)
+        self._after_enqueue(d, st, call)  # (counts the direct bytes: before the marks may clear)
+        leave_gate(d, outcome == W_DONE)
         d._after_wait(outcome, wst, b"cuStreamQuery")
         d._after_collect(cst, ccall)
         d._audit()
@@ -604,8 +604,8 @@ cdef class Core:
             d.readback_skipped = True
         with nogil:
             st = issue(d, p, xfer, NULL, &call)
-            leave_gate(d, False)  # (result() takes the gate again for its readbacks)
         self._after_enqueue(d, st, call)
+        leave_gate(d, False)  # (result() takes the gate again for its readbacks)
         d.f.t_enqueued = now_ns()
         if not d.any_direct:
             d._release_views()  # every input byte is in staging or on the device: the caller may reuse them

@@ -227,6 +227,10 @@ def an_unregister_waits_for_direct_copies_and_dispatches_stage_meanwhile(fake):
         fake.reset_counters()
         check(one, a, b, out)  # open again: straight from the registered arrays
         assert fake.stats()["htod_registered"] >= 2, fake.stats()
+        one.telemetry.reset()
+        assert np.array_equal(one.dispatch_async(VECADD, [a, b]).result()[0], a + b)
+        snap = one.telemetry.snapshot()  # an async dispatch's direct bytes are counted as direct
+        assert snap["direct_h2d_bytes"] == a.nbytes + b.nbytes, snap
     one.close()
     two.close()
     assert fake.stats()["violations"] == before["violations"], fake.last_violation()
