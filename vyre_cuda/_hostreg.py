@@ -118,7 +118,7 @@ class Holder:
 
 
 class _Range:
-    __slots__ = ("start", "end", "ctx", "auto", "explicit", "owner")
+    __slots__ = ("start", "end", "ctx", "auto", "explicit", "owner", "leave_mu", "unregistered")
 
     def __init__(self, start, end, ctx, owner):
         self.start = start
@@ -128,6 +128,11 @@ class _Range:
         # holder -> one buffer export per open register() block (the memory stays put meanwhile)
         self.explicit: dict[Holder, list[memoryview]] = {}
         self.owner = owner  # weakref on the owning numpy array, or None
+        # one unregister per range, by whoever comes first: the last hold's release, or the
+        # owner's death while that release waits for the gate (never the registry's lock: see
+        # _unregister)
+        self.leave_mu = threading.Lock()
+        self.unregistered = False
 
     @property
     def nbytes(self) -> int:
@@ -167,6 +172,9 @@ class HostRegistry:
         # the memory; so every walk over the ranges is over a snapshot
         self._lock = threading.RLock()
         self._ranges: dict[int, _Range] = {}  # start -> range; disjoint
+        # start -> range out of the table and not unregistered yet: a release waits for the gate
+        # outside the lock meanwhile, and the owner may die then (see _owner_died)
+        self._leaving: dict[int, _Range] = {}
         self._sightings: dict[tuple[int, int], list] = {}  # span -> [weakref owner, count]
         self._holders: weakref.WeakSet[Holder] = weakref.WeakSet()
         self._budget = default_budget()
@@ -206,7 +214,7 @@ class HostRegistry:
             keep = keeps.pop()
             if not keeps:
                 del r.explicit[h]
-            gone = [r] if not r.held() and self._ranges.pop(r.start, None) is r else []
+            gone = [r] if not r.held() and self._detach(r) else []
             self._publish()
         self._unregister_live(gone)
         keep.release()  # after the unregister: the memory stayed put until then
@@ -258,7 +266,7 @@ class HostRegistry:
                 r.auto.pop(h, None)
                 if explicit:
                     keeps.extend(r.explicit.pop(h, ()))
-                if not r.held() and self._ranges.pop(r.start, None) is r:
+                if not r.held() and self._detach(r):
                     gone.append(r)
             if explicit:
                 self._holders.discard(h)
@@ -306,6 +314,15 @@ class HostRegistry:
         """Tell the dispatch path which ranges only the automatic policy holds: an async dispatch
         copies those before it returns, as it would pageable memory (``_windows.auto_registered``)."""
         set_auto_registered([(r.start, r.end) for r in list(self._ranges.values()) if r.auto and not r.explicit])
+
+    def _detach(self, r: _Range) -> bool:
+        """Take ``r`` out of the table, to be unregistered outside the lock (_unregister_live);
+        until then it is found among the leaving ranges, so its owner's death still unregisters
+        it before numpy frees the memory."""
+        if self._ranges.pop(r.start, None) is not r:
+            return False
+        self._leaving[r.start] = r
+        return True
 
     def _refuse(self, reason: str) -> None:
         self._counts["fallbacks"] += 1
@@ -355,16 +372,22 @@ class HostRegistry:
     # -------------------------------------------------------------- unregistering
     def _owner_died(self, start: int, ref) -> None:
         """The owning array is being freed (numpy clears weakrefs before it frees the data): no
-        dispatch can still use its memory, so it is unregistered at once, with no wait."""
+        dispatch can still use its memory, so it is unregistered at once, with no wait; also when
+        a release took the range out of the table and waits for the direct gate (it must not
+        return before the unregister: numpy unmaps the memory next, and a range the driver still
+        counts as registered would catch the next allocation at that address)."""
         with self._lock:
             r = self._ranges.get(start)
-            if r is None or r.owner is not ref:
-                return
-            del self._ranges[start]
-            self._unregister(r)
-            self._publish()
+            if r is not None and r.owner is ref:
+                del self._ranges[start]
+                self._publish()
+            else:
+                r = self._leaving.get(start)
+                if r is None or r.owner is not ref:
+                    return
+        self._unregister(r)
 
-    def _unregister_live(self, ranges) -> None:
+    def _unregister_live(self, ranges: list[_Range]) -> None:
         """Unregister ranges whose memory lives on (already out of the table), outside the lock:
         close the direct gate (``_windows``), so no dispatch marks or enqueues a direct copy from
         here on and every one that did has enqueued it; then wait for the GPU work of every backend
@@ -378,7 +401,9 @@ class HostRegistry:
             # a collection inside this thread's own dispatch: left for the next unregister to take
             with self._lock:
                 for r in ranges:
-                    self._ranges.setdefault(r.start, r)
+                    if self._leaving.get(r.start) is r and not r.unregistered:
+                        del self._leaving[r.start]
+                        self._ranges.setdefault(r.start, r)
                 self._publish()
             return
         try:
@@ -391,6 +416,7 @@ class HostRegistry:
                         _driver.context_synchronize()
             except BackendError as exc:
                 # unregistered under a DMA, the buffer could be read wrong: left registered instead
+                # (among the leaving ranges: its owner's death still unregisters it)
                 log.warning("vyre_cuda: %d registered range(s) kept registered: %s", len(ranges), exc.message)
                 return
             for r in ranges:
@@ -399,10 +425,19 @@ class HostRegistry:
             open_direct_gate()
 
     def _unregister(self, r: _Range) -> None:
-        status = _driver.host_unregister(r.any_ctx(), r.start)
+        """Unregister ``r`` once, whoever asks first; a second caller returns after the first's
+        driver call. Its own lock, never the registry's, is held across that call: an owner's
+        weakref callback may run on a thread that holds the registry's lock, and waits here."""
+        with r.leave_mu:
+            if r.unregistered:
+                return
+            status = _driver.host_unregister(r.any_ctx(), r.start)
+            r.unregistered = True
         if status:
             log.warning("vyre_cuda: cuMemHostUnregister of 0x%x failed: %s", r.start, _driver.status_name(status))
         with self._lock:
+            if self._leaving.get(r.start) is r:
+                del self._leaving[r.start]
             self._counts["unregistrations"] += 1
 
 

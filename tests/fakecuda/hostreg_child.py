@@ -454,6 +454,61 @@ def trim_and_close_unregister_what_the_policy_holds(fake):
 
 
 @scenario
+def an_owner_that_dies_while_a_trim_waits_is_unregistered_before_numpy_frees(fake):
+    """A trim takes the policy's ranges out of the table, then waits for the direct gate (a
+    dispatch on another backend holds it); the owning array dies meanwhile. Its range must be
+    unregistered before the owner's death returns (numpy unmaps the memory next, and a range the
+    driver still counts as registered catches the next allocation at that address: a copy into
+    it fails or lands in the old pages), and not a second time when the trim goes on."""
+    one, two = backend_on(fake, auto_register=AT_ONCE), backend_on(fake)
+    before, c0 = fake.stats(), counts()
+    a, b = aligned_pair()
+    check(one, a, b)  # registered at the first sighting
+    assert vc.is_page_locked(a) and vc.is_page_locked(b), vc.registered_stats()
+    x, y = aligned_pair()
+    held = fake.stats()["registered"]
+    failed: list[BaseException] = []
+
+    def run(fn):
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            failed.append(exc)
+
+    with two.register(x, y):
+        fake.lib.fake_cuda_hold(1)  # the GPU is busy: the dispatch waits, holding the gate
+        try:
+            worker = threading.Thread(target=run, args=(lambda: check(two, x, y),))
+            worker.start()
+            deadline = time.monotonic() + 10
+            while _windows.direct_gate_state()[0] == 0:
+                assert time.monotonic() < deadline, "the dispatch never took the gate"
+                time.sleep(0.001)
+            trimmer = threading.Thread(target=run, args=(one.trim,))
+            trimmer.start()
+            while _windows.direct_gate_state()[1] == 0:  # the trim waits for the gate
+                assert time.monotonic() < deadline, "the trim never closed the gate"
+                time.sleep(0.001)
+            assert vc.registered_stats()["registered_ranges"] == 2, vc.registered_stats()  # x and y
+            del a  # the owner dies while its range is out of the table, not yet unregistered
+            assert fake.stats()["registered"] == held + 2 - 1, (fake.stats()["registered"], held)
+            assert delta(c0)["unregistrations"] == 1, delta(c0)
+        finally:
+            fake.lib.fake_cuda_hold(0)
+        worker.join()
+        trimmer.join()
+    assert not failed, failed
+    assert delta(c0)["unregistrations"] == delta(c0)["registrations"] == 4, delta(c0)  # a, b, x, y: once each
+    assert not vc.is_page_locked(b)
+    check(one, b, b)  # registered again
+    del b
+    one.close()
+    two.close()
+    assert fake.stats()["violations"] == before["violations"], fake.last_violation()
+    settled(fake, before)
+
+
+@scenario
 def threads_and_two_backends_register_share_trim_and_drop(fake):
     sys.setswitchinterval(1e-6)
     backends = [backend_on(fake, auto_register=AT_ONCE), backend_on(fake, auto_register=AT_ONCE)]

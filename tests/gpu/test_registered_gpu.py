@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import vyre_cuda as vc
+from vyre_cuda import _hostreg
 from vyre_cuda import builtin_programs as bp
 
 MIB = 1 << 20
@@ -23,7 +24,15 @@ AT_ONCE = vc.AutoRegister(min_bytes=MIB, saving_gbps=1.0)
 
 
 def fresh(rng, n=N):
-    return rng.standard_normal(n).astype(np.float32)
+    """Random float32 values in memory of their own pages. A plain array may share its edge pages
+    with a heap neighbour (once glibc's malloc has raised its mmap threshold, 8 MiB arrays come
+    from the heap), and the second of two neighbours to register falls back to staging."""
+    page = _hostreg.PAGE
+    root = np.empty(n * 4 + 2 * page, np.uint8)
+    offset = -root.ctypes.data % page
+    x = root[offset : offset + n * 4].view(np.float32)
+    x[:] = rng.standard_normal(n)
+    return x
 
 
 def elementwise():
@@ -34,9 +43,9 @@ def elementwise():
 
 def test_registered_arrays_move_directly_and_stay_right(rng):
     with vc.CudaBackend(0) as gpu:
-        a, b, out = fresh(rng), fresh(rng), np.empty(N, np.float32)
+        a, b, out = fresh(rng), fresh(rng), fresh(rng)
         with gpu.register(a, b, out):
-            assert all(vc.is_page_locked(x) for x in (a, b, out))
+            assert all(vc.is_page_locked(x) for x in (a, b, out)), vc.registered_stats()
             gpu.telemetry.reset()
             for _ in range(3):
                 a[:], b[:] = fresh(rng), fresh(rng)
@@ -73,10 +82,9 @@ def test_the_policy_survives_freed_and_reallocated_arrays(rng):
             del a, out
             gc.collect()
             assert vc.registered_stats()["registered_ranges"] <= 1  # (b's, if it registered)
-            again = np.empty(N, np.float32)  # maybe at the same address: pageable, unregistered
+            again = fresh(rng)  # maybe at the same address: pageable, unregistered
             if again.ctypes.data == address:
                 assert not vc.is_page_locked(again)
-            again[:] = fresh(rng)
             (out,) = gpu.dispatch(VECADD, [again, b])
             np.testing.assert_array_equal(out, again + b)
             del again, b, out
