@@ -26,8 +26,11 @@ import numpy as np
 from cuda.bindings cimport cydriver
 
 from ._driver cimport check_cu
+from ._windows cimport locked_run
 from ._array_pool cimport ArrayPool, array_block_size
 from ._dlpack cimport DLDataType, DLTensor, DLManagedTensor, DLManagedTensorVersioned
+
+from .errors import ValidationError
 
 __all__ = ["DeviceArray", "pointer_device", "dlpack_info", "array_pool_stats", "trim_array_pool",
            "forget_array_pool", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST", "KDL_CUDA_MANAGED"]
@@ -189,6 +192,42 @@ def trim_array_pool(int device=0):
         pool.trim()
 
 
+cdef cydriver.CUresult _copy_out(uintptr_t host, cydriver.CUdeviceptr src, size_t nbytes) noexcept nogil:
+    """cuMemcpyDtoH cut where page-locked memory ends under the destination (_windows.locked_run):
+    the driver refuses a copy that starts in a pinned or registered range and runs past its end,
+    and a fresh array can start in the last page of a registered heap neighbour."""
+    cdef size_t piece
+    cdef cydriver.CUresult st
+    while nbytes:
+        piece = locked_run(<const void*>host, nbytes)
+        st = cydriver.cuMemcpyDtoH(<void*>host, src, piece)
+        if st != cydriver.CUDA_SUCCESS:
+            return st
+        host += piece
+        src += piece
+        nbytes -= piece
+    return cydriver.CUDA_SUCCESS
+
+
+def _check_host_out(DeviceArray x, out):
+    if not isinstance(out, np.ndarray):
+        raise ValidationError(
+            f"copy_to_host(out=...) got a {type(out).__name__}, not a numpy array",
+            f"pass out=np.empty({x.size}, np.{x.dtype.name}), or call copy_to_host() for a new array",
+        )
+    if out.dtype != x.dtype or out.size != x.size:
+        raise ValidationError(
+            f"copy_to_host(out=...) got {out.size} x {out.dtype}, the DeviceArray holds {x.size} x {x.dtype}",
+            f"pass out=np.empty({x.size}, np.{x.dtype.name})",
+        )
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValidationError(
+            f"copy_to_host(out=...) needs a writable C-contiguous array of {x.size} x {x.dtype}; this "
+            f"one has c_contiguous={out.flags.c_contiguous}, writeable={out.flags.writeable}",
+            "pass np.ascontiguousarray(...) of a writable array, or call copy_to_host() for a new array",
+        )
+
+
 cdef class DeviceArray:
     """A 1-D C-contiguous array in device memory, owned by vyre_cuda.
 
@@ -299,16 +338,20 @@ cdef class DeviceArray:
         e.legacy.deleter = _legacy_deleter
         return PyCapsule_New(&e.legacy, b"dltensor", _legacy_capsule_destructor)
 
-    def copy_to_host(self):
-        """A new numpy array holding this array's contents."""
+    def copy_to_host(self, out=None):
+        """A new numpy array holding this array's contents; or ``out``, a writable C-contiguous
+        numpy array of the same size and dtype, filled with them and returned."""
         cdef cydriver.CUcontext prev
         cdef cydriver.CUresult st
-        out = np.empty(self.size, dtype=self.dtype)
+        if out is None:
+            out = np.empty(self.size, dtype=self.dtype)
+        else:
+            _check_host_out(self, out)
         cdef uintptr_t host = out.ctypes.data
         if self.nbytes:
             with nogil:
                 check_cu(cydriver.cuCtxPushCurrent(self.ctx), b"cuCtxPushCurrent")
-                st = cydriver.cuMemcpyDtoH(<void*>host, <cydriver.CUdeviceptr>self.ptr, self.nbytes)
+                st = _copy_out(host, <cydriver.CUdeviceptr>self.ptr, self.nbytes)
                 cydriver.cuCtxPopCurrent(&prev)
                 check_cu(st, b"cuMemcpyDtoH")
         return out

@@ -48,6 +48,7 @@ cdef struct Piece:
 
 
 cdef bint page_locked(const void* ptr, size_t nbytes) noexcept nogil
+cdef size_t locked_run(const void* ptr, size_t nbytes) noexcept nogil
 cdef bint auto_registered(const void* ptr, size_t nbytes) noexcept nogil
 cdef bint direct_enter() noexcept nogil
 cdef void direct_leave() noexcept nogil

@@ -66,6 +66,34 @@ cdef bint page_locked(const void* ptr, size_t nbytes) noexcept nogil:
     return memtype == cydriver.CU_MEMORYTYPE_HOST and buffer_id != 0 and buffer_id == last_id
 
 
+cdef size_t locked_run(const void* ptr, size_t nbytes) noexcept nogil:
+    """How many of [ptr, ptr + nbytes)'s first bytes one driver copy may take: all of them, unless
+    ptr lies in page-locked memory that ends sooner, then up to that end. The driver refuses
+    (CUDA_ERROR_INVALID_VALUE) a copy whose host side starts in a pinned or registered allocation
+    and runs past its end, and registration is page-granular: a heap neighbour of a registered
+    array can start in its last page. A copy that starts in pageable memory may run on into
+    page-locked memory."""
+    cdef cydriver.CUpointer_attribute attrs[3]
+    cdef void* data[3]
+    cdef unsigned int memtype = 0
+    cdef cydriver.CUdeviceptr start = 0
+    cdef size_t size = 0
+    cdef uintptr_t p = <uintptr_t>ptr
+    attrs[0] = cydriver.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+    attrs[1] = cydriver.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+    attrs[2] = cydriver.CU_POINTER_ATTRIBUTE_RANGE_SIZE
+    data[0] = &memtype
+    data[1] = &start
+    data[2] = &size
+    if nbytes == 0 or cydriver.cuPointerGetAttributes(3, attrs, data, <cydriver.CUdeviceptr>p) != cydriver.CUDA_SUCCESS:
+        return nbytes
+    if memtype != cydriver.CU_MEMORYTYPE_HOST or size == 0 or p < <uintptr_t>start:
+        return nbytes
+    if p + nbytes <= <uintptr_t>start + size:
+        return nbytes
+    return <uintptr_t>start + size - p
+
+
 # The ranges vyre_cuda registered only by a backend's automatic policy (_hostreg keeps this list):
 # the caller did not ask for them to be page-locked, so an async dispatch still copies them before
 # it returns (the caller may reuse a pageable input at once), where a page-locked one is read by

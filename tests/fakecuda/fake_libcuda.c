@@ -289,6 +289,19 @@ static int untrack(const char* base, int kind) {
   return 0;
 }
 
+/* The driver refuses (CUDA_ERROR_INVALID_VALUE) a copy whose host side starts in page-locked memory
+ * (pinned or registered) and runs past that allocation's end, as measured on an H100 with driver
+ * 13.0; one that starts in pageable memory and runs into page-locked memory is taken. A registered
+ * array's last page may hold the start of a heap neighbour, so vyre_cuda's own copies of caller
+ * memory must cut at the ends of page-locked ranges: doing so here is a violation. */
+static int straddles_page_locked(const char* host, size_t n) {
+  if (!n) return 0;
+  for (Alloc* a = allocs; a; a = a->next)
+    if ((a->kind == KIND_HOST || a->kind == KIND_REGISTERED) && host >= a->base && host < a->base + a->size)
+      return n > a->size - (size_t)(host - a->base);
+  return 0;
+}
+
 /* ------------------------------------------------------------------ fault injection */
 typedef struct {
   char call[64];
@@ -1375,6 +1388,11 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream 
   INJECT("cuMemcpyHtoDAsync");
   NEED_CTX();
   NO_CAPTURE(s);
+  if (straddles_page_locked((const char*)src, n)) {
+    violation("cuMemcpyHtoDAsync host range runs past the end of page-locked memory", (CUdeviceptr)(uintptr_t)src, n);
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   stats[S_HTOD]++;
   if (find_range((const char*)src, n, KIND_REGISTERED)) stats[S_HTOD_REGISTERED]++;
   op_seq++;
@@ -1396,6 +1414,11 @@ CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
   INJECT("cuMemcpyDtoHAsync");
   NEED_CTX();
   NO_CAPTURE(s);
+  if (straddles_page_locked((const char*)dst, n)) {
+    violation("cuMemcpyDtoHAsync host range runs past the end of page-locked memory", (CUdeviceptr)(uintptr_t)dst, n);
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   stats[S_DTOH]++;
   if (find_range((const char*)dst, n, KIND_REGISTERED)) stats[S_DTOH_REGISTERED]++;
   op_seq++;
@@ -1435,6 +1458,11 @@ CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) {
   pthread_mutex_lock(&lock);
   INJECT("cuMemcpyDtoH");
   NEED_CTX();
+  if (straddles_page_locked((const char*)dst, n)) {
+    violation("cuMemcpyDtoH host range runs past the end of page-locked memory", (CUdeviceptr)(uintptr_t)dst, n);
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   if (!find_range((const char*)(uintptr_t)src, n, KIND_DEVICE)) {
     violation("cuMemcpyDtoH source", src, n);
     pthread_mutex_unlock(&lock);

@@ -509,6 +509,42 @@ def an_owner_that_dies_while_a_trim_waits_is_unregistered_before_numpy_frees(fak
 
 
 @scenario
+def a_copy_to_host_into_memory_that_starts_in_a_registered_page_is_cut_there(fake):
+    """Registration is page-granular: a heap neighbour can start in a registered array's last page
+    and run past it, and the driver refuses one copy whose host side does that. copy_to_host cuts
+    its copy where the page-locked range ends (the fake refuses such a copy, as the driver does,
+    and counts it as a violation). Bad ``out`` arguments are refused with a typed error."""
+    backend = backend_on(fake)
+    before = fake.stats()
+    root = np.empty(8 * PAGE, np.uint8)
+    base = -root.__array_interface__["data"][0] % PAGE
+    mine = root[base : base + 2 * PAGE - 96].view(np.float32)  # ends 96 bytes before a page end
+    neighbour = root[base + 2 * PAGE - 64 : base + 5 * PAGE - 64].view(np.float32)  # starts in that page
+    x, y = pair(neighbour.size)
+    (dev,) = backend.dispatch(VECADD, [x, y], vc.DispatchConfig(outputs="device"))
+    with backend.register(mine):
+        assert vc.is_page_locked(mine) and not vc.is_page_locked(neighbour)
+        got = dev.copy_to_host(out=neighbour)
+        assert got is neighbour and np.array_equal(neighbour, x + y)
+        assert np.array_equal(dev.copy_to_host(), x + y)
+    assert fake.stats()["violations"] == before["violations"], fake.last_violation()
+    bad = {
+        "a list": [0.0] * neighbour.size,
+        "the wrong dtype": np.empty(neighbour.size, np.float64),
+        "the wrong size": np.empty(neighbour.size + 1, np.float32),
+        "a strided view": np.empty(2 * neighbour.size, np.float32)[::2],
+        "a read-only array": np.frombuffer(bytes(neighbour.nbytes), np.float32),
+    }
+    for what, out in bad.items():
+        err = raises(vc.ValidationError, dev.copy_to_host, out=out)
+        assert "Fix: " in str(err) and str(neighbour.size) in str(err), (what, str(err))
+    assert np.array_equal(dev.copy_to_host(), x + y)  # nothing broken
+    del dev
+    backend.close()
+    settled(fake, before)
+
+
+@scenario
 def threads_and_two_backends_register_share_trim_and_drop(fake):
     sys.setswitchinterval(1e-6)
     backends = [backend_on(fake, auto_register=AT_ONCE), backend_on(fake, auto_register=AT_ONCE)]

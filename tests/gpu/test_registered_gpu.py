@@ -161,3 +161,20 @@ def test_threads_and_two_backends_share_registrations(rng):
     shared.clear()
     gc.collect()
     assert vc.registered_stats()["registered_ranges"] == 0, vc.registered_stats()
+
+
+def test_copy_to_host_into_memory_that_starts_in_a_registered_page(rng):
+    # registration is page-granular: memory that starts in a registered array's last page and runs
+    # past it is refused by one driver copy (CUDA_ERROR_INVALID_VALUE); copy_to_host cuts its copy
+    page = _hostreg.PAGE
+    root = np.empty(8 * page, np.uint8)
+    base = -root.ctypes.data % page
+    mine = root[base : base + 2 * page - 96].view(np.float32)
+    neighbour = root[base + 2 * page - 64 : base + 5 * page - 64].view(np.float32)
+    x, y = fresh(rng, neighbour.size), fresh(rng, neighbour.size)
+    with vc.CudaBackend(0) as gpu:
+        (dev,) = gpu.dispatch(VECADD, [x, y], vc.DispatchConfig(outputs="device"))
+        with gpu.register(mine):
+            assert vc.is_page_locked(mine) and not vc.is_page_locked(neighbour)
+            assert dev.copy_to_host(out=neighbour) is neighbour
+            np.testing.assert_array_equal(neighbour, x + y)
