@@ -256,12 +256,42 @@ static void unregister_check(const char* base, size_t size) {
     }
 }
 
+/* The live allocations sorted by base (they are disjoint: device blocks, pinned blocks and
+ * registered ranges never overlap), for a binary search: with a thousand dispatches in flight
+ * the pools hold thousands of blocks, and a list walk per copy made the fake, not vyre_cuda,
+ * the cost of every enqueue. */
+static Alloc** sorted_allocs = NULL;
+static size_t n_sorted = 0, cap_sorted = 0;
+
+/* the index of the first allocation whose base is above p */
+static size_t upper(const char* p) {
+  size_t lo = 0, hi = n_sorted;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (sorted_allocs[mid]->base <= p)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+static int kind_matches(const Alloc* a, int kind) {
+  return kind == 0 || a->kind == kind || (kind == KIND_DEVICE && a->kind == KIND_GLOBAL);
+}
+
+static int holds(const Alloc* a, const char* p, size_t n) {
+  return p >= a->base && (size_t)(p - a->base) <= a->size && n <= a->size - (size_t)(p - a->base);
+}
+
 /* the allocation holding [p, p + n), or NULL */
 static Alloc* find_range(const char* p, size_t n, int kind) {
-  for (Alloc* a = allocs; a; a = a->next) {
-    if ((kind == 0 || a->kind == kind || (kind == KIND_DEVICE && a->kind == KIND_GLOBAL)) && p >= a->base &&
-        (size_t)(p - a->base) <= a->size && n <= a->size - (size_t)(p - a->base))
-      return a;
+  size_t i = upper(p);
+  /* the last allocation starting at or below p; and the one before it, which an empty range at
+   * its very end (n == 0) may name */
+  for (size_t k = 0; k < 2 && i > k; k++) {
+    Alloc* a = sorted_allocs[i - 1 - k];
+    if (kind_matches(a, kind) && holds(a, p, n)) return a;
   }
   return NULL;
 }
@@ -274,6 +304,14 @@ static Alloc* track(char* base, size_t size, int kind) {
   a->id = next_alloc_id++;
   a->next = allocs;
   allocs = a;
+  if (n_sorted == cap_sorted) {
+    cap_sorted = cap_sorted ? 2 * cap_sorted : 256;
+    sorted_allocs = (Alloc**)realloc(sorted_allocs, cap_sorted * sizeof(Alloc*));
+  }
+  size_t i = upper(base);
+  memmove(sorted_allocs + i + 1, sorted_allocs + i, (n_sorted - i) * sizeof(Alloc*));
+  sorted_allocs[i] = a;
+  n_sorted++;
   return a;
 }
 
@@ -282,6 +320,12 @@ static int untrack(const char* base, int kind) {
     if ((*pa)->base == base && (*pa)->kind == kind) {
       Alloc* a = *pa;
       *pa = a->next;
+      for (size_t i = upper(base); i > 0 && sorted_allocs[i - 1]->base == base; i--)
+        if (sorted_allocs[i - 1] == a) {
+          memmove(sorted_allocs + i - 1, sorted_allocs + i, (n_sorted - i) * sizeof(Alloc*));
+          n_sorted--;
+          break;
+        }
       free(a);
       return 1;
     }
@@ -295,10 +339,11 @@ static int untrack(const char* base, int kind) {
  * array's last page may hold the start of a heap neighbour, so vyre_cuda's own copies of caller
  * memory must cut at the ends of page-locked ranges: doing so here is a violation. */
 static int straddles_page_locked(const char* host, size_t n) {
-  if (!n) return 0;
-  for (Alloc* a = allocs; a; a = a->next)
-    if ((a->kind == KIND_HOST || a->kind == KIND_REGISTERED) && host >= a->base && host < a->base + a->size)
-      return n > a->size - (size_t)(host - a->base);
+  size_t i = upper(host);
+  if (!n || i == 0) return 0;
+  const Alloc* a = sorted_allocs[i - 1];
+  if ((a->kind == KIND_HOST || a->kind == KIND_REGISTERED) && host < a->base + a->size)
+    return n > a->size - (size_t)(host - a->base);
   return 0;
 }
 
