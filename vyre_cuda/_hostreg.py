@@ -118,7 +118,7 @@ class Holder:
 
 
 class _Range:
-    __slots__ = ("start", "end", "ctx", "auto", "explicit", "owner", "leave_mu", "unregistered")
+    __slots__ = ("start", "end", "ctx", "auto", "explicit", "owner", "leave_mu", "unregistered", "leaves")
 
     def __init__(self, start, end, ctx, owner):
         self.start = start
@@ -133,6 +133,9 @@ class _Range:
         # _unregister)
         self.leave_mu = threading.Lock()
         self.unregistered = False
+        # bumped (under leave_mu) each time it leaves the table and each time a hold takes it back
+        # before its unregister: a release unregisters only the leave it saw
+        self.leaves = 0
 
     @property
     def nbytes(self) -> int:
@@ -214,7 +217,8 @@ class HostRegistry:
             keep = keeps.pop()
             if not keeps:
                 del r.explicit[h]
-            gone = [r] if not r.held() and self._detach(r) else []
+            leave = None if r.held() else self._detach(r)
+            gone = [] if leave is None else [(r, leave)]
             self._publish()
         self._unregister_live(gone)
         keep.release()  # after the unregister: the memory stayed put until then
@@ -259,15 +263,16 @@ class HostRegistry:
     def release(self, h: Holder, *, explicit: bool) -> None:
         """Drop ``h``'s automatic holds (trim), and its explicit ones too (close; a block still
         open then ends with no effect)."""
-        gone: list[_Range] = []
+        gone: list[tuple[_Range, int]] = []
         keeps: list[memoryview] = []
         with self._lock:
             for r in list(self._ranges.values()):
                 r.auto.pop(h, None)
                 if explicit:
                     keeps.extend(r.explicit.pop(h, ()))
-                if not r.held() and self._detach(r):
-                    gone.append(r)
+                leave = None if r.held() else self._detach(r)
+                if leave is not None:
+                    gone.append((r, leave))
             if explicit:
                 self._holders.discard(h)
             self._publish()
@@ -315,14 +320,32 @@ class HostRegistry:
         copies those before it returns, as it would pageable memory (``_windows.auto_registered``)."""
         set_auto_registered([(r.start, r.end) for r in list(self._ranges.values()) if r.auto and not r.explicit])
 
-    def _detach(self, r: _Range) -> bool:
+    def _detach(self, r: _Range) -> int | None:
         """Take ``r`` out of the table, to be unregistered outside the lock (_unregister_live);
         until then it is found among the leaving ranges, so its owner's death still unregisters
-        it before numpy frees the memory."""
+        it before numpy frees the memory, and a new hold takes it back (_revive). Returns the
+        leave's number (None: not in the table)."""
         if self._ranges.pop(r.start, None) is not r:
-            return False
+            return None
         self._leaving[r.start] = r
-        return True
+        with r.leave_mu:
+            r.leaves += 1
+            return r.leaves
+
+    def _revive(self, start: int, end: int, owner) -> _Range | None:
+        """A leaving range that holds [start, end) of the same owner, back in the table before its
+        unregister (the release that took it out then leaves it registered); None when there is
+        none, or its unregister has run (waited for, if it is running: a driver call)."""
+        for r in list(self._leaving.values()):
+            if r.start <= start and end <= r.end and (r.owner is None or r.owner() is owner):
+                with r.leave_mu:
+                    if r.unregistered:
+                        return None
+                    r.leaves += 1
+                del self._leaving[r.start]
+                self._ranges[r.start] = r
+                return r
+        return None
 
     def _refuse(self, reason: str) -> None:
         self._counts["fallbacks"] += 1
@@ -335,6 +358,11 @@ class HostRegistry:
         if r is not None and (r.owner is None or r.owner() is owner):
             self._counts["hits"] += 1
             return r
+        if r is None:
+            r = self._revive(start, end, owner)  # (being unregistered: taken back instead)
+            if r is not None:
+                self._counts["hits"] += 1
+                return r
         if r is not None or self._overlaps(start, end):
             self._refuse("overlaps a registered range")
             return None
@@ -387,7 +415,7 @@ class HostRegistry:
                     return
         self._unregister(r)
 
-    def _unregister_live(self, ranges: list[_Range]) -> None:
+    def _unregister_live(self, ranges: list[tuple[_Range, int]]) -> None:
         """Unregister ranges whose memory lives on (already out of the table), outside the lock:
         close the direct gate (``_windows``), so no dispatch marks or enqueues a direct copy from
         here on and every one that did has enqueued it; then wait for the GPU work of every backend
@@ -400,8 +428,8 @@ class HostRegistry:
         if not close_direct_gate():
             # a collection inside this thread's own dispatch: left for the next unregister to take
             with self._lock:
-                for r in ranges:
-                    if self._leaving.get(r.start) is r and not r.unregistered:
+                for r, leave in ranges:
+                    if self._leaving.get(r.start) is r and not r.unregistered and r.leaves == leave:
                         del self._leaving[r.start]
                         self._ranges.setdefault(r.start, r)
                 self._publish()
@@ -419,17 +447,19 @@ class HostRegistry:
                 # (among the leaving ranges: its owner's death still unregisters it)
                 log.warning("vyre_cuda: %d registered range(s) kept registered: %s", len(ranges), exc.message)
                 return
-            for r in ranges:
-                self._unregister(r)
+            for r, leave in ranges:
+                self._unregister(r, leave)
         finally:
             open_direct_gate()
 
-    def _unregister(self, r: _Range) -> None:
+    def _unregister(self, r: _Range, leave: int | None = None) -> None:
         """Unregister ``r`` once, whoever asks first; a second caller returns after the first's
         driver call. Its own lock, never the registry's, is held across that call: an owner's
-        weakref callback may run on a thread that holds the registry's lock, and waits here."""
+        weakref callback may run on a thread that holds the registry's lock, and waits here.
+        ``leave``: the release's leave (a range taken back since stays registered); None for an
+        owner's death, which unregisters whatever else holds it."""
         with r.leave_mu:
-            if r.unregistered:
+            if r.unregistered or (leave is not None and r.leaves != leave):
                 return
             status = _driver.host_unregister(r.any_ctx(), r.start)
             r.unregistered = True

@@ -509,6 +509,63 @@ def an_owner_that_dies_while_a_trim_waits_is_unregistered_before_numpy_frees(fak
 
 
 @scenario
+def a_register_block_takes_back_a_range_a_trim_is_about_to_unregister(fake):
+    """A trim takes the policy's range out of the table and waits for the direct gate; a
+    ``register()`` block of the same array meanwhile takes the range back: the array stays
+    registered for the block (not registered twice, not unregistered by the trim), and the
+    block's end unregisters it."""
+    one, two = backend_on(fake, auto_register=AT_ONCE), backend_on(fake)
+    before, c0 = fake.stats(), counts()
+    a, b = aligned_pair()
+    check(one, a, b)  # the policy registers a and b
+    x, y = aligned_pair()
+    failed: list[BaseException] = []
+
+    def run(fn):
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            failed.append(exc)
+
+    with two.register(x, y):
+        fake.lib.fake_cuda_hold(1)  # the GPU is busy: the dispatch waits, holding the gate
+        try:
+            worker = threading.Thread(target=run, args=(lambda: check(two, x, y),))
+            worker.start()
+            deadline = time.monotonic() + 10
+            while _windows.direct_gate_state()[0] == 0:
+                assert time.monotonic() < deadline, "the dispatch never took the gate"
+                time.sleep(0.001)
+            trimmer = threading.Thread(target=run, args=(one.trim,))
+            trimmer.start()
+            while _windows.direct_gate_state()[1] == 0:
+                assert time.monotonic() < deadline, "the trim never closed the gate"
+                time.sleep(0.001)
+            with two.register(a):  # taken back: a hit, no new registration
+                assert vc.is_page_locked(a) and delta(c0)["registrations"] == 4, delta(c0)
+                fake.lib.fake_cuda_hold(0)
+                worker.join()
+                trimmer.join()
+                assert not failed, failed
+                # the trim unregistered b only; a stays registered for the block
+                assert vc.is_page_locked(a) and not vc.is_page_locked(b), delta(c0)
+                assert delta(c0)["unregistrations"] == 1, delta(c0)
+                fake.reset_counters()
+                check(two, a, b)  # the gate is open again: a moves directly (b is staged)
+                assert fake.stats()["htod_registered"] >= 1, fake.stats()
+            assert not vc.is_page_locked(a)
+            assert delta(c0)["unregistrations"] == 2, delta(c0)
+        finally:
+            fake.lib.fake_cuda_hold(0)
+    del a, b
+    one.close()
+    two.close()
+    assert delta(c0)["registrations"] == delta(c0)["unregistrations"], delta(c0)
+    assert fake.stats()["violations"] == before["violations"], fake.last_violation()
+    settled(fake, before)
+
+
+@scenario
 def a_copy_to_host_into_memory_that_starts_in_a_registered_page_is_cut_there(fake):
     """Registration is page-granular: a heap neighbour can start in a registered array's last page
     and run past it, and the driver refuses one copy whose host side does that. copy_to_host cuts
