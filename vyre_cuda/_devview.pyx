@@ -33,6 +33,8 @@ disagree on an error: this one never raises one.
 cimport cython
 cimport numpy as cnp
 from cpython.exc cimport PyErr_Clear
+from cpython.object cimport PyObject
+from cpython.tuple cimport PyTuple_GET_ITEM
 from cpython.pycapsule cimport PyCapsule_IsValid, PyCapsule_GetPointer
 from libc.stdint cimport int64_t, uintptr_t
 from libcpp.mutex cimport mutex
@@ -126,7 +128,7 @@ cdef inline object _no(str why):
     return None
 
 
-cdef dict _protocols = {}  # type -> (protocol, its payload: exchange API capsule, CuPy pointer type)
+cdef dict _protocols = {}  # type -> its record (type, (protocol, payload: exchange API capsule, CuPy pointer type))
 cdef mutex _protocols_mu  # held to write _protocols (a read is one dict lookup)
 cdef dict _typestrs = {}  # CAI typestr -> (kind, itemsize), or False for one this reader leaves alone
 
@@ -176,24 +178,49 @@ cdef tuple _classify(obj, t):
     return (P_SLOW, None)
 
 
-cdef tuple _recent = (None, None)  # (type, its _protocols entry): the last type looked up
+# The last type looked up, and its entry, as one record (type, entry) read and written with one
+# atomic pointer: a dispatch's arrays are mostly of one type, so its lookup is one compare, with no
+# dict lookup. The pointer is borrowed: every record ever published is kept in _records for the
+# life of the process (one per type and distinct entry: a type decided again the same way reuses
+# its record), so a reader on another thread never holds a freed one, with or without a GIL. A
+# reader may get a record forgotten a moment before: one more array goes to the reader that
+# refused the type, which forgets it again.
+cdef extern from *:
+    """
+    static PyObject* vyre_recent_record = NULL;
+    static inline PyObject* vyre_recent_load(void) { return __atomic_load_n(&vyre_recent_record, __ATOMIC_ACQUIRE); }
+    static inline void vyre_recent_store(PyObject* r) { __atomic_store_n(&vyre_recent_record, r, __ATOMIC_RELEASE); }
+    """
+    PyObject* recent_load "vyre_recent_load"() noexcept nogil
+    void recent_store "vyre_recent_store"(PyObject* r) noexcept nogil
+
+cdef dict _records = {}  # type -> [its records]: each (type, entry) ever published; written under _protocols_mu
+
+
+cdef tuple _record(t, tuple entry):
+    """The kept record of (t, entry) (made and kept the first time); under _protocols_mu."""
+    kept = _records.setdefault(t, [])
+    for rec in kept:
+        if (<tuple>rec)[1] == entry:
+            return <tuple>rec
+    rec = (t, entry)
+    kept.append(rec)
+    return rec
 
 
 cdef inline object _current_entry(t):
-    """The kept entry of type ``t``, or None. The last type looked up is compared first (a
-    dispatch's arrays are mostly of one type): no dict lookup."""
-    global _recent
-    cdef tuple recent = _recent  # (one read: another thread may replace it, never change it)
-    if recent[0] is t:
-        return recent[1]
-    entry = _protocols.get(t)
-    if entry is not None:
-        _recent = (t, entry)
-    return entry
+    """The kept entry of type ``t``, or None. The last type looked up is compared first."""
+    cdef PyObject* rec = recent_load()
+    if rec != NULL and PyTuple_GET_ITEM(<object>rec, 0) == <PyObject*>t:
+        return <object>PyTuple_GET_ITEM(<object>rec, 1)
+    record = _protocols.get(t)
+    if record is None:
+        return None
+    recent_store(<PyObject*>record)
+    return (<tuple>record)[1]
 
 
 cdef tuple _protocol(obj):
-    global _recent
     t = type(obj)
     entry = _current_entry(t)
     if entry is not None:
@@ -201,24 +228,28 @@ cdef tuple _protocol(obj):
     entry = _classify(obj, t)
     if (<tuple>entry)[0] != P_SLOW:  # (a type left to the Python reader is asked again next time)
         lock_with_gil(_protocols_mu)
-        _protocols[t] = entry
-        _protocols_mu.unlock()
-        _recent = (t, entry)
+        try:
+            record = _record(t, <tuple>entry)
+            _protocols[t] = record
+        finally:
+            _protocols_mu.unlock()
+        recent_store(<PyObject*>record)
     return <tuple>entry
 
 
 cdef void _forget(t) noexcept:
     """A kept type whose array this reader refused: decided again at its next array (the array may
     be one this reader cannot take, or the type may have changed since it was kept)."""
-    global _recent
+    cdef PyObject* rec
     lock_with_gil(_protocols_mu)
     try:
         _protocols.pop(t, None)
     except BaseException:  # (noexcept: a type's own __eq__ raising leaves the entry)
         pass
     _protocols_mu.unlock()
-    if _recent[0] is t:
-        _recent = (None, None)
+    rec = recent_load()
+    if rec != NULL and PyTuple_GET_ITEM(<object>rec, 0) == <PyObject*>t:
+        recent_store(NULL)
 
 
 cdef bint device_type(obj) noexcept:
