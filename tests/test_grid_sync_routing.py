@@ -354,12 +354,14 @@ def _entry_points(b, program, inputs, config):
 
 @pytest.mark.parametrize("caps", NO_COOP, ids=NO_COOP_IDS)
 def test_backend_refuses_grid_sync_before_touching_the_driver(monkeypatch, caps):
+    from vyre_cuda import _backend_plans as plans_mod
     from vyre_cuda import backend as backend_mod
     from vyre_cuda.compile import modules as modules_mod
 
     monkeypatch.setattr(backend_mod, "_driver", _NoDriver("no_driver"))
 
     monkeypatch.setattr(modules_mod, "_driver", backend_mod._driver)  # the module cache asks the same driver
+    monkeypatch.setattr(plans_mod, "_driver", backend_mod._driver)  # and the backend's planning steps
     b = _backend(caps)
     program = scan()
     x = np.arange(10_000, dtype=np.uint32)
@@ -377,12 +379,14 @@ NO_COOP_BACKEND = [pytest.param(caps, id=i) for caps, i in zip(NO_COOP, NO_COOP_
 
 @pytest.mark.parametrize("caps", NO_COOP_BACKEND)
 def test_backend_refuses_cooperative_config(monkeypatch, caps):
+    from vyre_cuda import _backend_plans as plans_mod
     from vyre_cuda import backend as backend_mod
     from vyre_cuda.compile import modules as modules_mod
 
     fake, _ = _fake_driver(occupancy=8)
     monkeypatch.setattr(backend_mod, "_driver", fake)
     monkeypatch.setattr(modules_mod, "_driver", backend_mod._driver)  # the module cache asks the same driver
+    monkeypatch.setattr(plans_mod, "_driver", backend_mod._driver)  # and the backend's planning steps
     b = _backend(caps)
     program = plain()
     x = np.arange(1000, dtype=np.uint32)
@@ -398,12 +402,14 @@ def test_backend_refuses_cooperative_config(monkeypatch, caps):
 
 @pytest.mark.parametrize("occupancy", [1, 8])
 def test_backend_preflight_and_plan_agree_at_the_boundary(monkeypatch, occupancy):
+    from vyre_cuda import _backend_plans as plans_mod
     from vyre_cuda import backend as backend_mod
     from vyre_cuda.compile import modules as modules_mod
 
     fake, calls = _fake_driver(occupancy)
     monkeypatch.setattr(backend_mod, "_driver", fake)
     monkeypatch.setattr(modules_mod, "_driver", backend_mod._driver)  # the module cache asks the same driver
+    monkeypatch.setattr(plans_mod, "_driver", backend_mod._driver)  # and the backend's planning steps
     b = _backend(H200)
     program = scan()
     x = np.arange(300_000, dtype=np.uint32)
@@ -443,12 +449,14 @@ def test_backend_preflight_and_plan_agree_at_the_boundary(monkeypatch, occupancy
 
 
 def test_backend_refuses_cooperative_grid_sync_without_barrier_global(monkeypatch):
+    from vyre_cuda import _backend_plans as plans_mod
     from vyre_cuda import backend as backend_mod
     from vyre_cuda.compile import modules as modules_mod
 
     fake, _ = _fake_driver(occupancy=8, barrier=0)
     monkeypatch.setattr(backend_mod, "_driver", fake)
     monkeypatch.setattr(modules_mod, "_driver", backend_mod._driver)  # the module cache asks the same driver
+    monkeypatch.setattr(plans_mod, "_driver", backend_mod._driver)  # and the backend's planning steps
     b = _backend(H200)
     program = scan()
     x = np.arange(10_000, dtype=np.uint32)

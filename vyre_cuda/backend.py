@@ -1,26 +1,24 @@
 """CudaBackend: planning, routing (cooperative / host-split), caches and telemetry around the core.
 
-Over 600 lines on purpose: this is the public class users read, and a quarter of the file is its
-numpy-style docstrings and typed overloads; the planning, compile and pool work it routes to live
-in planning/, compile/ and the compiled core.
+This is the public class users read, and a good part of the file is its numpy-style docstrings
+and typed overloads; the planning, compile and pool work it routes to live in planning/, compile/
+and the compiled core. The backend's own planning steps (a plan miss planned outside the core,
+plan_info's plans, autotune's) live in _backend_plans.py and close()'s ordered teardown in
+_backend_close.py; the methods here call into them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-import numpy as np
-
-from . import _driver, _hostreg, tuning
+from . import _backend_close, _backend_plans, _driver, _hostreg, tuning
 from ._device import driver_status, reset_device  # (re-exported: the CLI and callers import them from here)
 from ._knobs import DEFAULT as DEFAULT_KNOBS
 from ._knobs import Knobs
@@ -30,12 +28,11 @@ from .compile.modules import ModuleCache
 from .compile.nvrtc import preload_nvrtc
 from .config import as_config
 from .errors import (
-    BackendError,
     CooperativeResidencyExceeded,
     ValidationError,
 )
 from .planning.caps import DeviceCaps
-from .planning.dispatch import DispatchPlan, plan_dispatch, plan_route
+from .planning.dispatch import DispatchPlan, plan_route
 from .telemetry import Telemetry, TimedDispatchResult
 from .tracing import trace_flags
 
@@ -56,9 +53,6 @@ log = logging.getLogger("vyre_cuda")
 # the H200 (notes/transfer-engine.md)
 DEFAULT_CHUNK_BYTES = 8 << 20
 DEFAULT_CHUNKS = 4
-# how long close(), with dispatch handles still held, waits for a graph capture elsewhere on the
-# device to end (the driver refuses a context synchronize meanwhile)
-CLOSE_CAPTURE_WAIT_S = 10.0
 
 
 def _transfer_settings(chunk_bytes, chunks, threads):
@@ -382,7 +376,7 @@ class CudaBackend:
         """
         self._check_open()
         cfg = as_config(config)
-        lengths, _ = self._lengths(program, inputs, cfg)
+        lengths, _ = _backend_plans.input_lengths(self, program, inputs, cfg)
         try:
             with self._plan_lock:
                 route = plan_route(program, lengths, cfg, self._caps, self._modules)[-1]
@@ -403,136 +397,26 @@ class CudaBackend:
         """
         self._check_open()
         cfg = None if config is None else as_config(config)
-        lengths, on_device = self._lengths(program, inputs, as_config(cfg))
-        plan = self._planned(program, lengths, cfg, on_device, inputs)
-        return self._prepare(plan).plan
+        lengths, on_device = _backend_plans.input_lengths(self, program, inputs, as_config(cfg))
+        plan = _backend_plans.planned(self, program, lengths, cfg, on_device, inputs)
+        return _backend_plans.prepare(plan).plan
 
-    def _lengths(self, program, inputs, cfg):
-        """(byte lengths, indices of device inputs) of ``inputs``, as a dispatch would see them."""
-        from ._device_io import device_input  # noqa: PLC0415
-
-        lengths, on_device = [], set()
-        for i, x in enumerate(inputs):
-            try:
-                lengths.append(_nbytes(x, i))
-                continue
-            except ValidationError:
-                _driver.make_current(self._ctx)  # (the device checks query pointers)
-                view = device_input(program, i, x, self.device, cfg.stream)
-                if view is None:
-                    raise
-            lengths.append(view.nbytes)
-            if not isinstance(view, np.ndarray):  # (a CPU DLPack tensor is a host input)
-                on_device.add(i)
-        return tuple(lengths), frozenset(on_device)
-
-    # ------------------------------------------------------------------ planning
+    # ------------------------------------------------------------------ planning (_backend_plans.py)
     def _insert_plan(self, miss, program, blocking=True):
-        """Plan a dispatch the core found no prepared plan for (its PlanMiss) and cache the plan
-        in the core. Runs outside the core: the dispatch holds nothing while it plans (autotune
-        measures here). A traced dispatch refused by planning still shows its ranges. Returns the
-        plan, for the call again (with ``miss.inputs``: the list the core read, since an iterator
-        the caller passed is used up)."""
-        try:
-            prep = self._plan(program, miss.lengths, miss.config, miss.device_inputs, miss.inputs)
-        except BaseException:
-            self._core.trace_refused(program, miss.config, blocking)
-            raise
-        self._core.insert(miss, prep)
-        return prep
+        """Plan the core's PlanMiss outside the core and cache the plan in the core
+        (:func:`vyre_cuda._backend_plans.insert_plan`); returns it, for the call again."""
+        return _backend_plans.insert_plan(self, miss, program, blocking)
 
     def _measurer(self, program, inputs, config):
-        """A function that times one run of ``program`` on ``inputs`` (a TimedDispatchResult) with
-        a plan made now: autotune's measuring step, never a dispatch() re-entry. The plan is not
-        cached and launches without graphs (no cached plan would own its graph execs)."""
-        self._check_open()
-        cfg = dataclasses.replace(as_config(config), graph=False)
-        lengths, on_device = self._lengths(program, inputs, cfg)
-        prep = self._plan(program, lengths, cfg, on_device, inputs)
-        core = self._core
-        return lambda: core.dispatch_timed(program, inputs, cfg, prep)
+        """Autotune's measuring step, for tuning.tune (:func:`vyre_cuda._backend_plans.measurer`)."""
+        return _backend_plans.measurer(self, program, inputs, config)
 
     def _plan(self, program, lengths, config, device_inputs=frozenset(), inputs=None):
         """The Prepared plan of one (program, input lengths, config) for the core.
         ``device_inputs``: indices of the inputs in device memory; ``inputs``: the dispatch's own
         inputs (autotune measures on them)."""
-        plan = self._planned(program, lengths, config, device_inputs, inputs)
-        return self._prepare(plan)
-
-    def _prepare(self, plan):
-        from ._prepared import Prepared  # noqa: PLC0415
-
-        return Prepared.from_plan(plan)
-
-    def _planned(self, program, lengths, config, device_inputs=frozenset(), inputs=None) -> DispatchPlan:
-        """The DispatchPlan of one (program, input lengths, config), logged."""
-        cfg = as_config(config)
-        with self._plan_lock:
-            plan = plan_dispatch(
-                program,
-                lengths,
-                cfg,
-                self._caps,
-                self._modules,
-                device_inputs,
-                self._free_device_memory,
-                self._knobs.stream_tuning,
-                self._knobs.mirror_max,
-            )
-        if cfg.autotune:
-            plan = self._tuned(program, lengths, cfg, plan, device_inputs, inputs)
-        if log.isEnabledFor(logging.INFO):  # (its arguments cost more than the check, per plan miss)
-            launch, route = plan.launch, plan.route
-            log.info(
-                "planned %s: route=%s (%s), grid=%s block=%s shared=%d slab=%d (%s)",
-                cfg.label or program.kernel.entry,
-                route.kind,
-                route.reason,
-                launch.grid,
-                launch.block,
-                launch.shared_bytes,
-                plan.layout.slab_bytes,
-                "mirror" if plan.mirror else "ring",
-            )
-        return plan
-
-    def _free_device_memory(self) -> int:
-        """Device bytes a dispatch planned now can draw on: the driver's free memory plus what this
-        backend's device pool holds unused (cached blocks, the stream-ordered pool's idle reserve),
-        which the pool reuses or trims for it. Driver calls: the planner makes them on a plan miss
-        of an elementwise dispatch only, never on the dispatch path."""
-        core = self._core
-
-        def read() -> int:
-            _driver.make_current(self._ctx)
-            free, _ = _driver.mem_get_info()
-            pool = core.resources.dpool
-            cached, in_use = pool.stats()["cached_bytes"], pool.async_stats()["live_bytes"]
-            return free + cached + max(0, pool.reserved_bytes() - in_use)
-
-        return core.counted(read)  # (close() waits: the pool stays alive while it is read)
-
-    def _tuned(self, program, lengths, cfg, plan, device_inputs=frozenset(), inputs=None):
-        """The plan of an ``autotune=True`` dispatch: at the cached (or now measured) width."""
-        base = dataclasses.replace(cfg, autotune=False)
-        block, reason = tuning.planned_width(self, program, lengths, base, plan, inputs)
-        if block is not None and block != plan.launch.block[0]:
-            with self._plan_lock:
-                plan = plan_dispatch(
-                    program,
-                    lengths,
-                    dataclasses.replace(base, workgroup_override=(block, 1, 1)),
-                    self._caps,
-                    self._modules,
-                    device_inputs,
-                    self._free_device_memory,
-                    self._knobs.stream_tuning,
-                    self._knobs.mirror_max,
-                )
-        # the plan keeps the caller's config (label, timeout, iterations are the same)
-        return dataclasses.replace(
-            plan, config=cfg, tuned_block=None if block is None else (block, 1, 1), tuning=reason
-        )
+        plan = _backend_plans.planned(self, program, lengths, config, device_inputs, inputs)
+        return _backend_plans.prepare(plan)
 
     def tune(
         self,
@@ -555,11 +439,7 @@ class CudaBackend:
         >>> result = backend.tune(prog, [a, b])                    # doctest: +SKIP
         >>> backend.dispatch(prog, [a, b], DispatchConfig(autotune=True))  # doctest: +SKIP
         """
-        self._check_open()
-        result = tuning.tune(self, program, inputs, config, candidates, repeats=repeats, force=force)
-        if not result.cached:
-            self._core.clear_prepared()  # autotune plans made before this measurement replan
-        return result
+        return _backend_plans.tune(self, program, inputs, config, candidates, repeats=repeats, force=force)
 
     # ------------------------------------------------------------------ lifecycle
     def trim(self) -> None:
@@ -618,100 +498,7 @@ class CudaBackend:
         wait can be interrupted with Ctrl-C, and close() called again). The GPU work of
         ``dispatch_async`` handles still held is waited for too; their results can no longer
         be taken, and the context reference goes back when the last of them is dropped."""
-        if self._closed:
-            return
-        core = self._core
-        core.refuse_new()  # from here on every new call is refused with the closed error
-        while core.busy:  # a short poll, GIL released: Ctrl-C interrupts it
-            time.sleep(0.0002)
-        if self._closed:  # another thread's close() finished meanwhile
-            return
-        self._closed = True
-        core.clear_prepared()
-        freed = core.lost is not None  # (a lost context frees nothing: it went with the fault)
-        if not freed:
-            try:
-                _driver.make_current(self._ctx)
-                self._synchronize_for_close(core)
-            except BackendError as exc:
-                # the held handles' work may still run: what it uses is freed after the last goes
-                log.warning(
-                    "CudaBackend.close: %s; the pools and modules are freed once its %d dispatch "
-                    "handle(s) still held are dropped",
-                    exc.message,
-                    core.outstanding,
-                )
-            else:
-                core.reclaim_deferred(wait=True)  # dropped handles' work: done now, their blocks back
-                _hostreg.REGISTRY.release(self._holder, explicit=True)  # before the context goes
-                self._free_resources()
-                freed = True
-        else:
-            core.reclaim_deferred()  # (a lost context: written off without a driver call)
-        # the copy threads are joined on every path, a lost context included
-        core.resources.stop_threads()
-        if freed:
-            self._modules.clear()
-        if core.outstanding:
-            # handles still hold slabs and streams (freed as they are dropped, since the pools are
-            # closed); the last one to go gives the context back
-            log.info("CudaBackend.close: %d dispatch handle(s) still held", core.outstanding)
-        core.when_settled(self._release_context if freed else self._free_and_release)
-
-    def _free_resources(self) -> None:
-        """Free the resident params blocks, the pools, the staging ring, the streams and the
-        modules (no work of this backend's runs: close() waited for it)."""
-        core = self._core
-        try:
-            core.resident_blocks.close()
-            core.resources.close()
-            self._modules.close()
-        except BackendError as exc:
-            log.warning("CudaBackend.close: %s", exc.message)
-
-    def _free_and_release(self) -> None:
-        """After close() could not wait for the held handles: the last one has settled now."""
-        if self._core.lost is None:
-            try:
-                _driver.make_current(self._ctx)
-            except BackendError as exc:
-                log.warning("CudaBackend.close: %s", exc.message)
-            else:
-                self._free_resources()
-        self._modules.clear()
-        self._release_context()
-
-    def _synchronize_for_close(self, core) -> None:
-        """Wait for the GPU work of the dispatch handles still held (a context synchronize).
-
-        With none held, nothing of this backend's can still run on the GPU (a blocking dispatch
-        waited before it returned, a handle before it settled), so close() frees with no wait at
-        all: a graph capture elsewhere on the device (another backend's graph trial, a CuPy or
-        torch capture on another thread), which the driver would break by refusing a context
-        synchronize, is left alone. With handles held, the refusal is retried for up to
-        ``CLOSE_CAPTURE_WAIT_S`` (``_driver.context_synchronize``), then raised, and the pools
-        are left to the handles."""
-        if core.outstanding == 0:  # (closed and not busy: it can only fall from here)
-            return
-        _driver.context_synchronize(CLOSE_CAPTURE_WAIT_S)
-
-    def _release_context(self):
-        core = self._core
-        if core.lost is None:
-            try:  # what the last handles gave back after close(): the stream-ordered pool
-                _driver.make_current(self._ctx)
-                core.resources.close_late()
-            except BackendError as exc:
-                log.warning("CudaBackend.close: %s", exc.message)
-        # no resident params block is freed once the context goes (close() freed them)
-        core.resident_blocks.forget()
-        # a lost backend gives its context back too: the last release destroys a faulted context
-        try:
-            _driver.release_primary_context(self.device)
-        except BackendError as exc:
-            log.warning("CudaBackend.close: %s", exc.message)
-        if core.lost is not None:
-            core.forget_context()  # what the pools still hold died with the context
+        _backend_close.close(self)
 
     def __del__(self):
         # dropped without close(): free everything (not at interpreter exit, when the driver
@@ -756,17 +543,4 @@ def _buffer_span(obj):
         raise ValidationError(
             f"register() needs a writable C-contiguous buffer (got {type(obj).__name__}: {exc})",
             "pass a numpy array (numpy.ascontiguousarray(x) for a strided one)",
-        ) from None
-
-
-def _nbytes(obj, index) -> int:
-    from ._io_checks import raw_bits  # noqa: PLC0415
-
-    bits = raw_bits(obj)  # a bfloat16 (and the like) array travels as its raw bits
-    try:
-        return memoryview(obj if bits is None else bits).nbytes
-    except (TypeError, ValueError, BufferError):
-        raise ValidationError(
-            f"input {index} is a {type(obj).__name__}, which does not expose the buffer protocol",
-            "pass a numpy array, bytes, bytearray, memoryview or another C-contiguous buffer",
         ) from None

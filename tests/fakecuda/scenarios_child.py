@@ -400,15 +400,15 @@ def close_with_a_handle_held_waits_for_a_graph_capture_elsewhere_to_end(fake):
 
 @scenario
 def close_frees_everything_after_the_last_handle_when_a_capture_outlasts_its_wait(fake):
-    from vyre_cuda import backend as backend_module
+    from vyre_cuda import _backend_close as close_module
 
     before, backend, pending, inputs, ctx, stream = handle_held_during_a_capture(fake)
-    wait, backend_module.CLOSE_CAPTURE_WAIT_S = backend_module.CLOSE_CAPTURE_WAIT_S, 0.02
+    wait, close_module.CLOSE_CAPTURE_WAIT_S = close_module.CLOSE_CAPTURE_WAIT_S, 0.02
     ended = []
     try:
         backend.close()  # the wait is refused throughout: the handle's work may still run
     finally:
-        backend_module.CLOSE_CAPTURE_WAIT_S = wait
+        close_module.CLOSE_CAPTURE_WAIT_S = wait
         end_foreign_capture(fake, ctx, stream, ended)
     assert ended == [INVALIDATED, 0, 0], ended
     held = fake.stats()
