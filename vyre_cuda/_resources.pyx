@@ -237,7 +237,7 @@ cdef class Resources:
         self.dpool.reset_counters()
         self.ppool.reset_counters()
         self.opool.reset_counters()
-        self.xfer.pinned_alloc_calls = 0
+        self.xfer.reset_pinned_alloc_calls()
 
     def stats(self):
         """A :class:`~vyre_cuda._resource_stats.BackendPoolStats`; each pool's counters are read

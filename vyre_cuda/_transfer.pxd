@@ -55,7 +55,7 @@ cdef class TransferEngine:
     cdef public int copy_threads
     cdef public size_t min_split
     cdef public size_t ring_bytes
-    cdef public unsigned long long pinned_alloc_calls
+    cdef unsigned long long _pinned_alloc_calls  # relaxed atomics: counted under ring_mu, read and reset by any thread
     cdef public bint closed
     # This backend's measurement settings (vyre_cuda._knobs; defaults set in __init__), read per
     # transfer. Staged transfers up to this many bytes copy with non-temporal stores (see

@@ -25,6 +25,11 @@ from ._pools cimport lock_with_gil
 from ._windows cimport (CopyTask, Cursor, Piece, Source, SRC_INPUT, MIN_WINDOW, MIN_READBACK_WINDOW,
                         window_bytes, next_upload_window, next_readback_window)
 
+cdef extern from "_atomic.hpp" namespace "vyre" nogil:
+    void a_count "vyre::count"(unsigned long long* p, unsigned long long v)
+    unsigned long long a_read "vyre::read"(const unsigned long long* p)
+    void a_clear "vyre::clear"(unsigned long long* p)
+
 cdef enum:
     READBACK_DEPTH = 3          # readback windows in flight per dispatch (DMA ahead of copy-out)
 
@@ -94,7 +99,7 @@ cdef class TransferEngine:
                         self.events.clear()
                         cydriver.cuMemFreeHost(ptr)
                     else:
-                        self.pinned_alloc_calls += 1
+                        a_count(&self._pinned_alloc_calls, 1)
                         self.ring_bytes = nbytes
                         store_release(&self.ring, <char*>ptr)
         self.ring_mu.unlock()
@@ -316,6 +321,14 @@ cdef class TransferEngine:
             call[0] = b"cuStreamSynchronize"
             st = cydriver.cuStreamSynchronize(s)
         return st
+
+    @property
+    def pinned_alloc_calls(self):
+        """Page-locked ring allocations made (telemetry)."""
+        return a_read(&self._pinned_alloc_calls)
+
+    def reset_pinned_alloc_calls(self):
+        a_clear(&self._pinned_alloc_calls)
 
     @property
     def live_threads(self):
