@@ -76,10 +76,11 @@ class Stress:
 
     # ---------------------------------------------------------------- setup
     def _new_backend(self, slot):
-        # every other backend registers the buffers it sees again (at once, from 256 KiB): the
-        # threads' inputs are overlapping slices of one array, so ranges are hit, refused as
-        # overlapping, held by two backends, trimmed, and unregistered when the array dies
-        policy = vc.AutoRegister(min_bytes=256 << 10, saving_gbps=1.0) if slot % 2 else False
+        # every other backend registers the buffers it sees (at once, from 256 KiB; half of them
+        # on the worker thread, half inside the dispatch): the threads' inputs are overlapping
+        # slices of one array, so ranges are hit, refused as overlapping, held by two backends,
+        # trimmed, and unregistered when the array dies
+        policy = vc.AutoRegister(min_bytes=256 << 10, after=1, background=slot % 4 == 1) if slot % 2 else False
         backend = vc.CudaBackend(
             0, staging_chunk_bytes=self.args.chunk_mib << 20, staging_chunks=self.args.chunks, auto_register=policy
         )

@@ -11,6 +11,7 @@ import pytest
 from helpers import scenarios
 
 from vyre_cuda import _hostreg
+from vyre_cuda.errors import ValidationError
 
 CHILD = scenarios.FAKECUDA / "hostreg_child.py"
 
@@ -33,13 +34,18 @@ def test_the_span_covers_every_byte_in_whole_pages():
         assert start <= address and address + nbytes <= end and end - start < nbytes + 2 * page
 
 
-def test_the_policy_registers_once_the_saving_has_paid():
-    policy = _hostreg.AutoRegister(saving_gbps=30.0, register_gbps=20.0, unregister_gbps=20.0)
-    n = 256 << 20
-    # cost n/20 + n/20 GB/s = saving of 3 sightings at n/30
-    assert [policy.pays(k, n, None) for k in (1, 2, 3, 4)] == [False, False, True, True]
-    # a faster register rate measured on this host pays sooner
-    assert policy.pays(2, n, 60.0)
+def test_the_policy_refuses_settings_that_cannot_work():
+    assert _hostreg.AutoRegister() == _hostreg.AutoRegister(min_bytes=4 << 20, after=2, background=True)
+    for kwargs, name in (
+        ({"after": 0}, "after"),
+        ({"after": True}, "after"),
+        ({"after": 1.5}, "after"),
+        ({"background": 1}, "background"),
+        ({"min_bytes": _hostreg.PAGE - 1}, "min_bytes"),
+    ):
+        with pytest.raises(ValidationError) as err:
+            _hostreg.AutoRegister(**kwargs)
+        assert name in err.value.message and repr(kwargs[name]) in err.value.message and err.value.fix
 
 
 def test_the_owner_is_the_numpy_array_that_owns_the_memory():

@@ -119,9 +119,9 @@ class CudaBackend:
         line per blocking dispatch with its stage times; ``True``: both; None reads
         ``VYRE_CUDA_TRACE`` (see :mod:`vyre_cuda.tracing`). Off costs nothing.
     auto_register : bool or AutoRegister
-        Register ordinary numpy buffers in place (``cuMemHostRegister``) once they have been
-        seen again often enough for the staging they save to pay for it, so they then move by
-        direct DMA. Off by default; ``True`` uses :class:`AutoRegister`'s defaults. Registered
+        Register ordinary numpy buffers in place (``cuMemHostRegister``) once dispatches see
+        them again, on a worker thread, so they then move by direct DMA with no staging copy.
+        Off by default; ``True`` uses :class:`AutoRegister`'s defaults. Registered
         bytes are bounded process-wide (:func:`set_registered_budget`); a buffer is unregistered
         before numpy frees it, and at :meth:`trim` and :meth:`close`.
 

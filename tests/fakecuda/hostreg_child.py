@@ -28,10 +28,12 @@ SCENARIOS = Scenarios()
 scenario = SCENARIOS.register
 RNG = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 PAGE = _hostreg.PAGE
-# registers at the first sighting whatever the measured register rate (the fake's is very high)
-AT_ONCE = vc.AutoRegister(min_bytes=64 << 10, saving_gbps=1.0)
-# pays at the third sighting before any rate was measured: 3 x n / 30 >= n / 20 + n / 20
-THIRD = vc.AutoRegister(min_bytes=64 << 10, saving_gbps=30.0, register_gbps=20.0, unregister_gbps=20.0)
+# registers inside the dispatch that first sees a buffer (the lifetime scenarios below are about
+# what happens once a range is in the table; those of the worker thread come after them)
+AT_ONCE = vc.AutoRegister(min_bytes=64 << 10, after=1, background=False)
+THIRD = vc.AutoRegister(min_bytes=64 << 10, after=3, background=False)
+# the default rule (a buffer seen again, registered on the worker thread), from 64 KiB
+WORKER = vc.AutoRegister(min_bytes=64 << 10)
 
 
 def backend_on(fake, **kw):
@@ -325,7 +327,6 @@ def a_driver_refusal_leaves_the_buffer_to_staging(fake):
 def the_policy_registers_once_it_pays_and_unregisters_before_numpy_frees(fake):
     backend = backend_on(fake, auto_register=THIRD)
     before, c0 = fake.stats(), counts()
-    _hostreg.REGISTRY._register_gbps = None  # (the rate the scenarios before measured: THIRD's instead)
     a, b = aligned_pair()
     out = aligned()
     for k in range(2):  # two sightings: not paid yet
@@ -378,6 +379,22 @@ def the_policy_leaves_memory_numpy_does_not_own_and_small_buffers(fake):
     settled(fake, before)
 
 
+def copied_before_return(fake, backend, a, b):
+    """A dispatch_async of a and b, which are reused at once (the promise a pageable input has),
+    with the copies run as late as CUDA allows (a late DMA would read the new values): it must
+    give the old sum, and nothing may have moved by DMA from a registered range."""
+    was = fake.set_lazy(True)
+    try:
+        fake.reset_counters()
+        want = a + b
+        pending = backend.dispatch_async(VECADD, [a, b])
+        a[:], b[:] = pair()
+        assert np.array_equal(pending.result()[0], want), "the async dispatch read the reused input"
+        assert fake.stats()["htod_registered"] == 0, fake.stats()
+    finally:
+        fake.set_lazy(was)
+
+
 @scenario
 def an_async_dispatch_still_copies_what_only_the_policy_registered(fake):
     # dispatch_async lets the caller reuse a pageable input at once: a buffer the policy
@@ -388,14 +405,9 @@ def an_async_dispatch_still_copies_what_only_the_policy_registered(fake):
     a, b = aligned_pair()
     check(backend, a, b)
     assert vc.is_page_locked(a) and vc.is_page_locked(b), vc.registered_stats()
-    was = fake.set_lazy(True)  # copies run as late as CUDA allows: a late DMA reads the new values
+    copied_before_return(fake, backend, a, b)
+    was = fake.set_lazy(True)
     try:
-        fake.reset_counters()
-        want = a + b
-        pending = backend.dispatch_async(VECADD, [a, b])
-        a[:], b[:] = pair()  # reused at once, as the promise allows
-        assert np.array_equal(pending.result()[0], want), "the async dispatch read the reused input"
-        assert fake.stats()["htod_registered"] == 0, fake.stats()
         with backend.register(a, b):  # asked for: DMA'd while it runs
             pending = backend.dispatch_async(VECADD, [a, b])
             assert np.array_equal(pending.result()[0], a + b)
@@ -601,10 +613,165 @@ def a_copy_to_host_into_memory_that_starts_in_a_registered_page_is_cut_there(fak
     settled(fake, before)
 
 
+# ------------------------------------------------------------------ the worker thread
+def settle():
+    """Wait until the worker has finished every registration handed to it."""
+    _hostreg.REGISTRY._settle(lambda p: True)
+
+
+class HeldRegister:
+    """``_driver.host_register`` as the worker calls it, held at a gate: ``before`` holds it
+    before the driver's call, else after it (the driver calls the memory page-locked then, and
+    the range is not in the table yet). Counts the calls that reached the driver."""
+
+    def __init__(self, before: bool):
+        self.real = _hostreg._driver.host_register
+        self.before = before
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.calls = 0
+
+    def __call__(self, ctx, address, nbytes):
+        self.entered.set()
+        if self.before:
+            self.gate.wait(10)
+        self.calls += 1
+        status = self.real(ctx, address, nbytes)
+        if not self.before:
+            self.gate.wait(10)
+        return status
+
+    def __enter__(self):
+        _hostreg._driver.host_register = self
+        return self
+
+    def __exit__(self, *exc):
+        self.gate.set()
+        _hostreg._driver.host_register = self.real
+
+
+@scenario
+def the_policy_registers_a_buffer_seen_again_on_the_worker_then_dmas_it_directly(fake):
+    backend = backend_on(fake, auto_register=WORKER)
+    before, c0 = fake.stats(), counts()
+    a, b = aligned_pair()
+    out = aligned()
+    check(backend, a, b, out)  # first sighting: staged, nothing registered
+    settle()
+    assert delta(c0)["registrations"] == 0 and not vc.is_page_locked(a)
+    fake.reset_counters()
+    check(backend, a, b, out)  # seen again: handed to the worker; this dispatch stages
+    settle()
+    assert delta(c0)["registrations"] == 3 and all(vc.is_page_locked(x) for x in (a, b, out)), counts()
+    assert vc.registered_stats()["registering"] == 0
+    fake.reset_counters()
+    a[:], b[:] = pair()
+    check(backend, a, b, out)  # now directly
+    assert fake.stats()["htod_registered"] >= 2 and fake.stats()["dtoh_registered"] >= 1, fake.stats()
+    held = fake.stats()["registered"]
+    del a  # the owner dies: unregistered before numpy frees its memory
+    assert fake.stats()["registered"] == held - 1 and delta(c0)["unregistrations"] == 1
+    del b, out
+    backend.close()
+    assert delta(c0)["registrations"] == delta(c0)["unregistrations"] == 3, delta(c0)
+    settled(fake, before)
+
+
+@scenario
+def an_owner_that_dies_while_the_worker_registers_it_is_unregistered_before_numpy_frees(fake):
+    """a's register call is held at the gate (before the driver's call, in the second case
+    after it); b's waits behind it in the worker's queue. b's death costs nothing and b never
+    reaches the driver; a's death waits for its register call, then unregisters it."""
+    for before_call in (True, False):
+        backend = backend_on(fake, auto_register=WORKER)
+        before, c0 = fake.stats(), counts()
+        a, b = aligned_pair()
+        with HeldRegister(before=before_call) as held:
+            check(backend, a, b)
+            check(backend, a, b)  # a and b handed to the worker, a first
+            assert held.entered.wait(10)
+            assert vc.registered_stats()["registering"] == 2
+            del b  # still queued: the worker drops it
+            assert vc.registered_stats()["registering"] == 1
+            threading.Timer(0.05, held.gate.set).start()
+            del a  # waits for a's register call to return, then unregisters it
+            assert fake.stats()["registered"] == before["registered"], fake.stats()
+            settle()
+            assert held.calls == 1, held.calls  # b never reached the driver
+        assert vc.registered_stats()["registering"] == 0
+        d = delta(c0)
+        assert d["registrations"] == d["unregistrations"] == 1, d  # a's, the worker's call under way
+        # new memory, maybe at a's address: not page-locked, and right
+        c, e = aligned_pair()
+        assert not vc.is_page_locked(c)
+        check(backend, c, e)
+        del c, e
+        backend.close()
+        settled(fake, before)
+
+
+@scenario
+def an_async_dispatch_copies_what_the_worker_has_registered_but_not_yet_tabled(fake):
+    # the driver calls a page-locked as soon as its register call returns, before the range is
+    # in the table: the policy's promise (an async dispatch's inputs are copied before it
+    # returns) must hold in that window too
+    backend = backend_on(fake, auto_register=vc.AutoRegister(min_bytes=64 << 10, after=1))
+    before = fake.stats()
+    a, b = aligned_pair()
+    with HeldRegister(before=False) as held:
+        check(backend, a, b)  # handed to the worker, which registers a and holds there
+        assert held.entered.wait(10)
+        deadline = time.monotonic() + 10
+        while not vc.is_page_locked(a) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert vc.is_page_locked(a) and vc.registered_stats()["registered_ranges"] == 0
+        copied_before_return(fake, backend, a, b)
+    settle()
+    del a, b
+    backend.close()
+    settled(fake, before)
+
+
+@scenario
+def trim_close_and_register_blocks_wait_for_the_worker(fake):
+    backend = backend_on(fake, auto_register=vc.AutoRegister(min_bytes=64 << 10, after=1))
+    before, c0 = fake.stats(), counts()
+    a, b = aligned_pair()
+    with HeldRegister(before=True) as held:
+        check(backend, a, b)
+        assert held.entered.wait(10)
+        threading.Timer(0.05, held.gate.set).start()
+        backend.trim()  # waits for both registrations, then unregisters them
+    assert not vc.is_page_locked(a) and not vc.is_page_locked(b), vc.registered_stats()
+    assert delta(c0)["registrations"] == delta(c0)["unregistrations"] == 2, delta(c0)
+    with HeldRegister(before=True) as held:
+        check(backend, a, b)
+        assert held.entered.wait(10)
+        threading.Timer(0.05, held.gate.set).start()
+        c1 = counts()
+        with backend.register(a):  # finds the policy's registration once it is in: a hit
+            assert vc.is_page_locked(a) and delta(c1)["hits"] == 1 and delta(c1)["fallbacks"] == 0, delta(c1)
+        assert vc.is_page_locked(a)  # the policy still holds it
+    with HeldRegister(before=True) as held:
+        c, e = aligned_pair()
+        check(backend, c, e)
+        assert held.entered.wait(10)
+        threading.Timer(0.05, held.gate.set).start()
+        backend.close()  # waits, then unregisters everything the policy held
+    assert not any(vc.is_page_locked(x) for x in (a, b, c, e)), vc.registered_stats()
+    assert vc.registered_stats()["registering"] == 0
+    d = delta(c0)
+    assert d["registrations"] == d["unregistrations"] == 6, d
+    del a, b, c, e
+    settled(fake, before)
+
+
 @scenario
 def threads_and_two_backends_register_share_trim_and_drop(fake):
     sys.setswitchinterval(1e-6)
-    backends = [backend_on(fake, auto_register=AT_ONCE), backend_on(fake, auto_register=AT_ONCE)]
+    # one backend registers inside its dispatches, the other on the worker thread
+    at_once_on_worker = vc.AutoRegister(min_bytes=64 << 10, after=1)
+    backends = [backend_on(fake, auto_register=AT_ONCE), backend_on(fake, auto_register=at_once_on_worker)]
     plain = backend_on(fake)  # no policy: uses what the others registered
     before = fake.stats()
     shared = [aligned_pair()]  # (a list: emptied at the end, so its arrays die before the check)

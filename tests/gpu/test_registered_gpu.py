@@ -20,7 +20,7 @@ MIB = 1 << 20
 N = 8 * MIB // 4  # 8 MiB per float32 buffer: through the staging ring when pageable
 VECADD = bp.vecadd_f32()
 STREAMED = vc.DispatchConfig(streamed=True)
-AT_ONCE = vc.AutoRegister(min_bytes=MIB, saving_gbps=1.0)
+AT_ONCE = vc.AutoRegister(min_bytes=MIB, after=1, background=False)
 
 
 def fresh(rng, n=N):
@@ -92,6 +92,37 @@ def test_the_policy_survives_freed_and_reallocated_arrays(rng):
     after = vc.registered_stats()
     assert after["registered_ranges"] == 0
     assert after["registrations"] - before["registrations"] >= 6
+    assert after["unregistrations"] - before["unregistrations"] == after["registrations"] - before["registrations"]
+
+
+def test_the_default_policy_registers_on_a_worker_and_survives_owners_dying_meanwhile(rng):
+    # the default rule: a buffer seen again is registered on the worker thread; the dispatches
+    # stay right while it runs, move the buffers directly once it is done, and an array freed
+    # while its registration runs is unregistered before numpy frees it
+    before = vc.registered_stats()
+    with vc.CudaBackend(0, auto_register=True) as gpu:
+        a, b = fresh(rng, 16 * N), fresh(rng, 16 * N)  # 128 MiB each: a register call of some ms
+        for _ in range(2):
+            (out,) = gpu.dispatch(VECADD, [a, b])
+            np.testing.assert_array_equal(out, a + b)
+        del a, out  # freed while its registration may still run on the worker
+        gc.collect()
+        for _ in range(8):
+            c = fresh(rng, 16 * N)  # maybe at a's address
+            (out,) = gpu.dispatch(VECADD, [c, b])
+            np.testing.assert_array_equal(out, c + b)
+            del c, out
+        _hostreg.REGISTRY._settle(lambda p: True)
+        assert vc.is_page_locked(b), vc.registered_stats()
+        gpu.telemetry.reset()
+        c = fresh(rng, 16 * N)
+        (out,) = gpu.dispatch(VECADD, [c, b])
+        np.testing.assert_array_equal(out, c + b)
+        assert gpu.telemetry.snapshot()["direct_h2d_bytes"] >= b.nbytes, gpu.telemetry.snapshot()
+        del b, c, out
+    gc.collect()
+    after = vc.registered_stats()
+    assert after["registered_ranges"] == 0 and after["registering"] == 0, after
     assert after["unregistrations"] - before["unregistrations"] == after["registrations"] - before["registrations"]
 
 
