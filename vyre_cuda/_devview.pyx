@@ -41,6 +41,7 @@ from libcpp.mutex cimport mutex
 from cuda.bindings cimport cydriver
 
 import sys
+import threading
 
 import numpy as np
 
@@ -119,12 +120,13 @@ cdef CupyStream _cupy_stream(object stream):
     return m
 
 
-cdef str _why = ""  # why the last array was left to the Python reader (diagnostics: fallback_reason)
+# why this thread's last array was left to the Python reader (diagnostics: fallback_reason); per
+# thread, as a module global written by every refusal would be swapped under a reader without a GIL
+cdef object _why = threading.local()
 
 
 cdef inline object _no(str why):
-    global _why
-    _why = why
+    _why.text = why
     return None
 
 
@@ -606,6 +608,5 @@ def device_view(obj, int device=0, stream=None, DevView after=None):
 
 def fallback_reason(obj, int device=0, stream=None):
     """Why a dispatch leaves ``obj`` to the Python reader ("" when the C reader takes it)."""
-    global _why
-    _why = ""
-    return "" if read_device(obj, device, stream, None) is not None else _why
+    _why.text = ""
+    return "" if read_device(obj, device, stream, None) is not None else _why.text
