@@ -343,13 +343,16 @@ cdef class DevicePool(BlockPool):
             status = cydriver.cuMemAllocFromPoolAsync(out, nbytes, self.mempool, stream)
         if status == cydriver.CUDA_ERROR_OUT_OF_MEMORY:
             self._free_cached()
+            lock_with_gil(self.mu)
+            in_use = self.async_live_bytes
+            self.mu.unlock()
             with nogil:
-                cydriver.cuMemPoolTrimTo(self.mempool, self.async_live_bytes)
+                cydriver.cuMemPoolTrimTo(self.mempool, in_use)
                 status = cydriver.cuMemAllocFromPoolAsync(out, nbytes, self.mempool, stream)
             if status == cydriver.CUDA_ERROR_OUT_OF_MEMORY:
                 raise DeviceOutOfMemory(
                     f"the driver could not allocate {_fmt(nbytes)} bytes of device memory for the "
-                    f"dispatch ({_fmt(self.async_live_bytes)} bytes are in use by dispatches in flight)",
+                    f"dispatch ({_fmt(in_use)} bytes are in use by dispatches in flight)",
                     "free device memory held elsewhere, wait for dispatches in flight, or split the "
                     "dispatch into bounded chunks",
                     status="CUDA_ERROR_OUT_OF_MEMORY", call="cuMemAllocFromPoolAsync",

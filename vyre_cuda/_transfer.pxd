@@ -54,7 +54,7 @@ cdef class TransferEngine:
     cdef public int n_chunks
     cdef public int copy_threads
     cdef public size_t min_split
-    cdef public size_t ring_bytes
+    cdef size_t _ring_bytes  # written and read under ring_mu (the ring_bytes property)
     cdef unsigned long long _pinned_alloc_calls  # relaxed atomics: counted under ring_mu, read and reset by any thread
     cdef public bint closed
     # This backend's measurement settings (vyre_cuda._knobs; defaults set in __init__), read per

@@ -100,7 +100,7 @@ cdef class TransferEngine:
                         cydriver.cuMemFreeHost(ptr)
                     else:
                         a_count(&self._pinned_alloc_calls, 1)
-                        self.ring_bytes = nbytes
+                        self._ring_bytes = nbytes
                         store_release(&self.ring, <char*>ptr)
         self.ring_mu.unlock()
         if closed:
@@ -323,6 +323,14 @@ cdef class TransferEngine:
         return st
 
     @property
+    def ring_bytes(self):
+        """Bytes of the page-locked staging ring (0 before the first large transfer and after close)."""
+        lock_with_gil(self.ring_mu)
+        n = self._ring_bytes
+        self.ring_mu.unlock()
+        return n
+
+    @property
     def pinned_alloc_calls(self):
         """Page-locked ring allocations made (telemetry)."""
         return a_read(&self._pinned_alloc_calls)
@@ -347,8 +355,10 @@ cdef class TransferEngine:
         with nogil:
             self.pool.stop()
         self.events.clear()
+        lock_with_gil(self.ring_mu)
         self.ring = NULL
-        self.ring_bytes = 0
+        self._ring_bytes = 0
+        self.ring_mu.unlock()
         self.ctx = NULL
         self.closed = True
 
@@ -368,7 +378,7 @@ cdef class TransferEngine:
         ring = self.ring
         self.ring = NULL
         events.swap(self.events)
-        self.ring_bytes = 0
+        self._ring_bytes = 0
         self.ring_mu.unlock()
         with nogil:  # (freed without the GIL: see __dealloc__)
             self.pool.stop()
