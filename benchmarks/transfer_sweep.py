@@ -32,7 +32,7 @@ if str(HERE.parent) not in sys.path:
 import vyre_cuda as vc  # noqa: E402
 from benchmarks.harness import hooks as _hooks  # noqa: E402
 from vyre_cuda import builtin_programs as bp  # noqa: E402
-from vyre_cuda.profile import _hooks as profile_hooks  # noqa: E402
+from vyre_cuda.profile import session as profile_hooks  # noqa: E402
 
 MIB = 1 << 20
 

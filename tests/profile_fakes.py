@@ -15,7 +15,7 @@ import vyre_cuda
 from benchmarks.harness import patterns, standalone, streamed
 from vyre_cuda import profile as P
 from vyre_cuda.errors import ValidationError
-from vyre_cuda.profile import _hooks, engine
+from vyre_cuda.profile import engine, session
 from vyre_cuda.program import BufferDecl, Kernel, Program
 
 STAGES = P.STAGE_NAMES
@@ -333,7 +333,7 @@ def install(monkeypatch):
     decls = (BufferDecl.read("a", 0, "f32"), BufferDecl.read("b", 1, "f32"), BufferDecl.output("out", 2, "f32"))
     builtins.vecadd_f32 = lambda: Program(Kernel.cuda("// fake vecadd"), decls, name="vecadd_f32")
     monkeypatch.setitem(sys.modules, "vyre_cuda.profile._floor", floor)
-    monkeypatch.setattr(_hooks, "stage_names", lambda: STAGES)
+    monkeypatch.setattr(session, "stage_names", lambda: STAGES)
     monkeypatch.setattr(P, "_floor", floor, raising=False)
     monkeypatch.setattr(vyre_cuda, "builtin_programs", builtins, raising=False)
     created = []

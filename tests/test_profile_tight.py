@@ -12,7 +12,7 @@ import benchmarks.harness as H
 from benchmarks.harness import records, standalone, targets
 from vyre_cuda import profile as P
 from vyre_cuda.errors import BackendError, UnsupportedFeature
-from vyre_cuda.profile import systems, tight
+from vyre_cuda.profile import engine, systems, tight
 
 KIB = 1024
 WAITS = ("spin", "event", "stream")
@@ -81,13 +81,14 @@ def test_add_fastest_takes_the_wait_with_the_lowest_median_per_family():
         "floor.standalone_graph.stream": [3, 4],
         "floor.tight_graph.spin": [],  # nothing measured: not a candidate
     }
-    tight.add_fastest(samples)
-    assert samples["floor.tight"] == [5, 6, 100]
-    assert "floor.standalone_graph" not in samples  # the profile's own families only
-    tight.add_fastest(samples, standalone.SERIES_FAMILIES)  # the benchmark's
-    assert samples["floor.standalone_graph"] == [3, 4]
-    assert "floor.tight_graph" not in samples and "floor.standalone" not in samples
-    assert tight.fastest_wait(samples, "floor.tight") == "spin"
+    s = engine.assemble(4 * KIB, KIB, 3, samples, (), {})
+    tight.add_fastest(s)
+    assert s.systems["floor.tight"] == s.systems["floor.tight.spin"] and s.median("floor.tight") == 6
+    assert "floor.standalone_graph" not in s.systems  # the profile's own families only
+    tight.add_fastest(s, standalone.SERIES_FAMILIES)  # the benchmark's
+    assert s.systems["floor.standalone_graph"] == s.systems["floor.standalone_graph.stream"]
+    assert "floor.tight_graph" not in s.systems and "floor.standalone" not in s.systems
+    assert tight.fastest_wait(s, "floor.tight") == "spin"
     assert tight.fastest_wait(_size(MEASURED), "floor.tight_graph") == "event"
     assert tight.fastest_wait(_size(MEASURED), "floor.standalone.spin") is None
 
@@ -316,8 +317,8 @@ res["after_capture_ok"] = bool(np.array_equal(out, expected))
 failed = {}
 rows = tight.tight_runners(floor, a, b, expected)
 samples = engine.run_rounds(rows, 6, 1, 2, failed=failed)
-tight.add_fastest(samples)
-res["series"] = sorted(k for k, v in samples.items() if len(v) == 6)
+s = tight.add_fastest(engine.assemble(4 * n, n, 6, samples, (), failed))
+res["series"] = sorted(k for k, v in s.systems.items() if v.n == 6)
 res["failed"] = failed
 mode["wrong"] = True
 failed = {}

@@ -184,7 +184,7 @@ class _Extra:
             size.skipped["streamed"] = "the streamed rows run the built-in vecadd (declared elementwise) only"
         rows += self._standalone_rows(size)
         rows += self._peer_rows(size)
-        size.on_samples.append(lambda samples: tight.add_fastest(samples, SERIES_FAMILIES))
+        size.on_result.append(lambda result: tight.add_fastest(result, SERIES_FAMILIES))
         return rows
 
     def _heavy_rows(self, size):

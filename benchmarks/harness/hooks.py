@@ -4,7 +4,7 @@ knobs) and plan state, which the product's profile (``vyre_cuda.profile``) never
 The scripts of ``benchmarks/`` measure things the public API does not show on purpose: how the
 transfer engine behaves under other window sizes or copy routines, how a blocking dispatch waits,
 which path a prepared plan chose. Everything they need of that goes through the functions below
-(and the stage clocks through ``vyre_cuda.profile._hooks``), and no other file of ``benchmarks/``
+(and the stage clocks through ``vyre_cuda.profile.session``), and no other file of ``benchmarks/``
 imports a private core module, so that when the core's modules move only these two files follow
 them.
 

@@ -42,7 +42,7 @@ class GroupBackend(Backend, Protocol):
 
 class ProfiledBackend(Backend, Protocol):
     """What ``vyre_cuda.profile`` uses: the context and caps (for the floor), telemetry, the
-    async entry point and the stage-clocked dispatch (through ``vyre_cuda.profile._hooks``)."""
+    async entry point and the stage-clocked dispatch (through ``vyre_cuda.profile.session``)."""
 
     telemetry: Any  # snapshot() -> dict of counters
 

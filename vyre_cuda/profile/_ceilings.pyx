@@ -120,17 +120,6 @@ cdef class Ceilings:
     ...     up_ns = ceilings.dma_h2d(100, warmup=10)
     """
 
-    def __cinit__(self):
-        self._ctx = NULL
-        self._pinned = NULL
-        self._stream = NULL
-        self._event = NULL
-        self._stream2 = NULL
-        self._event2 = NULL
-        self._d_a = 0
-        self._d_b = 0
-        self._d_out = 0
-
     def __init__(self, context_handle, Py_ssize_t n):
         self._allocate(context_of(context_handle), n)
 
@@ -175,11 +164,10 @@ cdef class Ceilings:
     cdef void _drain(self) noexcept:
         # After a failure mid-loop, wait for what was enqueued (copies may target the caller's
         # memory); the result is ignored, the original error is the one reported.
-        if self._stream != NULL:
-            with nogil:
+        with nogil:
+            if self._stream != NULL:
                 cydriver.cuStreamSynchronize(self._stream)
-        if self._stream2 != NULL:
-            with nogil:
+            if self._stream2 != NULL:
                 cydriver.cuStreamSynchronize(self._stream2)
 
     cdef int _ready(self) except -1:
@@ -278,29 +266,23 @@ cdef class Ceilings:
             note(cydriver.cuStreamSynchronize(self._stream2), b"cuStreamSynchronize", first, first_call)
         if self._event2 != NULL:
             note(cydriver.cuEventDestroy(self._event2), b"cuEventDestroy", first, first_call)
-            self._event2 = NULL
         if self._stream2 != NULL:
             note(cydriver.cuStreamDestroy(self._stream2), b"cuStreamDestroy", first, first_call)
-            self._stream2 = NULL
         if self._event != NULL:
             note(cydriver.cuEventDestroy(self._event), b"cuEventDestroy", first, first_call)
-            self._event = NULL
         if self._stream != NULL:
             note(cydriver.cuStreamDestroy(self._stream), b"cuStreamDestroy", first, first_call)
-            self._stream = NULL
+        self._event = self._event2 = NULL
+        self._stream = self._stream2 = NULL
         if self._d_a != 0:  # b lies in the same allocation
             note(cydriver.cuMemFree(self._d_a), b"cuMemFree", first, first_call)
-            self._d_a = 0
-            self._d_b = 0
+            self._d_a = self._d_b = 0
         if self._d_out != 0:
             note(cydriver.cuMemFree(self._d_out), b"cuMemFree", first, first_call)
             self._d_out = 0
         if self._pinned != NULL:
             note(cydriver.cuMemFreeHost(self._pinned), b"cuMemFreeHost", first, first_call)
-            self._pinned = NULL
-            self._h_a = NULL
-            self._h_b = NULL
-            self._h_out = NULL
+            self._pinned = self._h_a = self._h_b = self._h_out = NULL
 
     cdef void _release_quiet(self) noexcept:
         cdef CUresult first = CUDA_SUCCESS

@@ -12,9 +12,8 @@ copy. The **tight floor** (:meth:`Floor.tight`) is the fewest calls a round trip
 ``cuMemcpyHtoDAsync`` of both inputs (adjacent in staging and on the device), the launch, one
 ``cuMemcpyDtoHAsync`` and one of :data:`WAITS`, issued or captured once as a graph and replayed.
 
-The kernel, buffers, staging, streams and events are loaded or allocated once, outside the timed
-loops; every loop runs with the GIL released and is timed with the core's clock
-(``vyre_cuda._driver.now_ns``). The runtime API never imports this module.
+The kernel is loaded once and the buffers allocated once, outside the timed loops, which run as
+the ceilings' do. The runtime API never imports this module.
 """
 
 from libc.stdint cimport int64_t
@@ -24,7 +23,7 @@ from cuda.bindings cimport cydriver
 from cuda.bindings.cydriver cimport (CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CUcontext, CUfunction, CUgraph,
                                      CUgraphExec, CUmodule, CUresult)
 
-from vyre_cuda._driver cimport capture_closed, capture_opened, check_cu, now_ns, raise_cu
+from vyre_cuda._driver cimport capture_closed, capture_opened, check_cu, now_ns
 from vyre_cuda.profile._ceilings cimport Ceilings, as_f32, check_counts, context_of, i64_data, note
 
 import numpy as np
@@ -78,11 +77,6 @@ cdef class FloorKernel:
     cdef CUfunction _func
     cdef readonly str entry
 
-    def __cinit__(self):
-        self._ctx = NULL
-        self._module = NULL
-        self._func = NULL
-
     def __init__(self, context_handle, image, str entry=FLOOR_ENTRY):
         cdef bytes data = bytes(image)
         cdef bytes name = entry.encode()
@@ -129,12 +123,7 @@ cdef class FloorKernel:
         self._unload(True)
 
     def __dealloc__(self):
-        # Never raise from a finaliser: a failed unload at teardown only leaks the module.
-        cdef CUresult r
-        if self._module != NULL:
-            r = cydriver.cuCtxSetCurrent(self._ctx)
-            r = cydriver.cuModuleUnload(self._module)
-            self._module = NULL
+        self._unload(False)  # a finaliser never raises: a failed unload at teardown only leaks the module
 
     def __enter__(self):
         return self
@@ -144,13 +133,9 @@ cdef class FloorKernel:
 
 
 cdef class Floor(Ceilings):
-    """The floor loops on the buffers of :class:`~vyre_cuda.profile._ceilings.Ceilings` (three
-    device buffers of ``n`` float32, pinned staging, a non-blocking stream and an event, allocated
-    in the kernel's context), whose transfer ceilings it also measures; the tight floor's graph is
-    captured at its first use.
-
-    Each timed method makes the context current in the calling thread, then runs its whole
-    loop with the GIL released. Use one Floor per thread.
+    """The floor loops on the buffers of :class:`~vyre_cuda.profile._ceilings.Ceilings`, allocated
+    in the kernel's context, whose transfer ceilings it also measures (its timed methods run as a
+    Ceilings' do: one Floor per thread); the tight floor's graph is captured at its first use.
 
     >>> floor = Floor(kernel, 1024)                         # doctest: +SKIP
     >>> total_ns, enqueue_ns = floor.full_pinned(a, b, out, 1000, warmup=100)  # doctest: +SKIP
@@ -163,9 +148,6 @@ cdef class Floor(Ceilings):
     cdef unsigned int _n
     cdef unsigned int _grid
     cdef void* _args[4]
-
-    def __cinit__(self):
-        self._exec = NULL
 
     def __init__(self, FloorKernel kernel not None, Py_ssize_t n):
         if kernel.closed:
@@ -182,26 +164,12 @@ cdef class Floor(Ceilings):
         self._args[3] = &self._n
 
     # -- one iteration, split where the timings split -------------------------------------
-    cdef int _enqueue_pinned(self, const char* a, const char* b) except -1 nogil:
-        memcpy(self._h_a, a, self._nbytes)
-        memcpy(self._h_b, b, self._nbytes)
-        self._upload()
-        check_cu(cydriver.cuMemsetD8Async(self._d_out, 0, self._nbytes, self._stream), b"cuMemsetD8Async")
-        self._launch()
-        check_cu(cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes, self._stream), b"cuMemcpyDtoHAsync")
-        check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
-        return 0
-
-    cdef int _finish_pinned(self, char* out) except -1 nogil:
-        self._sync()
-        memcpy(out, self._h_out, self._nbytes)
-        return 0
-
-    cdef int _enqueue_from(self, const char* a, const char* b, char* out, bint pageable) except -1 nogil:
-        # Straight from and into the caller's arrays. Pageable: the driver stages them itself (and
-        # may block in the copies), out is cleared and an event recorded, as a dispatch does.
-        # Page-locked: they are the DMA's host side, nothing is copied on the host, and the kernel
-        # writes every element of out, so nothing is cleared either.
+    cdef int _enqueue(self, const char* a, const char* b, char* out, bint pageable) except -1 nogil:
+        # Straight from and into the host memory given (the pinned staging, or the caller's arrays).
+        # Pageable: the driver stages them itself (and may block in the copies), out is cleared and
+        # an event recorded, as a dispatch does. Page-locked arrays: they are the DMA's host side,
+        # nothing is copied on the host, and the kernel writes every element of out, so nothing is
+        # cleared either.
         check_cu(cydriver.cuMemcpyHtoDAsync(self._d_a, a, self._nbytes, self._stream), b"cuMemcpyHtoDAsync")
         check_cu(cydriver.cuMemcpyHtoDAsync(self._d_b, b, self._nbytes, self._stream), b"cuMemcpyHtoDAsync")
         if pageable:
@@ -212,43 +180,35 @@ cdef class Floor(Ceilings):
             check_cu(cydriver.cuEventRecord(self._event, self._stream), b"cuEventRecord")
         return 0
 
-    cdef inline int _upload(self) except -1 nogil:
-        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_a, self._h_a, self._nbytes, self._stream), b"cuMemcpyHtoDAsync")
-        check_cu(cydriver.cuMemcpyHtoDAsync(self._d_b, self._h_b, self._nbytes, self._stream), b"cuMemcpyHtoDAsync")
-        return 0
-
     cdef inline int _launch(self) except -1 nogil:
         check_cu(cydriver.cuLaunchKernel(self._func, self._grid, 1, 1, _BLOCK, 1, 1, 0,
                                          self._stream, self._args, NULL), b"cuLaunchKernel")
         return 0
 
-    cdef inline int _sync(self) except -1 nogil:
-        check_cu(cydriver.cuEventSynchronize(self._event), b"cuEventSynchronize")
-        return 0
-
     cdef int _loop(self, int variant, const char* pa, const char* pb, char* po,
                    Py_ssize_t iterations, Py_ssize_t warmup, int64_t* tv,
                    int64_t* ev) except -1 nogil:
-        # variant 0: full through pinned staging; 1: the driver's pageable path; 2: issued from
-        # page-locked arrays (DMA straight from and into them, then a stream synchronize).
+        # variant 0: full through pinned staging (a and b copied into it, out copied back after
+        # the event); 1: the driver's pageable path; 2: issued from page-locked arrays (DMA
+        # straight from and into them, then a stream synchronize).
         cdef Py_ssize_t i
         cdef unsigned long long t0, t1
         check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
         for i in range(warmup + iterations):
             t0 = now_ns()
             if variant == 0:
-                self._enqueue_pinned(pa, pb)
-            elif variant == 1:
-                self._enqueue_from(pa, pb, po, True)
+                memcpy(self._h_a, pa, self._nbytes)
+                memcpy(self._h_b, pb, self._nbytes)
+                self._enqueue(self._h_a, self._h_b, self._h_out, True)
             else:
-                self._enqueue_from(pa, pb, po, False)
+                self._enqueue(pa, pb, po, variant == 1)
             t1 = now_ns()
-            if variant == 0:
-                self._finish_pinned(po)
-            elif variant == 2:
+            if variant == 2:
                 check_cu(cydriver.cuStreamSynchronize(self._stream), b"cuStreamSynchronize")
             else:
-                self._sync()
+                check_cu(cydriver.cuEventSynchronize(self._event), b"cuEventSynchronize")
+            if variant == 0:
+                memcpy(po, self._h_out, self._nbytes)
             if i >= warmup:
                 tv[i - warmup] = <int64_t>(now_ns() - t0)
                 ev[i - warmup] = <int64_t>(t1 - t0)
@@ -371,43 +331,27 @@ cdef class Floor(Ceilings):
     cdef int _capture(self) except -1:
         # The tight round trip captured once on the floor's stream (thread-local mode: other
         # threads' floors go on issuing meanwhile), instantiated, the graph itself dropped.
-        cdef CUresult st
         cdef CUresult ended
-        cdef const char* call = b"cuStreamBeginCapture"
         cdef CUgraph graph = NULL
         cdef CUgraphExec ex = NULL
         if self._exec != NULL:
             return 0
         with nogil:
-            st = cydriver.cuCtxSetCurrent(self._ctx)
-            if st != CUDA_SUCCESS:
-                call = b"cuCtxSetCurrent"
-            else:
-                capture_opened()  # as the core counts its own: its pools skip a synchronize meanwhile
-                st = cydriver.cuStreamBeginCapture(self._stream, cydriver.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                if st == CUDA_SUCCESS:
-                    call = b"cuMemcpyHtoDAsync"
-                    st = cydriver.cuMemcpyHtoDAsync(self._d_a, self._h_a, self._in_span, self._stream)
-                    if st == CUDA_SUCCESS:
-                        call = b"cuLaunchKernel"
-                        st = cydriver.cuLaunchKernel(self._func, self._grid, 1, 1, _BLOCK, 1, 1, 0,
-                                                     self._stream, self._args, NULL)
-                    if st == CUDA_SUCCESS:
-                        call = b"cuMemcpyDtoHAsync"
-                        st = cydriver.cuMemcpyDtoHAsync(self._h_out, self._d_out, self._nbytes, self._stream)
-                    # always ended, so that the stream leaves capture mode whatever failed
+            check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
+            capture_opened()  # as the core counts its own: its pools skip a synchronize meanwhile
+            try:
+                check_cu(cydriver.cuStreamBeginCapture(self._stream, cydriver.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                         b"cuStreamBeginCapture")
+                try:
+                    self._tight_issue()
+                finally:  # always ended, so that the stream leaves capture mode whatever failed
                     ended = cydriver.cuStreamEndCapture(self._stream, &graph)
-                    if st == CUDA_SUCCESS and ended != CUDA_SUCCESS:
-                        st = ended
-                        call = b"cuStreamEndCapture"
-                    if st == CUDA_SUCCESS:
-                        call = b"cuGraphInstantiateWithFlags"
-                        st = cydriver.cuGraphInstantiate(&ex, graph, 0)
-                    if graph != NULL:
-                        cydriver.cuGraphDestroy(graph)  # the exec holds its own copy
+                check_cu(ended, b"cuStreamEndCapture")
+                check_cu(cydriver.cuGraphInstantiate(&ex, graph, 0), b"cuGraphInstantiateWithFlags")
+            finally:
+                if graph != NULL:
+                    cydriver.cuGraphDestroy(graph)  # the exec holds its own copy
                 capture_closed()
-        if st != CUDA_SUCCESS:
-            raise_cu(st, call)
         self._exec = ex
         return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import pathlib
 import sys
@@ -61,18 +62,13 @@ class ProgressLine:
 
     def __call__(self, label, fraction):
         now = self.clock()
-        if now - self.start < self.delay:
-            return
-        if not self.tty and now - self.last < self.interval:
+        if now - self.start < self.delay or (not self.tty and now - self.last < self.interval):
             return
         self.last = now
         eta = eta_seconds(now - self.start, fraction)
         left = "" if eta is None else f", {format_eta(eta)} left"
         text = f"[vyre-cuda profile] {fraction:4.0%}{left}: {label}"
-        if self.tty:
-            self.stream.write("\r" + text[:110].ljust(110))
-        else:
-            self.stream.write(text + "\n")
+        self.stream.write("\r" + text[:110].ljust(110) if self.tty else text + "\n")
         self.stream.flush()
         self.shown = True
 
@@ -103,15 +99,10 @@ def count_arg(minimum):
     """argparse type: an integer >= ``minimum``."""
 
     def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(
-                f"expected an integer >= {minimum} (got {text!r})\nFix: pass a whole number"
-            )
-        return value
+        with contextlib.suppress(ValueError):
+            if int(text) >= minimum:
+                return int(text)
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum} (got {text!r})\nFix: pass a whole number")
 
     return parse
 
@@ -121,6 +112,10 @@ _BACKEND_OPTIONS = ("staging_chunk_bytes", "staging_chunks", "copy_threads")
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``vyre-cuda profile`` options to ``parser``."""
+
+    def count(flag, minimum, text):
+        parser.add_argument(flag, type=count_arg(minimum), metavar="N", help=text)
+
     parser.add_argument(
         "--sizes",
         type=sizes_arg,
@@ -128,18 +123,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="LIST",
         help="bytes per buffer, comma-separated, with K/KiB/M/MiB/G/GiB suffixes (default 4KiB,4MiB,64MiB,256MiB,1GiB)",
     )
-    parser.add_argument(
+    count(
         "--iterations",
-        type=count_arg(1),
-        metavar="N",
-        help="timed samples per system and size (default: 2000 at 4 KiB, fewer as the size grows, 5 at 1 GiB)",
+        1,
+        "timed samples per system and size (default: 2000 at 4 KiB, fewer as the size grows, 5 at 1 GiB)",
     )
-    parser.add_argument(
-        "--warmup",
-        type=count_arg(0),
-        metavar="N",
-        help="untimed samples per system first (default: a tenth of --iterations, at most 200)",
-    )
+    count("--warmup", 0, "untimed samples per system first (default: a tenth of --iterations, at most 200)")
     parser.add_argument(
         "--json",
         nargs="?",
@@ -160,24 +149,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="show a stored result (written by --json, or a benchmark record) instead of measuring: its "
         "table, or with --plot its figure, or with --json its JSON (only what they ask for); needs no GPU",
     )
-    parser.add_argument(
-        "--host-threads",
-        type=count_arg(1),
-        metavar="N",
-        help="threads of the N-thread host memcpy ceiling (default: the CPUs, at most 16)",
-    )
+    count("--host-threads", 1, "threads of the N-thread host memcpy ceiling (default: the CPUs, at most 16)")
     parser.add_argument(
         "--kernel", metavar="FILE", help="profile a user kernel (.cu CUDA C++ or .ptx) instead of vecadd"
     )
     parser.add_argument(
-        "--entry",
-        metavar="NAME",
-        help="the user kernel's entry point (default vyre_main, or main for PTX)",
+        "--entry", metavar="NAME", help="the user kernel's entry point (default vyre_main, or main for PTX)"
     )
     parser.add_argument(
-        "--buffers",
-        metavar="SPEC",
-        help="the user kernel's buffers, e.g. 'a:f32:in,b:f32:in,out:f32:out'",
+        "--buffers", metavar="SPEC", help="the user kernel's buffers, e.g. 'a:f32:in,b:f32:in,out:f32:out'"
     )
     parser.add_argument("--device", type=count_arg(0), default=0, metavar="N", help="CUDA device ordinal (default 0)")
     group = parser.add_argument_group("backend options (passed to CudaBackend when given)")
@@ -203,15 +183,11 @@ _RUN_OPTIONS.update(dict.fromkeys(("iterations", "warmup", "host_threads", "kern
 _RUN_OPTIONS.update(dict.fromkeys(_BACKEND_OPTIONS))
 
 
-def _option(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
 def _show_stored(args) -> None:
     """``--from FILE``: the stored result's table, JSON or figure; no backend, no GPU."""
     from .report import ProfileReport
 
-    given = [_option(k) for k, default in _RUN_OPTIONS.items() if getattr(args, k, default) != default]
+    given = ["--" + k.replace("_", "-") for k, default in _RUN_OPTIONS.items() if getattr(args, k, default) != default]
     if given:
         raise ValidationError(
             f"--from shows a stored result, but {', '.join(given)} "

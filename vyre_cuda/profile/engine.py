@@ -61,11 +61,8 @@ class Runner:
     """
 
     def __init__(self, name, fn, verify=None, unit_scale=1, group=None):
-        self.name = name
-        self.fn = fn
-        self.verify = verify
+        self.name, self.fn, self.verify, self.group = name, fn, verify, group
         self.unit_scale = unit_scale  # launch-only runners count batches, not dispatches
-        self.group = group
 
     def __call__(self, count):
         if self.group is None:
@@ -126,8 +123,7 @@ def run_rounds(runners, count, warmup, rounds, progress=None, label="", failed=N
         step += 1
         if progress:
             progress(f"{label}warm-up {r.name}", step / steps)
-    for r in list(active):
-        produced.pop(r.group, None)  # warm-up series are not kept
+    produced.clear()  # warm-up series are not kept
     if before_timed is not None:
         before_timed()
     for rnd in range(rounds):
@@ -147,13 +143,6 @@ def run_rounds(runners, count, warmup, rounds, progress=None, label="", failed=N
             if progress:
                 progress(f"{label}{r.name}, round {rnd + 1}/{rounds}", step / steps)
     return samples
-
-
-def _stage_sums(stages, stage_names, wanted):
-    index = [stage_names.index(n) for n in wanted if n in stage_names]
-    if len(index) != len(wanted):
-        return None
-    return [sum(row[i] for i in index) for row in stages]
 
 
 def assemble(nbytes, elements, iterations, samples, stage_names, skipped) -> SizeResult:
@@ -179,9 +168,9 @@ def assemble(nbytes, elements, iterations, samples, stage_names, skipped) -> Siz
         result.attributed = summarize(sums)
         result.stages[systems.UNATTRIBUTED] = summarize([w - t for w, t in zip(walls, sums)])
         for direction, wanted in (("h2d", systems.UPLOAD_STAGES), ("d2h", systems.READBACK_STAGES)):
-            per = _stage_sums(stages, list(stage_names), wanted)
-            if per is not None:
-                result.directions[direction] = summarize(per)
+            if set(wanted) <= set(stage_names):  # the sum of its stages, per dispatch
+                index = [list(stage_names).index(n) for n in wanted]
+                result.directions[direction] = summarize([sum(row[i] for i in index) for row in stages])
     return result
 
 

@@ -43,6 +43,8 @@ _BANDWIDTH_VYRE = (  # key, label, colour (vyre_cuda's, lighter or darker), mark
     ("vyre.streamed_pinned", "vyre_cuda streamed, page-locked", "#7f0000", "D"),
 )
 _MOST = 6  # series per panel
+# a value above the axis: written just under its top
+_OFF_AXIS = {"xytext": (0, -3), "textcoords": "offset points", "ha": "center", "va": "top", "fontsize": 7}
 _LEGEND = {"fontsize": 8, "loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0, "frameon": False}
 
 # exponent steps between labelled size ticks, fewest labels first that still leave enough
@@ -109,11 +111,8 @@ def _ratio_series(sizes, rows):
     vyre_cuda's per size, a row with no point left out."""
     out = []
     for style, key, vyre_keys in rows:
-        points = []
-        for s in sizes:
-            vyre = next((s.median(k) for k in vyre_keys if s.median(k)), None)
-            if vyre and s.median(key):
-                points.append((s.nbytes, s.median(key) / vyre))
+        vyre = [next((s.median(k) for k in vyre_keys if s.median(k)), None) for s in sizes]
+        points = [(s.nbytes, s.median(key) / v) for s, v in zip(sizes, vyre) if v and s.median(key)]
         if points:
             out.append((style, points))
     return out[: _MOST - 1]  # and vyre_cuda's own line at 1x
@@ -204,36 +203,24 @@ def _ceilings(sizes):
 
 def _bandwidth_panel(ax, sizes):
     ax.set_title("vyre_cuda's bandwidth against the ceilings (same run)", fontsize=10, loc="left")
-    vyre = [(row, [(s.nbytes, s.gbps(row[0])) for s in sizes if s.gbps(row[0])]) for row in _BANDWIDTH_VYRE]
-    vyre = [(row, points) for row, points in vyre if points]
-    ceilings = [
-        (k, label, style, [(s.nbytes, s.gbps(k)) for s in sizes if s.gbps(k)]) for k, label, style in _ceilings(sizes)
-    ]
-    ceilings = [row for row in ceilings if row[3]]
+    points = {k: [(s.nbytes, s.gbps(k)) for s in sizes if s.gbps(k)] for k in {k for s in sizes for k in s.systems}}
+    vyre = [(label, color, marker, points[k]) for k, label, color, marker in _BANDWIDTH_VYRE if points.get(k)]
+    ceilings = [(k, label, style, points[k]) for k, label, style in _ceilings(sizes) if points[k]]
     if not vyre and not ceilings:
         return _empty(ax, "no bandwidth rows in this result")
-    for (_key, label, color, marker), points in vyre:
-        ax.plot(*zip(*points), color=color, marker=marker, linewidth=2.0, label=label, zorder=3)
+    for label, color, marker, line in vyre:
+        ax.plot(*zip(*line), color=color, marker=marker, linewidth=2.0, label=label, zorder=3)
     # the axis ends a little above vyre_cuda and the DMA ceilings: a host memcpy peak (many
     # threads at a size that fits the caches) would squeeze them, so it is marked, not drawn
-    shown = [y for _row, points in vyre for _x, y in points]
-    shown += [y for k, _label, _style, points in ceilings if k.startswith("ceiling.dma") for _x, y in points]
-    top = 1.25 * max(shown or [y for *_row, points in ceilings for _x, y in points])
-    for _key, label, style, points in ceilings:
-        one = {"marker": "_", "markersize": 16} if len(points) == 1 else {}  # a point, not a line
-        ax.plot(*zip(*points), linewidth=1.6, label=label, **style, **one)
-        for x, y in points:
+    shown = [y for *_row, line in vyre for _x, y in line]
+    shown += [y for k, *_row, line in ceilings if k.startswith("ceiling.dma") for _x, y in line]
+    top = 1.25 * max(shown or [y for *_row, line in ceilings for _x, y in line])
+    for _key, label, style, line in ceilings:
+        one = {"marker": "_", "markersize": 16} if len(line) == 1 else {}  # a point, not a line
+        ax.plot(*zip(*line), linewidth=1.6, label=label, **style, **one)
+        for x, y in line:
             if y > top:
-                ax.annotate(
-                    f"{y:.0f} GB/s",
-                    (x, top),
-                    xytext=(0, -3),
-                    textcoords="offset points",
-                    ha="center",
-                    va="top",
-                    fontsize=7,
-                    color=style["color"],
-                )
+                ax.annotate(f"{y:.0f} GB/s", (x, top), color=style["color"], **_OFF_AXIS)
     _size_axis(ax, [s.nbytes for s in sizes])
     ax.set_ylim(0, top)
     ax.set_ylabel("GB/s (1e9 B/s), effective", fontsize=9)

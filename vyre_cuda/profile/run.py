@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import os
@@ -12,7 +13,7 @@ import numpy as np
 
 from .._validate import check_int
 from ..errors import BackendError, ValidationError
-from . import _hooks, engine, runners, tight
+from . import engine, runners, session, tight
 from .report import ProfileReport
 from .session import import_floor, load_floor_kernel, meta, open_backend
 from .specs import GIB, KIB, MIB, format_size, parse_sizes
@@ -27,11 +28,6 @@ _COUNTERS: tuple[str, ...] = ("dispatches", "pinned_alloc_calls", "device_alloc_
 _COUNTERS += ("device_pool_misses", "staged_h2d_bytes", "direct_h2d_bytes", "staged_d2h_bytes", "direct_d2h_bytes")
 _COUNTERS += ("ring_chunks", "graph_replays")
 _LEVELS = ("ring_bytes", "copy_threads_live")
-
-
-def default_host_threads() -> int:
-    """Threads of the N-thread memcpy ceiling: the CPUs, at most 16."""
-    return max(1, min(16, os.cpu_count() or 1))
 
 
 def scaled_progress(progress, lo, hi, prefix=""):
@@ -127,37 +123,34 @@ def run_profile(
     extra_rows : callable, optional
         ``extra_rows(size)`` returns more :class:`~vyre_cuda.profile.engine.Runner` rows for one
         size, interleaved with the run's own (``size`` holds the backend, the arrays, ``skipped``,
-        ``opened``: objects closed after the size, ``on_samples`` and ``on_result``: callables
-        given the raw samples and then the :class:`SizeResult`). A benchmark adds its rows so.
+        ``opened``: objects closed after the size, ``on_result``: callables given the
+        :class:`SizeResult`). A benchmark adds its rows so.
 
     Returns
     -------
     ProfileReport
     """
     size_list = check_options(sizes, iterations, warmup, host_threads, rounds, backend, backend_options)
-    n_threads = host_threads or default_host_threads()
+    n_threads = host_threads or max(1, min(16, os.cpu_count() or 1))  # default: the CPUs, at most 16
     thread_counts = (1,) if n_threads == 1 else (1, n_threads)
     floor_module = import_floor()
-    stages = _hooks.stage_names()
+    stages = session.stage_names()
     builtin = program is None
-    owned = backend is None
-    if owned:
-        backend = open_backend(device, backend_options)
-    started = datetime.datetime.now(datetime.timezone.utc)
-    rng = np.random.default_rng(seed)
     report_sizes = []
-    kernel = None
-    try:
+    with contextlib.ExitStack() as stack:  # closes the floor kernel, then a backend the run opened
+        if backend is None:
+            backend = open_backend(device, backend_options)
+            stack.callback(backend.close)
+        started = datetime.datetime.now(datetime.timezone.utc)
+        rng = np.random.default_rng(seed)
         if builtin:
             from .. import builtin_programs
 
-            program = builtin_programs.vecadd_f32()
-        label = (
-            "vecadd_f32 (built-in)"
-            if builtin
-            else f"{program.name or 'user program'} ({program.kernel.kind}, entry {program.kernel.entry!r})"
-        )
+            program, label = builtin_programs.vecadd_f32(), "vecadd_f32 (built-in)"
+        else:
+            label = f"{program.name or 'user program'} ({program.kernel.kind}, entry {program.kernel.entry!r})"
         kernel, image = load_floor_kernel(backend)
+        stack.callback(kernel.close)
         run = _SizeRun(backend, program, builtin, kernel, image, floor_module, rounds, stages, thread_counts, rng)
         for index, nbytes in enumerate(size_list):
             count = iterations or engine.auto_iterations(nbytes)
@@ -175,13 +168,6 @@ def run_profile(
             "backend_options": dict(backend_options or {}),
         }
         run_meta = meta(backend, settings, started)
-    finally:
-        try:
-            if kernel is not None:
-                kernel.close()
-        finally:
-            if owned:
-                backend.close()
     return ProfileReport(meta=run_meta, sizes=report_sizes, stage_names=stages)
 
 
@@ -195,54 +181,41 @@ class _SizeRun:
 
     def measure(self, nbytes, count, warm, progress, extra_rows=None):
         n = nbytes // 4
-        a = self.rng.random(n, dtype=np.float32)
-        b = self.rng.random(n, dtype=np.float32)
+        a, b = (self.rng.random(n, dtype=np.float32) for _ in range(2))
         expected = a + b
         inputs = [a, b] if self.builtin else runners.make_inputs(self.program, nbytes, self.rng)
         skipped: dict[str, str] = {}  # system -> why it was not measured
         size = types.SimpleNamespace(
             run=self, backend=self.backend, program=self.program, builtin=self.builtin, nbytes=nbytes, a=a, b=b,
-            expected=expected, inputs=inputs, skipped=skipped, opened=[], on_samples=[], on_result=[],
+            expected=expected, inputs=inputs, skipped=skipped, opened=[], on_result=[],
             launch_scale=max(1, count // max(8, count // 64)) if nbytes <= engine.LAUNCH_ONLY_MAX else None,
         )  # fmt: skip
         floor = self.floor_module.Floor(self.kernel, n)
         try:
-            rows, moved, floor_inputs = self._vyre_rows(size)
-            locked = self._floor_locked(a, b, floor_inputs, skipped)
-            rows += runners.floor_runners(floor, a, b, expected, size.launch_scale, locked)
+            rows, moved = self._vyre_rows(size)
+            rows += runners.floor_runners(floor, a, b, expected, size.launch_scale, self._floor_locked(size))
             rows += tight.tight_runners(floor, a, b, expected)
             rows += runners.ceiling_runners(floor, a, b, self.thread_counts)
             if extra_rows is not None:
                 rows += extra_rows(size)
             marks: dict[str, dict | None] = {}  # "before": the telemetry before the timed rounds
+            mark = lambda: marks.update(before=_snapshot(self.backend))  # noqa: E731
             with engine.gc_paused():
-                samples = engine.run_rounds(
-                    rows,
-                    count,
-                    warm,
-                    self.rounds,
-                    progress,
-                    failed=skipped,
-                    before_timed=lambda: marks.update(before=_snapshot(self.backend)),
-                )
-            tight.add_fastest(samples)
-            for hook in size.on_samples:
-                hook(samples)
+                samples = engine.run_rounds(rows, count, warm, self.rounds, progress, failed=skipped, before_timed=mark)
             telemetry = _telemetry_delta(marks.get("before"), _snapshot(self.backend))
         finally:
             try:
-                for thing in reversed(size.opened):
-                    try:
-                        with warnings.catch_warnings():
-                            warnings.simplefilter("ignore")
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    for thing in reversed(size.opened):
+                        with contextlib.suppress(Exception):  # measurement is over: leak, not fail
                             thing.close()
-                    except Exception:  # noqa: BLE001, S110 (measurement is over; leak, not fail)
-                        pass
             finally:
                 floor.close()
         result = engine.assemble(nbytes, n, count, samples, self.stage_names, skipped)
         result.moved = moved
         result.telemetry = telemetry
+        tight.add_fastest(result)
         for hook in size.on_result:
             hook(result)
         del rows, samples, size
@@ -261,33 +234,31 @@ class _SizeRun:
         size.check = None
         if self.builtin:
             size.check = lambda outs: len(outs) == 1 and np.array_equal(np.asarray(outs[0]), expected)
-        size.pinned = None
-        try:
-            locked_in = runners.page_locked_copies(inputs, backend.device)
-            if locked_in is None:
-                size.skipped["page-locked"] = "this vyre_cuda has no vyre_cuda.pinned_empty"
-            else:
-                size.pinned = (locked_in, runners.page_locked_copies(size.into, backend.device))
-        except BackendError as exc:
-            size.skipped["page-locked"] = f"failed to allocate: {type(exc).__name__}: {exc}"
+        locked = self._locked([*inputs, *size.into], size.skipped, "page-locked")
+        size.pinned = None if locked is None else (locked[: len(inputs)], locked[len(inputs) :])
         # a user program's outputs may not suit dispatch_into (read-write buffers): skip, not fail
         group = None if self.builtin else "dispatch_into"
         rows = runners.vyre_runners(backend, program, inputs, size.check, size.into, size.pinned, group)
-        # the built-in vecadd's page-locked inputs are copies of a and b: the issued floor reads them too
-        floor_inputs = size.pinned[0] if size.pinned is not None and self.builtin else None
-        return rows, moved, floor_inputs
+        return rows, moved
 
-    def _floor_locked(self, a, b, locked_in, skipped):
-        """Page-locked ``a``, ``b`` (``locked_in`` when given: vyre_cuda's page-locked row's copies,
-        never written) and a page-locked output for the issued floor (``floor.pinned_direct``),
-        or None (then skipped, with the reason)."""
+    def _floor_locked(self, size):
+        """Page-locked ``a``, ``b`` and output for the issued floor (``floor.pinned_direct``), or
+        None (then skipped, with the reason). The built-in vecadd's page-locked inputs are copies
+        of ``a`` and ``b``, never written: the floor reads them too."""
+        reuse = size.pinned is not None and self.builtin
+        arrays = [np.zeros_like(size.a)] if reuse else [size.a, size.b, np.zeros_like(size.a)]
+        locked = self._locked(arrays, size.skipped, "floor pinned arrays")
+        if locked is None:
+            return None
+        return (*size.pinned[0], *locked) if reuse else tuple(locked)
+
+    def _locked(self, arrays, skipped, system):
+        """Page-locked copies of ``arrays``, or None with the reason in ``skipped[system]``."""
         try:
-            arrays = [np.zeros_like(a)] if locked_in is not None else [a, b, np.zeros_like(a)]
             locked = runners.page_locked_copies(arrays, self.backend.device)
         except BackendError as exc:
-            skipped["floor pinned arrays"] = f"failed to allocate: {type(exc).__name__}: {exc}"
+            skipped[system] = f"failed to allocate: {type(exc).__name__}: {exc}"
             return None
         if locked is None:
-            skipped["floor pinned arrays"] = "this vyre_cuda has no vyre_cuda.pinned_empty"
-            return None
-        return (*locked_in, *locked) if locked_in is not None else tuple(locked)
+            skipped[system] = "this vyre_cuda has no vyre_cuda.pinned_empty"
+        return locked

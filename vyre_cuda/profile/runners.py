@@ -7,8 +7,8 @@ import time
 import numpy as np
 
 from ..errors import ValidationError
-from . import _hooks
 from .engine import LAUNCH_BATCH, Runner
+from .session import profiled_dispatch
 from .systems import copy_key
 
 __all__ = ["ceiling_runners", "floor_runners", "make_inputs", "page_locked_copies", "vyre_runners"]
@@ -60,7 +60,7 @@ def vyre_runners(backend, program, inputs, check, into=None, pinned=None, into_g
     """
     pc = time.perf_counter_ns
     dispatch = backend.dispatch
-    profiled = _hooks.profiled_dispatch(backend)
+    profiled = profiled_dispatch(backend)
     dispatch_async = backend.dispatch_async
     last = {}
 
@@ -69,8 +69,7 @@ def vyre_runners(backend, program, inputs, check, into=None, pinned=None, into_g
         for _ in range(count):
             t0 = pc()
             outs = dispatch(program, inputs)
-            t1 = pc()
-            walls.append(t1 - t0)
+            walls.append(pc() - t0)
             last["dispatch"] = outs  # freed outside the timed window
         return {"vyre.dispatch": walls}
 
@@ -80,8 +79,7 @@ def vyre_runners(backend, program, inputs, check, into=None, pinned=None, into_g
         for _ in range(count):
             t0 = pc()
             outs, stage_ns = profiled(program, inputs, None, t0)
-            t1 = pc()
-            walls.append(t1 - t0)
+            walls.append(pc() - t0)
             stages.append(tuple(int(v) for v in stage_ns))
             last["profiled"] = outs
         return {"vyre.dispatch_profiled": walls, "_stages": stages}
@@ -101,7 +99,10 @@ def vyre_runners(backend, program, inputs, check, into=None, pinned=None, into_g
             del pending
         return {"vyre.async_enqueue": enqueue, "vyre.async_total": total}
 
-    def into_runner(key, ins, outs):
+    def verifier(name):
+        return None if check is None else (lambda: check(last[name]))
+
+    def into_runner(title, key, ins, outs, group):
         dispatch_into = backend.dispatch_into
 
         def run(count):
@@ -111,15 +112,11 @@ def vyre_runners(backend, program, inputs, check, into=None, pinned=None, into_g
             for _ in range(count):
                 t0 = pc()
                 dispatch_into(program, ins, outs)
-                t1 = pc()
-                walls.append(t1 - t0)
+                walls.append(pc() - t0)
             last[key] = outs
             return {key: walls}
 
-        return run
-
-    def verifier(name):
-        return None if check is None else (lambda: check(last[name]))
+        return Runner(title, run, verifier(key), group=group)
 
     runners = [
         Runner("vyre_cuda dispatch", run_dispatch, verifier("dispatch")),
@@ -127,23 +124,9 @@ def vyre_runners(backend, program, inputs, check, into=None, pinned=None, into_g
         Runner("vyre_cuda dispatch_async", run_async, verifier("async")),
     ]
     if into is not None:
-        runners.append(
-            Runner(
-                "vyre_cuda dispatch_into",
-                into_runner("vyre.dispatch_into", inputs, into),
-                verifier("vyre.dispatch_into"),
-                group=into_group,
-            )
-        )
+        runners.append(into_runner("vyre_cuda dispatch_into", "vyre.dispatch_into", inputs, into, into_group))
     if pinned is not None:
-        runners.append(
-            Runner(
-                "vyre_cuda page-locked",
-                into_runner("vyre.pinned", *pinned),
-                verifier("vyre.pinned"),
-                group="page-locked",
-            )
-        )
+        runners.append(into_runner("vyre_cuda page-locked", "vyre.pinned", pinned[0], pinned[1], "page-locked"))
     return runners
 
 
@@ -154,15 +137,13 @@ def floor_runners(floor, a, b, expected, launch_batches_scale=None, locked=None)
     arrays, with no host copy."""
     out = np.zeros(floor.n, dtype=np.float32)
 
-    def pinned(count):
-        out[:] = 0
-        total, enqueue = floor.full_pinned(a, b, out, count)
-        return {"floor.pinned": total, "floor.pinned_enqueue": enqueue}
+    def full(key, method):
+        def run(count):
+            out[:] = 0
+            total, enqueue = method(a, b, out, count)
+            return {key: total, f"{key}_enqueue": enqueue}
 
-    def pageable(count):
-        out[:] = 0
-        total, enqueue = floor.full_pageable(a, b, out, count)
-        return {"floor.pageable": total, "floor.pageable_enqueue": enqueue}
+        return run
 
     def launch(batches):
         return {"floor.launch_only": floor.launch_only(batches, LAUNCH_BATCH, 0)}
@@ -170,7 +151,10 @@ def floor_runners(floor, a, b, expected, launch_batches_scale=None, locked=None)
     def ok():
         return np.array_equal(out, expected)
 
-    runners = [Runner("floor pinned", pinned, ok), Runner("driver's pageable path", pageable, ok)]
+    runners = [
+        Runner("floor pinned", full("floor.pinned", floor.full_pinned), ok),
+        Runner("driver's pageable path", full("floor.pageable", floor.full_pageable), ok),
+    ]
     if launch_batches_scale is not None:
         runners.append(Runner("floor launch only", launch, unit_scale=launch_batches_scale))
     if locked is not None:

@@ -1,5 +1,10 @@
 """What a profile run and a pattern run share: the backend a run owns, the compiled floor and its
-kernel, and the run's metadata (device, driver, versions) stored with the report."""
+kernel, the run's metadata (device, driver, versions) stored with the report, and the stage clocks.
+
+This is the profile's one door into the core's private parts (the stage clocks; the benchmarks'
+per-backend knobs go through ``benchmarks/harness/hooks.py``): no other file of the profile
+imports a private core module, so when the core's modules move only this file follows.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import numpy as np
 
 from ..errors import UnsupportedFeature, ValidationError
 
-__all__ = ["FLOOR_LABEL", "import_floor", "load_floor_kernel", "meta", "open_backend"]
+__all__ = ["import_floor", "load_floor_kernel", "meta", "open_backend", "profiled_dispatch", "stage_names"]
 
 FLOOR_LABEL = "vecadd(a, b, out, n) C loop, 256 threads per block"
 
@@ -29,6 +34,22 @@ def open_backend(device: int, backend_options=None):
             f"this vyre_cuda's CudaBackend does not take the options {sorted(backend_options or {})} ({exc})",
             "drop those options, or use a vyre_cuda whose CudaBackend has them",
         ) from None
+
+
+def stage_names() -> tuple[str, ...]:
+    """The core's dispatch stages, in the order of the ``stage_ns`` that
+    :func:`profiled_dispatch` returns (``plan_lookup``, ``staging_memcpy``, ...)."""
+    from .. import _tracing
+
+    return tuple(_tracing.STAGES)
+
+
+def profiled_dispatch(backend):
+    """``backend``'s dispatch with the stage clocks on: a callable
+    ``(program, inputs, config=None, start_ns=0) -> (outputs, stage_ns)``, one nanosecond count
+    per :func:`stage_names` entry, measured from ``start_ns`` (a ``time.perf_counter_ns()``
+    taken by the caller just before the call). Bound once, so a timed loop pays no lookup."""
+    return backend._dispatch_profiled
 
 
 def import_floor():

@@ -41,30 +41,21 @@ def parse_size(text) -> int:
 def parse_sizes(text) -> tuple:
     """A comma-separated list of sizes (or an iterable of them), duplicates dropped, in order."""
     items = text.split(",") if isinstance(text, str) else list(text)
-    sizes = []
-    for item in items:
-        if isinstance(item, str) and not item.strip():
-            continue
-        size = parse_size(item)
-        if size not in sizes:
-            sizes.append(size)
+    sizes = tuple(dict.fromkeys(parse_size(x) for x in items if not isinstance(x, str) or x.strip()))
     if not sizes:
         raise ValidationError(f"no sizes given (got {text!r})", "pass sizes like --sizes 4KiB,4MiB")
-    return tuple(sizes)
+    return sizes
 
 
 def format_size(nbytes: int) -> str:
     """``4 KiB``, ``4 MiB``, ``1 GiB``, or ``1000 B`` when not a whole number of KiB."""
-    if nbytes >= GIB and nbytes % GIB == 0:
-        return f"{nbytes // GIB} GiB"
-    if nbytes >= MIB and nbytes % MIB == 0:
-        return f"{nbytes // MIB} MiB"
-    if nbytes >= KIB and nbytes % KIB == 0:
-        return f"{nbytes // KIB} KiB"
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
     return f"{nbytes} B"
 
 
-_ROLES = ("in", "out", "inout")
+_ROLES = {"in": BufferDecl.read, "out": BufferDecl.output, "inout": BufferDecl.read_write}
 _SPEC_FIX = (
     "write --buffers as comma-separated name:dtype:role entries in binding order, role one of "
     "in, out, inout, e.g. 'a:f32:in,b:f32:in,out:f32:out'"
@@ -82,7 +73,7 @@ def parse_buffer_spec(spec: str) -> tuple:
         raise ValidationError(f"the buffer spec is empty (got {spec!r})", _SPEC_FIX)
     decls = []
     seen = set()
-    roles = []
+    roles = set()
     for binding, entry in enumerate(spec.split(",")):
         fields = [f.strip() for f in entry.split(":")]
         if len(fields) != 3:
@@ -105,14 +96,9 @@ def parse_buffer_spec(spec: str) -> tuple:
             ) from None
         if role not in _ROLES:
             raise ValidationError(f"buffer {name!r} has an unknown role (got {role!r})", _SPEC_FIX)
-        roles.append(role)
-        if role == "in":
-            decls.append(BufferDecl.read(name, binding, dt))
-        elif role == "out":
-            decls.append(BufferDecl.output(name, binding, dt))
-        else:
-            decls.append(BufferDecl.read_write(name, binding, dt))
-    if "out" not in roles and "inout" not in roles:
+        roles.add(role)
+        decls.append(_ROLES[role](name, binding, dt))
+    if roles == {"in"}:
         raise ValidationError(f"the buffer spec {spec!r} declares no output", _SPEC_FIX + "; mark results out")
     return tuple(decls)
 
@@ -131,8 +117,6 @@ def load_user_program(path, entry=None, buffers=None, workgroup_size=256):
             f"cannot read kernel file {str(p)!r}: {exc.strerror or exc}",
             "pass --kernel with the path of a readable .cu or .ptx file",
         ) from None
-    if p.suffix.lower() == ".ptx":
-        kernel = Kernel.ptx(text, entry) if entry else Kernel.ptx(text)
-    else:
-        kernel = Kernel.cuda(text, entry) if entry else Kernel.cuda(text)
+    make = Kernel.ptx if p.suffix.lower() == ".ptx" else Kernel.cuda
+    kernel = make(text, entry) if entry else make(text)
     return Program(kernel, decls, workgroup_size=workgroup_size, name=p.stem)

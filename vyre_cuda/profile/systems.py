@@ -25,7 +25,7 @@ __all__ = [
     "traffic_kind",
 ]
 
-# The core's stage order (vyre_cuda.profile._hooks.stage_names()); a report carries the names it measured.
+# The core's stage order (vyre_cuda.profile.session.stage_names()); a report carries the names it measured.
 STAGE_NAMES = (
     "plan_lookup",
     "staging_memcpy",
@@ -100,41 +100,37 @@ def copy_key(direction: str, threads: int) -> str:
     return f"ceiling.copy_{direction}.{int(threads)}"
 
 
+def _row(key: str) -> tuple:
+    """``(sort key, label, reference, traffic kind)`` of a series key: one of the table, a host
+    memcpy ceiling, or unknown (its own label, listed last)."""
+    last_dma = _BY_KEY[_LAST_DMA][0]
+    if key in _BY_KEY:  # the memcpy ceilings go right after the DMA ceilings
+        index, lab, ref, kind = _BY_KEY[key]
+        return (index if index <= last_dma else index + 1000, ()), lab, ref, kind
+    m = _COPY_RE.match(key)
+    if m is None:
+        return (10_000, ()), key, None, None
+    way, threads = m.group(1), int(m.group(2))
+    lab = f"memcpy ceiling: {'pageable -> pinned' if way == 'in' else 'pinned -> pageable'}, {threads} thread"
+    return (last_dma + 1, (way == "out", threads)), lab + "s" * (threads != 1), None, IN if way == "in" else OUT
+
+
 def label(key: str) -> str:
     """The human label of a series key (the key itself when unknown)."""
-    if key in _BY_KEY:
-        return _BY_KEY[key][1]
-    m = _COPY_RE.match(key)
-    if m:
-        way = "pageable -> pinned" if m.group(1) == "in" else "pinned -> pageable"
-        threads = int(m.group(2))
-        return f"memcpy ceiling: {way}, {threads} thread{'s' if threads != 1 else ''}"
-    return key
+    return _row(key)[1]
 
 
 def reference(key: str):
     """The key whose median the "x floor" column divides by, or None."""
-    return _BY_KEY[key][2] if key in _BY_KEY else None
+    return _row(key)[2]
 
 
 def traffic_kind(key: str):
     """FULL (inputs in and outputs out), IN, OUT, or None for a series that moves no data
     (enqueue parts, launch only)."""
-    if key in _BY_KEY:
-        return _BY_KEY[key][3]
-    m = _COPY_RE.match(key)
-    if m:
-        return IN if m.group(1) == "in" else OUT
-    return None
+    return _row(key)[3]
 
 
 def order(key: str) -> tuple:
     """A sort key that lists series in table order: floor, ceilings, vyre_cuda, peers."""
-    if key in _BY_KEY:
-        index = _BY_KEY[key][0]
-        # the memcpy ceilings go right after the DMA ceilings
-        return (index if index <= _BY_KEY[_LAST_DMA][0] else index + 1000, (), key)
-    m = _COPY_RE.match(key)
-    if m:
-        return (_BY_KEY[_LAST_DMA][0] + 1, (m.group(1) == "out", int(m.group(2))), key)
-    return (10_000, (), key)
+    return (*_row(key)[0], key)

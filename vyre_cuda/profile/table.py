@@ -47,31 +47,31 @@ class _Unit:
     def __call__(self, ns) -> str:
         return "-" if ns is None else f"{ns / self.scale:,.2f}"
 
+    def head(self, title) -> str:
+        """A table's first columns: ``title``, then median, p10 and p90 in this unit."""
+        return f"  {title:<{_LABEL_WIDTH}}{'median ' + self.name:>12}{'p10 ' + self.name:>11}{'p90 ' + self.name:>11}"
+
+    def row(self, label, summary) -> str:
+        """A row's first columns: ``label``, then the summary's median, p10 and p90."""
+        return f"  {label:<{_LABEL_WIDTH}}{self(summary.median):>12}{self(summary.p10):>11}{self(summary.p90):>11}"
+
 
 def header_lines(report) -> list:
     m = report.meta
     cc = m.get("cc")
     cc_text = f", cc {cc[0]}.{cc[1]}" if cc else ""
     release = f" ({m['driver_release']})" if m.get("driver_release") else ""
+    device = f"{m.get('device_name', '?')} (device {m.get('device', '?')}{cc_text})"
     lines = [
-        (
-            f"vyre_cuda profile: {m.get('device_name', '?')} (device {m.get('device', '?')}"
-            f"{cc_text}), CUDA driver {driver_text(m.get('driver_version'))}{release}"
-        ),
-        (
-            f"{m.get('date', '?')}, commit {m.get('commit') or 'unknown'}, vyre_cuda "
-            f"{m.get('vyre_cuda_version', '?')}, Python {m.get('python', '?')}"
-        ),
-        (
-            f"program: {m.get('program', '?')}; floor: {m.get('floor', 'vecadd C loop')}, same "
-            f"run; {m.get('rounds', '?')} interleaved rounds"
-        ),
+        f"vyre_cuda profile: {device}, CUDA driver {driver_text(m.get('driver_version'))}{release}",
+        f"{m.get('date', '?')}, commit {m.get('commit') or 'unknown'}, vyre_cuda {m.get('vyre_cuda_version', '?')}"
+        + f", Python {m.get('python', '?')}",
+        f"program: {m.get('program', '?')}; floor: {m.get('floor', 'vecadd C loop')}, same run; "
+        + f"{m.get('rounds', '?')} interleaved rounds",
     ]
     if m.get("host_threads"):
-        lines.append(
-            f"host memcpy ceilings on {' and '.join(map(str, m['host_threads']))} "
-            f"thread(s); {m.get('cpu_count', '?')} CPUs"
-        )
+        threads = " and ".join(map(str, m["host_threads"]))
+        lines.append(f"host memcpy ceilings on {threads} thread(s); {m.get('cpu_count', '?')} CPUs")
     options = m.get("backend_options") or {}
     if options:
         lines.append("backend: " + ", ".join(f"{k}={v}" for k, v in sorted(options.items())))
@@ -85,39 +85,24 @@ def size_lines(report, s) -> list:
     n_in, n_out = s.bytes_of("floor")
     keys = sorted(s.systems, key=systems.order)
     unit = _Unit([s.systems[k].median for k in keys])
-    u = unit.name
     lines = [
-        (
-            f"{format_size(s.nbytes)} per buffer ({s.elements:,} float32 elements for the floor, "
-            f"{format_size(n_in)} in + {format_size(n_out)} out; {s.iterations:,} samples per "
-            "system)"
-        ),
-        (
-            f"  {'system':<{_LABEL_WIDTH}}{'median ' + u:>12}{'p10 ' + u:>11}{'p90 ' + u:>11}"
-            f"{'GB/s':>8}{'x floor':>9}{'x pageable':>11}{'x vyre':>8}"
-        ),
+        f"{format_size(s.nbytes)} per buffer ({s.elements:,} float32 elements for the floor, "
+        + f"{format_size(n_in)} in + {format_size(n_out)} out; {s.iterations:,} samples per system)",
+        unit.head("system") + f"{'GB/s':>8}{'x floor':>9}{'x pageable':>11}{'x vyre':>8}",
     ]
     vyre = s.median("vyre.dispatch")
     for key in keys:
         sm = s.systems[key]
         full = systems.traffic_kind(key) == systems.FULL
-        vs_vyre = ""
-        if key.startswith("peer.") and full:
-            vs_vyre = _x(ratio(sm.median, vyre))
+        vs_vyre = _x(ratio(sm.median, vyre)) if key.startswith("peer.") and full else ""
         vs_pageable = _x(s.ratio(key, "floor.pageable")) if full else ""
-        lines.append(
-            f"  {systems.label(key):<{_LABEL_WIDTH}}{unit(sm.median):>12}{unit(sm.p10):>11}"
-            f"{unit(sm.p90):>11}{_gb(s.gbps(key)):>8}{_x(s.ratio(key)):>9}{vs_pageable:>11}"
-            f"{vs_vyre:>8}"
-        )
+        ratios = f"{_gb(s.gbps(key)):>8}{_x(s.ratio(key)):>9}{vs_pageable:>11}{vs_vyre:>8}"
+        lines.append(unit.row(systems.label(key), sm) + ratios)
     for name, reason in sorted(s.skipped.items()):
         lines.append(f"  skipped {name}: {reason}")
     if s.planner:
-        why = s.planner.get("reason")
-        lines.append(
-            f"  route of an unforced dispatch of the elementwise vecadd: {s.planner.get('route') or '?'}"
-            + (f" ({why})" if why else "")
-        )
+        why = f" ({s.planner['reason']})" if s.planner.get("reason") else ""
+        lines.append(f"  route of an unforced dispatch of the elementwise vecadd: {s.planner.get('route') or '?'}{why}")
     if s.stages:
         lines += [""] + _stage_lines(report, s, unit)
     lines += _telemetry_lines(s)
@@ -127,22 +112,14 @@ def size_lines(report, s) -> list:
 def _stage_lines(report, s, unit) -> list:
     wall = s.wall
     u = unit.name
-    lines = [
-        (
-            f"  {'stages of a vyre_cuda dispatch':<{_LABEL_WIDTH}}{'median ' + u:>12}"
-            f"{'p10 ' + u:>11}{'p90 ' + u:>11}{'share':>8}"
-        )
-    ]
+    lines = [unit.head("stages of a vyre_cuda dispatch") + f"{'share':>8}"]
     for name in list(report.stage_names) + [systems.UNATTRIBUTED]:
         sm = s.stages.get(name)
         if sm is None:
             continue
         share = ratio(sm.median, wall)
         label = "unattributed (wall - stages)" if name == systems.UNATTRIBUTED else name
-        lines.append(
-            f"  {label:<{_LABEL_WIDTH}}{unit(sm.median):>12}{unit(sm.p10):>11}"
-            f"{unit(sm.p90):>11}{'' if share is None else f'{share:.1%}':>8}"
-        )
+        lines.append(unit.row(label, sm) + f"{'' if share is None else f'{share:.1%}':>8}")
     cov = s.coverage
     if cov is not None:
         ok = abs(cov - 1.0) <= STAGE_TOLERANCE
@@ -177,15 +154,11 @@ def _telemetry_lines(s) -> list:
         + ("" if counted or not parts else " (pool misses: the core does not count allocations)")
     )
     lines = [text]
-    moved = [(k, t.get(k)) for k in ("staged_h2d_bytes", "direct_h2d_bytes", "staged_d2h_bytes", "direct_d2h_bytes")]
-    if all(v is not None for _, v in moved):
-        v = dict(moved)
-        lines.append(
-            f"  H2D staged {v['staged_h2d_bytes'] / MIB:,.1f} MiB, direct "
-            f"{v['direct_h2d_bytes'] / MIB:,.1f} MiB; D2H staged "
-            f"{v['staged_d2h_bytes'] / MIB:,.1f} MiB, direct {v['direct_d2h_bytes'] / MIB:,.1f} "
-            "MiB (all timed dispatches)"
-        )
+    moved = [t.get(k) for k in ("staged_h2d_bytes", "direct_h2d_bytes", "staged_d2h_bytes", "direct_d2h_bytes")]
+    if None not in moved:
+        h2d, h2d_direct, d2h, d2h_direct = (f"{v / MIB:,.1f} MiB" for v in moved)
+        text = f"  H2D staged {h2d}, direct {h2d_direct}; D2H staged {d2h}, direct {d2h_direct}"
+        lines.append(text + " (all timed dispatches)")
     if t.get("ring_bytes") is not None:
         text = f"  staging ring: {t['ring_bytes'] / MIB:,.1f} MiB pinned"
         if t.get("ring_chunks") is not None:

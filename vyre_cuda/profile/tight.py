@@ -3,7 +3,7 @@ graph replay, with each of the three waits.
 
 Series (keys): ``floor.tight.<wait>`` and ``floor.tight_graph.<wait>``
 (:meth:`~vyre_cuda.profile._floor.Floor.tight`) for each wait of :data:`WAITS`. After the rounds,
-:func:`add_fastest` gives each family its fastest wait's samples under the family's own key
+:func:`add_fastest` gives each family its fastest wait's summary under the family's own key
 (``floor.tight``...): the floor is the fastest wait of its kind.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 
 from .engine import Runner
-from .stats import median
 
 __all__ = ["FAMILIES", "TIGHT", "TIGHT_GRAPH", "WAITS", "add_fastest", "fastest_wait", "tight_runners", "wait_key"]
 
@@ -46,31 +45,21 @@ def tight_runners(floor, a, b, expected) -> list:
             def ok(out=out):
                 return np.array_equal(out, expected)
 
-            name = f"{group}, {wait} wait"
-            rows.append(Runner(name, run, ok, group=group))
+            rows.append(Runner(f"{group}, {wait} wait", run, ok, group=group))
     return rows
 
 
-def fastest_wait(samples_or_size, family: str) -> str | None:
-    """The wait whose median is the lowest in ``family``: from raw samples (a dict of lists) or
-    from a :class:`~vyre_cuda.profile.SizeResult`; None when none was measured."""
-    medians = {}
-    for wait in WAITS:
-        key = wait_key(family, wait)
-        if hasattr(samples_or_size, "median"):
-            value = samples_or_size.median(key)
-        else:
-            values = samples_or_size.get(key)
-            value = median(values) if values is not None and len(values) else None
-        if value is not None:
-            medians[wait] = value
-    return min(medians, key=medians.__getitem__) if medians else None
+def fastest_wait(size, family: str) -> str | None:
+    """The wait whose median is the lowest in ``family`` of a
+    :class:`~vyre_cuda.profile.SizeResult`; None when none was measured."""
+    medians = {wait: size.median(wait_key(family, wait)) for wait in WAITS}
+    return min((w for w in WAITS if medians[w] is not None), key=medians.__getitem__, default=None)
 
 
-def add_fastest(samples: dict, families=FAMILIES) -> dict:
-    """Give each family measured its fastest wait's samples under the family's key."""
+def add_fastest(size, families=FAMILIES):
+    """Give each family measured its fastest wait's summary under the family's key."""
     for family in families:
-        wait = fastest_wait(samples, family)
+        wait = fastest_wait(size, family)
         if wait is not None:
-            samples[family] = list(samples[wait_key(family, wait)])
-    return samples
+            size.systems[family] = size.systems[wait_key(family, wait)]
+    return size
