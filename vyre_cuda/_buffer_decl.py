@@ -1,7 +1,6 @@
 """Buffer declarations: BufferDecl, its access kinds and binding roles (re-exported by vyre_cuda.program).
 
-A declaration is one buffer of a :class:`~vyre_cuda.program.Program`; it is checked and its role
-derived when it is built, so a program only checks how its declarations fit together.
+Each declaration is checked and its role derived when built; a program checks only how they fit together.
 """
 
 from __future__ import annotations
@@ -67,8 +66,7 @@ class BindingRole(enum.Enum):
     PERSISTENT = "persistent"
 
 
-# the members as module globals: the constructors below name them on every call, and a global
-# costs less than an attribute of the enum class
+# module globals: the constructors name them on every call, and a global costs less than an enum attribute
 _READ_ONLY, _UNIFORM, _READ_WRITE, _WRITE_ONLY, _WORKGROUP = (
     BufferAccess.READ_ONLY,
     BufferAccess.UNIFORM,
@@ -80,19 +78,16 @@ _READ_ONLY, _UNIFORM, _READ_WRITE, _WRITE_ONLY, _WORKGROUP = (
 
 def _output_decl(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
     """An output with no input: cleared to zero before the launch, read back after."""
-    # (True: output; a call with no keywords skips building an empty dict: programs built per
-    # call go through these constructors, see notes/plan-miss.md)
+    # (a call with no keywords builds no empty dict: programs built per call go through these
+    # constructors, notes/plan-miss.md)
     if kw:
         return cls(name, binding, _READ_WRITE, dtype, count, True, **kw)
     return cls(name, binding, _READ_WRITE, dtype, count, True)
 
 
 class _OutputAttribute:
-    """``BufferDecl.output(...)`` builds an output declaration; ``decl.output`` reads its flag.
-
-    The flag itself is the field ``is_output``; this descriptor keeps both spellings working
-    with distinct types (a constructor on the class, a bool on an instance).
-    """
+    """``BufferDecl.output(...)`` builds an output declaration; ``decl.output`` reads its flag (the
+    field ``is_output``), each with its own type."""
 
     def __init__(self) -> None:
         self._bound: dict = {}  # owner class -> its bound constructor (made once, not per call)
@@ -116,29 +111,16 @@ class _OutputAttribute:
 class BufferDecl(metaclass=Interned):
     """One buffer of a program.
 
-    Parameters
-    ----------
-    name : str
-        Unique name; :class:`Program` ``launch=`` and error messages refer to it.
-    binding : int
-        Binding number: the argument position, and word ``binding + 1`` of the params block.
-    access : BufferAccess or str
-    dtype : DType, str or numpy dtype
-    count : int
-        Element count; 0 means runtime-sized (taken from the input's length).
-    output : bool
-        Marks a buffer the dispatch returns with no input (the field is ``is_output``).
-    output_byte_range : (int, int), optional
-        ``(start, end)`` bytes of an output to read back; both multiples of the element size.
-    alignment : int, optional
-        Preferred byte alignment of the device allocation (a power of two up to 4096).
-    persistent : bool
-        Declares a resident buffer (refused by the borrowed-buffer dispatch).
-    zeroed : bool
-        Whether an output starts at zero (the default, for every output). Pass ``zeroed=False``
-        for an output the kernel writes in full: the dispatch then skips its zeroing (a memset,
-        or zeros in the upload), and an element the kernel does not write holds whatever the
-        memory held (as with ``cupy.empty``). Only pure outputs take it.
+    ``name`` is unique (``Program(launch=)`` and error messages refer to it); ``binding`` is the
+    argument position and word ``binding + 1`` of the params block; ``access`` a
+    :class:`BufferAccess` or its value; ``dtype`` a DType, name or numpy dtype; ``count`` the
+    element count (0: runtime-sized, from the input's length). ``output`` marks a buffer the
+    dispatch returns with no input (the field is ``is_output``); ``output_byte_range`` the
+    ``(start, end)`` bytes of an output to read back (multiples of the element size);
+    ``alignment`` the device allocation's byte alignment (a power of two up to 4096);
+    ``persistent`` a resident buffer (refused by the borrowed-buffer dispatch). ``zeroed=False``
+    skips a pure output's zeroing when the kernel writes all of it (an unwritten element then holds
+    whatever the memory held, as with ``cupy.empty``).
 
     Examples
     --------
@@ -186,12 +168,12 @@ class BufferDecl(metaclass=Interned):
         for name_, value in zip(_BUFFER_FIELDS, values):
             object.__setattr__(self, name_, value)
         self._validate()
-        # derived once (planning asks it many times per plan); not fields: not compared, not in repr
+        # derived once (planning asks many times per plan); not fields: not compared, not in repr
         object.__setattr__(self, "_role", self._derive_role())
         object.__setattr__(self, "_hash", hash(buffer_fields(self)))
 
     def __eq__(self, other):
-        # (a program's cache keys compare its declarations on every build: the hash first)
+        # a program's cache keys compare and hash its declarations on every build: the hash first
         if self is other:
             return True
         if other.__class__ is not self.__class__:
@@ -199,7 +181,6 @@ class BufferDecl(metaclass=Interned):
         return hash(self) == hash(other) and buffer_fields(self) == buffer_fields(other)
 
     def __hash__(self) -> int:
-        # computed once (a program's cache keys hash its declarations on every build)
         try:
             return self._hash  # type: ignore[attr-defined]
         except AttributeError:  # unpickled from a release that did not store it
@@ -207,7 +188,7 @@ class BufferDecl(metaclass=Interned):
 
     def __reduce__(self):
         # rebuilt through the constructor: the cached hash is per process (str hashes are salted)
-        return (BufferDecl, buffer_fields(self))  # (the constructor takes the fields in order)
+        return (BufferDecl, buffer_fields(self))  # the constructor takes the fields in order
 
     def _validate(self) -> None:
         object.__setattr__(self, "dtype", dtype_of(self.dtype))
@@ -248,11 +229,12 @@ class BufferDecl(metaclass=Interned):
                     "pass alignment=None or a power of two such as 16, 128 or 256",
                 )
             object.__setattr__(self, "alignment", int(a))
+        role = self._derive_role()
         if self.output_byte_range is not None:
-            self._validate_byte_range()
-        if not self.zeroed and self._derive_role() is not BindingRole.OUTPUT:
+            self._validate_byte_range(role)
+        if not self.zeroed and role is not BindingRole.OUTPUT:
             raise InvalidProgram(
-                f"buffer {self.name!r} ({self.access.value}, role {self._derive_role().value}) is "
+                f"buffer {self.name!r} ({self.access.value}, role {role.value}) is "
                 "declared zeroed=False, but only a pure output is zeroed before the launch",
                 "drop zeroed=False, or declare the buffer as an output (BufferDecl.output / write_only)",
             )
@@ -262,7 +244,7 @@ class BufferDecl(metaclass=Interned):
                 "give workgroup buffers a static element count",
             )
 
-    def _validate_byte_range(self) -> None:
+    def _validate_byte_range(self, role: BindingRole) -> None:
         r: Any = self.output_byte_range
         ok = isinstance(r, (tuple, list)) and len(r) == 2 and all(is_int(x) for x in r)
         if not ok or r[0] < 0 or r[1] < r[0]:
@@ -280,7 +262,6 @@ class BufferDecl(metaclass=Interned):
                 f"pass ({start - start % size}, {end + (-end) % size}) (whole elements), or declare "
                 "the buffer as u8 to read raw bytes",
             )
-        role = self._derive_role()  # (validation runs before the role is stored)
         if role not in (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT):
             raise InvalidProgram(
                 f"buffer {self.name!r} ({self.access.value}, role {role.value}) has an "
@@ -357,12 +338,10 @@ remember_constructors(BufferDecl, ("read", "uniform", "read_write", "write_only"
 # (remembered as the others; on an instance `output` stays the flag, as _OutputAttribute types it)
 setattr(BufferDecl, "output", remembered_constructor(_output_decl, BufferDecl, "is_output"))  # noqa: B010
 
-# field names, in order, taken once (dataclasses.fields() per declaration built would cost more
-# than the rest of its key)
+# taken once: dataclasses.fields() per declaration built would cost more than the rest of its key
 _BUFFER_FIELDS = tuple(f.name for f in dataclasses.fields(BufferDecl))
 buffer_fields = operator.attrgetter(*_BUFFER_FIELDS)  # a declaration as the tuple of its fields
 
-# DTypes and access kinds are immutable and compare by value: a declaration or program built
-# again with them is the one built first (_interned)
+# immutable, compared by value: a declaration or program built again with them is the first (_interned)
 register_plain(DType)
 register_plain(BufferAccess)

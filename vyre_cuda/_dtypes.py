@@ -16,11 +16,8 @@ _LITTLE_HOST = sys.byteorder == "little"
 
 @dataclass(frozen=True)
 class DType:
-    """An element type a buffer may hold.
-
-    ``min_cc`` is the compute capability it needs. ``kind`` is the buffer-protocol kind an input
-    of this type must have: ``"u"``, ``"i"`` or ``"f"`` (bf16 travels as its raw bits, so a bf16
-    input is a uint16 array: kind ``"u"``).
+    """An element type a buffer may hold: ``min_cc`` is the compute capability it needs, ``kind`` the
+    buffer-protocol kind of its inputs (``"u"``, ``"i"`` or ``"f"``; bf16 travels as uint16 bits).
     """
 
     name: str
@@ -31,16 +28,14 @@ class DType:
     kind: str = "u"
 
     def __hash__(self) -> int:
-        # by name (equal types have equal names): a declaration's cache key hashes its dtype on
-        # every build, and the generated hash would hash the numpy dtype too
+        # by name: a declaration's cache key hashes its dtype on every build (numpy's hash is slower)
         return hash(self.name)
 
     def __repr__(self) -> str:
         return f"DType({self.name})"
 
     def __reduce__(self):
-        # one of the table's types loads as the table's object (a declaration built again with it
-        # is then the one built first: declarations key their DType by identity)
+        # the table's types load as the table's objects (declarations key their DType by identity)
         if DTYPES.get(self.name) == self:
             return (_named, (self.name,))
         return (DType, (self.name, self.itemsize, self.numpy, self.capability, self.min_cc, self.kind))
@@ -78,23 +73,9 @@ DTYPES: dict[str, DType] = {
     )
 }
 
-_ALIASES = {
-    "uint8": "u8",
-    "int8": "i8",
-    "uint16": "u16",
-    "int16": "i16",
-    "float16": "f16",
-    "half": "f16",
-    "bfloat16": "bf16",
-    "uint32": "u32",
-    "int32": "i32",
-    "float32": "f32",
-    "float": "f32",
-    "uint64": "u64",
-    "int64": "i64",
-    "float64": "f64",
-    "double": "f64",
-}
+# numpy's names ("uint8", "float32", ...), and C's
+_ALIASES = {d.numpy.name: d.name for d in DTYPES.values() if d.name != "bf16"}
+_ALIASES.update(half="f16", bfloat16="bf16", float="f32", double="f64")
 
 # every name and alias -> its DType (dtype_of's fast path for a str)
 _BY_NAME = {**DTYPES, **{alias: DTYPES[name] for alias, name in _ALIASES.items()}}
@@ -136,15 +117,13 @@ def dtype_of(value) -> DType:
 
 
 def is_little_endian(dtype) -> bool:
-    """Whether elements of numpy ``dtype`` are laid out as the GPU reads them: little-endian,
-    or single bytes ('|'). ``isnative`` on the little-endian hosts CUDA runs on (fields of a
-    structured dtype included); the explicit comparison elsewhere."""
+    """Whether elements of numpy ``dtype`` are little-endian (or single bytes) as the GPU reads them.
+    ``isnative`` covers a structured dtype's fields on the little-endian hosts CUDA runs on."""
     return dtype.isnative if _LITTLE_HOST else dtype == dtype.newbyteorder("<")
 
 
 def byte_order_error(what, described, output=False):
-    """The refusal of a big-endian input or output, host or device; ``described`` names the
-    format or typestr the caller passed."""
+    """The refusal of a big-endian input or output; ``described``: the format or typestr passed."""
     if output:
         return ValidationError(
             f"{what} is big-endian ({described}); the GPU writes little-endian",

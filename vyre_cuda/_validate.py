@@ -1,10 +1,8 @@
-"""One home for the argument checks: ints, flags, byte sizes and "is this a Program".
+"""The shared argument checks: ints, flags and byte sizes (``require_program`` is in program.py).
 
-The predicates (:func:`is_int`, :func:`is_flag`) answer; the checks (:func:`check_int`,
-:func:`check_flag`, :func:`check_size`, :func:`require_program`) raise the caller's error type
-with a message naming the argument and the value, and the caller's ``Fix:``. A bool is never an
-int here (``True`` would pass as 1), and a flag is a real bool (``cooperative="no"`` must not
-become True by truthiness).
+The checks raise the caller's error type naming the argument and the value, with the caller's
+``Fix:``. A bool is never an int here (``True`` would pass as 1), and a flag is a real bool
+(``cooperative="no"`` must not become True by truthiness).
 """
 
 from __future__ import annotations
@@ -15,8 +13,7 @@ from .errors import BackendError, ValidationError
 
 __all__ = ["is_int", "is_flag", "check_int", "check_flag", "check_size", "SIZE_MAX"]
 
-# The largest byte count accepted: sizes are summed in u64 arithmetic, and 2**63 - 1 leaves room
-# for any total of two.
+# The largest byte count accepted: sizes are summed in u64, and 2**63 - 1 leaves room for any two.
 SIZE_MAX = (1 << 63) - 1
 
 
@@ -42,9 +39,8 @@ def check_int(
     numpy: bool = True,
     error: type[BackendError] = ValidationError,
 ) -> int:
-    """``value`` as an int, or ``error("{name} must be {expected} (got {value!r})", fix)``.
-
-    ``expected`` defaults to the bounds: "an int in 1..64", "an int >= 1", "an int".
+    """``value`` as an int, or ``error("{name} must be {expected} (got {value!r})", fix)``; ``expected``
+    defaults to the bounds ("an int in 1..64", "an int >= 1", "an int").
 
     >>> check_int("window", 3, minimum=1, fix="pass a count")
     3
@@ -73,8 +69,7 @@ def check_int(
 
 
 def check_size(name: str, value, *, fix: str) -> int:
-    """A byte count: an int in 0..:data:`SIZE_MAX`, else ValidationError "{name} must be a
-    non-negative int (got ...)"."""
+    """A byte count: an int in 0..:data:`SIZE_MAX`, else ValidationError."""
     return check_int(name, value, minimum=0, maximum=SIZE_MAX, expected="a non-negative int", fix=fix)
 
 

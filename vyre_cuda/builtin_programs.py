@@ -1,7 +1,6 @@
 """Built-in programs: the profiling harness's vecadd, and the self-test's kernels.
 
-Each function returns a new :class:`~vyre_cuda.Program`, equal to the one an earlier call returned
-(programs compare by their fields), so dispatches of either share one cached plan.
+Each call returns a :class:`~vyre_cuda.Program` equal to an earlier call's, so their dispatches share one plan.
 """
 
 from __future__ import annotations
@@ -41,24 +40,19 @@ _CTYPES = {
     "bf16": "__nv_bfloat16",
 }
 _PRELUDES = {"f16": "#include <cuda_fp16.h>\n", "bf16": "#include <cuda_bf16.h>\n"}
-# one source text per element type, made once: a program built again passes the same str (its
-# hash is kept, and the kernel built from it is found without comparing the text)
+# made once: a program built again passes the same str (hash kept, its kernel found without comparing text)
 _VECADD_SOURCES = {name: _PRELUDES.get(name, "") + f"typedef {c} T;\n" + _VECADD for name, c in _CTYPES.items()}
 
 
 def vecadd(dtype="f32", workgroup: int = 256) -> Program:
     """``out[i] = a[i] + b[i]`` over runtime-sized buffers of ``dtype``.
 
-    The kernel writes every element of ``out`` it is launched over (zero past a shorter input),
-    so ``out`` is declared ``zeroed=False``: no clearing pass runs before the launch. Elements
-    past a smaller ``DispatchConfig(elements=...)`` are left as they were.
+    The kernel writes every element of ``out`` it is launched over (zero past a shorter input), so
+    ``out`` is declared ``zeroed=False``: no clearing pass; elements past a smaller
+    ``DispatchConfig(elements=...)`` are left as they were. ``dtype`` is any of the twelve names
+    (``"f32"``, ``"bf16"``, ...), an alias such as ``"float32"`` or ``"half"``, or a numpy dtype;
+    f16 and bf16 need the CUDA runtime headers (``pip install nvidia-cuda-runtime``).
 
-    ``dtype`` is any of the twelve names (``"f32"``, ``"bf16"``, ...), an alias such as
-    ``"float32"`` or ``"half"``, or a numpy dtype. f16 and bf16 need the CUDA runtime headers
-    (``pip install nvidia-cuda-runtime``).
-
-    Examples
-    --------
     >>> vecadd("float32").name, vecadd("bf16").buffers[2].dtype
     ('vecadd_f32', DType(bf16))
     """
@@ -83,11 +77,9 @@ _VECADD_F32 = _VECADD_SOURCES["f32"]
 
 
 def vecadd_f32() -> Program:
-    """The harness's default program: two float32 inputs, one float32 output, equal to
-    ``vecadd("f32")`` (the two share one cached plan)."""
-    # spelled out as a function building its program writes it, with constant arguments: the
-    # profile's rebuilt-program row calls this once per dispatch, and what it measures is the
-    # constructors' remembered calls, not the generic factory's dtype resolution and frames
+    """The harness's default program, equal to ``vecadd("f32")`` (the two share one cached plan)."""
+    # spelled out with constant arguments: the profile's rebuilt-program row calls this per dispatch
+    # to measure the constructors' remembered calls, not the generic factory's dtype resolution
     return Program(
         Kernel.cuda(_VECADD_F32),
         [

@@ -59,9 +59,8 @@ def _options(options) -> tuple:
 class Kernel(metaclass=Interned):
     """Kernel code: CUDA C++ for NVRTC (:meth:`cuda`) or PTX text (:meth:`ptx`). Immutable.
 
-    Use the factories; ``Kernel(...)`` directly is not supported. Two kernels with the same
-    kind, entry, options and source are equal (and hash alike); a kernel built again from the
-    same arguments is the one built first.
+    Use the factories, not ``Kernel(...)``. Kernels with the same kind, entry, options and source
+    are equal; one built again from the same arguments is the one built first.
 
     Examples
     --------
@@ -79,9 +78,7 @@ class Kernel(metaclass=Interned):
         "_digest": "SHA-256 over kind, entry, options and source (:attr:`digest`).",
     }
 
-    # (kernels built again from the same text: at most this many remembered, since a program
-    # may generate sources)
-    _interned_limit = 1024
+    _interned_limit = 1024  # kernels remembered for a rebuild (a program may generate sources)
 
     kind: str
     source: str
@@ -91,13 +88,6 @@ class Kernel(metaclass=Interned):
 
     def __init__(self, kind, source, entry, options=()):
         # (built again from the same arguments, the first build is returned: _interned)
-        checked = self._checked(kind, source, entry, options)
-        for name, value in zip(("kind", "source", "entry", "options", "_digest"), checked):
-            object.__setattr__(self, name, value)
-
-    @staticmethod
-    def _checked(kind, source, entry, options) -> tuple:
-        """(kind, source, entry, options, digest), every argument checked and normalised."""
         if kind not in ("cuda", "ptx"):
             raise InvalidProgram(
                 f"Kernel kind must be 'cuda' or 'ptx' (got {kind!r})",
@@ -130,7 +120,8 @@ class Kernel(metaclass=Interned):
             h.update(len(raw).to_bytes(8, "little"))  # length-prefixed: no two part lists collide
             h.update(raw)
         # every field is final before the digest is taken from it, and none can change after
-        return (kind, source, entry, options, h.hexdigest())
+        for name, value in zip(self.__slots__, (kind, source, entry, options, h.hexdigest())):
+            object.__setattr__(self, name, value)
 
     def __setattr__(self, name, value):
         raise dataclasses.FrozenInstanceError(
@@ -177,8 +168,7 @@ class Kernel(metaclass=Interned):
 
 
 def remember_constructors(cls, names) -> None:
-    """Make the classmethods ``names`` of the interned ``cls`` remember their calls with plain
-    arguments (a program built per call goes through them: see _interned)."""
+    """Make the classmethods ``names`` of the interned ``cls`` remember their plain-argument calls."""
     for name in names:
         setattr(cls, name, remembered_constructor(cls.__dict__[name].__func__, cls))
 

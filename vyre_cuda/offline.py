@@ -2,14 +2,11 @@
 
 The plan is the :class:`~vyre_cuda.planning.dispatch.DispatchPlan` that
 :meth:`CudaBackend.plan_info <vyre_cuda.CudaBackend.plan_info>` returns, made by the same planning
-code. Only two things differ, because nothing is loaded into a device:
-
-- the kernel is compiled by NVRTC for the device's architecture (so a compile error shows up
-  here, with its log) but not loaded: ``function`` and ``barrier`` are 0 and ``gate`` is None;
-- a grid-sync program's route needs the kernel's blocks per SM, which the driver computes from
-  the loaded function's registers. Without it, :func:`occupancy_bound` stands in: the most blocks
-  the SM's thread, block and shared-memory limits allow, an upper bound (registers may lower
-  it). Pass ``occupancy=`` with the figure of a measured or known kernel to plan with it.
+code. Since nothing is loaded into a device, the kernel is compiled by NVRTC for the device's
+architecture (a compile error shows up here, with its log) but not loaded (``function`` and
+``barrier`` are 0, ``gate`` None), and a grid-sync route's blocks per SM (the driver's answer
+from the function's registers) is :func:`occupancy_bound`'s upper bound unless ``occupancy=``
+gives a measured figure.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ import numpy.typing as npt
 
 from ._io_checks import check_device_description, check_host_inputs, host_format
 from ._validate import check_int
-from .compile import CompiledKernel, compile_kernel, nvrtc_version
+from .compile import CompiledKernel, compile_kernel, nvrtc_version, program_defines
 from .config import as_config
 from .errors import KernelCompileFailed, ValidationError
 from .planning.caps import DeviceCaps
@@ -38,19 +35,9 @@ __all__ = ["ArraySpec", "OfflineModules", "occupancy_bound", "compile_program", 
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """An input described by its shape and dtype instead of its memory.
+    """An input described by its shape (element counts per dimension of a C-contiguous buffer) and
+    dtype instead of its memory; ``device=True`` for device memory at dispatch (used in place).
 
-    Parameters
-    ----------
-    shape : int or tuple of int
-        Element counts per dimension (the buffer is C-contiguous).
-    dtype : numpy dtype-like
-        The element type, e.g. ``np.float32`` or ``"u4"``.
-    device : bool
-        True for an input that is device memory at dispatch (used in place, not uploaded).
-
-    Examples
-    --------
     >>> ArraySpec((1000, 3), "f4").nbytes
     12000
     """
@@ -107,7 +94,7 @@ def compile_program(program: Program, arch: tuple[int, int] | None = None) -> Co
     Needs NVRTC, not a GPU.
     """
     require_program(program, "compile_program()")
-    return compile_kernel(program.kernel, arch=arch, defines=_defines(program))
+    return compile_kernel(program.kernel, arch=arch, defines=program_defines(program))
 
 
 def offline_compile_error(program: Program, arch: tuple[int, int] = (9, 0)) -> KernelCompileFailed | None:
@@ -124,13 +111,6 @@ def offline_compile_error(program: Program, arch: tuple[int, int] = (9, 0)) -> K
     return None
 
 
-def _defines(program: Program) -> dict[str, str | None] | None:
-    # the define ModuleCache.load passes (every buffer has a binding slot or is a workgroup one):
-    # the params word phase programs read their range from
-    top = max(decl.binding for decl in program.buffers)
-    return {"VYRE_PHASE_WORD": str(top + 2)} if program.kernel.kind == "cuda" else None
-
-
 class _CompiledOnly:
     """A module stand-in: the compiled kernel, nothing loaded (addresses 0)."""
 
@@ -138,8 +118,7 @@ class _CompiledOnly:
     gate = None
 
     def __init__(self, compiled: CompiledKernel, caps: DeviceCaps, occupancy: int | None):
-        # nonzero when the image defines the grid barrier, as a loaded module's address would be
-        # (plan() zeroes it in the plan it returns)
+        # nonzero when the image defines the grid barrier, like a loaded module's address (plan() zeroes it)
         self.barrier = 1 if b"_vyre_grid_barrier" in bytes(compiled.image) else 0
         self._caps = caps
         self._occupancy = occupancy
@@ -162,16 +141,15 @@ class OfflineModules:
 
     def load(self, program: Program, bindings: Any) -> tuple[CompiledKernel, _CompiledOnly]:
         """(compiled kernel, stand-in module) for ``program`` on this object's caps."""
-        compiled = compile_kernel(program.kernel, arch=self._caps.cc, defines=_defines(program))
+        compiled = compile_program(program, self._caps.cc)
         return compiled, _CompiledOnly(compiled, self._caps, self._occupancy)
 
 
 def _length(program: Program, index: int, value: object) -> tuple[int, bool, tuple | None]:
     """(byte length, on the device?, host format) of one input, read from its description only.
 
-    The host format is ``(format, itemsize, described)`` for the element-type check a dispatch
-    makes once planned (:func:`~vyre_cuda._io_checks.check_host_inputs`), None for a device input,
-    whose element type is checked here, as a dispatch's device reader checks it on arrival.
+    The host format ``(format, itemsize, described)`` is for the element-type check a dispatch makes
+    once planned (:func:`~vyre_cuda._io_checks.check_host_inputs`); a device input's is checked here.
     """
     if isinstance(value, ArraySpec):
         dtype = np.dtype(value.dtype)
@@ -217,45 +195,23 @@ def plan(
 ) -> DispatchPlan:
     """Plan a dispatch of ``program`` on ``inputs`` for a device, without a GPU.
 
-    Parameters
-    ----------
-    program : Program
-        The program to plan.
-    inputs : sequence of buffers or ArraySpec
-        One per input binding, in declaration order: numpy arrays or other C-contiguous buffers,
-        device arrays with ``__cuda_array_interface__`` (only their shape and dtype are read), or
-        :class:`ArraySpec` descriptions. Only their byte lengths (and whether they are device
-        memory) enter the plan, as for :meth:`CudaBackend.plan_info`; their element types are
-        checked against the declarations as a dispatch checks them (float64 values for an
-        ``f32`` buffer are refused, not planned as twice as many elements; a uint8 view or
-        ``bytes`` is raw bytes, accepted for any declaration).
-    config : DispatchConfig, dict or None
-        As for a dispatch. ``autotune=True`` plans the declared width (measuring needs a device);
-        the plan's ``tuning`` says so.
-    device : str or DeviceCaps
-        A preset name (``"H200"``, ``"H100"``, ``"A100"``, ``"L4"``; see
-        :mod:`vyre_cuda.planning.presets` for the figures and their sources) or the
-        :class:`DeviceCaps` of another card (``CudaBackend.caps`` of a real one).
-    occupancy : int, optional
-        Blocks per SM the kernel reaches (the driver's occupancy answer); only grid-sync or
-        cooperative dispatches use it. Default: :func:`occupancy_bound`, an upper bound.
+    ``inputs`` holds one entry per input binding, in declaration order: numpy arrays or other
+    C-contiguous buffers, device arrays with ``__cuda_array_interface__``, or :class:`ArraySpec`
+    descriptions. Only their byte lengths and whether they are device memory enter the plan, as
+    for :meth:`CudaBackend.plan_info`; their element types are checked as a dispatch checks them
+    (float64 values for an ``f32`` buffer are refused; a uint8 view or ``bytes`` is raw bytes).
+    ``config`` is as for a dispatch; ``autotune=True`` plans the declared width (the plan's
+    ``tuning`` says so). ``device`` is a preset name (``"H200"``, ``"H100"``, ``"A100"``, ``"L4"``:
+    :mod:`vyre_cuda.planning.presets`) or a :class:`DeviceCaps` (``CudaBackend.caps`` of a real
+    card). ``occupancy`` is the kernel's blocks per SM (grid-sync and cooperative routes use it;
+    default :func:`occupancy_bound`, an upper bound).
 
-    Returns
-    -------
-    DispatchPlan
-        What ``plan_info`` returns on such a device, with ``function`` and ``barrier`` 0 and
-        ``gate`` None (nothing is loaded).
+    Returns what ``plan_info`` returns on such a device, with ``function`` and ``barrier`` 0 and
+    ``gate`` None. Raises :class:`~vyre_cuda.KernelCompileFailed` when the kernel does not compile
+    for the device (``.log`` has NVRTC's log), and whatever the same dispatch would raise at
+    planning on that device or in its input checks (ValidationError, InvalidProgram,
+    UnsupportedFeature, CooperativeResidencyExceeded, DeviceOutOfMemory).
 
-    Raises
-    ------
-    KernelCompileFailed
-        The kernel does not compile for the device's architecture (``.log`` has NVRTC's log).
-    ValidationError, InvalidProgram, UnsupportedFeature, CooperativeResidencyExceeded, DeviceOutOfMemory
-        What the same dispatch would raise at planning on that device, and the errors of its
-        input checks (an element type, byte order or length the declaration refuses).
-
-    Examples
-    --------
     >>> import numpy as np, vyre_cuda as vc
     >>> prog = vc.builtin_programs.vecadd_f32()
     >>> p = vc.plan(prog, [vc.ArraySpec(1 << 20, np.float32)] * 2, device="A100")
@@ -272,8 +228,7 @@ def plan(
             f"inputs must be a list of buffers or ArraySpecs (got {type(inputs).__name__})",
             "pass a list with one buffer or ArraySpec per input binding",
         )
-    # a dispatch's checks, in its order: device arrays as they arrive, the lengths as it plans,
-    # the host buffers' element types once it has the plan
+    # a dispatch's checks in its order: device arrays, lengths, then the host buffers' element types
     sized = [_length(program, i, x) for i, x in enumerate(inputs)]
     lengths = tuple(n for n, _, _ in sized)
     on_device = frozenset(i for i, (_, dev, _) in enumerate(sized) if dev)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ._buffer_decl import BindingRole, BufferAccess, BufferDecl, buffer_fields
@@ -33,11 +33,10 @@ KNOWN_REQUIREMENTS = ("f16", "bf16", "subgroup", "trap", "cooperative", "indirec
 
 
 class LaunchSizeWarning(UserWarning):
-    """The implicit launch size covers fewer elements than a runtime-sized input holds.
+    """The implicit launch size covers fewer elements than a runtime-sized input holds (once per program).
 
-    Issued once per program. A kernel that walks every input element (a histogram, a reduction
-    into a small output) then sees only part of its input; name the binding that sizes the launch
-    with ``Program(..., launch="x")`` (which also silences this warning).
+    A kernel that walks every input element (a histogram, a reduction into a small output) then
+    sees only part of it; ``Program(..., launch="x")`` names the binding that sizes the launch.
     """
 
 
@@ -59,11 +58,9 @@ class Program(metaclass=Interned):
     multiple of ``k`` rows. Grid-sync programs, statically sized outputs and output byte ranges
     cannot be elementwise (refused here with InvalidProgram).
 
-    Programs compare and hash by what they compute: two programs equal in every field (the kernel
-    by its digest, a callable ``launch`` by the callable object) are equal, so a program rebuilt
-    per call finds the plans and modules of an equal one. The hash is computed once, when the
-    program is built. A program pickles when its ``launch`` does (a name, or a module-level
-    function).
+    Programs equal in every field (the kernel by its digest, a callable ``launch`` by object) are
+    equal, so a program rebuilt per call finds the plans and modules of an equal one. A program
+    pickles when its ``launch`` does (a name, or a module-level function).
 
     Examples
     --------
@@ -82,7 +79,7 @@ class Program(metaclass=Interned):
     grid_sync: bool = False
     phases: int = 1
     requires: Sequence[str] = ()  # stored as a tuple
-    name: str = field(default="")
+    name: str = ""
     launch: str | Callable[[Mapping[str, int]], int] | None = None
     elementwise: bool | Sequence[str] = False  # stored as False, True or a tuple of names
     align: int = 1
@@ -129,19 +126,12 @@ class Program(metaclass=Interned):
             object.__setattr__(self, "grid_sync", bool(self.grid_sync))
         _validate_program(self)
         # derived once (the buffers are immutable): device-array dispatches read them per input
-        object.__setattr__(
-            self,
-            "_inputs",
-            tuple(b for b in self.buffers if b.role in (BindingRole.INPUT, BindingRole.INPUT_OUTPUT)),
-        )
-        object.__setattr__(
-            self,
-            "_outputs",
-            tuple(b for b in self.buffers if b.role in (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT)),
-        )
-        # the rows an elementwise dispatch cuts (needs inputs and outputs above)
+        ins, outs = (BindingRole.INPUT, BindingRole.INPUT_OUTPUT), (BindingRole.OUTPUT, BindingRole.INPUT_OUTPUT)
+        object.__setattr__(self, "_inputs", tuple(b for b in self.buffers if b.role in ins))
+        object.__setattr__(self, "_outputs", tuple(b for b in self.buffers if b.role in outs))
         from .planning.elementwise import normalize_elementwise  # noqa: PLC0415 (cycle)
 
+        # (reads the inputs and outputs above)
         declared, align, cut = normalize_elementwise(self)
         object.__setattr__(self, "elementwise", declared)
         object.__setattr__(self, "align", align)
@@ -152,13 +142,9 @@ class Program(metaclass=Interned):
         object.__setattr__(self, "_hash", hash(key))
 
     def _identity(self) -> tuple:
-        """Everything that defines what this program computes: ``(field name, value)`` for every
-        dataclass field, in field order; the kernel by its digest, ``launch`` as given (a name,
-        None or a callable). Programs with equal identities are equal (``==`` and ``hash``
-        compare :func:`_structural_key`, this with a callable ``launch`` taken by object), so the
-        backend's plan cache, the module cache and the tuning cache serve a rebuilt program as
-        the first; ``vyre_cuda.dask.program_key`` digests this, so a field added to Program is
-        part of every key by being a field."""
+        """``(field name, value)`` of every field in order, the kernel by its digest: what the program
+        computes. ``==``, ``hash`` (through :func:`_structural_key`) and ``vyre_cuda.dask.program_key``
+        are built on it, so a field added to Program is part of every key by being a field."""
         return tuple(
             (name, self.kernel.digest if name == "kernel" else getattr(self, name)) for name in _PROGRAM_FIELDS
         )
@@ -184,8 +170,7 @@ class Program(metaclass=Interned):
 
     @property
     def elementwise_bindings(self) -> tuple:
-        """Names of the bindings an elementwise dispatch cuts into rows, binding order (empty when
-        the program is not elementwise)."""
+        """Names of the bindings an elementwise dispatch cuts into rows (empty when not elementwise)."""
         return self._elementwise_bindings  # type: ignore[attr-defined]
 
     @property
@@ -194,16 +179,13 @@ class Program(metaclass=Interned):
         return self._outputs  # type: ignore[attr-defined]
 
 
-# field names, in order, taken once (dataclasses.fields() per program built would cost more than
-# the rest of its key)
+# taken once: dataclasses.fields() per program built would cost more than the rest of its key
 _PROGRAM_FIELDS = tuple(f.name for f in dataclasses.fields(Program))
 
 
 class _ByObject:
-    """A callable ``launch`` inside a program's key: equal only to the same callable object.
-
-    Its own ``==`` is not asked (a callable may define none, an unhashable one, or one that is not
-    a bool); a plan made with one callable is never used with another."""
+    """A callable ``launch`` inside a program's key: equal only to the same object (its own ``==``
+    may be missing, unhashable or not return a bool)."""
 
     __slots__ = ("fn",)
 
@@ -218,10 +200,9 @@ class _ByObject:
 
 
 def _structural_key(program) -> tuple:
-    """What ``Program.__eq__`` and ``__hash__`` compare: :meth:`Program._identity`'s values with
-    each buffer as the tuple of its fields (compared in C, no Python ``__eq__`` per buffer) and a
-    callable ``launch`` by object. Every field is a str, int, bool, enum, None, a tuple of those,
-    or a frozen DType once the program is validated; anything unhashable is refused, named."""
+    """What ``Program.__eq__`` and ``__hash__`` compare: :meth:`Program._identity`'s values, each
+    buffer as the tuple of its fields (compared in C) and a callable ``launch`` by object; an
+    unhashable value is refused, named."""
     values = []
     for name, value in program._identity():
         if name == "buffers":
@@ -246,8 +227,7 @@ def _structural_key(program) -> tuple:
 
 
 def _validate_program(program) -> None:
-    """Raise InvalidProgram for anything structurally wrong with ``program`` (structure only; sizes
-    are checked when a dispatch is planned)."""
+    """Raise InvalidProgram for anything structurally wrong (sizes are checked at planning)."""
     if not isinstance(program.kernel, Kernel):
         raise InvalidProgram(
             f"Program.kernel must be a Kernel (got {type(program.kernel).__name__})",
@@ -325,13 +305,9 @@ def _validate_launch(program) -> None:
         )
     if launch not in sized:
         workgroup = any(d.name == launch for d in program.buffers)
-        why = (
-            "is a workgroup buffer (shared memory has no element count per dispatch)"
-            if workgroup
-            else ("names no buffer of the program")
-        )
+        why = "is a workgroup buffer (shared memory has no element count per dispatch)"
         raise InvalidProgram(
-            f"Program.launch={launch!r} {why}",
+            f"Program.launch={launch!r} {why if workgroup else 'names no buffer of the program'}",
             f"name one of {', '.join(map(repr, sized))}",
         )
 

@@ -45,34 +45,18 @@ __all__ = [
 
 
 def compile_kernel(kernel, arch=None, defines=None) -> CompiledKernel:
-    """Compile a kernel for a device, or pass a PTX kernel through.
+    """Compile a :class:`~vyre_cuda.Kernel` for a device (``Kernel.ptx`` text is checked for its
+    entry and passed through NUL-terminated).
 
-    Parameters
-    ----------
-    kernel : vyre_cuda.program.Kernel
-        ``Kernel.cuda`` sources are compiled by NVRTC; ``Kernel.ptx`` text is checked for its
-        entry and returned NUL-terminated.
-    arch : tuple of int, optional
-        ``(major, minor)`` compute capability of the target device. With it, the result is a
-        cubin for exactly that architecture (so a driver older than NVRTC can still load it);
-        without it, PTX for the lowest architecture NVRTC supports. An architecture newer than
-        NVRTC knows gets PTX for the newest one it does know.
-    defines : dict, optional
-        ``name -> value`` passed as ``-Dname=value`` (``-Dname`` when the value is None).
+    ``arch``, the ``(major, minor)`` compute capability of the target, gives a cubin for exactly
+    that architecture (so a driver older than NVRTC can still load it); None gives PTX for the
+    lowest architecture NVRTC supports, and an architecture newer than NVRTC knows gets PTX for
+    the newest it does. ``defines`` maps names to ``-Dname=value`` (``-Dname`` for None).
 
-    Returns
-    -------
-    CompiledKernel
+    Raises :class:`~vyre_cuda.KernelCompileFailed` when the source does not compile (``.log``
+    holds NVRTC's log; a header NVRTC cannot open is named with its package), the entry is
+    missing, the architecture is too old for NVRTC, or NVRTC cannot be loaded.
 
-    Raises
-    ------
-    KernelCompileFailed
-        The source does not compile (``.log`` holds the NVRTC log; a header NVRTC cannot open
-        is named with the package providing it), the entry is missing, the architecture is too
-        old for NVRTC, or NVRTC cannot be loaded.
-
-    Examples
-    --------
     >>> from vyre_cuda import Kernel
     >>> k = Kernel.cuda('#include "vyre_cuda.cuh"\\nVYRE_KERNEL vyre_main(unsigned int* p) {}')
     >>> compile_kernel(k).kind
@@ -118,3 +102,11 @@ def _compile_or_load(kernel, arch, define_opts) -> CompiledKernel:
                 return compiled
     _cache.count("disk_hits")
     return compiled
+
+
+def program_defines(program) -> dict | None:
+    """The defines a dispatch compiles ``program``'s kernel with: ``VYRE_PHASE_WORD``, the params
+    word phase programs read their range from (after the highest binding's slot)."""
+    if program.kernel.kind != "cuda":
+        return None
+    return {"VYRE_PHASE_WORD": str(max(decl.binding for decl in program.buffers) + 2)}

@@ -27,22 +27,6 @@ from collections import OrderedDict
 from .headers import header_digest, headers_fingerprint, needs_cuda_headers
 from .nvrtc import FORMAT, CompiledKernel
 
-__all__ = [
-    "MEMORY_CAP",
-    "cache_dir",
-    "cache_info",
-    "clear_cache",
-    "cache_key",
-    "disk_enabled",
-    "disk_load",
-    "disk_store",
-    "file_lock",
-    "key_lock",
-    "memory_get",
-    "memory_put",
-    "count",
-]
-
 _log = logging.getLogger("vyre_cuda")
 
 MEMORY_CAP = 512
@@ -51,7 +35,6 @@ _META_MAX_BYTES = 16 << 20
 # how long a process waits for another one's compile of the same kernel before compiling itself
 LOCK_WAIT_S = 300.0
 
-_BLOBS = (".ptx", ".cubin")
 _FOLDER = re.compile(r"[0-9a-f]{2}\Z")
 _ENTRY = re.compile(r"([0-9a-f]{64})\.(json|ptx|cubin|lock)\Z")
 _TEMP = re.compile(r"\.([0-9a-f]{64})\.(json|ptx|cubin)\.[A-Za-z0-9_]+\.tmp\Z")
@@ -62,7 +45,6 @@ _stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0}
 _key_locks: dict = {}  # memory key -> [lock, holders + waiters]
 
 
-# Memory cache ---------------------------------------------------------------------------------
 def memory_get(key):
     """The cached kernel (counted as a memory hit), or None."""
     with _lock:
@@ -74,7 +56,7 @@ def memory_get(key):
 
 
 def memory_put(key, compiled) -> None:
-    """Keep ``compiled`` under ``key`` in the process's LRU, evicting the oldest past ``MEMORY_CAP``."""
+    """Keep ``compiled`` in the LRU, evicting the oldest past ``MEMORY_CAP``."""
     with _lock:
         _memory[key] = compiled
         _memory.move_to_end(key)
@@ -83,7 +65,7 @@ def memory_put(key, compiled) -> None:
 
 
 def count(stat: str) -> None:
-    """Add one to the cache counter ``stat`` (:func:`cache_info` reports them)."""
+    """Add one to the counter ``stat`` (:func:`cache_info` reports them)."""
     with _lock:
         _stats[stat] += 1
 
@@ -106,7 +88,6 @@ def key_lock(key):
                 del _key_locks[key]
 
 
-# Keys -----------------------------------------------------------------------------------------
 def _package_version() -> str:
     from .. import __version__  # noqa: PLC0415 (the package imports this module's siblings)
 
@@ -129,15 +110,10 @@ def cache_key(version, options, kernel) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
-# Disk cache -----------------------------------------------------------------------------------
 def cache_dir() -> pathlib.Path:
-    """Folder of the disk cache, read from the environment on every call.
+    """Folder of the disk cache, read from the environment on every call: ``VYRE_CUDA_CACHE_DIR``
+    if set, else ``$XDG_CACHE_HOME/vyre_cuda``, else ``~/.cache/vyre_cuda``.
 
-    ``VYRE_CUDA_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/vyre_cuda``, else
-    ``~/.cache/vyre_cuda``.
-
-    Examples
-    --------
     >>> cache_dir()  # doctest: +SKIP
     PosixPath('/home/me/.cache/vyre_cuda')
     """
@@ -151,12 +127,7 @@ def cache_dir() -> pathlib.Path:
 
 def disk_enabled() -> bool:
     """False when ``VYRE_CUDA_DISK_CACHE`` is 0/false/no/off; read at each compile."""
-    return os.environ.get("VYRE_CUDA_DISK_CACHE", "1").strip().lower() not in (
-        "0",
-        "false",
-        "no",
-        "off",
-    )
+    return os.environ.get("VYRE_CUDA_DISK_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _entry_path(key: str, suffix: str) -> pathlib.Path:
@@ -232,7 +203,7 @@ def disk_store(compiled: CompiledKernel) -> None:
         "sha256": {s: hashlib.sha256(b).hexdigest() for s, b in blobs.items()},
     }
     blobs[".json"] = json.dumps(meta).encode()
-    folder = _entry_path(compiled.key, "").parent
+    folder = cache_dir() / compiled.key[:2]
     written = []
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -244,13 +215,8 @@ def disk_store(compiled: CompiledKernel) -> None:
         for path in written:
             with contextlib.suppress(OSError):
                 path.unlink()
-        _log.warning(
-            "vyre_cuda: could not write kernel cache entry %s in %s (%s); the kernel is "
-            "compiled but will be recompiled in the next process",
-            compiled.key,
-            folder,
-            exc,
-        )
+        why = "the kernel is compiled but will be recompiled in the next process"
+        _log.warning("vyre_cuda: could not write kernel cache entry %s in %s (%s); %s", compiled.key, folder, exc, why)
 
 
 def _atomic_write(path: pathlib.Path, data: bytes) -> None:
@@ -269,12 +235,10 @@ def _atomic_write(path: pathlib.Path, data: bytes) -> None:
 
 @contextlib.contextmanager
 def file_lock(key: str):
-    """Hold ``<key>.lock`` exclusively (other processes compiling ``key`` wait), if possible.
-
-    Yields whether the lock is held. The holder deletes the lock file before releasing it, and a
-    process that locked a file already deleted (its inode no longer at the path) starts over, so
-    no lock file outlives its compile and two holders never coexist.
-    """
+    """Hold ``<key>.lock`` exclusively if possible (other processes compiling ``key`` wait); yields
+    whether it is held. The holder deletes the file before releasing it, and a process that locked
+    a deleted file (its inode no longer at the path) starts over: no lock file outlives its
+    compile and two holders never coexist."""
     try:
         import fcntl  # noqa: PLC0415 (POSIX only)
     except ImportError:
@@ -349,17 +313,11 @@ def _own_files(root: pathlib.Path):
 
 
 def cache_info() -> dict:
-    """Counters and sizes of the kernel caches.
+    """Counters and sizes of the kernel caches, as a dict.
 
-    Returns
-    -------
-    dict
-        ``memory_entries``, ``memory_hits``, ``disk_hits``, ``compiles`` (NVRTC compilations
-        since the process started; these four count this process only), ``dir`` (str),
-        ``disk_enabled``, ``disk_entries`` and ``disk_bytes``.
+    ``memory_entries``, ``memory_hits``, ``disk_hits``, ``compiles`` (NVRTC compilations; these
+    four count this process only), ``dir`` (str), ``disk_enabled``, ``disk_entries``, ``disk_bytes``.
 
-    Examples
-    --------
     >>> sorted(cache_info())[:3]
     ['compiles', 'dir', 'disk_bytes']
     """
@@ -378,24 +336,12 @@ def cache_info() -> dict:
 
 
 def clear_cache(memory: bool = True, disk: bool = True) -> int:
-    """Empty the memory cache and/or delete the disk cache's entries.
+    """Empty the memory cache and/or delete the disk cache's entries; return how many were deleted.
 
     Only files this cache writes are removed (``<2 hex>/<64 hex>.json|ptx|cubin|lock`` and its
     own temporary files), never a symlink, so a ``VYRE_CUDA_CACHE_DIR`` pointing at a shared
     folder loses nothing else. Hit and compile counters are not reset.
 
-    Parameters
-    ----------
-    memory, disk : bool
-        Which caches to clear.
-
-    Returns
-    -------
-    int
-        Number of disk entries removed.
-
-    Examples
-    --------
     >>> clear_cache(disk=False)
     0
     """

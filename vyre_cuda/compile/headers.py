@@ -18,18 +18,6 @@ import pathlib
 import re
 import sys
 
-__all__ = [
-    "include_dir",
-    "cuda_include_dirs",
-    "header_digest",
-    "headers_fingerprint",
-    "needs_cuda_headers",
-    "missing_header",
-    "missing_header_fix",
-    "compile_error_fix",
-    "suggested_headers",
-]
-
 # cuda.pathfinder library names whose include folders kernels may need, in search order.
 _PATHFINDER_LIBS = ("cudart", "cccl")
 
@@ -88,16 +76,8 @@ _RUNTIME_HEADERS = frozenset(
 # (part of CCCL) gives most of them a device twin under cuda/std/, named after the C++ header
 # (<stdint.h> and <cstdint> both become <cuda/std/cstdint>).
 _C_TO_CXX = {
-    "assert.h": "cassert",
-    "complex.h": "ccomplex",
-    "float.h": "cfloat",
-    "limits.h": "climits",
-    "math.h": "cmath",
-    "stddef.h": "cstddef",
-    "stdint.h": "cstdint",
-    "stdlib.h": "cstdlib",
-    "string.h": "cstring",
-    "time.h": "ctime",
+    f"{n}.h": f"c{n}"
+    for n in ("assert", "complex", "float", "limits", "math", "stddef", "stdint", "stdlib", "string", "time")
 }
 # cuda/std/ headers of the oldest CCCL a CUDA 13 NVRTC comes with (3.0); newer ones add more.
 # Used to name a replacement where no CCCL is found to look into.
@@ -272,14 +252,10 @@ def _search_without_pathfinder():
 def needs_cuda_headers(kernel) -> bool:
     """Whether compiling ``kernel`` may read a header other than vyre_cuda's own.
 
-    Only then are the CUDA include folders searched for and made part of the compile and of its
-    disk cache key. A source whose only include is ``#include "vyre_cuda.cuh"`` (which includes
-    nothing) and whose options name no header cannot read any other file, so the search (a
-    subprocess where no header wheel is installed) stays off its first dispatch. The test is on
-    the text: any other ``include`` in the source, in a comment too, counts as a need.
+    Only then are the CUDA include folders searched (a subprocess where no header wheel is
+    installed) and made part of the compile and its cache key. The test is on the text: any
+    ``include`` besides ``#include "vyre_cuda.cuh"``, in a comment too, counts.
 
-    Examples
-    --------
     >>> from vyre_cuda import Kernel
     >>> needs_cuda_headers(Kernel.cuda('#include "vyre_cuda.cuh"\\nVYRE_KERNEL vyre_main() {}'))
     False
@@ -324,27 +300,12 @@ def headers_fingerprint() -> tuple:
     return tuple(marks)
 
 
-def missing_header(log: str) -> str | None:
-    """The first header NVRTC could not open, from its log, or None.
-
-    Examples
-    --------
-    >>> missing_header('k.cu(1): catastrophic error: cannot open source file "cuda_fp16.h"')
-    'cuda_fp16.h'
-    """
-    match = _MISSING.search(log)
-    return match.group(1) if match else None
-
-
 def missing_header_fix(header: str, nvrtc_major: int | None, searched=()) -> str:
     """The Fix line for a header NVRTC could not open: what to include instead, or what provides it.
 
-    ``searched`` holds the folders the compile searched (its ``--include-path`` options). A package
-    found there is never suggested for installation: a header it lacks is named as absent, with
-    the header that exists in its place.
+    ``searched``: the compile's include folders. A package found there is never suggested for
+    installation; a header it lacks is named as absent, with the nearest one that exists.
 
-    Examples
-    --------
     >>> missing_header_fix("cuda_fp16.h", 13).split(" (")[0]
     "pip install 'nvidia-cuda-runtime==13.*'"
     >>> missing_header_fix("stdint.h", 13).split(" (")[0]
@@ -368,7 +329,8 @@ def missing_header_fix(header: str, nvrtc_major: int | None, searched=()) -> str
             )
         return package("nvidia-cuda-runtime", "cudart")
     if _is_standard(name):
-        return _standard_fix(name, series, _found(searched, "nvidia-cuda-cccl"))
+        cccl = _found(searched, "nvidia-cuda-cccl")
+        return _standard_fix(name, series, cccl) or package("nvidia-cuda-cccl", "cccl")
     if top in ("cuda", "cub", "thrust", "nv") and "/" in name:
         cccl = _found(searched, "nvidia-cuda-cccl")
         if cccl:
@@ -387,42 +349,30 @@ def missing_header_fix(header: str, nvrtc_major: int | None, searched=()) -> str
 def compile_error_fix(log: str, nvrtc_major: int | None, searched=(), source_name: str = "") -> str | None:
     """The Fix line for a compile that failed on a header, from NVRTC's log; None for other errors.
 
-    Parameters
-    ----------
-    log : str
-        NVRTC's program log.
-    nvrtc_major : int or None
-        The NVRTC major version (the release series of a package to install).
-    searched : tuple of str
-        The folders the compile searched for headers.
-    source_name : str
-        The name NVRTC gave the kernel's source (``<entry>.cu``): a header missing from another
-        file was included by a header, and the fix names that file.
+    ``nvrtc_major`` picks the release series of a package to install; ``searched`` are the
+    compile's include folders; ``source_name`` is the kernel's file (``<entry>.cu``): a header
+    missing from another file was included by a header, and the fix names that file.
 
-    Examples
-    --------
     >>> log = 'k.cu(1): catastrophic error: cannot open source file "vector"'
     >>> compile_error_fix(log, 13, (), "k.cu").split("; ")[1].split(": ")[0]
     'device code has no std::vector'
     """
-    for match in _MISSING_FROM.finditer(log):
+    match = _MISSING_FROM.search(log)
+    if match:
         where, header = match.group(1), match.group(3)
-        library = _cccl_library(where)
-        if library in _HOST_CODE:
-            return _HOST_CODE[library]
+        fix = _host_code_fix(where)
+        if fix:
+            return fix
         fix = missing_header_fix(header, nvrtc_major, searched)
         if source_name and os.path.basename(where) != source_name:
             return f"{header} is included by {where}; {fix}"
         return fix
-    header = missing_header(log)
-    if header:
-        return missing_header_fix(header, nvrtc_major, searched)
+    missing = _MISSING.search(log)
+    if missing:
+        return missing_header_fix(missing.group(1), nvrtc_major, searched)
     host = _HOST_IN_JIT.search(log)
     if host:
-        library = _cccl_library(host.group(1))
-        if library in _HOST_CODE:
-            return _HOST_CODE[library]
-        return (
+        return _host_code_fix(host.group(1)) or (
             f"NVRTC compiles device code only: mark the function at {host.group(1)}({host.group(2)}) "
             "__device__ (or __host__ __device__), or remove it"
         )
@@ -432,8 +382,6 @@ def compile_error_fix(log: str, nvrtc_major: int | None, searched=(), source_nam
 def suggested_headers(fix: str) -> list:
     """The headers a Fix line tells to include, in order (``<cuda/std/cstdint>`` gives ``cuda/std/cstdint``).
 
-    Examples
-    --------
     >>> suggested_headers(missing_header_fix("math.h", 13))
     ['cuda/std/cmath']
     """
@@ -442,11 +390,7 @@ def suggested_headers(fix: str) -> list:
 
 def _found(searched, wheel: str) -> str | None:
     # the searched folder holding the package's sentinel file, if any
-    sentinel = _SENTINELS[wheel]
-    for folder in searched:
-        if os.path.isfile(os.path.join(folder, sentinel)):
-            return folder
-    return None
+    return next((f for f in searched if os.path.isfile(os.path.join(f, _SENTINELS[wheel]))), None)
 
 
 def _is_standard(name: str) -> bool:
@@ -476,7 +420,8 @@ def _public_headers(folder: str) -> list:
     return [n for n in names if not n.startswith(("_", ".")) and os.path.isfile(os.path.join(folder, n))]
 
 
-def _standard_fix(name: str, series: str, cccl: str | None) -> str:
+def _standard_fix(name: str, series: str, cccl: str | None) -> str | None:
+    # None: a header every CCCL has, and none is installed
     base = name.removeprefix(_CUDA_STD)
     cxx = _C_TO_CXX.get(base, base)  # stdint.h: cstdint
     if base not in _LIBCUXX_HEADERS and base not in _INSTEAD:
@@ -484,11 +429,8 @@ def _standard_fix(name: str, series: str, cccl: str | None) -> str:
     available = _libcuxx(cccl)
     get_cccl = "" if cccl else f" (pip install 'nvidia-cuda-cccl{series}', or cuda-toolkit[cccl])"
     if name.startswith(_CUDA_STD):
-        if base in available:  # a header of every CCCL: none is installed
-            return (
-                f"pip install 'nvidia-cuda-cccl{series}' (it provides {name}; or cuda-toolkit[cccl]), "
-                "or install a CUDA toolkit"
-            )
+        if base in available:
+            return None
         where = f"the CCCL headers found in {cccl} have" if cccl else "libcu++ (CCCL 3.0) has"
         lead = f"{where} no {name}"
     else:
@@ -517,10 +459,10 @@ def _closest(name: str, cccl: str) -> str:
     return f"include one of the headers in {folder}"
 
 
-def _cccl_library(path: str) -> str | None:
-    # "cub" for .../include/cccl/cub/device/x.cuh (or .../include/cub/...), else None
+def _host_code_fix(path: str) -> str | None:
+    # CUB's fix for .../include/cccl/cub/device/x.cuh (or .../include/cub/...), Thrust's likewise
     parts = path.replace("\\", "/").split("/")
-    for i, part in enumerate(parts[1:], 1):
-        if part in _HOST_CODE and parts[i - 1] in ("cccl", "include"):
-            return part
+    for before, part in zip(parts, parts[1:]):
+        if part in _HOST_CODE and before in ("cccl", "include"):
+            return _HOST_CODE[part]
     return None

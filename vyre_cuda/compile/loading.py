@@ -16,26 +16,12 @@ def _version_text(version) -> str:
 
 
 def explain_load_failure(status: str, kernel_kind: str, nvrtc_version, driver_version):
-    """Explain why the driver refused a compiled kernel, and what to do about it.
+    """``(message, fix)`` for ``KernelCompileFailed``: why the driver refused a compiled kernel.
 
-    Parameters
-    ----------
-    status : str
-        CUresult name returned by ``cuModuleLoadData`` (e.g. ``CUDA_ERROR_UNSUPPORTED_PTX_VERSION``).
-    kernel_kind : str
-        ``CompiledKernel.kind``: ``"cubin"`` or ``"ptx"``.
-    nvrtc_version : tuple or None
-        NVRTC ``(major, minor)`` that produced the image; None for PTX given by the user.
-    driver_version : int or None
-        ``cuDriverGetVersion`` value, e.g. 13000 for CUDA 13.0.
+    ``status`` is the CUresult name ``cuModuleLoadData`` returned, ``kernel_kind`` the
+    ``CompiledKernel.kind``, ``nvrtc_version`` the ``(major, minor)`` that produced the image (None
+    for PTX given by the user) and ``driver_version`` the ``cuDriverGetVersion`` value (13000 for 13.0).
 
-    Returns
-    -------
-    tuple of str
-        ``(message, fix)``, ready for ``KernelCompileFailed(message, fix)``.
-
-    Examples
-    --------
     >>> msg, fix = explain_load_failure("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "ptx", (13, 3), 13000)
     >>> fix.split(", or ")[0]
     "install nvidia-cuda-nvrtc matching your driver: pip install 'nvidia-cuda-nvrtc==13.0.*'"
@@ -50,21 +36,14 @@ def explain_load_failure(status: str, kernel_kind: str, nvrtc_version, driver_ve
     update = "update the NVIDIA driver"
     if nvrtc_version is not None:
         update += f" to one supporting CUDA {compiler}"
+    match = update  # cuda-bindings 13 only loads NVRTC 13, so an older driver major means a driver update
     if nvrtc_version is not None and driver_major == nvrtc_version[0]:
         match = (
             f"install nvidia-cuda-nvrtc matching your driver: pip install 'nvidia-cuda-nvrtc=={driver}.*', or {update}"
         )
-    else:
-        # cuda-bindings 13 only loads NVRTC 13, so an older driver major means a driver update.
-        match = update
     if status in ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "CUDA_ERROR_INVALID_PTX"):
-        if nvrtc_version is None:
-            fix = (
-                f"regenerate the PTX with a toolkit no newer than CUDA {driver} (or lower its "
-                f"`.version` directive), or {update}"
-            )
-        else:
-            fix = match
+        ptx_given = f"regenerate the PTX with a toolkit no newer than CUDA {driver} (or lower its `.version` directive)"
+        fix = match if nvrtc_version is not None else f"{ptx_given}, or {update}"
     elif status == "CUDA_ERROR_NO_BINARY_FOR_GPU":
         fix = (
             "compile for this GPU's architecture (pass arch=the device's compute capability to "

@@ -1,15 +1,12 @@
 """Loaded kernel modules of one backend: the third cache (beside compile's and the core's plans).
 
-A :class:`ModuleCache` owns each module the backend has loaded into its context, with what belongs
-to it: the function and grid-barrier addresses, the dynamic shared memory the function was opted
-into, and the gate that orders the module's cooperative launches on the GPU. It is bounded (like
-vyre's, 2,048 modules) and evicts the least recently planned module past that.
+A :class:`ModuleCache` owns each module loaded into the backend's context with its function and
+grid-barrier addresses, shared-memory opt-in and cooperative gate. It is bounded (like vyre's,
+2,048 modules) and evicts the least recently planned module past that.
 
 An evicted module is unloaded only once nothing can launch from it: every plan made from it holds
-it (``DispatchPlan.module``), and every dispatch holds its plan until its GPU work is done, so the
-module goes when the last of those plans goes. A thread that looked its plan up just before the
-eviction still launches from a loaded module, and no context synchronize is needed (which would
-break a graph capture elsewhere on the device).
+it (``DispatchPlan.module``) and every dispatch holds its plan until its GPU work is done. So no
+context synchronize is needed (which would break a graph capture elsewhere on the device).
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from collections import OrderedDict
 from .. import _driver
 from ..errors import KernelCompileFailed, ValidationError
 from ..planning.launch import DEFAULT_SHARED_LIMIT
-from . import compile_kernel
+from . import compile_kernel, program_defines
 from .loading import explain_load_failure
 from .nvrtc import nvrtc_version
 
@@ -76,9 +73,8 @@ class LoadedModule:
             return True
 
     def __del__(self):
-        # the last holder of an evicted module went (its plans, the dispatches running them): no
-        # launch from it can be queued or run any more (not at interpreter exit: the driver
-        # library may already be gone)
+        # the last holder of an evicted module went: nothing can launch from it any more (not at
+        # interpreter exit: the driver library may already be gone)
         if sys.is_finalizing() or not self._leave(_EVICTED):
             return
         try:
@@ -106,8 +102,7 @@ class ModuleCache:
     """The modules a backend has loaded, keyed by compiled-kernel key, least recently used first.
 
     ``on_evict`` runs when a module is evicted (the backend drops its cached plans, which hold
-    their modules); the module is unloaded once the last plan holding it goes.
-    """
+    their modules)."""
 
     def __init__(self, ctx: int, arch, driver_version: int, capacity: int = CAPACITY, on_evict=None):
         self._ctx = ctx
@@ -127,8 +122,7 @@ class ModuleCache:
 
     def load(self, program, bindings):
         """(compiled kernel, :class:`LoadedModule`) for ``program``, compiled and loaded once."""
-        defines = {"VYRE_PHASE_WORD": str(bindings.max_binding + 2)} if program.kernel.kind == "cuda" else None
-        compiled = compile_kernel(program.kernel, arch=self._arch, defines=defines)
+        compiled = compile_kernel(program.kernel, arch=self._arch, defines=program_defines(program))
         with self._lock:
             if self._closed:
                 raise ValidationError(
@@ -158,9 +152,7 @@ class ModuleCache:
         _, module = self._modules.popitem(last=False)
         if self._on_evict is not None:
             self._on_evict()  # the backend drops its cached plans: only dispatches still hold some
-        # unloaded when its last holder goes (LoadedModule.__del__): at once, or after the
-        # dispatches running its plans have finished with them
-        self._evicted.add(module)
+        self._evicted.add(module)  # unloaded when its last holder goes (LoadedModule.__del__)
         with _state_lock:
             module._state = _EVICTED
         del module
@@ -171,8 +163,7 @@ class ModuleCache:
         return len(self._evicted)
 
     def close(self) -> None:
-        """Unload every module, the evicted ones still held by plans too (the backend has waited
-        for its work: nothing launches from them any more)."""
+        """Unload every module, evicted ones still held too (the backend has waited for its work)."""
         with self._lock:
             self._closed = True
             while self._modules:

@@ -16,19 +16,6 @@ from dataclasses import dataclass
 from ..errors import KernelCompileFailed, ValidationError
 from .headers import compile_error_fix, cuda_include_dirs, include_dir, needs_cuda_headers
 
-__all__ = [
-    "CompiledKernel",
-    "nvrtc_version",
-    "ptx_entries",
-    "compile_options",
-    "normalize_arch",
-    "define_options",
-    "pass_through",
-    "compile_source",
-    "FORMAT",
-    "preload_nvrtc",
-]
-
 # Bump when the disk layout or the key material changes, so old entries are never misread.
 FORMAT = 2
 # The oldest architecture NVRTC 13 targets; its PTX is JIT-compiled forward on any newer GPU.
@@ -43,36 +30,16 @@ _DEFINE_NAME = re.compile(r"[A-Za-z_]\w*\Z")
 
 @dataclass(frozen=True)
 class CompiledKernel:
-    """A kernel ready for ``cuModuleLoadData``.
+    """A kernel ready for ``cuModuleLoadData``."""
 
-    Attributes
-    ----------
-    kind : str
-        ``"cubin"`` (a binary for ``arch``) or ``"ptx"`` (text the driver JIT-compiles).
-    image : bytes
-        The cubin, or the PTX text followed by one NUL byte.
-    ptx : str or None
-        The PTX text (always present for CUDA kernels and for ``Kernel.ptx``).
-    entry : str
-        Name of the ``extern "C" __global__`` entry point.
-    key : str
-        Hex cache key; equal keys mean identical images.
-    arch : tuple or None
-        ``(major, minor)`` compiled for; None for a generic PTX build or a given PTX.
-    nvrtc_version : tuple or None
-        ``(major, minor)`` of the NVRTC that compiled it; None for a given PTX.
-    log : str
-        Compiler log (warnings); may be empty.
-    """
-
-    kind: str
-    image: bytes
-    ptx: str | None
-    entry: str
-    key: str
-    arch: tuple | None
-    nvrtc_version: tuple | None
-    log: str
+    kind: str  #: ``"cubin"`` (a binary for ``arch``) or ``"ptx"`` (text the driver JIT-compiles).
+    image: bytes  #: The cubin, or the PTX text followed by one NUL byte.
+    ptx: str | None  #: The PTX text (always present for CUDA kernels and for ``Kernel.ptx``).
+    entry: str  #: Name of the ``extern "C" __global__`` entry point.
+    key: str  #: Hex cache key; equal keys mean identical images.
+    arch: tuple | None  #: ``(major, minor)`` compiled for; None for a generic PTX build or a given PTX.
+    nvrtc_version: tuple | None  #: ``(major, minor)`` of the NVRTC that compiled it; None for a given PTX.
+    log: str  #: Compiler log (warnings); may be empty.
 
 
 def _import_nvrtc():
@@ -88,11 +55,9 @@ _preload_started = False
 def preload_nvrtc() -> None:
     """Start loading NVRTC on a background thread, once per process; return at once.
 
-    ``CudaBackend()`` calls it before it initialises the driver: importing
-    ``cuda.bindings.nvrtc`` and loading the library (tens of milliseconds) then overlaps the
-    driver's start instead of adding to the first dispatch, which needs NVRTC's version for
-    the kernel cache key even on a hit. Any failure is left for :func:`load_nvrtc` to report
-    where it is called.
+    ``CudaBackend()`` calls it before it initialises the driver, so loading NVRTC (tens of
+    milliseconds; the first dispatch needs its version for the cache key even on a hit) overlaps
+    the driver's start. Failures are left for :func:`load_nvrtc` to report where it is called.
     """
     global _preload_started
     with _preload_lock:
@@ -126,23 +91,12 @@ def load_nvrtc():
 
 def _check(nvrtc, err, call: str, log: str = "") -> None:
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise KernelCompileFailed(f"{call} failed with {_result_name(err)}", _NVRTC_FIX, log=log)
-
-
-def _result_name(err) -> str:
-    return getattr(err, "name", str(err))
+        raise KernelCompileFailed(f"{call} failed with {getattr(err, 'name', err)}", _NVRTC_FIX, log=log)
 
 
 def nvrtc_version() -> tuple | None:
-    """Version of the NVRTC library vyre_cuda compiles with.
+    """``(major, minor)`` of the NVRTC library vyre_cuda compiles with; None when it cannot be loaded.
 
-    Returns
-    -------
-    tuple or None
-        ``(major, minor)``, or None when NVRTC cannot be loaded.
-
-    Examples
-    --------
     >>> nvrtc_version() >= (13, 0)
     True
     """
@@ -236,19 +190,15 @@ def compile_source(nvrtc, version, kernel, options, plan, key) -> CompiledKernel
         raw_log = _read(nvrtc, prog, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog)
         log = raw_log.rstrip(b"\0").decode(errors="replace").strip()
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            searched = _include_paths(options)
-            fix = compile_error_fix(log, version[0], searched, f"{kernel.entry}.cu") or _SOURCE_FIX
+            fix = compile_error_fix(log, version[0], _include_paths(options), f"{kernel.entry}.cu") or _SOURCE_FIX
             raise KernelCompileFailed(
                 f"NVRTC could not compile kernel {kernel.entry!r} for {target_name} "
-                f"({_result_name(result)}): {_first_error(log)}",
+                f"({getattr(result, 'name', result)}): {_first_error(log)}",
                 fix,
                 log=log,
             )
-        raw_ptx = _read(nvrtc, prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
-        ptx = raw_ptx.rstrip(b"\0").decode()
-        cubin = b""
-        if kind == "cubin":
-            cubin = _read(nvrtc, prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
+        ptx = _read(nvrtc, prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX).rstrip(b"\0").decode()
+        cubin = _read(nvrtc, prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN) if kind == "cubin" else b""
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
@@ -295,9 +245,8 @@ def _include_paths(options) -> tuple:
 def _read(nvrtc, prog, size_call, read_call) -> bytes:
     err, size = size_call(prog)
     _check(nvrtc, err, size_call.__name__)
-    # a fresh, mutable buffer: NVRTC writes into it. (``b" " * size`` was used here once: for a
-    # one-byte answer, an empty log, CPython returns its shared ``b" "`` object, and NVRTC's NUL
-    # turned every ``b" "`` of the process into ``b"\x00"``, which broke unrelated code later on.)
+    # a fresh, mutable buffer: NVRTC writes into it (``b" " * 1`` is CPython's shared ``b" "``, which
+    # NVRTC's NUL once turned into ``b"\x00"`` for the whole process)
     buf = bytearray(size)
     (err,) = read_call(prog, buf)
     _check(nvrtc, err, read_call.__name__)
@@ -306,10 +255,7 @@ def _read(nvrtc, prog, size_call, read_call) -> bytes:
 
 def _first_error(log: str) -> str:
     lines = [line.strip() for line in log.splitlines() if line.strip()]
-    for line in lines:
-        if "error" in line.lower():
-            return line
-    return lines[0] if lines else "(empty compiler log)"
+    return next((line for line in lines if "error" in line.lower()), lines[0] if lines else "(empty compiler log)")
 
 
 def _listing(entries) -> str:
@@ -319,8 +265,6 @@ def _listing(entries) -> str:
 def ptx_entries(ptx: str) -> list:
     """Names of the kernel entry points (``.entry``) defined in PTX text, in order.
 
-    Examples
-    --------
     >>> ptx_entries(".version 8.0\\n.visible .entry add(\\n.param .u64 p)\\n{ ret; }")
     ['add']
     """
