@@ -123,8 +123,8 @@ class _Device:
 
 
 class _State:
-    """What the threads share. It holds no reference to the DeviceGroup, so a group dropped
-    without close() is still collected, and its finalizer shuts the threads down."""
+    """What the threads share; no reference to the DeviceGroup, so a group dropped unclosed is
+    still collected (its finalizer shuts the threads down)."""
 
     def __init__(self, devices):
         self.devices = devices

@@ -58,12 +58,9 @@ _stats = {"tunes_measured": 0, "timed_dispatches": 0, "cache_hits": 0, "corrupt_
 
 @dataclass(frozen=True)
 class TuneResult:
-    """The outcome of :func:`tune`.
-
-    ``block`` is the winning width; ``timings_ns`` the median device nanoseconds per measured width;
-    ``rejected`` why each other candidate was not measured or not kept; ``baseline`` the program's
-    declared width; ``cached`` True when read from the tuning cache (nothing was measured).
-    """
+    """The outcome of :func:`tune`: the winning ``block``, median device ``timings_ns`` per measured
+    width, why each other candidate was ``rejected``, the declared width (``baseline``), and
+    whether it was read from the cache (``cached``: nothing was measured)."""
 
     block: int
     key: str
@@ -182,8 +179,8 @@ def _path(key: str):
 
 
 def load(key: str) -> dict | None:
-    """The cached entry of ``key`` (``block``, ``timings_ns``, ...), or None. A corrupt or
-    mismatched file is ignored with a warning."""
+    """The cached entry of ``key`` (``block``, ``timings_ns``, ...), or None (also for a corrupt or
+    mismatched file, with a warning)."""
     with _lock:
         hit = _memory.get(key)
     if hit is not None or not _cache.disk_enabled():
