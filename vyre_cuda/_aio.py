@@ -2,32 +2,24 @@
 
 An await of a :class:`~vyre_cuda.PendingDispatch` that is not done yet goes through three phases:
 
-1. **Inline** (``INLINE_SPIN_S``): when no other await of this thread is in phase 2, the completion
-   is queried back to back in C, the GIL released, for a few microseconds. A short dispatch ends
-   here, costing about what a blocking ``dispatch()`` costs; the loop is held that long, as by
-   one short callback.
+1. **Inline** (``INLINE_SPIN_S``), only when no other await of this thread is in phase 2: the
+   completion is queried back to back in C, GIL released. A short dispatch ends here, at about the
+   cost of a blocking ``dispatch()``, holding the loop as one short callback would.
 2. **Spin** (``SPIN_S``): one query per loop iteration; other tasks run between them.
-3. **Parked**: a host function queued behind the dispatch's completion event (on a private stream:
-   no work waits on it) runs on the driver's own thread when the GPU is done and writes the
-   loop's eventfd (:mod:`vyre_cuda._notify`: C only, no GIL). The loop watches that eventfd with
-   ``add_reader``, and its reader wakes every finished await. No thread polls, so a parked await
-   costs no CPU. After a fault the driver skips host functions, so a rare check (``BACKSTOP_S``,
-   doubling to ``BACKSTOP_MAX_S``) asks ``is_ready()``, which raises the dispatch's error.
+3. **Parked**: a host function queued behind the completion event (on a private stream) runs on
+   the driver's thread when the GPU is done and writes the loop's eventfd (:mod:`._notify`: C, no
+   GIL), which the loop watches with ``add_reader``. No thread polls. The driver skips host
+   functions after a fault, so a rare backstop (``BACKSTOP_S`` doubling to ``BACKSTOP_MAX_S``)
+   asks ``is_ready()``, which raises the dispatch's error.
 
-The task then takes the outputs with ``pending.result()``, which no longer waits. A dispatch
-that fails raises its own typed error (``DispatchFailed``, ``DeviceLost``...) from the ``await``.
+The task then takes the outputs with ``pending.result()``; a failed dispatch raises its own typed
+error from the ``await``. Cancellation leaves the work owned by the PendingDispatch, as a timeout
+does: the native side touches the handle only while arming (on the loop's thread, under the
+handle's lock), and a host function firing after the cancel finds no await for its token.
 
-Cancellation (``task.cancel()``, ``asyncio.wait_for`` expiring) leaves the work where a timeout
-leaves it: owned by the PendingDispatch. The native side touches the handle only while arming
-(on the loop's thread, under the handle's lock); a host function that fires after the cancel
-finds no await for its token. ``result()`` on the handle still works, and dropping it recycles
-its resources once the GPU is done, as for any dropped handle.
-
-Threads and processes: each loop has its own eventfd and waiters (several loops in several
-threads are independent); there is no thread of ours to stop at exit, and a host function that
-runs late touches only native memory it co-owns. A forked child forgets the parent's loops and
-starts afresh (CUDA work of the parent cannot be awaited there). Shared Python state is under
-locks, native state under a C++ mutex: correct without a GIL.
+Each loop has its own eventfd and waiters; no thread of ours needs stopping at exit; a forked child
+forgets the parent's loops. Python state is under locks, native state under a C++ mutex: correct
+without a GIL. docs/guides/asyncio.md has the measurements.
 """
 
 from __future__ import annotations
@@ -92,7 +84,7 @@ def _bind(ctx: int) -> None:
 
 
 class _Entry:
-    """One parked await: its future, and what the backstop check needs."""
+    """One parked await: its future, and what the backstop needs."""
 
     __slots__ = ("future", "pending", "ctx", "timer", "interval")
 
@@ -117,8 +109,9 @@ class _Entry:
 
     def backstop(self, watch: _Watch, token: int) -> None:
         self.timer = None
-        if watch.get(token) is not self:
-            return
+        with watch.lock:
+            if watch.entries.get(token) is not self:
+                return
         _add("backstops")
         _add("polls")
         try:
@@ -154,10 +147,6 @@ class _Watch:
             self.next_token += 1
             self.entries[token] = entry
         return token
-
-    def get(self, token: int) -> _Entry | None:
-        with self.lock:
-            return self.entries.get(token)
 
     def forget(self, token: int) -> _Entry | None:
         with self.lock:
@@ -214,7 +203,7 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _first_check(pending, ctx: int) -> bool:
-    """Done now, or within the inline spin (when no await of this thread spins)? Raises the dispatch's error."""
+    """Done now, or within the inline spin? Raises the dispatch's error."""
     if type(pending) is PendingDispatch:
         finished = _notify.spin(pending, INLINE_SPIN_S if _tls.waiting == 0 else 0.0)
         if finished < 0:
@@ -241,7 +230,7 @@ def _one_iteration():
 
 
 async def _wait(pending, ctx: int) -> None:
-    """Phases 2 and 3 (see the module doc) for a handle that was not done at its first check."""
+    """Phases 2 and 3, for a handle not done at its first check."""
     tls = _tls
     polls = 0
     outcome = "failed"
@@ -275,8 +264,8 @@ async def _wait(pending, ctx: int) -> None:
 
 
 async def _park(pending, ctx: int) -> bool:
-    """Phase 3: wait for the loop's eventfd to say this dispatch is done; then is_ready() (True,
-    or the dispatch's error; False only when another caller re-armed its event meanwhile)."""
+    """Phase 3: is_ready() once the loop's eventfd says done (False only when another caller
+    re-armed the event meanwhile)."""
     loop = asyncio.get_running_loop()
     watch = _watch_of(loop)
     if watch is None:
@@ -330,12 +319,9 @@ async def _sleep_poll(pending, ctx: int) -> bool:
 
 
 async def ready(pending, ctx: int = 0) -> None:
-    """Wait, without blocking the event loop, until the GPU has finished ``pending``'s work.
-
-    ``ctx`` is the handle's CUDA context (0: the calling thread's current one; a dispatch binds its
-    own). Then ``pending.result()``, ``result_into(...)`` or ``timed_result()`` return without
-    waiting. Raises the dispatch's own error if it failed; a cancelled wait leaves the work owned
-    by ``pending``."""
+    """Wait, without blocking the event loop, until the GPU has finished ``pending``'s work (then
+    ``result()`` and the like return at once). ``ctx``: the handle's CUDA context (0: the thread's
+    current one). Raises the dispatch's error; a cancelled wait leaves the work with ``pending``."""
     if not _first_check(pending, ctx):
         await _wait(pending, ctx)
 
@@ -349,9 +335,8 @@ async def awaitable(pending, ctx: int = 0) -> Any:
 
 
 def stats() -> dict:
-    """Counters of this process's awaits (see ``_COUNTS`` in the source for each one's meaning),
-    ``outstanding`` (parked now, every loop), and the native side's ``notifiers`` (eventfds
-    alive) and ``armed`` (host functions queued and not yet run)."""
+    """This process's await counters (``_COUNTS``), ``outstanding`` (parked now, every loop) and the
+    native ``notifiers`` (eventfds alive) and ``armed`` (host functions queued, not yet run)."""
     with _stats_lock:
         out = dict(_counts)
     with _lock:

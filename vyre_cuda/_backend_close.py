@@ -1,17 +1,8 @@
-"""CudaBackend.close()'s work: one backend's teardown, in its order.
-
-close() refuses new calls, waits for the calls other threads are running, waits for the GPU work
-of the dispatch handles still held (or, when the driver refuses that wait, leaves the pools to
-them), then frees the pools, the staging ring, the streams and the modules, joins the copy
-threads and gives the primary context back; what handles still hold is freed when the last of
-them settles (``Core.when_settled``), and that callback gives the context back.
-
-Kept apart from backend.py because the order is the point: each step relies on the one before
-(the registry's ranges go before the context, the copy threads are joined on every path, a lost
-context frees nothing), and it reads best as one piece rather than between the class's entry
-points. The class keeps its documented ``close()``, which calls :func:`close`. Each function
-takes the backend (or its core) as its argument; nothing here keeps state.
-"""
+"""CudaBackend.close()'s teardown, kept in one piece because the order is the point: refuse new
+calls, wait for the calls in progress and for the GPU work of the handles still held (or, when the
+driver refuses that wait, leave the pools to them), release the registry's ranges before the
+context, free the pools, ring, streams and modules, join the copy threads on every path (a lost
+context frees nothing), and give the context back once the last handle settles."""
 
 from __future__ import annotations
 
@@ -51,7 +42,6 @@ def close(backend: CudaBackend) -> None:
             _driver.make_current(backend._ctx)
             synchronize_for_close(core)
         except BackendError as exc:
-            # the held handles' work may still run: what it uses is freed after the last goes
             log.warning(
                 "CudaBackend.close: %s; the pools and modules are freed once its %d dispatch "
                 "handle(s) still held are dropped",
@@ -65,20 +55,17 @@ def close(backend: CudaBackend) -> None:
             freed = True
     else:
         core.reclaim_deferred()  # (a lost context: written off without a driver call)
-    # the copy threads are joined on every path, a lost context included
     core.resources.stop_threads()
     if freed:
         backend._modules.clear()
-    if core.outstanding:
-        # handles still hold slabs and streams (freed as they are dropped, since the pools are
-        # closed); the last one to go gives the context back
+    if core.outstanding:  # (they free what they hold as they are dropped; the last gives the context back)
         log.info("CudaBackend.close: %d dispatch handle(s) still held", core.outstanding)
     core.when_settled(functools.partial(release_context if freed else free_and_release, backend))
 
 
 def free_resources(backend: CudaBackend) -> None:
-    """Free the resident params blocks, the pools, the staging ring, the streams and the
-    modules (no work of this backend's runs: close() waited for it)."""
+    """Free the resident params blocks, the pools, the staging ring, the streams and the modules
+    (no work of this backend's runs now)."""
     core = backend._core
     try:
         core.resident_blocks.close()
@@ -102,15 +89,10 @@ def free_and_release(backend: CudaBackend) -> None:
 
 
 def synchronize_for_close(core) -> None:
-    """Wait for the GPU work of the dispatch handles still held (a context synchronize).
-
-    With none held, nothing of this backend's can still run on the GPU (a blocking dispatch
-    waited before it returned, a handle before it settled), so close() frees with no wait at
-    all: a graph capture elsewhere on the device (another backend's graph trial, a CuPy or
-    torch capture on another thread), which the driver would break by refusing a context
-    synchronize, is left alone. With handles held, the refusal is retried for up to
-    ``CLOSE_CAPTURE_WAIT_S`` (``_driver.context_synchronize``), then raised, and the pools
-    are left to the handles."""
+    """Wait for the GPU work of the dispatch handles still held. With none held nothing of this
+    backend's can still run, so there is no wait, and a graph capture elsewhere on the device
+    (which a context synchronize would break) is left alone. With handles held, the driver's
+    refusal during a capture is retried for up to ``CLOSE_CAPTURE_WAIT_S``, then raised."""
     if core.outstanding == 0:  # (closed and not busy: it can only fall from here)
         return
     _driver.context_synchronize(CLOSE_CAPTURE_WAIT_S)
@@ -124,8 +106,7 @@ def release_context(backend: CudaBackend):
             core.resources.close_late()
         except BackendError as exc:
             log.warning("CudaBackend.close: %s", exc.message)
-    # no resident params block is freed once the context goes (close() freed them)
-    core.resident_blocks.forget()
+    core.resident_blocks.forget()  # (close() freed them; none is freed once the context goes)
     # a lost backend gives its context back too: the last release destroys a faulted context
     try:
         _driver.release_primary_context(backend.device)

@@ -1,18 +1,8 @@
-"""A CudaBackend's planning: the plans it makes outside the core, and autotune's.
+"""A CudaBackend's planning, outside the core: a plan miss planned and cached (:func:`insert_plan`),
+and the plans of ``plan_info``, ``cooperative_grid_sync_fits``, autotune and ``tune``.
 
-The core never plans: on a plan miss it raises PlanMiss holding nothing, and the backend's entry
-points call :func:`insert_plan`, which plans here and caches the Prepared plan in the core for the
-call again. ``plan_info``, ``cooperative_grid_sync_fits``, autotune's measuring step and ``tune``
-plan through the same steps: the inputs' byte lengths as a dispatch sees them, the DispatchPlan
-under the backend's plan lock (with the autotuned width when asked), the free-memory reader the
-streamed route sizes itself by, and the Prepared plan made from it.
-
-Kept apart from backend.py so that the class reads as its public entry points and their
-docstrings, while these steps, which only the backend's plan misses and measurements reach, read
-together. Each function takes the backend as its first argument (its caps, module cache, knobs,
-plan lock and core); nothing here keeps state. ``CudaBackend._plan`` stays on the class and is
-called through the backend (:func:`insert_plan` and :func:`measurer` call ``backend._plan``), so
-the tests that watch or replace it on one backend see every plan.
+Each function takes the backend (its caps, module cache, knobs, plan lock and core) and keeps no
+state. Plans go through ``backend._plan``, so tests that watch or replace it see every plan.
 """
 
 from __future__ import annotations
@@ -57,11 +47,9 @@ def input_lengths(backend: CudaBackend, program, inputs, cfg):
 
 
 def insert_plan(backend: CudaBackend, miss, program, blocking=True):
-    """Plan a dispatch the core found no prepared plan for (its PlanMiss) and cache the plan
-    in the core. Runs outside the core: the dispatch holds nothing while it plans (autotune
-    measures here). A traced dispatch refused by planning still shows its ranges. Returns the
-    plan, for the call again (with ``miss.inputs``: the list the core read, since an iterator
-    the caller passed is used up)."""
+    """Plan the core's PlanMiss and cache the plan in the core; returns it, for the call again
+    (with ``miss.inputs``: an iterator the caller passed is used up). The dispatch holds nothing
+    meanwhile (autotune measures here); a traced dispatch refused here still shows its ranges."""
     try:
         prep = backend._plan(program, miss.lengths, miss.config, miss.device_inputs, miss.inputs)
     except BaseException:
@@ -72,9 +60,8 @@ def insert_plan(backend: CudaBackend, miss, program, blocking=True):
 
 
 def measurer(backend: CudaBackend, program, inputs, config):
-    """A function that times one run of ``program`` on ``inputs`` (a TimedDispatchResult) with
-    a plan made now: autotune's measuring step, never a dispatch() re-entry. The plan is not
-    cached and launches without graphs (no cached plan would own its graph execs)."""
+    """Autotune's measuring step: a function timing one run on ``inputs`` with a plan made now,
+    uncached and without graphs (no cached plan would own its graph execs)."""
     backend._check_open()
     cfg = dataclasses.replace(as_config(config), graph=False)
     lengths, on_device = input_lengths(backend, program, inputs, cfg)
@@ -89,11 +76,9 @@ def prepare(plan):
     return Prepared.from_plan(plan)
 
 
-def planned(backend: CudaBackend, program, lengths, config, device_inputs=frozenset(), inputs=None) -> DispatchPlan:
-    """The DispatchPlan of one (program, input lengths, config), logged."""
-    cfg = as_config(config)
+def _plan_locked(backend: CudaBackend, program, lengths, cfg, device_inputs) -> DispatchPlan:
     with backend._plan_lock:
-        plan = plan_dispatch(
+        return plan_dispatch(
             program,
             lengths,
             cfg,
@@ -104,6 +89,12 @@ def planned(backend: CudaBackend, program, lengths, config, device_inputs=frozen
             backend._knobs.stream_tuning,
             backend._knobs.mirror_max,
         )
+
+
+def planned(backend: CudaBackend, program, lengths, config, device_inputs=frozenset(), inputs=None) -> DispatchPlan:
+    """The DispatchPlan of one (program, input lengths, config), logged."""
+    cfg = as_config(config)
+    plan = _plan_locked(backend, program, lengths, cfg, device_inputs)
     if cfg.autotune:
         plan = tuned(backend, program, lengths, cfg, plan, device_inputs, inputs)
     if log.isEnabledFor(logging.INFO):  # (its arguments cost more than the check, per plan miss)
@@ -123,10 +114,9 @@ def planned(backend: CudaBackend, program, lengths, config, device_inputs=frozen
 
 
 def free_device_memory(backend: CudaBackend) -> int:
-    """Device bytes a dispatch planned now can draw on: the driver's free memory plus what this
-    backend's device pool holds unused (cached blocks, the stream-ordered pool's idle reserve),
-    which the pool reuses or trims for it. Driver calls: the planner makes them on a plan miss
-    of an elementwise dispatch only, never on the dispatch path."""
+    """Device bytes a dispatch planned now can draw on: the driver's free memory plus what the
+    backend's device pool holds unused (it reuses or trims that). Read only on a plan miss of an
+    elementwise dispatch, never on the dispatch path."""
     core = backend._core
 
     def read() -> int:
@@ -144,29 +134,19 @@ def tuned(backend: CudaBackend, program, lengths, cfg, plan, device_inputs=froze
     base = dataclasses.replace(cfg, autotune=False)
     block, reason = tuning.planned_width(backend, program, lengths, base, plan, inputs)
     if block is not None and block != plan.launch.block[0]:
-        with backend._plan_lock:
-            plan = plan_dispatch(
-                program,
-                lengths,
-                dataclasses.replace(base, workgroup_override=(block, 1, 1)),
-                backend._caps,
-                backend._modules,
-                device_inputs,
-                functools.partial(free_device_memory, backend),
-                backend._knobs.stream_tuning,
-                backend._knobs.mirror_max,
-            )
+        wide = dataclasses.replace(base, workgroup_override=(block, 1, 1))
+        plan = _plan_locked(backend, program, lengths, wide, device_inputs)
     # the plan keeps the caller's config (label, timeout, iterations are the same)
     return dataclasses.replace(plan, config=cfg, tuned_block=None if block is None else (block, 1, 1), tuning=reason)
 
 
 def tune(backend: CudaBackend, program, inputs, config, candidates, *, repeats, force) -> TuneResult:
-    """``CudaBackend.tune``'s work: measure (or read the cached winner), and drop the prepared
-    plans once a new measurement was stored, so autotune plans replan at its width."""
+    """``CudaBackend.tune``'s work; a new measurement drops the prepared plans, so autotune plans
+    replan at its width."""
     backend._check_open()
     result = tuning.tune(backend, program, inputs, config, candidates, repeats=repeats, force=force)
     if not result.cached:
-        backend._core.clear_prepared()  # autotune plans made before this measurement replan
+        backend._core.clear_prepared()
     return result
 
 

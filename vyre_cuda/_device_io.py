@@ -1,18 +1,11 @@
-"""Device arrays as dispatch inputs and outputs: reading the DLPack and CUDA Array Interface
-protocols, and every check on them, as typed errors with a Fix.
+"""Device arrays as dispatch inputs and outputs: the DLPack and CUDA Array Interface protocols,
+and every check on them, as typed errors with a Fix. Only objects refusing the buffer protocol
+come here; a device array gives a :class:`DeviceView`.
 
-Nothing here runs for host buffers: the core tries the buffer protocol first (numpy and friends
-pass it), and only an object that refuses it comes here. A device array gives a
-:class:`DeviceView`: its device pointer, byte length, read-only flag, the stream the dispatch must
-wait for before touching it (or None), and the object(s) to keep alive until the dispatch ends.
-
-Which protocol: ``__dlpack__`` first when the object has both (CuPy, torch). Its ``stream``
-argument makes the producer order its pending work before our stream, which is what torch needs:
-torch's CUDA Array Interface is v2 and names no stream, so a kernel library reading it could race
-torch's queued work. Objects with only ``__cuda_array_interface__`` (numba, others) follow CAI v3:
-a ``stream`` entry that is not None is waited on through an event unless it is the dispatch's own
-stream. A DLPack tensor on the CPU is not an error: it is viewed as numpy (no copy) and takes the
-host path.
+``__dlpack__`` goes first when an object has both (CuPy, torch): its ``stream`` argument makes the
+producer order its pending work before ours, which torch needs (its CAI is v2 and names no
+stream). CAI v3 objects (numba, others) name a stream that is waited on through an event unless
+it is the dispatch's own. A CPU DLPack tensor is viewed as numpy (no copy) and takes the host path.
 """
 
 from __future__ import annotations
@@ -47,8 +40,7 @@ class DeviceView(NamedTuple):
 
 
 class _Lazy:
-    """Text for an error message, made only when a message is formatted: a dispatch that passes
-    its checks (every one, on the hot path of a device-array dispatch) never builds it."""
+    """Error-message text made only when formatted (the checks run on the device-array hot path)."""
 
     __slots__ = ("_make",)
 
@@ -82,9 +74,8 @@ def is_device_array(obj) -> bool:
 
 
 def dlpack_stream(stream):
-    """The ``stream`` to pass to ``__dlpack__`` and the stream to wait on after: the caller's
-    stream when the dispatch runs on one (0, the legacy default stream, is spelled 1 in DLPack),
-    else the legacy default stream, which the dispatch's own stream then waits on."""
+    """``(stream for __dlpack__, stream to wait on after)``: the caller's stream (0, the legacy
+    default, is spelled 1 in DLPack), else the legacy default, which our stream then waits on."""
     if stream is None:
         return LEGACY_STREAM, LEGACY_STREAM
     return (stream or LEGACY_STREAM), None
@@ -185,8 +176,11 @@ def _from_cai(obj, cai, what, device, stream, output=False):
             )
         if wait == stream:
             wait = None  # the same stream orders it already
-    kind = {"b": "u", "V": "u"}.get(dtype.kind, dtype.kind) if dtype.kind in "biufV" else ""
-    return DeviceView(int(ptr), nbytes, bool(readonly), wait, obj, kind, dtype.itemsize, dtype)
+    return DeviceView(int(ptr), nbytes, bool(readonly), wait, obj, _kind(dtype), dtype.itemsize, dtype)
+
+
+def _kind(dtype) -> str:
+    return {"b": "u", "V": "u"}.get(dtype.kind, dtype.kind) if dtype.kind in "biufV" else ""
 
 
 def _check_contiguous(what, shape, strides, itemsize):
@@ -226,8 +220,7 @@ def _view(obj, what, device, stream, output=False):
 
 
 def _from_strided_view(view, what, device, output=False):
-    # cuda.core's StridedMemoryView: made with the consumer's stream, so already ordered; strides
-    # in elements; device_id -1 for host memory
+    # cuda.core's StridedMemoryView: already ordered (made with our stream); strides in elements
     dtype = np.dtype(view.dtype)
     shape = tuple(int(x) for x in view.shape)
     if not view.is_device_accessible or view.device_id < 0:
@@ -237,15 +230,14 @@ def _from_strided_view(view, what, device, output=False):
         raise byte_order_error(what, f"dtype {dtype.str!r}", output)
     strides = None if view.strides is None else tuple(int(x) * dtype.itemsize for x in view.strides)
     _check_contiguous(what, shape, strides, dtype.itemsize)
-    kind = {"b": "u", "V": "u"}.get(dtype.kind, dtype.kind) if dtype.kind in "biufV" else ""
     nbytes = math.prod(shape) * dtype.itemsize
-    return DeviceView(int(view.ptr), nbytes, bool(getattr(view, "readonly", False)), None, view, kind,
-                      dtype.itemsize, dtype)  # fmt: skip
+    readonly = bool(getattr(view, "readonly", False))
+    return DeviceView(int(view.ptr), nbytes, readonly, None, view, _kind(dtype), dtype.itemsize, dtype)
 
 
 def device_input(program, i, obj, device, stream):
-    """A device input's :class:`DeviceView`, a numpy view of a CPU DLPack tensor, or None when
-    ``obj`` speaks no device protocol. Checks device, contiguity and dtype against the declaration."""
+    """A device input's checked :class:`DeviceView`, a numpy view of a CPU DLPack tensor, or None
+    when ``obj`` speaks no device protocol."""
     decls = getattr(program, "inputs", ())
     what = _Lazy(lambda: f"input {i} ({_name(decls, i)})")
     view = _view(obj, what, device, stream)
@@ -263,9 +255,8 @@ def device_input(program, i, obj, device, stream):
 
 
 def device_output(plan, k, obj, device, stream):
-    """A device output's :class:`DeviceView` after the checks ``dispatch_into`` makes (writable,
-    contiguous, on this device, the declared dtype and exact size), or None when ``obj`` speaks no
-    device protocol."""
+    """A device output's :class:`DeviceView` after ``dispatch_into``'s checks, or None when ``obj``
+    speaks no device protocol."""
     slot = plan.bindings.outputs[k]
     want, _ = plan.output_specs[k]
     need = plan.layout.outputs[k][1]
@@ -277,10 +268,8 @@ def device_output(plan, k, obj, device, stream):
             "pass out.detach() (the same memory, outside autograd), or compute it with a torch op",
         )
     view = _view(obj, what, device, stream, output=True)
-    if view is None:
-        return None
-    if isinstance(view, np.ndarray):
-        return None  # a CPU tensor: the host checks apply to its numpy view
+    if view is None or isinstance(view, np.ndarray):
+        return None  # (a CPU tensor: the host checks apply to its numpy view)
     want_kind = {"b": "u", "V": "u"}.get(want.kind, want.kind)
     if view.itemsize != want.itemsize or view.kind != want_kind:
         raise ValidationError(

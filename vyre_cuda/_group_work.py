@@ -1,9 +1,5 @@
-"""The work of a DeviceGroup: its queue, per-device threads, job records, handles and telemetry.
-
-The queue, the threads and the job records they complete share one lock and one state object
-(:class:`_State`); the errors an item raises are annotated here with the device and item that
-raised them.
-"""
+"""The work of a DeviceGroup: its queue and per-device threads (one lock, in :class:`_State`), job
+records, handles and telemetry; an item's error is annotated with its device and item here."""
 
 from __future__ import annotations
 
@@ -21,10 +17,9 @@ log = logging.getLogger("vyre_cuda")
 __all__ = ["MapHandle", "GroupTelemetry"]
 
 
-# ---------------------------------------------------------------------------------- errors
 def _on_device(exc: BaseException, ordinal: int, index: int | None = None) -> BaseException:
-    """``exc`` as raised on device ``ordinal`` (by item ``index``): the same type, the ordinal in
-    the message and in ``.device``, the item's index in ``.item``."""
+    """``exc`` of device ``ordinal`` (item ``index``): same type, ``.device``, ``.item``, the place
+    in the message."""
     where = f"device {ordinal}" if index is None else f"device {ordinal}, item {index}"
     if isinstance(exc, BackendError):
         cls = type(exc)
@@ -52,13 +47,6 @@ class _Cancelled(ValidationError):
     """An item skipped because its submission was cancelled (or an earlier item failed)."""
 
 
-def _cancelled(index: int) -> _Cancelled:
-    return _Cancelled(
-        f"item {index} was cancelled before it ran (an earlier item failed, or cancel() was called)",
-        "look at the error of the item that failed; submit the cancelled items again if needed",
-    )
-
-
 def _all_lost(lost: dict) -> DeviceLost:
     listing = (
         ", ".join(f"device {d} ({getattr(e, 'status', '') or type(e).__name__})" for d, e in sorted(lost.items()))
@@ -73,23 +61,8 @@ def _all_lost(lost: dict) -> DeviceLost:
     )
 
 
-# ---------------------------------------------------------------------------------- jobs
 class _Job:
     """The items of one submission: their results, errors and completion."""
-
-    __slots__ = (
-        "program",
-        "config",
-        "results",
-        "errors",
-        "unfinished",
-        "cond",
-        "cancelled",
-        "fail_fast",
-        "streaming",
-        "completed",
-        "first_failure",
-    )
 
     def __init__(self, program, config, results, fail_fast: bool, streaming: bool = False):
         self.program = program
@@ -127,7 +100,6 @@ class _Job:
             return self.cond.wait_for(lambda: self.unfinished == 0, timeout)
 
 
-# ---------------------------------------------------------------------------------- threads
 class _ThreadStats:
     __slots__ = ("items", "failed", "busy_ns")
 
@@ -151,8 +123,8 @@ class _Device:
 
 
 class _State:
-    """What the threads share. It holds no reference to the DeviceGroup, so a group dropped
-    without close() is still collected, and its finalizer shuts the threads down."""
+    """What the threads share; no reference to the DeviceGroup, so a group dropped unclosed is
+    still collected (its finalizer shuts the threads down)."""
 
     def __init__(self, devices):
         self.devices = devices
@@ -202,19 +174,16 @@ class _State:
                     log.warning("DeviceGroup.close: device %s: %s", dev.ordinal, exc)
 
 
-def _start(state: _State, dev: _Device, factory) -> bool:
-    try:
-        dev.backend = factory(dev.ordinal)
-        dev.telemetry = getattr(dev.backend, "telemetry", None)
-    except BaseException as exc:  # noqa: BLE001 (the constructor reports it)
-        dev.error = exc
-    dev.ready.set()
-    return dev.error is None
-
-
 def _worker(state: _State, dev: _Device, stats: _ThreadStats, factory) -> None:
-    ok = _start(state, dev, factory) if factory is not None else (dev.ready.wait() and dev.error is None)
-    if not ok:
+    if factory is not None:  # the device's first thread creates its backend
+        try:
+            dev.backend = factory(dev.ordinal)
+            dev.telemetry = getattr(dev.backend, "telemetry", None)
+        except BaseException as exc:  # noqa: BLE001 (the constructor reports it)
+            dev.error = exc
+        dev.ready.set()
+    dev.ready.wait()
+    if dev.error is not None:
         with state.work:
             state.retire()
         return
@@ -233,7 +202,11 @@ def _worker(state: _State, dev: _Device, stats: _ThreadStats, factory) -> None:
                 return
             job, index, inputs, outputs = queue.popleft()
         if job.cancelled:
-            job.finish(index, None, _cancelled(index))
+            cancelled = _Cancelled(
+                f"item {index} was cancelled before it ran (an earlier item failed, or cancel() was called)",
+                "look at the error of the item that failed; submit the cancelled items again if needed",
+            )
+            job.finish(index, None, cancelled)
             continue
         t0 = clock()
         try:
@@ -262,14 +235,8 @@ def _worker(state: _State, dev: _Device, stats: _ThreadStats, factory) -> None:
         job.finish(index, result, None)
 
 
-# ---------------------------------------------------------------------------------- handles
 class MapHandle:
-    """The items of one :meth:`DeviceGroup.map_async` submission, in flight.
-
-    ``result()`` waits and returns the outputs in input order; ``done()``/``wait()`` poll and
-    wait; ``cancel()`` skips the items no device has started; ``exceptions()`` maps the index of
-    each failed item to its error.
-    """
+    """The items of one :meth:`DeviceGroup.map_async` submission, in flight."""
 
     __slots__ = ("_job", "_size")
 
@@ -298,11 +265,8 @@ class MapHandle:
             return dict(self._job.errors)
 
     def result(self, timeout: float | None = None, *, return_exceptions: bool = False) -> list:
-        """The outputs of every item, in input order (each a list, as ``dispatch`` returns).
-
-        Raises the error of the lowest-indexed item that failed, unless ``return_exceptions``,
-        which puts each failed item's error in its place instead.
-        """
+        """Every item's outputs in input order (each a list, as ``dispatch`` returns). Raises the
+        lowest-indexed failed item's error, unless ``return_exceptions`` puts each in its place."""
         job = self._job
         if not job.wait(timeout):
             raise DispatchFailed(
@@ -327,8 +291,8 @@ class MapHandle:
 class GroupTelemetry:
     """Counters of every device of a group: ``per_device()`` and their sums, ``snapshot()``.
 
-    Each device's entry holds its backend's telemetry plus ``group_items`` (items it ran),
-    ``group_failed_items``, ``group_busy_ns`` (time inside dispatch calls) and ``lost``.
+    A device's entry is its backend's telemetry plus ``group_items``, ``group_failed_items``,
+    ``group_busy_ns`` (time inside dispatch calls) and ``lost``.
     """
 
     def __init__(self, devices):

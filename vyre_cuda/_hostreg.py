@@ -1,28 +1,24 @@
 """Caller host memory registered in place (``cuMemHostRegister``), paid once, under one owner.
 
-A registered buffer moves by direct DMA, with no staging copy: the dispatch path asks the driver
-whether a buffer is page-locked (``_windows.page_locked``), and a range registered here is. One
-process-wide :class:`HostRegistry` owns every range vyre_cuda registered:
+A registered buffer moves by direct DMA with no staging copy (the dispatch path asks
+``_windows.page_locked``). One process-wide :class:`HostRegistry` owns every range vyre_cuda
+registered:
 
-- a range is the page-aligned span of a buffer, registered PORTABLE (every context sees it), and
-  refcounted per holder: a backend's explicit ``register()`` block, or its automatic policy;
-- ranges are disjoint: a buffer inside a range is a hit, one that overlaps a range in part falls
-  back to staging (the driver would refuse it);
-- lifetimes: an explicit hold keeps a buffer export of the array (it can be neither freed nor
-  resized while the block lasts); an automatic one keeps only a weakref on the numpy array that owns
-  the memory, whose callback unregisters before numpy frees the data (numpy clears weakrefs first,
-  and refuses ``resize`` of an array that is weakly referenced). Memory numpy does not own (a
-  bytearray, an mmap, a pointer) is registered only explicitly;
-- a range is unregistered when its last hold goes, with the direct gate closed (no dispatch marks
-  or enqueues a direct copy meanwhile, see ``_windows``) and after the GPU work of every open
-  backend that has work in flight has finished (another backend may DMA from it directly), or at
-  once when its owner dies (no dispatch can still use it: a dispatch holds its buffers' exports
-  until done);
-- a refusal (a budget, an overlap, the driver's locked-memory limits) falls back to staging, and
-  :func:`registered_stats` counts it by reason.
+- a range is a buffer's page-aligned span, registered PORTABLE, and refcounted per holder (a
+  backend's explicit ``register()`` block, or its automatic policy);
+- ranges are disjoint: a buffer inside one is a hit, one overlapping one in part is staged;
+- an explicit hold keeps a buffer export of the array (not freed or resized meanwhile); an
+  automatic one keeps only a weakref on the owning numpy array, whose callback unregisters before
+  numpy frees the data (numpy clears weakrefs first and refuses to resize a weakly referenced
+  array). Memory numpy does not own is registered only explicitly;
+- a range is unregistered when its last hold goes, with the direct gate closed (``_windows``) and
+  after the GPU work of every busy backend has finished (any may DMA from it), or at once when its
+  owner dies (a dispatch holds its buffers' exports until done);
+- a refusal (budget, overlap, the driver's limits) falls back to staging, counted by reason in
+  :func:`registered_stats`.
 
-The registry's lock is held across the driver's register call (milliseconds per hundred MiB): a
-registration is paid once per buffer, and it keeps every decision about a range in one place.
+The lock is held across the driver's register call (ms per hundred MiB): a registration is paid
+once per buffer, and every decision about a range stays in one place.
 """
 
 from __future__ import annotations
@@ -51,7 +47,7 @@ _SIGHTINGS_MAX = 256  # buffers the automatic policy remembers between registrat
 
 
 def default_budget() -> int:
-    """A quarter of the host's physical memory: registered pages can no longer be swapped out."""
+    """A quarter of physical memory: registered pages can no longer be swapped out."""
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
     except (ValueError, OSError, AttributeError):
@@ -62,22 +58,19 @@ def default_budget() -> int:
 class AutoRegister:
     """The automatic registration policy of a backend (``CudaBackend(auto_register=...)``).
 
-    A host buffer of at least ``min_bytes`` that dispatches see ``after`` times (the same page
-    span and the same owning numpy array) is registered. By default the register call runs on a
-    worker thread, off the dispatch's path: the dispatches that come meanwhile stage the buffer
-    as before, and once the driver's call has returned they move it by direct DMA. Registering
-    costs about what staging the same bytes once does (22-55 GB/s measured on H100 and H200
-    hosts), so paid inline it takes many dispatches to pay for itself; paid on a worker it costs
-    the dispatches nothing but host CPU time. Unregistering is paid when the array dies (or at
-    ``trim()``/``close()``), about 7 ms per 256 MiB on an H200 host.
+    A host buffer of at least ``min_bytes`` that dispatches see ``after`` times (same page span,
+    same owning numpy array) is registered, by default on a worker thread: dispatches meanwhile
+    stage it, and move it by direct DMA once the driver's call returns. Registering costs about
+    one staging of the same bytes (22-55 GB/s measured on H100 and H200 hosts), so inline it takes
+    many dispatches to pay off; on a worker it costs them only host CPU time. Unregistering is paid
+    when the array dies (or at ``trim()``/``close()``), about 7 ms per 256 MiB on an H200 host.
 
     Attributes
     ----------
     min_bytes : int
         Smaller buffers are left to the staging ring, where a copy costs less than a register call.
     after : int
-        Sightings of a buffer before it is registered: 2 (seen again) by default; 1 registers
-        at first sight.
+        Sightings before a buffer is registered: 2 (seen again) by default; 1 at first sight.
     background : bool
         Register on a worker thread (default). ``False`` registers inside the dispatch that makes
         the ``after``-th sighting, which then moves it directly.
@@ -106,14 +99,14 @@ class AutoRegister:
 
 
 class Holder:
-    """One backend as seen by the registry: its context, and how to wait for its work."""
+    """One backend as the registry sees it: its context, and whether it has GPU work in flight."""
 
     __slots__ = ("ctx", "device", "busy", "__weakref__")
 
     def __init__(self, ctx: int, device: int, busy):
         self.ctx = ctx
         self.device = device
-        self.busy = busy  # () -> bool: whether the backend has GPU work in flight
+        self.busy = busy  # () -> bool
 
 
 class _Range:
@@ -122,18 +115,16 @@ class _Range:
     def __init__(self, start, end, ctx, owner):
         self.start = start
         self.end = end
-        self.ctx = ctx  # the context it was registered with (portable: any holder's will do)
+        self.ctx = ctx  # registered with (portable: any holder's will do)
         self.auto: dict[Holder, int] = {}  # holder -> 1 (a policy holds a range once)
-        # holder -> one buffer export per open register() block (the memory stays put meanwhile)
-        self.explicit: dict[Holder, list[memoryview]] = {}
+        self.explicit: dict[Holder, list[memoryview]] = {}  # holder -> one export per open block
         self.owner = owner  # weakref on the owning numpy array, or None
-        # one unregister per range, by whoever comes first: the last hold's release, or the
-        # owner's death while that release waits for the gate (never the registry's lock: see
-        # _unregister)
+        # one unregister per range, by the last hold's release or the owner's death, whichever
+        # comes first (never under the registry's lock: see _unregister)
         self.leave_mu = threading.Lock()
         self.unregistered = False
-        # bumped (under leave_mu) each time it leaves the table and each time a hold takes it back
-        # before its unregister: a release unregisters only the leave it saw
+        # bumped (under leave_mu) at each leave from the table and each revival before its
+        # unregister: a release unregisters only the leave it saw
         self.leaves = 0
 
     @property
@@ -150,7 +141,7 @@ class _Range:
 
 
 class _Pending:
-    """A registration the policy handed to the worker thread, not yet in the table."""
+    """A policy's registration handed to the worker thread, not yet in the table."""
 
     __slots__ = ("start", "end", "holder", "ref", "mu", "dead", "registered", "done")
 
@@ -158,13 +149,13 @@ class _Pending:
         self.start = start
         self.end = end
         self.holder = holder
-        self.ref = None  # weakref on the owning numpy array (its callback: _owner_died)
-        # held by the worker across the driver's register call, and by an owner's death that
-        # waits for that call to return (never with the registry's lock held inside it)
+        self.ref = None  # weakref on the owning numpy array (callback: _owner_died)
+        # held by the worker across the driver's call, and by an owner's death waiting for it
+        # (never with the registry's lock taken inside)
         self.mu = threading.Lock()
         self.dead = False  # the owner died (set under the registry's lock): nothing goes in the table
         self.registered = False  # the driver's call succeeded and no unregister has run since
-        self.done = threading.Event()  # set once the worker is finished with it
+        self.done = threading.Event()  # the worker is finished with it
 
 
 def page_span(address: int, nbytes: int) -> tuple[int, int]:
@@ -173,8 +164,8 @@ def page_span(address: int, nbytes: int) -> tuple[int, int]:
 
 
 def owning_array(obj: Any) -> np.ndarray | None:
-    """The numpy array that owns ``obj``'s memory (the root of its ``.base`` chain), or None when
-    numpy does not own it (a view of a bytearray, an mmap, foreign memory)."""
+    """The numpy array owning ``obj``'s memory (its ``.base`` chain's root), or None when numpy
+    does not own it (a view of a bytearray, an mmap, foreign memory)."""
     root = obj
     while isinstance(root, np.ndarray) and not root.flags.owndata:
         root = root.base
@@ -187,18 +178,16 @@ class HostRegistry:
     """The process-wide owner of registered ranges (one lock for all of its state)."""
 
     def __init__(self):
-        # reentrant: an owner's weakref callback can run on a thread that holds the lock (a cyclic
-        # collection triggered by an allocation under it) and must unregister before numpy frees
-        # the memory; so every walk over the ranges is over a snapshot
+        # reentrant: an owner's weakref callback may run on a thread holding the lock (a collection
+        # triggered by an allocation under it) and must unregister before numpy frees the memory;
+        # so every walk over the ranges is over a snapshot
         self._lock = threading.RLock()
         self._ranges: dict[int, _Range] = {}  # start -> range; disjoint
-        # start -> range out of the table and not unregistered yet: a release waits for the gate
-        # outside the lock meanwhile, and the owner may die then (see _owner_died)
+        # start -> range out of the table, not unregistered yet (a release waits for the gate
+        # outside the lock meanwhile, and the owner may die then: _owner_died)
         self._leaving: dict[int, _Range] = {}
-        # start -> a policy's registration handed to the worker thread, not in the table yet
-        self._pending: dict[int, _Pending] = {}
-        # the worker's queue; a worker thread runs while it holds jobs (started by the first,
-        # gone once it is empty: no thread outlives the registrations it was started for)
+        self._pending: dict[int, _Pending] = {}  # start -> registration on the worker
+        # the worker's queue; its thread runs while there are jobs (none outlives them)
         self._jobs: collections.deque[_Pending] = collections.deque()
         self._working = False
         self._sightings: dict[tuple[int, int], list] = {}  # span -> [weakref owner, count]
@@ -208,7 +197,6 @@ class HostRegistry:
         self._counts = dict.fromkeys(("registrations", "unregistrations", "hits", "fallbacks"), 0)
         self._reasons: dict[str, int] = {}
 
-    # -------------------------------------------------------------- holders
     def holder(self, ctx: int, device: int, busy) -> Holder:
         h = Holder(ctx, device, busy)
         with self._lock:
@@ -217,11 +205,11 @@ class HostRegistry:
 
     # -------------------------------------------------------------- explicit holds
     def hold(self, h: Holder, obj: Any, address: int, nbytes: int) -> bool:
-        """An explicit hold on ``obj``'s span (registered now if it is not yet). False: it stays
-        pageable (a refusal, counted) or is page-locked memory vyre_cuda does not own."""
+        """An explicit hold on ``obj``'s span, registered now if need be. False: it stays pageable
+        (a counted refusal) or is page-locked memory vyre_cuda does not own."""
         keep = memoryview(obj)  # the memory stays put while the block lasts
         start, end = page_span(address, nbytes)
-        self._settle(lambda p: p.start < end and start < p.end)  # (a policy's registration of it: found below)
+        self._settle(lambda p: p.start < end and start < p.end)  # (a policy's registration: found below)
         with self._lock:
             r = self._acquire(h, obj, address, nbytes, auto=False)
             if r is not None:
@@ -250,16 +238,14 @@ class HostRegistry:
 
     # -------------------------------------------------------------- the automatic policy
     def sighted(self, h: Holder, policy: AutoRegister, obj: Any, address: int, nbytes: int) -> None:
-        """A dispatch of the policy's backend uses ``obj``: hold its range, or count the sighting
-        and register it at the policy's ``after``-th (on the worker thread unless the policy says
-        otherwise). Called before the dispatch asks whether it is page-locked."""
+        """A dispatch of the policy's backend uses ``obj`` (before it asks whether it is
+        page-locked): hold its range, or count the sighting and register it at the ``after``-th."""
         start, end = page_span(address, nbytes)
         with self._lock:
             owner = owning_array(obj)
             r = self._containing(start, end)
             if r is not None:
-                # (a range of memory numpy does not own lives only while a register() block keeps
-                # it: the policy never holds one, or it could outlive that memory)
+                # (the policy never holds memory numpy does not own: it could outlive that memory)
                 if r.owner is not None and r.owner() is owner:
                     if h not in r.auto:
                         r.auto[h] = 1  # held: another backend's trim cannot pull it from under this one
@@ -292,7 +278,7 @@ class HostRegistry:
 
     # -------------------------------------------------------------- a backend's trim and close
     def release(self, h: Holder, *, explicit: bool) -> None:
-        """Drop ``h``'s automatic holds (trim), and its explicit ones too (close; a block still
+        """Drop ``h``'s automatic holds (trim), and its explicit ones too (close: a block still
         open then ends with no effect)."""
         self._settle(lambda p: p.holder is h)  # (its registrations in flight go in the table first)
         gone: list[tuple[_Range, int]] = []
@@ -321,7 +307,6 @@ class HostRegistry:
                     del self._ranges[r.start]
             self._publish()
 
-    # -------------------------------------------------------------- settings and telemetry
     def set_budget(self, nbytes: int) -> None:
         with self._lock:
             self._budget = nbytes
@@ -345,27 +330,21 @@ class HostRegistry:
                 return r
         return None
 
-    def _overlaps(self, start: int, end: int) -> bool:
-        spans: list[_Range | _Pending] = [*self._ranges.values(), *self._pending.values()]
-        return any(r.start < end and start < r.end for r in spans)
-
-    def _held_bytes(self) -> int:
-        spans: list[_Range | _Pending] = [*self._ranges.values(), *self._pending.values()]
-        return sum(r.end - r.start for r in spans)
+    def _spans(self) -> list[_Range | _Pending]:
+        return [*self._ranges.values(), *self._pending.values()]
 
     def _publish(self) -> None:
-        """Tell the dispatch path which ranges only the automatic policy holds: an async dispatch
-        copies those before it returns, as it would pageable memory (``_windows.auto_registered``)."""
+        """Tell the dispatch path which ranges only the policy holds (``_windows.auto_registered``):
+        an async dispatch copies those before it returns, as it would pageable memory."""
         spans = [(r.start, r.end) for r in list(self._ranges.values()) if r.auto and not r.explicit]
-        # (a registration in flight too: the driver may call it page-locked before it is in the table)
+        # (one in flight too: the driver may call it page-locked before it is in the table)
         spans.extend((p.start, p.end) for p in list(self._pending.values()))
         set_auto_registered(spans)
 
     def _detach(self, r: _Range) -> int | None:
         """Take ``r`` out of the table, to be unregistered outside the lock (_unregister_live);
-        until then it is found among the leaving ranges, so its owner's death still unregisters
-        it before numpy frees the memory, and a new hold takes it back (_revive). Returns the
-        leave's number (None: not in the table)."""
+        meanwhile it is among the leaving ranges, so its owner's death still unregisters it first
+        and a new hold takes it back (_revive). Returns the leave's number (None: not in the table)."""
         if self._ranges.pop(r.start, None) is not r:
             return None
         self._leaving[r.start] = r
@@ -374,9 +353,8 @@ class HostRegistry:
             return r.leaves
 
     def _revive(self, start: int, end: int, owner) -> _Range | None:
-        """A leaving range that holds [start, end) of the same owner, back in the table before its
-        unregister (the release that took it out then leaves it registered); None when there is
-        none, or its unregister has run (waited for, if it is running: a driver call)."""
+        """A leaving range holding [start, end) of the same owner, back in the table before its
+        unregister; None when there is none or its unregister has run (waited for if running)."""
         for r in list(self._leaving.values()):
             if r.start <= start and end <= r.end and (r.owner is None or r.owner() is owner):
                 with r.leave_mu:
@@ -415,14 +393,14 @@ class HostRegistry:
         return self._install(start, end, h.ctx, None if owner is None else self._owner_ref(owner, start))
 
     def _admit(self, start: int, end: int, address: int, nbytes: int, owner, *, auto: bool) -> bool:
-        """Whether [start, end) may be registered now (a refusal is counted; memory page-locked
-        already is refused uncounted: it moves directly as it is)."""
-        if self._overlaps(start, end):
+        """Whether [start, end) may be registered now (refusals counted; page-locked memory is
+        refused uncounted: it moves directly as it is)."""
+        if any(r.start < end and start < r.end for r in self._spans()):
             self._refuse("overlaps a registered range")
             return False
         if is_page_locked_address(address, nbytes):
-            return False  # page-locked already (pinned_empty, or registered by the caller): direct
-        if self._held_bytes() + (end - start) > self._budget:
+            return False
+        if sum(r.end - r.start for r in self._spans()) + (end - start) > self._budget:
             self._refuse("budget")
             return False
         if auto and owner is None:
@@ -453,8 +431,8 @@ class HostRegistry:
 
     # -------------------------------------------------------------- registering on the worker
     def _submit(self, h: Holder, owner: np.ndarray, address: int, nbytes: int) -> None:
-        """Hand the policy's registration of ``owner``'s span to the worker thread (under the lock).
-        A range being unregistered is taken back instead, with no driver call."""
+        """Hand the policy's registration to the worker (under the lock); a leaving range is
+        taken back instead, with no driver call."""
         start, end = page_span(address, nbytes)
         r = self._revive(start, end, owner)
         if r is not None:
@@ -488,8 +466,8 @@ class HostRegistry:
                 p.done.set()
 
     def _register_pending(self, p: _Pending) -> None:
-        """The worker's part: the driver's register call outside the registry's lock (dispatches
-        go on staging meanwhile), then the range goes in the table unless its owner has died."""
+        """The driver's call outside the registry's lock (dispatches stage meanwhile), then into
+        the table unless the owner has died."""
         nbytes = p.end - p.start
         t0 = time.perf_counter_ns()
         with p.mu:
@@ -502,7 +480,7 @@ class HostRegistry:
         with self._lock:
             if self._pending.get(p.start) is p:
                 del self._pending[p.start]
-            if not p.dead:  # (else its owner's death unregisters it, or has: see _owner_died)
+            if not p.dead:  # (else its owner's death unregisters it, or has)
                 if status == 0:
                     self._measured(nbytes, ns)
                     self._install(p.start, p.end, p.holder.ctx, p.ref).auto[p.holder] = 1
@@ -519,10 +497,9 @@ class HostRegistry:
 
     # -------------------------------------------------------------- unregistering
     def _owner_died(self, start: int, ref) -> None:
-        """The owning array is being freed (numpy clears weakrefs before it frees the data): no
-        dispatch can still use its memory, so it is unregistered at once, with no wait; also when
-        a release took the range out of the table and waits for the direct gate (it must not
-        return before the unregister: numpy unmaps the memory next, and a range the driver still
+        """The owning array is being freed (weakrefs are cleared before the data): no dispatch can
+        still use its memory, so it is unregistered at once, also when a release took the range
+        out and waits for the gate (numpy unmaps the memory next, and a range the driver still
         counts as registered would catch the next allocation at that address)."""
         p = None
         with self._lock:
@@ -556,17 +533,15 @@ class HostRegistry:
             self._counts["unregistrations"] += 1
 
     def _unregister_live(self, ranges: list[tuple[_Range, int]]) -> None:
-        """Unregister ranges whose memory lives on (already out of the table), outside the lock:
-        close the direct gate (``_windows``), so no dispatch marks or enqueues a direct copy from
-        here on and every one that did has enqueued it; then wait for the GPU work of every backend
-        with work in flight (any of them may DMA from these pages); then unregister. The driver's
-        unregister does not wait for DMA in flight on the range: a copy still running faults the
-        context. Not under the registry's lock: a dispatch holding the gate may need it (its
-        policy's hook, a weakref callback of a collection) before it lets go."""
+        """Unregister ranges whose memory lives on (out of the table already): close the direct
+        gate, so every dispatch that marked a direct copy has enqueued it and none marks another;
+        wait for every busy backend's GPU work (the driver's unregister does not wait for DMA on
+        the range: a copy still running faults the context); then unregister. Not under the
+        registry's lock: a dispatch holding the gate may need it before it lets go."""
         if not ranges:
             return
         if not close_direct_gate():
-            # a collection inside this thread's own dispatch: left for the next unregister to take
+            # a collection inside this thread's own dispatch: left for the next unregister
             with self._lock:
                 for r, leave in ranges:
                     if self._leaving.get(r.start) is r and not r.unregistered and r.leaves == leave:
@@ -583,8 +558,8 @@ class HostRegistry:
                         _driver.make_current(h.ctx)
                         _driver.context_synchronize()
             except BackendError as exc:
-                # unregistered under a DMA, the buffer could be read wrong: left registered instead
-                # (among the leaving ranges: its owner's death still unregisters it)
+                # unregistered under a DMA, the buffer could be read wrong: kept registered
+                # (among the leaving ranges, so its owner's death still unregisters it)
                 log.warning("vyre_cuda: %d registered range(s) kept registered: %s", len(ranges), exc.message)
                 return
             for r, leave in ranges:
@@ -593,11 +568,10 @@ class HostRegistry:
             open_direct_gate()
 
     def _unregister(self, r: _Range, leave: int | None = None) -> None:
-        """Unregister ``r`` once, whoever asks first; a second caller returns after the first's
-        driver call. Its own lock, never the registry's, is held across that call: an owner's
-        weakref callback may run on a thread that holds the registry's lock, and waits here.
-        ``leave``: the release's leave (a range taken back since stays registered); None for an
-        owner's death, which unregisters whatever else holds it."""
+        """Unregister ``r`` once; a second caller returns after the first's driver call. Only
+        ``r.leave_mu`` is held across it: an owner's weakref callback may run on a thread holding
+        the registry's lock and wait here. ``leave``: the release's leave (a range revived since
+        stays); None for an owner's death."""
         with r.leave_mu:
             if r.unregistered or (leave is not None and r.leaves != leave):
                 return
@@ -629,9 +603,8 @@ def policy_of(value) -> AutoRegister | None:
 
 
 def core_hook(holder: Holder, policy: AutoRegister):
-    """The core's view of a backend's policy: called with each host buffer of a dispatch that
-    crosses the staging ring (address and size None for an output), before the dispatch asks
-    whether it is page-locked."""
+    """The core's hook for a backend's policy: called with each host buffer of a dispatch that
+    crosses the staging ring (address and size None for an output), before the page-locked test."""
     min_bytes = policy.min_bytes
 
     def sighted(obj, address, nbytes):

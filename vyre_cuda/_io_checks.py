@@ -1,11 +1,7 @@
 """Cold checks of the dispatch core: what is wrong with a caller's inputs or outputs, as typed
-errors with a Fix. Nothing here runs on a dispatch that succeeds, except ``check_outputs`` for
-``dispatch_into`` / ``result_into``.
-
-:func:`vyre_cuda.plan` runs a dispatch's input checks without a dispatch: ``host_format``,
-``check_host_inputs`` (the core's element-type check, ``kind_ok`` of ``_formats.pxd``, in Python)
-and ``check_device_description`` refuse what a dispatch of the same inputs refuses, with the
-dispatch's own errors (:func:`dtype_error`, the device reader's)."""
+errors with a Fix (only ``check_outputs`` runs on a dispatch that succeeds). ``host_format``,
+``check_host_inputs`` and ``check_device_description`` let :func:`vyre_cuda.plan` refuse what a
+dispatch would, with the dispatch's own errors."""
 
 from __future__ import annotations
 
@@ -32,8 +28,8 @@ __all__ = [
 
 
 def raw_bits(obj):
-    """A numpy array of a dtype numpy cannot export in a buffer (ml_dtypes' bfloat16, float8...)
-    viewed as unsigned integers of its item size, so it travels as its raw bits; else None."""
+    """A numpy array of a dtype with no buffer export (bfloat16, float8...) viewed as unsigned
+    integers of its item size (its raw bits); else None."""
     if not isinstance(obj, np.ndarray):
         return None
     dtype = obj.dtype
@@ -42,15 +38,18 @@ def raw_bits(obj):
     return None
 
 
+def _is_buffer(obj) -> bool:
+    try:
+        memoryview(obj).release()
+        return True
+    except (TypeError, ValueError, BufferError):
+        return False
+
+
 def input_error(program, i, obj, exc):
     names = [d.name for d in getattr(program, "inputs", ())]
     name = repr(names[i]) if i < len(names) else "(extra)"
-    try:
-        memoryview(obj)
-        is_buffer = True
-    except (TypeError, ValueError, BufferError):
-        is_buffer = False
-    if not is_buffer:
+    if not _is_buffer(obj):
         return ValidationError(
             f"input {i} ({name}) is a {type(obj).__name__}, which does not expose the buffer protocol",
             "pass a numpy array, bytes, bytearray, memoryview or another C-contiguous buffer",
@@ -80,8 +79,8 @@ def dtype_error(program, i, fmt, itemsize, obj):
 
 
 def format_kind(fmt: str) -> str:
-    """The element class of a buffer's struct-module format: ``"f"``, ``"i"`` or ``"u"``, ``"x"``
-    for big-endian, ``""`` for any other (the dispatch core's ``format_kind``, in Python).
+    """The element class of a struct-module format: ``"f"``, ``"i"``, ``"u"``, ``"x"`` for
+    big-endian, ``""`` for any other (the core's ``format_kind``, in Python).
 
     >>> format_kind("<f"), format_kind("q"), format_kind("B"), format_kind(">I"), format_kind("Zf")
     ('f', 'i', 'u', 'x', '')
@@ -104,8 +103,7 @@ def format_kind(fmt: str) -> str:
 
 def kind_ok(want: str, want_size: int, fmt: str, itemsize: int) -> bool:
     """Whether a buffer of ``fmt`` and ``itemsize`` may feed an input declared ``(want_size,
-    want)`` (:func:`vyre_cuda.planning.binding.input_spec`): the dispatch core's check. Raw bytes
-    (1-byte items) are reinterpreted on purpose, so they always may.
+    want)``: the core's check. Raw bytes (1-byte items) always may.
 
     >>> kind_ok("f", 4, "f", 4), kind_ok("f", 4, "d", 8), kind_ok("f", 4, "B", 1)
     (True, False, True)
@@ -117,7 +115,7 @@ def kind_ok(want: str, want_size: int, fmt: str, itemsize: int) -> bool:
 
 def host_format(obj):
     """``(format, itemsize, nbytes)`` of a host input as a dispatch exports it (its buffer, else
-    the raw bits of a dtype numpy exports no buffer of), or None when it is no host buffer."""
+    its raw bits), or None when it is no host buffer."""
     try:
         with memoryview(obj) as view:
             return view.format, view.itemsize, view.nbytes
@@ -131,12 +129,8 @@ def host_format(obj):
 
 
 def check_host_inputs(plan, described):
-    """Refuse the first host input of ``plan`` whose element type is not its declaration's, as a
-    dispatch does once it has its plan (in the plan's order, with :func:`dtype_error`).
-
-    ``described[i]`` is ``(format, itemsize, obj)`` for host input ``i`` (``obj`` names its dtype
-    in the message), None for a device input.
-    """
+    """Refuse the first host input whose element type is not its declaration's, as a dispatch
+    does. ``described[i]``: ``(format, itemsize, obj)`` for host input ``i``, None for a device one."""
     for (index, _, _, _), (itemsize, kind) in zip(plan.layout.inputs, plan.input_specs):
         host = described[index]
         if host is not None and not kind_ok(kind, itemsize, host[0], host[1]):
@@ -144,29 +138,22 @@ def check_host_inputs(plan, described):
 
 
 class _DeviceDescription:
-    """A device array of ``typestr`` as the device reader sees one, with no memory behind it:
-    the reader checks its byte order and element type without asking the driver about a pointer."""
+    """A memoryless device array of ``typestr``: the reader checks it without a driver call."""
 
     def __init__(self, typestr):
         self.__cuda_array_interface__ = {"shape": (0,), "typestr": typestr, "data": (0, False), "version": 3}
 
 
 def check_device_description(program, i, typestr):
-    """Refuse device input ``i`` of element type ``typestr`` (an array interface typestr, e.g.
-    ``"<f8"``) as the dispatch's device reader refuses such an array: big-endian, or not the
-    declared element type (a 1-byte type is raw bytes, accepted)."""
+    """Refuse device input ``i`` of array-interface ``typestr`` (e.g. ``"<f8"``) as the dispatch's
+    device reader would."""
     from ._device_io import device_input  # noqa: PLC0415 (the device reader: cold, offline planning)
 
     device_input(program, i, _DeviceDescription(typestr), 0, None)
 
 
 def as_input_list(inputs):
-    try:
-        memoryview(inputs)
-        single = True
-    except (TypeError, ValueError, BufferError):
-        single = False
-    if single or inputs is None or isinstance(inputs, (str, dict)):
+    if _is_buffer(inputs) or inputs is None or isinstance(inputs, (str, dict)):
         raise ValidationError(
             f"inputs must be a list or tuple of buffers (got a single {type(inputs).__name__}"
             f"{' with shape ' + str(inputs.shape) if hasattr(inputs, 'shape') else ''})",
@@ -184,12 +171,7 @@ def as_input_list(inputs):
 def as_output_list(outputs):
     if isinstance(outputs, list):
         return outputs
-    try:
-        memoryview(outputs)
-        single = True
-    except (TypeError, ValueError, BufferError):
-        single = False
-    if single or outputs is None or isinstance(outputs, (str, dict)):
+    if _is_buffer(outputs) or outputs is None or isinstance(outputs, (str, dict)):
         raise ValidationError(
             f"outputs must be a list or tuple of arrays (got {type(outputs).__name__})",
             "pass outputs as [out_array, ...], one writable array per output",
@@ -203,23 +185,10 @@ def as_output_list(outputs):
         ) from None
 
 
-def _device_checked(plan, k, out, device, stream):
-    """A device output's checked view (None: not a device array, check it as a host buffer)."""
-    try:
-        memoryview(out).release()
-        return None
-    except (TypeError, ValueError, BufferError):
-        pass
-    from ._device_io import device_output  # noqa: PLC0415
-
-    return device_output(plan, k, out, device, stream)
-
-
 def check_outputs(plan, outs, device=0, stream=None):
-    """Refuse caller outputs of the wrong count, dtype, size, contiguity or writability, naming
-    the output and what it must be, before anything runs. Device arrays (on ``device``) get the
-    same checks from their DLPack / CUDA Array Interface description. Returns, per output, the
-    checked device view (None for a host output), so the dispatch does not export it again."""
+    """Refuse caller outputs of the wrong count, dtype, size, contiguity or writability before
+    anything runs (device arrays on ``device`` too). Returns per output the checked device view
+    (None for a host output), so the dispatch does not export it again."""
     specs = plan.output_specs
     if len(outs) != len(specs):
         raise ValidationError(
@@ -229,8 +198,10 @@ def check_outputs(plan, outs, device=0, stream=None):
     views = [None] * len(outs)
     for k, (out, (want, _), slot, (_, need)) in enumerate(zip(outs, specs, plan.bindings.outputs, plan.layout.outputs)):
         name = slot.decl.name
-        if not isinstance(out, np.ndarray):
-            views[k] = _device_checked(plan, k, out, device, stream)
+        if not isinstance(out, np.ndarray) and not _is_buffer(out):
+            from ._device_io import device_output  # noqa: PLC0415
+
+            views[k] = device_output(plan, k, out, device, stream)
             if views[k] is not None:
                 continue
         got_dtype = getattr(out, "dtype", None)

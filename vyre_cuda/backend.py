@@ -1,11 +1,5 @@
-"""CudaBackend: planning, routing (cooperative / host-split), caches and telemetry around the core.
-
-This is the public class users read, and a good part of the file is its numpy-style docstrings
-and typed overloads; the planning, compile and pool work it routes to live in planning/, compile/
-and the compiled core. The backend's own planning steps (a plan miss planned outside the core,
-plan_info's plans, autotune's) live in _backend_plans.py and close()'s ordered teardown in
-_backend_close.py; the methods here call into them.
-"""
+"""CudaBackend: the public class around the compiled core. Its planning steps live in
+_backend_plans.py, close()'s ordered teardown in _backend_close.py."""
 
 from __future__ import annotations
 
@@ -27,10 +21,7 @@ from ._validate import check_int, check_size
 from .compile.modules import ModuleCache
 from .compile.nvrtc import preload_nvrtc
 from .config import as_config
-from .errors import (
-    CooperativeResidencyExceeded,
-    ValidationError,
-)
+from .errors import CooperativeResidencyExceeded, ValidationError
 from .planning.caps import DeviceCaps
 from .planning.dispatch import DispatchPlan, plan_route
 from .telemetry import Telemetry, TimedDispatchResult
@@ -49,8 +40,7 @@ __all__ = ["CudaBackend", "TimedDispatchResult", "driver_status", "reset_device"
 
 log = logging.getLogger("vyre_cuda")
 
-# the staging ring: 4 chunks of 8 MiB (32 MiB page-locked per backend), chosen by measurement on
-# the H200 (notes/transfer-engine.md)
+# the staging ring: 4 chunks of 8 MiB, measured on the H200 (notes/transfer-engine.md)
 DEFAULT_CHUNK_BYTES = 8 << 20
 DEFAULT_CHUNKS = 4
 
@@ -75,10 +65,9 @@ def _transfer_settings(chunk_bytes, chunks, threads):
 
 
 def default_copy_threads() -> int:
-    """Every core this process may run on but the dispatching one, at most 15: measured on an H200
-    host (16 cores), staged copies scale to 16 threads, and the streamed route from numpy arrays
-    reaches 1.23x the both-directions DMA time with 15 threads against 1.66x with 8. The threads
-    sleep between large copies."""
+    """Every core this process may use but the dispatching one, at most 15: on a 16-core H200 host
+    staged copies scale to 16 threads (the streamed route: 1.23x the duplex DMA time with 15
+    threads, 1.66x with 8)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -86,8 +75,7 @@ def default_copy_threads() -> int:
     return min(15, max(0, cores - 1))
 
 
-# what plan_info() returns (the name of earlier releases)
-PlanInfo = DispatchPlan
+PlanInfo = DispatchPlan  # what plan_info() returns (the name of earlier releases)
 
 
 class CudaBackend:
@@ -135,7 +123,6 @@ class CudaBackend:
     ...     assert np.array_equal(out, a + b)
     """
 
-    # measurement settings (_knobs.Knobs): the defaults unless _use_knobs() gave this backend others
     _knobs: Knobs = DEFAULT_KNOBS
 
     def __init__(
@@ -168,7 +155,7 @@ class CudaBackend:
         _driver.init_driver()
         self._caps = DeviceCaps(**_driver.device_caps(self.device))
         self._ctx = _driver.retain_primary_context(self.device)
-        self._owns_context = True  # (the finalizer closes only a backend that retained a context)
+        self._owns_context = True  # (the finalizer closes only a backend that retained one)
         self._plan_lock = threading.RLock()
         self._core = Core(
             self._ctx,
@@ -212,15 +199,9 @@ class CudaBackend:
         return self._core.lost is not None
 
     def _use_knobs(self, knobs: Knobs) -> None:
-        """Measure with other settings (a :class:`vyre_cuda._knobs.Knobs`): this backend's own, no
-        other backend's. The core's part goes into its C fields, planning's part is passed to
-        every plan made from now on, and the cached plans are dropped.
-
-        Set on a live backend rather than passed to ``CudaBackend(...)``: that leaves the public
-        constructor's signature alone, and a measurement can change them between runs on one
-        backend (bench_streamed.py tunes the stream constants on one). Call it while no other
-        thread dispatches on this backend (a dispatch running meanwhile may see either setting).
-        """
+        """Measure with other settings (:class:`vyre_cuda._knobs.Knobs`), for this backend only:
+        set on a live backend so the public constructor stays as it is and a benchmark can change
+        them between runs. Call it while no other thread dispatches on this backend."""
         self._check_open()
         if not isinstance(knobs, Knobs):
             raise ValidationError(f"expected a vyre_cuda._knobs.Knobs, got {knobs!r}", "pass Knobs(...)")
@@ -253,10 +234,8 @@ class CudaBackend:
         Returns
         -------
         list of numpy.ndarray or DeviceArray
-            The outputs, in declaration order, as new arrays of the declared dtypes: numpy
-            arrays, or :class:`DeviceArray` under ``DispatchConfig(outputs="device")``. Typed
-            ``list[numpy.ndarray]`` without a config; with one, ``list[Any]``, since the config's
-            value decides (see :data:`vyre_cuda.typing.DispatchOutput`).
+            The outputs, in declaration order: numpy arrays, or :class:`DeviceArray` under
+            ``DispatchConfig(outputs="device")`` (typed ``list[Any]`` with a config).
 
         Raises
         ------
@@ -280,16 +259,11 @@ class CudaBackend:
     ) -> PendingDispatch:
         """Enqueue the dispatch and return at once.
 
-        Parameters are those of :meth:`dispatch`; ``timed=True`` records device events so that
-        :meth:`PendingDispatch.timed_result` can report device time. The inputs may be reused as
-        soon as this returns.
-
-        ``outputs`` names the arrays to write, as :meth:`dispatch_into` does (checked before
-        anything runs): device arrays are written in the dispatch's stream order (by the kernel
-        itself when no input shares their memory), host arrays when the result is taken, and
-        ``result()`` returns them. On a caller's stream (``DispatchConfig(stream=s)``) with device
-        arrays in and out, this only enqueues: a pipeline of dispatches and other libraries'
-        kernels on ``s`` runs with no host wait until ``result()`` or ``s`` is synchronised.
+        Parameters are those of :meth:`dispatch`; ``timed=True`` records device events for
+        :meth:`PendingDispatch.timed_result`. The inputs may be reused as soon as this returns.
+        ``outputs`` names the arrays to write, as :meth:`dispatch_into` does: device arrays in
+        the dispatch's stream order, host arrays when the result is taken. On a caller's stream
+        with device arrays in and out, this only enqueues (no host wait until ``result()``).
 
         Returns
         -------
@@ -315,8 +289,8 @@ class CudaBackend:
         program, inputs, config
             As for :meth:`dispatch`.
         outputs : sequence of OutputBuffer
-            One writable, C-contiguous array per output, in declaration order, of the declared
-            dtype and size (host or device memory); checked before anything runs.
+            One writable, C-contiguous array per output, of the declared dtype and size (host or
+            device memory); checked before anything runs.
 
         Returns
         -------
@@ -370,10 +344,7 @@ class CudaBackend:
         self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None
     ) -> bool:
         """Whether the dispatch would run as one cooperative launch (the router's own answer).
-
-        Parameters are those of :meth:`dispatch`. False when a grid-sync program's grid is over
-        co-residency (it then runs host-split) or a forced ``cooperative=True`` would be refused.
-        """
+        Parameters are those of :meth:`dispatch`."""
         self._check_open()
         cfg = as_config(config)
         lengths, _ = _backend_plans.input_lengths(self, program, inputs, cfg)
@@ -389,11 +360,6 @@ class CudaBackend:
 
         Parameters are those of :meth:`dispatch`; only the inputs' byte lengths (and which are
         device memory) matter. :func:`vyre_cuda.plan` makes the same plan without a GPU.
-
-        Returns
-        -------
-        DispatchPlan
-            Bindings, launch, slab layout, route, staging and graph decisions.
         """
         self._check_open()
         cfg = None if config is None else as_config(config)
@@ -403,18 +369,13 @@ class CudaBackend:
 
     # ------------------------------------------------------------------ planning (_backend_plans.py)
     def _insert_plan(self, miss, program, blocking=True):
-        """Plan the core's PlanMiss outside the core and cache the plan in the core
-        (:func:`vyre_cuda._backend_plans.insert_plan`); returns it, for the call again."""
         return _backend_plans.insert_plan(self, miss, program, blocking)
 
     def _measurer(self, program, inputs, config):
-        """Autotune's measuring step, for tuning.tune (:func:`vyre_cuda._backend_plans.measurer`)."""
         return _backend_plans.measurer(self, program, inputs, config)
 
     def _plan(self, program, lengths, config, device_inputs=frozenset(), inputs=None):
-        """The Prepared plan of one (program, input lengths, config) for the core.
-        ``device_inputs``: indices of the inputs in device memory; ``inputs``: the dispatch's own
-        inputs (autotune measures on them)."""
+        """The Prepared plan for the core (tests watch or replace it on one backend)."""
         plan = _backend_plans.planned(self, program, lengths, config, device_inputs, inputs)
         return _backend_plans.prepare(plan)
 
@@ -430,11 +391,10 @@ class CudaBackend:
     ) -> TuneResult:
         """Measure ``program``'s block widths on ``inputs`` and cache the fastest (opt-in autotune).
 
-        Each candidate the device and the kernel allow runs once (its outputs must equal those of
-        the declared width), then ``repeats`` times timed with device events; the median decides.
-        The winner is stored in the tuning cache (beside the kernel cache) for this program,
-        device and size class, and ``DispatchConfig(autotune=True)`` dispatches launch with it.
-        A cached entry is returned without measuring unless ``force``. See :mod:`vyre_cuda.tuning`.
+        Each allowed candidate runs once (its outputs must equal the declared width's), then
+        ``repeats`` times timed; the median decides. The winner is cached per program, device and
+        size class for ``DispatchConfig(autotune=True)``; a cached entry is returned without
+        measuring unless ``force``. See :mod:`vyre_cuda.tuning`.
 
         >>> result = backend.tune(prog, [a, b])                    # doctest: +SKIP
         >>> backend.dispatch(prog, [a, b], DispatchConfig(autotune=True))  # doctest: +SKIP
@@ -443,13 +403,9 @@ class CudaBackend:
 
     # ------------------------------------------------------------------ lifecycle
     def trim(self) -> None:
-        """Free every cached device allocation and pinned staging buffer, and give the
-        stream-ordered pool's unused memory back to the driver (the staging ring stays).
-
-        Also frees the memory that dropped :class:`DeviceArray` objects of this device left
-        cached for new ones, after a context synchronize (skipped while one of vyre_cuda's own
-        graph captures is open; a later trim frees it). Safe from any thread at any time: memory
-        that dispatches in flight use stays theirs."""
+        """Free every cached device allocation and pinned staging buffer, the stream-ordered pool's
+        unused memory, and what dropped :class:`DeviceArray` objects of this device left cached
+        (the staging ring stays). Safe from any thread at any time: memory in use stays in use."""
         self._check_open()
         self._core.trim()  # (counted as a call in progress: close() waits for it)
         _hostreg.REGISTRY.release(self._holder, explicit=False)  # the automatic policy's ranges
@@ -462,13 +418,11 @@ class CudaBackend:
         """Page-lock caller-owned buffers in place for the ``with`` block, so dispatches DMA
         straight from/to them (no staging copy): ``cudaHostRegister`` with a lifetime.
 
-        Registering costs about as much as copying the buffer once (cuMemHostRegister), so it pays
-        for buffers reused across many dispatches. Each array's page-aligned span is registered
-        (or found registered already: registrations are shared and counted process-wide); while
-        the block lasts the arrays cannot be freed or resized. On exit, once no other hold is
-        left, vyre_cuda waits for the GPU work in flight that may still use them, then unregisters
-        them. A registration the driver or the budget refuses leaves that buffer to staging
-        (results are the same; :func:`vyre_cuda.registered_stats` counts it).
+        Registering costs about one copy of the buffer, so it pays for buffers reused across many
+        dispatches. Registrations are shared and counted process-wide; while the block lasts the
+        arrays cannot be freed or resized. On exit, once no other hold is left, vyre_cuda waits for
+        the GPU work that may use them, then unregisters them. A refused registration leaves that
+        buffer to staging (:func:`vyre_cuda.registered_stats` counts it).
 
         Yields the array (or the tuple of arrays, for several).
 
@@ -491,18 +445,14 @@ class CudaBackend:
                 _hostreg.REGISTRY.unhold(self._holder, address, nbytes)
 
     def close(self) -> None:
-        """Refuse new work, wait for the calls other threads are running, then free the pools,
-        the staging ring, the streams and the modules and release the context. Idempotent.
-
-        Dispatches that other threads are running end first (each within its own timeout; the
-        wait can be interrupted with Ctrl-C, and close() called again). The GPU work of
-        ``dispatch_async`` handles still held is waited for too; their results can no longer
-        be taken, and the context reference goes back when the last of them is dropped."""
+        """Refuse new work, wait for the calls other threads are running (Ctrl-C interrupts the
+        wait), then free the pools, the staging ring, the streams and the modules and release the
+        context. Idempotent. The GPU work of ``dispatch_async`` handles still held is waited for
+        too; the context goes back when the last of them is dropped."""
         _backend_close.close(self)
 
     def __del__(self):
-        # dropped without close(): free everything (not at interpreter exit, when the driver
-        # library may already be gone)
+        # (not at interpreter exit: the driver library may be gone)
         if not self.__dict__.get("_owns_context") or getattr(self, "_closed", True) or sys.is_finalizing():
             return
         try:
@@ -523,8 +473,8 @@ class CudaBackend:
 
 
 def _busy_probe(backend):
-    """Whether ``backend`` has GPU work in flight, for the registry (a weak reference: the probe
-    lives in the core's policy hook, and a dropped backend closed first, waiting for its work)."""
+    """Whether ``backend`` has GPU work in flight, for the registry (weakly: the probe lives in
+    the core's policy hook)."""
     ref = weakref.ref(backend)
 
     def busy() -> bool:

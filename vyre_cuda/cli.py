@@ -32,9 +32,10 @@ EXIT_USAGE = 2  # bad arguments (argparse's own status)
 EXIT_NO_GPU = 3  # no usable CUDA driver or device
 
 DESCRIPTION = "vyre-cuda: inspect the CUDA driver and device, self-test, profile, tune and manage the kernel cache."
+_RAW = argparse.RawDescriptionHelpFormatter
 
-# What each status means for each command: its `--help` lists these (and only the statuses it
-# can end with), the top-level `vyre-cuda --help` the meaning they share.
+# What each status means for each command, in its `--help` (only the statuses it can end with);
+# None: the shared meanings, in `vyre-cuda --help`.
 EXIT_STATUSES: dict[str | None, tuple[tuple[int, str], ...]] = {
     None: (
         (EXIT_OK, "success"),
@@ -87,15 +88,12 @@ def exit_status_epilog(command: str | None = None) -> str:
     return "exit status:\n" + "\n".join(lines)
 
 
-EPILOG = exit_status_epilog()
-
-
 def _exit_code(exc: BackendError) -> int:
     return EXIT_NO_GPU if isinstance(exc, DriverUnavailable) else EXIT_FAILURE
 
 
 def _probe(device: int):
-    """(report dict, DeviceCaps or None, exit status) for ``info``; never raises a BackendError."""
+    """(report, DeviceCaps or None, exit status) for ``info``; never raises a BackendError."""
     from . import compile as vc_compile
     from .backend import CudaBackend, driver_status
 
@@ -156,8 +154,7 @@ def _cmd_info(args) -> int:
 
 
 def _device_list(caps) -> str:
-    """One entry per visible device: ordinal, name, compute capability, memory (the probed device
-    alone when the others cannot be asked)."""
+    """Every visible device's ordinal, name, compute capability, memory (else the probed one's)."""
     from . import _driver
 
     def entry(k, name, cc, total):
@@ -191,7 +188,7 @@ def selftest_cases(rng):
 
 
 def _plan_offline(program, inputs):
-    """Compile and plan without a device (as the H200 would), to show the install works."""
+    """Compile and plan without a device, to show the install works."""
     from .compile import compile_kernel
     from .config import DispatchConfig
     from .planning.binding import plan_bindings
@@ -240,8 +237,7 @@ def _cmd_selftest(args) -> int:
     return EXIT_OK if not failures else EXIT_FAILURE
 
 
-# cache_info() keys that describe the folder on disk; every other key counts events in the
-# process that asks, so `vyre-cuda cache` (a process of its own) shows those as 0.
+# cache_info()'s keys about the folder; the others count events of the asking process (0 here)
 _DISK_KEYS = ("dir", "disk_enabled", "disk_entries", "disk_bytes")
 
 
@@ -337,7 +333,7 @@ def _cmd_tune(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="vyre-cuda", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="vyre-cuda", description=DESCRIPTION, epilog=exit_status_epilog(), formatter_class=_RAW
     )
     parser.add_argument("--version", action="version", version=f"vyre_cuda {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -349,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
             help=summary,
             description=summary[0].upper() + summary[1:] + ".",
             epilog=exit_status_epilog(name),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=_RAW,
         )
         p.set_defaults(command_parser=p)  # (main shows its usage for an unknown option)
         return p
@@ -389,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """Run ``vyre-cuda argv...`` and return its exit status (see ``EPILOG``)."""
+    """Run ``vyre-cuda argv...`` and return its exit status (see ``EXIT_STATUSES``)."""
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)  # exits with EXIT_USAGE on bad arguments
     if unknown:

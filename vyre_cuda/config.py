@@ -35,21 +35,18 @@ def _dims(name, value):
     return dims
 
 
-# A bound on repeated launches: the launches of one dispatch are enqueued at once and cannot be
-# interrupted, so at about 5 us a launch this caps one dispatch at seconds, not hours.
+# A dispatch's launches are enqueued at once and cannot be interrupted: at ~5 us a launch this
+# caps one dispatch at seconds, not hours.
 MAX_FIXPOINT_ITERATIONS = 1_000_000
-# The longest finite timeout (about 31.7 years); float('inf') or None mean no bound.
-MAX_TIMEOUT_S = 1e9
+MAX_TIMEOUT_S = 1e9  # the longest finite timeout (about 31.7 years)
 U32_MAX = 0xFFFFFFFF
-
-
 U64_MAX = (1 << 64) - 1
 
 
 def stream_handle(stream) -> int:
     """The CUstream handle (an int) of ``stream``: an object with ``__cuda_stream__`` (cuda.core's
-    protocol: a method, or attribute, giving ``(version, handle)``), a CuPy stream (``.ptr``), a
-    torch stream (``.cuda_stream``) or an int handle."""
+    protocol: ``(version, handle)``), a CuPy stream (``.ptr``), a torch stream (``.cuda_stream``)
+    or an int handle."""
     handle = None
     what = type(stream).__name__
     if is_int(stream):
@@ -129,8 +126,8 @@ class DispatchConfig(metaclass=Interned):
     ----------
     workgroup_override, grid_override : int or tuple of 1 to 3 ints, optional
         Replace the program's block and the derived grid. Under ``grid_override`` word 0 of the
-        params block is ``grid[0] * block[0]``, unless the program names its launch binding
-        (``Program(launch=...)``) or ``elements`` is given: then it is that element count.
+        params block is ``grid[0] * block[0]``, unless ``Program(launch=...)`` or ``elements``
+        gives the element count.
     fixpoint_iterations : int, optional
         Repeat the launch (or the phase sequence) that many times, 1 to
         ``MAX_FIXPOINT_ITERATIONS`` (1,000,000).
@@ -139,49 +136,40 @@ class DispatchConfig(metaclass=Interned):
     label : str, optional
         Names the dispatch in traces.
     timeout : float, optional
-        Seconds a blocking wait may take before :class:`~vyre_cuda.DispatchFailed` is raised
-        (the work is left in flight, owned by the handle). None or ``float('inf')`` wait without
-        bound; finite values are at most ``MAX_TIMEOUT_S`` (1e9 s). Stored as a float.
+        Seconds a blocking wait may take before :class:`~vyre_cuda.DispatchFailed` (the work stays
+        in flight, owned by the handle). None or ``float('inf')``: no bound; at most
+        ``MAX_TIMEOUT_S`` (1e9 s) otherwise.
     elements : int, optional
         The launch element count of this dispatch (word 0), overriding the program's rule.
     autotune : bool
         Launch with the block width measured fastest for this program, device and size class
-        (:meth:`CudaBackend.tune`): read from the tuning cache, measured once on the dispatch's
-        own inputs when absent. Off by default; never applied with ``workgroup_override``,
-        ``grid_override``, a multi-dimensional block or a grid-sync / cooperative launch.
+        (:meth:`CudaBackend.tune`), measured once on the dispatch's own inputs when not cached.
+        Never applied with an override, a multi-dimensional block or a cooperative launch.
     stream : optional
-        Run the dispatch on the caller's CUDA stream: an object with ``__cuda_stream__``
-        (cuda.core), a CuPy stream (``.ptr``), a torch stream (``.cuda_stream``) or a raw CUstream
-        int (0 is the legacy default stream). The dispatch is ordered after the work already on
-        that stream, and later work on it sees the outputs. Stored as the int handle (the config
-        keeps the stream object referenced); None uses the backend's own pooled streams.
+        Run on the caller's CUDA stream: an object with ``__cuda_stream__`` (cuda.core), a CuPy
+        or torch stream, or a raw CUstream int (0: the legacy default stream), ordered after the
+        work already on it. Stored as the int handle (the object stays referenced); None uses the
+        backend's own streams.
     outputs : str
-        ``"host"`` (default): outputs come back as numpy arrays; ``"device"``: as
-        :class:`vyre_cuda.DeviceArray` objects in device memory (``__cuda_array_interface__`` and
-        ``__dlpack__``, so CuPy and torch wrap them without a copy).
+        ``"host"`` (default): numpy arrays; ``"device"``: :class:`vyre_cuda.DeviceArray` objects
+        (CuPy and torch wrap them without a copy).
     graph : bool, optional
-        Replay the dispatch's launches as one CUDA graph: True always (even a single launch),
-        False never, None (default) when the dispatch issues at least
-        ``planning.dispatch.GRAPH_MIN_LAUNCHES`` launches (fixpoint iterations, host split).
+        Replay the launches as one CUDA graph: True always, False never, None (default) from
+        ``planning.dispatch.GRAPH_MIN_LAUNCHES`` launches on.
     streamed : bool, optional
-        The streamed route of an elementwise program (``Program(elementwise=...)``): chunks of
-        rows pipelined over a few streams, so uploads, kernels and readbacks overlap and a
-        dispatch may exceed device memory. None (default): the planner decides by size and
-        memory; True: always (refused for a program that is not elementwise); False: never.
+        The streamed route of an elementwise program: chunks of rows pipelined over a few streams
+        (uploads, kernels and readbacks overlap; a dispatch may exceed device memory). None
+        (default): the planner decides; True: always (refused unless elementwise); False: never.
     device_memory_budget : int, optional
-        The most device bytes one dispatch may hold (a positive int). A dispatch over it
-        streams when its program is elementwise and is refused otherwise; None: bounded only by
-        free device memory. A budget has a minimum: it may not cut the streamed route into
-        chunks that move fewer than ``planning.stream.STREAM_MIN_CHUNK_BYTES`` (4 MiB, uploads
-        plus readbacks; smaller chunks stream at under half the unbudgeted rate). A smaller
-        budget on a dispatch that must stream is a :class:`~vyre_cuda.errors.ValidationError`,
-        raised at planning, that names the smallest budget that works for that dispatch
-        (12,584,960 bytes for three float32 buffers of 16 MiB and up); a dispatch whose serial
-        route fits the budget runs serially instead.
+        The most device bytes one dispatch may hold. A dispatch over it streams when its program
+        is elementwise and is refused otherwise; None: bounded by free device memory. A budget
+        that cuts the streamed route into chunks moving under
+        ``planning.stream.STREAM_MIN_CHUNK_BYTES`` (4 MiB) is refused at planning with the
+        smallest budget that works (12,584,960 bytes for three float32 buffers of 16 MiB and
+        up); a dispatch whose serial route fits the budget runs serially instead.
 
-    A config is immutable. Built again from the same plain values (numbers, strings, None, an
-    int stream handle), it is the config built the first time, so one built in every call
-    costs a lookup; a config given a stream object is built each time.
+    A config is immutable. Built again from the same plain values (no stream object), it is the
+    config built the first time, so one built in every call costs a lookup.
 
     Examples
     --------
@@ -220,8 +208,8 @@ class DispatchConfig(metaclass=Interned):
         streamed: bool | None = None,
         device_memory_budget: int | None = None,
     ) -> None:
-        # the fields in one dict update (the generated frozen __init__ makes one object.__setattr__
-        # call per field): a config built per dispatch is on the hot path
+        # one dict update, not a frozen __init__'s object.__setattr__ per field: a config built per
+        # dispatch is on the hot path
         self.__dict__.update(
             workgroup_override=workgroup_override,
             grid_override=grid_override,
@@ -240,8 +228,7 @@ class DispatchConfig(metaclass=Interned):
         self.__post_init__()
 
     def __post_init__(self):
-        # each check runs for a value given only (a default needs none): a config built per
-        # dispatch with a field or two costs little more than the dataclass __init__
+        # only given values are checked: a config built per dispatch stays cheap
         if self.workgroup_override is not None:
             object.__setattr__(self, "workgroup_override", _dims("workgroup_override", self.workgroup_override))
         if self.grid_override is not None:
@@ -262,20 +249,13 @@ class DispatchConfig(metaclass=Interned):
                 f"label must be a str or None (got {type(self.label).__name__})",
                 "pass label='name-for-traces'",
             )
-        if self.cooperative is not False:
-            cooperative = check_flag(
-                "cooperative",
-                self.cooperative,
-                fix="pass cooperative=True to force a cooperative launch, else leave it False",
-            )
-            object.__setattr__(self, "cooperative", cooperative)
-        if self.autotune is not False:
-            autotune = check_flag(
-                "autotune",
-                self.autotune,
-                fix="pass autotune=True to launch with the measured fastest block width, else leave it False",
-            )
-            object.__setattr__(self, "autotune", autotune)
+        for name, what in (
+            ("cooperative", "force a cooperative launch"),
+            ("autotune", "launch with the measured fastest block width"),
+        ):
+            if getattr(self, name) is not False:
+                flag = check_flag(name, getattr(self, name), fix=f"pass {name}=True to {what}, else leave it False")
+                object.__setattr__(self, name, flag)
         if self.graph is not None:
             if not is_flag(self.graph):
                 raise ValidationError(
@@ -294,8 +274,7 @@ class DispatchConfig(metaclass=Interned):
                 )
             object.__setattr__(self, "elements", int(n))
         if self.stream is not None:
-            # equality and hash go by the handle; a stream object stays referenced so it stays
-            # alive (an int handle is the caller's to keep alive: nothing to hold)
+            # equality and hash go by the handle; a stream object is kept referenced (alive)
             if not is_int(self.stream):
                 object.__setattr__(self, "_stream_source", self.stream)
             object.__setattr__(self, "stream", stream_handle(self.stream))
@@ -305,15 +284,12 @@ class DispatchConfig(metaclass=Interned):
                 "pass outputs='device' to keep the outputs in device memory, else leave it 'host'",
             )
         self._check_streamed()
-        # Every dispatch hashes its config for the plan lookup: once here, not 13 fields each time.
+        # every dispatch hashes its config for the plan lookup: once here, not 13 fields each time
         try:
             hashed = hash(_config_fields(self))
         except TypeError:
             hashed = None  # an unhashable field: __hash__ raises it where the dispatch looks up
         object.__setattr__(self, "_hash", hashed)
-
-    def _fields(self) -> tuple:
-        return _config_fields(self)
 
     def __eq__(self, other):
         if self is other:
@@ -327,15 +303,12 @@ class DispatchConfig(metaclass=Interned):
         return hash(_config_fields(self)) if hashed is None else hashed
 
     def __reduce__(self):
-        # rebuilt from its fields: the cached hash is per process (str hashes are salted), and a
-        # stream travels as its handle
-        return (type(self), self._fields())
+        # rebuilt from its fields: the cached hash is per process (salted str hashes)
+        return (type(self), _config_fields(self))
 
     def _check_streamed(self) -> None:
         if self.streamed is None and self.device_memory_budget is None:
-            # the defaults need no check; skipping it keeps `import vyre_cuda` (which builds the
-            # default config) from loading the planner and its compiled byte arithmetic
-            return
+            return  # (keeps `import vyre_cuda`, which builds the default config, off the planner)
         from .planning.stream import check_streamed_config  # noqa: PLC0415 (cycle: planning imports config)
 
         streamed, budget = check_streamed_config(self.streamed, self.device_memory_budget)
@@ -348,8 +321,7 @@ class DispatchConfig(metaclass=Interned):
         return self.fixpoint_iterations or 1
 
     def _without_stream_object(self) -> DispatchConfig:
-        """An equal config that does not keep the caller's stream object alive (the plan cache
-        stores this one: a cached plan must not hold a stream the caller dropped)."""
+        """An equal config not keeping the caller's stream object alive (for the plan cache)."""
         if "_stream_source" not in self.__dict__:
             return self
         keyed = object.__new__(type(self))
@@ -365,13 +337,12 @@ _DEFAULT = DispatchConfig()
 
 def as_config(config: DispatchConfig | dict[str, Any] | None) -> DispatchConfig:
     """Accept None, a dict of DispatchConfig fields, or a DispatchConfig."""
-    # (the parameter's type is vyre_cuda.typing.ConfigLike written out: typing imports this module)
     if config is None:
         return _DEFAULT
     if isinstance(config, DispatchConfig):
         return config
     if isinstance(config, dict):
-        names = {f.name for f in fields(DispatchConfig)}
+        names = set(_CONFIG_FIELDS)
         unknown = sorted(set(config) - names)
         if unknown:
             raise ValidationError(

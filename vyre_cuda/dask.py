@@ -8,9 +8,8 @@
     (out,) = vd.map_blocks(prog, x, y)           # dask arrays in, dask arrays out
     out.compute()
 
-Programs travel to the workers by value (pickled with each task) and each worker keeps one copy
-per program digest, so a worker plans and compiles a program once however many tasks use it (the
-kernel disk cache is shared too when the workers share a filesystem).
+Programs travel to the workers by value (pickled with each task); each worker keeps one copy per
+program digest, so it plans and compiles a program once however many tasks use it.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import hashlib
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from operator import getitem
 from typing import TYPE_CHECKING, Any
@@ -62,12 +60,10 @@ PLUGIN_NAME = "vyre-cuda"
 
 
 def program_key(program: Program) -> str:
-    """A digest of every field of the program (``Program._identity``: the kernel digest, the
-    buffers, the launch shape, ``launch``, the name...): programs that differ in any field get
-    different keys, and equal programs built in different processes get the same key.
-
-    A callable ``launch`` enters by its cloudpickle bytes: by reference for a module-level
-    function, by value (code, defaults, closure) for a lambda or a local function.
+    """A digest of every field of the program (``Program._identity``): programs that differ in any
+    field get different keys, equal programs built in different processes the same key. A callable
+    ``launch`` enters by its cloudpickle bytes (by reference for a module-level function, by value
+    for a lambda or a local function).
     """
     h = hashlib.sha256()
     for name, value in program._identity():
@@ -90,7 +86,6 @@ def _key_bytes(name: str, value) -> bytes:
         ) from None
 
 
-# ---------------------------------------------------------------------------------- worker side
 def _worker_device(device, worker) -> int:
     if callable(device):
         return int(device(worker))
@@ -119,12 +114,11 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
     ----------
     device : int, callable or None
         The worker's device ordinal, or ``device(worker) -> int``. None (default): device 0 when
-        ``CUDA_VISIBLE_DEVICES`` is set in the worker (dask-cuda's ``LocalCUDACluster`` and
-        ``dask-cuda-worker`` list each worker's own GPU first), otherwise the worker's integer
-        name modulo the device count (``LocalCluster`` names its workers 0, 1, ...), else 0.
+        ``CUDA_VISIBLE_DEVICES`` is set in the worker (dask-cuda lists the worker's own GPU
+        first), else the worker's integer name modulo the device count (``LocalCluster`` names
+        them 0, 1, ...), else 0.
     backend_factory : callable, optional
-        ``backend_factory(ordinal)`` makes the backend (default ``CudaBackend``); it travels by
-        value (cloudpickle), so a test double defined anywhere works.
+        ``backend_factory(ordinal)`` makes the backend (default ``CudaBackend``).
     backend_options : dict, optional
         Keyword arguments of the default ``CudaBackend``.
     """
@@ -151,15 +145,12 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
         self.device = cloudpickle.dumps(device) if callable(device) else device
         self._factory = cloudpickle.dumps(backend_factory) if backend_factory is not None else None
         self.backend_options = dict(backend_options or {})
-        # a CudaBackend or what backend_factory made (any object with dispatch and close); set by
-        # setup, None before it and after teardown
-        self.backend: Any = None
+        self.backend: Any = None  # set by setup, None before it and after teardown
         self.ordinal: int | None = None
         self.programs: dict = {}
 
     def setup(self, worker: Any) -> None:
-        """Create this worker's backend on its device (Dask calls this when the plugin is
-        registered, or when a worker joins)."""
+        """Create this worker's backend on its device (when registered, or when a worker joins)."""
         device = cloudpickle.loads(self.device) if isinstance(self.device, bytes) else self.device
         self.ordinal = _worker_device(device, worker)
         if self._factory is not None:
@@ -171,17 +162,16 @@ class VyreCudaPlugin(distributed.WorkerPlugin):
         self.programs = {}
 
     def teardown(self, worker: Any) -> None:
-        """Close this worker's backend and forget its programs (Dask calls this when the worker
-        closes or the plugin is removed)."""
+        """Close this worker's backend and forget its programs (worker closed, plugin removed)."""
         backend, self.backend = self.backend, None
         self.programs = {}
         if backend is not None:
             backend.close()
 
     def program(self, key: str, program: Program) -> Program:
-        """This worker's copy of the program with ``key``: the first one seen is kept, so every
-        task after it hits the backend's plan cache (equal programs would anyway, but a callable
-        ``launch`` arrives as a new object with every task, and programs compare it by object)."""
+        """This worker's copy of the program with ``key``: the first seen is kept, so later tasks
+        hit the plan cache (a callable ``launch`` arrives as a new object with every task, and
+        programs compare it by object)."""
         return self.programs.setdefault(key, program)
 
 
@@ -205,14 +195,8 @@ def _plugin(worker=None) -> VyreCudaPlugin:
 
 
 def worker_backend() -> Any:
-    """The calling Dask worker's backend (inside a task of your own): a
-    :class:`~vyre_cuda.CudaBackend`, or what the plugin's ``backend_factory`` made.
-
-    Raises
-    ------
-    ValidationError
-        Not called in a Dask worker, or the worker has no registered plugin.
-    """
+    """The calling Dask worker's backend, inside a task of your own. Raises ValidationError outside
+    a worker, or on a worker without the plugin."""
     return _plugin().backend
 
 
@@ -239,36 +223,28 @@ def register(
     backend_factory: Callable[[int], Any] | None = None,
     backend_options: dict[str, Any] | None = None,
 ) -> Any:
-    """Register :class:`VyreCudaPlugin` on every worker of ``client``, now and as workers join.
-
-    The arguments are :class:`VyreCudaPlugin`'s. Returns what ``client.register_plugin``
-    returns, and raises the worker's error if a backend cannot be created there.
-    """
+    """Register :class:`VyreCudaPlugin` (these are its arguments) on every worker of ``client``,
+    now and as workers join. Returns ``client.register_plugin``'s result; raises a worker's error
+    if its backend cannot be created."""
     return client.register_plugin(
         VyreCudaPlugin(device=device, backend_factory=backend_factory, backend_options=backend_options)
     )
 
 
-# ---------------------------------------------------------------------------------- tasks
-@dataclass(frozen=True)
-class _Layout:
-    shape_from: int  # position of a runtime-sized input: its chunk's shape shapes the outputs
-    outputs: tuple  # per output: 0 for runtime-sized (chunk shape), else the static count
-
-
-def _run_block(key, program, config, layout, *inputs):
+def _run_block(key, program, config, shape_from, *inputs):
+    # the chunk of runtime-sized input ``shape_from`` shapes the runtime-sized (count 0) outputs
     plugin = _plugin()
-    shape = np.shape(inputs[layout.shape_from])
+    shape = np.shape(inputs[shape_from])
+    counts = [decl.count for decl in program.outputs]
     if math.prod(shape) == 0:
         # an empty chunk runs nothing: runtime outputs are empty, static ones cleared like a dispatch
-        outs = [np.zeros(count, decl.dtype.numpy) for decl, count in zip(program.outputs, layout.outputs)]
+        outs = [np.zeros(count, decl.dtype.numpy) for decl, count in zip(program.outputs, counts)]
     else:
         args = [np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x for x in inputs]
         outs = plugin.backend.dispatch(plugin.program(key, program), args, config)
-    ndim = len(shape)
     return tuple(
-        out.reshape(shape) if count == 0 else out.reshape((1,) * ndim + (count,))
-        for out, count in zip(outs, layout.outputs)
+        out.reshape(shape) if count == 0 else out.reshape((1,) * len(shape) + (count,))
+        for out, count in zip(outs, counts)
     )
 
 
@@ -284,35 +260,15 @@ def submit(
     config: ConfigLike = None,
     **kwargs: Any,
 ) -> distributed.Future:
-    """One dispatch on some worker: a ``distributed.Future`` of the list of outputs.
-
-    ``kwargs`` go to ``client.submit`` (``workers=``, ``retries=``, ...); tasks are not pure
-    by default (hashing large inputs to deduplicate them costs more than it saves).
-
-    Parameters
-    ----------
-    client : distributed.Client
-        A client whose workers have the plugin (:func:`register`).
-    program : Program
-        The program to run.
-    inputs : sequence of InputBuffer
-        Its inputs, sent to the worker with the task.
-    config : DispatchConfig, dict or None
-        As for :meth:`CudaBackend.dispatch`.
-
-    Returns
-    -------
-    distributed.Future
-        Of the list of outputs (numpy arrays).
+    """One dispatch on some worker of ``client`` (see :func:`register`): a ``distributed.Future`` of
+    the list of outputs (numpy arrays). ``inputs`` travel with the task; ``kwargs`` go to
+    ``client.submit`` (``workers=``, ``retries=``, ...). Tasks are not pure by default: hashing
+    large inputs to deduplicate them costs more than it saves.
     """
-    _check_program(program)
+    require_program(program, "vyre_cuda.dask")
     cfg = None if config is None else as_config(config)
     kwargs.setdefault("pure", False)
     return client.submit(_run_dispatch, program_key(program), program, cfg, list(inputs), **kwargs)
-
-
-def _check_program(program: object) -> None:
-    require_program(program, "vyre_cuda.dask")
 
 
 def _dtype_matches(decl, dtype) -> bool:
@@ -326,33 +282,16 @@ def map_blocks(program: Program, *arrays: Any, config: ConfigLike = None, name: 
     """Apply ``program`` to dask arrays chunk by chunk; one dispatch per chunk, on the workers.
 
     ``arrays`` are the program's inputs in declaration order. Runtime-sized inputs are dask
-    arrays (numpy arrays are chunked like the first dask one) of one shape and of their
-    declared dtypes; each task gets one chunk of each, flattened to its elements. Statically
-    sized inputs (numpy, bytes or dask arrays) go whole to every task.
+    arrays (numpy arrays are chunked like the first dask one) of one shape and their declared
+    dtypes; each task gets one chunk of each, flattened. Statically sized inputs (numpy, bytes or
+    dask arrays) go whole to every task. ``name`` labels the graph's keys (default: the program's
+    name, else its kernel entry).
 
-    Returns one dask array per program output (a list, as ``dispatch`` returns): a
-    runtime-sized output has the inputs' shape and chunks; a statically sized output of
-    ``count`` elements has shape ``numblocks + (count,)``, one row per chunk (per-block partial
-    results, to reduce with dask afterwards). The program is applied to each chunk on its own,
-    so it must make sense per chunk (an elementwise kernel, or per-block partials).
-
-    Parameters
-    ----------
-    program : Program
-        The program applied to each chunk.
-    *arrays : dask arrays, numpy arrays or buffers
-        Its inputs, in declaration order.
-    config : DispatchConfig, dict or None
-        As for :meth:`CudaBackend.dispatch`.
-    name : str, optional
-        The label of the dask graph's keys (default: the program's name, else its kernel entry).
-
-    Returns
-    -------
-    list of dask.array.Array
-        One per program output.
+    Returns one dask array per output: a runtime-sized one has the inputs' shape and chunks; a
+    static one of ``count`` elements has shape ``numblocks + (count,)``, one row of per-block
+    partials per chunk. Each chunk runs on its own, so the program must make sense per chunk.
     """
-    _check_program(program)
+    require_program(program, "vyre_cuda.dask")
     cfg = None if config is None else as_config(config)  # None: the backend's fastest path
     decls = program.inputs
     if len(arrays) != len(decls):
@@ -420,16 +359,12 @@ def map_blocks(program: Program, *arrays: Any, config: ConfigLike = None, name: 
                 arginds += [value, tuple(f"s{i}_{k}" for k in range(value.ndim))]
             else:
                 arginds += [value, None]
-    layout = _Layout(
-        shape_from=runtime[0],
-        outputs=tuple(d.count for d in program.outputs),
-    )
     key = program_key(program)
     label = (name or program.name or program.kernel.entry).replace("-", "_")
     token = tokenize(key, cfg, *[a.name if isinstance(a, da.Array) else a for a in arrays])
     metas = tuple(np.empty((0,) * reference.ndim, d.dtype.numpy) for d in program.outputs)
     tmp = da.blockwise(
-        partial(_run_block, key, program, cfg, layout),
+        partial(_run_block, key, program, cfg, runtime[0]),
         out_ind,
         *arginds,
         name=f"vyre-{label}-{token}",

@@ -36,8 +36,7 @@ class BackendError(Exception):
     ``Fix: ...`` line of ``str(error)``.
     """
 
-    # set where they apply: the device ordinal and item index of a DeviceGroup failure, and the
-    # PendingDispatch that still owns the work of a dispatch that timed out
+    # where they apply: a DeviceGroup failure's device and item, a timed-out dispatch's handle
     device: int | None = None
     item: int | None = None
     pending: Any = None
@@ -48,9 +47,8 @@ class BackendError(Exception):
         super().__init__(f"{message}\nFix: {fix}")
 
     def __reduce__(self):
-        # what travels to another process (Dask, multiprocessing): the class, message, fix and
-        # every attribute that pickles; ``pending`` (a handle on this process's GPU work) and
-        # anything else that cannot be pickled stay behind, so the caller still gets this type
+        # to another process (Dask, multiprocessing): every attribute that pickles, never
+        # ``pending`` (this process's GPU work), so the caller still gets this type
         return (_rebuild, (type(self), self.message, self.fix, _portable(self.__dict__)))
 
     def __copy__(self):
@@ -59,8 +57,7 @@ class BackendError(Exception):
     def __deepcopy__(self, memo):
         obj = memo[id(self)] = _rebuild(type(self), self.message, self.fix, {})
         for name, value in self.__dict__.items():
-            # the pending handle (and any other handle that cannot be copied) stays shared: it
-            # owns GPU work or a resource, it is not data to duplicate
+            # the pending handle (and anything not copyable) stays shared: it owns GPU work
             if name not in _LOCAL:
                 with contextlib.suppress(Exception):  # (not copyable: share it)
                     value = copy.deepcopy(value, memo)
@@ -146,8 +143,7 @@ class DriverUnavailable(BackendError):
     """No CUDA driver or no CUDA device could be found. Raised at first use, never at import."""
 
 
-# The Fix of a DriverUnavailable when no driver can be used at all (the library does not load, or
-# a command finds no usable driver): one text for the core and every vyre-cuda command.
+# The Fix of a DriverUnavailable when no driver can be used at all (core and commands alike).
 NO_DRIVER_FIX = (
     "run on a machine with an NVIDIA GPU and its driver installed (nvidia-smi lists a device, "
     "libcuda.so.1 is on the loader path); vyre_cuda imports, compiles and plans without one, but "
@@ -155,8 +151,7 @@ NO_DRIVER_FIX = (
 )
 
 
-# Used only when the driver library cannot be loaded (no GPU, CI): the CUresults a user is likely
-# to meet without one. Everywhere else the text is the driver's own (cuGetErrorString).
+# Only when the driver library cannot be loaded (no GPU, CI); else the driver's cuGetErrorString.
 _FALLBACK_EXPLANATIONS = {
     "CUDA_ERROR_INVALID_VALUE": "invalid argument",
     "CUDA_ERROR_OUT_OF_MEMORY": "out of memory",
@@ -257,28 +252,21 @@ def driver_error(status: str, call: str, code: int = 0, detail: str = "") -> Dis
         status = cu_status_name(code)
     where = f" ({detail})" if detail else ""
     message = f"{status}: {cu_explanation(status)}; raised by {call}{where}"
+    cls: type[DispatchFailed]
     if status == "CUDA_ERROR_OUT_OF_MEMORY":
-        return DeviceOutOfMemory(
-            message,
-            "free device memory (other processes, CudaBackend.trim()), or split the dispatch into bounded chunks",
-            status=status,
-            call=call,
-            code=code,
-        )
-    if status in STICKY_ERRORS:
-        return DeviceLost(
-            message,
+        cls = DeviceOutOfMemory
+        fix = "free device memory (other processes, CudaBackend.trim()), or split the dispatch into bounded chunks"
+    elif status in STICKY_ERRORS:
+        cls = DeviceLost
+        fix = (
             "the CUDA context is unusable for this process; close this backend, call "
             "vyre_cuda.reset_device(device) and create a new CudaBackend (or restart the process); "
-            "if a kernel faulted, fix its indexing (run it under compute-sanitizer to find the access)",
-            status=status,
-            call=call,
-            code=code,
+            "if a kernel faulted, fix its indexing (run it under compute-sanitizer to find the access)"
         )
-    return DispatchFailed(
-        message,
-        "check the arguments of the failing call; if the error persists, run with VYRE_CUDA_TRACE=1 and report the log",
-        status=status,
-        call=call,
-        code=code,
-    )
+    else:
+        cls = DispatchFailed
+        fix = (
+            "check the arguments of the failing call; if the error persists, run with VYRE_CUDA_TRACE=1 "
+            "and report the log"
+        )
+    return cls(message, fix, status=status, call=call, code=code)

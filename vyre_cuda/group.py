@@ -1,17 +1,14 @@
 """DeviceGroup: every GPU of a host, one backend and one driving thread per device.
 
-A blocking dispatch releases the GIL for its whole duration, so one Python thread per device keeps
-every GPU busy. The threads are created once, with the group, and pull work items from one shared
-queue: a device that finishes early takes the next item (work stealing), and a device that is lost
-stops pulling, so the items it has not started go to the others.
-
-The queue, the threads, the job records, the handles and the telemetry live in
-:mod:`._group_work`; the pure split planning of :meth:`DeviceGroup.dispatch_split` in
-:mod:`.planning.split`. Their public names are importable from here too.
+A blocking dispatch releases the GIL throughout, so one Python thread per device keeps every GPU
+busy. The threads pull items from one shared queue: a device that finishes early takes the next
+item, and a lost device stops pulling, leaving its items to the others. The queue, threads, jobs,
+handles and telemetry live in :mod:`._group_work`, split planning in :mod:`.planning.split`.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -33,8 +30,6 @@ from ._group_work import (
 from ._validate import check_int, is_int
 from .config import as_config
 from .errors import ValidationError
-from .planning.split import CHUNKS_PER_DEVICE as CHUNKS_PER_DEVICE
-from .planning.split import MIN_CHUNK_BYTES as MIN_CHUNK_BYTES
 from .planning.split import SplitPlan, plan_split
 from .program import require_program
 
@@ -49,15 +44,18 @@ __all__ = ["DeviceGroup", "MapHandle", "GroupTelemetry", "SplitPlan", "plan_spli
 
 
 def _config(config: ConfigLike) -> DispatchConfig | None:
-    """The config items carry: None stays None (the backends' fastest path, as a plain dispatch),
-    anything else is checked once here rather than once per item."""
+    # checked once here, not once per item; None stays None (the backends' fastest path)
     return None if config is None else as_config(config)
 
 
-def _make_cuda_backend(options: dict, ordinal: int):
-    from .backend import CudaBackend  # noqa: PLC0415 (the compiled core loads at first use)
-
-    return CudaBackend(ordinal, **options)
+def _settle(handle: MapHandle, return_exceptions: bool = False) -> list:
+    try:
+        return handle.result(return_exceptions=return_exceptions)
+    except BaseException:
+        # never return while a device still reads the caller's buffers
+        handle.cancel()
+        handle.wait()
+        raise
 
 
 def _resolve_devices(devices, counted: bool) -> tuple:
@@ -110,7 +108,6 @@ def _resolve_devices(devices, counted: bool) -> tuple:
     return tuple(ordinals)
 
 
-# ---------------------------------------------------------------------------------- group
 class DeviceGroup:
     """Several CUDA devices of this host, one backend and one driving thread per device.
 
@@ -119,15 +116,13 @@ class DeviceGroup:
     devices : sequence of int, optional
         Device ordinals; None (default) for every visible device.
     backend_factory : callable, optional
-        ``backend_factory(ordinal)`` returns the backend of one device (default:
-        ``CudaBackend(ordinal, **backend_options)``); anything with ``dispatch``,
-        ``dispatch_into``, ``telemetry`` and ``close`` works.
+        ``backend_factory(ordinal)`` returns one device's backend (default ``CudaBackend(ordinal,
+        **backend_options)``); anything with ``dispatch``, ``dispatch_into``, ``telemetry`` and
+        ``close`` works.
     backend_options : dict, optional
-        Keyword arguments of each default ``CudaBackend`` (``device_pool_bytes``,
-        ``pinned_pool_bytes``).
+        Keyword arguments of each default ``CudaBackend``.
     threads_per_device : int
-        Threads driving each device (1: one dispatch in flight per device; 2 lets one item's
-        uploads overlap another's readback).
+        Threads per device (2 lets one item's uploads overlap another's readback).
 
     Examples
     --------
@@ -170,16 +165,17 @@ class DeviceGroup:
             options = dict(backend_options or {})
 
             def factory(ordinal):
-                return _make_cuda_backend(options, ordinal)
+                from .backend import CudaBackend  # noqa: PLC0415 (the compiled core loads at first use)
+
+                return CudaBackend(ordinal, **options)
 
         self._devices = [_Device(o) for o in ordinals]
-        self._threads_per_device = int(threads_per_device)
+        self._threads_per_device = threads_per_device
         state = self._state = _State(self._devices)
-        state.live_threads = len(ordinals) * self._threads_per_device
-        # the backends are created by their devices' first threads, in parallel (a context costs
-        # ~100 ms per device)
+        state.live_threads = len(ordinals) * threads_per_device
+        # each device's first thread creates its backend: in parallel (a context costs ~100 ms)
         for dev in self._devices:
-            for k in range(self._threads_per_device):
+            for k in range(threads_per_device):
                 stats = _ThreadStats()
                 dev.stats.append(stats)
                 t = threading.Thread(
@@ -199,7 +195,6 @@ class DeviceGroup:
         self.telemetry = GroupTelemetry(self._devices)
         self._finalizer = weakref.finalize(self, state.shutdown)
 
-    # ------------------------------------------------------------------ properties
     @property
     def devices(self) -> tuple[int, ...]:
         """The ordinals of the group's devices."""
@@ -221,8 +216,8 @@ class DeviceGroup:
         return not self._finalizer.alive
 
     def backend(self, ordinal: int) -> Any:
-        """The backend driving device ``ordinal`` (for its caps, plan_info, ...): a
-        :class:`~vyre_cuda.CudaBackend`, or what ``backend_factory`` made."""
+        """The backend driving device ``ordinal``: a :class:`~vyre_cuda.CudaBackend`, or what
+        ``backend_factory`` made."""
         for dev in self._devices:
             if dev.ordinal == ordinal:
                 return dev.backend
@@ -233,7 +228,6 @@ class DeviceGroup:
     def __len__(self) -> int:
         return len(self._devices)
 
-    # ------------------------------------------------------------------ map
     @overload
     def map(
         self,
@@ -275,39 +269,15 @@ class DeviceGroup:
     ) -> list[Any]:
         """Dispatch ``program`` once per batch (a list of inputs) across the devices and wait.
 
-        Returns the outputs of each batch (a list, as ``dispatch`` returns) in input order. A
-        device that finishes early takes the next batch. ``outputs`` (one list of arrays per
-        batch) makes each item write into the caller's arrays, as ``dispatch_into``. If an item
-        fails, the items not yet started are skipped and its error (with ``.device`` and
-        ``.item``) is raised once the running ones finish; with ``return_exceptions=True`` every
-        item runs and a failed item's error takes its place in the list.
-
-        Parameters
-        ----------
-        program : Program
-            The program every item runs.
-        batches : iterable of sequences of InputBuffer
-            One list of inputs per item (as for :meth:`CudaBackend.dispatch`).
-        config : DispatchConfig, dict or None
-            One config for every item.
-        outputs : iterable of sequences of OutputBuffer, optional
-            One list of output arrays per item, written in place.
-        return_exceptions : bool
-            Put a failed item's error in its place instead of raising it.
-
-        Returns
-        -------
-        list of lists
-            Each item's outputs, in input order (numpy arrays without a config or ``outputs``).
+        Returns each batch's outputs (a list, as ``dispatch`` returns) in input order; a device
+        that finishes early takes the next batch. ``config`` applies to every item; ``outputs``
+        (one list of arrays per batch) makes each item write into the caller's arrays, as
+        ``dispatch_into``. If an item fails, the items not yet started are skipped and its error
+        (with ``.device`` and ``.item``) is raised once the running ones finish; with
+        ``return_exceptions=True`` every item runs and a failed item's error takes its place.
         """
         handle = self.map_async(program, batches, config, outputs=outputs, fail_fast=not return_exceptions)
-        try:
-            return handle.result(return_exceptions=return_exceptions)
-        except BaseException:
-            # never return while a device still reads the caller's buffers
-            handle.cancel()
-            handle.wait()
-            raise
+        return _settle(handle, return_exceptions)
 
     def map_async(
         self,
@@ -318,12 +288,9 @@ class DeviceGroup:
         outputs: Iterable[Sequence[OutputBuffer]] | None = None,
         fail_fast: bool = False,
     ) -> MapHandle:
-        """Queue one dispatch per batch and return a :class:`MapHandle` at once.
-
-        The batches' buffers (and ``outputs``) must stay untouched until the handle is done.
-        ``fail_fast`` skips the items not yet started once one fails.
-        """
-        self._check_program(program)
+        """Queue one dispatch per batch and return a :class:`MapHandle` at once; the buffers must stay
+        untouched until it is done. ``fail_fast`` skips the items not yet started once one fails."""
+        require_program(program, "the group", verb="dispatches")
         cfg = _config(config)
         batches = list(batches)
         outs: list[Any]
@@ -373,19 +340,18 @@ class DeviceGroup:
     ) -> Iterator[tuple[int, Any]]:
         """Iterate ``(index, outputs)`` over the batches in the order they complete.
 
-        ``batches`` may be a generator: at most ``window`` batches (default twice the group's
-        threads) are queued or held as undelivered results at once. A failed item raises its
-        error where the iteration reaches it (or yields ``(index, error)`` with
-        ``return_exceptions=True``); leaving the loop early skips the batches not yet started
-        and waits for the running ones.
+        At most ``window`` batches (default twice the group's threads) of ``batches`` (a generator
+        works) are queued or undelivered at once. A failed item raises where the iteration reaches
+        it (or yields ``(index, error)`` with ``return_exceptions``); leaving the loop early skips
+        the batches not yet started and waits for the running ones.
         """
-        self._check_program(program)
+        require_program(program, "the group", verb="dispatches")
         cfg = _config(config)
         if window is None:
             window = 2 * len(self._devices) * self._threads_per_device
         window = check_int("window", window, minimum=1, fix="pass window=None or a count")
         job = _Job(program, cfg, {}, fail_fast=not return_exceptions, streaming=True)
-        return self._stream(job, iter(batches), int(window), return_exceptions)
+        return self._stream(job, iter(batches), window, return_exceptions)
 
     def _stream(
         self, job: _Job, batches: Iterator[Sequence[InputBuffer]], window: int, return_exceptions: bool
@@ -396,15 +362,10 @@ class DeviceGroup:
         try:
             while True:
                 if not exhausted and not job.cancelled and outstanding < window:
-                    new: list = []
-                    while outstanding + len(new) < window:
-                        try:
-                            batch = next(batches)
-                        except StopIteration:
-                            exhausted = True
-                            break
-                        new.append((job, index, batch, None))
-                        index += 1
+                    wanted = window - outstanding
+                    new = [(job, index + k, b, None) for k, b in enumerate(itertools.islice(batches, wanted))]
+                    exhausted = len(new) < wanted
+                    index += len(new)
                     if new:
                         with job.cond:
                             job.unfinished += len(new)
@@ -435,7 +396,6 @@ class DeviceGroup:
             job.cancelled = True
             job.wait()
 
-    # ------------------------------------------------------------------ split
     def dispatch_split(
         self,
         program: Program,
@@ -449,17 +409,14 @@ class DeviceGroup:
     ) -> list[Any]:
         """One dispatch cut into chunks that run on every device at once, outputs joined.
 
-        The program is elementwise by its own declaration (``Program(..., elementwise=...,
-        align=...)``) or by ``split`` for this call, which wins: ``True`` cuts every
-        runtime-sized input, a name or list of names cuts those inputs. Split inputs are cut
-        along their first axis (rows; elements for 1-D arrays) at multiples of ``align`` rows
-        (default: the program's ``align``); statically sized inputs go whole to every chunk. Each
-        chunk writes its rows of each output in place (``outputs`` may be the caller's arrays).
-        Refused with a ValidationError: programs declared neither way, grid-sync or cooperative
-        programs, statically sized outputs (the rules of ``Program(elementwise=...)``).
-
-        ``chunks`` (default: two per device, none below 1 MiB) sets how many pieces the work is
-        cut into; devices take the next piece when they finish one.
+        The program is elementwise by its declaration (``Program(elementwise=..., align=...)``)
+        or by ``split`` for this call, which wins: ``True`` cuts every runtime-sized input, a name
+        or list of names those inputs, along their first axis at multiples of ``align`` rows
+        (default: the program's). Statically sized inputs go whole to every chunk; each chunk
+        writes its rows of each output in place (``outputs`` may be the caller's arrays).
+        ``chunks`` (default: two per device, none below 1 MiB) sets how many pieces there are.
+        Raises ValidationError for a program declared neither way, grid-sync or cooperative, or
+        with statically sized outputs (the rules of ``Program(elementwise=...)``).
         """
         cfg = _config(config)
         plan = plan_split(
@@ -470,19 +427,9 @@ class DeviceGroup:
         items = [(job, k, plan.chunk_inputs(k), plan.chunk_outputs(outs, k)) for k in range(len(plan.bounds))]
         job.unfinished = len(items)
         self._state.submit(items)
-        handle = MapHandle(job, len(items))
-        try:
-            handle.result()
-        except BaseException:
-            handle.cancel()
-            handle.wait()
-            raise
+        _settle(MapHandle(job, len(items)))
         return outs if outputs is None else list(outputs)
 
-    def _check_program(self, program: object) -> None:
-        require_program(program, "the group", verb="dispatches")
-
-    # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         """Finish the work already queued, stop the threads and close every backend. Idempotent."""
         self._finalizer()
@@ -495,9 +442,6 @@ class DeviceGroup:
         return False
 
     def __repr__(self) -> str:
-        if self.closed:
-            state = "closed"
-        else:
-            lost = self.lost_devices
-            state = f"lost {list(lost)}" if lost else "open"
+        lost = self.lost_devices
+        state = "closed" if self.closed else f"lost {list(lost)}" if lost else "open"
         return f"DeviceGroup(devices={list(self.devices)}, {state})"

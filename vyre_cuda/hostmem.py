@@ -1,10 +1,7 @@
-"""Page-locked host arrays: numpy arrays the GPU can DMA straight to and from.
+"""Page-locked host arrays, which the GPU DMAs directly (a dispatch skips the staging copy).
 
-The counterpart of ``cupyx.empty_pinned`` and torch's ``Tensor.pin_memory()``. A dispatch whose
-inputs (or ``dispatch_into`` outputs) are page-locked skips the staging copy and moves at the PCIe
-limit. Page-locking memory is expensive (about 0.5 ms per MiB on a fresh allocation), so blocks come
-from a process-wide pool: an array's block goes back to the pool when the array (and every view of
-it) is gone, and the next array of a similar size reuses it.
+As ``cupyx.empty_pinned`` or torch's ``pin_memory()``. Page-locking costs about 0.5 ms per MiB, so
+blocks come from a process-wide pool: a block returns to it once its array and every view are gone.
 
 >>> import numpy as np, vyre_cuda as vc
 >>> x = vc.pinned_empty((1024, 1024), np.float32)                # doctest: +SKIP
@@ -34,6 +31,7 @@ __all__ = ["pinned_empty", "pinned_zeros", "pinned_like", "is_page_locked", "pin
 # cached page-locked bytes kept for reuse after arrays die (beyond it, freed blocks are released)
 POOL_CACHE_BYTES = 1 << 30
 
+_STAT_KEYS = ("live_bytes", "cached_bytes", "allocated_bytes", "alloc_calls", "hits")
 _pools: dict = {}
 _lock = threading.Lock()
 
@@ -50,9 +48,8 @@ def _pool(device: int):
 
 
 def _forget_pinned_pool(device: int) -> None:
-    """Before ``device``'s primary context is reset: the pool's blocks die with the context, so
-    the pool is dropped (no driver call) and the next array starts a new one. Arrays still alive
-    give their blocks back to nothing."""
+    """Before ``device``'s primary context is reset: its blocks die with the context, so the pool
+    is dropped without a driver call; arrays still alive give their blocks back to nothing."""
     with _lock:
         pool = _pools.pop(device, None)
     if pool is not None:
@@ -82,16 +79,12 @@ def _shape_and_dtype(shape: Any, dtype: npt.DTypeLike) -> tuple[tuple[int, ...],
 
 
 def pinned_empty(shape: int | Sequence[int], dtype: npt.DTypeLike = np.float32, *, device: int = 0) -> npt.NDArray[Any]:
-    """An uninitialised C-contiguous numpy array in page-locked host memory.
-
-    ``device`` names the GPU whose driver context allocates the memory; the memory is portable, so
-    every device DMAs from it directly.
-    """
+    """An uninitialised C-contiguous numpy array in page-locked host memory, allocated in
+    ``device``'s context (the memory is portable: every device DMAs from it directly)."""
     dims, dt = _shape_and_dtype(shape, dtype)
     nbytes = math.prod(dims) * dt.itemsize
     block = lend_pinned(_pool(device), nbytes)
-    # the array keeps the block alive through its base; the block returns to the pool at the end
-    # (numpy's stubs do not know the compiled block exports a buffer)
+    # the array's base keeps the block alive (numpy's stubs do not know the block exports a buffer)
     return np.frombuffer(block, dtype=dt, count=math.prod(dims)).reshape(dims)  # type: ignore[call-overload]
 
 
@@ -113,9 +106,8 @@ def pinned_like(a: npt.ArrayLike, *, copy: bool = True, device: int = 0) -> npt.
 
 
 def is_page_locked(a: object) -> bool:
-    """Whether all of ``a``'s bytes are page-locked memory the driver knows (so dispatches DMA it
-    directly): arrays from :func:`pinned_empty`, memory registered with ``CudaBackend.register``,
-    CuPy's or torch's pinned buffers."""
+    """Whether all of ``a``'s bytes are page-locked memory the driver knows: from
+    :func:`pinned_empty`, ``CudaBackend.register``, CuPy's or torch's pinned buffers."""
     try:
         address, nbytes = buffer_span(a, False)
     except (TypeError, ValueError, BufferError):
@@ -128,9 +120,9 @@ def pinned_pool_stats(device: int = 0) -> dict[str, int]:
     """Bytes in use and cached by the page-locked array pool of ``device``."""
     pool = _pools.get(device)
     if pool is None:
-        return dict(live_bytes=0, cached_bytes=0, allocated_bytes=0, alloc_calls=0, hits=0)
+        return dict.fromkeys(_STAT_KEYS, 0)
     s = pool.stats()  # (read together under the pool's lock)
-    return {k: s[k] for k in ("live_bytes", "cached_bytes", "allocated_bytes", "alloc_calls", "hits")}
+    return {k: s[k] for k in _STAT_KEYS}
 
 
 def trim_pinned_pool(device: int = 0) -> None:

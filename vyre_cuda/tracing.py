@@ -1,18 +1,12 @@
 """Dispatch tracing: a log line with stage times, and NVTX ranges for Nsight Systems.
 
-``CudaBackend(trace=...)`` (or ``VYRE_CUDA_TRACE``) picks what a traced dispatch emits:
-
-- ``"log"``: one ``vyre_cuda`` log line (INFO) per blocking dispatch with each stage's microseconds;
-- ``"nvtx"``: NVTX ranges in the ``vyre_cuda`` domain: one per dispatch, named by
-  ``DispatchConfig.label`` (else the program's name, else its kernel entry), with one nested range per
-  stage (:data:`BLOCKING_STAGES` for ``dispatch`` / ``dispatch_into``; ``enqueue`` then ``result`` for
-  ``dispatch_async`` and ``dispatch_timed``);
-- ``True`` / ``"1"`` / ``"all"``: both. ``False`` / ``None`` with no variable set: neither, and an
-  untraced dispatch pays one C flag test.
-
-The NVTX calls come from the NVTX C header compiled into the core (no Python per range, the stage
-ranges are opened in the GIL-free enqueue routine); they do nothing unless a tool such as
-``nsys profile`` is attached. :func:`nvtx_counts` counts the calls either way.
+``CudaBackend(trace=...)`` (or ``VYRE_CUDA_TRACE``) picks what a traced dispatch emits: ``"log"``,
+one ``vyre_cuda`` INFO line per blocking dispatch with each stage's microseconds; ``"nvtx"``, a
+range per dispatch in the ``vyre_cuda`` domain named by ``DispatchConfig.label`` (else the
+program's name, else its kernel entry) with a nested range per stage (:data:`BLOCKING_STAGES`, or
+:data:`ASYNC_STAGES` for ``dispatch_async`` / ``dispatch_timed``); ``True`` / ``"all"``: both.
+Untraced, a dispatch pays one C flag test. The NVTX calls are compiled into the core (no Python
+per range) and do nothing unless a tool such as ``nsys profile`` is attached.
 """
 
 from __future__ import annotations
@@ -37,30 +31,19 @@ TRACE_LOG = 1
 TRACE_NVTX = 2
 
 # the nested NVTX ranges of one traced dispatch, in order (the core's names)
-BLOCKING_STAGES = (
-    "plan_lookup",
-    "upload",
-    "launch",
-    "readback_enqueue",
-    "event_record",
-    "wait",
-    "copy_out",
-    "release",
-)
+BLOCKING_STAGES = ("plan_lookup", "upload", "launch", "readback_enqueue", "event_record", "wait", "copy_out", "release")
 ASYNC_STAGES = ("enqueue", "result")
 
 _WORDS = {"log": TRACE_LOG, "nvtx": TRACE_NVTX, "all": TRACE_LOG | TRACE_NVTX}
-_ON = ("1", "true", "yes", "on")
-_OFF = ("", "0", "false", "no", "off")
 _log = logging.getLogger("vyre_cuda")
 _warned = False
 
 
 def _parse(text: str):
     text = text.strip().lower()
-    if text in _OFF:
+    if text in ("", "0", "false", "no", "off"):
         return 0
-    if text in _ON:
+    if text in ("1", "true", "yes", "on"):
         return TRACE_LOG | TRACE_NVTX
     flags = 0
     for word in text.replace("+", ",").split(","):
@@ -81,35 +64,28 @@ def trace_flags(trace=None) -> int:
     >>> trace_flags("nvtx"), trace_flags(True), trace_flags(False)
     (2, 3, 0)
     """
+    global _warned
     if trace is None:
-        env = os.environ.get("VYRE_CUDA_TRACE", "")
-        flags = _parse(env)
+        flags = _parse(os.environ.get("VYRE_CUDA_TRACE", ""))
         flags = TRACE_LOG | TRACE_NVTX if flags is None else flags
     elif isinstance(trace, bool):
         flags = TRACE_LOG | TRACE_NVTX if trace else 0
-    elif isinstance(trace, str) and _parse(trace) is not None:
-        flags = _parse(trace)
     else:
+        flags = _parse(trace) if isinstance(trace, str) else None
+    if flags is None:
         raise ValidationError(
             f"trace must be True, False, None, 'log', 'nvtx' or 'all' (got {trace!r})",
             "pass trace='nvtx' for Nsight Systems ranges, trace='log' for a log line per dispatch, "
             "or trace=True for both",
         )
-    if flags & TRACE_NVTX:
-        _warn_if_unavailable()
+    if flags & TRACE_NVTX and not _warned and not nvtx_available():
+        _warned = True
+        _log.warning(
+            "NVTX tracing requested but this vyre_cuda build has no NVTX (nvtx3/nvToolsExt.h was not found "
+            "when it was built): ranges are counted (vyre_cuda.tracing.nvtx_counts()) but not emitted. "
+            "Fix: rebuild with VYRE_CUDA_NVTX_INCLUDE pointing at a CUDA toolkit's include folder"
+        )
     return flags
-
-
-def _warn_if_unavailable() -> None:
-    global _warned
-    if _warned or nvtx_available():
-        return
-    _warned = True
-    _log.warning(
-        "NVTX tracing requested but this vyre_cuda build has no NVTX (nvtx3/nvToolsExt.h was not found "
-        "when it was built): ranges are counted (vyre_cuda.tracing.nvtx_counts()) but not emitted. "
-        "Fix: rebuild with VYRE_CUDA_NVTX_INCLUDE pointing at a CUDA toolkit's include folder"
-    )
 
 
 def nvtx_available() -> bool:
@@ -120,9 +96,9 @@ def nvtx_available() -> bool:
 
 
 def nvtx_counts() -> dict:
-    """NVTX calls of traced dispatches in this process: pushes per stage name, ``dispatch``
-    (blocking dispatches' label ranges), ``pops``, ``starts`` and ``ends`` (async label ranges).
-    Pushes and pops balance, as do starts and ends, once every dispatch has settled."""
+    """NVTX calls of traced dispatches in this process (counted with or without NVTX): pushes per
+    stage name, ``dispatch`` (blocking label ranges), ``pops``, ``starts`` and ``ends`` (async
+    label ranges); they balance once every dispatch has settled."""
     from ._tracing import nvtx_counts as counts  # noqa: PLC0415
 
     return dict(counts())

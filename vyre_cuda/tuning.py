@@ -1,37 +1,18 @@
 """Opt-in launch-width autotune: measure a few block widths once, keep the fastest on disk.
 
-The width a program declares (``Program(workgroup_size=...)``) is a guess; the fastest one depends
-on the kernel, the device and the size. :func:`tune` (``CudaBackend.tune``, ``vyre-cuda tune``)
-runs the program at each candidate width that the device and the kernel allow, checks that every
-candidate gives the same output bytes as the declared width, times each with device events
-(``CudaBackend._measurer``: the median of a few runs after a warm-up), and stores the winner in the
-tuning cache. ``DispatchConfig(autotune=True)`` then plans with that width; without the flag
-nothing changes, whatever the cache holds. With no entry, an ``autotune=True`` dispatch runs
-:func:`tune` at plan time on its own inputs (never on made-up data: zeros make every width of a
-width-assuming kernel agree); a plan made without the inputs keeps the declared width.
+:func:`tune` runs the program at each candidate width the device and kernel allow, keeps only the
+widths whose output bytes match the declared width's, times them with device events (median of a
+few runs) and caches the winner; ``DispatchConfig(autotune=True)`` then plans with it (without the
+flag nothing changes). With no entry, an ``autotune=True`` dispatch tunes on its own inputs, never
+on made-up data: zeros make every width of a width-assuming kernel agree. The output check is why
+a kernel that assumes its width (a ``__shared__ float s[256]`` reduction) or is not bit-reproducible
+(float atomics) keeps its declared width. Never tuned: ``workgroup_override``, ``grid_override``, a
+multi-dimensional block, grid-sync / cooperative launches (their route depends on the width).
 
-Why the outputs are compared: kernels read the launch element count from params word 0 and the
-grid is ``ceil(elements / block)``, so any width covers every element; a kernel that assumes its
-declared width (a ``__shared__ float s[256]`` reduction) gives different bytes at another width,
-and that width is rejected rather than cached. Kernels whose output is not bit-reproducible run
-to run (float atomics) see every other width rejected and keep their own.
-
-What is never tuned: an explicit ``workgroup_override`` (the caller chose), a ``grid_override``
-(the grid would no longer follow the width), a multi-dimensional block (no grid is derived from
-it), and grid-sync / cooperative launches (their co-residency, hence their route, depends on the
-width; keeping their width keeps the route the router proved).
-
-The cache: one JSON file per key in ``<kernel cache>/tuning/<key>.json``, written atomically. The key
-covers what changes the winner: the kernel digest, the program's buffers, width, phases and launch
-rule, the device name and compute capability, the size class (the launch element count rounded up
-to a power of two) and the package version. A file that does not parse or does not match its key
-is ignored with a warning (the next tune overwrites it), and so is an entry whose width no tune
-on this device could have chosen (over the device's or the kernel's thread limit, not whole
-warps); nothing here raises on a bad cache.
-
-Measuring on the caller's inputs is safe: a dispatch never writes them (read-write inputs, host
-or device, are copied into the dispatch's own memory first), so the timed runs see the values
-the dispatch itself sees.
+Entries are ``<kernel cache>/tuning/<key>.json``, written atomically, keyed on what changes the
+winner (:func:`tune_key`); a corrupt entry, or one whose width no tune on this device could pick,
+is ignored with a warning: nothing here raises on a bad cache. Measuring on the caller's inputs is
+safe: a dispatch never writes them. See docs/guides/autotune.md.
 """
 
 from __future__ import annotations
@@ -77,12 +58,9 @@ _stats = {"tunes_measured": 0, "timed_dispatches": 0, "cache_hits": 0, "corrupt_
 
 @dataclass(frozen=True)
 class TuneResult:
-    """The outcome of :func:`tune`.
-
-    ``block`` is the winning width; ``timings_ns`` the median device nanoseconds per measured width;
-    ``rejected`` why each other candidate was not measured or not kept; ``baseline`` the program's
-    declared width; ``cached`` True when read from the tuning cache (nothing was measured).
-    """
+    """The outcome of :func:`tune`: the winning ``block``, median device ``timings_ns`` per measured
+    width, why each other candidate was ``rejected``, the declared width (``baseline``), and
+    whether it was read from the cache (``cached``: nothing was measured)."""
 
     block: int
     key: str
@@ -100,9 +78,8 @@ class TuneResult:
 
 
 def stats() -> dict:
-    """Counters of this process: tunes that measured, timed dispatches they ran, cache hits
-    (tunes and plans answered from the cache), corrupt entries ignored (unreadable, malformed)
-    and invalid entries ignored (a width this device or kernel cannot use, or tune never picks)."""
+    """This process's counters: tunes measured, timed dispatches, cache hits (tunes and plans),
+    corrupt entries and invalid entries (a width no tune on this device picks) ignored."""
     with _lock:
         return dict(_stats)
 
@@ -135,8 +112,8 @@ def untunable(program, config: DispatchConfig) -> str | None:
 
 
 def candidate_widths(candidates, caps, kernel_max: int, baseline: int) -> tuple:
-    """``(widths, rejected)``: the candidates (plus the baseline) the device and kernel allow,
-    ascending, and ``{width: reason}`` for the others."""
+    """``(widths, rejected)``: the candidates (plus the baseline, always kept: it is the reference)
+    the device and kernel allow, ascending, and ``{width: reason}`` for the others."""
     if isinstance(candidates, (int, str)) or not candidates:
         raise ValidationError(
             f"candidates must be a non-empty sequence of block widths (got {candidates!r})",
@@ -161,7 +138,7 @@ def candidate_widths(candidates, caps, kernel_max: int, baseline: int) -> tuple:
             rejected[width] = f"not a multiple of the warp size {caps.warp_size}"
         elif width not in widths:
             widths.append(width)
-    if baseline not in widths:  # the declared width always runs: it is the reference
+    if baseline not in widths:
         rejected.pop(baseline, None)
         widths.append(baseline)
     return tuple(sorted(widths)), rejected
@@ -202,8 +179,8 @@ def _path(key: str):
 
 
 def load(key: str) -> dict | None:
-    """The cached entry of ``key`` (``block``, ``timings_ns``, ...), or None. A corrupt or
-    mismatched file is ignored with a warning."""
+    """The cached entry of ``key`` (``block``, ``timings_ns``, ...), or None (also for a corrupt or
+    mismatched file, with a warning)."""
     with _lock:
         hit = _memory.get(key)
     if hit is not None or not _cache.disk_enabled():
@@ -244,23 +221,23 @@ def _check_entry(entry, key: str) -> None:
 
 
 def store(key: str, entry: dict) -> None:
-    """Keep ``entry`` for ``key`` (memory, and disk unless VYRE_CUDA_DISK_CACHE=0); a folder that
-    cannot be written only loses the disk copy (logged)."""
+    """Keep ``entry`` for ``key`` in memory, and on disk unless VYRE_CUDA_DISK_CACHE=0 (a write
+    that fails is logged: the entry lives for this process only)."""
     entry = {**entry, "format": FORMAT, "key": key}
     _check_entry(entry, key)
     with _lock:
         _memory[key] = entry
     if not _cache.disk_enabled():
         return
+    path = _path(key)
     try:
         tune_dir().mkdir(parents=True, exist_ok=True)
-        _cache._atomic_write(_path(key), json.dumps(entry, sort_keys=True, indent=1).encode())
+        _cache._atomic_write(path, json.dumps(entry, sort_keys=True, indent=1).encode())
     except OSError as exc:
-        _log.warning("tuning cache: cannot write %s (%s); the winner is kept for this process only", _path(key), exc)
+        _log.warning("tuning cache: cannot write %s (%s); the winner is kept for this process only", path, exc)
 
 
 def _kernel_max(backend, function) -> int:
-    """The kernel's own thread limit (its registers and shared memory), from the driver."""
     from . import _driver  # noqa: PLC0415 (the compiled driver module loads at first use)
 
     _driver.make_current(backend.context_handle)  # planning may have run on another thread
@@ -268,9 +245,8 @@ def _kernel_max(backend, function) -> int:
 
 
 def _usable(key: str, caps, kernel_max: int, baseline: int) -> tuple:
-    """``(entry or None, why it was ignored or None)``: the cached entry of ``key`` when its width
-    is one a tune on this device could have chosen (:func:`candidate_widths`' rules: within the
-    device's and the kernel's thread limits, whole warps, or the declared width itself)."""
+    """``(entry or None, why it was ignored or None)``: the cached entry if a tune on this device
+    could have chosen its width (:func:`candidate_widths`' rules)."""
     entry = load(key)
     if entry is None:
         return None, None
@@ -309,21 +285,15 @@ def _result(entry: dict, key: str, cached: bool) -> TuneResult:
     )
 
 
-def _median(samples):
+def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeats: int = REPEATS, force=False):
+    """Measure ``program``'s candidate block widths on ``inputs``, cache and return the fastest
+    (:class:`TuneResult`); a cached entry is returned unless ``force``. Raises ValidationError for
+    a dispatch whose width is never tuned (:func:`untunable`).
+    """
     # statistics (with decimal, fractions, random) costs ~20 ms to import: only a tune pays it
     import statistics  # noqa: PLC0415
 
-    return statistics.median(samples)
-
-
-def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeats: int = REPEATS, force=False):
-    """Measure ``program``'s candidate block widths on ``inputs`` and cache the fastest.
-
-    Returns a :class:`TuneResult`. With a cached entry for this program, device and size class it
-    measures nothing unless ``force``. Refuses (ValidationError) a dispatch whose width is never
-    tuned (see :func:`untunable`).
-    """
-    # host outputs: the candidates' output bytes are compared (device arrays have no bytes here)
+    # host outputs: the candidates' output bytes are compared
     cfg = dataclasses.replace(as_config(config), autotune=False, outputs="host")
     why = untunable(program, cfg)
     if why is not None:
@@ -340,20 +310,20 @@ def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeat
     baseline = plan.launch.block[0]
     kernel_max = _kernel_max(backend, plan.function)
     if not force:
-        entry, _ = _usable(key, caps, kernel_max, baseline)  # an unusable entry is measured again
+        entry = _usable(key, caps, kernel_max, baseline)[0]  # an unusable entry is measured again
         if entry is not None:
             _count("cache_hits")
             return _result(entry, key, cached=True)
     widths, rejected = candidate_widths(tuple(candidates), caps, kernel_max, baseline)
-    # measured through the backend's measuring step (a plan made per width, run on the inputs,
-    # never cached and never a dispatch() re-entry: this may run while a dispatch is planned)
+    # the backend's measuring step plans per width, uncached and without re-entering dispatch():
+    # this may run while a dispatch is planned
     reference = backend._measurer(program, inputs, cfg)().outputs
     timings = {}
     for width in widths:
         wcfg = dataclasses.replace(cfg, workgroup_override=(width, 1, 1))
         try:
-            run = backend._measurer(program, inputs, wcfg)  # plans and loads at this width
-            warm = run()  # its outputs are checked
+            run = backend._measurer(program, inputs, wcfg)
+            warm = run()
         except DeviceLost:
             raise
         except BackendError as exc:  # e.g. out of resources at this width: not a candidate
@@ -364,7 +334,7 @@ def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeat
             continue
         samples = [run().device_ns for _ in range(repeats)]
         _count("timed_dispatches", repeats + 1)
-        timings[width] = int(_median(samples))
+        timings[width] = int(statistics.median(samples))
     # fastest first; on a tie the declared width, then the narrower one
     winner = min(timings, key=lambda w: (timings[w], w != baseline, w)) if timings else baseline
     entry = {
@@ -395,12 +365,8 @@ def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeat
 
 def planned_width(backend, program, lengths, config, base_plan, inputs=None) -> tuple:
     """``(block width or None, reason)`` for a plan under ``autotune=True``: the cached winner,
-    else the winner of :func:`tune` run now on ``inputs``, the dispatch's own inputs.
-
-    With ``inputs`` None (a plan made from byte ``lengths`` alone) nothing is measured and the
-    width stays the declared one (None): a width is only used once its outputs matched the
-    declared width's on real data, and made-up data (zeros) cannot show that.
-    """
+    else :func:`tune`'s on the dispatch's own ``inputs``; with ``inputs`` None (a plan from byte
+    ``lengths``) the declared width (None): made-up data cannot show a width's outputs match."""
     why = untunable(program, config)
     if why is not None:
         return None, f"not tuned: {why}"

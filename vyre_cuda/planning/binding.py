@@ -44,10 +44,7 @@ class BindingPlan:
 
 
 def plan_bindings(program, input_lengths) -> BindingPlan:
-    """Build the binding plan from the program and the byte length of each caller input.
-
-    ``input_lengths`` are the inputs' byte lengths in the order of ``program.inputs``.
-    """
+    """The binding plan of ``program`` for inputs of ``input_lengths`` bytes (declaration order)."""
     inputs = program.inputs
     if len(input_lengths) != len(inputs):
         names = ", ".join(repr(d.name) for d in inputs) or "none"
@@ -127,14 +124,9 @@ def plan_bindings(program, input_lengths) -> BindingPlan:
 
 
 def _runtime_count(program, runtime: dict) -> int:
-    """The element count runtime-sized outputs take, enforcing the input-length rule.
-
-    By default every runtime-sized input must hold the same number of elements: a kernel
-    indexing them with one thread index would otherwise read past the shorter ones. A program
-    that names its launch binding (``Program(launch=...)``) declares how its buffers relate, so
-    its inputs may differ; its runtime-sized outputs then take the launch binding's count when
-    that is a runtime-sized input, and are refused when nothing says which length they take.
-    """
+    """The element count runtime-sized outputs take. Runtime-sized inputs must hold equal counts
+    (one thread index would read past the shorter ones) unless ``Program(launch=...)`` says how
+    they relate; outputs then take the launch binding's count, refused when nothing names one."""
     if not runtime:
         return 0
     distinct = sorted(set(runtime.values()))
@@ -169,10 +161,6 @@ def _runtime_count(program, runtime: dict) -> int:
 
 
 def input_spec(decl) -> tuple:
-    """``(itemsize, kind)`` an input buffer of ``decl`` must have (the dispatch core checks it).
-
-    ``kind`` is the struct-format class: ``"u"``, ``"i"`` or ``"f"``; a bf16 input is its raw
-    bits, a uint16 array (kind ``"u"``), so int16, float16 and big-endian arrays are refused.
-    A 1-byte (uint8) view of any input is accepted as deliberate raw bytes.
-    """
+    """``(itemsize, kind)`` an input of ``decl`` must have (the core checks it): ``kind`` is the
+    struct-format class (bf16 travels as uint16 raw bits); a 1-byte view is always accepted."""
     return (decl.dtype.itemsize, decl.dtype.kind)

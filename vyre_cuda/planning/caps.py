@@ -10,17 +10,12 @@ from ..program import KNOWN_REQUIREMENTS
 
 __all__ = ["DeviceCaps", "KNOWN_REQUIREMENTS", "missing_capabilities", "check_capabilities"]
 
-# KNOWN_REQUIREMENTS (what a Program may name in `requires`) is the program model's, re-exported here;
-# DeviceCaps.supports says what a CUDA device offers for each.
-
 
 @dataclass(frozen=True)
 class DeviceCaps:
-    """What one device offers: read once from the driver (``CudaBackend.caps``), a preset of
-    :mod:`vyre_cuda.planning.presets`, or built by hand for :func:`vyre_cuda.plan`.
-
-    Free memory is not a capability (it changes): the planner reads it when it needs it
-    (``CudaBackend`` passes ``plan_dispatch`` a reader of ``cuMemGetInfo``).
+    """What one device offers: from the driver (``CudaBackend.caps``), a preset of
+    :mod:`vyre_cuda.planning.presets`, or built by hand for :func:`vyre_cuda.plan`. (Free memory
+    changes, so it is read when needed, not stored here.)
 
     Attributes
     ----------
@@ -118,8 +113,6 @@ def missing_capabilities(program, caps: DeviceCaps) -> list[str]:
                 f"cooperative launch needs compute capability 6.0 and driver support "
                 f"(device {caps.cc[0]}.{caps.cc[1]}, cooperative_launch={caps.cooperative_launch})"
             )
-        elif req in ("indirect_dispatch", "collectives"):
-            detail = f"{req} is not supported by the CUDA backend"
         else:
             detail = f"{req} is not supported by the CUDA backend"
         missing.append(f"{detail} ({why})")

@@ -1,12 +1,8 @@
 """One dispatch planned: every decision the hot path needs, in one frozen :class:`DispatchPlan`.
 
-Planning runs once per (program, input byte lengths, config); the Cython core then only converts
-the plan into C data (``Prepared.from_plan``) and replays it. Everything here is Python: bindings,
-launch, route, slab layout, the memory budget, the dtype checks the core makes on each input,
-the output arrays it makes, the barrier ceiling of a cooperative launch, how the dispatch stages
-its bytes (one pinned mirror, or the transfer engine's ring) and how many kernel arguments it
-packs. Only the kernel module (compile + load, occupancy) needs the driver; it is asked for
-through the ``modules`` object the backend passes in.
+Planning runs once per (program, input byte lengths, config); the core converts the plan into C
+data (``Prepared.from_plan``) and replays it. Only the kernel module (compile, load, occupancy)
+needs the driver, through the ``modules`` object the backend passes in.
 """
 
 from __future__ import annotations
@@ -44,22 +40,18 @@ __all__ = [
     "GRAPH_MAX_LAUNCHES",
 ]
 
-# Dispatches whose slab fits this many bytes keep one pinned mirror of the slab (one upload, one
-# readback); larger ones stream through the transfer engine's staging ring. Measured on an H200:
-# at 3 x 128 KiB the mirror wins (67 vs 75 us), at 3 x 256 KiB the ring does (96 vs 111 us).
-# The default of the planning calls' ``mirror_max`` (a backend passes its own: vyre_cuda._knobs).
+# Slabs up to this size keep one pinned mirror (one upload, one readback); larger ones use the
+# staging ring. H200: at 3 x 128 KiB the mirror wins (67 vs 75 us), at 3 x 256 KiB the ring (96 vs
+# 111 us). A backend passes its own (vyre_cuda._knobs).
 MIRROR_MAX = 512 << 10
 MAX_ARGS = 256  # kernel arguments the core packs (one per buffer binding + the params pointer)
 AUDIT_BLOCK = 256  # pinned bytes a ring-staged cooperative dispatch reads its barrier counter into
-# Dispatches issuing at least this many launches replay them as one CUDA graph (DispatchConfig
-# graph=None). Measured on an H200 (C against the driver): 100 dependent launches issued one by one
-# take ~4 us each, as a graph ~1 us each; a single-launch round trip was 18.4 vs 14.2 us on one
-# machine and 11.9 vs 14.5 us on another, so one launch stays issued. The predicted crossover is
-# 2-3 launches (notes/graphs.md); 4 keeps a margin until the benchmark measures it.
-# VYRE_CUDA_GRAPH_MIN_LAUNCHES overrides it (1: graphs for single launches too).
+# From this many launches a dispatch replays them as one CUDA graph (graph=None). H200: dependent
+# launches cost ~4 us issued, ~1 us as a graph; a single launch was faster either way on different
+# machines. The predicted crossover is 2-3 (notes/graphs.md); 4 keeps a margin.
+# VYRE_CUDA_GRAPH_MIN_LAUNCHES overrides it.
 GRAPH_MIN_LAUNCHES = 4
-# ... and at most this many: a graph holds every launch as a node (device memory, instantiation
-# time grow with it), while issuing costs the same per launch at any count. Forced graphs too.
+# ... and at most this many (forced too): a graph's cost grows with its nodes, issuing's does not.
 GRAPH_MAX_LAUNCHES = 10_000
 
 
@@ -67,14 +59,11 @@ GRAPH_MAX_LAUNCHES = 10_000
 class DispatchPlan:
     """Everything planning decided for one (program, input lengths, config).
 
-    ``bindings``, ``launch``, ``layout``, ``route`` and ``kernel`` (the CompiledKernel) are the
-    planning stages' own results; the rest is what the core executes: the module's function and
-    grid-barrier addresses (0 when unused) and the cooperative-order gate, per-input
-    ``(itemsize, kind)`` checks, per-output ``(numpy dtype, element count)``, the barrier ceiling
-    the audit holds a cooperative launch to, the staging decision and its block sizes, and the
-    number of kernel arguments. ``tuned_block`` is the block a ``DispatchConfig(autotune=True)``
-    plan launches with (None when not tuned) and ``tuning`` says where it came from or why the
-    width was not tuned (empty without ``autotune``).
+    ``bindings``, ``launch``, ``layout``, ``route`` and ``kernel`` are the planning stages'
+    results; the rest is what the core executes: function and grid-barrier addresses (0 when
+    unused), per-input ``(itemsize, kind)`` checks, per-output ``(numpy dtype, element count)``,
+    the cooperative barrier ceiling, the staging decision and the kernel argument count.
+    ``tuned_block``/``tuning``: an ``autotune=True`` plan's block and where it came from.
     """
 
     program: Program
@@ -100,11 +89,9 @@ class DispatchPlan:
     graph: bool = False
     graph_reason: str = "not planned"
     graph_trial: bool = False  # issued and replayed alternately at first; the faster one stays
-    # the streamed route's plan (planning.stream) of an elementwise dispatch, None for other programs;
-    # route.kind == "streamed" when it was chosen
-    stream: StreamPlan | None = None
-    # the loaded module ``function`` belongs to (compile.modules.LoadedModule), None offline: the
-    # plan holds it, so an evicted module stays loaded while a plan made from it may still launch
+    stream: StreamPlan | None = None  # an elementwise dispatch's (route.kind "streamed" if chosen)
+    # the LoadedModule of ``function`` (None offline): an evicted module stays loaded while a plan
+    # made from it may still launch
     module: object = field(default=None, compare=False, repr=False)
 
     @property
@@ -114,14 +101,9 @@ class DispatchPlan:
 
 
 def staging_for(layout: SlabLayout, cooperative_audit: bool, mirror_max: int = MIRROR_MAX) -> tuple:
-    """(mirror, device block, staging block, audit offset) of a layout.
-
-    A small slab (at most ``mirror_max`` bytes) has one pinned mirror (its pool block rounds up to
-    a power of two) and a cached power-of-two device block; the barrier counter of a cooperative
-    launch lands just past the slab image. A large slab is exact-size from the stream-ordered
-    device pool and streams through the ring; its only staging is the counter's landing spot, when
-    it has one.
-    """
+    """(mirror, device block, staging block, audit offset) of a layout: a small slab has one
+    pinned mirror and a power-of-two device block (a cooperative launch's barrier counter lands
+    past the slab image); a large one is exact-size and streams through the ring."""
     if layout.slab_bytes <= mirror_max:
         return True, layout.bucket_bytes, bucket_size(layout.slab_bytes + 16), layout.slab_bytes
     return False, layout.slab_bytes, AUDIT_BLOCK if cooperative_audit else 0, 0
@@ -136,11 +118,9 @@ def _graph_threshold() -> int:
 
 
 def plan_graph_trial(config: DispatchConfig, route_kind: str, graph: bool) -> bool:
-    """Whether a plan below the launch threshold measures both paths on its first blocking
-    dispatches and keeps the faster (a one-launch graph is faster than an issued launch on some
-    machines of one kind and slower on others, so this is measured where it runs, per plan).
-    Never for a forced choice, a cooperative launch (the grid barrier stays issued), or with
-    ``VYRE_CUDA_GRAPH_TRIAL=0``.
+    """Whether a plan below the launch threshold times both paths on its first blocking dispatches
+    and keeps the faster (which wins differs between machines of one kind). Never for a forced
+    choice, a cooperative launch, or with ``VYRE_CUDA_GRAPH_TRIAL=0``.
 
     >>> plan_graph_trial(DispatchConfig(), "regular", False)
     True
@@ -210,12 +190,9 @@ def plan_dispatch(
     stream_tuning: StreamTuning | None = None,
     mirror_max: int = MIRROR_MAX,
 ) -> DispatchPlan:
-    """Plan one dispatch of ``program`` on inputs of ``lengths`` bytes (see :class:`DispatchPlan`);
-    ``device_inputs``: the indices of inputs that are device memory (used in place, not uploaded);
-    ``free_memory``: reads the device's free bytes, called only when an elementwise dispatch's
-    streamed route is sized (without it, 90% of total memory stands in); ``stream_tuning``: the
-    streamed route's constants (None: the measured defaults); ``mirror_max``: the largest slab
-    staged through one pinned mirror (larger ones use the staging ring)."""
+    """Plan one dispatch of ``program`` on inputs of ``lengths`` bytes (see :class:`DispatchPlan`).
+    ``device_inputs``: indices of inputs in device memory; ``free_memory``: reads the device's free
+    bytes, only when a streamed route is sized; ``stream_tuning``: None for the defaults."""
     bindings, launch, compiled, module, route = plan_route(program, lengths, config, caps, modules)
     cooperative = route.kind == "cooperative"
     if program.grid_sync and cooperative and not module.barrier:
@@ -285,8 +262,7 @@ def assemble_plan(
     module=None,
     mirror_max: int = MIRROR_MAX,
 ) -> DispatchPlan:
-    """The executable decisions derived from the planning stages' results (pure); ``mirror_max``
-    as for :func:`plan_dispatch`."""
+    """The executable decisions derived from the planning stages' results (pure)."""
     arg_count = len(layout.arg_offsets) + 1
     if arg_count > MAX_ARGS:
         raise UnsupportedFeature(

@@ -1,14 +1,11 @@
 """The elementwise declaration of a Program: which bindings are cut into rows, and what refuses it.
 
-``Program(..., elementwise=True)`` declares that row ``i`` of every output depends only on row ``i``
-of the runtime-sized inputs, so a dispatch can be cut into chunks of rows that compute
-independently (the streamed route; ``DeviceGroup.dispatch_split`` takes the same declaration per
-call). ``elementwise=True`` cuts every runtime-sized binding; ``elementwise=["x", ...]`` names the
-inputs to cut (a ``str`` for one). Outputs are always cut: each chunk writes its rows of every
-output, so every output must be runtime-sized. Runtime-sized inputs left out go whole to every
-chunk, which is allowed only where they cannot size an output. ``align=k`` makes every chunk but
-the last a multiple of ``k`` rows. ``dispatch_split`` applies these same rules (:mod:`.split`),
-worded for its per-call ``split=`` (a :class:`Terms`).
+``elementwise=True`` declares that row ``i`` of every output depends only on row ``i`` of the
+runtime-sized inputs, so chunks of rows compute independently (the streamed route, and
+``dispatch_split`` per call, worded by a :class:`Terms`). ``True`` cuts every runtime-sized input,
+a name or names cut those; outputs are always cut, so all must be runtime-sized. An input left
+out goes whole to every chunk, allowed only where it cannot size an output. ``align=k``: every
+chunk but the last is a multiple of ``k`` rows.
 """
 
 from __future__ import annotations
@@ -24,9 +21,8 @@ __all__ = ["Terms", "PROGRAM_TERMS", "normalize_elementwise", "declaration", "cu
 
 
 class Terms(NamedTuple):
-    """How a refusal names the declaration: ``name`` of the argument (``elementwise``, ``split``),
-    ``head`` of every message (formatted with the program's ``label``) and ``way_out``, the fix
-    that always applies (not declaring it)."""
+    """How a refusal words the declaration: the argument's ``name``, every message's ``head``
+    (formatted with ``label``) and ``way_out``, the fix that always applies."""
 
     name: str
     head: str
@@ -47,8 +43,7 @@ def refusal(program, what: str, fix: str, terms: Terms = PROGRAM_TERMS) -> Inval
 
 
 def declaration(declared, terms: Terms = PROGRAM_TERMS):
-    """A declaration as stored: False, True or a tuple of names (a name given twice is cut once);
-    InvalidProgram for anything else."""
+    """A declaration as stored: False, True or a tuple of distinct names."""
     if declared is None or (isinstance(declared, (bool, np.bool_)) and not declared):
         return False
     if isinstance(declared, (bool, np.bool_)):
@@ -65,10 +60,8 @@ def declaration(declared, terms: Terms = PROGRAM_TERMS):
 
 
 def normalize_elementwise(program) -> tuple:
-    """``(elementwise, align, cut names)`` of a program: the declaration as stored (False, True or
-    a tuple of names), ``align`` as an int, and the names of the bindings cut into rows (inputs
-    and outputs, binding order; empty when not elementwise). Raises InvalidProgram for a
-    declaration the program cannot honour."""
+    """``(declaration as stored, align, names of the bindings cut, in binding order)``; raises
+    InvalidProgram for a declaration the program cannot honour."""
     declared = declaration(program.elementwise)
     align = program.align
     if not _is_count(align) or align < 1:
@@ -85,9 +78,8 @@ def normalize_elementwise(program) -> tuple:
 
 
 def cut_bindings(program, declared, terms: Terms = PROGRAM_TERMS) -> tuple:
-    """Names of the bindings a declaration (True or a tuple of names, as :func:`declaration`
-    stores it) cuts into rows (see the module doc); InvalidProgram worded in ``terms`` when the
-    program cannot honour it."""
+    """Names of the bindings a stored declaration cuts into rows; InvalidProgram worded in
+    ``terms`` when the program cannot honour it."""
     refuse = functools.partial(refusal, terms=terms)
     if program.grid_sync:
         raise refuse(
@@ -139,8 +131,7 @@ def cut_bindings(program, declared, terms: Terms = PROGRAM_TERMS) -> tuple:
             f"{terms.name} names no runtime-sized input to cut",
             f"pass {terms.name}=True, or name at least one runtime-sized input",
         )
-    # (roles read from the program's own input and output lists: this module is imported by
-    # program.py, so it does not import program's BindingRole back)
+    # (roles from the program's own lists: program.py imports this module)
     read_back = {id(d) for d in program.outputs}
     taken = {id(d) for d in program.inputs}
     pure_outputs = [d for d in program.outputs if id(d) not in taken]

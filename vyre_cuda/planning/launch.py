@@ -12,13 +12,7 @@ from dataclasses import dataclass
 
 from .._accounting import align_up, checked_add, checked_mul
 from .._validate import is_int
-from ..errors import (
-    BackendError,
-    CooperativeResidencyExceeded,
-    InvalidProgram,
-    UnsupportedFeature,
-    ValidationError,
-)
+from ..errors import BackendError, CooperativeResidencyExceeded, InvalidProgram, UnsupportedFeature, ValidationError
 from ..program import LaunchSizeWarning
 from .caps import DeviceCaps
 
@@ -58,9 +52,8 @@ class LaunchPlan:
 
 
 def _default_count(bplan) -> tuple:
-    """``(elements, description, sizing binding name)`` by vyre's rule."""
-    # vyre: the launch covers the largest output; with workgroup buffers (or no outputs) the
-    # largest non-workgroup binding, since threads then also stage data they do not write.
+    """``(elements, description, sizing binding name)``: the largest output; with workgroup
+    buffers (or no outputs) the largest binding, since threads then also stage data they do not write."""
     if bplan.outputs and not bplan.workgroup:
         slot = max(bplan.outputs, key=lambda s: s.count)
         return slot.count, f"the largest output, {slot.decl.name!r}", slot.decl.name
@@ -99,13 +92,10 @@ def _name(rule) -> str:
 
 
 def plan_launch(program, bplan, config, caps: DeviceCaps) -> LaunchPlan:
-    """Block, grid, element count and dynamic shared memory of one dispatch.
-
-    The element count (params word 0) is, first match wins: ``config.elements``; the program's
-    ``launch`` rule; ``grid[0] * block[0]`` under ``config.grid_override``; the default rule
-    (the largest output, or the largest binding when the program has workgroup buffers or no
-    outputs). The grid is ``config.grid_override`` or ``ceil(elements / block[0])``.
-    """
+    """Block, grid, element count and dynamic shared memory of one dispatch. The element count
+    (word 0) is, first match wins: ``config.elements``, the program's ``launch`` rule,
+    ``grid[0] * block[0]`` under ``grid_override``, the default rule. The grid is
+    ``grid_override`` or ``ceil(elements / block[0])``."""
     block = config.workgroup_override or program.workgroup_size
     for axis, (b, limit) in enumerate(zip(block, caps.max_block_dim)):
         if b > limit:
@@ -173,7 +163,7 @@ def plan_launch(program, bplan, config, caps: DeviceCaps) -> LaunchPlan:
     return LaunchPlan(tuple(block), tuple(grid), element_count, shared, tuple(offsets), sized_by)
 
 
-# Programs warned about already: once per program, not once per plan (a plan exists per length).
+# programs warned about already: once per program, not per plan (a plan exists per length)
 _warned: weakref.WeakSet = weakref.WeakSet()
 _warned_lock = threading.Lock()
 
@@ -214,11 +204,8 @@ def _caller_level() -> int:
 
 
 def barrier_ceiling(phases: int, grid_blocks: int, route_kind: str) -> int:
-    """The most arrivals the grid-barrier counter can see in one launch.
-
-    Each of the ``phases - 1`` barriers of a cooperative launch adds one arrival per block; the
-    audit after the launch refuses a counter above this. Regular and split routes run no device
-    barrier: 0. The counter is a u32, so a ceiling above 2**32 - 1 is refused.
+    """The most arrivals the grid-barrier counter (a u32) can see in one cooperative launch: one
+    per block per barrier (0 for other routes); the audit refuses a counter above it.
 
     Examples
     --------
@@ -238,11 +225,8 @@ def barrier_ceiling(phases: int, grid_blocks: int, route_kind: str) -> int:
 
 
 def params_words(bplan, launch: LaunchPlan, phase_range=None) -> list:
-    """The u32 params block of the kernel ABI.
-
-    Word 0 is the launch element count, word ``binding + 1`` that binding's element count;
-    grid-sync programs append ``phase_begin, phase_end`` at word ``max_binding + 2``.
-    """
+    """The u32 params block of the kernel ABI: word 0 the launch element count, word
+    ``binding + 1`` that binding's count; grid-sync programs append ``phase_begin, phase_end``."""
     words = [0] * (bplan.max_binding + 2)
     words[0] = launch.element_count
     for slot in bplan.slots:
@@ -276,7 +260,7 @@ def resident_limit(caps: DeviceCaps, threads_per_block: int, occupancy_per_sm: i
 
 
 def route_grid_sync(program, config, launch: LaunchPlan, caps: DeviceCaps, occupancy_per_sm: int) -> Route:
-    """Decide how a dispatch runs. The preflight `cooperative_grid_sync_fits` uses this too."""
+    """Decide how a dispatch runs (``cooperative_grid_sync_fits`` asks this too)."""
     blocks = launch.grid_blocks
     wants_coop = program.grid_sync or config.cooperative
     if not wants_coop:

@@ -1,16 +1,9 @@
 """Slab layout: every buffer and params block of one dispatch in one device allocation.
 
-The device slab and the pinned staging buffer share one layout, so each region sits at the same
-offset in both. Inputs, in-out buffers and params blocks come first and go up in ONE host-to-device
-copy; pure outputs follow and are cleared with ONE memset; readbacks of adjacent outputs merge.
-That turns a dispatch of k inputs and m outputs into 1 upload, 1 clear, the launch(es) and as few
-readbacks as the layout allows. When the outputs are small, their zeros are written into the
-staging buffer instead and ride along with the upload: one driver call less.
-
-Inputs that already live on the device (``device_inputs``) are not uploaded: a read-only one has no
-slab region at all (the kernel reads the caller's memory; its argument pointer comes with each
-dispatch), a read-write one gets a region past the outputs that a device-to-device copy fills, so
-the kernel never modifies the caller's array (host inputs are copied too).
+The slab and the pinned staging buffer share the layout. Inputs, in-out buffers and params come
+first and go up in ONE copy; pure outputs follow, cleared by ONE memset (small ones zeroed in
+staging and uploaded instead); adjacent readbacks merge. A read-only device input has no region
+(the kernel reads the caller's memory); a read-write one gets a private copy past the outputs.
 """
 
 from __future__ import annotations
@@ -48,9 +41,8 @@ class SlabLayout:
     bucket_bytes: int  # pool bucket of the slab
     # (argument position, input index, slab offset or -1 when used in place, byte_len) per device input
     device_args: tuple = ()
-    # When every input is on the device and read-only and every output is whole and non-empty,
-    # a dispatch that writes all its outputs in place needs the slab's params blocks only:
-    # [0, params_only_bytes) (0: this layout has no such dispatch)
+    # every input on the device and read-only, every output whole and non-empty: a dispatch
+    # writing all its outputs in place needs only [0, params_only_bytes) (0: none can)
     params_only_bytes: int = 0
 
 
@@ -66,8 +58,7 @@ def _merge(segments):
 
 
 def plan_layout(bplan, launch, phase_ranges=(None,), device_inputs=frozenset()) -> SlabLayout:
-    """Lay out one dispatch. ``phase_ranges`` gives one params block per entry (None: no phase words);
-    ``device_inputs`` holds the input indices that are device memory."""
+    """Lay out one dispatch: one params block per ``phase_ranges`` entry (None: no phase words)."""
     offset = 0
     arg_offset = {}
     inputs = []

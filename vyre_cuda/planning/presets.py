@@ -1,19 +1,10 @@
 """Named device capability presets (H200, H100, A100, L4) for planning without a GPU.
 
 Each preset is the :class:`~vyre_cuda.planning.caps.DeviceCaps` the driver reports for that card,
-so :func:`vyre_cuda.plan` decides what a dispatch would do there. Sources of the figures:
-
-- compute capability, SM count: NVIDIA's product datasheets and the CUDA GPUs table
-  (developer.nvidia.com/cuda-gpus): H200 SXM and H100 SXM5 9.0 with 132 SMs, A100 SXM4 8.0 with
-  108 SMs, L4 8.9 with 58 SMs;
-- per-block and per-SM limits: the CUDA C++ Programming Guide, "Compute Capabilities",
-  technical specifications table: 1,024 threads per block on every one of these; 2,048 threads
-  and 32 blocks per SM on 8.0 and 9.0, 1,536 threads and 24 blocks on 8.9; dynamic shared memory
-  48 KiB per block by default, opt-in up to 227 KiB (9.0), 163 KiB (8.0), 99 KiB (8.9);
-- total memory: what ``nvidia-smi`` reports for the card in MiB (H200 143,771; H100 SXM5 80 GB
-  81,559; A100 SXM4 80 GB 81,920; L4 23,034), times 2**20. Planning budgets 90% of it.
-
-``driver_version`` is 0 (unknown) and ``pci_bus_id`` empty: no driver was asked.
+so :func:`vyre_cuda.plan` decides what a dispatch would do there. Compute capability and SM count
+come from NVIDIA's datasheets, the block and SM limits from the CUDA C++ Programming Guide
+("Compute Capabilities"), total memory from ``nvidia-smi`` (MiB). ``driver_version`` is 0 and
+``pci_bus_id`` empty: no driver was asked.
 
 >>> PRESETS["H100"].cc, PRESETS["H100"].sm_count
 ((9, 0), 132)

@@ -15,22 +15,16 @@ from .elementwise import Terms, cut_bindings, declaration
 
 __all__ = ["SplitPlan", "plan_split", "SPLIT_TERMS", "MIN_CHUNK_BYTES", "CHUNKS_PER_DEVICE"]
 
-# A chunk smaller than this costs more in dispatch overhead than another device saves.
-MIN_CHUNK_BYTES = 1 << 20
-# Chunks per device in dispatch_split: more than one lets a slower (or busier) device take fewer
-# chunks through work stealing; few, so each chunk stays large and the plans stay cached.
+MIN_CHUNK_BYTES = 1 << 20  # smaller chunks cost more in overhead than another device saves
+# more than one lets a slower device take fewer (work stealing); few keeps chunks large, plans cached
 CHUNKS_PER_DEVICE = 2
 
 
 @dataclass(frozen=True)
 class SplitPlan:
-    """How :meth:`DeviceGroup.dispatch_split` cuts one dispatch into chunks.
-
-    ``rows`` is the common first dimension of the split inputs; chunk ``k`` covers rows
-    ``bounds[k]``. ``inputs`` holds per program input either ``("split", array)`` (cut along its
-    first axis) or ``("whole", buffer)`` (passed to every chunk); ``outputs`` holds per program
-    output ``(name, numpy dtype, elements per row)``.
-    """
+    """How :meth:`DeviceGroup.dispatch_split` cuts one dispatch: chunk ``k`` covers rows
+    ``bounds[k]``; ``inputs`` per program input ``("split", array)`` or ``("whole", buffer)``;
+    ``outputs`` per output ``(name, numpy dtype, elements per row)``."""
 
     rows: int
     bounds: tuple
@@ -85,7 +79,6 @@ class SplitPlan:
         return flat
 
 
-# dispatch_split words the shared refusals (planning.elementwise) for its per-call split=
 SPLIT_TERMS = Terms("split", "dispatch_split cannot split program {label!r}", "dispatch on one device")
 
 
@@ -97,16 +90,11 @@ def _split_refusal(program, what: str, fix: str) -> ValidationError:
 def plan_split(
     program, inputs, split=None, config=None, *, devices: int = 1, align: int | None = None, chunks: int | None = None
 ) -> SplitPlan:
-    """Plan a :meth:`DeviceGroup.dispatch_split` (pure: no device needed).
-
-    ``split`` declares the program elementwise along runtime-sized bindings for this call: ``True``
-    for every runtime-sized input, or the names of the inputs to cut (a ``str`` for one); ``None``
-    takes the program's own declaration (``Program(elementwise=...)``), ``align=None`` its
-    ``align``. Each split input is cut along its first axis (rows: elements for 1-D arrays), at
-    multiples of ``align`` rows; the other inputs (statically sized) go whole to every chunk.
-    Every output must be runtime-sized: each chunk writes its rows of every output. The rules are
-    those of :mod:`.elementwise`, refused here with a ValidationError.
-    """
+    """Plan a :meth:`DeviceGroup.dispatch_split` (pure). ``split`` declares the program
+    elementwise for this call (as ``Program(elementwise=...)``; None: the program's own, and
+    ``align=None`` its align). Split inputs are cut along their first axis at multiples of
+    ``align`` rows, others go whole to every chunk; the rules of :mod:`.elementwise` are refused
+    here with a ValidationError."""
     require_program(program, "dispatch_split")
     cfg = as_config(config)
     declared = program.elementwise if split is None else split

@@ -1,26 +1,15 @@
 """The streamed route of an elementwise dispatch, planned: chunks of rows, streams, slots, bytes held.
 
-A program declared elementwise (``Program(..., elementwise=True | names, align=k)``) can be cut into
-chunks of rows that compute independently. The streamed route pipelines them over a few streams:
-chunk ``k+1`` uploads while chunk ``k`` computes and chunk ``k-1`` reads back (both copy engines and
-the SMs busy), so the dispatch approaches the both-directions DMA time instead of the sum of its
-stages, and holds only the chunks in flight on the device, so it may be larger than device memory.
-
-:func:`plan_stream` turns one dispatch into a frozen :class:`StreamPlan` that the core only has to
-execute. Its device allocation is one block of :attr:`StreamPlan.device_bytes`: a shared region
-(every input that is not cut, uploaded once, and the params blocks) followed by one slot per
-stream, each holding one chunk of every cut binding. Chunk ``k`` runs on stream ``k % streams`` in
-slot ``k % streams``, so a slot is reused only after its previous chunk's readback completed (stream
-order). What a chunk's kernel sees is a smaller dispatch of the same program: its argument pointers
-are the chunk's regions (the whole buffer for an input that is not cut), word 0 is the launch rule
-applied to the chunk's binding counts (the chunk's element count), word ``binding + 1`` of a cut
-binding is the chunk's count and of any other binding its whole count. Pure outputs are cleared
-in the slot before each chunk's launch; read-write bindings upload and read back the same chunk.
-
-The core executes the plan (``vyre_cuda._streamed``). The byte layout of the shared region and the
-slots, and the chunk size that fits a memory limit, are :mod:`vyre_cuda.planning.stream_budget`'s.
-The constants below were measured on an H200 (the README's "Streamed dispatch" section gives the
-figures).
+An elementwise program's rows compute independently, so chunk ``k+1`` can upload while chunk ``k``
+computes and chunk ``k-1`` reads back: the dispatch nears the duplex DMA time and holds only the
+chunks in flight, so it may exceed device memory. :func:`plan_stream` makes the frozen
+:class:`StreamPlan` the core executes (``vyre_cuda._streamed``): one device block holding a shared
+region (inputs not cut, uploaded once, and the params blocks) then one slot per stream; chunk ``k``
+runs on stream and slot ``k % streams``, so a slot is reused only after its previous readback.
+A chunk's kernel sees a smaller dispatch of the same program: word 0 is the launch rule applied to
+the chunk's counts, a cut binding's word its chunk count. The byte layout and the chunk size that
+fits a limit are :mod:`.stream_budget`'s; the constants were measured on an H200 (README,
+"Streamed dispatch").
 """
 
 from __future__ import annotations
@@ -59,32 +48,20 @@ __all__ = [
     "check_serial_budget",
 ]
 
-# To be tuned by measurement. Bytes of the largest cut buffer in one chunk: a CuPy prototype of this
-# pipeline reached 1.04x the duplex DMA limit of an H200 with 8 MiB chunks on 3-4 streams.
+# Bytes of the largest cut buffer in one chunk: a CuPy prototype reached 1.04x the duplex DMA
+# limit of an H200 with 8 MiB chunks on 3-4 streams.
 STREAM_CHUNK_BYTES = 8 << 20
-# To be tuned by measurement. A dispatch cut into fewer chunks than this (at STREAM_CHUNK_BYTES)
-# keeps the serial route: one chunk overlaps nothing, and issuing chunks costs a few microseconds.
+# Fewer chunks than this keep the serial route: one chunk overlaps nothing.
 STREAM_MIN_CHUNKS = 2
-# Streams (= device slots) in flight: upload, kernel and readback of three chunks at once. Measured
-# on an H200 at 64-256 MiB per buffer from numpy (staged through page-locked slots by 15 copy
-# threads): 3 streams 1.23x the both-directions DMA time, 2 streams 1.47x (the host waits on a
-# chunk only two back). From page-locked buffers nothing is staged and every chunk is enqueued at
-# once: there 2 streams are best (1.09x; 3: 1.12x, 4: 1.16x), so such a dispatch uses only
-# STREAM_DIRECT_COUNT of its slots.
+# Streams (= slots) in flight. H200, 64-256 MiB buffers from numpy: 3 streams 1.23x the duplex DMA
+# time, 2 streams 1.47x. From page-locked buffers (nothing staged) 2 are best (1.09x; 3: 1.12x).
 STREAM_COUNT = 3
 STREAM_DIRECT_COUNT = 2
-# A chunk's launch covers at least this many waves of blocks over the SMs (when the rows allow).
-STREAM_MIN_WAVES = 1
-# To be tuned by measurement. The fewest bytes a chunk moves (the uploads plus the readbacks of its
-# cut bindings) when DispatchConfig(device_memory_budget) is what sizes the chunks; a budget that
-# forces smaller chunks is refused (a dispatch that moves less in all is one chunk). The model: a
-# chunk costs a fixed F (driver calls, a staging job, a host wait) on top of its DMA, so chunks of
-# m bytes stream at R * m / (m + F * R), R the unbudgeted route's rate (both directions at once).
-# Measured on an H200, 3 x 256 MiB f32 vecadd from numpy, R = 50 GB/s: budget 4 MiB, m = 1.40 MB,
-# 20.8 GB/s (0.42 R: F = 39 us); 256 KiB, m = 87 KB, 3.1 GB/s (F = 26 us); 4 KiB, m = 768 B,
-# 0.06 GB/s (F = 13 us). F grows slowly with m (part of the staging and DMA does not overlap), so
-# half the rate falls at m = F * R, about 2 MB; 4 MiB predicts 0.65-0.68 R. For 3 x 256 MiB f32
-# vecadd the smallest budget is then 12,584,960 bytes (3 slots of 349,526 rows, 192 chunks).
+STREAM_MIN_WAVES = 1  # a chunk's launch covers at least this many waves over the SMs
+# The fewest bytes a chunk moves (uploads plus readbacks) when device_memory_budget sizes the
+# chunks. A chunk costs a fixed F (~13-39 us measured on an H200) beside its DMA, so chunks of m
+# bytes stream at R * m / (m + F * R): half the unbudgeted rate R near 2 MB; 4 MiB gives ~0.65 R.
+# For 3 x 256 MiB f32 vecadd the smallest budget is then 12,584,960 bytes.
 STREAM_MIN_CHUNK_BYTES = 4 << 20
 
 
@@ -96,8 +73,8 @@ def _count(value, name: str, low: int = 1) -> int:
 
 @dataclass(frozen=True)
 class StreamTuning:
-    """The planner's constants (the module's measured defaults; tests and the tuner pass others).
-    ``min_chunk_bytes=0`` drops the budget's chunk floor (chunks of ``align`` rows are accepted)."""
+    """The planner's constants (tests and the tuner pass others). ``min_chunk_bytes=0`` drops the
+    budget's chunk floor."""
 
     chunk_bytes: int = STREAM_CHUNK_BYTES
     min_chunks: int = STREAM_MIN_CHUNKS
@@ -107,15 +84,13 @@ class StreamTuning:
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            # 0: no fill rule (chunks of any row count), no chunk floor under a budget
             low = 0 if f.name in ("min_waves", "min_chunk_bytes") else 1
             object.__setattr__(self, f.name, _count(getattr(self, f.name), f"StreamTuning.{f.name}", low))
 
 
 @dataclass(frozen=True)
 class StreamDevice:
-    """What the planner needs of the device: the bytes a dispatch may hold (None: unknown), the
-    copy engines (2 let uploads and readbacks overlap) and the SM count (a chunk fills them)."""
+    """The bytes a dispatch may hold (None: unknown), the copy engines and the SM count."""
 
     free_memory: int | None
     copy_engines: int = 2
@@ -123,22 +98,16 @@ class StreamDevice:
 
     @classmethod
     def from_caps(cls, caps: DeviceCaps, free_memory: int | None = None) -> StreamDevice:
-        """The device of ``caps`` (its copy engines and SMs). The bytes a dispatch may hold: 90% of
-        ``free_memory`` (the device pool's own rule for a new allocation: the rest is headroom for
-        the context and other allocations), and never more than the budget plan_dispatch holds
-        every dispatch to, 90% of total memory (None when neither is known)."""
+        """The device of ``caps``; a dispatch may hold 90% of ``free_memory`` (the device pool's
+        rule) and of total memory (plan_dispatch's budget)."""
         limits = [m - m // 10 for m in (free_memory, caps.total_memory) if m]
         return cls(min(limits) if limits else None, caps.copy_engines, caps.sm_count)
 
 
 @dataclass(frozen=True)
 class StreamBinding:
-    """One non-workgroup binding as the streamed route moves it.
-
-    A cut binding has ``row_elements`` elements per row and a region of ``region_bytes`` at
-    ``region_offset`` in every slot (one full chunk, padded); a whole one (an input that is not
-    cut) has its whole buffer at ``region_offset`` in the shared region, uploaded once.
-    """
+    """One non-workgroup binding as the streamed route moves it: a cut one has a region in every
+    slot (one full chunk, padded), a whole one its buffer in the shared region."""
 
     name: str
     binding: int
@@ -163,15 +132,13 @@ class StreamBinding:
 
     @property
     def clear(self) -> bool:
-        """Zeroed on the device before each chunk's launch (outputs start at zero, as serially,
-        unless declared ``zeroed=False``)."""
+        """Zeroed on the device before each chunk's launch (unless ``zeroed=False``)."""
         return self.role is BindingRole.OUTPUT and self.zeroed
 
 
 @dataclass(frozen=True)
 class ChunkLaunch:
-    """The launch of a chunk of ``rows`` rows: word 0, grid and its params block (u32 words),
-    which lies at ``params_offset`` of the shared region."""
+    """A chunk's launch: word 0, grid, params block and its offset in the shared region."""
 
     rows: int
     element_count: int
@@ -182,8 +149,7 @@ class ChunkLaunch:
 
 @dataclass(frozen=True)
 class ChunkSpan:
-    """One cut binding in one chunk: ``nbytes`` at ``host_offset`` of the caller's buffer, at
-    ``device_offset`` of the dispatch's device block (its argument pointer), ``count`` elements."""
+    """One cut binding in one chunk: its bytes in the caller's buffer and the device block."""
 
     name: str
     host_offset: int
@@ -204,14 +170,11 @@ class Chunk:
 
 @dataclass(frozen=True)
 class StreamPlan:
-    """The route decision (``route``: ``"streamed"`` or ``"serial"``, with ``reason``) and, for an
-    elementwise dispatch that can stream, its geometry: ``rows`` cut into ``chunk_count`` chunks of
-    ``chunk_rows`` (a multiple of ``align``; the last chunk holds the rest), ``streams`` streams
-    and as many device slots and staging slots per direction, the bytes held on the device
-    (``device_bytes = shared_bytes + streams * slot_bytes``, at most ``budget``), the pinned
-    staging one slot takes each way, and the launches of a full and of the last chunk.
-    :meth:`chunk` gives chunk ``k``'s byte offsets and lengths (arithmetic on these fields, so a
-    plan of a million chunks stays small)."""
+    """The route (``"streamed"`` or ``"serial"``, with ``reason``) and, when it streams, its
+    geometry: ``rows`` in ``chunk_count`` chunks of ``chunk_rows`` (the last holds the rest) on
+    ``streams`` streams and slots, ``device_bytes = shared_bytes + streams * slot_bytes`` (at most
+    ``budget``), and the launches of a full and of the last chunk. :meth:`chunk` computes chunk
+    ``k`` from these fields, so a plan of a million chunks stays small."""
 
     route: str
     reason: str
@@ -239,8 +202,7 @@ class StreamPlan:
 
     @property
     def staging_slots(self) -> int:
-        """Pinned staging slots per direction: one per chunk in flight; a slot is refilled only
-        after its DMA completed (an event per slot)."""
+        """Pinned staging slots per direction: one per chunk in flight."""
         return self.streams
 
     def chunk(self, k: int) -> Chunk:
@@ -270,7 +232,6 @@ class StreamPlan:
         return (self.chunk(k) for k in range(self.chunk_count))
 
 
-# ---------------------------------------------------------------------------------- validation
 def check_streamed_config(streamed, budget) -> tuple:
     """``(streamed, device_memory_budget)`` of a DispatchConfig, validated."""
     if streamed is not None:
@@ -294,9 +255,7 @@ def check_streamed_config(streamed, budget) -> tuple:
     return streamed, budget
 
 
-# ---------------------------------------------------------------------------------- planning
-# streams one dispatch holds at most (the core keeps their handles in fixed arrays)
-MAX_STREAMS = 8
+MAX_STREAMS = 8  # (the core keeps the stream handles in fixed arrays)
 
 
 def _stream_count(copy_engines: int, wanted: int) -> int:
@@ -342,17 +301,12 @@ def plan_stream(
 ) -> StreamPlan:
     """The route of one dispatch and, when it can stream, its :class:`StreamPlan` (pure).
 
-    ``bindings`` and ``launch`` are the dispatch's BindingPlan and LaunchPlan, ``serial_bytes`` the
-    device bytes the serial route would hold (its slab), ``device`` what the device offers (by
-    default from ``caps`` and ``free_memory()``, the device's free bytes: a driver call, made only
-    for a dispatch that could stream, once its route is being sized), ``tuning`` the constants,
-    The route is ``"streamed"`` when forced (``DispatchConfig(streamed=True)``), when the serial
-    route would exceed the memory budget (``device_memory_budget`` or free device memory), or when
-    the dispatch makes at least ``tuning.min_chunks`` chunks; else ``"serial"``, with the reason.
-    When ``device_memory_budget`` is the limit, no chunk moves fewer than ``tuning.min_chunk_bytes``
-    (:data:`STREAM_MIN_CHUNK_BYTES`; a dispatch moving less in all is one chunk): a budget that
-    would force smaller chunks is a ValidationError naming the smallest budget that works when the
-    dispatch must stream (forced, or its serial slab over the budget), else the route is serial.
+    ``serial_bytes``: the serial route's slab; ``device``: by default from ``caps`` and
+    ``free_memory()`` (a driver call, made only once a route is being sized). The route streams
+    when forced, when the serial slab exceeds the limit (budget or free memory), or at
+    ``tuning.min_chunks`` chunks or more. Under ``device_memory_budget`` no chunk moves fewer than
+    ``tuning.min_chunk_bytes``: a budget forcing smaller ones is a ValidationError (naming the
+    smallest that works) when the dispatch must stream, else the route is serial.
     """
     tuning = tuning or StreamTuning()
     forced = config.streamed is True
@@ -385,7 +339,6 @@ def plan_stream(
     wanted_streams = _stream_count(device.copy_engines, tuning.streams)
     floor = None
     if config.device_memory_budget is not None and config.device_memory_budget == limit and tuning.min_chunk_bytes:
-        # the caller's budget sizes the chunks: none smaller than STREAM_MIN_CHUNK_BYTES moved
         least = -(-tuning.min_chunk_bytes // geometry.moved_per_row)  # rows
         floor = min(target, -(-least // align) * align)
     chunk_rows, streams = fit(geometry, target, align, wanted_streams, limit, rows, floor)

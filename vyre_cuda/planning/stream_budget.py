@@ -1,9 +1,5 @@
-"""The streamed route's device bytes: where the shared region and each slot lie (Geometry), the
-chunk size and stream count that fit a memory limit, and the errors when none does.
-
-:func:`vyre_cuda.planning.stream.plan_stream` asks these once it has chosen the target chunk; they
-are arithmetic on the bindings' sizes and alignments (pure, no driver call).
-"""
+"""The streamed route's device bytes (pure): where the shared region and each slot lie
+(:class:`Geometry`), the chunk size and stream count that fit a limit, and the errors when none does."""
 
 from __future__ import annotations
 
@@ -34,7 +30,7 @@ class Geometry:
             self.params_offsets.append(offset)
             offset = checked_add(offset, params_bytes, "streamed params offset")
         self.shared_bytes = align_up(offset, REGION_ALIGN, "streamed shared region")
-        # the DMA bytes of one row: each cut binding up (an input), back (an output) or both
+        # one row's DMA bytes: each cut binding up, back or both
         self.moved_per_row = max(1, sum(widths[s.decl.name] * s.decl.dtype.itemsize * _ways(s.role) for s in self.cut))
 
     def slot(self, rows: int) -> tuple:
@@ -65,13 +61,10 @@ def padded(nbytes: int) -> int:
 
 
 def fit(geometry, target: int, align: int, streams: int, limit, rows: int, floor: int | None = None) -> tuple:
-    """``(chunk rows, streams)``: the target when it fits ``limit``, else more streams first (the
-    overlap), then the largest multiple of ``align`` that fits; ``(0, 0)`` when nothing fits.
-
-    Without ``floor``, any chunk of at least ``align`` rows is taken, on fewer streams when it must.
-    With ``floor`` (the budget's smallest efficient chunk, at most ``target``), a chunk of fewer
-    rows is not taken, nor fewer than ``streams`` streams unless every chunk is then in flight at
-    once (``chunk count <= streams``): :func:`smallest_budget` is the least ``limit`` that fits."""
+    """``(chunk rows, streams)``: the target when it fits ``limit``, else keeping streams first,
+    the largest multiple of ``align`` that fits; ``(0, 0)`` when nothing does. With ``floor`` (the
+    budget's smallest efficient chunk) no smaller chunk is taken, nor fewer streams unless every
+    chunk is then in flight at once."""
     if limit is None or geometry.held(target, streams) <= limit:
         return target, streams
     for s in range(streams, 0, -1):
@@ -97,9 +90,7 @@ def fit(geometry, target: int, align: int, streams: int, limit, rows: int, floor
 
 
 def smallest_budget(geometry, target: int, align: int, streams: int, rows: int, floor: int) -> int:
-    """The least limit for which ``fit(..., floor)`` finds a chunk: chunks of ``floor`` rows on
-    every stream, or fewer streams holding every chunk at once (each at least ``floor`` rows) when
-    that takes less."""
+    """The least limit for which ``fit(..., floor)`` finds a chunk."""
     best = geometry.held(floor, streams)
     for s in range(1, streams):
         chunk = min(rows, -(-max(floor, -(-rows // s)) // align) * align)
@@ -109,8 +100,7 @@ def smallest_budget(geometry, target: int, align: int, streams: int, rows: int, 
 
 
 def budget_too_small(geometry, target, align, streams, rows, floor, budget, tuning) -> ValidationError:
-    """The error for a budget that cuts the rows into chunks moving fewer than
-    ``tuning.min_chunk_bytes`` bytes (or a dispatch that moves less in all into more than one)."""
+    """The error for a budget cutting the rows into chunks that move under ``tuning.min_chunk_bytes``."""
     per_row = geometry.moved_per_row
     chunk, s = fit(geometry, target, align, streams, budget, rows)  # what the budget alone gives
     if chunk:
@@ -139,8 +129,7 @@ def budget_too_small(geometry, target, align, streams, rows, floor, budget, tuni
 
 
 def no_chunk_fits(geometry, rows: int, limit: int, budget) -> Exception:
-    """The error for a budget below the smallest chunk (``align`` rows, or all rows when fewer)
-    on one stream."""
+    """The error for a limit below the smallest chunk on one stream."""
     needed = geometry.held(rows, 1)
     what = (
         f"{needed:,} device bytes are needed to stream even one chunk of {rows} row(s) "
