@@ -226,6 +226,22 @@ def mem_get_info():
     return free_b, total_b
 
 
+cdef cydriver.CUresult _synchronize_current(double capture_wait_s) noexcept nogil:
+    cdef cydriver.CUresult st
+    cdef unsigned long long deadline = now_ns() + <unsigned long long>(max(capture_wait_s, 0.0) * 1e9)
+    cdef timespec nap
+    cdef long pause = 50000
+    while True:
+        st = cydriver.cuCtxSynchronize()
+        if st != cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED or now_ns() >= deadline:
+            return st
+        nap.tv_sec = 0
+        nap.tv_nsec = pause
+        nanosleep(&nap, NULL)
+        if pause < 10000000:
+            pause *= 2
+
+
 def context_synchronize(double capture_wait_s=10.0):
     """cuCtxSynchronize of the current context.
 
@@ -234,20 +250,57 @@ def context_synchronize(double capture_wait_s=10.0):
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: the call is retried, pausing 50 us and doubling up to
     10 ms, until the capture ends or ``capture_wait_s`` has passed; then the refusal is raised."""
     cdef cydriver.CUresult st
-    cdef unsigned long long deadline = now_ns() + <unsigned long long>(max(capture_wait_s, 0.0) * 1e9)
-    cdef timespec nap
-    cdef long pause = 50000
     with nogil:
-        while True:
-            st = cydriver.cuCtxSynchronize()
-            if st != cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED or now_ns() >= deadline:
-                break
-            nap.tv_sec = 0
-            nap.tv_nsec = pause
-            nanosleep(&nap, NULL)
-            if pause < 10000000:
-                pause *= 2
+        st = _synchronize_current(capture_wait_s)
         check_cu(st, b"cuCtxSynchronize")
+
+
+# The host registry (_hostreg) works for every backend of the process, on whatever thread a
+# release, a trim or an owner's death runs, so it never uses a backend's context handle: that
+# backend may close meanwhile, and once the last retain of a primary context is released the
+# handle is gone (an H100 stress run faulted inside cuCtxSynchronize on one). It retains the
+# device's primary context for the length of each call instead.
+cdef cydriver.CUresult _push_primary(int ordinal, bint only_live, cydriver.CUdevice* dev) noexcept nogil:
+    # retained and pushed on success; with only_live, a primary context that does not exist now
+    # is not made (CUDA_ERROR_INVALID_CONTEXT): there is no work and no registration in it
+    cdef cydriver.CUcontext ctx
+    cdef unsigned int flags = 0
+    cdef int live = 0
+    cdef cydriver.CUresult st = cydriver.cuDeviceGet(dev, ordinal)
+    if st == cydriver.CUDA_SUCCESS and only_live:
+        st = cydriver.cuDevicePrimaryCtxGetState(dev[0], &flags, &live)
+        if st == cydriver.CUDA_SUCCESS and not live:
+            return cydriver.CUDA_ERROR_INVALID_CONTEXT
+    if st == cydriver.CUDA_SUCCESS:
+        st = cydriver.cuDevicePrimaryCtxRetain(&ctx, dev[0])
+    if st == cydriver.CUDA_SUCCESS:
+        st = cydriver.cuCtxPushCurrent(ctx)
+        if st != cydriver.CUDA_SUCCESS:
+            cydriver.cuDevicePrimaryCtxRelease(dev[0])
+    return st
+
+
+cdef void _pop_primary(cydriver.CUdevice dev) noexcept nogil:
+    cdef cydriver.CUcontext prev
+    cydriver.cuCtxPopCurrent(&prev)
+    cydriver.cuDevicePrimaryCtxRelease(dev)
+
+
+def device_synchronize(int ordinal, double capture_wait_s=10.0):
+    """Wait for all GPU work of device ``ordinal``'s primary context, if it exists (retained for
+    the call; this thread's current context is left as it was). Retries a capture's refusal as
+    context_synchronize does."""
+    cdef cydriver.CUdevice dev
+    cdef cydriver.CUresult st
+    with nogil:
+        st = _push_primary(ordinal, True, &dev)
+    if st == cydriver.CUDA_ERROR_INVALID_CONTEXT:
+        return
+    check_cu(st, b"cuDevicePrimaryCtxRetain")
+    with nogil:
+        st = _synchronize_current(capture_wait_s)
+        _pop_primary(dev)
+    check_cu(st, b"cuCtxSynchronize")
 
 
 _LOG_BYTES = 16384
@@ -327,30 +380,33 @@ def occupancy_blocks_per_sm(uintptr_t function, int block_threads, size_t shared
     return blocks
 
 
-def host_register(uintptr_t ctx, uintptr_t address, size_t nbytes):
-    """cuMemHostRegister of [address, address + nbytes), portable to every context, with ``ctx``
-    pushed (this thread's current context is left as it was). Returns the status: a refusal is the
+def host_register(int ordinal, uintptr_t address, size_t nbytes):
+    """cuMemHostRegister of [address, address + nbytes), portable to every context, in device
+    ``ordinal``'s primary context (retained for the call). Returns the status: a refusal is the
     caller's to fall back from."""
     cdef cydriver.CUresult st
-    cdef cydriver.CUcontext prev
+    cdef cydriver.CUdevice dev
     with nogil:
-        st = cydriver.cuCtxPushCurrent(<cydriver.CUcontext>ctx)
+        st = _push_primary(ordinal, False, &dev)
         if st == cydriver.CUDA_SUCCESS:
             st = cydriver.cuMemHostRegister(<void*>address, nbytes, cydriver.CU_MEMHOSTREGISTER_PORTABLE)
-            cydriver.cuCtxPopCurrent(&prev)
+            _pop_primary(dev)
     return <int>st
 
 
-def host_unregister(uintptr_t ctx, uintptr_t address):
-    """cuMemHostUnregister of the range registered at ``address``, with ``ctx`` pushed. Returns the
-    status."""
+def host_unregister(int ordinal, uintptr_t address):
+    """cuMemHostUnregister of the range registered at ``address``, in device ``ordinal``'s primary
+    context. Returns the status; 0 with nothing to do when that context no longer exists (the
+    registration went with it, and no copy can be running)."""
     cdef cydriver.CUresult st
-    cdef cydriver.CUcontext prev
+    cdef cydriver.CUdevice dev
     with nogil:
-        st = cydriver.cuCtxPushCurrent(<cydriver.CUcontext>ctx)
+        st = _push_primary(ordinal, True, &dev)
         if st == cydriver.CUDA_SUCCESS:
             st = cydriver.cuMemHostUnregister(<void*>address)
-            cydriver.cuCtxPopCurrent(&prev)
+            _pop_primary(dev)
+        elif st == cydriver.CUDA_ERROR_INVALID_CONTEXT:
+            st = cydriver.CUDA_SUCCESS
     return <int>st
 
 

@@ -101,21 +101,20 @@ class AutoRegister:
 class Holder:
     """One backend as the registry sees it: its context, and whether it has GPU work in flight."""
 
-    __slots__ = ("ctx", "device", "busy", "__weakref__")
+    __slots__ = ("device", "busy", "__weakref__")
 
-    def __init__(self, ctx: int, device: int, busy):
-        self.ctx = ctx
+    def __init__(self, device: int, busy):
         self.device = device
         self.busy = busy  # () -> bool
 
 
 class _Range:
-    __slots__ = ("start", "end", "ctx", "auto", "explicit", "owner", "leave_mu", "unregistered", "leaves")
+    __slots__ = ("start", "end", "device", "auto", "explicit", "owner", "leave_mu", "unregistered", "leaves")
 
-    def __init__(self, start, end, ctx, owner):
+    def __init__(self, start, end, device, owner):
         self.start = start
         self.end = end
-        self.ctx = ctx  # registered with (portable: any holder's will do)
+        self.device = device  # registered through (portable: any holder's device will do)
         self.auto: dict[Holder, int] = {}  # holder -> 1 (a policy holds a range once)
         self.explicit: dict[Holder, list[memoryview]] = {}  # holder -> one export per open block
         self.owner = owner  # weakref on the owning numpy array, or None
@@ -134,10 +133,10 @@ class _Range:
     def held(self) -> bool:
         return bool(self.auto or self.explicit)
 
-    def any_ctx(self) -> int:
+    def any_device(self) -> int:
         for h in (*self.explicit, *self.auto):
-            return h.ctx
-        return self.ctx
+            return h.device
+        return self.device
 
 
 class _Pending:
@@ -197,8 +196,8 @@ class HostRegistry:
         self._counts = dict.fromkeys(("registrations", "unregistrations", "hits", "fallbacks"), 0)
         self._reasons: dict[str, int] = {}
 
-    def holder(self, ctx: int, device: int, busy) -> Holder:
-        h = Holder(ctx, device, busy)
+    def holder(self, device: int, busy) -> Holder:
+        h = Holder(device, busy)
         with self._lock:
             self._holders.add(h)
         return h
@@ -385,12 +384,12 @@ class HostRegistry:
         if not self._admit(start, end, address, nbytes, owner, auto=auto):
             return None
         t0 = time.perf_counter_ns()
-        status = _driver.host_register(h.ctx, start, end - start)
+        status = _driver.host_register(h.device, start, end - start)
         if status != 0:
             self._refused_by_driver(status, start, end - start)
             return None
         self._measured(end - start, time.perf_counter_ns() - t0)
-        return self._install(start, end, h.ctx, None if owner is None else self._owner_ref(owner, start))
+        return self._install(start, end, h.device, None if owner is None else self._owner_ref(owner, start))
 
     def _admit(self, start: int, end: int, address: int, nbytes: int, owner, *, auto: bool) -> bool:
         """Whether [start, end) may be registered now (refusals counted; page-locked memory is
@@ -423,8 +422,8 @@ class HostRegistry:
 
         return weakref.ref(owner, died)
 
-    def _install(self, start: int, end: int, ctx: int, ref) -> _Range:
-        r = _Range(start, end, ctx, ref)
+    def _install(self, start: int, end: int, device: int, ref) -> _Range:
+        r = _Range(start, end, device, ref)
         self._ranges[start] = r
         self._counts["registrations"] += 1
         return r
@@ -473,7 +472,7 @@ class HostRegistry:
         with p.mu:
             # nothing in here allocates a container, so no collection can run an owner's weakref
             # callback on this thread while it holds p.mu (that callback waits for p.mu)
-            status = -1 if p.dead else _driver.host_register(p.holder.ctx, p.start, nbytes)
+            status = -1 if p.dead else _driver.host_register(p.holder.device, p.start, nbytes)
             if status == 0:
                 p.registered = True
         ns = time.perf_counter_ns() - t0
@@ -483,7 +482,7 @@ class HostRegistry:
             if not p.dead:  # (else its owner's death unregisters it, or has)
                 if status == 0:
                     self._measured(nbytes, ns)
-                    self._install(p.start, p.end, p.holder.ctx, p.ref).auto[p.holder] = 1
+                    self._install(p.start, p.end, p.holder.device, p.ref).auto[p.holder] = 1
                 elif status > 0:
                     self._refused_by_driver(status, p.start, nbytes)
             self._publish()
@@ -524,7 +523,7 @@ class HostRegistry:
         with p.mu:  # the worker's register call, if running, returns first
             if not p.registered:
                 return
-            status = _driver.host_unregister(p.holder.ctx, p.start)
+            status = _driver.host_unregister(p.holder.device, p.start)
             p.registered = False
         if status:
             log.warning("vyre_cuda: cuMemHostUnregister of 0x%x failed: %s", p.start, _driver.status_name(status))
@@ -553,10 +552,10 @@ class HostRegistry:
             with self._lock:
                 holders = list(self._holders)
             try:
-                for h in holders:
-                    if h.busy():
-                        _driver.make_current(h.ctx)
-                        _driver.context_synchronize()
+                # per device, in its primary context retained for the call: a backend may
+                # close meanwhile and its last release end the context
+                for device in sorted({h.device for h in holders if h.busy()}):
+                    _driver.device_synchronize(device)
             except BackendError as exc:
                 # unregistered under a DMA, the buffer could be read wrong: kept registered
                 # (among the leaving ranges, so its owner's death still unregisters it)
@@ -575,7 +574,7 @@ class HostRegistry:
         with r.leave_mu:
             if r.unregistered or (leave is not None and r.leaves != leave):
                 return
-            status = _driver.host_unregister(r.any_ctx(), r.start)
+            status = _driver.host_unregister(r.any_device(), r.start)
             r.unregistered = True
         if status:
             log.warning("vyre_cuda: cuMemHostUnregister of 0x%x failed: %s", r.start, _driver.status_name(status))

@@ -173,7 +173,7 @@ class CudaBackend:
             self._ctx, self._caps.cc, self._caps.driver_version, on_evict=self._core.clear_prepared
         )
         self.telemetry = Telemetry(self._core)
-        self._holder = _hostreg.REGISTRY.holder(self._ctx, self.device, _busy_probe(self))
+        self._holder = _hostreg.REGISTRY.holder(self.device, _busy_probe(self))
         if policy is not None:
             self._core.auto_hook = _hostreg.core_hook(self._holder, policy)
         self._closed = False

@@ -698,6 +698,27 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
+  pthread_mutex_lock(&lock);
+  INJECT("cuDevicePrimaryCtxGetState");
+  *flags = 0;
+  *active = contexts[dev].refs > 0;
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
+
+/* a primary context whose last retain was released is gone on the driver, and its handle with it:
+   making it current again is a violation (the driver may fault on it) */
+static void check_live_ctx(CUcontext ctx, const char* call) {
+  for (int d = 0; d < 8; d++) {
+    if (ctx == (CUcontext)&contexts[d] && contexts[d].refs <= 0) {
+      char text[160];
+      snprintf(text, sizeof(text), "%s of device %d's primary context after its last release", call, d);
+      violation_text(text);
+    }
+  }
+}
+
 CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
   pthread_mutex_lock(&lock);
   INJECT("cuDevicePrimaryCtxReset");
@@ -710,6 +731,7 @@ CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
 CUresult cuCtxSetCurrent(CUcontext ctx) {
   pthread_mutex_lock(&lock);
   INJECT("cuCtxSetCurrent");
+  if (ctx != NULL) check_live_ctx(ctx, "cuCtxSetCurrent");
   pthread_mutex_unlock(&lock);
   current_ctx = ctx;
   return CUDA_SUCCESS;
@@ -722,6 +744,7 @@ static __thread int ctx_depth = 0;
 CUresult cuCtxPushCurrent(CUcontext ctx) {
   pthread_mutex_lock(&lock);
   INJECT("cuCtxPushCurrent");
+  if (ctx != NULL) check_live_ctx(ctx, "cuCtxPushCurrent");
   pthread_mutex_unlock(&lock);
   if (ctx == NULL || ctx_depth >= CTX_STACK) return CUDA_ERROR_INVALID_VALUE;
   ctx_stack[ctx_depth++] = current_ctx;
@@ -2306,7 +2329,7 @@ CUresult cuGetExportTable(const void** table, const CUuuid* id) {
 static const struct { const char* name; void* fn; } TABLE[] = {
     ENTRY(cuInit), ENTRY(cuDriverGetVersion), ENTRY(cuDeviceGetCount), ENTRY(cuDeviceGet),
     ENTRY(cuDeviceGetName), ENTRY(cuDeviceGetPCIBusId), ENTRY(cuDeviceTotalMem), ENTRY(cuDeviceGetAttribute),
-    ENTRY(cuDevicePrimaryCtxRetain), ENTRY(cuDevicePrimaryCtxRelease), ENTRY(cuDevicePrimaryCtxReset),
+    ENTRY(cuDevicePrimaryCtxRetain), ENTRY(cuDevicePrimaryCtxRelease), ENTRY(cuDevicePrimaryCtxReset), ENTRY(cuDevicePrimaryCtxGetState),
     ENTRY(cuCtxSetCurrent), ENTRY(cuCtxGetCurrent), ENTRY(cuCtxSynchronize), ENTRY(cuMemGetInfo),
     ENTRY(cuMemAlloc), ENTRY(cuMemFree), ENTRY(cuMemHostAlloc), ENTRY(cuMemFreeHost), ENTRY(cuStreamCreate),
     ENTRY(cuStreamDestroy), ENTRY(cuStreamSynchronize), ENTRY(cuStreamQuery), ENTRY(cuEventCreate),

@@ -97,6 +97,36 @@ def delta(before):
 
 # ------------------------------------------------------------------ explicit registration
 @scenario
+def the_registry_calls_the_driver_in_a_context_it_retains(fake):
+    """The registry serves every backend, on whatever thread releases or trims, so it never makes
+    a backend's context current: that backend may close meanwhile, and once the last retain of the
+    primary context is released the handle is gone (the fake flags making it current again; an
+    H100 stress run faulted in cuCtxSynchronize on one). It retains the primary context for each
+    call, and makes none where none exists."""
+    from vyre_cuda import _driver
+
+    gc.collect()
+    base = fake.stats()
+    backend = backend_on(fake)
+    a, b = aligned_pair()
+    busy = _hostreg.REGISTRY.holder(0, lambda: True)  # a holder with work in flight, always
+    with backend.register(a, b):
+        check(backend, a, b)
+    # the release synchronized device 0 for the busy holder, through a retain it gave back
+    assert not vc.is_page_locked(a)
+    assert fake.stats()["context_refs"] == base["context_refs"] + 1  # the backend's own
+    backend.close()
+    # (the first scenario: no backend of another one is open) device 0's primary context is gone
+    assert base["context_refs"] == 0 and fake.stats()["context_refs"] == 0, base["context_refs"]
+    _driver.device_synchronize(0)  # no context: no work to wait for, and none is made
+    assert _driver.host_unregister(0, a.__array_interface__["data"][0]) == 0
+    assert fake.stats()["context_refs"] == 0
+    assert fake.stats()["violations"] == base["violations"], fake.last_violation()
+    del busy
+    settled(fake, base)
+
+
+@scenario
 def register_pages_the_span_and_the_dispatch_dmas_directly(fake):
     backend = backend_on(fake)
     before, c0 = fake.stats(), counts()

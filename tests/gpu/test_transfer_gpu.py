@@ -12,6 +12,7 @@ import _thread
 import gc
 import json
 import os
+import signal
 import threading
 import time
 
@@ -424,9 +425,18 @@ VYRE_KERNEL vyre_main(const float* a, float* out, const vyre_u32* p) {
 )
 
 
+@pytest.fixture
+def python_sigint():
+    """Python's own Ctrl-C handler for the test, whatever the launcher left: a shell starts a
+    background job with SIGINT ignored, and interrupt_main() then does nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.faults  # spins for seconds on purpose
 @pytest.mark.parametrize("entry", ["dispatch", "result"])
-def test_ctrl_c_while_waiting_leaves_the_work_owned(fresh_backend, rng, entry):
+def test_ctrl_c_while_waiting_leaves_the_work_owned(fresh_backend, rng, entry, python_sigint):
     a = rng.standard_normal(1024).astype(np.float32)
     fresh_backend.dispatch(bp.vecadd_f32(), [a, a])  # warm pools
     before = live(fresh_backend)
