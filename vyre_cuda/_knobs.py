@@ -17,22 +17,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import ValidationError
+from ._validate import check_int
 from .planning.dispatch import MIRROR_MAX
 
 if TYPE_CHECKING:
     from .planning.stream import StreamTuning
 
-__all__ = [
-    "Knobs",
-    "DEFAULT",
-    "WAIT_POLL",
-    "WAIT_SPIN",
-    "WAIT_SYNC",
-    "COPY_BY_RULE",
-    "COPY_PLAIN",
-    "COPY_STREAMING",
-]
+__all__ = ["Knobs", "DEFAULT", "WAIT_POLL", "WAIT_SPIN", "WAIT_SYNC", "COPY_BY_RULE", "COPY_PLAIN", "COPY_STREAMING"]
 
 # wait_mode: how a blocking dispatch waits for its work (the core's values: _waits.pyx)
 WAIT_POLL = 0  # spin briefly with a pause per query, then sleep-poll: a timeout or Ctrl-C ends it
@@ -84,10 +75,7 @@ class Knobs:
             ("stream_readback_max", 0, _SIZE_MAX),
         ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ValidationError(
-                    f"Knobs.{name} must be an int in {low}..{high} (got {value!r})", f"pass {name} in that range"
-                )
+            check_int(f"Knobs.{name}", value, minimum=low, maximum=high, numpy=False, fix=f"pass {name} in that range")
 
     def replace(self, **changes) -> Knobs:
         """These knobs with ``changes`` (field names) applied."""

@@ -91,6 +91,12 @@ def _show(value) -> str:
     return text if len(text) <= 40 else f"{text[:12]}... ({len(text)} digits)"
 
 
+def _flag_or_none(name: str, value, fix: str) -> bool:
+    if not is_flag(value):
+        raise ValidationError(f"{name} must be True, False or None (got {type(value).__name__} {value!r})", fix)
+    return bool(value)
+
+
 def _timeout(t):
     if t is None:
         return None
@@ -257,13 +263,11 @@ class DispatchConfig(metaclass=Interned):
                 flag = check_flag(name, getattr(self, name), fix=f"pass {name}=True to {what}, else leave it False")
                 object.__setattr__(self, name, flag)
         if self.graph is not None:
-            if not is_flag(self.graph):
-                raise ValidationError(
-                    f"graph must be True, False or None (got {type(self.graph).__name__} {self.graph!r})",
-                    "pass graph=True to always replay a CUDA graph, False to never, None to let "
-                    "vyre_cuda decide by the number of launches",
-                )
-            object.__setattr__(self, "graph", bool(self.graph))
+            fix = (
+                "pass graph=True to always replay a CUDA graph, False to never, None to let "
+                "vyre_cuda decide by the number of launches"
+            )
+            object.__setattr__(self, "graph", _flag_or_none("graph", self.graph, fix))
         n = self.elements
         if n is not None:
             if not is_int(n) or not 1 <= n <= U32_MAX:
@@ -283,7 +287,22 @@ class DispatchConfig(metaclass=Interned):
                 f"outputs must be 'host' or 'device' (got {self.outputs!r})",
                 "pass outputs='device' to keep the outputs in device memory, else leave it 'host'",
             )
-        self._check_streamed()
+        if self.streamed is not None:
+            fix = (
+                "pass streamed=None to let vyre_cuda decide, True to force the streamed route of an "
+                "elementwise program, False to forbid it"
+            )
+            object.__setattr__(self, "streamed", _flag_or_none("streamed", self.streamed, fix))
+        budget = self.device_memory_budget
+        if budget is not None:
+            if not is_int(budget) or not 1 <= budget <= U64_MAX:
+                raise ValidationError(
+                    "device_memory_budget must be a positive int of bytes or None "
+                    f"(got {type(budget).__name__} {budget!r})",
+                    "pass device_memory_budget=None to be bounded by free device memory only, or a byte "
+                    "count such as 4 << 30",
+                )
+            object.__setattr__(self, "device_memory_budget", int(budget))
         # every dispatch hashes its config for the plan lookup: once here, not 13 fields each time
         try:
             hashed = hash(_config_fields(self))
@@ -305,15 +324,6 @@ class DispatchConfig(metaclass=Interned):
     def __reduce__(self):
         # rebuilt from its fields: the cached hash is per process (salted str hashes)
         return (type(self), _config_fields(self))
-
-    def _check_streamed(self) -> None:
-        if self.streamed is None and self.device_memory_budget is None:
-            return  # (keeps `import vyre_cuda`, which builds the default config, off the planner)
-        from .planning.stream import check_streamed_config  # noqa: PLC0415 (cycle: planning imports config)
-
-        streamed, budget = check_streamed_config(self.streamed, self.device_memory_budget)
-        object.__setattr__(self, "streamed", streamed)
-        object.__setattr__(self, "device_memory_budget", budget)
 
     @property
     def iterations(self) -> int:

@@ -8,7 +8,7 @@ from .._accounting import checked_mul
 from ..errors import InvalidProgram, UnsupportedFeature, ValidationError
 from ..program import BindingRole, BufferDecl
 
-__all__ = ["BindingSlot", "BindingPlan", "plan_bindings", "input_spec"]
+__all__ = ["BindingSlot", "BindingPlan", "plan_bindings", "check_input_count", "whole_elements", "input_spec"]
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,7 @@ class BindingPlan:
 def plan_bindings(program, input_lengths) -> BindingPlan:
     """The binding plan of ``program`` for inputs of ``input_lengths`` bytes (declaration order)."""
     inputs = program.inputs
-    if len(input_lengths) != len(inputs):
-        names = ", ".join(repr(d.name) for d in inputs) or "none"
-        raise ValidationError(
-            f"program takes {len(inputs)} input(s) ({names}) but {len(input_lengths)} were passed",
-            f"pass exactly {len(inputs)} buffer(s), in declaration order",
-        )
+    check_input_count(inputs, len(input_lengths))
     for decl in program.buffers:
         if decl.role is BindingRole.PERSISTENT:
             raise UnsupportedFeature(
@@ -62,14 +57,7 @@ def plan_bindings(program, input_lengths) -> BindingPlan:
     counts: dict[str, int] = {}
     runtime: dict[str, int] = {}  # runtime-sized inputs, declaration order
     for i, (decl, nbytes) in enumerate(zip(inputs, input_lengths)):
-        size = decl.dtype.itemsize
-        if nbytes % size:
-            raise ValidationError(
-                f"input {i} ({decl.name!r}) holds {nbytes} bytes, not a multiple of the "
-                f"{size}-byte {decl.dtype.name} element",
-                f"pass a buffer of whole {decl.dtype.name} elements",
-            )
-        count = nbytes // size
+        count = whole_elements(i, decl, nbytes)
         if decl.count:
             if count != decl.count:
                 raise ValidationError(
@@ -121,6 +109,27 @@ def plan_bindings(program, input_lengths) -> BindingPlan:
         runtime_count=runtime_count,
         runtime_inputs=tuple(runtime.items()),
     )
+
+
+def check_input_count(decls, passed: int) -> None:
+    """Refuse ``passed`` buffers for the program inputs ``decls`` unless there is one per input."""
+    if passed != len(decls):
+        names = ", ".join(repr(d.name) for d in decls) or "none"
+        raise ValidationError(
+            f"program takes {len(decls)} input(s) ({names}) but {passed} were passed",
+            f"pass exactly {len(decls)} buffer(s), in declaration order",
+        )
+
+
+def whole_elements(index: int, decl, nbytes: int) -> int:
+    """The elements input ``index`` (declared ``decl``) holds in ``nbytes``; refused unless whole."""
+    if nbytes % decl.dtype.itemsize:
+        raise ValidationError(
+            f"input {index} ({decl.name!r}) holds {nbytes} bytes, not a multiple of the "
+            f"{decl.dtype.itemsize}-byte {decl.dtype.name} element",
+            f"pass a buffer of whole {decl.dtype.name} elements",
+        )
+    return nbytes // decl.dtype.itemsize
 
 
 def _runtime_count(program, runtime: dict) -> int:

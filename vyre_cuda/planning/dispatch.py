@@ -21,7 +21,6 @@ from .binding import BindingPlan, input_spec, plan_bindings
 from .caps import DeviceCaps, check_capabilities
 from .launch import LaunchPlan, Route, barrier_ceiling, plan_launch, route_grid_sync
 from .layout import SlabLayout, plan_layout
-from .stream_rules import check_serial_budget
 
 if TYPE_CHECKING:
     from .stream import StreamPlan, StreamTuning
@@ -169,6 +168,19 @@ def plan_route(program, lengths, config: DispatchConfig, caps: DeviceCaps, modul
     occupancy = module.occupancy(launch.threads_per_block, launch.shared_bytes) if wants_cooperative else 0
     route = route_grid_sync(program, config, launch, caps, occupancy)
     return bindings, launch, compiled, module, route
+
+
+def check_serial_budget(config, slab_bytes: int) -> None:
+    """Refuse a serial dispatch whose device slab exceeds ``DispatchConfig(device_memory_budget)``."""
+    budget = config.device_memory_budget
+    if budget is not None and slab_bytes > budget:
+        raise DeviceOutOfMemory(
+            f"the dispatch needs {slab_bytes:,} bytes of device memory but "
+            f"DispatchConfig(device_memory_budget={budget:,}) allows {budget:,}",
+            f"raise device_memory_budget to at least {slab_bytes:,}, or split the dispatch into bounded chunks",
+            status="budget",
+            call="plan",
+        )
 
 
 def _phase_ranges(program, route) -> list:

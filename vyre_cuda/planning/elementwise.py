@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._validate import check_int
 from ..errors import InvalidProgram
 
 __all__ = ["Terms", "PROGRAM_TERMS", "normalize_elementwise", "declaration", "cut_bindings", "refusal"]
@@ -30,10 +31,6 @@ class Terms(NamedTuple):
 
 
 PROGRAM_TERMS = Terms("elementwise", "Program {label!r} cannot be elementwise", "drop elementwise")
-
-
-def _is_count(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def refusal(program, what: str, fix: str, terms: Terms = PROGRAM_TERMS) -> InvalidProgram:
@@ -63,10 +60,7 @@ def normalize_elementwise(program) -> tuple:
     """``(declaration as stored, align, names of the bindings cut, in binding order)``; raises
     InvalidProgram for a declaration the program cannot honour."""
     declared = declaration(program.elementwise)
-    align = program.align
-    if not _is_count(align) or align < 1:
-        raise InvalidProgram(f"align must be an int >= 1 (got {align!r})", "pass align=1 or more")
-    align = int(align)
+    align = check_int("align", program.align, minimum=1, fix="pass align=1 or more", error=InvalidProgram)
     if declared is False:
         if align != 1:
             raise InvalidProgram(

@@ -64,11 +64,12 @@ def plan_layout(bplan, launch, phase_ranges=(None,), device_inputs=frozenset()) 
     inputs = []
     h2d = 0
 
-    def place(nbytes, alignment, what):
+    def place(slot):
         nonlocal offset
-        start = align_up(offset, max(REGION_ALIGN, alignment), what)
+        what = f"buffer {slot.decl.name!r} slab offset"
+        start = align_up(offset, max(REGION_ALIGN, slot.decl.alignment or 1, slot.decl.dtype.itemsize), what)
         # a zero-byte buffer still gets a non-null, 16-byte region
-        offset = checked_add(start, align_up(max(nbytes, 1), COPY_ALIGN, what), what)
+        offset = checked_add(start, align_up(max(slot.byte_len, 1), COPY_ALIGN, what), what)
         return start
 
     uploads = [
@@ -85,9 +86,7 @@ def plan_layout(bplan, launch, phase_ranges=(None,), device_inputs=frozenset()) 
     outputs_ = [s for s in bplan.slots if s.role is BindingRole.OUTPUT]
     cleared = [s for s in outputs_ if s.decl.zeroed] + [s for s in outputs_ if not s.decl.zeroed]
     for slot in uploads:
-        align = max(slot.decl.alignment or 1, slot.decl.dtype.itemsize)
-        start = place(slot.byte_len, align, f"buffer {slot.decl.name!r} slab offset")
-        arg_offset[slot.binding] = start
+        arg_offset[slot.binding] = start = place(slot)
         inputs.append((slot.input_index, start, slot.byte_len, offset))
         h2d = checked_add(h2d, slot.byte_len, "uploaded bytes")
 
@@ -114,9 +113,7 @@ def plan_layout(bplan, launch, phase_ranges=(None,), device_inputs=frozenset()) 
     clear_begin: int | None = None
     clear_end = 0
     for slot in cleared:
-        align = max(slot.decl.alignment or 1, slot.decl.dtype.itemsize)
-        start = place(slot.byte_len, align, f"buffer {slot.decl.name!r} slab offset")
-        arg_offset[slot.binding] = start
+        arg_offset[slot.binding] = start = place(slot)
         if slot.decl.zeroed:
             if clear_begin is None:
                 clear_begin = start
@@ -130,9 +127,7 @@ def plan_layout(bplan, launch, phase_ranges=(None,), device_inputs=frozenset()) 
     device_regions = {}
     for slot in on_device:
         if slot.role is not BindingRole.INPUT:  # read-write: a private copy, filled device-to-device
-            align = max(slot.decl.alignment or 1, slot.decl.dtype.itemsize)
-            start = place(slot.byte_len, align, f"buffer {slot.decl.name!r} slab offset")
-            arg_offset[slot.binding] = device_regions[slot.binding] = start
+            arg_offset[slot.binding] = device_regions[slot.binding] = place(slot)
     slab_bytes = align_up(offset, REGION_ALIGN, "slab size")
 
     outputs = []

@@ -21,44 +21,25 @@ from .caps import DeviceCaps
 
 __all__ = ["PRESETS", "preset"]
 
-_KIB = 1024
-_MIB = 1 << 20
-
-
-def _hopper(name: str, total_memory: int) -> DeviceCaps:
-    return DeviceCaps(
-        name=name,
-        cc=(9, 0),
-        sm_count=132,
-        max_shared_per_block_optin=227 * _KIB,
-        max_threads_per_sm=2048,
-        max_blocks_per_sm=32,
-        total_memory=total_memory,
-    )
-
-
+# name: (the driver's name, cc, SMs, opt-in shared memory KiB, threads and blocks per SM, total MiB)
+_CARDS = {
+    "H200": ("NVIDIA H200", (9, 0), 132, 227, 2048, 32, 143_771),
+    "H100": ("NVIDIA H100 80GB HBM3", (9, 0), 132, 227, 2048, 32, 81_559),
+    "A100": ("NVIDIA A100-SXM4-80GB", (8, 0), 108, 163, 2048, 32, 81_920),
+    "L4": ("NVIDIA L4", (8, 9), 58, 99, 1536, 24, 23_034),
+}
 PRESETS = MappingProxyType(
     {
-        "H200": _hopper("NVIDIA H200 (preset)", 143_771 * _MIB),
-        "H100": _hopper("NVIDIA H100 80GB HBM3 (preset)", 81_559 * _MIB),
-        "A100": DeviceCaps(
-            name="NVIDIA A100-SXM4-80GB (preset)",
-            cc=(8, 0),
-            sm_count=108,
-            max_shared_per_block_optin=163 * _KIB,
-            max_threads_per_sm=2048,
-            max_blocks_per_sm=32,
-            total_memory=81_920 * _MIB,
-        ),
-        "L4": DeviceCaps(
-            name="NVIDIA L4 (preset)",
-            cc=(8, 9),
-            sm_count=58,
-            max_shared_per_block_optin=99 * _KIB,
-            max_threads_per_sm=1536,
-            max_blocks_per_sm=24,
-            total_memory=23_034 * _MIB,
-        ),
+        key: DeviceCaps(
+            name=f"{name} (preset)",
+            cc=cc,
+            sm_count=sms,
+            max_shared_per_block_optin=kib * 1024,
+            max_threads_per_sm=threads,
+            max_blocks_per_sm=blocks,
+            total_memory=mib << 20,
+        )
+        for key, (name, cc, sms, kib, threads, blocks, mib) in _CARDS.items()
     }
 )
 """Preset name -> :class:`DeviceCaps` (read-only)."""

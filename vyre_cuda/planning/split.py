@@ -11,7 +11,8 @@ from .._validate import check_int
 from ..config import as_config
 from ..errors import InvalidProgram, ValidationError
 from ..program import BindingRole, require_program
-from .elementwise import Terms, cut_bindings, declaration
+from .binding import check_input_count, whole_elements
+from .elementwise import Terms, cut_bindings, declaration, refusal
 
 __all__ = ["SplitPlan", "plan_split", "SPLIT_TERMS", "MIN_CHUNK_BYTES", "CHUNKS_PER_DEVICE"]
 
@@ -82,11 +83,6 @@ class SplitPlan:
 SPLIT_TERMS = Terms("split", "dispatch_split cannot split program {label!r}", "dispatch on one device")
 
 
-def _split_refusal(program, what: str, fix: str) -> ValidationError:
-    label = program.name or program.kernel.entry
-    return ValidationError(f"{SPLIT_TERMS.head.format(label=label)}: {what}", fix)
-
-
 def plan_split(
     program, inputs, split=None, config=None, *, devices: int = 1, align: int | None = None, chunks: int | None = None
 ) -> SplitPlan:
@@ -100,26 +96,25 @@ def plan_split(
     declared = program.elementwise if split is None else split
     if align is None:
         align = program.align
-    try:
+    try:  # the elementwise rules, refused here as the caller's error
         declared = declaration(declared, SPLIT_TERMS)
-    except InvalidProgram as err:
-        raise ValidationError(err.message, err.fix) from None
-    if declared is False:
-        raise _split_refusal(
-            program,
-            "it is not declared elementwise" + (" (split=False)" if split is not None else ""),
-            "declare Program(..., elementwise=True) (or the names of the inputs to cut), or pass split=True "
-            "(or split=['x', ...]) to this call, when element i of every output depends only on element i "
-            "(row i) of the runtime-sized inputs; otherwise dispatch it on one device, or give map() "
-            "independent inputs",
-        )
-    if cfg.cooperative:
-        raise _split_refusal(
-            program,
-            "it synchronises the whole grid (cooperative=True), so its chunks are not independent",
-            "drop cooperative=True, or dispatch it on one device (CudaBackend.dispatch)",
-        )
-    try:
+        if declared is False:
+            raise refusal(
+                program,
+                "it is not declared elementwise" + (" (split=False)" if split is not None else ""),
+                "declare Program(..., elementwise=True) (or the names of the inputs to cut), or pass split=True "
+                "(or split=['x', ...]) to this call, when element i of every output depends only on element i "
+                "(row i) of the runtime-sized inputs; otherwise dispatch it on one device, or give map() "
+                "independent inputs",
+                SPLIT_TERMS,
+            )
+        if cfg.cooperative:
+            raise refusal(
+                program,
+                "it synchronises the whole grid (cooperative=True), so its chunks are not independent",
+                "drop cooperative=True, or dispatch it on one device (CudaBackend.dispatch)",
+                SPLIT_TERMS,
+            )
         cut = cut_bindings(program, declared, SPLIT_TERMS)
     except InvalidProgram as err:
         raise ValidationError(err.message, err.fix) from None
@@ -139,12 +134,7 @@ def plan_split(
             f"inputs must be a list of buffers (got {type(inputs).__name__})",
             "pass a list with one buffer per program input, e.g. [x, y]",
         )
-    if len(inputs) != len(decls):
-        names = ", ".join(repr(d.name) for d in decls) or "none"
-        raise ValidationError(
-            f"program takes {len(decls)} input(s) ({names}) but {len(inputs)} were passed",
-            f"pass exactly {len(decls)} buffer(s), in declaration order",
-        )
+    check_input_count(decls, len(inputs))
     chosen = {d.name for d in decls if d.name in cut}
 
     views = []
@@ -210,12 +200,7 @@ def _as_rows(value, decl, index: int) -> np.ndarray:
                 f"input {index} ({decl.name!r}) is a {type(value).__name__}, which is not a C-contiguous buffer",
                 "pass a numpy array, bytes, bytearray, memoryview or another C-contiguous buffer",
             ) from None
-        if view.nbytes % decl.dtype.itemsize:
-            raise ValidationError(
-                f"input {index} ({decl.name!r}) holds {view.nbytes} bytes, not a multiple of the "
-                f"{decl.dtype.itemsize}-byte {decl.dtype.name} element",
-                f"pass a buffer of whole {decl.dtype.name} elements",
-            )
+        whole_elements(index, decl, view.nbytes)
         arr = np.frombuffer(view, dtype=decl.dtype.numpy)
     if arr.ndim == 0:
         raise ValidationError(

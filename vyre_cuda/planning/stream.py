@@ -18,16 +18,14 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from .._accounting import U64_MAX, align_up
+from .._validate import check_int
 from ..errors import ValidationError
 from ..program import BindingRole
 from .caps import DeviceCaps
 from .launch import params_words, plan_launch
 from .layout import COPY_ALIGN
 from .stream_budget import Geometry, budget_too_small, fit, no_chunk_fits, padded
-from .stream_rules import check_serial_budget, serial_blocker, shared_rows
 
 __all__ = [
     "STREAM_CHUNK_BYTES",
@@ -44,8 +42,6 @@ __all__ = [
     "Chunk",
     "StreamPlan",
     "plan_stream",
-    "check_streamed_config",
-    "check_serial_budget",
 ]
 
 # Bytes of the largest cut buffer in one chunk: a CuPy prototype reached 1.04x the duplex DMA
@@ -65,12 +61,6 @@ STREAM_MIN_WAVES = 1  # a chunk's launch covers at least this many waves over th
 STREAM_MIN_CHUNK_BYTES = 4 << 20
 
 
-def _count(value, name: str, low: int = 1) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not low <= value <= U64_MAX:
-        raise ValidationError(f"{name} must be an int >= {low} (got {value!r})", f"pass {name} as an int >= {low}")
-    return int(value)
-
-
 @dataclass(frozen=True)
 class StreamTuning:
     """The planner's constants (tests and the tuner pass others). ``min_chunk_bytes=0`` drops the
@@ -84,8 +74,12 @@ class StreamTuning:
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            low = 0 if f.name in ("min_waves", "min_chunk_bytes") else 1
-            object.__setattr__(self, f.name, _count(getattr(self, f.name), f"StreamTuning.{f.name}", low))
+            name, low = f"StreamTuning.{f.name}", 0 if f.name in ("min_waves", "min_chunk_bytes") else 1
+            fix = f"pass {name} as an int >= {low}"
+            value = check_int(
+                name, getattr(self, f.name), minimum=low, maximum=U64_MAX, expected=f"an int >= {low}", fix=fix
+            )
+            object.__setattr__(self, f.name, value)
 
 
 @dataclass(frozen=True)
@@ -232,29 +226,6 @@ class StreamPlan:
         return (self.chunk(k) for k in range(self.chunk_count))
 
 
-def check_streamed_config(streamed, budget) -> tuple:
-    """``(streamed, device_memory_budget)`` of a DispatchConfig, validated."""
-    if streamed is not None:
-        if not isinstance(streamed, (bool, np.bool_)):
-            raise ValidationError(
-                f"streamed must be True, False or None (got {type(streamed).__name__} {streamed!r})",
-                "pass streamed=None to let vyre_cuda decide, True to force the streamed route of an "
-                "elementwise program, False to forbid it",
-            )
-        streamed = bool(streamed)
-    if budget is not None:
-        whole = isinstance(budget, (int, np.integer)) and not isinstance(budget, (bool, np.bool_))
-        if not whole or not 1 <= budget <= U64_MAX:
-            raise ValidationError(
-                "device_memory_budget must be a positive int of bytes or None "
-                f"(got {type(budget).__name__} {budget!r})",
-                "pass device_memory_budget=None to be bounded by free device memory only, or a byte "
-                "count such as 4 << 30",
-            )
-        budget = int(budget)
-    return streamed, budget
-
-
 MAX_STREAMS = 8  # (the core keeps the stream handles in fixed arrays)
 
 
@@ -284,6 +255,66 @@ def _chunk_launch(program, bindings, widths, config, caps, rows: int, params_off
     launch = plan_launch(program, chunk_plan, config, caps)
     words = tuple(params_words(chunk_plan, launch))
     return ChunkLaunch(rows, launch.element_count, launch.grid, words, params_offset)
+
+
+def serial_blocker(program, config, device_inputs) -> tuple:
+    """``(why, fix)`` when this dispatch cannot stream, else ``("", "")``."""
+    if not program.elementwise:
+        label = program.name or program.kernel.entry
+        return (
+            f"program {label!r} is not declared elementwise",
+            "declare Program(..., elementwise=True) (or the names of the inputs to cut) when row i of "
+            "every output depends only on row i of the inputs, or pass streamed=None",
+        )
+    checks = (
+        (config.cooperative, "cooperative=True synchronises the whole grid", "drop cooperative=True"),
+        (
+            config.grid_override is not None,
+            f"grid_override={config.grid_override} fixes the grid of the whole dispatch",
+            "drop grid_override (each chunk's grid follows its rows)",
+        ),
+        (
+            config.elements is not None,
+            f"elements={config.elements} fixes word 0 of the whole dispatch",
+            "drop elements (each chunk's word 0 is its own element count)",
+        ),
+        (
+            config.outputs == "device",
+            "outputs='device' keeps every output on the device, so nothing streams back",
+            "pass outputs='host'",
+        ),
+        (config.graph is True, "graph=True replays the launches as one CUDA graph", "drop graph=True"),
+        (
+            bool(device_inputs),
+            f"input(s) {sorted(device_inputs)} are device memory, so there is nothing to upload in chunks",
+            "pass host arrays",
+        ),
+    )
+    for hit, why, fix in checks:
+        if hit:
+            return f"DispatchConfig: {why}", f"{fix}, or pass streamed=None"
+    return "", ""
+
+
+def shared_rows(program, bindings) -> tuple:
+    """``(rows, {cut name: elements per row}, why not)``: a row is an element of the smallest cut
+    binding; every cut binding holds a whole number of elements per row."""
+    counts = {s.decl.name: s.count for s in bindings.slots if s.decl.name in program.elementwise_bindings}
+    rows = min(counts.values())
+    if rows == 0:
+        empty = [n for n, c in counts.items() if c == 0]
+        return 0, {}, f"elementwise binding(s) {empty} are empty"
+    ragged = {n: c for n, c in counts.items() if c % rows}
+    if ragged:
+        return (
+            0,
+            {},
+            (
+                f"the elementwise bindings' element counts {counts} are not whole multiples of the "
+                f"smallest ({rows}), so they share no row"
+            ),
+        )
+    return rows, {n: c // rows for n, c in counts.items()}, ""
 
 
 def plan_stream(
