@@ -66,23 +66,23 @@ class BindingRole(enum.Enum):
     PERSISTENT = "persistent"
 
 
-# module globals: the constructors name them on every call, and a global costs less than an enum attribute
-_READ_ONLY, _UNIFORM, _READ_WRITE, _WRITE_ONLY, _WORKGROUP = (
-    BufferAccess.READ_ONLY,
-    BufferAccess.UNIFORM,
-    BufferAccess.READ_WRITE,
-    BufferAccess.WRITE_ONLY,
-    BufferAccess.WORKGROUP,
+def _constructor(access: BufferAccess, doc: str, *flags: bool) -> classmethod[BufferDecl, ..., BufferDecl]:
+    """A convenience constructor of ``access`` buffers (``flags``: the output flag of ``output``)."""
+
+    def build(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
+        # (a call with no keywords builds no empty dict: programs built per call go through these
+        # constructors, notes/plan-miss.md)
+        if kw:
+            return cls(name, binding, access, dtype, count, *flags, **kw)
+        return cls(name, binding, access, dtype, count, *flags)
+
+    build.__doc__ = doc
+    return classmethod(build)
+
+
+_OUTPUT = _constructor(
+    BufferAccess.READ_WRITE, "An output with no input: cleared to zero before the launch, read back after.", True
 )
-
-
-def _output_decl(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
-    """An output with no input: cleared to zero before the launch, read back after."""
-    # (a call with no keywords builds no empty dict: programs built per call go through these
-    # constructors, notes/plan-miss.md)
-    if kw:
-        return cls(name, binding, _READ_WRITE, dtype, count, True, **kw)
-    return cls(name, binding, _READ_WRITE, dtype, count, True)
 
 
 class _OutputAttribute:
@@ -102,7 +102,7 @@ class _OutputAttribute:
         if obj is None:
             bound = self._bound.get(owner)
             if bound is None:
-                bound = self._bound[owner] = types.MethodType(_output_decl, owner)
+                bound = self._bound[owner] = types.MethodType(_OUTPUT.__func__, owner)
             return bound
         return obj.is_output
 
@@ -298,45 +298,26 @@ class BufferDecl(metaclass=Interned):
         return self.count * self.dtype.itemsize if self.count else None
 
     # Convenience constructors (and ``output`` above) ---------------------------------------
-    @classmethod
-    def read(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
-        """An input the kernel only reads."""
-        if kw:
-            return cls(name, binding, _READ_ONLY, dtype, count, **kw)
-        return cls(name, binding, _READ_ONLY, dtype, count)
-
-    @classmethod
-    def uniform(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
-        """A small read-only input (vyre's uniform); treated as an input."""
-        if kw:
-            return cls(name, binding, _UNIFORM, dtype, count, **kw)
-        return cls(name, binding, _UNIFORM, dtype, count)
-
-    @classmethod
-    def read_write(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
-        """An input the kernel updates in place; it is read back as an output."""
-        if kw:
-            return cls(name, binding, _READ_WRITE, dtype, count, **kw)
-        return cls(name, binding, _READ_WRITE, dtype, count)
-
-    @classmethod
-    def write_only(cls, name, binding, dtype, count=0, **kw) -> BufferDecl:
-        """An output the kernel only writes; cleared to zero before the launch."""
-        if kw:
-            return cls(name, binding, _WRITE_ONLY, dtype, count, **kw)
-        return cls(name, binding, _WRITE_ONLY, dtype, count)
+    read = _constructor(BufferAccess.READ_ONLY, "An input the kernel only reads.")
+    uniform = _constructor(BufferAccess.UNIFORM, "A small read-only input (vyre's uniform); treated as an input.")
+    read_write = _constructor(
+        BufferAccess.READ_WRITE, "An input the kernel updates in place; it is read back as an output."
+    )
+    write_only = _constructor(
+        BufferAccess.WRITE_ONLY, "An output the kernel only writes; cleared to zero before the launch."
+    )
 
     @classmethod
     def workgroup(cls, name, binding, dtype, count, **kw) -> BufferDecl:
         """Per-block shared memory; not an argument, sized into dynamic shared memory."""
         if kw:
-            return cls(name, binding, _WORKGROUP, dtype, count, **kw)
-        return cls(name, binding, _WORKGROUP, dtype, count)
+            return cls(name, binding, BufferAccess.WORKGROUP, dtype, count, **kw)
+        return cls(name, binding, BufferAccess.WORKGROUP, dtype, count)
 
 
 remember_constructors(BufferDecl, ("read", "uniform", "read_write", "write_only", "workgroup"))
 # (remembered as the others; on an instance `output` stays the flag, as _OutputAttribute types it)
-setattr(BufferDecl, "output", remembered_constructor(_output_decl, BufferDecl, "is_output"))  # noqa: B010
+setattr(BufferDecl, "output", remembered_constructor(_OUTPUT.__func__, BufferDecl, "is_output"))  # noqa: B010
 
 # taken once: dataclasses.fields() per declaration built would cost more than the rest of its key
 _BUFFER_FIELDS = tuple(f.name for f in dataclasses.fields(BufferDecl))

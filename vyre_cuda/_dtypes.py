@@ -73,12 +73,9 @@ DTYPES: dict[str, DType] = {
     )
 }
 
-# numpy's names ("uint8", "float32", ...), and C's
-_ALIASES = {d.numpy.name: d.name for d in DTYPES.values() if d.name != "bf16"}
-_ALIASES.update(half="f16", bfloat16="bf16", float="f32", double="f64")
-
-# every name and alias -> its DType (dtype_of's fast path for a str)
-_BY_NAME = {**DTYPES, **{alias: DTYPES[name] for alias, name in _ALIASES.items()}}
+# every name -> its DType (dtype_of's fast path for a str): vyre's, numpy's ("uint8", ...) and C's
+_BY_NAME = {**DTYPES, **{d.numpy.name: d for d in DTYPES.values() if d.name != "bf16"}}
+_BY_NAME.update(half=DTYPES["f16"], bfloat16=DTYPES["bf16"], float=DTYPES["f32"], double=DTYPES["f64"])
 
 
 def dtype_of(value) -> DType:
@@ -89,16 +86,12 @@ def dtype_of(value) -> DType:
     >>> dtype_of("float32"), dtype_of("bf16").itemsize
     (DType(f32), 2)
     """
-    if type(value) is str:  # (the common spelling first: one dict lookup, no isinstance)
+    if isinstance(value, str):  # (the common spelling first: one dict lookup)
         found = _BY_NAME.get(value)
         if found is not None:
             return found
-    if isinstance(value, DType):
+    elif isinstance(value, DType):
         return value
-    if isinstance(value, str):
-        key = _ALIASES.get(value, value)
-        if key in DTYPES:
-            return DTYPES[key]
     elif value is not None:  # np.dtype(None) would be float64
         try:
             npd = np.dtype(value)

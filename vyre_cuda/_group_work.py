@@ -7,6 +7,7 @@ import collections
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._validate import is_int
@@ -100,26 +101,22 @@ class _Job:
             return self.cond.wait_for(lambda: self.unfinished == 0, timeout)
 
 
+@dataclass(slots=True)
 class _ThreadStats:
-    __slots__ = ("items", "failed", "busy_ns")
-
-    def __init__(self):
-        self.items = 0
-        self.failed = 0
-        self.busy_ns = 0
+    items: int = 0
+    failed: int = 0
+    busy_ns: int = 0
 
 
+@dataclass(slots=True, eq=False)
 class _Device:
-    __slots__ = ("ordinal", "backend", "telemetry", "stats", "lost", "ready", "error")
-
-    def __init__(self, ordinal: int):
-        self.ordinal = ordinal
-        self.backend: Any = None
-        self.telemetry: Any = None
-        self.stats: list = []  # one _ThreadStats per thread: no shared counter to race on
-        self.lost: BaseException | None = None  # the error that retired the device
-        self.ready = threading.Event()
-        self.error: BaseException | None = None  # why its backend could not be created
+    ordinal: int
+    backend: Any = None
+    telemetry: Any = None
+    stats: list = field(default_factory=list)  # one _ThreadStats per thread: no shared counter to race on
+    lost: BaseException | None = None  # the error that retired the device
+    ready: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None  # why its backend could not be created
 
 
 class _State:
@@ -135,17 +132,25 @@ class _State:
         self.threads: list = []
         self.lost: dict = {}  # ordinal -> the error that lost it
 
-    def submit(self, items: list) -> None:
-        with self.work:
-            if self.closing:
-                raise ValidationError(
-                    "this DeviceGroup is closed",
-                    "create a new DeviceGroup (or submit work inside its `with` block)",
-                )
-            if self.live_threads == 0:
-                raise _all_lost(self.lost)
-            self.queue.extend(items)
-            self.work.notify(len(items))
+    def submit(self, job: _Job, items: list) -> None:
+        """Queue ``job``'s ``items`` ((job, index, inputs, outputs or None)), counted as unfinished."""
+        with job.cond:
+            job.unfinished += len(items)
+        try:
+            with self.work:
+                if self.closing:
+                    raise ValidationError(
+                        "this DeviceGroup is closed",
+                        "create a new DeviceGroup (or submit work inside its `with` block)",
+                    )
+                if self.live_threads == 0:
+                    raise _all_lost(self.lost)
+                self.queue.extend(items)
+                self.work.notify(len(items))
+        except BaseException:
+            with job.cond:
+                job.unfinished -= len(items)
+            raise
 
     def retire(self) -> None:
         """A thread stops (``work`` held): the last one fails whatever is still queued."""

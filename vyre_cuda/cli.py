@@ -32,7 +32,6 @@ EXIT_USAGE = 2  # bad arguments (argparse's own status)
 EXIT_NO_GPU = 3  # no usable CUDA driver or device
 
 DESCRIPTION = "vyre-cuda: inspect the CUDA driver and device, self-test, profile, tune and manage the kernel cache."
-_RAW = argparse.RawDescriptionHelpFormatter
 
 # What each status means for each command, in its `--help` (only the statuses it can end with);
 # None: the shared meanings, in `vyre-cuda --help`.
@@ -332,37 +331,36 @@ def _cmd_tune(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
-        prog="vyre-cuda", description=DESCRIPTION, epilog=exit_status_epilog(), formatter_class=_RAW
+        prog="vyre-cuda", description=DESCRIPTION, epilog=exit_status_epilog(), formatter_class=raw
     )
     parser.add_argument("--version", action="version", version=f"vyre_cuda {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def command(name: str, summary: str) -> argparse.ArgumentParser:
+    def command(name: str, summary: str, func) -> argparse.ArgumentParser:
         # the summary heads the command's own --help too; its exit statuses close it
+        description = summary[0].upper() + summary[1:] + "."
         p = sub.add_parser(
-            name,
-            help=summary,
-            description=summary[0].upper() + summary[1:] + ".",
-            epilog=exit_status_epilog(name),
-            formatter_class=_RAW,
+            name, help=summary, description=description, epilog=exit_status_epilog(name), formatter_class=raw
         )
-        p.set_defaults(command_parser=p)  # (main shows its usage for an unknown option)
+        p.set_defaults(func=func, command_parser=p)  # (main shows its usage for an unknown option)
         return p
 
-    p = command("info", "driver, device, limits and capabilities")
-    p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default: 0)")
-    p.add_argument("--json", action="store_true", help="print one JSON object (also without a GPU)")
-    p.set_defaults(func=_cmd_info)
-    p = command("selftest", "run the built-in programs and check them against numpy")
-    p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default: 0)")
-    p.set_defaults(func=_cmd_selftest)
-    p = command("cache", "show (info) or clear the kernel cache; counters other than disk_* are per process")
+    def device_options(p: argparse.ArgumentParser, json_help: str = "") -> None:
+        # the GPU commands' last options: --device, and --json where they print JSON
+        p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default: 0)")
+        if json_help:
+            p.add_argument("--json", action="store_true", help=json_help)
+
+    p = command("info", "driver, device, limits and capabilities", _cmd_info)
+    device_options(p, "print one JSON object (also without a GPU)")
+    device_options(command("selftest", "run the built-in programs and check them against numpy", _cmd_selftest))
+    summary = "show (info) or clear the kernel cache; counters other than disk_* are per process"
+    p = command("cache", summary, _cmd_cache)
     p.add_argument("action", choices=["info", "clear"], nargs="?", default="info")
-    p.set_defaults(func=_cmd_cache)
-    p = command(
-        "tune", "measure a built-in program's block widths and cache the fastest (DispatchConfig(autotune=True))"
-    )
+    summary = "measure a built-in program's block widths and cache the fastest (DispatchConfig(autotune=True))"
+    p = command("tune", summary, _cmd_tune)
     p.add_argument("program", nargs="?", default="vecadd_f32", choices=sorted(tune_cases(1, None)))
     p.add_argument("--elements", type=_positive, default=1 << 22, help="input elements (default: 4194304)")
     p.add_argument(
@@ -373,14 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--repeats", type=_positive, default=5, help="timed runs per width (default: 5)")
     p.add_argument("--force", action="store_true", help="measure again even when a cached winner exists")
-    p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default: 0)")
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.set_defaults(func=_cmd_tune)
+    device_options(p, "print the result as one JSON object")
     from . import profile  # needs no compiled core: a run loads the floor
 
-    p = command("profile", "per-dispatch host-cost profile against the driver floor, or a stored one (--from)")
-    profile.add_arguments(p)
-    p.set_defaults(func=profile.main)
+    summary = "per-dispatch host-cost profile against the driver floor, or a stored one (--from)"
+    profile.add_arguments(command("profile", summary, profile.main))
     return parser
 
 

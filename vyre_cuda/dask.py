@@ -271,13 +271,6 @@ def submit(
     return client.submit(_run_dispatch, program_key(program), program, cfg, list(inputs), **kwargs)
 
 
-def _dtype_matches(decl, dtype) -> bool:
-    dtype = np.dtype(dtype)
-    if decl.dtype.name == "bf16":
-        return dtype.itemsize == 2
-    return dtype == decl.dtype.numpy
-
-
 def map_blocks(program: Program, *arrays: Any, config: ConfigLike = None, name: str | None = None) -> list[da.Array]:
     """Apply ``program`` to dask arrays chunk by chunk; one dispatch per chunk, on the workers.
 
@@ -338,7 +331,8 @@ def map_blocks(program: Program, *arrays: Any, config: ConfigLike = None, name: 
                     "pass runtime-sized inputs of one shape (the kernel sees each chunk as flat "
                     "elements, so there is no broadcasting)",
                 )
-            if not _dtype_matches(decl, value.dtype):
+            # (a bf16 buffer takes any 2-byte dtype: its bits)
+            if value.dtype.itemsize != 2 if decl.dtype.name == "bf16" else value.dtype != decl.dtype.numpy:
                 raise ValidationError(
                     f"input {i} ({decl.name!r}) is a dask array of {value.dtype}, but the buffer is "
                     f"declared {decl.dtype.name}",

@@ -305,8 +305,7 @@ class DeviceGroup:
                 )
         job = _Job(program, cfg, [None] * len(batches), fail_fast)
         if batches:
-            job.unfinished = len(batches)
-            self._state.submit([(job, i, b, o) for i, (b, o) in enumerate(zip(batches, outs))])
+            self._state.submit(job, [(job, i, b, o) for i, (b, o) in enumerate(zip(batches, outs))])
         return MapHandle(job, len(batches))
 
     @overload
@@ -367,14 +366,7 @@ class DeviceGroup:
                     exhausted = len(new) < wanted
                     index += len(new)
                     if new:
-                        with job.cond:
-                            job.unfinished += len(new)
-                        try:
-                            self._state.submit(new)
-                        except BaseException:
-                            with job.cond:
-                                job.unfinished -= len(new)
-                            raise
+                        self._state.submit(job, new)
                         outstanding += len(new)
                 if outstanding == 0:
                     return
@@ -425,8 +417,7 @@ class DeviceGroup:
         outs = plan.allocate(outputs)
         job = _Job(program, cfg, [None] * len(plan.bounds), fail_fast=True)
         items = [(job, k, plan.chunk_inputs(k), plan.chunk_outputs(outs, k)) for k in range(len(plan.bounds))]
-        job.unfinished = len(items)
-        self._state.submit(items)
+        self._state.submit(job, items)
         _settle(MapHandle(job, len(items)))
         return outs if outputs is None else list(outputs)
 

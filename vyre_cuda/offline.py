@@ -11,6 +11,7 @@ gives a measured figure.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -111,38 +112,34 @@ def offline_compile_error(program: Program, arch: tuple[int, int] = (9, 0)) -> K
     return None
 
 
-class _CompiledOnly:
-    """A module stand-in: the compiled kernel, nothing loaded (addresses 0)."""
+class OfflineModules:
+    """The ``modules`` object planning asks for kernels: compiles, never loads. Each load returns a
+    copy of it as the module stand-in: nothing loaded (addresses 0), ``barrier`` nonzero when the
+    image defines the grid barrier, like a loaded module's address (plan() zeroes it)."""
 
     function = 0
     gate = None
-
-    def __init__(self, compiled: CompiledKernel, caps: DeviceCaps, occupancy: int | None):
-        # nonzero when the image defines the grid barrier, like a loaded module's address (plan() zeroes it)
-        self.barrier = 1 if b"_vyre_grid_barrier" in bytes(compiled.image) else 0
-        self._caps = caps
-        self._occupancy = occupancy
-
-    def ensure_shared(self, nbytes: int) -> None:
-        """Nothing to opt in: planning has checked ``nbytes`` against the caps."""
-
-    def occupancy(self, threads_per_block: int, shared_bytes: int) -> int:
-        if self._occupancy is not None:
-            return self._occupancy
-        return occupancy_bound(self._caps, threads_per_block, shared_bytes)
-
-
-class OfflineModules:
-    """The ``modules`` object planning asks for kernels: compiles, never loads."""
+    barrier = 0
 
     def __init__(self, caps: DeviceCaps, occupancy: int | None = None):
         self._caps = caps
         self._occupancy = occupancy
 
-    def load(self, program: Program, bindings: Any) -> tuple[CompiledKernel, _CompiledOnly]:
+    def load(self, program: Program, bindings: Any) -> tuple[CompiledKernel, OfflineModules]:
         """(compiled kernel, stand-in module) for ``program`` on this object's caps."""
         compiled = compile_program(program, self._caps.cc)
-        return compiled, _CompiledOnly(compiled, self._caps, self._occupancy)
+        module = copy.copy(self)
+        module.barrier = 1 if b"_vyre_grid_barrier" in bytes(compiled.image) else 0
+        return compiled, module
+
+    def ensure_shared(self, nbytes: int) -> None:
+        """Nothing to opt in: planning has checked ``nbytes`` against the caps."""
+
+    def occupancy(self, threads_per_block: int, shared_bytes: int) -> int:
+        """Blocks per SM of the kernel: the ``occupancy`` given, else :func:`occupancy_bound`."""
+        if self._occupancy is not None:
+            return self._occupancy
+        return occupancy_bound(self._caps, threads_per_block, shared_bytes)
 
 
 def _length(program: Program, index: int, value: object) -> tuple[int, bool, tuple | None]:

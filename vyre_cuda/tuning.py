@@ -245,14 +245,15 @@ def _kernel_max(backend, function) -> int:
 
 
 def _usable(key: str, caps, kernel_max: int, baseline: int) -> tuple:
-    """``(entry or None, why it was ignored or None)``: the cached entry if a tune on this device
-    could have chosen its width (:func:`candidate_widths`' rules)."""
+    """``(entry or None, why it was ignored or None)``: the cached entry (counted as a hit) if a tune
+    on this device could have chosen its width (:func:`candidate_widths`' rules)."""
     entry = load(key)
     if entry is None:
         return None, None
     block = entry["block"]  # an int in 1..65536 (load checked it)
     problem = candidate_widths((block,), caps, kernel_max, baseline)[1].get(block)
     if problem is None:
+        _count("cache_hits")
         return entry, None
     _count("invalid_entries")
     why = f"block {block} is {problem} (declared width {baseline})"
@@ -312,7 +313,6 @@ def tune(backend, program, inputs, config=None, candidates=CANDIDATES, *, repeat
     if not force:
         entry = _usable(key, caps, kernel_max, baseline)[0]  # an unusable entry is measured again
         if entry is not None:
-            _count("cache_hits")
             return _result(entry, key, cached=True)
     widths, rejected = candidate_widths(tuple(candidates), caps, kernel_max, baseline)
     # the backend's measuring step plans per width, uncached and without re-entering dispatch():
@@ -374,7 +374,6 @@ def planned_width(backend, program, lengths, config, base_plan, inputs=None) -> 
     key = tune_key(program, caps, size_class(base_plan.launch.element_count))
     entry, ignored = _usable(key, caps, _kernel_max(backend, base_plan.function), baseline)
     if entry is not None:
-        _count("cache_hits")
         return entry["block"], f"block {entry['block']} from the tuning cache (key {key[:12]})"
     note = f"; the cached entry was ignored: {ignored}" if ignored else ""
     if inputs is None:

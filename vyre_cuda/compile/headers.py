@@ -22,55 +22,16 @@ import sys
 _PATHFINDER_LIBS = ("cudart", "cccl")
 
 # Headers of the CUDA runtime wheel that kernels include (the rest is reached through these).
-_RUNTIME_HEADERS = frozenset(
-    [
-        "builtin_types.h",
-        "channel_descriptor.h",
-        "cooperative_groups.h",
-        "cuComplex.h",
-        "cuda_awbarrier.h",
-        "cuda_awbarrier_primitives.h",
-        "cuda_bf16.h",
-        "cuda_bf16.hpp",
-        "cuda_device_runtime_api.h",
-        "cuda_fp16.h",
-        "cuda_fp16.hpp",
-        "cuda_fp4.h",
-        "cuda_fp4.hpp",
-        "cuda_fp6.h",
-        "cuda_fp6.hpp",
-        "cuda_fp8.h",
-        "cuda_fp8.hpp",
-        "cuda_occupancy.h",
-        "cuda_pipeline.h",
-        "cuda_pipeline_primitives.h",
-        "cuda_runtime.h",
-        "cuda_runtime_api.h",
-        "cuda_tf32.h",
-        "device_atomic_functions.h",
-        "device_functions.h",
-        "device_launch_parameters.h",
-        "device_types.h",
-        "driver_types.h",
-        "host_defines.h",
-        "library_types.h",
-        "math_constants.h",
-        "math_functions.h",
-        "mma.h",
-        "sm_20_atomic_functions.h",
-        "sm_20_intrinsics.h",
-        "sm_30_intrinsics.h",
-        "sm_32_atomic_functions.h",
-        "sm_32_intrinsics.h",
-        "sm_35_atomic_functions.h",
-        "sm_35_intrinsics.h",
-        "sm_60_atomic_functions.h",
-        "sm_61_intrinsics.h",
-        "surface_types.h",
-        "texture_types.h",
-        "vector_functions.h",
-        "vector_types.h",
-    ]
+_RUNTIME_HEADERS = frozenset().union(
+    ("builtin_types.h", "channel_descriptor.h", "cooperative_groups.h", "cuComplex.h", "cuda_awbarrier.h"),
+    ("cuda_awbarrier_primitives.h", "cuda_bf16.h", "cuda_bf16.hpp", "cuda_device_runtime_api.h", "cuda_fp16.h"),
+    ("cuda_fp16.hpp", "cuda_fp4.h", "cuda_fp4.hpp", "cuda_fp6.h", "cuda_fp6.hpp", "cuda_fp8.h", "cuda_fp8.hpp"),
+    ("cuda_occupancy.h", "cuda_pipeline.h", "cuda_pipeline_primitives.h", "cuda_runtime.h", "cuda_runtime_api.h"),
+    ("cuda_tf32.h", "device_atomic_functions.h", "device_functions.h", "device_launch_parameters.h"),
+    ("device_types.h", "driver_types.h", "host_defines.h", "library_types.h", "math_constants.h", "math_functions.h"),
+    ("mma.h", "sm_20_atomic_functions.h", "sm_20_intrinsics.h", "sm_30_intrinsics.h", "sm_32_atomic_functions.h"),
+    ("sm_32_intrinsics.h", "sm_35_atomic_functions.h", "sm_35_intrinsics.h", "sm_60_atomic_functions.h"),
+    ("sm_61_intrinsics.h", "surface_types.h", "texture_types.h", "vector_functions.h", "vector_types.h"),
 )
 # The C and C++ standard headers a kernel may reach for. NVRTC has no standard library; libcu++
 # (part of CCCL) gives most of them a device twin under cuda/std/, named after the C++ header
@@ -81,49 +42,12 @@ _C_TO_CXX = {
 }
 # cuda/std/ headers of the oldest CCCL a CUDA 13 NVRTC comes with (3.0); newer ones add more.
 # Used to name a replacement where no CCCL is found to look into.
-_LIBCUXX_HEADERS = frozenset(
-    [
-        "array",
-        "atomic",
-        "barrier",
-        "bit",
-        "bitset",
-        "cassert",
-        "ccomplex",
-        "cfloat",
-        "chrono",
-        "climits",
-        "cmath",
-        "complex",
-        "concepts",
-        "cstddef",
-        "cstdint",
-        "cstdlib",
-        "cstring",
-        "ctime",
-        "expected",
-        "functional",
-        "initializer_list",
-        "inplace_vector",
-        "iterator",
-        "latch",
-        "limits",
-        "mdspan",
-        "memory",
-        "numbers",
-        "numeric",
-        "optional",
-        "ranges",
-        "ratio",
-        "semaphore",
-        "source_location",
-        "span",
-        "tuple",
-        "type_traits",
-        "utility",
-        "variant",
-        "version",
-    ]
+_LIBCUXX_HEADERS = frozenset().union(
+    ("array", "atomic", "barrier", "bit", "bitset", "cassert", "ccomplex", "cfloat", "chrono", "climits", "cmath"),
+    ("complex", "concepts", "cstddef", "cstdint", "cstdlib", "cstring", "ctime", "expected", "functional"),
+    ("initializer_list", "inplace_vector", "iterator", "latch", "limits", "mdspan", "memory", "numbers", "numeric"),
+    ("optional", "ranges", "ratio", "semaphore", "source_location", "span", "tuple", "type_traits", "utility"),
+    ("variant", "version"),
 )
 _PRINTF = "printf is built into device code: remove the include and call printf(...)"
 _NO_CONTAINERS = (
@@ -175,15 +99,8 @@ _SENTINELS = {
 # backslash-newlines are spliced first, since NVRTC splices them before it reads directives.
 _OWN_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"vyre_cuda\.cuh"[ \t]*$', re.MULTILINE)
 _HEADER_OPTIONS = (
-    "-I",
-    "-include",
-    "-isystem",
-    "--include-path",
-    "--pre-include",
-    "-pch",
-    "--pch",
-    "--create-pch",
-    "--use-pch",
+    *("-I", "-include", "-isystem", "--include-path", "--pre-include"),
+    *("-pch", "--pch", "--create-pch", "--use-pch"),  # precompiled headers
 )
 _MISSING = re.compile(r'(?:could not|cannot) open source file "([^"]+)"')
 # "<file>(<line>): catastrophic error: cannot open source file "<header>"": who included it
