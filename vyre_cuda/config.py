@@ -91,10 +91,24 @@ def _show(value) -> str:
     return text if len(text) <= 40 else f"{text[:12]}... ({len(text)} digits)"
 
 
-def _flag_or_none(name: str, value, fix: str) -> bool:
-    if not is_flag(value):
-        raise ValidationError(f"{name} must be True, False or None (got {type(value).__name__} {value!r})", fix)
-    return bool(value)
+# the True/False/None fields and their fixes
+_FLAG_OR_NONE_FIXES = {
+    "graph": "pass graph=True to always replay a CUDA graph, False to never, None to let vyre_cuda decide by the "
+    "number of launches",
+    "streamed": "pass streamed=None to let vyre_cuda decide, True to force the streamed route of an elementwise "
+    "program, False to forbid it",
+}
+
+
+def _check_flag_or_none(config, name: str) -> None:
+    """A True/False/None field of ``config``, stored as a bool when set."""
+    value = getattr(config, name)
+    if value is not None:
+        if not is_flag(value):
+            raise ValidationError(
+                f"{name} must be True, False or None (got {type(value).__name__} {value!r})", _FLAG_OR_NONE_FIXES[name]
+            )
+        object.__setattr__(config, name, bool(value))
 
 
 def _timeout(t):
@@ -262,12 +276,7 @@ class DispatchConfig(metaclass=Interned):
             if getattr(self, name) is not False:
                 flag = check_flag(name, getattr(self, name), fix=f"pass {name}=True to {what}, else leave it False")
                 object.__setattr__(self, name, flag)
-        if self.graph is not None:
-            fix = (
-                "pass graph=True to always replay a CUDA graph, False to never, None to let "
-                "vyre_cuda decide by the number of launches"
-            )
-            object.__setattr__(self, "graph", _flag_or_none("graph", self.graph, fix))
+        _check_flag_or_none(self, "graph")
         n = self.elements
         if n is not None:
             if not is_int(n) or not 1 <= n <= U32_MAX:
@@ -287,12 +296,7 @@ class DispatchConfig(metaclass=Interned):
                 f"outputs must be 'host' or 'device' (got {self.outputs!r})",
                 "pass outputs='device' to keep the outputs in device memory, else leave it 'host'",
             )
-        if self.streamed is not None:
-            fix = (
-                "pass streamed=None to let vyre_cuda decide, True to force the streamed route of an "
-                "elementwise program, False to forbid it"
-            )
-            object.__setattr__(self, "streamed", _flag_or_none("streamed", self.streamed, fix))
+        _check_flag_or_none(self, "streamed")
         budget = self.device_memory_budget
         if budget is not None:
             if not is_int(budget) or not 1 <= budget <= U64_MAX:
