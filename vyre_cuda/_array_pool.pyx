@@ -36,19 +36,13 @@ cdef class ArrayPool(BlockPool):
     """Device memory of :class:`~vyre_cuda.DeviceArray` objects, reused; one per device, for the
     life of the process (arrays outlive backends).
 
-    When a DeviceArray dies, work its consumers queued may still read it, on streams vyre_cuda
-    never sees (a CuPy view's kernel on a CuPy stream). So a dropped block is not reusable at
-    once: it waits in ``quarantine`` until a context synchronize that began after the drop has
-    returned (then every stream's earlier work is done; a plain ``cuMemFree`` gives no more than
-    that). One synchronize releases many blocks: a new array that finds no free block of its size
-    runs it once ARRAY_FLUSH_BLOCKS blocks or ARRAY_FLUSH_BYTES bytes wait, and allocates anew
-    otherwise. It never synchronizes where the caller must not wait (``may_wait`` False: an
-    asynchronous enqueue), nor while a capture of this process is open (the driver refuses a
-    context synchronize during a capture, and the refusal breaks the capture).
+    A dead array's block may still be read on streams vyre_cuda never sees, so it waits in
+    ``quarantine`` until a context synchronize begun after the drop returns. One synchronize frees
+    many: it runs once ARRAY_FLUSH_BLOCKS blocks or ARRAY_FLUSH_BYTES wait, never where the caller
+    must not wait (``may_wait`` False) nor while a capture is open (it would break the capture).
 
-    The context is the device's primary context, retained for the life of the process; every
-    driver call pushes it (the caller's current context stays as it was). Dropping an array makes
-    no driver call unless the cache is over ``cap_bytes``: then the block is freed at once.
+    Every driver call pushes the retained primary context. Dropping an array makes no driver call
+    unless the cache is over ``cap_bytes``.
     """
 
     def __init__(self, size_t cap_bytes=256 << 20, uintptr_t ctx=0, int device=0):

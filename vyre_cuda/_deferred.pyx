@@ -43,10 +43,9 @@ cdef class DeferredWork:
 
     cdef size_t reclaim(self, cydriver.CUcontext ctx, Resources res, unsigned long long* tel, bint every,
                         bint wait) noexcept:
-        """Give back to ``res`` what has finished: from the oldest, stopping at the first still
-        running (``every``: query them all; ``wait``: wait for each; ``ctx`` NULL: the context went
-        away after a fault, and everything is written off). Returns how many were given back (the
-        caller's count of dispatches holding resources drops by as many)."""
+        """Give back to ``res`` what has finished, oldest first, stopping at the first still running
+        (``every``: query all; ``wait``: wait for each; ``ctx`` NULL: write everything off).
+        Returns how many were given back."""
         cdef deque[Deferred] batch
         cdef vector[cydriver.CUresult] status
         cdef size_t i, n, held_bytes = 0, done = 0

@@ -2,17 +2,11 @@
 """Device memory that outlives a dispatch: :class:`DeviceArray`, DLPack capsules both ways, and
 the pointer query behind the device checks of inputs and outputs.
 
-A ``DeviceArray`` is what ``DispatchConfig(outputs="device")`` returns: a 1-D C-contiguous array
-in device memory that CuPy, torch, numba and cuda.core wrap without a copy, through
-``__cuda_array_interface__`` (v3) or ``__dlpack__`` / ``__dlpack_device__``. Its memory comes
-from the device's array pool, which holds the device's primary context for the life of the
-process, so it stays valid after the backend is closed. When the last reference (its own, or a
-DLPack consumer's) goes away the memory goes back to the pool, which reuses it only after a
-context synchronize has made sure no stream's earlier work still reads it (``_array_pool.ArrayPool``).
-
-DLPack structures come from _dlpack.h (the ABI of dlpack.h v1.x, which is stable): the
-legacy ``DLManagedTensor`` (capsule ``"dltensor"``) and the versioned ``DLManagedTensorVersioned``
-(capsule ``"dltensor_versioned"``, given to consumers that pass ``max_version >= (1, 0)``).
+A ``DeviceArray`` (what ``outputs="device"`` returns) is a 1-D C-contiguous device array that
+CuPy, torch, numba and cuda.core wrap without a copy (CAI v3 or DLPack). Its memory comes from the
+device's array pool (``_array_pool.ArrayPool``), which holds the primary context for the process's
+life, so it outlives the backend. DLPack structures: _dlpack.h (dlpack.h v1.x ABI; the versioned
+capsule goes to consumers passing ``max_version >= (1, 0)``).
 """
 
 from cpython.pycapsule cimport (PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer)

@@ -1,33 +1,17 @@
 # cython: language_level=3
-"""Device arrays read in C: a dispatch's device inputs and outputs taken from vyre_cuda's
-``DeviceArray``, the DLPack C exchange API (torch, cuda.core), CuPy's own array fields, or a CUDA
-Array Interface v3 mapping (numba, any other producer), with no Python call per array beyond the
-producer's own.
+"""Device arrays read in C: vyre_cuda's ``DeviceArray``, the DLPack C exchange API (torch,
+cuda.core), CuPy's own array fields, or a CUDA Array Interface v3 mapping (numba, others), with no
+Python call per array beyond the producer's own.
 
-CuPy builds a new CAI dict per access (0.7-0.9 us on the H200), and the CAI names no device, so
-the reader also had to ask the driver about the pointer. A CuPy array's fields (``data.ptr``,
-``data.device_id``, ``size``, ``dtype``, ``_c_contiguous``) hold all of it but the stream, and the
-stream a CuPy CAI names is CuPy's current stream of the calling thread, the same for every CuPy
-array exported in one call. So a dispatch reads that stream once, for its first CuPy array, and
-the fields of every array (``CupyStream`` carries the stream along the dispatch's reads; a read
-that can run a producer's Python code, or a host buffer other than numpy's, drops it). The stream
-is read as CuPy's CAI computes it (``cupy.cuda.get_current_stream().ptr``, its default stream for
-0, under ``CUPY_CUDA_ARRAY_INTERFACE_EXPORT_VERSION`` 3), checked once per process against a real
-CAI; where those functions are missing or disagree, the first array's CAI is read instead.
+CuPy builds a new CAI dict per access (0.7-0.9 us on the H200) and names no device in it, so its
+fields are read instead; the stream its CAI would name (CuPy's current stream of the thread) is
+read once per dispatch and carried along by ``CupyStream``, checked once per process against a
+real CAI (else every first array's CAI is read). notes/device-arrays.md has the measurements.
 
-Which protocol a type speaks is decided once per type, from the type and its first array, and
-kept in a table keyed by the type (written under a lock; no CPython internals read). Only a type
-found to speak one is kept: one left to the Python reader is asked again at its next array (a
-library that patches ``torch.Tensor`` with an exchange API after the first dispatch is seen at the
-next one), and a kept type whose array this reader then refuses is forgotten, so a type changed
-after its first array is decided again. (A CuPy subclass that overrides one of the fields read
-after its first array was seen is the one change not caught: its fields keep being read in C.)
-
-This reader takes only what it can prove well-formed: a device array on this backend's device,
-C-contiguous, of a type the checks know, with a usable stream. Anything else returns None, and
-the dispatch takes the Python reader (:mod:`vyre_cuda._device_io`), which accepts the rest (CPU
-DLPack tensors, legacy producers) or refuses it with its typed error. So the two readers cannot
-disagree on an error: this one never raises one.
+A type's protocol is decided once, from its first array, and kept (written under a lock); a type
+left to the Python reader is asked again next time, and a kept type whose array is refused is
+forgotten. This reader takes only what it can prove well-formed; anything else returns None for
+the Python reader (:mod:`vyre_cuda._device_io`), so only that one raises errors.
 """
 
 cimport cython
@@ -110,8 +94,7 @@ cdef class _Held:
 @cython.final
 @cython.no_gc  # (holds an int or None: no cycle can pass through it)
 cdef class CupyStream:
-    """The stream a dispatch's CuPy arrays name (None: none named): CuPy's current stream of the
-    calling thread as their CAI would name it, read once for the dispatch's first CuPy array."""
+    """The stream a dispatch's CuPy arrays name (None: none), read once for its first CuPy array."""
 
 
 cdef CupyStream _cupy_stream(object stream):
@@ -120,8 +103,7 @@ cdef CupyStream _cupy_stream(object stream):
     return m
 
 
-# why this thread's last array was left to the Python reader (diagnostics: fallback_reason); per
-# thread, as a module global written by every refusal would be swapped under a reader without a GIL
+# why this thread's last array went to the Python reader (fallback_reason); per thread: no GIL
 cdef object _why = threading.local()
 
 
@@ -180,13 +162,9 @@ cdef tuple _classify(obj, t):
     return (P_SLOW, None)
 
 
-# The last type looked up, and its entry, as one record (type, entry) read and written with one
-# atomic pointer: a dispatch's arrays are mostly of one type, so its lookup is one compare, with no
-# dict lookup. The pointer is borrowed: every record ever published is kept in _records for the
-# life of the process (one per type and distinct entry: a type decided again the same way reuses
-# its record), so a reader on another thread never holds a freed one, with or without a GIL. A
-# reader may get a record forgotten a moment before: one more array goes to the reader that
-# refused the type, which forgets it again.
+# The last (type, entry) record looked up, behind one atomic pointer: one compare, no dict lookup.
+# Borrowed: every record ever published stays in _records, so no reader holds a freed one; a
+# record forgotten a moment before only sends one more array to the reader that forgets it again.
 cdef extern from *:
     """
     static PyObject* vyre_recent_record = NULL;
@@ -240,8 +218,7 @@ cdef tuple _protocol(obj):
 
 
 cdef void _forget(t) noexcept:
-    """A kept type whose array this reader refused: decided again at its next array (the array may
-    be one this reader cannot take, or the type may have changed since it was kept)."""
+    """A kept type whose array this reader refused: decided again at its next array."""
     cdef PyObject* rec
     lock_with_gil(_protocols_mu)
     try:
@@ -255,9 +232,8 @@ cdef void _forget(t) noexcept:
 
 
 cdef bint device_type(obj) noexcept:
-    """Whether ``obj``'s type is known (kept) to speak a protocol this reader takes:
-    for producers whose arrays also export a buffer protocol that refuses (CuPy), so the core
-    tries this reader before the buffer protocol's exception."""
+    """Whether ``obj``'s type is kept as one this reader takes (tried before a buffer protocol
+    that would refuse, as CuPy's does)."""
     entry = _current_entry(type(obj))
     return entry is not None and (<tuple>entry)[0] != P_SLOW
 
@@ -349,8 +325,7 @@ cdef DevView _from_exchange(obj, cap, int device, own):
     v.ptr = <cydriver.CUdeviceptr>(<uintptr_t>t.data + t.byte_offset)
     v.itemsize = t.dtype.bits // 8
     v.nbytes = <size_t>count * v.itemsize
-    # a tensor autograd tracks (torch's requires_grad) is read-only to a dispatch: written in place,
-    # its gradients would be wrong, and torch refuses such a write itself. (Inputs may be read.)
+    # a requires_grad tensor is read-only (torch refuses such a write itself)
     v.read_only = (mt.flags & DL_FLAG_READ_ONLY) != 0 or _requires_grad(obj)
     # the producer's current stream (NULL: its legacy default stream) orders its pending writes
     v.wait = _waited(<uintptr_t>stream if stream != NULL else LEGACY_STREAM, own)
@@ -454,8 +429,7 @@ cdef DevView _from_cai(obj, int device, own):
 
 
 cdef CupyStream _cupy_memo_from_cai(obj):
-    """The stream the CAI of ``obj`` (a CuPy array) names, or None when that CAI is not a v3 one
-    with a usable stream (then the CAI reader reads the array and words why it leaves it)."""
+    """The stream ``obj``'s CAI names, or None when not v3 with a usable stream (_from_cai says why)."""
     try:
         cai = obj.__cuda_array_interface__
     except Exception:  # noqa: BLE001
@@ -469,16 +443,13 @@ cdef CupyStream _cupy_memo_from_cai(obj):
     return _cupy_stream(stream)
 
 
-# CuPy's functions that its CAI takes the stream from: None until the first CuPy array, then a
-# tuple (cupy._util, cupy.cuda.get_current_stream, cupy_backends' get_default_stream_ptr), or
-# False where they are missing or disagreed with a real CAI (every dispatch then reads a CAI)
+# CuPy's stream functions (None: not looked up yet; False: missing or disagreed with a real CAI)
 cdef object _cupy_api = None
 cdef object _UNKNOWN = object()
 
 
 cdef object _cupy_current(tuple api):
-    """The stream a CuPy CAI exported now would name (a positive int), or _UNKNOWN where only
-    the CAI can say (another export version, an unexpected answer)."""
+    """The stream a CuPy CAI exported now would name, or _UNKNOWN where only the CAI can say."""
     if getattr(api[0], "CUDA_ARRAY_INTERFACE_EXPORT_VERSION", None) != 3:
         return _UNKNOWN  # (version 2 names no stream: the CAI says so itself)
     ptr = api[1]().ptr
@@ -499,9 +470,7 @@ cdef object _cupy_resolve():
 
 
 cdef CupyStream _cupy_memo(obj):
-    """The stream the CAI of ``obj`` (a CuPy array) names now, read from CuPy's current stream
-    where that was shown to agree with its CAI, else from the CAI itself; None as
-    _cupy_memo_from_cai."""
+    """The stream ``obj``'s CAI names now: from CuPy's current stream where shown to agree, else the CAI."""
     global _cupy_api
     cdef CupyStream memo
     if _cupy_api is None:
@@ -532,8 +501,7 @@ def _forget_cupy_api():
 
 
 cdef DevView _from_cupy(obj, pointer_type, int device, own, CupyStream memo):
-    """A CuPy array from its fields, with the stream of ``memo``; for the dispatch's first CuPy
-    array (no memo yet) the stream is read (_cupy_memo), and the rest share it."""
+    """A CuPy array from its fields, with ``memo``'s stream (read here for the first one)."""
     cdef Py_ssize_t size
     cdef cnp.dtype dt
     cdef char kind
@@ -574,10 +542,8 @@ cdef DevView _from_cupy(obj, pointer_type, int device, own, CupyStream memo):
 
 
 cdef DevView read_device(obj, int device, own, CupyStream memo):
-    """``obj`` as a :class:`DevView` read in C, or None for the Python reader. ``own`` is the
-    dispatch's caller stream handle (None: the backend's own streams). ``memo`` is the ``memo``
-    of the dispatch's previous view (None for its first array, or after the Python reader): the
-    view's ``memo`` goes to the next read, and is None after a read that ran a producer's Python."""
+    """``obj`` as a :class:`DevView`, or None for the Python reader. ``own``: the caller's stream
+    handle or None; ``memo``: the previous view's (None once a producer's Python may have run)."""
     cdef tuple proto = _protocol(obj)
     cdef int code = proto[0]
     cdef DevView v

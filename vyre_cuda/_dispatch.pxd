@@ -1,6 +1,5 @@
-# The hot path's entry points (dispatch, dispatch_async, ...), the plan lookup, and the ONE owner of
-# a dispatch's life: its state machine, the deferred list of dropped handles, the backend's counts
-# of calls and handles in flight.
+# The hot path's entry points, the plan lookup, and the ONE owner of a dispatch's life (its state
+# machine below, the deferred list, the counts of calls and handles in flight).
 
 from cpython.buffer cimport Py_buffer
 from libcpp.mutex cimport mutex

@@ -1,32 +1,18 @@
 # cython: language_level=3
-"""The per-backend entry points of the hot path, the plan lookup, and the ONE owner of a
-dispatch's life.
+"""The hot path's per-backend entry points, the plan lookup, and the ONE owner of a dispatch's life.
 
-A dispatch looks up its prepared plan (one dict lookup keyed on program, config and input byte
-lengths; on a miss it raises :class:`PlanMiss` and the backend plans, inserts and calls again:
-the core never calls back into planning), then runs in C: pool acquisitions with the GIL held (a
-few C operations), every driver call, bulk copy and wait with the GIL released, no Python object
-per argument or per buffer.
+A dispatch looks up its prepared plan (one dict lookup; on a miss it raises :class:`PlanMiss` and
+the backend plans, inserts and calls again: the core never calls into planning), then runs in C:
+pool acquisitions under the GIL, every driver call, copy and wait without it. Device arrays are
+looked for only where the buffer protocol fails, so host buffers pay nothing for them. The rest of
+the hot path is cimported through .pxd files (_prepared, _launch, _waits, _tracing, _resources).
 
-Device arrays (DLPack / CUDA Array Interface) are found only where the buffer protocol fails, so
-host buffers pay nothing for them; a device input's kernel argument is its own pointer (or a
-device-to-device copy for a read-write one), a device output is filled device-to-device. A
-``DispatchConfig(stream=...)`` dispatch runs on the caller's stream, never returned to the pool.
-
-The rest of the hot path lives beside this module and is cimported through .pxd files (cdef
-calls, no Python call per dispatch): the prepared plan (_prepared), the enqueue routine and
-launches (_launch), the owner of a dispatch in flight and its waits (_waits), tracing (_tracing),
-the pools (_resources). Every planning decision stays in planning/.
-
-A dispatch's life is written here and nowhere else (the state machine is in _dispatch.pxd): which
-caller takes its outputs (one claims it by compare-and-swap; the others wait for the publication
-and get the same outputs, or the same error), when its resources go back to the pools (once, under
-the handle's lock, so ``is_ready()`` on another thread never queries a recycled event), and what a
-dropped handle leaves: never a host wait, its resources go on the backend's deferred list, keyed by
-its completion event, and are reclaimed without a wait by later dispatches, ``trim()`` and
-``close()`` (which waits). Past DEFER_MAX_COUNT entries or DEFER_MAX_BYTES, the next dispatch waits
-for the oldest. No field here relies on the GIL: counts are atomics, references are swapped under
-a mutex taken GIL-safely (lock_with_gil), and no Python code runs while one is held.
+A dispatch's life is written here only (state machine: _dispatch.pxd): one caller claims the
+outputs by compare-and-swap, the others get the same outputs or error; resources go back once,
+under the handle's lock (so ``is_ready()`` never queries a recycled event); a dropped handle never
+makes the host wait: its resources go on the deferred list (_deferred), reclaimed by later
+dispatches, ``trim()`` and ``close()``. No field relies on the GIL: counts are atomics, references
+are swapped under a mutex taken with lock_with_gil, and no Python code runs while one is held.
 """
 
 cimport cython
@@ -87,10 +73,8 @@ cdef class Core:
         memset(self.tel, 0, sizeof(self.tel))
 
     def __dealloc__(self):
-        # The core dies with dropped work still on its list (a backend never closed, collected at
-        # interpreter exit, where its finalizer no longer closes it): wait for that work and give
-        # its blocks back, so the pools free them as they die after this; a block left on the
-        # list would outlive the process (compute-sanitizer's leak check lists it).
+        # dropped work still listed (a backend never closed, collected at exit): wait and give its
+        # blocks back, else they outlive the process (compute-sanitizer's leak check lists them)
         if self.defer is not None and self.resources is not None and a_loadll(&self.defer.count):
             self.defer.reclaim(self.ctx, self.resources, self.tel, True, True)
 
@@ -168,11 +152,8 @@ cdef class Core:
         self.plans.clear(<uintptr_t>self.ctx)
 
     def set_knobs(self, knobs):
-        """This backend's measurement settings (a :class:`vyre_cuda._knobs.Knobs`, checked there)
-        into the C fields the hot path reads: the wait mode here, the copy and window settings on
-        the transfer engine. The cached plans are dropped (the mirror boundary and the stream
-        tuning, planning's part of the knobs, are baked into them). Call it while no other thread
-        dispatches on this backend."""
+        """Copy a :class:`vyre_cuda._knobs.Knobs` into the C fields the hot path reads, and drop
+        the cached plans (planning's knobs are baked into them). No other thread may dispatch."""
         cdef TransferEngine xfer = self.resources.xfer
         self.wait_mode = knobs.wait_mode
         xfer.streamed_copy_mode = knobs.streamed_copy_mode
@@ -183,9 +164,8 @@ cdef class Core:
         self.clear_prepared()
 
     def when_settled(self, callback):
-        """Call ``callback`` once no dispatch owner is left: now when none is, else when the last
-        settles (_settled). Exactly once: the callback is parked under ``settle_mu`` first, then
-        whichever of this call and the last settle sees the count at zero takes it out."""
+        """Call ``callback`` once, when no dispatch owner is left (now, or at the last _settled):
+        parked under ``settle_mu`` first, whichever side sees the count at zero takes it."""
         lock_with_gil(self.settle_mu)
         self.on_settled = callback
         self.settle_mu.unlock()
@@ -193,8 +173,7 @@ cdef class Core:
             self._run_on_settled()
 
     cdef void _settled(self) noexcept:
-        # one dispatch's resources went back (recycled, written off, or reclaimed from the
-        # deferred list): it no longer counts
+        # one dispatch's resources went back (recycled, written off or reclaimed)
         if a_add(&self.n_outstanding, -1) == 0 and a_load(&self.closed_flag):
             self._run_on_settled()
 
@@ -246,9 +225,8 @@ cdef class Core:
         return <uintptr_t>self.ctx
 
     cdef int _enter(self) except -1:
-        # one more call running inside the core: close() waits for it before freeing anything.
-        # Counted first, then `closed` read (both sequentially consistent; close() sets `closed`,
-        # then reads the count): either close() sees this call counted, or this call sees closed.
+        # counted first, then `closed` read (seq-cst; close() does the reverse): either close()
+        # sees this call counted and waits for it, or this call sees closed.
         a_add(&self.n_busy, 1)
         try:
             self._check_usable()
@@ -258,8 +236,7 @@ cdef class Core:
         return 0
 
     cdef void _hold(self) noexcept:
-        # a call on a handle (result*): counted so close() waits for it, never refused (the handle
-        # answers for a closed backend itself)
+        # a call on a handle: counted, never refused (the handle answers for a closed backend)
         a_add(&self.n_busy, 1)
 
     cdef void _leave(self) noexcept:
@@ -285,10 +262,8 @@ cdef class Core:
     # ---------------------------------------------------------------- lookup
     cdef Prepared _lookup(self, program, inputs, config, vector[Py_buffer]& views, PendingDispatch d,
                           Prepared given):
-        """Acquire every input buffer and find the prepared dispatch (``given``: that plan, for a
-        measurement). On failure, a :class:`PlanMiss` included, every buffer acquired so far is
-        released. A device input (found only where the buffer protocol fails, so host buffers pay
-        nothing) marks its key entry ("device", bytes)."""
+        """Acquire every input buffer and find the plan (``given``: that one); on any failure,
+        PlanMiss included, the buffers are released. A device input's key entry is ("device", n)."""
         cdef Py_ssize_t n
         cdef long long small[8]
         cdef vector[long long] big
@@ -323,8 +298,7 @@ cdef class Core:
     cdef object _miss(self, key, config, inputs, PendingDispatch d):
         """The PlanMiss of ``key``: what the backend plans with."""
         if config is not None and config.stream is not None:
-            # a caller's stream: the cached plan and its key hold the handle, never the stream
-            # object (the dispatch holds that while it runs)
+            # the plan and key hold the stream's handle, never the object
             config = config._without_stream_object()
             key = (key[0], config) + key[2:]
         if d.dev_in.size():  # device inputs: their key entries are ("device", nbytes)
@@ -380,15 +354,13 @@ cdef class Core:
             if into is not None:
                 d.compact = d.out_checked is not None and fits_in_place(d, d.out_checked)
             else:
-                # blocking outputs="device": new arrays, which overlap nothing (an async dispatch
-                # makes them only at result(), from the slab)
+                # blocking outputs="device": new arrays overlap nothing (async makes them at result())
                 d.compact = p.device_outputs and not want_done
         if d.compact:
             if not p.resident_tried:
                 self.resident_blocks.upload(p, self.resources.spool)
             d.resident = p.resident != 0
-        # a caller's stream: wait on an event, not on it (a resident params block is the slab:
-        # no device block and no staging are taken)
+        # (a resident params block is the slab: no device block or staging taken)
         self.resources.acquire(&d.f, 0 if d.resident else (p.compact_bucket if d.compact else p.bucket),
                                0 if d.resident else (p.compact_staging if d.compact else p.staging_block),
                                p.ring and not d.compact, p.ext, p.ext_stream, want_done or p.ext, timed,
@@ -588,19 +560,16 @@ cdef class Core:
         self._begin(d, config, into, True, timed, NULL)
         d.f.t_start = t0
         if into is not None:
-            # the caller's arrays, checked by _begin: device ones are written in stream order
-            # (in place when they can be), host ones when the result is taken
+            # device arrays are written in stream order, host ones when the result is taken
             d.s_outs = into
             d.named_outputs = True
             find_targets(d, into)
         elif p.streamed:
-            # the chunks' outputs leave the device as the dispatch runs: into arrays of its own,
-            # which result() returns (result_into copies them)
+            # chunks are read back as they finish, into arrays result() returns
             d.s_outs = new_outputs(self, p, False)
             find_targets(d, d.s_outs)
         elif p.device_outputs and not p.ring:
-            # result() copies the outputs device-to-device from the slab: no readback, unless
-            # result_into() takes them into host arrays (then read back late)
+            # result() copies device-to-device from the slab (result_into reads back late)
             d.readback_skipped = True
         with nogil:
             st = issue(d, p, xfer, NULL, &call)
@@ -646,11 +615,9 @@ cdef bint is_taken(PendingDispatch d) noexcept:
 
 
 cdef object take(PendingDispatch d, int form, outputs, timeout):
-    """result(), result_into() or timed_result() on a handle any number of threads may share.
-    One caller claims it (D_ENQUEUED -> D_TAKING), waits, collects and publishes the outputs or
-    the error; every other caller waits for the publication (bounded by its own timeout) and
-    gets what was published. A claim whose wait ends with the work still running (timeout,
-    Ctrl-C, a refused argument) goes back, and the next caller claims it."""
+    """result(), result_into() or timed_result() on a shared handle. One caller claims it
+    (D_ENQUEUED -> D_TAKING) and publishes the outputs or error; the others wait (each with its
+    own timeout) and get that. A claim whose wait ends with the work still running goes back."""
     cdef int state
     cdef unsigned long long deadline = 0
     cdef bint have_deadline = False
@@ -745,10 +712,8 @@ cdef int poll_ready(PendingDispatch d) except -1:
 
 
 cdef void drop(PendingDispatch d) noexcept:
-    """The handle's last reference went (no other thread can hold it). Its work never makes the
-    host wait: seen finished (a wait or ``is_ready()``), its resources are recycled now; else they
-    go, with no driver call, to the backend's deferred list with every buffer the GPU may still
-    read or write, and the next dispatch, ``trim()`` or ``close()`` recycles them."""
+    """The handle's last reference went. Never a host wait: seen finished, its resources are
+    recycled now; else they go, with every buffer the GPU may still use, to the deferred list."""
     cdef Core core = d.core
     cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
     cdef cydriver.CUcontext prev
@@ -762,9 +727,7 @@ cdef void drop(PendingDispatch d) noexcept:
     if not d.f.enqueued or d.completed:  # nothing on the GPU, or seen finished: back at once
         release_resources(d, True)
         return
-    # Not queried: dropped right after its enqueue (fire and forget) the work still runs, and a
-    # query here would only answer NOT_READY before the next dispatch's reclaim asks again
-    # (notes/enqueue-chain.md, section 3). The deferred list recycles it once finished.
+    # not queried: right after the enqueue it would only answer NOT_READY (notes/enqueue-chain.md §3)
     try:
         held = (d.keep, d.s_outs, d.out_checked, d.prep)
     except BaseException:  # no memory for a tuple: wait instead (the old way, never wrong)
@@ -788,11 +751,8 @@ cdef void drop(PendingDispatch d) noexcept:
     core.defer.push(e)
     tel_add(&core.tel[T_DEFERRED_DROPS], 1)
     if a_load(&core.closed_flag):
-        # close() may have made its last reclaim between this handle's query and the push
-        # above (close sets the flag before it reclaims, and the push is under the list's lock, so one
-        # of the two sees the entry): nothing else would reclaim it, so wait for it here. Its
-        # GPU work is all that is waited for; close() already waited for the context, or lets
-        # the last handle free the pools.
+        # close() may have made its last reclaim before the push (it sets the flag first, the
+        # push is under the list's lock): nothing else would reclaim this entry, so wait here
         try:
             core._reclaim(True, True)
         except BaseException:  # (noexcept: a failed wait was written off by _reclaim)

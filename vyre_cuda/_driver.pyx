@@ -186,9 +186,8 @@ cdef extern from *:
     int vyre_capture_count() noexcept nogil
 
 
-# Stream captures of this process's backends open now (any thread). A context synchronize while
-# any stream of the context captures is refused, and the refusal invalidates the capture; code
-# that synchronizes only when it pays (the DeviceArray pool) skips it while this is not zero.
+# Stream captures open now (any thread): a context synchronize during one is refused and breaks
+# the capture, so optional synchronizes (the DeviceArray pool) skip while this is not zero.
 cdef void capture_opened() noexcept nogil:
     vyre_capture_add(1)
 
@@ -255,11 +254,9 @@ def context_synchronize(double capture_wait_s=10.0):
         check_cu(st, b"cuCtxSynchronize")
 
 
-# The host registry (_hostreg) works for every backend of the process, on whatever thread a
-# release, a trim or an owner's death runs, so it never uses a backend's context handle: that
-# backend may close meanwhile, and once the last retain of a primary context is released the
-# handle is gone (an H100 stress run faulted inside cuCtxSynchronize on one). It retains the
-# device's primary context for the length of each call instead.
+# The host registry (_hostreg) serves every backend on any thread, so it never uses a backend's
+# context handle (that backend may close and the handle die: an H100 stress run faulted in
+# cuCtxSynchronize on one); it retains the device's primary context for each call instead.
 cdef cydriver.CUresult _push_primary(int ordinal, bint only_live, cydriver.CUdevice* dev) noexcept nogil:
     # retained and pushed on success; with only_live, a primary context that does not exist now
     # is not made (CUDA_ERROR_INVALID_CONTEXT): there is no work and no registration in it

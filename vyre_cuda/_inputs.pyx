@@ -112,10 +112,8 @@ cdef long long _cold_input(cydriver.CUcontext ctx, int device, unsigned long lon
 
 cdef int read_inputs(cydriver.CUcontext ctx, int device, unsigned long long* tel, program, inputs,
                      config, vector[Py_buffer]& views, long long* lens, PendingDispatch d) except -1:
-    """Acquire input ``i`` of the list or tuple ``inputs`` into ``views[i]`` and its length code
-    into ``lens[i]``, for every ``i`` (``views`` sized by the caller). A device input (found only
-    where the buffer protocol fails, so host buffers pay nothing) is held by ``d``. On failure
-    every view acquired so far is released."""
+    """Acquire each input into ``views[i]`` and its length code into ``lens[i]``; a device input
+    is held by ``d``. On failure every view acquired so far is released."""
     cdef Py_ssize_t i, n = len(inputs)
     cdef long long nbytes
     cdef Py_buffer* view
@@ -240,10 +238,8 @@ cdef int sight_buffers(hook, PendingDispatch d, list into) except -1:
 
 
 cdef void mark_direct(PendingDispatch d, bint want_done) noexcept nogil:
-    """Which inputs the GPU reads in place (page-locked): no staging copy. An async dispatch
-    copies what only the automatic policy page-locked before it returns, as it would pageable
-    memory: the caller may reuse it at once. Takes the direct gate first (_windows): without it,
-    nothing is read or written by DMA in place."""
+    """Which inputs the GPU reads in place (page-locked), under the direct gate (_windows). An
+    async dispatch still stages what only the automatic policy page-locked."""
     cdef size_t i
     d.gate = direct_enter()  # held until the direct copies are enqueued (_waits.leave_gate)
     if not d.gate:

@@ -1,36 +1,19 @@
 # cython: language_level=3
 """Immutable values built again from the same arguments: the value built the first time.
 
-A program built inside a function (each call) builds its Kernel, its BufferDecls and the Program
-again from the same arguments. Their checks and normalisation are a pure function of the
-arguments, and the values are immutable, so the second call returns the first call's value: one
-table lookup instead of the checks, and the plan cache then finds the very same object.
+A program built inside a function rebuilds its Kernel, BufferDecls and Program from the same
+arguments on every call; the values are immutable and their checks pure, so the second call returns
+the first call's value (one lookup, and the plan cache finds the very same object).
 
-Only calls whose every argument is a plain value are remembered: a str, bytes, int, bool, float or
-None, a value of a registered type (DType, BufferAccess, and the interned classes themselves), or
-a tuple or list of those. Each argument (and each element of a tuple or list) is matched with
-its exact type, so 1, True and 1.0, equal as dict keys, stay apart: a refused argument is refused
-every time. Values of registered types are keyed by identity, and the remembered entry holds them
-(so no other object takes their address while it lives): no Python ``__hash__`` runs, and an
-equal value that is another object is only a miss, built as usual.
+Only calls whose every argument is plain are remembered: str, bytes, int, bool, float, None, a
+registered type's value (keyed by identity, and held by the entry), or a tuple or list of those,
+each matched with its exact type (1, True and 1.0 stay apart). No Python ``__hash__`` runs. Calls
+arrive through ``tp_call`` only (a metaclass, or a constructor object): no CPython slot is patched.
 
-How calls arrive: through CPython's supported entries only. ``Interned`` is a metaclass whose
-``__call__`` is its ``tp_call``; a remembered constructor (``BufferDecl.read``) is an object
-whose ``__call__`` is its ``tp_call``. No type slot is patched and no private field of CPython is
-read.
-
-A call that finds its value builds no key: it is first compared item by item with the two
-entries found or stored last (a function building its program repeats its calls in order), then
-the arguments are hashed in C (a str's or an int's own hash, a registered value's address, each
-mixed with its exact type) and the entry under that hash is compared with them item by item.
-An entry whose arguments differ under the same hash (a 64-bit collision) is left as it is and the
-call builds a new value. A call that raises is not remembered. Past its class's
-``_interned_limit`` values (``LIMIT`` unless the class says), calls build new ones.
-
-Threads: each table has one mutex, held for a lookup and for a store, never while Python code
-runs (a lookup compares only exact str, bytes, int, float and bool values and addresses), so it
-holds without a GIL. Two threads building one new value may both build it; both return the one
-stored first.
+A call is compared first with the two entries used last, then hashed in C and compared with the
+entry under its hash; a 64-bit collision just builds a new value. Calls that raise are not
+remembered; past ``_interned_limit`` values a class builds new ones. Each table has one mutex,
+never held while Python code runs; two threads building one value both return the first stored.
 """
 
 from cpython.object cimport PyObject, PyObject_Hash, PyObject_RichCompareBool, Py_EQ
@@ -60,10 +43,8 @@ cdef inline void _lock(mutex& m) noexcept:
             m.lock()
 
 
-# Registered types: their values are keyed by identity. Registration happens as the classes are
-# defined (vyre_cuda's import); the set holds each type's reference, and the first FAST_TYPES are
-# also in a C array that a lookup scans by address. A slot is written before the count that
-# publishes it (an atomic store), so a reader on another thread sees whole entries only.
+# Registered types (keyed by identity); the first FAST_TYPES also in a C array scanned by address.
+# A slot is written before the atomic count that publishes it, so readers see whole entries only.
 cdef mutex _register_mu
 cdef set _BY_ID = set()
 cdef enum:
@@ -177,8 +158,7 @@ cdef inline bint _same_item(object stored, object v) except -1:
 
 
 cdef class _Items:
-    """A remembered tuple or list argument: its type and its items (a list is copied, so a
-    caller changing it later does not change the entry)."""
+    """A remembered tuple or list argument: its type and a copy of its items."""
     cdef readonly object kind
     cdef readonly tuple items
 
@@ -196,9 +176,8 @@ cdef class _Entry:
     cdef readonly object value
 
     cdef bint same_objects(self, tuple args, dict kw) noexcept:
-        """Whether the call passes the very objects remembered, keywords in the same order: a
-        hit with no comparison. A sequence is remembered as a copy, so a call with one is left
-        to ``matches``."""
+        """Whether the call passes the very objects remembered, keywords in the same order (a
+        sequence is remembered as a copy: left to ``matches``)."""
         cdef Py_ssize_t i, n = PyTuple_GET_SIZE(args)
         cdef Py_ssize_t m = PyTuple_GET_SIZE(self.names) if self.names is not None else 0
         if n != PyTuple_GET_SIZE(self.args) or (len(kw) if kw else 0) != m:
@@ -269,14 +248,9 @@ cdef bint _call_hash(tuple args, dict kw, Py_uhash_t* out) except -1:
 
 
 cdef class _Table:
-    """The remembered calls of one class or constructor: the arguments' 64-bit hash -> its
-    entry (a dict the GC sees), under one mutex. A mapping to Python (tests and diagnostics:
-    ``len``, ``items``, ``[hash]``, ``clear``).
-
-    The two entries found or stored last are compared with a call first, item by item as a hash
-    hit is: a function building its program calls each constructor with the arguments of its
-    previous call (or of the one before: ``read("a", ...)``, ``read("b", ...)``), and then
-    nothing is hashed."""
+    """The remembered calls of one class or constructor: 64-bit hash -> entry, under one mutex;
+    a mapping to Python for tests (``len``, ``items``, ``[hash]``, ``clear``). The two entries
+    used last are compared first, so a function repeating its calls hashes nothing."""
 
     cdef mutex mu  # guards every field below; held only while no Python code runs
     cdef dict entries
@@ -286,17 +260,14 @@ cdef class _Table:
         self.entries = {}
 
     cdef object find(self, tuple args, dict kw, Py_uhash_t* h, bint* storable):
-        """The value this call is remembered with (a recent entry's, else the one under its
-        hash), or None; then ``storable`` says whether the value built for it may be stored
-        under ``h`` (its arguments are plain and no other call holds that hash)."""
+        """The value remembered for this call, or None; then ``storable``: whether the value
+        built may be stored under ``h``."""
         cdef _Entry e0, e1, known
         storable[0] = False
         _lock(self.mu)
         try:
             e0, e1 = self.last0, self.last1
-            # the same objects first (a call site passes its constants again), so a function
-            # alternating between two calls (``read("a", ...)``, ``read("b", ...)``) compares no
-            # value of the other call; then by value
+            # the same objects first (a call site passes its constants again), then by value
             if e0 is not None and e0.same_objects(args, kw):
                 return e0.value
             if e1 is not None and e1.same_objects(args, kw):
@@ -326,9 +297,7 @@ cdef class _Table:
             self.last0 = e
 
     cdef object store(self, Py_ssize_t limit, Py_uhash_t h, tuple args, dict kw, object value):
-        """``value`` remembered under ``h`` while the table holds fewer than ``limit``; the
-        value every call of these arguments returns (two threads may have built it: the first
-        stored is every call's)."""
+        """``value`` remembered under ``h`` (below ``limit`` entries); returns the first stored."""
         cdef _Entry e = _entry(args, kw, value)  # (made before the lock: it allocates)
         cdef _Entry known
         _lock(self.mu)
@@ -424,12 +393,9 @@ cdef class _BoundConstructor  # (below: what reading a _Constructor on a class g
 
 cdef class _Constructor:
     """A classmethod of an interned class (``BufferDecl.read``, ``Kernel.cuda``, ...) whose calls
-    with plain arguments are remembered as the class's own calls are: the function is a pure
-    function of its arguments returning an interned value, so a call with the arguments of an
-    earlier one returns that call's value with no Python frame (a function building its program
-    per call goes through several of these). Calls on a subclass run the function as usual (a
-    subclass's values are not interned). ``instance_attr``: on an instance, that attribute is
-    read instead (``BufferDecl.output(...)`` builds, ``decl.output`` is the flag)."""
+    with plain arguments are remembered as the class's own are, with no Python frame on a hit.
+    Calls on a subclass run it as usual. ``instance_attr``: on an instance, that attribute is read
+    instead (``BufferDecl.output(...)`` builds, ``decl.output`` is the flag)."""
 
     cdef readonly object __func__
     cdef readonly object home  # the class it was made for

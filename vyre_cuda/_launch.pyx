@@ -1,11 +1,9 @@
 # cython: language_level=3
 """Launch: the one enqueue routine of every entry point, kernel launches, graph replay.
 
-``issue`` runs every host copy and driver call of one dispatch up to its completion event, with
-the GIL released and no Python object per argument or buffer; ``collect`` brings the outputs to
-their targets after the wait. Launches are issued, or replayed as one CUDA graph launch
-(notes/graphs.md) when the plan says so and its graph-or-issued trial kept the graph. The
-cooperative launches of one module are ordered on the GPU by its :class:`CoopGate`.
+``issue`` runs every host copy and driver call of one dispatch up to its completion event without
+the GIL; ``collect`` brings the outputs to their targets after the wait. Launches are issued or
+replayed as one CUDA graph launch (notes/graphs.md) where the plan's trial kept the graph.
 """
 
 cimport cython
@@ -26,22 +24,16 @@ from ._tracing cimport mark, M_STAGING, M_PARAMS, M_H2D, M_CLEAR, M_LAUNCH, M_RE
 
 @cython.final
 cdef class CoopGate:
-    """Orders the cooperative launches of one module on the GPU.
-
-    They share the module's grid-barrier counter, so they must not overlap. Each one's stream waits
-    for the previous one's event: no host thread blocks, and a launch that times out or is
-    interrupted keeps the next one waiting on the GPU until it really ends.
-    """
+    """Orders the cooperative launches of one module on the GPU (they share its grid-barrier
+    counter): each waits for the previous one's event, so no host thread blocks."""
 
     def __init__(self, uintptr_t ctx=0):
         self.order.last = NULL
         self.order.recorded = False
 
     cdef int ensure(self) except -1:
-        # the event is made at the first cooperative dispatch (the backend's context is current),
-        # checked and made under the gate's lock: two threads making their first cooperative
-        # dispatches at once make one event, never one each (the second would replace an event
-        # the next launch must wait on, so two launches sharing the grid barrier could overlap)
+        # made once under the gate's lock: a second event would replace one the next launch
+        # must wait on, letting two launches that share the grid barrier overlap
         cdef cydriver.CUevent ev = NULL
         cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
         with nogil:
@@ -58,9 +50,7 @@ cdef class CoopGate:
         """Destroy the ordering event (the module is being unloaded; nothing is in flight)."""
         cdef cydriver.CUevent ev
         with nogil:
-            # taken out under the gate's lock, destroyed without the GIL: a driver destroy may
-            # wait on the device, and holding the GIL there can deadlock with a thread that needs
-            # the GIL to finish work the driver waits for
+            # destroyed without the GIL: a destroy may wait on work that needs the GIL
             self.order.lock()
             ev = <cydriver.CUevent>self.order.last
             self.order.last = NULL
@@ -71,13 +61,10 @@ cdef class CoopGate:
 
 
 cdef int stream_waits(PendingDispatch d, list streams) except -1:
-    """Order the dispatch stream after each of ``streams`` (the producers of device arrays,
-    per DLPack and CUDA Array Interface v3), through an event recorded on each. A producer
-    stream with nothing left to run (``cuStreamQuery``: its work so far is complete, so the
-    arrays are ready) needs no wait: that skips an event record and, on the GPU, a cross-stream
-    dependency, the larger part of a small device-array dispatch's cost when the producer is
-    idle. The event goes back to the pool at once: a wait applies to the record made before
-    it, whatever is recorded on the event later."""
+    """Order the dispatch stream after each producer stream of its device arrays, through an
+    event. An idle producer (``cuStreamQuery`` succeeds) needs no wait, which saves most of a
+    small device-array dispatch's cost. The event goes back at once: a wait binds to the record
+    made before it."""
     cdef cydriver.CUstream other
     cdef Py_ssize_t i, j, n = len(streams)
     for i in range(n):
@@ -114,8 +101,7 @@ cdef int _wait_for(PendingDispatch d, cydriver.CUstream other) except -1:
 
 
 cdef cydriver.CUresult _wait_late(PendingDispatch d, const char** call) noexcept nogil:
-    # copies enqueued after the dispatch completed: wait for them (an event on a caller's stream,
-    # which may hold the caller's later work)
+    # copies enqueued after completion: wait on an event (a caller's stream holds its later work)
     cdef cydriver.CUresult st
     if d.f.has_done:
         call[0] = b"cuEventRecord"
@@ -156,9 +142,8 @@ cdef int late_device_outputs(PendingDispatch d) except -1:
 
 
 cdef int late_readbacks(PendingDispatch d) except -1:
-    """A dispatch enqueued without its readbacks (``outputs="device"``) whose outputs are taken
-    into host arrays after all (``result_into``): read the slab's outputs back to staging now,
-    on the dispatch stream, and wait for them."""
+    """An ``outputs="device"`` dispatch taken into host arrays (``result_into``): read the
+    slab's outputs back now and wait for them."""
     cdef cydriver.CUresult st
     cdef const char* call = NULL
     cdef size_t i
@@ -372,10 +357,8 @@ cdef cydriver.CUresult _regular_launches(Prepared p, InFlight* f, unsigned long 
 cdef cydriver.CUresult _launch_cooperative(PendingDispatch d, Prepared p, InFlight* f, CoopOrder* order,
                                            unsigned long long* argv, void** argp, size_t n_args,
                                            const char** call) noexcept nogil:
-    """Cooperative launches of one module, ordered on the GPU after the previous one's, with the
-    barrier reset before and the counter read back after. The caller holds ``order``. With graph
-    replay only the resets and launches are the graph; the ordering wait, the counter readback
-    and the ordering event stay outside it (they name per-dispatch staging and a shared event)."""
+    """Cooperative launches, ordered after the module's previous one (the caller holds ``order``),
+    barrier reset before, counter read back after. Only the resets and launches go in a graph."""
     cdef cydriver.CUresult st
     cdef cydriver.CUstream s = f.stream
     if order.recorded:
@@ -450,16 +433,12 @@ cdef cydriver.CUresult _capture(Prepared p, InFlight* f, bint cooperative, unsig
 cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint cooperative,
                                unsigned long long* argv, void** argp, size_t n_args,
                                const char** call) noexcept nogil:
-    """The launch sequence as ONE graph launch (see notes/graphs.md).
+    """The launch sequence as ONE graph launch (notes/graphs.md has the rules relied on).
 
-    The exec is found by the exact argument values (every buffer pointer, then the slab the params
-    pointers derive from): a graph bakes its parameters in. A miss captures the sequence (stream
-    capture in thread-local mode, so other threads keep dispatching) and instantiates it; with the
-    cache full it updates the least recently used exec instead (cuGraphExecUpdate), which is legal
-    while a launch of that exec is in flight: an update only affects later launches, and launches
-    of one exec run in order. Graph objects are not thread-safe, so lookup, capture, update and
-    launch hold the plan's cache lock. When the launches cannot be captured or instantiated (a
-    driver without cooperative nodes in graphs, say), the plan issues its launches from then on.
+    Execs are keyed by the exact argument values (a graph bakes them in); a miss captures and
+    instantiates, or with the cache full updates the least recently used exec. Graph objects are
+    not thread-safe: everything holds the plan's cache lock. Not capturable: the plan issues from
+    then on.
     """
     cdef GraphCache* cache = p.graphs
     cdef unsigned long long key[MAX_ARGS + 1]
@@ -483,8 +462,7 @@ cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint 
     else:
         st = cydriver.CUDA_SUCCESS
         if f.ext_stream:
-            # a caller's stream may be a blocking one: capture on the plan's own non-blocking
-            # stream instead (the capture records launches, not the stream they will run on)
+            # a caller's stream may be blocking: capture on the plan's own non-blocking stream
             if cache.capture_stream == NULL:
                 call[0] = b"cuStreamCreate"
                 st = cydriver.cuStreamCreate(&cs, cydriver.CU_STREAM_NON_BLOCKING)
@@ -527,8 +505,7 @@ cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint 
         if graph != NULL:
             cydriver.cuGraphDestroy(graph)  # the exec holds its own copy
         if st != cydriver.CUDA_SUCCESS:
-            # not capturable here: issue as without graphs, now and for every later dispatch (a
-            # real launch error then surfaces from the issued launch, with its own call name)
+            # not capturable: issue, now and from then on (a real error surfaces from the launch)
             cache.disabled = True
             cache.unlock()
             d.graph_events |= G_FALLBACK
@@ -542,10 +519,8 @@ cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint 
 
 
 cdef void trial_record(Prepared p, bint issued, unsigned long long ns) noexcept:
-    """One sample of a plan's graph-or-issued trial, under the plan's trial lock (dispatches of
-    one plan on several threads record at once). After the warm-up, TRIAL_SAMPLES round trips per
-    path; then the graph stays only when its median is at least 3% below the issued one
-    (measured here, so a machine where graphs are slower keeps issuing: no regression)."""
+    """One sample of a plan's graph-or-issued trial (under its trial lock): after TRIAL_SAMPLES
+    per path the graph stays only if its median is at least 3% below the issued one."""
     cdef int path = 0 if issued else 1
     cdef unsigned long long med[2]
     cdef int k

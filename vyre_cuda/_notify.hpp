@@ -3,10 +3,8 @@
 // no Python, no GIL) records its await's token and writes the eventfd once; the loop, which
 // watches the eventfd with add_reader, drains the tokens and wakes those awaits.
 //
-// Lifetime: a Notifier is freed by whichever of its owner (the loop's Python object) and its armed
-// host functions lets go last, and its eventfd is closed only then, so a host function that runs
-// after its await was cancelled, or after the loop went away, still writes to its own eventfd and
-// never to a reused descriptor. Everything here is guarded by the Notifier's mutex.
+// Lifetime: freed (and its eventfd closed) by the last of its owner and its armed host functions,
+// so a late host function never writes to a reused descriptor. All under the Notifier's mutex.
 #pragma once
 
 #include <errno.h>

@@ -136,10 +136,9 @@ cdef class Notifier:
 
 
 def spin(PendingDispatch d, double seconds):
-    """Query ``d``'s completion back to back (GIL released) for up to ``seconds`` (0: once).
-    0 when the time ran out; 1 when the first answer said done (or the handle was settled by
-    another caller), 2 when a later one did; -1 when the driver answered an error: then
-    ``d.is_ready()`` raises the dispatch's error."""
+    """Query ``d``'s completion back to back without the GIL for up to ``seconds`` (0: once): 0
+    timed out, 1 done at once (or settled elsewhere), 2 done later, -1 a driver error (then
+    ``d.is_ready()`` raises it)."""
     cdef cydriver.CUresult st
     cdef unsigned long long t0, limit = <unsigned long long>(seconds * 1e9) if seconds > 0 else 0
     cdef unsigned long long queries = 0

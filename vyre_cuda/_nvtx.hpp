@@ -1,11 +1,8 @@
 // NVTX ranges of traced dispatches (CudaBackend(trace=True) / VYRE_CUDA_TRACE=1).
 //
-// Why the NVTX C header and not the `nvtx` Python package: the stage ranges open and close inside
-// nogil code (the enqueue routine), so only a C call can mark them; NVTX3 is header-only, and each
-// call is one indirect call that does nothing unless a tool (Nsight Systems) injected itself via
-// NVTX_INJECTION64_PATH. setup.py defines VYRE_CUDA_NVTX=1 when it finds <nvtx3/nvToolsExt.h>;
-// without the header every call below only counts (tests and `vyre_cuda.tracing.nvtx_counts()`
-// see the same numbers either way), and enabling tracing logs that ranges are unavailable.
+// The C header, not the `nvtx` package: stage ranges open and close in nogil code. NVTX3 is
+// header-only, each call a no-op unless a tool injected itself. setup.py defines VYRE_CUDA_NVTX=1
+// when it finds <nvtx3/nvToolsExt.h>; without it every call only counts (nvtx_counts() agrees).
 //
 // Ranges go to the "vyre_cuda" domain. A blocking dispatch is a push/pop range named by its label
 // with one nested push/pop range per stage; the stage open on this thread is kept in a

@@ -2,10 +2,8 @@
 """A dispatch's outputs: new arrays for them, where each one's bytes go, and the copy of a
 streamed ``dispatch_async``'s outputs into the caller's arrays.
 
-An output's target is a host piece (a numpy data pointer, or a buffer held until collected), a
-device-to-device copy from the slab, or, for a device array the kernel can write directly (no
-byte shared with a device input or another such output), the kernel argument itself. Called by
-the one caller that a dispatch's state machine (_dispatch) lets take the outputs.
+An output's target is a host piece, a device-to-device copy from the slab, or (a device array
+sharing no byte with another device buffer) the kernel argument itself.
 """
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE

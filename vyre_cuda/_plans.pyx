@@ -31,12 +31,9 @@ cdef enum:
 
 @cython.final
 cdef class _LastHit:
-    """The last plan found and what found it: the program and config objects and each input's
-    length code (its bytes; a device input's as -1 - bytes). Never changed once made: a thread
-    reads the table's one reference, then compares in C. A config holding the caller's stream
-    object is remembered by a weak reference (``config_ref``): the memo must not keep the
-    caller's stream alive, which plans never do, yet the README's chain (one config with a CuPy
-    ``Stream``, reused at every step) finds its plan without hashing the config."""
+    """The last plan found and its program, config and input length codes; immutable, so a
+    thread reads one reference and compares in C. A config holding the caller's stream is kept by
+    weak reference (``config_ref``): the memo must not keep that stream alive."""
     cdef object program
     cdef object config
     cdef object config_ref

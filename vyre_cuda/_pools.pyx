@@ -1,16 +1,10 @@
 # cython: language_level=3
 """Pools: device memory and pinned host memory, reused (streams and events: ``_streams``).
 
-One base, :class:`BlockPool`, caches freed blocks by exact block size under a byte cap; its
-subclasses only say how a block is allocated and freed (cuda.core's ``_MemPool`` is the model).
-Large device slabs come from the driver's stream-ordered pool instead (``cuMemAllocFromPoolAsync``
-with an unbounded release threshold): exact sizes, no power-of-two waste, and no driver allocation
-once the pool has grown to the working set.
-
-Every pool has its own lock (a C++ mutex) around its bookkeeping: the GIL is no lock here, since
-the driver calls that allocate or free run with it released and other threads interleave there.
-No driver call runs under a pool's lock; frees take their list out under it first. A pool dropped
-without ``close()`` frees what it caches.
+:class:`BlockPool` caches freed blocks by exact size under a byte cap; subclasses say how a block
+is allocated and freed. Large device slabs come from the driver's stream-ordered pool (exact sizes,
+no driver allocation once it has grown to the working set). Each pool's bookkeeping is under its
+own C++ mutex, never the GIL, and no driver call runs under it.
 """
 
 from cython.operator cimport dereference as deref
@@ -55,11 +49,8 @@ def _fmt(n):
 cdef class BlockPool:
     """A cache of freed blocks keyed by exact block size, bounded by ``cap_bytes`` cached.
 
-    Thread rules: every field is read and written under ``mu`` (a C++ mutex, never the GIL: the
-    driver calls around it release the GIL, so Python threads interleave anywhere). No driver call
-    and no Python object is touched while ``mu`` is held: allocation happens after the lock is
-    dropped, and a loop that frees takes its private list out under the lock, then frees without
-    the lock and without the GIL.
+    Every field is under ``mu``; no driver call or Python object is touched while it is held
+    (frees take their list out under it, then run without it and without the GIL).
     """
 
     def __cinit__(self, size_t cap_bytes=0, uintptr_t ctx=0, *args, **kwargs):
@@ -110,13 +101,11 @@ cdef class BlockPool:
             self.cached_bytes += block
         else:
             self.allocated_bytes -= block
-        # a block of a context that died went with it; freeing its address now could free memory
-        # a new context has since been given at the same address
+        # a dead context's block: its address may belong to a new context now
         free_now = not keep and not self.forgotten
         self.mu.unlock()
         if free_now:
-            # the releasing thread may have no context current (a handle dropped after close()
-            # on a thread that never dispatched): the pool's own is pushed for the free
+            # the releasing thread may have no context current: push the pool's
             with nogil:
                 if self.ctx == NULL:  # host memory (HostPool): no context involved
                     self._free(ptr)
@@ -181,8 +170,8 @@ cdef class BlockPool:
         self.trim()
 
     def forget_context(self):
-        """The context is gone (released after a fault): its allocations died with it. Drop every
-        cached handle without a driver call, and never call the driver again."""
+        """The context died after a fault, with its allocations: drop every cached handle without a
+        driver call, and never call the driver again."""
         lock_with_gil(self.mu)
         self.free_blocks.clear()
         self.allocated_bytes -= self.cached_bytes
@@ -214,8 +203,7 @@ cdef class BlockPool:
         self.mu.unlock()
 
     def __dealloc__(self):
-        # dropped without close(): give back what is cached; never raise from here. (No other
-        # thread can hold a reference any more, so no lock is needed.)
+        # dropped without close(): free the cache, never raise (no other thread holds it: no lock)
         cdef cydriver.CUcontext prev
         cdef vector[uintptr_t] ptrs
         cdef cydriver.CUresult first = cydriver.CUDA_SUCCESS
@@ -442,8 +430,7 @@ cdef class DevicePool(BlockPool):
         self.mempool = NULL
 
     def __dealloc__(self):
-        # destroyed without the GIL: a driver free may wait on the device, and holding the GIL
-        # there can deadlock with a thread that needs it to finish work the driver waits for
+        # destroyed without the GIL: a driver free may wait on work that needs the GIL
         cdef cydriver.CUcontext prev
         cdef cydriver.CUmemoryPool pool = self.mempool
         cdef cydriver.CUcontext ctx = self.ctx
@@ -497,10 +484,8 @@ cdef class PinnedPool(BlockPool):
 cdef class HostPool(BlockPool):
     """Pageable host memory for large dispatch outputs, recycled.
 
-    A fresh numpy array of 256 MiB is fresh pages: the kernel zeroes every one on first touch,
-    which costs more than copying the output into it (about 10 GB/s against 45). Outputs of large
-    dispatches therefore come from blocks that earlier outputs gave back when they died, already
-    faulted in. Blocks are 2 MiB aligned and advised as transparent huge pages.
+    Fresh pages are zeroed by the kernel on first touch, slower than the copy into them (about
+    10 GB/s against 45), so large outputs reuse blocks already faulted in (2 MiB aligned, huge pages).
     """
 
     def __init__(self, size_t cap_bytes=1 << 30, uintptr_t ctx=0):

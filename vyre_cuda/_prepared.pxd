@@ -93,8 +93,7 @@ cdef class Prepared  # (declared below)
 
 
 cdef class ResidentBlocks:
-    # one backend's resident params blocks: freed when their plan dies (no dispatch holds it
-    # then), or all at close() once the device is idle; never after the context went away
+    # one backend's resident params blocks (see ResidentBlocks in _prepared.pyx)
     cdef mutex mu  # guards alive and live; never held across a driver call
     cdef cydriver.CUcontext ctx
     cdef bint alive
@@ -161,13 +160,11 @@ cdef class Prepared:
     # device block (0: the plan cannot: host or read-write inputs, byte ranges, another route)
     cdef size_t compact_bucket
     cdef size_t compact_upload_end  # the params blocks' end: what such a dispatch uploads
-    # its page-locked staging: the params go up in one copy from it, on every route (the ring's
-    # slots are reused only after a host wait for their last copy, which on a caller's stream
-    # queued behind its work is a wait for that work)
+    # its page-locked staging: the params go up in one copy, never through the ring (a ring slot's
+    # reuse waits on the host for its copy, on a caller's stream behind the caller's work)
     cdef size_t compact_staging
-    # the same params blocks kept on the device for the plan's life (uploaded by its first
-    # params-only dispatch, ResidentBlocks.upload): such a dispatch then uploads nothing and
-    # takes no slab. ``compact_image``: the blocks' bytes (None: the plan cannot)
+    # the params blocks kept on the device for the plan's life (ResidentBlocks.upload): no upload
+    # and no slab then. ``compact_image``: their bytes (None: the plan cannot)
     cdef bytes compact_image
     cdef bint resident_tried
     cdef cydriver.CUdeviceptr resident  # 0: none (yet)

@@ -1,10 +1,8 @@
 # cython: language_level=3
 """The prepared plan: a frozen planning DispatchPlan as C structs, made once per plan key.
 
-:meth:`Prepared.from_plan` is the core's only conversion of a plan. It reads the plan's typed
-fields (planning/dispatch.py gives every optional one a default) and decides nothing: the upload
-runs, readback segments, argument offsets, launch geometry, route and graph choice all come from
-the plan. The hot path then reads these C fields only.
+:meth:`Prepared.from_plan` is the core's only conversion of a plan, and decides nothing; the hot
+path reads only these C fields.
 """
 
 cimport cython
@@ -27,12 +25,9 @@ from ._pools cimport lock_with_gil
 cdef class ResidentBlocks:
     """The resident params blocks of one backend's plans (``Prepared.resident``).
 
-    A block lives as long as its plan: every dispatch holds its plan until its GPU work is done,
-    so when the plan dies nothing can still read the block, and it is freed then. ``close()``
-    frees the rest once the device is idle (the backend's close, after its context synchronize);
-    ``forget()`` drops them with no driver call (the context went away after a fault). The table
-    is under ``mu`` (held with no Python code running and no driver call); the frees run after
-    it, without the GIL, with the backend's context pushed."""
+    A block is freed when its plan dies (every dispatch holds its plan until its GPU work is
+    done); ``close()`` frees the rest once the device is idle, ``forget()`` with no driver call
+    (context lost). The table is under ``mu``; frees run after it, without the GIL."""
 
     def __cinit__(self, uintptr_t ctx):
         self.ctx = <cydriver.CUcontext>ctx
@@ -40,10 +35,9 @@ cdef class ResidentBlocks:
         self.live = {}
 
     cdef int upload(self, Prepared p, StreamPool spool) except -1:
-        """Once per plan, at its first params-only dispatch: its params blocks uploaded to a block
-        of their own, kept for the plan's life (``p.resident``). Synchronous, on a pool stream (a
-        copy from pageable memory is complete only once its stream is). A failure, or a table
-        closed meanwhile, leaves the plan on its params-only slab."""
+        """At a plan's first params-only dispatch: its params blocks uploaded to a block kept for
+        its life (``p.resident``), synchronously (a pageable copy completes with its stream). On
+        failure the plan stays on its params-only slab."""
         cdef cydriver.CUdeviceptr block = 0
         cdef cydriver.CUstream s = NULL
         cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
@@ -299,9 +293,7 @@ cdef class Prepared:
             self.sources.push_back(src)
 
     def _streamed_from(self, stream):
-        """The streamed route's C data from its :class:`~vyre_cuda.planning.stream.StreamPlan`: the
-        device block (shared region, then one slot per stream), the staging slots, the bindings
-        cut into rows and those that go whole, and the launches of a full and of the last chunk."""
+        """The streamed route's C data from its :class:`~vyre_cuda.planning.stream.StreamPlan`."""
         cdef StreamCut cut
         cdef StreamWhole whole
         cdef ChunkShape* shape

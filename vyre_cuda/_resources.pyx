@@ -2,21 +2,11 @@
 """One owner of a backend's pooled resources: acquire and release per dispatch, close, trim,
 stats and counter resets, so the backend and the core never reach into a pool themselves.
 
-What it owns (each pool has its own lock; this owner adds none: it only sequences them):
-the device pool (cached blocks, and the driver's stream-ordered pool for large slabs), the pinned
-mirrors, the output cache, the stream and event pool, and the transfer engine.
-
-Page-locked host memory, all three kinds in one place:
-
-- **per-backend pinned mirrors** (``ppool``, a :class:`~vyre_cuda._pools.PinnedPool`): one
-  page-locked block per small dispatch in flight, the slab's image that ONE upload and the
-  readbacks copy; cached by block size up to ``CudaBackend(pinned_pool_bytes=...)``.
-- **the staging ring** (``xfer``, the :class:`~vyre_cuda._transfer.TransferEngine`): a fixed set of
-  page-locked chunks per backend, allocated once at the first large dispatch, that every large
-  transfer streams through; its size never grows with the dispatch.
-- **the process-wide page-locked array pool** (:mod:`vyre_cuda.hostmem`, ``pinned_empty`` & co.):
-  one PinnedPool per device shared by every backend, with its own lock; not owned here, and
-  trimmed by ``hostmem.trim_pinned_pool()``.
+It owns the device pool, the pinned mirrors, the output cache, the stream and event pool and the
+transfer engine (each pool has its own lock; this owner adds none). Page-locked host memory comes
+in three kinds: per-backend pinned mirrors of small slabs (``ppool``), the fixed staging ring of
+large transfers (``xfer``), and the process-wide array pool of :mod:`vyre_cuda.hostmem` (not owned
+here).
 """
 
 cimport cython
@@ -30,11 +20,8 @@ from ._transfer cimport TransferEngine
 from ._resource_stats import BackendPoolStats, BlockPoolStats, StreamPoolStats, TransferStats
 
 
-# Streams cached for reuse. Every dispatch in flight on the backend's own streams holds one, so a
-# caller that keeps 1,000 dispatch_async handles in flight needs 1,000; with 128 cached (as
-# before) each such round created and destroyed the other 872 (78 us per enqueue instead of 14 on
-# the H200). The same bound as the completion events (StreamPool's event_cap); trim() and close()
-# destroy the cached ones.
+# Streams cached for reuse: one per dispatch in flight, so the same bound as the completion events
+# (1,000 handles in flight with 128 cached cost 78 us per enqueue, not 14: notes/enqueue-chain.md §2)
 cdef unsigned int STREAM_CACHE = 1024
 
 

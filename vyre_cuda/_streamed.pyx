@@ -1,28 +1,13 @@
 # cython: language_level=3
 """The streamed route: an elementwise dispatch cut into chunks of rows, pipelined over a few streams.
 
-Planning (:mod:`vyre_cuda.planning.stream`) fixes the chunks, the streams and the byte layout; this
-module only executes that plan, without the GIL. The device block holds a shared region (inputs that
-go whole to every chunk, and the params blocks of a full and of the last chunk), uploaded once on the
-dispatch's own stream, then one slot per stream. Chunk ``k`` runs on stream ``k % S`` in slot
-``k % S``, all of its work in that stream's order:
-
-1. its cut inputs: H2D into the slot, straight from a page-locked caller buffer, else from the
-   chunk's upload staging slot, which the copy threads filled just before;
-2. its pure outputs zeroed (outputs start at zero, as on the serial route);
-3. its launch(es): exactly a smaller dispatch of the same program (the chunk's pointers, word 0 and
-   binding counts), so a kernel indexing by ``vyre_global_id()`` needs no change;
-4. its outputs: D2H straight into a page-locked output (or device-to-device into a device output),
-   else into the chunk's readback staging slot; then the slot's event is recorded.
-
-The host runs one step per chunk: before it refills chunk ``k``'s staging slots it waits on that
-slot's event, which chunk ``k - S`` recorded after its readback, so no staging slot is written while
-a DMA may still read it; in the same copy job it copies chunk ``k - S``'s outputs out of their
-readback slot (both directions at once on the copy threads) and the new chunk's inputs in. A device
-slot is reused by the next chunk on the same stream, so stream order protects it. Side streams fork
-from the dispatch's stream after the shared upload and join into it at the end (an event each), so
-waiting on the dispatch's stream or its done event waits for every chunk. When every input and
-output is page-locked nothing is staged and the whole dispatch is enqueued without a host wait.
+Planning (:mod:`vyre_cuda.planning.stream`) fixes chunks, streams and layout; this module executes
+it without the GIL (design: notes/streamed-dispatch.md). After a shared region uploaded once, chunk
+``k`` runs on stream and slot ``k % S``: cut inputs H2D, pure outputs zeroed, its launch(es) (a
+smaller dispatch of the same program), outputs D2H, then the slot's event. Before refilling a
+staging slot the host waits on that event (recorded by chunk ``k - S``), copying ``k - S``'s outputs
+out and chunk ``k``'s inputs in as one job. Side streams fork after the shared upload and join at
+the end, so the dispatch's done event covers every chunk. All page-locked: no host wait at all.
 """
 
 from libcpp.vector cimport vector
@@ -35,12 +20,9 @@ from ._prepared cimport Prepared, StreamCut, ChunkShape, MAX_ARGS
 from ._waits cimport PendingDispatch
 
 
-# How the copy threads write staging and outputs: the backend's TransferEngine.streamed_copy_mode
-# (COPY_BY_RULE: the engine's rule, non-temporal stores for jobs up to its stream_upload_max;
-# COPY_PLAIN; COPY_STREAMING: non-temporal stores). Plain stores are the default: measured on an
-# H200 host (256 MiB per buffer from numpy, 15 copy threads), plain 1.23x the both-directions DMA
-# time, the engine's rule 1.38x, non-temporal 1.44x: the chunk's copy-in and copy-out run in one
-# job, and streaming stores of one compete with the loads of the other.
+# How the copy threads write (TransferEngine.streamed_copy_mode): plain stores by default, the
+# fastest measured on an H200 host (notes/streamed-dispatch.md): copy-in and copy-out share a job,
+# and non-temporal stores of one compete with the loads of the other.
 
 
 cdef inline size_t _pad16(size_t n) noexcept nogil:

@@ -16,13 +16,8 @@ from ._pools cimport lock_with_gil
 cdef class StreamPool:
     """Non-blocking streams, completion events (no timing) and timing events, reused.
 
-    Thread rules as for :class:`BlockPool`: the vectors and counters are touched under ``mu``;
-    streams and events are created and destroyed after it is dropped.
-
-    ``cap`` bounds the cached streams, ``event_cap`` each kind of cached event. Events get the
-    larger bound: every dispatch in flight holds one, and a caller enqueueing a few hundred
-    dispatches on its own stream before waiting would otherwise destroy and create the excess
-    each round."""
+    Thread rules as for :class:`BlockPool`. ``cap`` bounds the cached streams, ``event_cap`` each
+    kind of cached event (larger: every dispatch in flight holds one)."""
 
     def __cinit__(self, unsigned int cap=128, uintptr_t ctx=0, unsigned int event_cap=1024):
         self.cap = cap

@@ -1,7 +1,5 @@
-// Host side of the transfer engine: persistent copy threads and the staging ring's slot table.
-//
-// No CUDA here: the driver calls (event waits, async copies) stay in Cython over cydriver. This
-// file only splits large memcpy/memset jobs across native threads and hands out ring slots.
+// Host side of the transfer engine: copy threads and the ring's slot table. No CUDA here (the
+// driver calls stay in Cython).
 #pragma once
 
 #include <unistd.h>
@@ -37,11 +35,8 @@ struct CopyTask {
     size_t n;
 };
 
-// Copy (src != nullptr) or zero n bytes with non-temporal stores: the destination's cache lines
-// are written without being read first (no read-for-ownership) and without evicting the caller's
-// working set. A large staging copy moves 2 bytes of memory traffic per byte instead of 3. Ends
-// with a store fence, so the bytes are visible to the DMA engine (and to any thread that
-// synchronises with this one) once it returns.
+// Copy (src != nullptr) or zero n bytes with non-temporal stores: no read-for-ownership, no cache
+// eviction (2 bytes of traffic per byte instead of 3). Ends with a store fence for the DMA engine.
 inline void stream_copy(char* dst, const char* src, size_t n) {
 #ifdef VYRE_HAVE_STREAMING_STORES
     if (n < 4096) {
@@ -93,8 +88,7 @@ inline void run_task(const CopyTask& t, bool streaming = false) {
 }
 
 // Persistent worker threads that split one copy job at a time. A caller that finds the pool busy
-// (another thread's job) copies on its own thread instead of waiting: memory bandwidth is shared
-// anyway, and nobody queues behind a large job.
+// copies on its own thread instead of queueing (memory bandwidth is shared anyway).
 class CopyPool {
   public:
     CopyPool() = default;
@@ -121,11 +115,9 @@ class CopyPool {
         return participants;
     }
 
-    // Publish a copy job and return at once, so the caller can issue driver calls while the
-    // workers copy; finish() then takes part in what is left and waits. Returns how many threads
-    // take part: 1 means the job already ran inline (too small to split, or another thread's job
-    // holds the pool) and finish(1) does nothing. Between start and finish the caller must not
-    // start another job. streaming: copy with non-temporal stores (see stream_copy).
+    // Publish a copy job and return at once (the caller issues driver calls meanwhile); finish()
+    // joins in and waits. Returns the threads taking part: 1 means it already ran inline and
+    // finish(1) does nothing. No other job between start and finish. streaming: see stream_copy.
     int start(const CopyTask* tasks, size_t n_tasks, bool streaming = false) {
         size_t total = 0;
         for (size_t i = 0; i < n_tasks; ++i) total += tasks[i].n;
@@ -177,8 +169,7 @@ class CopyPool {
         job_mutex_.unlock();
     }
 
-    // Wake sleeping workers ahead of a job that follows within microseconds (a dispatch about
-    // to stream through the ring), so the first window does not pay a thread wake-up.
+    // Wake sleeping workers ahead of a job due within microseconds (first window pays no wake-up).
     void wake() {
         if (!workers_ || pid_ != getpid()) return;
         {
@@ -246,10 +237,8 @@ class CopyPool {
 
     void worker_main(unsigned long long seen) {
         for (;;) {
-            // The next window of a streaming dispatch usually arrives within microseconds, far
-            // sooner than a sleeping thread can be woken (tens of microseconds in a VM): spin
-            // briefly, then yield (runnable, but giving the core to anyone who wants it) for a
-            // while, so back-to-back dispatches find the threads awake; only then sleep.
+            // The next window usually comes within microseconds, sooner than a sleeping thread
+            // wakes (tens of us in a VM): spin, then yield for a while, only then sleep.
             auto start = std::chrono::steady_clock::now();
             while (generation_.load(std::memory_order_acquire) == seen) {
                 auto waited = std::chrono::steady_clock::now() - start;
@@ -292,9 +281,8 @@ class CopyPool {
     std::vector<CopyTask> pieces_;
 };
 
-// Which ring slots are free, least recently released first (its last DMA is the likeliest to be
-// done). A slot is held from acquire to release; a holder never blocks in acquire() while it holds
-// another slot it has yet to drain, so holders always make progress.
+// Which ring slots are free, least recently released first (likeliest done). A holder never
+// blocks in acquire() while it holds an undrained slot, so holders always make progress.
 class SlotTable {
   public:
     void reset(int n) {
@@ -341,9 +329,7 @@ class SlotTable {
     int size_ = 0;
 };
 
-// Cooperative launches of one module share its grid-barrier counter, so they must not overlap on
-// the GPU. Instead of a host lock held until completion, each one waits (on its stream) for the
-// previous one's event: ordering happens on the GPU and no host thread ever blocks on it.
+// Orders one module's cooperative launches on the GPU (see CoopGate in _launch.pyx).
 class CoopOrder {
   public:
     void lock() { m_.lock(); }

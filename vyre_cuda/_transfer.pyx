@@ -1,19 +1,12 @@
 # cython: language_level=3
 """The transfer engine: large borrowed buffers cross PCIe through a fixed page-locked ring.
 
-Pageable memory cannot be DMA'd; the driver's own path for it copies through small staging
-buffers on one thread (7-8 GB/s on the H200's host), and page-locking a buffer per call costs more
-than the copy (cuMemHostRegister of 256 MiB: 16 ms). So a backend keeps a small ring of
-page-locked chunks, allocated once. An upload is cut into windows: persistent copy threads fill
-window k+1 while the DMA of window k runs; a readback DMAs window k+1 while the threads copy window
-k out. Inputs and outputs that are already page-locked (``vyre_cuda.pinned_empty`` arrays, or
-memory the caller registered) skip the ring and DMA directly.
-
-Everything here runs without the GIL. A ring slot is held only while one dispatch fills or drains
-it; a dispatch waits for a free slot only when it holds none, so every holder makes progress.
-
-The windowing (what each window carries) and the page-locked check are pure and live in
-``_windows``; the copy threads themselves live in _transfer.hpp.
+The driver's pageable path is slow (7-8 GB/s on the H200's host) and page-locking per call costs
+more than the copy, so a backend keeps a ring of page-locked chunks: copy threads fill window k+1
+while window k's DMA runs (readbacks the reverse). Page-locked buffers DMA directly. Design and
+measurements: notes/transfer-engine.md. Windowing lives in ``_windows``, the threads in
+_transfer.hpp. All of it runs without the GIL; a dispatch waits for a ring slot only when it holds
+none, so every holder makes progress.
 """
 
 from libc.stdint cimport uintptr_t
@@ -43,9 +36,8 @@ cdef inline bint _more(Cursor* c, const Piece* pieces, size_t n_pieces, const ch
 
 
 cdef class TransferEngine:
-    """A backend's staging ring (``n_chunks`` page-locked chunks of ``chunk_bytes``) and copy
-    threads (``copy_threads`` besides the dispatching thread). Both start at the first large
-    transfer; ``close()`` joins the threads and frees the ring."""
+    """A backend's staging ring (``n_chunks`` x ``chunk_bytes``) and ``copy_threads`` copy threads,
+    started at the first large transfer; ``close()`` joins and frees them."""
 
     def __init__(self, uintptr_t ctx, size_t chunk_bytes=8 << 20, int n_chunks=4, int copy_threads=8,
                  size_t min_split=64 << 10):
@@ -66,10 +58,8 @@ cdef class TransferEngine:
         self.streamed_copy_mode = COPY_PLAIN
 
     cdef int ensure_ring(self) except -1:
-        """Allocate the ring and its events once. Two threads' first large dispatches may arrive
-        together: the allocation runs under ``ring_mu`` so exactly one ring exists, and the
-        pointer is published only after its events (a dispatch that read one ring while another
-        replaced it would DMA a window from the wrong ring)."""
+        """Allocate the ring and its events once, under ``ring_mu``, publishing the pointer after
+        the events (a dispatch must never DMA from a ring being replaced)."""
         cdef void* ptr = NULL
         cdef cydriver.CUevent ev = NULL
         cdef size_t nbytes = self.chunk_bytes * <size_t>self.n_chunks
@@ -117,9 +107,8 @@ cdef class TransferEngine:
                                   const char* direct, const char* params,
                                   unsigned long long* copy_ns, unsigned long long* ops,
                                   const char** call) noexcept nogil:
-        """Send the upload region to ``slab`` on stream ``s``: direct inputs straight from the
-        caller's page-locked memory, everything else through the ring. While the copy threads
-        fill window k+1, this thread enqueues the DMA of window k. Returns the first failure."""
+        """Send the upload region to ``slab`` on ``s``: direct inputs straight, the rest through the
+        ring. Returns the first failure."""
         cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
         cdef size_t i, staged = 0, window
         cdef const Source* src
@@ -213,8 +202,7 @@ cdef class TransferEngine:
                                             pieces[i].n, s)
             if st != cydriver.CUDA_SUCCESS:
                 break
-        # record even after a failed enqueue: the next holder must not overwrite a slot that a
-        # queued DMA may still read
+        # record even after a failed enqueue: a queued DMA may still read the slot
         rec = cydriver.cuEventRecord(self.events[k], s)
         if rec != cydriver.CUDA_SUCCESS and st == cydriver.CUDA_SUCCESS:
             call[0] = b"cuEventRecord"
@@ -268,10 +256,8 @@ cdef class TransferEngine:
     cdef cydriver.CUresult readback(self, cydriver.CUstream s, cydriver.CUdeviceptr slab,
                                     const Piece* pieces, size_t n_pieces, const char* direct,
                                     unsigned long long* ops, const char** call) noexcept nogil:
-        """Bring ``pieces`` of ``slab`` to host memory once the work queued on ``s`` is done: direct
-        pieces DMA straight into page-locked memory, the rest through the ring; while the threads
-        copy window k out, this thread queues the DMA of the windows after it. Returns when every
-        byte has landed."""
+        """Bring ``pieces`` of ``slab`` to host memory after the work on ``s``: direct pieces DMA
+        straight, the rest through the ring. Returns when every byte has landed."""
         cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
         cdef size_t i, staged = 0, window
         cdef bint any_direct = False
@@ -368,8 +354,7 @@ cdef class TransferEngine:
             self.pool.stop()
 
     def close(self):
-        """Join the copy threads and free the ring (idempotent). The backend calls it once no
-        dispatch of its own is running (a ring slot is used only inside a dispatch call)."""
+        """Join the copy threads and free the ring (idempotent; no dispatch may be running)."""
         cdef char* ring
         cdef vector[cydriver.CUevent] events
         cdef size_t i

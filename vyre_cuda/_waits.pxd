@@ -1,6 +1,5 @@
-# Waits and PendingDispatch's face: its waits and copy-out bookkeeping (its outputs' targets: _outputs). Its life
-# (state, claim, publication, recycling, deferral when dropped) is _dispatch's: no method here
-# writes the fields marked "(_dispatch)".
+# Waits and PendingDispatch's face. Its life is _dispatch's: no method here writes the fields
+# marked "(_dispatch)".
 
 from cpython.buffer cimport Py_buffer
 from libcpp.mutex cimport mutex

@@ -1,12 +1,9 @@
 # cython: language_level=3
 """Waits and PendingDispatch's face: result(), result_into(), timed_result(), is_ready(), await.
 
-Every dispatch, blocking or not, is one :class:`PendingDispatch` from the moment it holds
-resources. Its life (which caller takes the outputs, what every other caller gets, when its
-resources go back to the pools, what a dropped handle leaves behind) is the state machine of
-:mod:`vyre_cuda._dispatch`; this module waits, finds the outputs' targets and copies them out, for
-the one caller that state machine lets take them. Waits spin briefly, then sleep-poll so that a
-timeout or Ctrl-C can end them; the work stays owned by the handle then.
+Every dispatch is one :class:`PendingDispatch` once it holds resources; its life is the state
+machine of :mod:`vyre_cuda._dispatch`. This module waits and copies the outputs out for the one
+caller that takes them. Waits spin briefly, then sleep-poll so a timeout or Ctrl-C can end them.
 """
 
 cimport cython
@@ -81,9 +78,8 @@ cdef int _check_signals(PendingDispatch d) noexcept with gil:
 
 
 cdef void leave_gate(PendingDispatch d, bint keep_direct) noexcept nogil:
-    """Let go of the direct gate once every direct copy marked so far is enqueued. Unless
-    ``keep_direct`` (the dispatch is done), its direct marks are cleared first: a copy enqueued
-    later (a readback at result(), a streamed chunk) stages, or takes the gate again."""
+    """Let go of the direct gate once every direct copy marked so far is enqueued (unless
+    ``keep_direct``, the marks are cleared: a later copy stages or takes the gate again)."""
     cdef size_t i
     if not d.gate:
         return
@@ -97,9 +93,8 @@ cdef void leave_gate(PendingDispatch d, bint keep_direct) noexcept nogil:
 
 
 cdef int wait_for_taker(PendingDispatch d, unsigned long long deadline, limit) except -1:
-    """Wait, without the GIL, until the caller that claimed ``d`` publishes (or gives the claim
-    back): a short spin, then naps doubling to 200 us; Ctrl-C is checked every 20 ms. Once
-    ``deadline`` (0: none) passes, the timeout error of ``limit`` seconds."""
+    """Wait without the GIL until the caller that claimed ``d`` publishes or gives it back (spin,
+    then naps up to 200 us; Ctrl-C every 20 ms); past ``deadline`` (0: none), a timeout error."""
     cdef timespec nap
     cdef long interval = 2000
     cdef unsigned long long t, next_signals = now_ns() + 20000000
@@ -122,11 +117,9 @@ cdef int wait_for_taker(PendingDispatch d, unsigned long long deadline, limit) e
 
 
 cdef int wait_nogil(PendingDispatch d, cydriver.CUresult* status) noexcept nogil:
-    """Wait for the dispatch's GPU work. Spins first (a short dispatch is done within microseconds,
-    as cuStreamSynchronize would spin), then sleeps between polls so a timeout or Ctrl-C (checked
-    every 20 ms on the main thread) can end the wait. Returns W_DONE (``status`` says how it went),
-    W_TIMEOUT or W_INTERRUPTED. How it waits is its backend's ``Core.wait_mode`` (WAIT_POLL
-    unless a measurement set another)."""
+    """Wait for the dispatch's GPU work: spin, then sleep between polls so a timeout or Ctrl-C can
+    end it (``Core.wait_mode``). Returns W_DONE (``status`` says how it went), W_TIMEOUT or
+    W_INTERRUPTED."""
     cdef InFlight* f = &d.f
     cdef int mode = d.core.wait_mode
     cdef cydriver.CUresult st
@@ -173,10 +166,9 @@ cdef extern from "_relax.h":
 cdef class PendingDispatch:
     """A dispatch in flight, and the one owner of everything it uses.
 
-    It holds the stream, events, device slab and staging until ``result()``, ``result_into()`` or
-    ``timed_result()`` (or until it is dropped, which waits, then recycles); page-locked inputs that
-    the GPU reads directly stay referenced until the dispatch completes. A dispatch that timed out
-    or was interrupted (Ctrl-C) reaches the caller as this object, in the exception's ``.pending``.
+    It holds the stream, events, slab and staging (and page-locked inputs the GPU reads) until the
+    outputs are taken or it is dropped. A timed-out or interrupted dispatch is the exception's
+    ``.pending``.
     """
 
     def __init__(self):
@@ -326,9 +318,8 @@ cdef class PendingDispatch:
         return 0
 
     cdef list _new_outputs(self):
-        # a streamed dispatch_async read back into arrays of its own as it ran. (An async handle's
-        # device outputs never wait on the array pool's synchronize: result() waits for this
-        # dispatch only, and under asyncio it runs on the event loop.)
+        # a streamed dispatch_async read back into arrays of its own as it ran (its device
+        # outputs skip the array pool's synchronize: result() waits for this dispatch only)
         return self.s_outs if self.s_outs is not None else new_outputs(self.core, self.prep, False)
 
     def is_ready(self):
@@ -340,15 +331,12 @@ cdef class PendingDispatch:
         """Wait, then return the outputs (declaration order): new numpy arrays, new device arrays
         (``outputs="device"``) or the arrays named in ``dispatch_async(..., outputs=...)``.
 
-        Any number of threads and event loops may call it on one handle, as
-        ``concurrent.futures.Future.result()``: one waits and takes the outputs, and every caller
-        gets them (the same arrays, in a list of its own), or the dispatch's error.
+        Any number of threads and event loops may call it, as ``Future.result()``: every caller
+        gets the same arrays (in a list of its own) or the dispatch's error.
 
-        ``timeout`` (seconds) bounds this wait. None (the default) applies the dispatch's
-        ``DispatchConfig(timeout=...)`` until that has expired once, and then waits until the GPU
-        is done: after a timeout error, calling ``result()`` on its ``.pending`` waits for the
-        end. On expiry, ``DispatchFailed`` (status ``"timeout"``) is raised and this handle still
-        owns the work."""
+        ``timeout`` (seconds) bounds this wait. None applies ``DispatchConfig(timeout=...)`` until
+        that has expired once, then waits for the end. On expiry, ``DispatchFailed`` (status
+        ``"timeout"``) is raised and this handle still owns the work."""
         return self._face(TAKE_RESULT, None, timeout)
 
     def result_into(self, outputs, timeout=None):
@@ -464,9 +452,7 @@ cdef class PendingDispatch:
         return is_taken(self)
 
     def __dealloc__(self):
-        # Dropped un-taken: never waits for the GPU. What the GPU may still use (the slab, the
-        # staging, page-locked inputs, device arrays) goes to the backend's deferred list, reclaimed
-        # once the completion event has fired (_dispatch.drop).
+        # dropped un-taken: never waits for the GPU (_dispatch.drop defers what it may still use)
         leave_gate(self, False)
         if self.core is not None:
             drop(self)

@@ -1,9 +1,8 @@
 # cython: language_level=3
 """What crosses the staging ring in which window, and which caller memory is page-locked.
 
-Pure C (no driver call but the pointer-attribute query; the minimum window sizes are the caller's):
-:class:`~vyre_cuda._transfer.TransferEngine` asks these per window, with its own minimums; planning
-tests call the ``plan_*_windows`` views.
+Pure C (no driver call but the pointer-attribute query), asked per window by the
+:class:`~vyre_cuda._transfer.TransferEngine`; tests call the ``plan_*_windows`` views.
 """
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE
@@ -30,9 +29,8 @@ cdef enum:
 
 
 cdef bint page_locked(const void* ptr, size_t nbytes) noexcept nogil:
-    """Whether [ptr, ptr + nbytes) lies in one page-locked allocation the driver knows (allocated
-    with cuMemHostAlloc or registered with cuMemHostRegister). Asked per dispatch, never cached:
-    memory can be freed and reallocated between dispatches."""
+    """Whether [ptr, ptr + nbytes) lies in one page-locked allocation the driver knows. Never
+    cached: memory can be freed and reallocated between dispatches."""
     cdef cydriver.CUpointer_attribute attrs[4]
     cdef void* data[4]
     cdef unsigned int memtype = 0
@@ -67,12 +65,9 @@ cdef bint page_locked(const void* ptr, size_t nbytes) noexcept nogil:
 
 
 cdef size_t locked_run(const void* ptr, size_t nbytes) noexcept nogil:
-    """How many of [ptr, ptr + nbytes)'s first bytes one driver copy may take: all of them, unless
-    ptr lies in page-locked memory that ends sooner, then up to that end. The driver refuses
-    (CUDA_ERROR_INVALID_VALUE) a copy whose host side starts in a pinned or registered allocation
-    and runs past its end, and registration is page-granular: a heap neighbour of a registered
-    array can start in its last page. A copy that starts in pageable memory may run on into
-    page-locked memory."""
+    """How many of [ptr, ptr + nbytes)'s first bytes one driver copy may take: up to the end of
+    the page-locked allocation ptr lies in, if any (the driver refuses a copy that starts in one
+    and runs past its end, and a heap neighbour can start in a registered array's last page)."""
     cdef cydriver.CUpointer_attribute attrs[3]
     cdef void* data[3]
     cdef unsigned int memtype = 0
@@ -94,10 +89,8 @@ cdef size_t locked_run(const void* ptr, size_t nbytes) noexcept nogil:
     return <uintptr_t>start + size - p
 
 
-# The ranges vyre_cuda registered only by a backend's automatic policy (_hostreg keeps this list):
-# the caller did not ask for them to be page-locked, so an async dispatch still copies them before
-# it returns (the caller may reuse a pageable input at once), where a page-locked one is read by
-# DMA while the dispatch runs.
+# Ranges registered only by the automatic policy (_hostreg's list): the caller may reuse such an
+# input at once, so an async dispatch still copies it before returning instead of a late DMA.
 cdef mutex _auto_mu
 cdef vector[uintptr_t] _auto_spans  # start, end, start, end, ...
 cdef int _auto_count = 0  # atomic: the fast test when the policy registered nothing
@@ -142,16 +135,10 @@ def is_auto_registered(uintptr_t address, size_t nbytes):
     return r
 
 
-# The direct gate: a dispatch reads or writes caller memory by direct DMA only while it holds the
-# gate, from asking whether that memory is page-locked until each such copy is enqueued; the
-# registry unregisters a range (vyre_cuda._hostreg) only with the gate closed and every holder gone,
-# then after a context synchronize. cuMemHostUnregister does not wait for DMA in flight on the
-# range: a copy enqueued while it ran faults the context (seen on an H100: CUDA_ERROR_LAUNCH_FAILED
-# under threads, a trimmer and registered arrays), and a context synchronize alone does not cover
-# a copy another thread enqueues while it runs. A dispatch that finds the gate closing stages its
-# copies instead: no dispatch ever waits for it. Sequentially consistent, Dekker style: a holder
-# counts itself, then reads `closing`; the registry counts `closing`, then reads the holders, so
-# either the dispatch sees the gate closing or the registry sees the dispatch.
+# The direct gate (notes/registered-numpy.md): direct DMA to or from caller memory only while
+# holding it, so _hostreg unregisters a range (which does not wait for DMA in flight) only with the
+# gate closed and no holder left. A dispatch finding it closing stages instead, never waits. Dekker
+# style, seq-cst: a holder counts itself then reads `closing`; the registry the reverse.
 cdef long long _gate_holders = 0
 cdef long long _gate_closing = 0
 
@@ -174,9 +161,8 @@ cdef void direct_leave() noexcept nogil:
 
 
 def close_direct_gate():
-    """Close the gate and wait, without the GIL, until no dispatch holds it (they finish enqueueing
-    their direct copies). False, with the gate left open, on a thread that holds the gate itself (a
-    collection run inside a dispatch): it cannot wait for itself."""
+    """Close the gate and wait, without the GIL, until no dispatch holds it. False (gate left
+    open) on a thread that holds the gate itself: it cannot wait for itself."""
     cdef timespec nap
     cdef long interval = 1000
     if gate_mine > 0:
@@ -244,9 +230,8 @@ def is_page_locked_address(uintptr_t address, size_t nbytes):
 
 
 cdef size_t window_bytes(size_t total, size_t chunk, size_t minimum) noexcept nogil:
-    """The window a transfer of ``total`` staged bytes is cut into: about an eighth of it, so even
-    a 4 MiB buffer overlaps copy and DMA with a short tail, between ``minimum`` (the transfer
-    engine's, by direction: MIN_WINDOW, MIN_READBACK_WINDOW by default) and the ring's chunk."""
+    """The window ``total`` staged bytes are cut into: about an eighth (so even 4 MiB overlaps
+    copy and DMA), clamped to [``minimum``, chunk]."""
     return _window(total, chunk, minimum)
 
 
