@@ -99,7 +99,7 @@ class AutoRegister:
 
 
 class Holder:
-    """One backend as the registry sees it: its context, and whether it has GPU work in flight."""
+    """One backend as the registry sees it: its device, and whether it has GPU work in flight."""
 
     __slots__ = ("device", "busy", "__weakref__")
 
