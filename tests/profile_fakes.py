@@ -131,6 +131,15 @@ class FakeBackend(ProfiledBackend):
         self.plans = []  # (program name, input bytes) of every plan_info call
         self.lock = threading.Lock()
         self.telemetry = _FakeTelemetry(self, with_allocations)
+        from vyre_cuda._knobs import DEFAULT
+
+        self._knobs = DEFAULT
+        self.knobs_used: list = []
+
+    def _use_knobs(self, knobs):
+        # (benchmarks/harness/hooks.set_knobs: the shared-streams row sets one and puts it back)
+        self.knobs_used.append(knobs)
+        self._knobs = knobs
 
     def _count(self):
         with self.lock:

@@ -161,6 +161,7 @@ cdef class Core:
         xfer.min_readback_window = knobs.min_readback_window
         xfer.stream_upload_max = knobs.stream_upload_max
         xfer.stream_readback_max = knobs.stream_readback_max
+        self.resources.spool.share_after = knobs.stream_share_after
         self.clear_prepared()
 
     def when_settled(self, callback):

@@ -50,7 +50,9 @@ class Knobs:
     larger ones through the staging ring. ``stream_tuning``: the streamed route's constants
     (None: the measured defaults of :mod:`vyre_cuda.planning.stream`). ``stream_upload_max``,
     ``stream_readback_max``: staged uploads and readbacks up to these many bytes copy with
-    non-temporal stores (0: never, ``1 << 40``: always).
+    non-temporal stores (0: never, ``1 << 40``: always). ``stream_share_after``: once this many
+    dispatches hold pool streams, later ones share those streams round-robin (0: a stream each;
+    an experiment for many dispatches in flight, notes/enqueue-chain.md).
     """
 
     wait_mode: int = WAIT_POLL
@@ -61,6 +63,7 @@ class Knobs:
     stream_tuning: StreamTuning | None = None
     stream_upload_max: int = 32 << 20
     stream_readback_max: int = 0
+    stream_share_after: int = 0
 
     def __post_init__(self):
         # checked here: the core stores them in C fields with no check of its own (a zero window
@@ -73,6 +76,7 @@ class Knobs:
             ("mirror_max", 0, _SIZE_MAX),
             ("stream_upload_max", 0, _SIZE_MAX),
             ("stream_readback_max", 0, _SIZE_MAX),
+            ("stream_share_after", 0, (1 << 32) - 1),
         ):
             value = getattr(self, name)
             check_int(f"Knobs.{name}", value, minimum=low, maximum=high, numpy=False, fix=f"pass {name} in that range")

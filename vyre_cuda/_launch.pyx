@@ -461,8 +461,9 @@ cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint 
         ex = <cydriver.CUgraphExec>cache.exec(i)
     else:
         st = cydriver.CUDA_SUCCESS
-        if f.ext_stream:
-            # a caller's stream may be blocking: capture on the plan's own non-blocking stream
+        if f.ext_stream or f.shared_stream:
+            # a caller's stream may be blocking, and a shared pool stream may take another
+            # dispatch's work mid-capture: capture on the plan's own non-blocking stream
             if cache.capture_stream == NULL:
                 call[0] = b"cuStreamCreate"
                 st = cydriver.cuStreamCreate(&cs, cydriver.CU_STREAM_NON_BLOCKING)

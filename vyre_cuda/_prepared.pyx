@@ -52,7 +52,7 @@ cdef class ResidentBlocks:
         src = p.compact_image
         bind_context(self.ctx)
         try:
-            spool.acquire_stream(&s)
+            spool.acquire_stream(&s, False)  # (synchronised below: no one else's work on it)
         except BaseException:
             return 0
         with nogil:

@@ -29,6 +29,7 @@ cdef struct InFlight:
     bint enqueued
     bint async_slab
     bint ext_stream  # the caller's stream: never returned to the pool
+    bint shared_stream  # a pool stream other dispatches may be given too (StreamPool.share_after)
     unsigned long long t_start
     unsigned long long t_enqueued
     int n_side  # a streamed dispatch's own streams beside ``stream`` and its events (0: none)

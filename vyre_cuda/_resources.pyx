@@ -57,10 +57,12 @@ cdef class Resources:
         # call (GIL kept: this is cheaper than a GIL release and re-acquire)
         bind_context(self.ctx)
         f.ext_stream = ext
+        # a timed dispatch keeps its stream to itself: no other work between its timing events
+        f.shared_stream = not ext and not timed and self.spool.share_after != 0
         if ext:
             f.stream = ext_stream
         else:
-            self.spool.acquire_stream(&f.stream)
+            self.spool.acquire_stream(&f.stream, f.shared_stream)
         try:
             if bucket == 0:
                 f.slab = 0  # (the caller lends the dispatch a block of its own: a resident one)
@@ -117,7 +119,7 @@ cdef class Resources:
                              f"{MAX_SIDE_EVENTS} side events (asked {streams}, {events})")
         try:
             while f.n_side < streams:
-                self.spool.acquire_stream(&f.side[f.n_side])
+                self.spool.acquire_stream(&f.side[f.n_side], False)  # (the chunks' own order)
                 f.n_side += 1
             while f.n_side_events < events:
                 self.spool.acquire_event(False, &f.side_events[f.n_side_events])
@@ -178,7 +180,9 @@ cdef class Resources:
             self.dpool.forget(f.bucket)
         if f.staging != NULL:
             self.ppool.forget(f.staging_bytes)
-        self.spool.forget((0 if f.ext_stream else 1) + f.n_side,
+        if not f.ext_stream:
+            self.spool.forget_stream(f.stream)
+        self.spool.forget(f.n_side,
                           (1 if f.has_done else 0) + (2 if f.timed else 0) + f.n_side_events)
         f.n_side = 0
         f.n_side_events = 0

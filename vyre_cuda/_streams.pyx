@@ -24,14 +24,27 @@ cdef class StreamPool:
         self.event_cap = event_cap
         self.ctx = <cydriver.CUcontext>ctx
 
-    cdef int acquire_stream(self, cydriver.CUstream* out) except -1:
+    cdef int acquire_stream(self, cydriver.CUstream* out, bint shareable=True) except -1:
+        """A stream for one dispatch. With ``share_after`` set, once that many shareable streams
+        are lent the next shareable asks get one of those, round-robin: dispatches on one stream
+        run in order, and the driver's per-stream cost of a launch grows with the streams in use
+        (notes/enqueue-chain.md). ``shareable=False``: a stream no other dispatch gets while held."""
         cdef cydriver.CUstream s = NULL
         cdef cydriver.CUresult st
         lock_with_gil(self.mu)
+        if shareable and self.share_after and self.ring.size() >= self.share_after:
+            s = self.ring[self.next_share % self.ring.size()]
+            self.next_share += 1
+            self.holders[s] += 1
+            self.live_streams += 1
+            self.mu.unlock()
+            out[0] = s
+            return 0
         if not self.streams.empty():
             s = self.streams.back()
             self.streams.pop_back()
             self.live_streams += 1
+            self._lend(s, shareable)
         self.mu.unlock()
         if s != NULL:
             out[0] = s
@@ -43,15 +56,45 @@ cdef class StreamPool:
         lock_with_gil(self.mu)
         self.created_streams += 1
         self.live_streams += 1
+        self._lend(s, shareable)
         self.mu.unlock()
         out[0] = s
         return 0
+
+    cdef void _lend(self, cydriver.CUstream s, bint shareable) noexcept:
+        # (under the lock) a shareable stream joins the ring others may be given
+        if shareable and self.share_after:
+            self.ring.push_back(s)
+            self.holders[s] = 1
+
+    cdef void _unring(self, cydriver.CUstream s) noexcept:
+        # (under the lock) no later ask is given ``s``
+        cdef size_t i
+        for i in range(self.ring.size()):
+            if self.ring[i] == s:
+                self.ring.erase(self.ring.begin() + i)
+                return
+
+    cdef bint _release_share(self, cydriver.CUstream s) noexcept:
+        """(Under the lock.) One holder of a ring stream lets go. True: the caller must neither
+        cache nor destroy it (others still hold it, or it was written off: dropped, a leak)."""
+        if self.holders.count(s) == 0:
+            return False
+        if self.holders[s] > 1:
+            self.holders[s] -= 1
+            return True
+        self.holders.erase(s)
+        self._unring(s)
+        return self.written_off.erase(s) != 0
 
     cdef void release_stream(self, cydriver.CUstream s) noexcept:
         cdef bint keep
         cdef cydriver.CUcontext prev
         lock_with_gil(self.mu)
         self.live_streams -= 1
+        if not self.holders.empty() and self._release_share(s):
+            self.mu.unlock()
+            return
         keep = not self.closed and self.streams.size() < self.cap
         if keep:
             self.streams.push_back(s)
@@ -113,6 +156,21 @@ cdef class StreamPool:
         self.live_events -= events
         self.mu.unlock()
 
+    cdef void forget_stream(self, cydriver.CUstream s) noexcept:
+        """A dispatch could not prove ``s`` idle: never reused or destroyed (counted as leaked,
+        as :meth:`forget` counts). Shared, it is given to no one else and the last holder's
+        release drops it."""
+        lock_with_gil(self.mu)
+        self.live_streams -= 1
+        if self.holders.count(s):
+            self._unring(s)
+            if self.holders[s] > 1:
+                self.holders[s] -= 1
+                self.written_off.insert(s)
+            else:
+                self.holders.erase(s)
+        self.mu.unlock()
+
     cdef void _destroy_cached(self) noexcept:
         cdef vector[cydriver.CUstream] streams
         cdef vector[cydriver.CUevent] events
@@ -160,6 +218,9 @@ cdef class StreamPool:
         self.streams.clear()
         self.events.clear()
         self.timing_events.clear()
+        self.ring.clear()
+        self.holders.clear()
+        self.written_off.clear()
         self.ctx = NULL
         self.closed = True
         self.mu.unlock()

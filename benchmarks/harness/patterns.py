@@ -177,6 +177,12 @@ def _host(x):
 
 
 # -- the small patterns: numpy in, numpy out, and the peers' chains ----------------------------
+# the in-flight row's twin: pool streams shared once this many are lent (Knobs.stream_share_after;
+# the CuPy probe of notes/enqueue-chain.md: 1,000 distinct streams cost 2.6-5 us more per launch
+# than 128 or fewer)
+SHARE_STREAMS_AFTER = 16
+
+
 class _Small:
     """The runners of the 4 KiB patterns, and what they share: the backend, the inputs, the loop."""
 
@@ -262,6 +268,25 @@ class _Small:
             del handles
         self.last["pattern.inflight"] = outs[0] if outs else None
         return {"pattern.inflight": per}
+
+    def inflight_shared(self, count):
+        """The 1,000 in flight again with the backend's pool streams shared once
+        ``SHARE_STREAMS_AFTER`` are lent (an experiment knob, off by default): the knob is set
+        and the plan warmed before the clock starts, and put back (and warmed) after it stops."""
+        from . import hooks
+
+        dispatch_async, program, inputs = self.backend.dispatch_async, self.program, [self.a, self.b]
+        old = hooks.set_knobs(self.backend, stream_share_after=SHARE_STREAMS_AFTER)
+        own = self.last.get("pattern.inflight")
+        try:
+            dispatch_async(program, inputs).result()
+            out = self.inflight(count)["pattern.inflight"]
+            self.last["pattern.inflight.shared"] = self.last["pattern.inflight"]
+        finally:
+            self.last["pattern.inflight"] = own
+            hooks.set_knobs(self.backend, old)
+            dispatch_async(program, inputs).result()
+        return {"pattern.inflight.shared": out}
 
     def blocking(self, count):
         dispatch, program, inputs = self.backend.dispatch, self.program, [self.a, self.b]
@@ -531,6 +556,13 @@ def _small_rows(small, source, entry, peers, skipped, opened):
         small.runner("dispatch_async, one in flight", small.single, "pattern.enqueue.single", batch, "enqueue"),
         small.runner("dispatch_async dropped", small.dropped_host, "pattern.dropped.host", batch, "dropped host"),
         small.runner("dispatch_async, 1,000 in flight", small.inflight, "pattern.inflight", batch, "in flight"),
+        small.runner(
+            "dispatch_async, 1,000 in flight, shared streams",
+            small.inflight_shared,
+            "pattern.inflight.shared",
+            batch,
+            "in flight, shared streams",
+        ),
         small.runner("await dispatch_async", small.awaited, "pattern.await", 1, "await"),
         small.runner("dispatch (blocking)", small.blocking, "pattern.blocking", 1, "blocking"),
         small.runner("asyncio.gather", small.gathered, "pattern.gather", max(1, s.awaits // s.gathers), "gather"),

@@ -697,10 +697,14 @@ def _await_note(patterns, row, ref):
 
 def _inflight_note(patterns, row, ref):
     m = patterns.median
-    return (
+    text = (
         f"with 1,000 in flight an enqueue took {_us(m(row))} against {_us(m(ref))} with one in flight: "
         "each held dispatch keeps its pooled staging and device blocks, so a round of 1,000 needs 1,000 of each"
     )
+    shared = m("pattern.inflight.shared")
+    if shared is not None:
+        text += f"; with the pool streams shared after 16 (an experiment knob, off by default) {_us(shared)}"
+    return text
 
 
 _PATTERN_NOTES = {
