@@ -26,6 +26,7 @@ SMALL = profile_fakes.PATTERNS_SMALL
 SYNCHRONIZE = patterns.context_synchronize  # (the fixture swaps it for a recorder)
 CHAIN_KEYS = {
     "pattern.chain.kept",
+    "pattern.chain.cupy_alloc",
     "pattern.chain.dropped",
     "pattern.chain.cuda_core",
     "pattern.chain.cupy",

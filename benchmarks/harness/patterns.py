@@ -183,6 +183,11 @@ def _host(x):
 SHARE_STREAMS_AFTER = 16
 
 
+def _alloc_like(a, x) -> bool:
+    """The allocation row's check: its last array has ``x``'s shape and element type."""
+    return a is not None and a.shape == x.shape and a.dtype == x.dtype
+
+
 class _Small:
     """The runners of the 4 KiB patterns, and what they share: the backend, the inputs, the loop."""
 
@@ -413,6 +418,28 @@ class _Small:
 
         return run
 
+    def cupy_alloc(self, cp, stream, x):
+        """``cp.empty_like(x)`` alone, kept as the README chain keeps its outputs (through its
+        handles): the part of a chain step that is CuPy's array, whoever launches into it."""
+        empty_like, steps = cp.empty_like, self.settings.steps
+
+        def run(count):
+            pc = time.perf_counter_ns
+            per = []
+            with stream:
+                for _ in range(count):
+                    kept: list = []
+                    append = kept.append
+                    t0 = pc()
+                    for _ in range(steps):
+                        append(empty_like(x))
+                    per.append((pc() - t0) / steps)
+                    self.last["pattern.chain.cupy_alloc"] = kept[-1]
+                    del kept
+            return {"pattern.chain.cupy_alloc": per}
+
+        return run
+
     def cupy_chain(self, peer, stream, x, y):
         """CuPy ``RawKernel`` (the floor's vecadd source), a new ``cp.empty_like`` per step."""
         kernel, grid, block, n, steps = peer.kernel, peer.grid, peer.block, peer.n, self.settings.steps
@@ -519,6 +546,16 @@ def _chain_rows(small, source, entry, peers, skipped, opened):
                 run = small.vyre_chain(cp, stream, x, y, kept)
                 key = CHAIN_KEYS[0] if kept else CHAIN_KEYS[1]
                 rows.append(small.runner(f"README chain, {name}", run, key, scale, "chain"))
+            alloc = small.cupy_alloc(cp, stream, x)
+            rows.append(
+                engine.Runner(
+                    "CuPy empty_like alone",
+                    alloc,
+                    lambda: _alloc_like(small.last.get("pattern.chain.cupy_alloc"), x),
+                    scale,
+                    "chain",
+                )
+            )
         except Exception as exc:  # noqa: BLE001 (a broken CuPy must not stop the run)
             skipped["chain"] = f"failed to start: {type(exc).__name__}: {exc}".splitlines()[0]
     scale = max(1, s.awaits // s.repeats)

@@ -288,6 +288,7 @@ PATTERN_LABELS = {
     "pattern.chain.cuda_core": "cuda.core launch chain, new output buffer per step",
     "pattern.chain.cupy": "CuPy RawKernel chain, new output per step",
     "pattern.chain.torch": "PyTorch add chain, new output per step",
+    "pattern.chain.cupy_alloc": "CuPy empty_like alone per step, kept (the README chain's new output)",
     "pattern.enqueue.single": "dispatch_async enqueue, numpy, one in flight",
     "pattern.dropped.host": "dispatch_async dropped, numpy, per call",
     "pattern.dropped.host_drained": "dispatch_async dropped, numpy, per call + drain",

@@ -661,6 +661,7 @@ def _chain_note(patterns, row, ref):
     for key, name in (
         ("pattern.chain.dropped", "with handles dropped"),
         ("pattern.chain.cupy", "CuPy RawKernel"),
+        ("pattern.chain.cupy_alloc", "CuPy's new array alone"),
         ("pattern.chain.torch", "PyTorch add"),
         ("pattern.enqueue.single", "a numpy dispatch_async's enqueue alone"),
     ):
