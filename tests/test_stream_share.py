@@ -80,3 +80,69 @@ def test_without_the_knob_each_dispatch_has_its_own_stream(fake_libcuda, rng):
     assert res["errors"] == [], res
     assert res["stream_creates"][0] >= 120 and res["stream_creates"][1:] == [0, 0], res
     assert res["streams_after_close"] == 0 and res["violations"] == 0, res
+
+
+THREADS_CHILD = r"""
+import json, sys, threading
+import numpy as np
+import vyre_cuda as vc
+from fakecuda import FakeDriver, vecadd_emulation
+from vyre_cuda import builtin_programs as bp
+from vyre_cuda._knobs import DEFAULT
+
+sys.setswitchinterval(1e-6)
+fake = FakeDriver()
+if sys.argv[2] == "lazy":
+    fake.set_lazy(True)
+prog = bp.vecadd_f32()
+g = vc.CudaBackend(0)
+g._use_knobs(DEFAULT.replace(stream_share_after=3))
+z = np.zeros(64, np.float32)
+fake.emulate(g, prog, [z, z], vecadd_emulation(np.float32))
+errors, checked = [], [0]
+
+def work(seed):
+    rng = np.random.default_rng(seed)
+    for r in range(20):
+        kept = []
+        for i in range(16):
+            a = rng.standard_normal(256).astype(np.float32)
+            b = rng.standard_normal(256).astype(np.float32)
+            h = g.dispatch_async(prog, [a, b])
+            if rng.random() < 0.7:
+                kept.append((h, a + b))
+            del h  # (the rest are dropped: their work goes to the deferred list)
+        if rng.random() < 0.2:
+            g.trim()
+        for h, want in kept:
+            checked[0] += 1
+            if not np.array_equal(h.result()[0], want):
+                errors.append(f"seed {seed} round {r}: wrong result")
+        (out,) = g.dispatch(prog, [a, b])
+        if not np.array_equal(out, a + b):
+            errors.append(f"seed {seed} round {r}: blocking dispatch wrong")
+
+base = int(sys.argv[1])
+threads = [threading.Thread(target=work, args=(base + k,)) for k in range(6)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+g.trim()
+snap = g.telemetry.snapshot()
+g.close()
+print(json.dumps({"errors": errors[:5], "checked": checked[0], "streams_live": snap["streams_live"],
+                  "events_live": snap["events_live"], "streams_after_close": fake.stats()["streams"],
+                  "violations": fake.stats()["violations"]}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["eager", "lazy"])
+def test_threads_share_streams_with_dropped_handles_and_trims(fake_libcuda, rng, mode):
+    seed = int(rng.integers(0, 2**31))
+    proc = fakecuda.run_python(["-c", THREADS_CHILD, str(seed), mode], fake_libcuda, timeout=300)
+    assert proc.returncode == 0, f"child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["errors"] == [] and res["checked"] > 1000, res
+    assert res["streams_live"] == 0 and res["events_live"] == 0, res
+    assert res["streams_after_close"] == 0 and res["violations"] == 0, res
