@@ -41,7 +41,17 @@ def test_stress_with_graph_replays(fake_libcuda, tmp_path_factory):
     assert res["graph_replays"] > 0, res
 
 
-def _stress(backends, threads, fake_libcuda, tmp_path_factory, env=None):
+def test_stress_with_shared_streams_and_graph_replays(fake_libcuda, tmp_path_factory):
+    """The same with every backend's pool streams shared after 1 (``Knobs.stream_share_after``:
+    any two dispatches in flight share one) and the graph trial on: captures keep off the shared
+    streams, results stay right."""
+    res = _stress(
+        3, 2, fake_libcuda, tmp_path_factory, env={"VYRE_CUDA_GRAPH_TRIAL": "1"}, extra=["--share-streams", 1]
+    )
+    assert res["graph_replays"] > 0, res
+
+
+def _stress(backends, threads, fake_libcuda, tmp_path_factory, env=None, extra=()):
     seed = scenarios.seed()
     res = scenarios.run_child(
         [
@@ -57,6 +67,7 @@ def _stress(backends, threads, fake_libcuda, tmp_path_factory, env=None):
             240 // (backends * threads) + 30,
             "--max-mib",
             6,
+            *extra,
         ],
         fake_libcuda,
         tmp_path_factory,
