@@ -4,8 +4,9 @@ alongside, every output checked against numpy, nothing left behind. Each configu
 child process, so a crash is counted as one; the failure then shows the child's Python stacks
 (faulthandler) and its faulting thread's C stack (tests/helpers/segv_trace.c).
 
-VYRE_CUDA_STRESS_DISPATCHES sets the dispatches per configuration (default 1,200 in all four;
-scripts/gpu-check runs the long profile: at least 20,000).
+VYRE_CUDA_STRESS_DISPATCHES sets the dispatches over all configurations (default 1,200;
+scripts/gpu-check runs the long profile: at least 20,000). The fifth configuration shares each
+backend's pool streams once four are lent (``Knobs.stream_share_after``, off by default).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import vyre_cuda
 
 STRESS = pathlib.Path(__file__).resolve().parents[1] / "stress.py"
 ROOT = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]  # the package under test, for the child
-MATRIX = [(1, 4), (2, 2), (3, 2), (3, 4)]  # (backends on device 0, threads per backend)
+# (backends on device 0, threads per backend, Knobs.stream_share_after: 0 a stream per dispatch)
+MATRIX = [(1, 4, 0), (2, 2, 0), (3, 2, 0), (3, 4, 0), (3, 4, 4)]
 TOTAL = int(os.environ.get("VYRE_CUDA_STRESS_DISPATCHES", "1200"))
 
 
@@ -32,8 +34,10 @@ def _seed() -> int:
     return int(fixed, 0) if fixed else int.from_bytes(os.urandom(4), "little")
 
 
-@pytest.mark.parametrize(("backends", "threads"), MATRIX, ids=[f"{b}x{t}" for b, t in MATRIX])
-def test_stress_on_the_gpu(backends, threads, tmp_path_factory):
+@pytest.mark.parametrize(
+    ("backends", "threads", "share"), MATRIX, ids=[f"{b}x{t}" + (f"-shared{k}" if k else "") for b, t, k in MATRIX]
+)
+def test_stress_on_the_gpu(backends, threads, share, tmp_path_factory):
     seed = _seed()
     per_thread = -(-TOTAL // (len(MATRIX) * backends * threads))  # (rounded up: at least TOTAL in all)
     args = [
@@ -55,6 +59,8 @@ def test_stress_on_the_gpu(backends, threads, tmp_path_factory):
         "8",
         "--chunks",
         "4",
+        "--share-streams",
+        str(share),
     ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env = preload_env(tmp_path_factory.getbasetemp() / "crash-trace", env)  # a crash's C stack too
@@ -68,7 +74,7 @@ def test_stress_on_the_gpu(backends, threads, tmp_path_factory):
     log = os.environ.get("VYRE_CUDA_STRESS_LOG")  # scripts/gpu-check collects one line per configuration
     if log:
         with open(log, "a") as f:
-            f.write(json.dumps(dict(res, seed=seed)) + "\n")
+            f.write(json.dumps(dict(res, seed=seed, share_streams=share)) + "\n")
     where = f"seed {seed}: {res}"
     assert res["wrong"] == 0 and res["errors"] == 0, where
     assert res["leaks"] == {}, where
