@@ -167,8 +167,9 @@ cdef class StreamPool:
             if self.holders[s] > 1:
                 self.holders[s] -= 1
                 self.written_off.insert(s)
-            else:
+            else:  # the last holder: nothing is left to drop it later
                 self.holders.erase(s)
+                self.written_off.erase(s)
         self.mu.unlock()
 
     cdef void _destroy_cached(self) noexcept:
