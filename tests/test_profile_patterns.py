@@ -37,6 +37,7 @@ ALL_KEYS = CHAIN_KEYS | {
     "pattern.dropped.host",
     "pattern.dropped.host_drained",
     "pattern.dropped.device",
+    "pattern.dropped.host.shared",
     "pattern.inflight",
     "pattern.inflight.shared",
     "pattern.await",

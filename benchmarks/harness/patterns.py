@@ -274,24 +274,30 @@ class _Small:
         self.last["pattern.inflight"] = outs[0] if outs else None
         return {"pattern.inflight": per}
 
-    def inflight_shared(self, count):
-        """The 1,000 in flight again with the backend's pool streams shared once
-        ``SHARE_STREAMS_AFTER`` are lent (an experiment knob, off by default): the knob is set
-        and the plan warmed before the clock starts, and put back (and warmed) after it stops."""
+    def _shared(self, measure, key, count):
+        """``measure`` again with the backend's pool streams shared once ``SHARE_STREAMS_AFTER``
+        are lent (an experiment knob, off by default): the knob is set and the plan warmed before
+        the clock starts, and put back (and warmed) after it stops."""
         from . import hooks
 
         dispatch_async, program, inputs = self.backend.dispatch_async, self.program, [self.a, self.b]
         old = hooks.set_knobs(self.backend, stream_share_after=SHARE_STREAMS_AFTER)
-        own = self.last.get("pattern.inflight")
+        own = self.last.get(key)
         try:
             dispatch_async(program, inputs).result()
-            out = self.inflight(count)["pattern.inflight"]
-            self.last["pattern.inflight.shared"] = self.last["pattern.inflight"]
+            out = measure(count)[key]
+            self.last[key + ".shared"] = self.last[key]
         finally:
-            self.last["pattern.inflight"] = own
+            self.last[key] = own
             hooks.set_knobs(self.backend, old)
             dispatch_async(program, inputs).result()
-        return {"pattern.inflight.shared": out}
+        return {key + ".shared": out}
+
+    def inflight_shared(self, count):
+        return self._shared(self.inflight, "pattern.inflight", count)
+
+    def dropped_shared(self, count):
+        return self._shared(self.dropped_host, "pattern.dropped.host", count)
 
     def blocking(self, count):
         dispatch, program, inputs = self.backend.dispatch, self.program, [self.a, self.b]
@@ -599,6 +605,13 @@ def _small_rows(small, source, entry, peers, skipped, opened):
             "pattern.inflight.shared",
             batch,
             "in flight, shared streams",
+        ),
+        small.runner(
+            "dispatch_async dropped, shared streams",
+            small.dropped_shared,
+            "pattern.dropped.host.shared",
+            batch,
+            "dropped host, shared streams",
         ),
         small.runner("await dispatch_async", small.awaited, "pattern.await", 1, "await"),
         small.runner("dispatch (blocking)", small.blocking, "pattern.blocking", 1, "blocking"),

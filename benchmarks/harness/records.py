@@ -293,6 +293,7 @@ PATTERN_LABELS = {
     "pattern.dropped.host": "dispatch_async dropped, numpy, per call",
     "pattern.dropped.host_drained": "dispatch_async dropped, numpy, per call + drain",
     "pattern.dropped.device": "dispatch_async dropped, device arrays, per call",
+    "pattern.dropped.host.shared": "dispatch_async dropped, numpy, per call, pool streams shared after 16",
     "pattern.inflight": "dispatch_async enqueue, 1,000 kept in flight",
     "pattern.inflight.shared": "dispatch_async enqueue, 1,000 kept in flight, pool streams shared after 16",
     "pattern.await": "await dispatch_async, numpy",

@@ -681,6 +681,9 @@ def _dropped_note(patterns, row, ref):
     device = m("pattern.dropped.device")
     if device is not None:
         text += f"; on device arrays {_us(device)} per call"
+    shared = m("pattern.dropped.host.shared")
+    if shared is not None:
+        text += f"; with the pool streams shared after 16 (an experiment knob, off by default) {_us(shared)} per call"
     return text + ": dropping hands what the GPU may still use to the backend's deferred list"
 
 
