@@ -28,12 +28,19 @@ a0 = rng.standard_normal(N).astype(np.float32)
 fake.emulate(g, prog, [a0, a0], vecadd_emulation(np.float32))
 if lazy:
     fake.set_lazy(True)
-res = {"errors": [], "stream_creates": [], "live_mid": []}
+res = {"errors": [], "stream_creates": [], "live_mid": [], "blocking_creates": []}
 for rnd in range(3):
     before = fake.stats()["stream_creates"]
     inputs = [(rng.standard_normal(N).astype(np.float32), rng.standard_normal(N).astype(np.float32))
               for _ in range(IN_FLIGHT)]
     pending = [g.dispatch_async(prog, [a, b]) for a, b in inputs]
+    # a blocking dispatch waits on its stream, so it takes one of its own (others' work would keep
+    # a shared one busy): the shared ones are all held, so in the first round it creates one
+    made = fake.stats()["stream_creates"]
+    (out,) = g.dispatch(prog, list(inputs[1]))
+    res["blocking_creates"].append(fake.stats()["stream_creates"] - made)
+    if not np.array_equal(out, inputs[1][0] + inputs[1][1]):
+        res["errors"].append(f"round {rnd}: blocking dispatch wrong")
     timed = g.dispatch_timed(prog, list(inputs[0]))  # its own stream, shared or not
     if not np.array_equal(timed.outputs[0], inputs[0][0] + inputs[0][1]):
         res["errors"].append(f"round {rnd}: timed dispatch wrong")
@@ -62,10 +69,11 @@ def test_dispatches_share_streams_past_the_knob(fake_libcuda, rng, mode):
     assert proc.returncode == 0, f"child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["errors"] == [], res
-    # four shared streams for the 120 in flight, one more for the timed dispatch (and the
-    # blocking plan's own, at most); later rounds create none
+    # four shared streams for the 120 in flight, one more for the blocking dispatch (which the
+    # timed one then reuses; and the blocking plan's own, at most); later rounds create none
     first, *later = res["stream_creates"]
     assert 5 <= first <= 7, res
+    assert res["blocking_creates"] == [1, 0, 0], res
     assert later == [0, 0], res
     assert res["live_mid"] == [120] * 3, res  # holders counted, not distinct streams
     assert res["stats"]["streams_live"] == 0 and res["stats"]["events_live"] == 0, res

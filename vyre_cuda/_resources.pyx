@@ -57,8 +57,10 @@ cdef class Resources:
         # call (GIL kept: this is cheaper than a GIL release and re-acquire)
         bind_context(self.ctx)
         f.ext_stream = ext
-        # a timed dispatch keeps its stream to itself: no other work between its timing events
-        f.shared_stream = not ext and not timed and self.spool.share_after != 0
+        # a stream is shared only by dispatches that wait on their own completion event: a timed
+        # one keeps it to itself (no other work between its timing events), and so does a blocking
+        # one (it waits on the stream, which others' work would keep busy)
+        f.shared_stream = not ext and not timed and want_done and self.spool.share_after != 0
         if ext:
             f.stream = ext_stream
         else:
