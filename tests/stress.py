@@ -395,7 +395,10 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", type=int, default=2)
     ap.add_argument("--fake", action="store_true", help="running on the fake CUDA driver")
     ap.add_argument(
-        "--share-streams", type=int, default=None, help="Knobs.stream_share_after for every backend (0: off; default: the backend's)"
+        "--share-streams",
+        type=int,
+        default=None,
+        help="Knobs.stream_share_after for every backend (0: off; default: the backend's)",
     )
     args = ap.parse_args(argv)
     sys.setswitchinterval(1e-6)  # widen the windows between threads (the GIL is not a lock)

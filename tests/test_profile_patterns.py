@@ -15,10 +15,10 @@ from profile_fakes import FakeBackend
 
 import benchmarks.harness as H
 import vyre_cuda
-from vyre_cuda._knobs import DEFAULT
 from benchmarks.harness import patterns, records, targets
 from benchmarks.harness.records import PatternResult
 from vyre_cuda import profile as P
+from vyre_cuda._knobs import DEFAULT
 from vyre_cuda.errors import BackendError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -36,9 +36,10 @@ def _seed() -> int:
     return int(fixed, 0) if fixed else int.from_bytes(os.urandom(4), "little")
 
 
-@pytest.mark.parametrize(
-    ("backends", "threads", "share"), MATRIX, ids=[f"{b}x{t}" + ("" if k is None else f"-share{k}") for b, t, k in MATRIX]
-)
+IDS = [f"{b}x{t}" + ("" if k is None else f"-share{k}") for b, t, k in MATRIX]
+
+
+@pytest.mark.parametrize(("backends", "threads", "share"), MATRIX, ids=IDS)
 def test_stress_on_the_gpu(backends, threads, share, tmp_path_factory):
     seed = _seed()
     per_thread = -(-TOTAL // (len(MATRIX) * backends * threads))  # (rounded up: at least TOTAL in all)
