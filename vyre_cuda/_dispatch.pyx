@@ -489,6 +489,8 @@ cdef class Core:
         cdef const char* ccall = NULL
         cdef int outcome = W_DONE
         cdef unsigned long long t_trial = 0
+        cdef unsigned long long up_ops[2]
+        cdef unsigned long long down_ops[2]
         self._begin(d, config, into, False, False, marks)
         if marks != NULL and nvtx_stage_open():
             nvtx_stage(S_UPLOAD)
@@ -502,13 +504,20 @@ cdef class Core:
             t_trial = now_ns()
         with nogil:
             st = issue(d, p, xfer, marks, &call)
+            # d.ops counts the copies of the phase under way: the upload's are kept apart from
+            # the readback's, which collect counts into the same fields
+            up_ops[0], up_ops[1] = d.ops[0], d.ops[1]
+            d.ops[0] = d.ops[1] = 0
             if st == cydriver.CUDA_SUCCESS:
                 outcome = wait_nogil(d, &wst)
                 mark(marks, M_WAIT)
                 if outcome == W_DONE and wst == cydriver.CUDA_SUCCESS:
                     cst = collect(d, p, xfer, &ccall)
                     mark(marks, M_COPYOUT)
+        down_ops[0], down_ops[1] = d.ops[0], d.ops[1]
+        d.ops[0], d.ops[1] = up_ops[0], up_ops[1]
         self._after_enqueue(d, st, call)  # (counts the direct bytes: before the marks may clear)
+        d.ops[0], d.ops[1] = down_ops[0], down_ops[1]
         leave_gate(d, outcome == W_DONE)
         d._after_wait(outcome, wst, b"cuStreamQuery")
         d._after_collect(cst, ccall)
