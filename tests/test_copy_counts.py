@@ -8,9 +8,7 @@ the fake driver's own count of H2D and D2H copies, on fresh random data.
 
 from __future__ import annotations
 
-import json
-
-import fakecuda
+from helpers import scenarios
 
 CHILD = r"""
 import json, sys
@@ -49,11 +47,8 @@ print(json.dumps(rows))
 """
 
 
-def test_copy_counts_each_way_are_the_drivers(fake_libcuda, rng):
-    seed = int(rng.integers(0, 2**31))
-    proc = fakecuda.run_python(["-c", CHILD, str(seed)], fake_libcuda, timeout=300)
-    assert proc.returncode == 0, f"child (seed {seed}) failed:\n{proc.stderr[-4000:]}"
-    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_copy_counts_each_way_are_the_drivers(fake_libcuda, tmp_path_factory):
+    rows = scenarios.run_child(["-c", CHILD, scenarios.seed()], fake_libcuda, tmp_path_factory, timeout=300)
     assert len(rows) == 9
     for row in rows:
         assert row["right"], row
