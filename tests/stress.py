@@ -84,8 +84,8 @@ class Stress:
         backend = vc.CudaBackend(
             0, staging_chunk_bytes=self.args.chunk_mib << 20, staging_chunks=self.args.chunks, auto_register=policy
         )
-        if self.args.share_streams:
-            from vyre_cuda._knobs import DEFAULT  # (an experiment setting, private)
+        if self.args.share_streams is not None:
+            from vyre_cuda._knobs import DEFAULT  # (private: the measurement settings)
 
             backend._use_knobs(DEFAULT.replace(stream_share_after=self.args.share_streams))
         if self.fake is not None:
@@ -394,7 +394,12 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-mib", type=int, default=1, help="staging ring chunk (small: many windows)")
     ap.add_argument("--chunks", type=int, default=2)
     ap.add_argument("--fake", action="store_true", help="running on the fake CUDA driver")
-    ap.add_argument("--share-streams", type=int, default=0, help="Knobs.stream_share_after for every backend (0: off)")
+    ap.add_argument(
+        "--share-streams",
+        type=int,
+        default=None,
+        help="Knobs.stream_share_after for every backend (0: off; default: the backend's)",
+    )
     args = ap.parse_args(argv)
     sys.setswitchinterval(1e-6)  # widen the windows between threads (the GIL is not a lock)
     # flushed now: a crash in the interpreter's exit would otherwise lose the buffered result line,

@@ -18,6 +18,7 @@ import vyre_cuda
 from benchmarks.harness import patterns, records, targets
 from benchmarks.harness.records import PatternResult
 from vyre_cuda import profile as P
+from vyre_cuda._knobs import DEFAULT
 from vyre_cuda.errors import BackendError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -37,9 +38,9 @@ ALL_KEYS = CHAIN_KEYS | {
     "pattern.dropped.host",
     "pattern.dropped.host_drained",
     "pattern.dropped.device",
-    "pattern.dropped.host.shared",
+    "pattern.dropped.host.unshared",
     "pattern.inflight",
-    "pattern.inflight.shared",
+    "pattern.inflight.unshared",
     "pattern.await",
     "pattern.blocking",
     "pattern.gather",
@@ -101,10 +102,12 @@ def test_every_pattern_runs_beside_its_peers(with_peers, fake_device):
     at = {call: n for n, call in enumerate(asyncs)}
     assert chained and all(backend.calls[i][2].stream == 0x5000 for i in chained)
     assert all(backend.async_current[at[i]] == 0x5000 and backend.async_outputs[at[i]] for i in chained)
-    # the shared-streams row: the knob set for its rounds and put back after each
+    # the a-stream-each rows: the knob set for their rounds and put back after each
+    default = DEFAULT.stream_share_after
     shares = [k.stream_share_after for k in backend.knobs_used]
-    assert shares and shares == [patterns.SHARE_STREAMS_AFTER, 0] * (len(shares) // 2), shares
-    assert backend._knobs.stream_share_after == 0
+    assert default != patterns.UNSHARED
+    assert shares and shares == [patterns.UNSHARED, default] * (len(shares) // 2), shares
+    assert backend._knobs.stream_share_after == default
     # the peers' chains: cuda.core launched with a new buffer per step
     assert len(with_peers.launches) >= SMALL.steps * SMALL.repeats
     # the dropped rows drained the backend's context after each repetition, outside the timing

@@ -51,8 +51,10 @@ class Knobs:
     (None: the measured defaults of :mod:`vyre_cuda.planning.stream`). ``stream_upload_max``,
     ``stream_readback_max``: staged uploads and readbacks up to these many bytes copy with
     non-temporal stores (0: never, ``1 << 40``: always). ``stream_share_after``: once this many
-    dispatches hold pool streams, later ones share those streams round-robin (0: a stream each;
-    an experiment for many dispatches in flight, notes/enqueue-chain.md).
+    dispatches hold pool streams, later ones share those streams round-robin (0: a stream each).
+    Past the GPU's hardware queues more streams add no concurrency, and the driver's cost per
+    launch grows with the streams in use (notes/enqueue-chain.md), so many dispatches in flight
+    share 16.
     """
 
     wait_mode: int = WAIT_POLL
@@ -63,7 +65,7 @@ class Knobs:
     stream_tuning: StreamTuning | None = None
     stream_upload_max: int = 32 << 20
     stream_readback_max: int = 0
-    stream_share_after: int = 0
+    stream_share_after: int = 16
 
     def __post_init__(self):
         # checked here: the core stores them in C fields with no check of its own (a zero window

@@ -5,8 +5,9 @@ child process, so a crash is counted as one; the failure then shows the child's 
 (faulthandler) and its faulting thread's C stack (tests/helpers/segv_trace.c).
 
 VYRE_CUDA_STRESS_DISPATCHES sets the dispatches over all configurations (default 1,200;
-scripts/gpu-check runs the long profile: at least 20,000). The fifth configuration shares each
-backend's pool streams once four are lent (``Knobs.stream_share_after``, off by default).
+scripts/gpu-check runs the long profile: at least 20,000). Pool streams are shared past 16 in flight
+(``Knobs.stream_share_after``, the default) in three configurations; the third gives each dispatch
+a stream of its own, and the fifth shares once four are lent.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import vyre_cuda
 
 STRESS = pathlib.Path(__file__).resolve().parents[1] / "stress.py"
 ROOT = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]  # the package under test, for the child
-# (backends on device 0, threads per backend, Knobs.stream_share_after: 0 a stream per dispatch)
-MATRIX = [(1, 4, 0), (2, 2, 0), (3, 2, 0), (3, 4, 0), (3, 4, 4)]
+# (backends on device 0, threads per backend, Knobs.stream_share_after: None the default (shared
+# past 16 in flight), 0 a stream per dispatch, 4 shared early so that the stress reaches it)
+MATRIX = [(1, 4, None), (2, 2, None), (3, 2, 0), (3, 4, None), (3, 4, 4)]
 TOTAL = int(os.environ.get("VYRE_CUDA_STRESS_DISPATCHES", "1200"))
 
 
@@ -34,9 +36,10 @@ def _seed() -> int:
     return int(fixed, 0) if fixed else int.from_bytes(os.urandom(4), "little")
 
 
-@pytest.mark.parametrize(
-    ("backends", "threads", "share"), MATRIX, ids=[f"{b}x{t}" + (f"-shared{k}" if k else "") for b, t, k in MATRIX]
-)
+IDS = [f"{b}x{t}" + ("" if k is None else f"-share{k}") for b, t, k in MATRIX]
+
+
+@pytest.mark.parametrize(("backends", "threads", "share"), MATRIX, ids=IDS)
 def test_stress_on_the_gpu(backends, threads, share, tmp_path_factory):
     seed = _seed()
     per_thread = -(-TOTAL // (len(MATRIX) * backends * threads))  # (rounded up: at least TOTAL in all)
@@ -59,9 +62,9 @@ def test_stress_on_the_gpu(backends, threads, share, tmp_path_factory):
         "8",
         "--chunks",
         "4",
-        "--share-streams",
-        str(share),
     ]
+    if share is not None:
+        args += ["--share-streams", str(share)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env = preload_env(tmp_path_factory.getbasetemp() / "crash-trace", env)  # a crash's C stack too
     proc = subprocess.run(args, capture_output=True, text=True, timeout=1800, check=False, env=env, cwd="/")
