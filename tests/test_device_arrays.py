@@ -21,7 +21,7 @@ from planning_fakes import H200
 
 import vyre_cuda as vc
 from vyre_cuda import builtin_programs as bp
-from vyre_cuda._device_io import device_input, dlpack_stream, is_device_array
+from vyre_cuda._devview import device_input, protocol_of
 from vyre_cuda._io_checks import dtype_error
 from vyre_cuda.config import stream_handle
 from vyre_cuda.planning.binding import plan_bindings
@@ -118,15 +118,23 @@ def test_outputs_option_is_checked():
         vc.DispatchConfig(outputs="gpu")
 
 
-def test_dlpack_stream_argument():
-    assert dlpack_stream(None) == (1, 1)  # pooled stream: producer orders before legacy, we wait on it
-    assert dlpack_stream(0) == (1, None)  # the legacy stream itself
-    assert dlpack_stream(0x1234) == (0x1234, None)
+@pytest.mark.parametrize(
+    "own, passed, wait",
+    [
+        (None, 1, 1),  # pooled stream: the producer orders before legacy, and we wait on that
+        (0, 1, None),  # the legacy stream itself (spelled 1 in DLPack)
+        (0x1234, 0x1234, None),  # the caller's stream: the producer orders before it
+    ],
+)
+def test_dlpack_stream_argument(own, passed, wait):
+    obj = _CudaDL(np.zeros(4, np.float32))
+    view = device_input(bp.vecadd_f32(), 0, obj, 0, own)
+    assert obj.streams == [passed] and view.wait == wait
 
 
-def test_device_protocol_detection_is_attribute_only():
-    assert is_device_array(_CAI((4,))) and is_device_array(_CudaDL(np.zeros(2)))
-    assert not is_device_array(b"bytes")
+def test_device_protocol_detection():
+    assert protocol_of(_CAI((4,))) == "cai" and protocol_of(_CudaDL(np.zeros(2))) == "dlpack"
+    assert protocol_of(b"bytes") == "none"
 
 
 def test_cpu_dlpack_tensor_goes_to_the_host_path(rng):

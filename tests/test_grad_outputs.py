@@ -1,6 +1,6 @@
 """A tensor that requires grad is never an output: written in place by a kernel, autograd's
-gradients would be wrong (torch refuses such a write itself). Checked on the Python reader with a
-stand-in tensor; tests/gpu/test_devview_gpu.py checks torch itself on both readers."""
+gradients would be wrong (torch refuses such a write itself). Checked on the device-array reader with
+a stand-in tensor; tests/gpu/test_devview_gpu.py checks torch itself."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import vyre_cuda as vc
 from vyre_cuda import builtin_programs as bp
-from vyre_cuda._device_io import device_output
+from vyre_cuda._devview import device_output
 
 
 class _GradTensor:

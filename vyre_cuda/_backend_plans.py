@@ -28,7 +28,7 @@ log = logging.getLogger("vyre_cuda")
 
 def input_lengths(backend: CudaBackend, program, inputs, cfg):
     """(byte lengths, indices of device inputs) of ``inputs``, as a dispatch would see them."""
-    from ._device_io import device_input  # noqa: PLC0415
+    from ._devview import device_input  # noqa: PLC0415
 
     lengths, on_device = [], set()
     for i, x in enumerate(inputs):

@@ -34,8 +34,8 @@ cpdef enum:
     T_STREAMED_DISPATCHES  # dispatches that ran on the streamed route
     T_STREAMED_CHUNKS  # chunks those dispatches were cut into
     T_IN_PLACE_OUTPUTS  # device outputs the kernel wrote directly (no device-to-device copy)
-    T_DEVICE_ARRAYS_READ_IN_C  # device inputs and outputs whose protocol the core read in C
-    T_DEVICE_ARRAYS_READ_IN_PYTHON  # ... and those the Python reader took (a producer the C reader leaves alone)
+    T_DEVICE_ARRAYS_READ_IN_C  # device inputs and outputs of a type the reader keeps (read in C)
+    T_DEVICE_ARRAYS_READ_IN_PYTHON  # ... and of another type (__dlpack__, a CAI before v3, a StridedMemoryView)
     T_DEFERRED_DROPS  # handles dropped before the GPU finished: their resources went to the deferred list
     T_DEFERRED_RECYCLES  # deferred resources reclaimed (recycled, or written off on a driver error)
     T_DEFERRED_CAP_WAITS  # dispatches that waited for the oldest dropped work (the deferred list was full)

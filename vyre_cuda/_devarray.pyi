@@ -8,24 +8,13 @@ from ._array_pool import ArrayPool
 
 __all__ = [
     "DeviceArray",
-    "pointer_device",
-    "dlpack_info",
     "array_pool_stats",
     "trim_array_pool",
     "forget_array_pool",
-    "KDL_CPU",
-    "KDL_CUDA",
-    "KDL_CUDA_HOST",
-    "KDL_CUDA_MANAGED",
 ]
 
-KDL_CPU: int
-KDL_CUDA: int
-KDL_CUDA_HOST: int
-KDL_CUDA_MANAGED: int
 DLPACK_MAJOR: int
 DLPACK_MINOR: int
-FLAG_READ_ONLY: int
 ARRAY_POOL_CACHE_BYTES: int
 
 def _block_size(nbytes: int) -> int: ...
@@ -33,10 +22,6 @@ def _new_array_pool(device: int) -> ArrayPool: ...
 def array_pool_stats(device: int = 0) -> dict[str, int]: ...
 def trim_array_pool(device: int = 0) -> None: ...
 def forget_array_pool(device: int) -> None: ...
-def pointer_device(ptr: int) -> tuple[int, int]: ...
-def dlpack_info(
-    capsule: object,
-) -> tuple[int, tuple[int, ...], tuple[int, ...] | None, tuple[int, int, int], tuple[int, int], bool]: ...
 
 @disjoint_base
 class DeviceArray:

@@ -1,6 +1,5 @@
 # cython: language_level=3
-"""Device memory that outlives a dispatch: :class:`DeviceArray`, DLPack capsules both ways, and
-the pointer query behind the device checks of inputs and outputs.
+"""Device memory that outlives a dispatch: :class:`DeviceArray` and the DLPack capsules it exports.
 
 A ``DeviceArray`` (what ``outputs="device"`` returns) is a 1-D C-contiguous device array that
 CuPy, torch, numba and cuda.core wrap without a copy (CAI v3 or DLPack). Its memory comes from the
@@ -22,20 +21,14 @@ from cuda.bindings cimport cydriver
 from ._driver cimport check_cu
 from ._windows cimport locked_run
 from ._array_pool cimport ArrayPool, array_block_size
-from ._dlpack cimport DLDataType, DLTensor, DLManagedTensor, DLManagedTensorVersioned
+from ._dlpack cimport DLDataType, DLTensor, DLManagedTensor, DLManagedTensorVersioned, KDL_CUDA
 
 from .errors import ValidationError
 
-__all__ = ["DeviceArray", "pointer_device", "dlpack_info", "array_pool_stats", "trim_array_pool",
-           "forget_array_pool", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST", "KDL_CUDA_MANAGED"]
+__all__ = ["DeviceArray", "array_pool_stats", "trim_array_pool", "forget_array_pool"]
 
-KDL_CPU = 1
-KDL_CUDA = 2
-KDL_CUDA_HOST = 3
-KDL_CUDA_MANAGED = 13
 DLPACK_MAJOR = 1
 DLPACK_MINOR = 0
-FLAG_READ_ONLY = 1
 
 
 # one allocation per exported tensor: the managed tensor (either kind) plus its shape and strides
@@ -87,50 +80,6 @@ cdef DLDataType _dl_dtype(dtype) except *:
     t.bits = dtype.itemsize * 8
     t.lanes = 1
     return t
-
-
-def pointer_device(uintptr_t ptr):
-    """(memory type, device ordinal) of a pointer as the driver knows it; memory type 0 for a
-    pointer the driver does not know (pageable host memory). The driver must be initialised."""
-    cdef cydriver.CUpointer_attribute attrs[2]
-    cdef void* data[2]
-    cdef unsigned int memtype = 0
-    cdef int ordinal = -1
-    cdef cydriver.CUresult st
-    attrs[0] = cydriver.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-    attrs[1] = cydriver.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    data[0] = &memtype
-    data[1] = &ordinal
-    with nogil:
-        st = cydriver.cuPointerGetAttributes(2, attrs, data, <cydriver.CUdeviceptr>ptr)
-    if st != cydriver.CUDA_SUCCESS:
-        return 0, -1
-    return int(memtype), int(ordinal)
-
-
-def dlpack_info(capsule):
-    """(data pointer, shape, strides in elements or None, (code, bits, lanes), (device type, id),
-    read-only) of a DLPack capsule, legacy or versioned. The capsule is not consumed: whoever
-    holds it keeps the tensor alive, and its destructor frees it."""
-    cdef DLTensor* t
-    cdef DLManagedTensorVersioned* v
-    cdef bint readonly = False
-    cdef int k
-    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
-        v = <DLManagedTensorVersioned*>PyCapsule_GetPointer(capsule, b"dltensor_versioned")
-        if v.version.major > DLPACK_MAJOR:
-            raise BufferError(f"DLPack version {v.version.major}.{v.version.minor} is newer than 1.x")
-        t = &v.dl_tensor
-        readonly = (v.flags & FLAG_READ_ONLY) != 0
-    elif PyCapsule_IsValid(capsule, b"dltensor"):
-        t = &(<DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor
-    else:
-        raise BufferError("not a live DLPack capsule (already consumed, or not named dltensor)")
-    shape = tuple(t.shape[k] for k in range(t.ndim))
-    strides = None if t.strides == NULL else tuple(t.strides[k] for k in range(t.ndim))
-    ptr = <uintptr_t>t.data + t.byte_offset
-    return (ptr, shape, strides, (t.dtype.code, t.dtype.bits, t.dtype.lanes),
-            (t.device.device_type, t.device.device_id), readonly)
 
 
 # Device memory cached for new DeviceArrays per device, beyond which a dropped array's memory is

@@ -1,22 +1,7 @@
-# Device arrays read in C (DeviceArray, DLPack exchange API, CUDA Array Interface v3).
+# The one device-array reader: which protocol a type speaks, kept per type; the readers are _devproto's.
 
-from cuda.bindings cimport cydriver
-
-
-cdef class CupyStream:
-    cdef object stream
+from ._devproto cimport CupyStream, DevView, Who
 
 
-cdef class DevView:
-    cdef readonly cydriver.CUdeviceptr ptr
-    cdef readonly size_t nbytes
-    cdef readonly bint read_only
-    cdef readonly object wait  # the producer's stream handle to wait on, or None
-    cdef readonly object keep  # held until the dispatch completes
-    cdef readonly char kind_code  # 'f', 'i', 'u' (bf16, bool: their raw bits)
-    cdef readonly int itemsize
-    cdef CupyStream memo  # what the dispatch's next read may reuse (the CuPy CAI's stream)
-
-
-cdef DevView read_device(obj, int device, own, CupyStream memo)
+cdef DevView read_device(obj, int device, own, CupyStream memo, Who w)
 cdef bint device_type(obj) noexcept

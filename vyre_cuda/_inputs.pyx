@@ -2,10 +2,10 @@
 """A dispatch's arrays as the hot path sees them.
 
 Each input is acquired as a C-contiguous buffer view (numpy and any buffer exporter) or, where
-the buffer protocol fails or refuses, read as a device array: in C when its producer allows
-(_devview), else by the Python reader, which also words every refusal (_device_io). An input's
-length code (its bytes; a device input's as -1 - bytes) is part of the plan lookup's key. Every
-function here releases what it acquired when it raises: the caller owns only what it returns.
+the buffer protocol fails or refuses, read as a device array by the one reader (_devview), which
+also words every refusal of one. An input's length code (its bytes; a device input's as
+-1 - bytes) is part of the plan lookup's key. Every function here releases what it acquired when
+it raises: the caller owns only what it returns.
 """
 
 from cpython.buffer cimport PyObject_GetBuffer, PyObject_CheckBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT
@@ -19,14 +19,15 @@ from cuda.bindings cimport cydriver
 
 from ._counters cimport T_DEVICE_ARRAYS_READ_IN_C, T_DEVICE_ARRAYS_READ_IN_PYTHON
 from ._driver cimport bind_context
-from ._devview cimport DevView, read_device, device_type
+from ._devproto cimport DevView, who
+from ._devview cimport read_device, device_type
 from ._formats cimport kind_ok
 from ._prepared cimport InputCheck, OutCheck
 from ._waits cimport DevInput
 from ._windows cimport auto_registered, page_locked, direct_enter
 from .errors import ValidationError
 from ._io_checks import dtype_error, input_error, raw_bits
-from ._device_io import device_input
+from ._devview import device_input, host_view
 
 cnp.import_array()
 
@@ -69,40 +70,31 @@ cdef int _hold_device(PendingDispatch d, Py_ssize_t i, Py_ssize_t n, Py_buffer* 
     return 0
 
 
-cdef long long _device_input(cydriver.CUcontext ctx, int device, unsigned long long* tel, obj, Py_ssize_t i,
-                             Py_ssize_t n, own, Py_buffer* view, PendingDispatch d) except -2:
-    """A device input read in C (_devview): its bytes, or -1 when the C reader leaves it to the
-    Python one (which also words every refusal). ``own``: the config's stream (None: the
-    backend's own streams)."""
+cdef long long _device_input(cydriver.CUcontext ctx, int device, unsigned long long* tel, program, obj,
+                             Py_ssize_t i, Py_ssize_t n, own, Py_buffer* view, PendingDispatch d) except -2:
+    """Input ``i`` read as a device array (_devview): its bytes, or -1 when it is none; a refusal
+    raises. ``own``: the config's stream (None: the backend's own streams)."""
     bind_context(ctx)  # the pointer queries want our context (a producer's code may move it)
-    cdef DevView dv = read_device(obj, device, own, d.cupy_stream)
+    cdef DevView dv = read_device(obj, device, own, d.cupy_stream, who(program, i, False))
     if dv is None:
-        d.cupy_stream = None  # the Python reader may run the producer's code
+        d.cupy_stream = None  # the reader may have run the producer's code
         return -1
     d.cupy_stream = dv.memo
     _hold_device(d, i, n, view, dv.ptr, dv.keep, dv.wait)
-    tel_add(&tel[T_DEVICE_ARRAYS_READ_IN_C], 1)
+    tel_add(&tel[T_DEVICE_ARRAYS_READ_IN_PYTHON if dv.by_python else T_DEVICE_ARRAYS_READ_IN_C], 1)
     d.dev_in[i].kind = dv.kind_code
     d.dev_in[i].size = dv.itemsize
     return <long long>dv.nbytes
 
 
-cdef long long _cold_input(cydriver.CUcontext ctx, int device, unsigned long long* tel, program, obj,
-                           Py_ssize_t i, Py_ssize_t n, config, Py_buffer* view, PendingDispatch d,
-                           exc) except? -2:
-    """An input the buffer protocol refused: raw bits of a format-less dtype, a CPU DLPack tensor
-    (its numpy view), or a device array. Returns its length code; raises a typed error."""
+cdef Py_ssize_t _cold_input(program, obj, Py_ssize_t i, Py_buffer* view, exc) except -1:
+    """An input the buffer protocol refused that is no device array: the raw bits of a
+    format-less dtype, or a CPU DLPack tensor's numpy view. Returns its length; raises a typed error."""
     bits = raw_bits(obj)  # bfloat16 & co. export no format: take their raw bits
     if bits is None:
-        bind_context(ctx)  # the pointer queries of the device checks want our context
-        dv = device_input(program, i, obj, device, None if config is None else config.stream)
-        if dv is None:
-            raise input_error(program, i, obj, exc) from None
-        if type(dv) is not cnp.ndarray:
-            _hold_device(d, i, n, view, <cydriver.CUdeviceptr>dv.ptr, dv.keep, dv.wait)
-            tel_add(&tel[T_DEVICE_ARRAYS_READ_IN_PYTHON], 1)
-            return -1 - <long long>dv.nbytes
-        bits = dv  # a CPU DLPack tensor as numpy: the host path
+        bits = host_view(obj)
+    if bits is None:
+        raise input_error(program, i, obj, exc) from None
     try:
         PyObject_GetBuffer(bits, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
     except Exception:
@@ -128,7 +120,7 @@ cdef int read_inputs(cydriver.CUcontext ctx, int device, unsigned long long* tel
             if type(obj) is not cnp.ndarray and (not PyObject_CheckBuffer(obj) or device_type(obj)):
                 if own is _UNREAD:
                     own = None if config is None else config.stream
-                nbytes = _device_input(ctx, device, tel, obj, i, n, own, view, d)
+                nbytes = _device_input(ctx, device, tel, program, obj, i, n, own, view, d)
             if nbytes >= 0:
                 lens[i] = -1 - nbytes
                 continue
@@ -141,9 +133,8 @@ cdef int read_inputs(cydriver.CUcontext ctx, int device, unsigned long long* tel
                 if type(obj) is not cnp.ndarray and PyObject_CheckBuffer(obj):
                     if own is _UNREAD:
                         own = None if config is None else config.stream
-                    nbytes = _device_input(ctx, device, tel, obj, i, n, own, view, d)  # (and learns its type)
-                lens[i] = (-1 - nbytes if nbytes >= 0
-                           else _cold_input(ctx, device, tel, program, obj, i, n, config, view, d, exc))
+                    nbytes = _device_input(ctx, device, tel, program, obj, i, n, own, view, d)  # (and learns its type)
+                lens[i] = -1 - nbytes if nbytes >= 0 else _cold_input(program, obj, i, view, exc)
         except BaseException:
             release_views(views, i)
             raise
@@ -153,8 +144,7 @@ cdef int read_inputs(cydriver.CUcontext ctx, int device, unsigned long long* tel
 cdef int check_inputs(int device, program, inputs, config, Prepared p, vector[Py_buffer]& views,
                       PendingDispatch d) except -1:
     """Each input's element type against its declaration: host views by their buffer format,
-    device inputs read in C by what the reader saw (the Python reader checks its own as it
-    reads). A mismatch releases every view and raises the typed error."""
+    device inputs by what the reader saw. A mismatch releases every view and raises the typed error."""
     cdef InputCheck* ic
     cdef Py_buffer* view
     cdef size_t k
@@ -162,17 +152,15 @@ cdef int check_inputs(int device, program, inputs, config, Prepared p, vector[Py
     for k in range(p.dev_checks.size() if d.dev_in.size() else 0):
         ic = &p.dev_checks[k]
         got = d.dev_in[ic.index].kind
-        if got == 0 or ic.kind == 0 or d.dev_in[ic.index].size == 1:
-            continue  # read by the Python reader (checked there), untyped, or raw bytes, or not a device input
+        if ic.kind == 0 or d.dev_in[ic.index].size == 1:
+            continue  # untyped, or raw bytes reinterpreted on purpose
         if d.dev_in[ic.index].size != ic.itemsize or got != ic.kind:
             release_views(views, views.size())
             device_input(program, ic.index, inputs[ic.index], device,
                          None if config is None else config.stream)  # raises the typed error
-            raise ValidationError(  # (the two readers disagree: never expected)
-                f"input {ic.index} has element kind {chr(got)!r}, {d.dev_in[ic.index].size} bytes, but the "
-                f"buffer is declared kind {chr(ic.kind)!r}, {ic.itemsize} bytes",
-                "pass a device array of the declared dtype",
-            )
+            raise ValidationError(  # (its producer changed it between the two reads)
+                f"input {ic.index} changed while read: it no longer holds {ic.itemsize}-byte items of kind "
+                f"{chr(ic.kind)!r}", "pass a device array of the declared dtype, unchanged during the call")
     for k in range(p.checks.size()):
         ic = &p.checks[k]
         view = &views[ic.index]
@@ -184,8 +172,8 @@ cdef int check_inputs(int device, program, inputs, config, Prepared p, vector[Py
 
 
 cdef tuple device_outputs(cydriver.CUcontext ctx, int device, Prepared p, list into, PendingDispatch d):
-    """The views of ``into`` when every output is a device array read in C and right for its slot
-    (dtype, exact size, writable); else None, and the Python checks run (and word any refusal)."""
+    """The views of ``into`` when every output is a device array right for its slot (dtype, exact
+    size, writable); else None, and the cold checks run (and word any refusal)."""
     cdef Py_ssize_t k, n = len(into)
     cdef DevView dv
     cdef OutCheck* oc
@@ -200,7 +188,7 @@ cdef tuple device_outputs(cydriver.CUcontext ctx, int device, Prepared p, list i
         obj = into[k]
         if type(obj) is cnp.ndarray:
             return None  # a host output: the Python checks take them all
-        dv = read_device(obj, device, <uintptr_t>p.ext_stream if p.ext else None, d.cupy_stream)
+        dv = read_device(obj, device, <uintptr_t>p.ext_stream if p.ext else None, d.cupy_stream, who(p.plan, k, True))
         if dv is None:
             d.cupy_stream = None
             return None

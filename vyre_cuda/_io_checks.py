@@ -1,20 +1,24 @@
-"""Cold checks of the dispatch core: what is wrong with a caller's inputs or outputs, as typed
-errors with a Fix (only ``check_outputs`` runs on a dispatch that succeeds). ``host_format``,
-``check_host_inputs`` and ``check_device_description`` let :func:`vyre_cuda.plan` refuse what a
-dispatch would, with the dispatch's own errors."""
+"""Cold checks of the dispatch core on host memory: what is wrong with a caller's input or output
+buffers and argument lists, as typed errors with a Fix (only ``check_outputs`` runs on a dispatch
+that succeeds; its device arrays go to the device-array reader, :mod:`vyre_cuda._devview`).
+``host_format`` and ``check_host_inputs`` let :func:`vyre_cuda.plan` refuse what a dispatch would,
+with the dispatch's own errors."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from ._dtypes import byte_order_error, is_little_endian
+from ._dtypes import byte_order_error
 from .errors import ValidationError
+
+if TYPE_CHECKING:
+    from ._devproto import DevView
 
 __all__ = [
     "input_error",
     "dtype_error",
-    "byte_order_error",
-    "is_little_endian",
     "as_input_list",
     "as_output_list",
     "check_outputs",
@@ -23,7 +27,6 @@ __all__ = [
     "kind_ok",
     "host_format",
     "check_host_inputs",
-    "check_device_description",
 ]
 
 
@@ -137,21 +140,6 @@ def check_host_inputs(plan, described):
             raise dtype_error(plan.program, index, host[0], host[1], host[2])
 
 
-class _DeviceDescription:
-    """A memoryless device array of ``typestr``: the reader checks it without a driver call."""
-
-    def __init__(self, typestr):
-        self.__cuda_array_interface__ = {"shape": (0,), "typestr": typestr, "data": (0, False), "version": 3}
-
-
-def check_device_description(program, i, typestr):
-    """Refuse device input ``i`` of array-interface ``typestr`` (e.g. ``"<f8"``) as the dispatch's
-    device reader would."""
-    from ._device_io import device_input  # noqa: PLC0415 (the device reader: cold, offline planning)
-
-    device_input(program, i, _DeviceDescription(typestr), 0, None)
-
-
 def as_input_list(inputs):
     if _is_buffer(inputs) or inputs is None or isinstance(inputs, (str, dict)):
         raise ValidationError(
@@ -195,11 +183,11 @@ def check_outputs(plan, outs, device=0, stream=None):
             f"dispatch_into got {len(outs)} output buffer(s); the program returns {len(specs)}",
             f"pass exactly {len(specs)} output arrays, in declaration order",
         )
-    views = [None] * len(outs)
+    views: list[DevView | None] = [None] * len(outs)
     for k, (out, (want, _), slot, (_, need)) in enumerate(zip(outs, specs, plan.bindings.outputs, plan.layout.outputs)):
         name = slot.decl.name
         if not isinstance(out, np.ndarray) and not _is_buffer(out):
-            from ._device_io import device_output  # noqa: PLC0415
+            from ._devview import device_output  # noqa: PLC0415 (compiled; device arrays only)
 
             views[k] = device_output(plan, k, out, device, stream)
             if views[k] is not None:

@@ -22,8 +22,8 @@ from ._inputs cimport device_outputs
 from ._waits cimport PendingDispatch
 from ._launch cimport stream_waits
 from ._devarray cimport DeviceArray
-from ._devview cimport DevView, read_device
-from ._device_io import device_output
+from ._devproto cimport DevView, who
+from ._devview cimport read_device
 from ._io_checks import check_outputs
 from numpy import frombuffer as _frombuffer
 
@@ -61,30 +61,20 @@ cdef list new_outputs(Core core, Prepared p, bint may_wait):
     return outs
 
 
-cdef inline cydriver.CUdeviceptr _view_ptr(view) except? 0:
-    """The address of a checked device view: a DevView's read in C, a DeviceView's (the Python
-    reader's) as an attribute."""
-    if type(view) is DevView:
-        return (<DevView>view).ptr
-    return <cydriver.CUdeviceptr>view.ptr
-
-
 cdef int check_into(Core core, PendingDispatch d, list into) except -1:
-    """The caller's output arrays, checked before the dispatch runs (device ones read in C where
-    they can be); their producers' streams are waited on with the inputs' (one query per stream;
-    every export was read before that wait is issued, and before any GPU work of the dispatch)."""
+    """The caller's output arrays, checked before the dispatch runs; their producers' streams are
+    waited on with the inputs' (one query per stream; every export was read before that wait is
+    issued, and before any GPU work of the dispatch)."""
     cdef Prepared p = d.prep
     d.out_checked = device_outputs(core.ctx, core.device, p, into, d)
     if d.out_checked is None:
         d.out_checked = tuple(check_outputs(p.plan, into, core.device,
                                             <uintptr_t>p.ext_stream if p.ext else None))
-        for v in d.out_checked:
-            if v is not None:
-                tel_add(&core.tel[T_DEVICE_ARRAYS_READ_IN_PYTHON], 1)
-    else:
-        tel_add(&core.tel[T_DEVICE_ARRAYS_READ_IN_C], len(into))
     for v in d.out_checked:
-        if v is not None and (<DevView>v).wait is not None:
+        if v is None:
+            continue
+        tel_add(&core.tel[T_DEVICE_ARRAYS_READ_IN_PYTHON if (<DevView>v).by_python else T_DEVICE_ARRAYS_READ_IN_C], 1)
+        if (<DevView>v).wait is not None:
             if d.waits is None:
                 d.waits = []
             d.waits.append((<DevView>v).wait)
@@ -118,30 +108,20 @@ cdef int find_targets(PendingDispatch d, list outs) except -1:
             dv = d.out_checked[k]  # a device array check_outputs already checked
             checked = True  # (its producer's stream was waited on with the inputs')
         elif p.device_outputs and type(outs[k]) is DeviceArray:
-            dv = read_device(outs[k], core.device, None, None)  # one new_outputs made for this slot
-            if dv is not None and dv.nbytes != piece.n:
-                dv = None
-        if dv is None and type(outs[k]) is not cnp.ndarray:
+            dv = read_device(outs[k], core.device, None, None, who(p.plan, k, True))  # one new_outputs made
+            if dv is None or (<DevView>dv).nbytes != piece.n:
+                raise RuntimeError(f"vyre_cuda internal error: output {k} is not the array made for it")
+        else:  # a host buffer the output checks took (every caller's output went through them)
             d.out_views.resize(d.out_views.size() + 1)
             try:
                 PyObject_GetBuffer(outs[k], &d.out_views.back(), PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
-                piece.host = <char*>d.out_views.back().buf
-            except BaseException as exc:
+            except BaseException:
                 d.out_views.pop_back()
-                try:
-                    dv = device_output(p.plan, k, outs[k], core.device,
-                                       <uintptr_t>p.ext_stream if p.ext else None)
-                except BaseException:
-                    d._release_out_views()
-                    raise
-                if dv is None:
-                    d._release_out_views()
-                    raise exc
+                d._release_out_views()
+                raise
+            piece.host = <char*>d.out_views.back().buf
         if dv is not None:  # a device array: copied device-to-device from the slab, not read back
-            if type(dv) is DevView:  # (read in C: its fields too)
-                dc.ptr, dv_keep, dv_wait = (<DevView>dv).ptr, (<DevView>dv).keep, (<DevView>dv).wait
-            else:  # (the Python reader's DeviceView)
-                dc.ptr, dv_keep, dv_wait = <cydriver.CUdeviceptr>dv.ptr, dv.keep, dv.wait
+            dc.ptr, dv_keep, dv_wait = (<DevView>dv).ptr, (<DevView>dv).keep, (<DevView>dv).wait
             dc.dev_offset, dc.n = piece.dev_offset, piece.n
             if p.streamed:
                 d.s_out_dev[k] = dc.ptr  # each chunk's rows, device-to-device from its slot
@@ -198,11 +178,11 @@ cdef int fits_in_place(PendingDispatch d, tuple views) except -1:
         v = views[k]
         if v is None or p.out_args[k] < 0 or p.outputs[k].nbytes == 0:
             return 0
-        ptr, n = _view_ptr(v), p.outputs[k].nbytes
+        ptr, n = (<DevView>v).ptr, p.outputs[k].nbytes
         if _shares_device_input(d, ptr, n):
             return 0
         for j in range(k):
-            other, m = _view_ptr(views[j]), p.outputs[j].nbytes
+            other, m = (<DevView>views[j]).ptr, p.outputs[j].nbytes
             if other < ptr + n and ptr < other + m:
                 return 0
     return 1

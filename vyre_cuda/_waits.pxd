@@ -10,12 +10,12 @@ from ._windows cimport Piece
 from ._resources cimport InFlight
 from ._prepared cimport Prepared, DevCopy, InPlace
 from ._dispatch cimport Core
-from ._devview cimport CupyStream
+from ._devproto cimport CupyStream
 
 
 cdef struct DevInput:  # one input of a dispatch that is device memory
     cydriver.CUdeviceptr ptr
-    char kind  # its element kind as read in C, checked once the plan is found (0: not read in C)
+    char kind  # its element kind as read, checked once the plan is found (0: a type no check knows)
     int size  # ... and its item size
 
 
@@ -68,7 +68,7 @@ cdef class PendingDispatch:
     cdef list keep  # device arrays (and DLPack capsules) the GPU uses, held until completion
     cdef list waits  # streams the dispatch stream waits on before its first copy
     cdef tuple out_checked  # per output: its checked device view (None: host), from check_outputs
-    cdef CupyStream cupy_stream  # the memo of its last device array read in C (_devview.read_device)
+    cdef CupyStream cupy_stream  # the memo of its last device array read (_devview.read_device)
     cdef int graph_events  # G_* bits of what the graph path did (counted in Core._after_enqueue)
     cdef bint no_graph  # issue this dispatch's launches even though its plan has a graph
     cdef object wait_timeout  # seconds the current wait was bounded by (None: unbounded)

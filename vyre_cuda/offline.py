@@ -20,7 +20,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from ._io_checks import check_device_description, check_host_inputs, host_format
+from ._io_checks import check_host_inputs, host_format
 from ._validate import check_int
 from .compile import CompiledKernel, compile_kernel, nvrtc_version, program_defines
 from .config import as_config
@@ -142,6 +142,21 @@ class OfflineModules:
         return occupancy_bound(self._caps, threads_per_block, shared_bytes)
 
 
+class _DeviceDescription:
+    """A memoryless device array of ``typestr``: the reader checks it without a driver call."""
+
+    def __init__(self, typestr):
+        self.__cuda_array_interface__ = {"shape": (0,), "typestr": typestr, "data": (0, False), "version": 3}
+
+
+def _check_device_description(program: Program, index: int, typestr: str) -> None:
+    """Refuse device input ``index`` of array-interface ``typestr`` (e.g. ``"<f8"``) as the
+    dispatch's device-array reader would."""
+    from ._devview import device_input  # noqa: PLC0415 (compiled: loaded for device descriptions only)
+
+    device_input(program, index, _DeviceDescription(typestr), 0, None)
+
+
 def _length(program: Program, index: int, value: object) -> tuple[int, bool, tuple | None]:
     """(byte length, on the device?, host format) of one input, read from its description only.
 
@@ -151,7 +166,7 @@ def _length(program: Program, index: int, value: object) -> tuple[int, bool, tup
     if isinstance(value, ArraySpec):
         dtype = np.dtype(value.dtype)
         if value.device:
-            check_device_description(program, index, dtype.str)
+            _check_device_description(program, index, dtype.str)
             return value.nbytes, True, None
         exported = host_format(np.empty(0, dtype))
         if exported is None:
@@ -168,7 +183,7 @@ def _length(program: Program, index: int, value: object) -> tuple[int, bool, tup
         except (KeyError, TypeError, ValidationError):
             pass  # (malformed: refused below with the buffer's message)
         else:
-            check_device_description(program, index, cai["typestr"])
+            _check_device_description(program, index, cai["typestr"])
             return nbytes, True, None
     exported = host_format(value)
     if exported is None:

@@ -4,7 +4,7 @@
  * and that every exported tensor's deleter runs exactly once.
  *
  * fake_exchange.Tensor(ptr, shape, strides=None, code=2, bits=32, lanes=1, device_type=2,
- *                      device_id=0, flags=0, fail=False)
+ *                      device_id=0, flags=0, fail=False)   (a Python subclass may say requires_grad)
  * fake_exchange.set_stream(handle, fail=False)   current_work_stream's answer (0: NULL)
  * fake_exchange.live() / exported()              managed tensors alive now / ever made
  */
@@ -140,8 +140,8 @@ static int Tensor_init(Tensor* self, PyObject* args, PyObject* kw) {
     return 0;
 }
 
-/* __dlpack__ / __dlpack_device__ as well, as torch and cuda.core have: the Python reader takes
- * what the C reader leaves alone (and words its refusals) through them */
+/* __dlpack__ / __dlpack_device__ as well, as torch and cuda.core have: the reader exports a tensor
+ * through them when the exchange API fails it (its export, or the current stream) */
 static void capsule_destructor(PyObject* capsule) {
     if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {
         vyre_DLManagedTensorVersioned* t = PyCapsule_GetPointer(capsule, "dltensor_versioned");
@@ -183,7 +183,7 @@ static PyBufferProcs tensor_buffer = {Tensor_getbuffer, NULL};
 static PyTypeObject TensorType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fake_exchange.Tensor",
     .tp_basicsize = sizeof(Tensor),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Tensor_init,
     .tp_methods = tensor_methods,

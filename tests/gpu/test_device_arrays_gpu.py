@@ -10,7 +10,7 @@ import pytest
 
 import vyre_cuda as vc
 from vyre_cuda import builtin_programs as bp
-from vyre_cuda._device_io import device_input
+from vyre_cuda._devview import device_input
 
 SIZES = [1, 1000, 4097, 300_000, (1 << 20) + 3]  # the mirror and the ring
 DEV = vc.DispatchConfig(outputs="device")
