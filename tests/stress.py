@@ -42,10 +42,30 @@ OPS = (
     "pinned_input",
     "shared_handle",
     "dropped",
+    "stream_chain",
 )
 DEV = vc.DispatchConfig(outputs="device")
 CHAOS = ("trim", "close", "pinned", "clear_prepared")
 LIVE = ("device_pool_live_bytes", "pinned_pool_live_bytes", "streams_live", "events_live")
+
+
+class CallerStream:
+    """A caller's stream object (cuda.core's ``__cuda_stream__`` protocol), destroyed with the
+    object as CuPy's are: a dispatch's config keeps it alive while the GPU may use it."""
+
+    def __init__(self):
+        from cuda.bindings import driver
+
+        err, self._s = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuStreamCreate: {err}")
+        self._destroy = driver.cuStreamDestroy
+
+    def __cuda_stream__(self):
+        return (0, int(self._s))
+
+    def __del__(self):
+        self._destroy(self._s)
 
 
 class Stress:
@@ -73,6 +93,7 @@ class Stress:
         self.by_op = dict.fromkeys(self.ops, 0)
         self.failures = []  # the first few wrong results and unexpected errors, described
         self.stop = threading.Event()
+        self.local = threading.local()  # each worker's caller stream (stream_chain)
 
     # ---------------------------------------------------------------- setup
     def _new_backend(self, slot):
@@ -84,10 +105,13 @@ class Stress:
         backend = vc.CudaBackend(
             0, staging_chunk_bytes=self.args.chunk_mib << 20, staging_chunks=self.args.chunks, auto_register=policy
         )
-        if self.args.share_streams is not None:
+        if self.args.share_streams is not None or self.args.fence_on_demand:
             from vyre_cuda._knobs import DEFAULT  # (private: the measurement settings)
 
-            backend._use_knobs(DEFAULT.replace(stream_share_after=self.args.share_streams))
+            knobs = DEFAULT.replace(fence_on_demand=self.args.fence_on_demand)
+            if self.args.share_streams is not None:
+                knobs = knobs.replace(stream_share_after=self.args.share_streams)
+            backend._use_knobs(knobs)
         if self.fake is not None:
             x = np.zeros(1024, np.float32)
             self.fake.emulate(backend, VECADD, [x, x], self._emulation)
@@ -211,10 +235,42 @@ class Stress:
             # fire and forget: the handle is dropped at once, its work deferred, never waited for
             backend.dispatch_async(VECADD, [a, b])
             return None, None
+        if op == "stream_chain":
+            return self._stream_chain(backend, a, b, rng)
         # pinned_input: page-locked inputs DMA directly (no staging copy)
         pa = vc.pinned_empty(a.size, np.float32)
         pa[:] = a
         return backend.dispatch(VECADD, [pa, b])[0], a + b
+
+    def _stream_chain(self, backend, a, b, rng):
+        # a + b + b + b + b: three dispatch_async steps on this worker's stream object, each
+        # writing a device array named at enqueue (with Knobs.fence_on_demand their completion
+        # events are recorded when a result is first asked for); one step's result is taken
+        # first, then the others in a random order, or the others are dropped untaken
+        (x,) = backend.dispatch(VECADD, [a, b], DEV)
+        outs = [backend.dispatch(VECADD, [b, b], DEV)[0] for _ in range(3)]
+        if getattr(self.local, "stream", None) is None:
+            self.local.stream = CallerStream()  # (made once the backend's context is current here)
+        cfg = vc.DispatchConfig(stream=self.local.stream)
+        cur, handles = x, []
+        for nxt in outs:
+            handles.append(backend.dispatch_async(VECADD, [cur, b], cfg, outputs=[nxt]))
+            cur = nxt
+        want = [a + b]
+        for _ in range(3):
+            want.append(want[-1] + b)  # (float32, step by step, as the chain adds)
+        first = int(rng.integers(3))
+        (got,) = handles[first].result()
+        if got is not outs[first]:
+            raise AssertionError("result() did not return the array named at dispatch_async")
+        if rng.random() < 0.3:
+            del handles  # the others dropped untaken: deferred, never waited for
+        else:
+            for k in rng.permutation(3):
+                host = handles[k].result()[0].copy_to_host()
+                if not np.array_equal(host, want[k + 1]):
+                    return host, want[k + 1]
+        return got.copy_to_host(), want[first + 1]
 
     # ---------------------------------------------------------------- chaos
     def chaos(self, seed: int, kinds):
@@ -399,6 +455,11 @@ def main(argv=None) -> int:
         type=int,
         default=None,
         help="Knobs.stream_share_after for every backend (0: off; default: the backend's)",
+    )
+    ap.add_argument(
+        "--fence-on-demand",
+        action="store_true",
+        help="Knobs.fence_on_demand for every backend: caller-stream events recorded when first needed",
     )
     args = ap.parse_args(argv)
     sys.setswitchinterval(1e-6)  # widen the windows between threads (the GIL is not a lock)

@@ -27,6 +27,8 @@ SMALL = profile_fakes.PATTERNS_SMALL
 SYNCHRONIZE = patterns.context_synchronize  # (the fixture swaps it for a recorder)
 CHAIN_KEYS = {
     "pattern.chain.kept",
+    "pattern.chain.taken",
+    "pattern.chain.taken.fence",
     "pattern.chain.cupy_alloc",
     "pattern.chain.dropped",
     "pattern.chain.cuda_core",
@@ -102,9 +104,15 @@ def test_every_pattern_runs_beside_its_peers(with_peers, fake_device):
     at = {call: n for n, call in enumerate(asyncs)}
     assert chained and all(backend.calls[i][2].stream == 0x5000 for i in chained)
     assert all(backend.async_current[at[i]] == 0x5000 and backend.async_outputs[at[i]] for i in chained)
+    # the events-on-demand chain: its knob set for its rounds and put back after each
+    used = backend.knobs_used
+    fence = [i for i, k in enumerate(used) if k.fence_on_demand]
+    assert fence and all(i + 1 < len(used) and not used[i + 1].fence_on_demand for i in fence), used
+    assert not backend._knobs.fence_on_demand
     # the a-stream-each rows: the knob set for their rounds and put back after each
     default = DEFAULT.stream_share_after
-    shares = [k.stream_share_after for k in backend.knobs_used]
+    toggled = set(fence) | {i + 1 for i in fence}
+    shares = [k.stream_share_after for i, k in enumerate(used) if i not in toggled]
     assert default != patterns.UNSHARED
     assert shares and shares == [patterns.UNSHARED, default] * (len(shares) // 2), shares
     assert backend._knobs.stream_share_after == default

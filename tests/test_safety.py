@@ -51,6 +51,13 @@ def test_stress_with_shared_streams_and_graph_replays(fake_libcuda, tmp_path_fac
     assert res["graph_replays"] > 0, res
 
 
+def test_stress_with_completion_events_on_demand(fake_libcuda, tmp_path_factory):
+    """The same with ``Knobs.fence_on_demand``: the caller-stream chains record their completion
+    events when a result is first asked for (or at a drop), under close, trim and clear."""
+    res = _stress(3, 2, fake_libcuda, tmp_path_factory, extra=["--fence-on-demand"])
+    assert res["by_op"]["stream_chain"] > 0, res
+
+
 def _stress(backends, threads, fake_libcuda, tmp_path_factory, env=None, extra=()):
     seed = scenarios.seed()
     res = scenarios.run_child(

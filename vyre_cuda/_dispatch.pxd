@@ -65,6 +65,7 @@ cdef class Core:
     cdef public int device
     cdef public object auto_hook  # the automatic registration policy's (obj, address, nbytes) hook; None: off
     cdef public int wait_mode  # how its blocking dispatches wait (_waits.WAIT_*; set by set_knobs)
+    cdef public int fence_on_demand  # Knobs.fence_on_demand (set by set_knobs)
 
     cdef int _check_usable(self) except -1
     cdef int _enter(self) except -1
@@ -96,3 +97,4 @@ cdef int poll_ready(PendingDispatch d) except -1
 cdef void drop(PendingDispatch d) noexcept
 cdef bint is_taken(PendingDispatch d) noexcept
 cdef void mark_completed(PendingDispatch d) noexcept
+cdef cydriver.CUresult arm_done(PendingDispatch d) noexcept nogil

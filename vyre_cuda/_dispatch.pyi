@@ -24,6 +24,7 @@ class Core:
     device: int
     auto_hook: Callable[[Any, int | None, int | None], None] | None
     wait_mode: int
+    fence_on_demand: int
     def __init__(
         self,
         ctx: int,

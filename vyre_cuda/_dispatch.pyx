@@ -25,7 +25,7 @@ from cuda.bindings cimport cydriver
 
 from ._counters cimport N_COUNTERS, T_FAILED_DISPATCHES, T_LEAKED_ALLOCATIONS, T_DEFERRED_DROPS
 from ._pools cimport lock_with_gil
-from ._driver cimport now_ns
+from ._driver cimport now_ns, bind_context
 from ._resources cimport Resources, InFlight
 from ._transfer cimport TransferEngine
 from ._prepared cimport Prepared, ResidentBlocks
@@ -162,6 +162,7 @@ cdef class Core:
         xfer.stream_upload_max = knobs.stream_upload_max
         xfer.stream_readback_max = knobs.stream_readback_max
         self.resources.spool.share_after = knobs.stream_share_after
+        self.fence_on_demand = knobs.fence_on_demand
         self.clear_prepared()
 
     def when_settled(self, callback):
@@ -581,9 +582,17 @@ cdef class Core:
         elif p.device_outputs and not p.ring:
             # result() copies device-to-device from the slab (result_into reads back late)
             d.readback_skipped = True
+        if (self.fence_on_demand and p.ext and d.f.has_done and not timed and not p.streamed and not p.ring
+                and "_stream_source" in config.__dict__):
+            # its event is recorded when a completion is first needed (arm_done): the config holds
+            # the caller's stream object, so the stream outlives the handle
+            d.f.has_done = False
+            d.f.lazy_done = True
         with nogil:
             st = issue(d, p, xfer, NULL, &call)
         self._after_enqueue(d, st, call)
+        if d.f.lazy_done:
+            self.resources.fence_number(&d.f)
         leave_gate(d, False)  # (result() takes the gate again for its readbacks)
         d.f.t_enqueued = now_ns()
         if not d.any_direct:
@@ -617,6 +626,21 @@ cdef void release_resources(PendingDispatch d, bint recycle) noexcept:
 cdef void mark_completed(PendingDispatch d) noexcept:
     # the taking caller's wait saw the GPU done (later waits of that caller return at once)
     d.completed = True
+    d.core.resources.fence_seen(&d.f)  # (an event recorded on demand: what it covered is done too)
+
+
+cdef cydriver.CUresult arm_done(PendingDispatch d) noexcept nogil:
+    """A handle whose event waits (``lazy_done``): complete at once when a fence seen complete
+    covers it, else its event recorded now. Called with the handle's lock held, before any wait or
+    query of it."""
+    cdef bint covered = False
+    cdef cydriver.CUresult st
+    if not d.f.lazy_done:
+        return cydriver.CUDA_SUCCESS
+    st = d.core.resources.arm_done(&d.f, &covered)
+    if covered:
+        d.completed = True
+    return st
 
 
 cdef bint is_taken(PendingDispatch d) noexcept:
@@ -697,15 +721,19 @@ cdef int poll_ready(PendingDispatch d) except -1:
     cdef int state = a_load(&d.state)
     if state != D_ENQUEUED and state != D_TAKING:
         return 1
+    if d.core.ctx != NULL:
+        bind_context(d.core.ctx)  # (any thread may ask)
     lock_with_gil(d.mu)
     if d.f.active and not d.completed:
         with nogil:
-            if d.f.has_done:
-                status = cydriver.cuEventQuery(d.f.done)
-            else:
-                status = cydriver.cuStreamQuery(d.f.stream)
-        if status == cydriver.CUDA_SUCCESS:
-            d.completed = True  # (a later drop recycles with no query)
+            status = arm_done(d)
+            if status == cydriver.CUDA_SUCCESS and not d.completed:
+                if d.f.has_done:
+                    status = cydriver.cuEventQuery(d.f.done)
+                else:
+                    status = cydriver.cuStreamQuery(d.f.stream)
+        if status == cydriver.CUDA_SUCCESS and not d.completed:
+            mark_completed(d)  # (a later drop recycles with no query)
     d.mu.unlock()
     if status == cydriver.CUDA_SUCCESS or status == cydriver.CUDA_ERROR_NOT_READY:
         return status == cydriver.CUDA_SUCCESS
@@ -737,6 +765,14 @@ cdef void drop(PendingDispatch d) noexcept:
     if not d.f.enqueued or d.completed:  # nothing on the GPU, or seen finished: back at once
         release_resources(d, True)
         return
+    if d.f.lazy_done:  # its event waits: recorded now, or seen covered (no other holder: no lock)
+        with nogil:
+            if cydriver.cuCtxPushCurrent(core.ctx) == cydriver.CUDA_SUCCESS:
+                arm_done(d)  # (a failed record leaves the deferred list querying the stream)
+                cydriver.cuCtxPopCurrent(&prev)
+        if d.completed:
+            release_resources(d, True)
+            return
     # not queried: right after the enqueue it would only answer NOT_READY (notes/enqueue-chain.md §3)
     try:
         held = (d.keep, d.s_outs, d.out_checked, d.prep)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._validate import check_int
+from .errors import ValidationError
 from .planning.dispatch import MIRROR_MAX
 
 if TYPE_CHECKING:
@@ -54,7 +55,9 @@ class Knobs:
     dispatches hold pool streams, later ones share those streams round-robin (0: a stream each).
     Past the GPU's hardware queues more streams add no concurrency, and the driver's cost per
     launch grows with the streams in use (notes/enqueue-chain.md), so many dispatches in flight
-    share 16.
+    share 16. ``fence_on_demand``: a ``dispatch_async`` on a caller's stream object (not timed,
+    not streamed, no staging ring) records its completion event when a completion is first needed,
+    not at enqueue; one such record covers every earlier one of that stream (an experiment, off).
     """
 
     wait_mode: int = WAIT_POLL
@@ -66,6 +69,7 @@ class Knobs:
     stream_upload_max: int = 32 << 20
     stream_readback_max: int = 0
     stream_share_after: int = 16
+    fence_on_demand: bool = False
 
     def __post_init__(self):
         # checked here: the core stores them in C fields with no check of its own (a zero window
@@ -82,6 +86,12 @@ class Knobs:
         ):
             value = getattr(self, name)
             check_int(f"Knobs.{name}", value, minimum=low, maximum=high, numpy=False, fix=f"pass {name} in that range")
+        if not isinstance(self.fence_on_demand, bool):
+            raise ValidationError(
+                f"Knobs.fence_on_demand must be a bool (got {type(self.fence_on_demand).__name__} "
+                f"{self.fence_on_demand!r})",
+                "pass fence_on_demand=True or False",
+            )
 
     def replace(self, **changes) -> Knobs:
         """These knobs with ``changes`` (field names) applied."""

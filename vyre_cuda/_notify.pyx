@@ -20,7 +20,7 @@ from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
 from ._driver cimport bind_context, now_ns
-from ._dispatch cimport a_load, D_ENQUEUED, D_TAKING
+from ._dispatch cimport a_load, D_ENQUEUED, D_TAKING, arm_done
 from ._pools cimport lock_with_gil
 from ._waits cimport PendingDispatch
 
@@ -101,12 +101,17 @@ cdef class Notifier:
         if a == NULL:
             raise MemoryError("vyre_cuda: no memory to arm an awaited dispatch")
         lock_with_gil(d.mu)  # the handle's resources cannot be released meanwhile
+        with nogil:
+            if d.f.active and not d.completed:
+                st = arm_done(d)  # (an event left to record is recorded now)
         if not d.f.active or d.completed:
             d.mu.unlock()
             cancel_arm(a)
             return SETTLED
         with nogil:
-            if d.f.has_done:
+            if st != cydriver.CUDA_SUCCESS:
+                s = NULL  # (the record failed: reported below)
+            elif d.f.has_done:
                 st = cydriver.cuStreamCreate(&s, cydriver.CU_STREAM_NON_BLOCKING)
                 if st == cydriver.CUDA_SUCCESS:
                     own_stream = True
@@ -155,14 +160,12 @@ def spin(PendingDispatch d, double seconds):
                 finished = 1 if queries == 0 else 2
                 break
             d.mu.lock()  # (its holders never wait for the GIL)
-            if not d.f.active or d.completed:
-                st = cydriver.CUDA_SUCCESS
-            elif d.f.has_done:
-                st = cydriver.cuEventQuery(d.f.done)
-                queries += 1
-            else:
-                st = cydriver.cuStreamQuery(d.f.stream)
-                queries += 1
+            st = cydriver.CUDA_SUCCESS
+            if d.f.active and not d.completed:
+                st = arm_done(d)  # (an event left to record is recorded now, or seen covered)
+                if st == cydriver.CUDA_SUCCESS and not d.completed:
+                    st = cydriver.cuEventQuery(d.f.done) if d.f.has_done else cydriver.cuStreamQuery(d.f.stream)
+                    queries += 1
             d.mu.unlock()
             if st == cydriver.CUDA_SUCCESS:
                 finished = 1 if queries <= 1 else 2

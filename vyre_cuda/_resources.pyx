@@ -14,6 +14,10 @@ from libc.stdint cimport uintptr_t
 from cuda.bindings cimport cydriver
 
 from ._driver cimport bind_context
+
+cdef extern from "_atomic.hpp" namespace "vyre" nogil:
+    long long a_add "vyre::add"(long long* p, long long v)
+    long long a_loadll "vyre::loadll"(const long long* p)
 from ._pools cimport DevicePool, PinnedPool, HostPool
 from ._streams cimport StreamPool
 from ._transfer cimport TransferEngine
@@ -23,6 +27,9 @@ from ._resource_stats import BackendPoolStats, BlockPoolStats, StreamPoolStats, 
 # Streams cached for reuse: one per dispatch in flight, so the same bound as the completion events
 # (1,000 handles in flight with 128 cached cost 78 us per enqueue, not 14: notes/enqueue-chain.md §2)
 cdef unsigned int STREAM_CACHE = 1024
+# Caller streams whose newest complete fence is remembered; past this many the table starts over
+# (forgetting only costs a record later: a handle then records its own event)
+cdef size_t FENCE_STREAMS = 256
 
 
 @cython.final
@@ -50,6 +57,9 @@ cdef class Resources:
         f.n_side_events = 0
         f.enqueued = False
         f.has_done = False
+        f.lazy_done = False
+        f.fence_armed = False
+        f.fence_seq = 0
         f.timed = False
         f.async_slab = ring and self.dpool.stream_ordered
         f.bucket = bucket
@@ -161,7 +171,7 @@ cdef class Resources:
         if f.staging != NULL:
             self.ppool.release(<uintptr_t>f.staging, f.staging_bytes)
         self.release_stream(f)
-        if f.has_done:
+        if f.has_done or f.lazy_done:
             self.spool.release_event(f.done, False)
         if f.timed:
             self.spool.release_event(f.t0, True)
@@ -185,10 +195,56 @@ cdef class Resources:
         if not f.ext_stream:
             self.spool.forget_stream(f.stream)
         self.spool.forget(f.n_side,
-                          (1 if f.has_done else 0) + (2 if f.timed else 0) + f.n_side_events)
+                          (1 if f.has_done or f.lazy_done else 0) + (2 if f.timed else 0) + f.n_side_events)
         f.n_side = 0
         f.n_side_events = 0
         return True
+
+    # ---------------------------------------------------------------- completion on demand
+    # A dispatch on a caller's stream object may leave its ``done`` event unrecorded at enqueue
+    # (``lazy_done``, Knobs.fence_on_demand): one record made when a completion is first needed
+    # covers every such dispatch numbered on that stream before it (notes/enqueue-chain.md).
+    cdef void fence_number(self, InFlight* f) noexcept nogil:
+        """Number a dispatch whose event waits, once its work is on the stream: a record made
+        after the counter reached this number comes after that work."""
+        f.fence_seq = a_add(&self.fence_count, 1)
+
+    cdef cydriver.CUresult arm_done(self, InFlight* f, bint* covered) noexcept nogil:
+        """Make ``f``'s completion knowable (its handle's lock held): ``covered`` when a fence
+        seen complete on its stream already covers it (no driver call), else its event recorded
+        now (then ``has_done``). A failed record leaves it waiting on the stream itself."""
+        cdef long long seen = 0, upto
+        cdef cydriver.CUresult st
+        covered[0] = False
+        if not f.lazy_done:
+            return cydriver.CUDA_SUCCESS
+        self.fence_mu.lock()
+        if self.fences.count(<uintptr_t>f.stream):
+            seen = self.fences[<uintptr_t>f.stream]
+        self.fence_mu.unlock()
+        if f.fence_seq and seen >= f.fence_seq:  # (0: not numbered yet, never covered)
+            covered[0] = True
+            return cydriver.CUDA_SUCCESS
+        upto = a_loadll(&self.fence_count)  # (read before the record: every number up to it is enqueued)
+        st = cydriver.cuEventRecord(f.done, f.stream)
+        if st == cydriver.CUDA_SUCCESS:
+            f.lazy_done = False
+            f.has_done = True
+            f.fence_armed = True
+            f.fence_seq = upto
+        return st
+
+    cdef void fence_seen(self, InFlight* f) noexcept nogil:
+        """A wait saw ``f``'s on-demand event complete: so is every dispatch its record covered."""
+        cdef uintptr_t key = <uintptr_t>f.stream
+        if not f.fence_armed:
+            return
+        self.fence_mu.lock()
+        if self.fences.size() >= FENCE_STREAMS and not self.fences.count(key):
+            self.fences.clear()
+        if self.fences[key] < f.fence_seq:
+            self.fences[key] = f.fence_seq
+        self.fence_mu.unlock()
 
     # ---------------------------------------------------------------- lifecycle
     def trim(self):

@@ -24,7 +24,7 @@ from ._driver cimport check_cu, bind_context, now_ns
 from ._transfer cimport TransferEngine
 from ._prepared cimport Prepared
 from ._dispatch cimport (
-    Core, D_TAKING, a_load, release_resources, tel_add, take, poll_ready, drop, is_taken, mark_completed,
+    Core, D_TAKING, a_load, release_resources, tel_add, take, poll_ready, drop, is_taken, mark_completed, arm_done,
     TAKE_RESULT, TAKE_INTO, TAKE_TIMED,
 )
 from ._launch cimport collect, late_device_outputs, late_readbacks
@@ -35,6 +35,7 @@ from .telemetry import TimedDispatchResult
 from ._io_checks import as_output_list, check_outputs
 from ._outputs cimport new_outputs, find_targets, mark_out_direct, copy_streamed
 from ._windows cimport direct_enter, direct_leave
+from ._pools cimport lock_with_gil
 
 
 cdef enum:
@@ -278,6 +279,13 @@ cdef class PendingDispatch:
     cdef int _wait(self, timeout) except -1:
         cdef cydriver.CUresult st = cydriver.CUDA_SUCCESS
         cdef int outcome
+        if self.f.lazy_done:  # (its event is recorded now, unless a fence seen complete covers it)
+            lock_with_gil(self.mu)
+            with nogil:
+                st = arm_done(self)
+            self.mu.unlock()
+            if st != cydriver.CUDA_SUCCESS:
+                self._after_wait(W_DONE, st, b"cuEventRecord")
         if self.completed:
             return 0
         if timeout is None and not self.timed_out:

@@ -92,6 +92,10 @@ class Settings:
 
 DEFAULTS = Settings()
 CHAIN_KEYS = ("pattern.chain.kept", "pattern.chain.dropped")
+# the kept chain timed up to its last result() taken, with each completion event recorded at
+# enqueue (the default) and on demand (Knobs.fence_on_demand): that knob moves the record from the
+# enqueue loop to the first result(), so only a row that takes the results compares the two
+TAKEN_KEYS = ("pattern.chain.taken", "pattern.chain.taken.fence")
 # the long kernel: one warp spins on %globaltimer (nanoseconds) for ns[0], so it lasts the time
 # asked whatever the SM clock, then writes 1 to each of its 32 outputs
 SPIN_NAME = "pattern_spin"
@@ -382,11 +386,13 @@ class _Small:
         return run
 
     # -- the README's chain and the peers' chains
-    def vyre_chain(self, cp, stream, x, y, kept):
-        """The README's chain on ``stream`` (a CuPy Stream object in the config)."""
+    def vyre_chain(self, cp, stream, x, y, kept, key=None):
+        """The README's chain on ``stream`` (a CuPy Stream object in the config); ``key`` one of
+        TAKEN_KEYS: kept, and timed up to the last result() taken."""
         from vyre_cuda.config import DispatchConfig
 
-        key = CHAIN_KEYS[0] if kept else CHAIN_KEYS[1]
+        taken_too = key is not None
+        key = key or (CHAIN_KEYS[0] if kept else CHAIN_KEYS[1])
         program, steps, dispatch_async = self.program, self.settings.steps, self.backend.dispatch_async
         empty_like = cp.empty_like
 
@@ -412,14 +418,35 @@ class _Small:
                             dispatch_async(program, [cur, y], cfg, outputs=[nxt])
                             cur = nxt
                     stream.synchronize()
-                    per.append((pc() - t0) / steps)
-                    taken = [p.result()[0] for p in chain]  # done: no wait (as the README takes them)
+                    if taken_too:
+                        taken = [p.result()[0] for p in chain]
+                        per.append((pc() - t0) / steps)
+                    else:
+                        per.append((pc() - t0) / steps)
+                        taken = [p.result()[0] for p in chain]  # done: no wait (as the README takes them)
                     del chain
                     if taken and taken[-1] is not cur:  # result() returns the named arrays
                         cur = None
                         break
             self.last[key] = None if cur is None else _host(cur)
             return {key: per}
+
+        return run
+
+    def vyre_chain_fence(self, cp, stream, x, y):
+        """The taken chain with ``Knobs.fence_on_demand`` on (set and warmed before the clock
+        starts, put back after)."""
+        from . import hooks
+
+        inner = self.vyre_chain(cp, stream, x, y, True, TAKEN_KEYS[1])
+
+        def run(count):
+            old = hooks.set_knobs(self.backend, fence_on_demand=True)
+            try:
+                inner(1)  # (plans again with the knob)
+                return inner(count)
+            finally:
+                hooks.set_knobs(self.backend, old)
 
         return run
 
@@ -551,6 +578,12 @@ def _chain_rows(small, source, entry, peers, skipped, opened):
                 run = small.vyre_chain(cp, stream, x, y, kept)
                 key = CHAIN_KEYS[0] if kept else CHAIN_KEYS[1]
                 rows.append(small.runner(f"README chain, {name}", run, key, scale, "chain"))
+            run = small.vyre_chain(cp, stream, x, y, True, TAKEN_KEYS[0])
+            rows.append(small.runner("README chain, results taken", run, TAKEN_KEYS[0], scale, "chain taken"))
+            run = small.vyre_chain_fence(cp, stream, x, y)
+            rows.append(
+                small.runner("README chain, results taken, events on demand", run, TAKEN_KEYS[1], scale, "chain fence")
+            )
             alloc = small.cupy_alloc(cp, stream, x)
             rows.append(
                 engine.Runner(

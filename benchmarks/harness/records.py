@@ -285,6 +285,8 @@ class PatternResult:
 PATTERN_LABELS = {
     "pattern.chain.kept": "README chain: dispatch_async, new CuPy output, handles kept",
     "pattern.chain.dropped": "README chain: dispatch_async, new CuPy output, handles dropped",
+    "pattern.chain.taken": "README chain, handles kept, timed up to the last result() taken",
+    "pattern.chain.taken.fence": "README chain, results taken, completion events recorded on demand",
     "pattern.chain.cuda_core": "cuda.core launch chain, new output buffer per step",
     "pattern.chain.cupy": "CuPy RawKernel chain, new output per step",
     "pattern.chain.torch": "PyTorch add chain, new output per step",

@@ -62,6 +62,7 @@ STATS = (
     "registered_bytes",  # bytes in live cuMemHostRegister ranges
     "htod_registered",  # async H2D copies whose source lies in a registered range
     "dtoh_registered",  # async D2H copies whose destination lies in a registered range
+    "event_records",  # successful cuEventRecord calls
 )
 STATUS = {
     "CUDA_ERROR_INVALID_VALUE": 1,

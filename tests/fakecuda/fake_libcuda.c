@@ -149,7 +149,7 @@ enum {
   S_LAUNCHES, S_COOP_LAUNCHES, S_HTOD, S_DTOH, S_MEMSETS, S_CTX_REFS, S_VIOLATIONS,
   S_DEVICE_ALLOC_CALLS, S_HOST_ALLOC_CALLS, S_STREAM_CREATES, S_EVENT_CREATES, S_SYNCS, S_NO_CONTEXT,
   S_REGISTERED, S_POOLS, S_DTOD, S_GRAPHS, S_GRAPH_EXECS, S_GRAPH_LAUNCHES, S_CAPTURED_NODES, S_EXEC_UPDATES, S_STREAM_WAITS,
-  S_REGISTERED_BYTES, S_HTOD_REGISTERED, S_DTOH_REGISTERED, N_STATS
+  S_REGISTERED_BYTES, S_HTOD_REGISTERED, S_DTOH_REGISTERED, S_EVENT_RECORDS, N_STATS
 };
 static long long stats[N_STATS];
 static char last_violation[512];
@@ -414,7 +414,7 @@ const char* fake_cuda_last_violation(void) { return last_violation; }
 void fake_cuda_reset_counters(void) {
   pthread_mutex_lock(&lock);
   stats[S_LAUNCHES] = stats[S_COOP_LAUNCHES] = stats[S_HTOD] = stats[S_DTOH] = stats[S_MEMSETS] = 0;
-  stats[S_HTOD_REGISTERED] = stats[S_DTOH_REGISTERED] = 0;
+  stats[S_HTOD_REGISTERED] = stats[S_DTOH_REGISTERED] = stats[S_EVENT_RECORDS] = 0;
   stats[S_VIOLATIONS] = stats[S_DEVICE_ALLOC_CALLS] = stats[S_HOST_ALLOC_CALLS] = 0;
   stats[S_STREAM_CREATES] = stats[S_EVENT_CREATES] = stats[S_SYNCS] = 0;
   stats[S_GRAPH_LAUNCHES] = stats[S_CAPTURED_NODES] = stats[S_EXEC_UPDATES] = 0;
@@ -1383,6 +1383,7 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
   int ok = is_event(e) && is_stream(s);
   if (ok) {
     Event* ev = (Event*)e;
+    stats[S_EVENT_RECORDS]++;
     ev->fs = s;
     ev->fseq = ++op_seq;
     ev->recorded = lazy;

@@ -7,7 +7,8 @@ child process, so a crash is counted as one; the failure then shows the child's 
 VYRE_CUDA_STRESS_DISPATCHES sets the dispatches over all configurations (default 1,200;
 scripts/gpu-check runs the long profile: at least 20,000). Pool streams are shared past 16 in flight
 (``Knobs.stream_share_after``, the default) in three configurations; the third gives each dispatch
-a stream of its own, and the fifth shares once four are lent.
+a stream of its own, and the fifth shares once four are lent. The sixth records caller-stream
+completion events on demand (``Knobs.fence_on_demand``).
 """
 
 from __future__ import annotations
@@ -26,8 +27,16 @@ import vyre_cuda
 STRESS = pathlib.Path(__file__).resolve().parents[1] / "stress.py"
 ROOT = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]  # the package under test, for the child
 # (backends on device 0, threads per backend, Knobs.stream_share_after: None the default (shared
-# past 16 in flight), 0 a stream per dispatch, 4 shared early so that the stress reaches it)
-MATRIX = [(1, 4, None), (2, 2, None), (3, 2, 0), (3, 4, None), (3, 4, 4)]
+# past 16 in flight), 0 a stream per dispatch, 4 shared early so that the stress reaches it;
+# Knobs.fence_on_demand)
+MATRIX = [
+    (1, 4, None, False),
+    (2, 2, None, False),
+    (3, 2, 0, False),
+    (3, 4, None, False),
+    (3, 4, 4, False),
+    (2, 3, None, True),
+]
 TOTAL = int(os.environ.get("VYRE_CUDA_STRESS_DISPATCHES", "1200"))
 
 
@@ -36,11 +45,11 @@ def _seed() -> int:
     return int(fixed, 0) if fixed else int.from_bytes(os.urandom(4), "little")
 
 
-IDS = [f"{b}x{t}" + ("" if k is None else f"-share{k}") for b, t, k in MATRIX]
+IDS = [f"{b}x{t}" + ("" if k is None else f"-share{k}") + ("-fence" if f else "") for b, t, k, f in MATRIX]
 
 
-@pytest.mark.parametrize(("backends", "threads", "share"), MATRIX, ids=IDS)
-def test_stress_on_the_gpu(backends, threads, share, tmp_path_factory):
+@pytest.mark.parametrize(("backends", "threads", "share", "fence"), MATRIX, ids=IDS)
+def test_stress_on_the_gpu(backends, threads, share, fence, tmp_path_factory):
     seed = _seed()
     per_thread = -(-TOTAL // (len(MATRIX) * backends * threads))  # (rounded up: at least TOTAL in all)
     args = [
@@ -65,6 +74,8 @@ def test_stress_on_the_gpu(backends, threads, share, tmp_path_factory):
     ]
     if share is not None:
         args += ["--share-streams", str(share)]
+    if fence:
+        args.append("--fence-on-demand")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env = preload_env(tmp_path_factory.getbasetemp() / "crash-trace", env)  # a crash's C stack too
     proc = subprocess.run(args, capture_output=True, text=True, timeout=1800, check=False, env=env, cwd="/")
@@ -77,7 +88,7 @@ def test_stress_on_the_gpu(backends, threads, share, tmp_path_factory):
     log = os.environ.get("VYRE_CUDA_STRESS_LOG")  # scripts/gpu-check collects one line per configuration
     if log:
         with open(log, "a") as f:
-            f.write(json.dumps(dict(res, seed=seed, share_streams=share)) + "\n")
+            f.write(json.dumps(dict(res, seed=seed, share_streams=share, fence_on_demand=fence)) + "\n")
     where = f"seed {seed}: {res}"
     assert res["wrong"] == 0 and res["errors"] == 0, where
     assert res["leaks"] == {}, where
