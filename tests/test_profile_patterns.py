@@ -18,7 +18,6 @@ import vyre_cuda
 from benchmarks.harness import patterns, records, targets
 from benchmarks.harness.records import PatternResult
 from vyre_cuda import profile as P
-from vyre_cuda._knobs import DEFAULT
 from vyre_cuda.errors import BackendError
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -40,9 +39,9 @@ ALL_KEYS = CHAIN_KEYS | {
     "pattern.dropped.host",
     "pattern.dropped.host_drained",
     "pattern.dropped.device",
-    "pattern.dropped.host.unshared",
+    "pattern.dropped.host.shared",
     "pattern.inflight",
-    "pattern.inflight.unshared",
+    "pattern.inflight.shared",
     "pattern.await",
     "pattern.blocking",
     "pattern.gather",
@@ -109,13 +108,11 @@ def test_every_pattern_runs_beside_its_peers(with_peers, fake_device):
     fence = [i for i, k in enumerate(used) if k.fence_on_demand]
     assert fence and all(i + 1 < len(used) and not used[i + 1].fence_on_demand for i in fence), used
     assert not backend._knobs.fence_on_demand
-    # the a-stream-each rows: the knob set for their rounds and put back after each
-    default = DEFAULT.stream_share_after
+    # the shared-streams rows: the knob set for their rounds and put back after each
     toggled = set(fence) | {i + 1 for i in fence}
     shares = [k.stream_share_after for i, k in enumerate(used) if i not in toggled]
-    assert default != patterns.UNSHARED
-    assert shares and shares == [patterns.UNSHARED, default] * (len(shares) // 2), shares
-    assert backend._knobs.stream_share_after == default
+    assert shares and shares == [patterns.SHARE_STREAMS_AFTER, 0] * (len(shares) // 2), shares
+    assert backend._knobs.stream_share_after == 0
     # the peers' chains: cuda.core launched with a new buffer per step
     assert len(with_peers.launches) >= SMALL.steps * SMALL.repeats
     # the dropped rows drained the backend's context after each repetition, outside the timing

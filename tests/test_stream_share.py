@@ -1,4 +1,4 @@
-"""Shared pool streams on the fake driver (``Knobs.stream_share_after``; 16 by default): once
+"""Shared pool streams on the fake driver (``Knobs.stream_share_after``, off by default): once
 that many dispatches hold pool streams, later ones share those streams, every result stays
 right (also when the fake runs stream work as late as CUDA allows), timed dispatches keep a
 stream of their own, and nothing is left live or undestroyed."""

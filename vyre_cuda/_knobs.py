@@ -52,12 +52,11 @@ class Knobs:
     (None: the measured defaults of :mod:`vyre_cuda.planning.stream`). ``stream_upload_max``,
     ``stream_readback_max``: staged uploads and readbacks up to these many bytes copy with
     non-temporal stores (0: never, ``1 << 40``: always). ``stream_share_after``: once this many
-    dispatches hold pool streams, later ones share those streams round-robin (0: a stream each).
-    Past the GPU's hardware queues more streams add no concurrency, and the driver's cost per
-    launch grows with the streams in use (notes/enqueue-chain.md), so many dispatches in flight
-    share 16. ``fence_on_demand``: a ``dispatch_async`` on a caller's stream object (not timed,
-    not streamed, no staging ring) records its completion event when a completion is first needed,
-    not at enqueue; one such record covers every earlier one of that stream (an experiment, off).
+    dispatches hold pool streams, later ones share those streams round-robin (0: a stream each;
+    an experiment for many dispatches in flight, notes/enqueue-chain.md). ``fence_on_demand``: a
+    ``dispatch_async`` on a caller's stream object (not timed, not streamed, no staging ring)
+    records its completion event when a completion is first needed, not at enqueue; one such
+    record covers every earlier one of that stream (an experiment, off).
     """
 
     wait_mode: int = WAIT_POLL
@@ -68,7 +67,7 @@ class Knobs:
     stream_tuning: StreamTuning | None = None
     stream_upload_max: int = 32 << 20
     stream_readback_max: int = 0
-    stream_share_after: int = 16
+    stream_share_after: int = 0
     fence_on_demand: bool = False
 
     def __post_init__(self):

@@ -181,10 +181,10 @@ def _host(x):
 
 
 # -- the small patterns: numpy in, numpy out, and the peers' chains ----------------------------
-# the in-flight and dropped rows' twins: a pool stream per dispatch (Knobs.stream_share_after 0),
-# against the default, where dispatches past 16 in flight share the pool's streams (the CuPy probe
-# of notes/enqueue-chain.md: 1,000 distinct streams cost 2.6-5 us more per launch than 128 or fewer)
-UNSHARED = 0
+# the in-flight row's twin: pool streams shared once this many are lent (Knobs.stream_share_after;
+# the CuPy probe of notes/enqueue-chain.md: 1,000 distinct streams cost 2.6-5 us more per launch
+# than 128 or fewer)
+SHARE_STREAMS_AFTER = 16
 
 
 def _alloc_like(a, x) -> bool:
@@ -278,29 +278,30 @@ class _Small:
         self.last["pattern.inflight"] = outs[0] if outs else None
         return {"pattern.inflight": per}
 
-    def _unshared(self, measure, key, count):
-        """``measure`` again with a pool stream per dispatch (``stream_share_after`` 0): the knob
-        is set and the plan warmed before the clock starts, and put back (and warmed) after."""
+    def _shared(self, measure, key, count):
+        """``measure`` again with the backend's pool streams shared once ``SHARE_STREAMS_AFTER``
+        are lent (an experiment knob, off by default): the knob is set and the plan warmed before
+        the clock starts, and put back (and warmed) after it stops."""
         from . import hooks
 
         dispatch_async, program, inputs = self.backend.dispatch_async, self.program, [self.a, self.b]
-        old = hooks.set_knobs(self.backend, stream_share_after=UNSHARED)
+        old = hooks.set_knobs(self.backend, stream_share_after=SHARE_STREAMS_AFTER)
         own = self.last.get(key)
         try:
             dispatch_async(program, inputs).result()
             out = measure(count)[key]
-            self.last[key + ".unshared"] = self.last[key]
+            self.last[key + ".shared"] = self.last[key]
         finally:
             self.last[key] = own
             hooks.set_knobs(self.backend, old)
             dispatch_async(program, inputs).result()
-        return {key + ".unshared": out}
+        return {key + ".shared": out}
 
-    def inflight_unshared(self, count):
-        return self._unshared(self.inflight, "pattern.inflight", count)
+    def inflight_shared(self, count):
+        return self._shared(self.inflight, "pattern.inflight", count)
 
-    def dropped_unshared(self, count):
-        return self._unshared(self.dropped_host, "pattern.dropped.host", count)
+    def dropped_shared(self, count):
+        return self._shared(self.dropped_host, "pattern.dropped.host", count)
 
     def blocking(self, count):
         dispatch, program, inputs = self.backend.dispatch, self.program, [self.a, self.b]
@@ -632,18 +633,18 @@ def _small_rows(small, source, entry, peers, skipped, opened):
         small.runner("dispatch_async dropped", small.dropped_host, "pattern.dropped.host", batch, "dropped host"),
         small.runner("dispatch_async, 1,000 in flight", small.inflight, "pattern.inflight", batch, "in flight"),
         small.runner(
-            "dispatch_async, 1,000 in flight, a stream each",
-            small.inflight_unshared,
-            "pattern.inflight.unshared",
+            "dispatch_async, 1,000 in flight, shared streams",
+            small.inflight_shared,
+            "pattern.inflight.shared",
             batch,
-            "in flight, a stream each",
+            "in flight, shared streams",
         ),
         small.runner(
-            "dispatch_async dropped, a stream each",
-            small.dropped_unshared,
-            "pattern.dropped.host.unshared",
+            "dispatch_async dropped, shared streams",
+            small.dropped_shared,
+            "pattern.dropped.host.shared",
             batch,
-            "dropped host, a stream each",
+            "dropped host, shared streams",
         ),
         small.runner("await dispatch_async", small.awaited, "pattern.await", 1, "await"),
         small.runner("dispatch (blocking)", small.blocking, "pattern.blocking", 1, "blocking"),

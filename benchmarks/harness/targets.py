@@ -681,9 +681,9 @@ def _dropped_note(patterns, row, ref):
     device = m("pattern.dropped.device")
     if device is not None:
         text += f"; on device arrays {_us(device)} per call"
-    unshared = m("pattern.dropped.host.unshared")
-    if unshared is not None:
-        text += f"; with a pool stream per dispatch (no sharing) {_us(unshared)} per call"
+    shared = m("pattern.dropped.host.shared")
+    if shared is not None:
+        text += f"; with the pool streams shared after 16 (an experiment knob, off by default) {_us(shared)} per call"
     return text + ": dropping hands what the GPU may still use to the backend's deferred list"
 
 
@@ -705,9 +705,9 @@ def _inflight_note(patterns, row, ref):
         f"with 1,000 in flight an enqueue took {_us(m(row))} against {_us(m(ref))} with one in flight: "
         "each held dispatch keeps its pooled staging and device blocks, so a round of 1,000 needs 1,000 of each"
     )
-    unshared = m("pattern.inflight.unshared")
-    if unshared is not None:
-        text += f"; with a pool stream per dispatch (no sharing) {_us(unshared)}"
+    shared = m("pattern.inflight.shared")
+    if shared is not None:
+        text += f"; with the pool streams shared after 16 (an experiment knob, off by default) {_us(shared)}"
     return text
 
 

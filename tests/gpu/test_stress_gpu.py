@@ -5,10 +5,10 @@ child process, so a crash is counted as one; the failure then shows the child's 
 (faulthandler) and its faulting thread's C stack (tests/helpers/segv_trace.c).
 
 VYRE_CUDA_STRESS_DISPATCHES sets the dispatches over all configurations (default 1,200;
-scripts/gpu-check runs the long profile: at least 20,000). Pool streams are shared past 16 in flight
-(``Knobs.stream_share_after``, the default) in three configurations; the third gives each dispatch
-a stream of its own, and the fifth shares once four are lent. The sixth records caller-stream
-completion events on demand (``Knobs.fence_on_demand``).
+scripts/gpu-check runs the long profile: at least 20,000). The fifth configuration shares each
+backend's pool streams once four are lent (``Knobs.stream_share_after``, off by default); the
+sixth records caller-stream completion events on demand (``Knobs.fence_on_demand``, off by
+default).
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ import vyre_cuda
 
 STRESS = pathlib.Path(__file__).resolve().parents[1] / "stress.py"
 ROOT = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]  # the package under test, for the child
-# (backends on device 0, threads per backend, Knobs.stream_share_after: None the default (shared
-# past 16 in flight), 0 a stream per dispatch, 4 shared early so that the stress reaches it;
-# Knobs.fence_on_demand)
+# (backends on device 0, threads per backend, Knobs.stream_share_after: None the default (a
+# stream per dispatch), 4 shared early so that the stress reaches it; Knobs.fence_on_demand)
 MATRIX = [
     (1, 4, None, False),
     (2, 2, None, False),
-    (3, 2, 0, False),
+    (3, 2, None, False),
     (3, 4, None, False),
     (3, 4, 4, False),
     (2, 3, None, True),
@@ -71,6 +70,8 @@ def test_stress_on_the_gpu(backends, threads, share, fence, tmp_path_factory):
         "8",
         "--chunks",
         "4",
+        "--share-streams",
+        str(share),
     ]
     if share is not None:
         args += ["--share-streams", str(share)]
