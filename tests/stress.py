@@ -419,6 +419,9 @@ class Stress:
                 leaks["driver calls without a context"] = after["no_context"] - base["no_context"]
             if after["violations"] != base["violations"]:
                 leaks["driver violations"] = self.fake.last_violation()
+            if after["bad_handles"] != base["bad_handles"]:
+                # a stream, event or graph used after it was destroyed (a crash on a real driver)
+                leaks["driver calls on handles not live"] = after["bad_handles"] - base["bad_handles"]
             if self.fake.hook_errors:
                 self.failures.extend(self.fake.hook_errors[:3])
         return dict(

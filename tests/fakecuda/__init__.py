@@ -63,6 +63,7 @@ STATS = (
     "htod_registered",  # async H2D copies whose source lies in a registered range
     "dtoh_registered",  # async D2H copies whose destination lies in a registered range
     "event_records",  # successful cuEventRecord calls
+    "bad_handles",  # calls given a handle that is not live (a use after destroy)
 )
 STATUS = {
     "CUDA_ERROR_INVALID_VALUE": 1,

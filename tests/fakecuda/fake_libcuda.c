@@ -149,13 +149,20 @@ enum {
   S_LAUNCHES, S_COOP_LAUNCHES, S_HTOD, S_DTOH, S_MEMSETS, S_CTX_REFS, S_VIOLATIONS,
   S_DEVICE_ALLOC_CALLS, S_HOST_ALLOC_CALLS, S_STREAM_CREATES, S_EVENT_CREATES, S_SYNCS, S_NO_CONTEXT,
   S_REGISTERED, S_POOLS, S_DTOD, S_GRAPHS, S_GRAPH_EXECS, S_GRAPH_LAUNCHES, S_CAPTURED_NODES, S_EXEC_UPDATES, S_STREAM_WAITS,
-  S_REGISTERED_BYTES, S_HTOD_REGISTERED, S_DTOH_REGISTERED, S_EVENT_RECORDS, N_STATS
+  S_REGISTERED_BYTES, S_HTOD_REGISTERED, S_DTOH_REGISTERED, S_EVENT_RECORDS, S_BAD_HANDLES, N_STATS
 };
 static long long stats[N_STATS];
 static char last_violation[512];
 static int lazy = 0; /* fake_cuda_set_lazy */
 static void lazy_run_all(void);   /* lazy mode: run every stream's queue (errors stay on the streams) */
 static CUresult lazy_sync_all(void); /* ... and take the first asynchronous error of any stream */
+
+/* a call given a handle (stream, event, graph, module) that is not live (destroyed, or never
+ * made): counted, so a test can tell a use after destroy (the real driver may crash on one) */
+static CUresult bad_handle(void) {
+  __atomic_fetch_add(&stats[S_BAD_HANDLES], 1, __ATOMIC_RELAXED);
+  return CUDA_ERROR_INVALID_HANDLE;
+}
 
 static int n_devices(void) {
   const char* v = getenv("FAKE_CUDA_DEVICES");
@@ -1261,7 +1268,7 @@ CUresult cuStreamDestroy(CUstream s) {
   NEED_CTX();
   if (!is_stream(s)) {
     pthread_mutex_unlock(&lock);
-    return CUDA_ERROR_INVALID_HANDLE;
+    return bad_handle();
   }
   drop_queue(s);
   if (capturing(s)) {  /* (the driver ends a capture with its stream) */
@@ -1293,7 +1300,7 @@ CUresult cuStreamSynchronize(CUstream s) {
   if (ok) wait_not_held();
   if (ok && !lazy) stream_seen(s, upto);
   if (ok && lazy) return lazy_run(s, 0, ALL_OPS, 1);
-  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  return ok ? CUDA_SUCCESS : bad_handle();
 }
 
 CUresult cuStreamQuery(CUstream s) {
@@ -1307,7 +1314,7 @@ CUresult cuStreamQuery(CUstream s) {
   if (ok && busy_query()) return CUDA_ERROR_NOT_READY;
   if (ok && !lazy) stream_seen(s, upto);
   if (ok && lazy) return lazy_run(s, 0, ALL_OPS, 1);
-  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  return ok ? CUDA_SUCCESS : bad_handle();
 }
 
 /* lazy mode: where the last cuEventRecord put the event (recorded == 0: never, or in eager mode) */
@@ -1336,7 +1343,7 @@ CUresult cuEventDestroy(CUevent e) {
   NEED_CTX();
   if (!is_event(e)) {
     pthread_mutex_unlock(&lock);
-    return CUDA_ERROR_INVALID_HANDLE;
+    return bad_handle();
   }
   ((Handle*)e)->magic = 0;
   free(e);
@@ -1370,7 +1377,7 @@ static void event_seen(CUevent e) {
     if (ok && (busy)) return CUDA_ERROR_NOT_READY;                        \
     if (ok && !lazy) event_seen(e);                                       \
     if (ok && lazy) return lazy_run_event(e, 1);                          \
-    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;                 \
+    return ok ? CUDA_SUCCESS : bad_handle();                 \
   }
 EVENT_CALL(cuEventQuery, "cuEventQuery", busy_query())
 EVENT_CALL(cuEventSynchronize, "cuEventSynchronize", (wait_not_held(), 0))
@@ -1395,7 +1402,7 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
     }
   }
   pthread_mutex_unlock(&lock);
-  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  return ok ? CUDA_SUCCESS : bad_handle();
 }
 
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
@@ -1418,7 +1425,7 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
     op->wait_mark = ev->mark;
   }
   pthread_mutex_unlock(&lock);
-  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  return ok ? CUDA_SUCCESS : bad_handle();
 }
 
 /* the function runs on the callback thread once the work queued before it is done (lazy mode
@@ -1448,7 +1455,7 @@ CUresult cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
   *ms = 0.001f;
   for (int k = 0; k < 16 && block_times[k].block; k++)
     if (block_times[k].block == last_block_x) *ms = block_times[k].ms;
-  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  return ok ? CUDA_SUCCESS : bad_handle();
 }
 
 /* ------------------------------------------------------------------ copies and clears */
@@ -1469,7 +1476,7 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream 
   if (!is_stream(s) || !find_range((const char*)(uintptr_t)dst, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemcpyHtoDAsync destination", dst, n);
     pthread_mutex_unlock(&lock);
-    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : bad_handle();
   }
   int deferred = lazy;
   if (deferred) enqueue_copy(s, OP_HTOD, (char*)(uintptr_t)dst, (const char*)src, n);
@@ -1495,7 +1502,7 @@ CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
   if (!is_stream(s) || !find_range((const char*)(uintptr_t)src, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemcpyDtoHAsync source", src, n);
     pthread_mutex_unlock(&lock);
-    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : bad_handle();
   }
   int deferred = lazy;
   if (deferred) enqueue_copy(s, OP_DTOH, (char*)dst, (const char*)(uintptr_t)src, n);
@@ -1513,7 +1520,7 @@ CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
       !find_range((const char*)(uintptr_t)src, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemcpyDtoDAsync source or destination", dst, n);
     pthread_mutex_unlock(&lock);
-    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : bad_handle();
   }
   int deferred = lazy && !capturing(s);
   if (deferred) enqueue_copy(s, OP_DTOD, (char*)(uintptr_t)dst, (const char*)(uintptr_t)src, n);
@@ -1551,7 +1558,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstrea
   if (!is_stream(s) || !find_range((const char*)(uintptr_t)dst, n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemsetD8Async", dst, n);
     pthread_mutex_unlock(&lock);
-    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : bad_handle();
   }
   int deferred = lazy;
   if (deferred) {
@@ -1579,7 +1586,7 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t n, CUstrea
   if (!is_stream(s) || (dst & 3) || !find_range((const char*)(uintptr_t)dst, 4 * n, KIND_DEVICE)) {
     if (is_stream(s)) violation("cuMemsetD32Async", dst, 4 * n);
     pthread_mutex_unlock(&lock);
-    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+    return is_stream(s) ? CUDA_ERROR_INVALID_VALUE : bad_handle();
   }
   int deferred = lazy;
   if (deferred) {
@@ -1686,7 +1693,7 @@ CUresult cuModuleUnload(CUmodule module) {
   if (m->unloaded) {
     violation_text("cuModuleUnload of a module already unloaded");
     pthread_mutex_unlock(&lock);
-    return CUDA_ERROR_INVALID_HANDLE;
+    return bad_handle();
   }
   if (m->barrier) {
     untrack((char*)m->barrier, KIND_GLOBAL);
@@ -1778,10 +1785,10 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
   (void)params; /* the hook reads them */
   Function* fn = (Function*)f;
   unsigned long long threads = (unsigned long long)bx * by * bz;
-  if (!is_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+  if (!is_stream(s)) return bad_handle();
   if (fn->module->unloaded) {
     violation_text("launch of a function of an unloaded module");
-    return CUDA_ERROR_INVALID_HANDLE;
+    return bad_handle();
   }
   if (!gx || !gy || !gz || !threads || threads > 1024 || bx > 1024 || by > 1024 || bz > 64 || gy > 65535 ||
       gz > 65535 || gx > 2147483647u)
@@ -2078,7 +2085,7 @@ CUresult cuStreamBeginCapture(CUstream s, int mode) {
   NEED_CTX();
   if (!is_stream(s) || capturing(s)) {
     pthread_mutex_unlock(&lock);
-    return is_stream(s) ? CUDA_ERROR_ILLEGAL_STATE : CUDA_ERROR_INVALID_HANDLE;
+    return is_stream(s) ? CUDA_ERROR_ILLEGAL_STATE : bad_handle();
   }
   ((Stream*)s)->capture = new_graph(GRAPH_MAGIC);
   ((Stream*)s)->capture_invalid = 0;
@@ -2094,7 +2101,7 @@ CUresult cuStreamEndCapture(CUstream s, void** graph) {
   *graph = NULL;
   if (!capturing(s)) {
     pthread_mutex_unlock(&lock);
-    return is_stream(s) ? CUDA_ERROR_ILLEGAL_STATE : CUDA_ERROR_INVALID_HANDLE;
+    return is_stream(s) ? CUDA_ERROR_ILLEGAL_STATE : bad_handle();
   }
   Stream* st = (Stream*)s;
   Graph* g = st->capture;
@@ -2116,7 +2123,7 @@ CUresult cuStreamIsCapturing(CUstream s, int* status) {
   NEED_CTX();
   *status = capturing(s) ? (capture_broken((Stream*)s) ? 2 : 1) : 0;
   pthread_mutex_unlock(&lock);
-  return is_stream(s) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  return is_stream(s) ? CUDA_SUCCESS : bad_handle();
 }
 
 static int is_graph(void* g, int magic) { return g != NULL && ((Graph*)g)->magic == magic; }
@@ -2175,7 +2182,7 @@ CUresult cuGraphLaunch(void* exec, CUstream s) {
   NO_CAPTURE(s);
   if (!is_graph(exec, EXEC_MAGIC) || !is_stream(s)) {
     pthread_mutex_unlock(&lock);
-    return CUDA_ERROR_INVALID_HANDLE;
+    return bad_handle();
   }
   Graph* e = (Graph*)exec;
   stats[S_GRAPH_LAUNCHES]++;
