@@ -1,0 +1,138 @@
+"""Does this driver survive cuCtxSynchronize on one thread while other threads create and destroy
+streams? A probe of the driver alone (no vyre_cuda), run in a child process per variant so that a
+crash is counted, not fatal.
+
+    python benchmarks/probe_ctx_sync_race.py [--seconds 20] [--threads 4] [--runs 3]
+
+Variants (the syncing thread's call, while the workers create a stream, queue memsets on it and
+destroy it, with the work still pending or after a cuStreamSynchronize):
+- ctx_sync: cuCtxSynchronize in a loop;
+- event_sync: an event recorded on a stream of the syncing thread's own, then cuEventSynchronize
+  (the control: per-stream waits).
+Prints one JSON line per run: variant, exit code (-11 is SIGSEGV), syncs and streams made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+
+
+def child(variant: str, seconds: float, nthreads: int, pending: bool) -> None:
+    from cuda.bindings import driver as d
+
+    def ok(r):
+        err = r[0] if isinstance(r, tuple) else r
+        if err != d.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(str(err))
+        return r[1] if isinstance(r, tuple) and len(r) == 2 else None
+
+    ok(d.cuInit(0))
+    dev = ok(d.cuDeviceGet(0))
+    ctx = ok(d.cuDevicePrimaryCtxRetain(dev))
+    ok(d.cuCtxSetCurrent(ctx))
+    nbytes = 64 << 20
+    stop = time.monotonic() + seconds
+    made = [0]
+    syncs = [0]
+    lock = threading.Lock()
+
+    def worker():
+        ok(d.cuCtxSetCurrent(ctx))
+        buf = ok(d.cuMemAlloc(nbytes))
+        n = 0
+        while time.monotonic() < stop:
+            s = ok(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING))
+            for _ in range(4):
+                ok(d.cuMemsetD32Async(buf, n & 0xFF, nbytes // 4, s))
+            if not pending:
+                ok(d.cuStreamSynchronize(s))
+            ok(d.cuStreamDestroy(s))  # (pending work completes; the stream's resources go after)
+            n += 1
+        ok(d.cuCtxSynchronize())
+        ok(d.cuMemFree(buf))
+        with lock:
+            made[0] += n
+
+    def syncer():
+        ok(d.cuCtxSetCurrent(ctx))
+        own = ok(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING))
+        ev = ok(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+        while time.monotonic() < stop:
+            if variant == "ctx_sync":
+                ok(d.cuCtxSynchronize())
+            else:
+                ok(d.cuEventRecord(ev, own))
+                ok(d.cuEventSynchronize(ev))
+            syncs[0] += 1
+            time.sleep(0.0002)
+        ok(d.cuEventDestroy(ev))
+        ok(d.cuStreamDestroy(own))
+
+    threads = [threading.Thread(target=worker) for _ in range(nthreads)] + [threading.Thread(target=syncer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps({"syncs": syncs[0], "streams_made": made[0]}))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--variants", default="ctx_sync,event_sync")
+    ap.add_argument("--child", default=None)
+    ap.add_argument("--pending", type=int, default=1)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.seconds, args.threads, bool(args.pending))
+        return 0
+    for variant in args.variants.split(","):
+        for pending in (1, 0):
+            for run in range(args.runs):
+                p = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        variant,
+                        "--seconds",
+                        str(args.seconds),
+                        "--threads",
+                        str(args.threads),
+                        "--pending",
+                        str(pending),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=args.seconds * 4 + 60,
+                )
+                last = (p.stdout.strip().splitlines() or ["{}"])[-1]
+                try:
+                    counts = json.loads(last)
+                except ValueError:
+                    counts = {}
+                print(
+                    json.dumps(
+                        {
+                            "variant": variant,
+                            "pending_at_destroy": bool(pending),
+                            "run": run,
+                            "rc": p.returncode,
+                            **counts,
+                            "stderr": p.stderr.strip()[-300:],
+                        }
+                    ),
+                    flush=True,
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
