@@ -8,7 +8,11 @@ Variants (the syncing thread's call, while the workers create a stream, queue me
 destroy it, with the work still pending or after a cuStreamSynchronize):
 - ctx_sync: cuCtxSynchronize in a loop;
 - event_sync: an event recorded on a stream of the syncing thread's own, then cuEventSynchronize
-  (the control: per-stream waits).
+  (the control: per-stream waits);
+- ctx_sync_capture: cuCtxSynchronize in a loop while each worker, between its memsets, captures a
+  memset into a graph on a second stream of its own (thread-local capture mode, as vyre_cuda's
+  graph trial does), launches the graph on the first stream and destroys it; the synchronize's
+  refusals during a capture, and the captures it breaks, are counted, not raised.
 Prints one JSON line per run: variant, exit code (-11 is SIGSEGV), syncs and streams made.
 """
 
@@ -41,19 +45,40 @@ def child(variant: str, seconds: float, nthreads: int, pending: bool) -> None:
     syncs = [0]
     lock = threading.Lock()
 
+    broken = [0]
+
+    def capture(cs, s, buf):
+        # a memset captured on cs, the graph launched on s, then destroyed (its launch pending)
+        ok(d.cuStreamBeginCapture(cs, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+        d.cuMemsetD32Async(buf, 1, 1024, cs)
+        err, graph = d.cuStreamEndCapture(cs)
+        if err != d.CUresult.CUDA_SUCCESS:
+            with lock:
+                broken[0] += 1
+            return
+        err, exe = d.cuGraphInstantiate(graph, 0)
+        if err == d.CUresult.CUDA_SUCCESS:
+            ok(d.cuGraphLaunch(exe, s))
+            ok(d.cuGraphExecDestroy(exe))
+        ok(d.cuGraphDestroy(graph))
+
     def worker():
         ok(d.cuCtxSetCurrent(ctx))
         buf = ok(d.cuMemAlloc(nbytes))
         n = 0
+        cs = ok(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING))
         while time.monotonic() < stop:
             s = ok(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING))
             for _ in range(4):
                 ok(d.cuMemsetD32Async(buf, n & 0xFF, nbytes // 4, s))
+            if variant == "ctx_sync_capture":
+                capture(cs, s, buf)
             if not pending:
                 ok(d.cuStreamSynchronize(s))
             ok(d.cuStreamDestroy(s))  # (pending work completes; the stream's resources go after)
             n += 1
         ok(d.cuCtxSynchronize())
+        ok(d.cuStreamDestroy(cs))
         ok(d.cuMemFree(buf))
         with lock:
             made[0] += n
@@ -63,8 +88,10 @@ def child(variant: str, seconds: float, nthreads: int, pending: bool) -> None:
         own = ok(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING))
         ev = ok(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING))
         while time.monotonic() < stop:
-            if variant == "ctx_sync":
-                ok(d.cuCtxSynchronize())
+            if variant.startswith("ctx_sync"):
+                err = d.cuCtxSynchronize()[0]
+                if err != d.CUresult.CUDA_SUCCESS and variant == "ctx_sync":
+                    raise RuntimeError(str(err))
             else:
                 ok(d.cuEventRecord(ev, own))
                 ok(d.cuEventSynchronize(ev))
@@ -78,7 +105,7 @@ def child(variant: str, seconds: float, nthreads: int, pending: bool) -> None:
         t.start()
     for t in threads:
         t.join()
-    print(json.dumps({"syncs": syncs[0], "streams_made": made[0]}))
+    print(json.dumps({"syncs": syncs[0], "streams_made": made[0], "captures_broken": broken[0]}))
 
 
 def main() -> int:
@@ -86,7 +113,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--variants", default="ctx_sync,event_sync")
+    ap.add_argument("--variants", default="ctx_sync,event_sync,ctx_sync_capture")
     ap.add_argument("--child", default=None)
     ap.add_argument("--pending", type=int, default=1)
     args = ap.parse_args()

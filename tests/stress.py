@@ -422,6 +422,9 @@ class Stress:
             if after["bad_handles"] != base["bad_handles"]:
                 # a stream, event or graph used after it was destroyed (a crash on a real driver)
                 leaks["driver calls on handles not live"] = after["bad_handles"] - base["bad_handles"]
+            if after["unsafe_syncs"] != base["unsafe_syncs"]:
+                # a context synchronize beside a thread-local capture (a crash on a real driver)
+                leaks["context synchronizes during a capture"] = after["unsafe_syncs"] - base["unsafe_syncs"]
             if self.fake.hook_errors:
                 self.failures.extend(self.fake.hook_errors[:3])
         return dict(

@@ -9,7 +9,7 @@ from libcpp.pair cimport pair
 from libcpp.vector cimport vector
 from cuda.bindings cimport cydriver
 
-from ._driver cimport check_cu, captures_open
+from ._driver cimport check_cu, synchronize_current
 from ._pools cimport BlockPool, lock_with_gil
 
 cdef enum:
@@ -97,16 +97,13 @@ cdef class ArrayPool(BlockPool):
 
     cdef bint _flush(self) noexcept:
         """Synchronize the context, then make every block quarantined before it free. False when
-        it did not run or failed (a capture open, a driver error): the blocks stay quarantined."""
+        it did not run or failed (a capture open, a driver error): the blocks stay quarantined.
+        The synchronize goes through the capture gate and does not wait there: while a capture is
+        open it is refused at once."""
         cdef vector[pair[uintptr_t, size_t]] taken
         cdef cydriver.CUresult st = cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
         cdef cydriver.CUcontext prev
         cdef size_t i
-        if captures_open():
-            lock_with_gil(self.mu)
-            self.refused_flushes += 1
-            self.mu.unlock()
-            return False
         lock_with_gil(self.mu)
         taken.swap(self.quarantine)  # what is dropped from here on waits for the next one
         self.mu.unlock()
@@ -114,7 +111,7 @@ cdef class ArrayPool(BlockPool):
             return True
         with nogil:
             if cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:
-                st = cydriver.cuCtxSynchronize()
+                st = synchronize_current(0.0)
                 cydriver.cuCtxPopCurrent(&prev)
         lock_with_gil(self.mu)
         if st == cydriver.CUDA_SUCCESS:

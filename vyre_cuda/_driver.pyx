@@ -178,22 +178,59 @@ def reset_primary_context(int ordinal):
 
 cdef extern from *:
     """
-    static int vyre_captures_open = 0;
-    static inline void vyre_capture_add(int v) { __atomic_add_fetch(&vyre_captures_open, v, __ATOMIC_SEQ_CST); }
-    static inline int vyre_capture_count(void) { return __atomic_load_n(&vyre_captures_open, __ATOMIC_SEQ_CST); }
+    /* The capture gate (one per process): >= 0 counts this process's stream captures open now,
+       -1 while one of its context synchronizes runs. */
+    static int vyre_capture_gate = 0;
+    static inline int vyre_capture_try_open(void) {
+        int v = __atomic_load_n(&vyre_capture_gate, __ATOMIC_SEQ_CST);
+        while (v >= 0)  /* (a failed exchange reloads v) */
+            if (__atomic_compare_exchange_n(&vyre_capture_gate, &v, v + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+                return 1;
+        return 0;
+    }
+    static inline void vyre_capture_close(void) { __atomic_sub_fetch(&vyre_capture_gate, 1, __ATOMIC_SEQ_CST); }
+    static inline int vyre_sync_try_begin(void) {
+        int none = 0;
+        return __atomic_compare_exchange_n(&vyre_capture_gate, &none, -1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    }
+    static inline void vyre_sync_end(void) { __atomic_store_n(&vyre_capture_gate, 0, __ATOMIC_SEQ_CST); }
+    static inline int vyre_capture_count(void) {
+        int v = __atomic_load_n(&vyre_capture_gate, __ATOMIC_SEQ_CST);
+        return v > 0 ? v : 0;
+    }
     """
-    void vyre_capture_add(int v) noexcept nogil
+    int vyre_capture_try_open() noexcept nogil
+    void vyre_capture_close() noexcept nogil
+    int vyre_sync_try_begin() noexcept nogil
+    void vyre_sync_end() noexcept nogil
     int vyre_capture_count() noexcept nogil
 
 
-# Stream captures open now (any thread): a context synchronize during one is refused and breaks
-# the capture, so optional synchronizes (the DeviceArray pool) skip while this is not zero.
-cdef void capture_opened() noexcept nogil:
-    vyre_capture_add(1)
+# The capture gate. A cuCtxSynchronize on one thread while another thread captures a stream in
+# thread-local mode (every capture of vyre_cuda's) crashed the H100's driver with SIGSEGV inside
+# cuCtxSynchronize: 4 runs in 4 of benchmarks/probe_ctx_sync_race.py (no vyre_cuda in it), and 11
+# GPU stress runs in 132, every one in a trim() or close() synchronize (notes/safe-to-share.md).
+# The driver refuses such a synchronize only for a capture in global mode. So no synchronize of
+# vyre_cuda's runs while one of its captures is open, and no capture begins while one runs: a
+# capture that finds a synchronize running is not begun (the dispatch issues its launches
+# instead), and a synchronize waits for the captures to end (synchronize_current). A capture of
+# another library's in thread-local mode cannot be seen here; in global mode the driver refuses.
+cdef bint capture_try_open() noexcept nogil:
+    """Open a capture through the gate: False while a synchronize runs (do not capture)."""
+    return vyre_capture_try_open()
+
+
+cdef void capture_open_wait() noexcept nogil:
+    """Open a capture through the gate, waiting for a running synchronize to end."""
+    cdef timespec nap
+    while not vyre_capture_try_open():
+        nap.tv_sec = 0
+        nap.tv_nsec = 50000
+        nanosleep(&nap, NULL)
 
 
 cdef void capture_closed() noexcept nogil:
-    vyre_capture_add(-1)
+    vyre_capture_close()
 
 
 cdef int captures_open() noexcept nogil:
@@ -201,8 +238,12 @@ cdef int captures_open() noexcept nogil:
 
 
 def _count_capture_for_tests(int delta):
-    """Count a capture as opened (1) or closed (-1), as a graph trial does (tests only)."""
-    vyre_capture_add(delta)
+    """Open (1) or close (-1) a capture through the gate, as a graph trial does (tests only)."""
+    if delta > 0:
+        if not vyre_capture_try_open():
+            raise RuntimeError("a context synchronize holds the capture gate")
+    else:
+        vyre_capture_close()
 
 
 cdef int bind_context(cydriver.CUcontext ctx) except -1 nogil:
@@ -225,15 +266,22 @@ def mem_get_info():
     return free_b, total_b
 
 
-cdef cydriver.CUresult _synchronize_current(double capture_wait_s) noexcept nogil:
-    cdef cydriver.CUresult st
+cdef cydriver.CUresult synchronize_current(double capture_wait_s) noexcept nogil:
+    """cuCtxSynchronize of the current context through the capture gate: while a capture of
+    vyre_cuda's is open, or the driver refuses for another's, wait (pausing 50 us, doubling up to
+    10 ms) for up to ``capture_wait_s``; then CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED."""
+    cdef cydriver.CUresult st = cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
     cdef unsigned long long deadline = now_ns() + <unsigned long long>(max(capture_wait_s, 0.0) * 1e9)
     cdef timespec nap
     cdef long pause = 50000
     while True:
-        st = cydriver.cuCtxSynchronize()
-        if st != cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED or now_ns() >= deadline:
-            return st
+        if vyre_sync_try_begin():
+            st = cydriver.cuCtxSynchronize()
+            vyre_sync_end()
+            if st != cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+                return st
+        if now_ns() >= deadline:
+            return cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
         nap.tv_sec = 0
         nap.tv_nsec = pause
         nanosleep(&nap, NULL)
@@ -244,13 +292,14 @@ cdef cydriver.CUresult _synchronize_current(double capture_wait_s) noexcept nogi
 def context_synchronize(double capture_wait_s=10.0):
     """cuCtxSynchronize of the current context.
 
-    While any stream of the context is being captured into a CUDA graph (another backend's graph
-    trial, a CuPy or torch graph capture on another thread), the driver refuses it with
-    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: the call is retried, pausing 50 us and doubling up to
-    10 ms, until the capture ends or ``capture_wait_s`` has passed; then the refusal is raised."""
+    While a stream of the context is being captured into a CUDA graph (a backend's graph trial,
+    which the capture gate tells; a CuPy or torch capture in global mode on another thread, which
+    the driver refuses with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), the call waits, pausing 50 us
+    and doubling up to 10 ms, until the captures end or ``capture_wait_s`` has passed; then that
+    refusal is raised."""
     cdef cydriver.CUresult st
     with nogil:
-        st = _synchronize_current(capture_wait_s)
+        st = synchronize_current(capture_wait_s)
         check_cu(st, b"cuCtxSynchronize")
 
 
@@ -295,7 +344,7 @@ def device_synchronize(int ordinal, double capture_wait_s=10.0):
         return
     check_cu(st, b"cuDevicePrimaryCtxRetain")
     with nogil:
-        st = _synchronize_current(capture_wait_s)
+        st = synchronize_current(capture_wait_s)
         _pop_primary(dev)
     check_cu(st, b"cuCtxSynchronize")
 

@@ -11,7 +11,7 @@ from libc.stdint cimport uintptr_t
 from libc.string cimport memcpy, memset
 from cuda.bindings cimport cydriver
 
-from ._driver cimport check_cu, now_ns, capture_opened, capture_closed
+from ._driver cimport check_cu, now_ns, capture_try_open, capture_closed
 from ._pools cimport lock_with_gil
 from ._transfer cimport TransferEngine, CoopOrder
 from ._windows cimport Source, Piece, SRC_INPUT, SRC_PARAMS
@@ -470,14 +470,17 @@ cdef cydriver.CUresult _replay(PendingDispatch d, Prepared p, InFlight* f, bint 
                 if st == cydriver.CUDA_SUCCESS:
                     cache.capture_stream = <void*>cs
             cs = <cydriver.CUstream>cache.capture_stream
-        if st == cydriver.CUDA_SUCCESS:
+        if st == cydriver.CUDA_SUCCESS and not capture_try_open():
+            # a context synchronize of vyre_cuda's runs (the driver crashes in one that runs
+            # beside a capture: _driver's capture gate): issue this time, capture a later one
+            st = cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        elif st == cydriver.CUDA_SUCCESS:
             call[0] = b"cuStreamBeginCapture"
-            capture_opened()  # (counted before it begins: the DeviceArray pool then skips its synchronize)
             st = cydriver.cuStreamBeginCapture(cs, cydriver.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             if st != cydriver.CUDA_SUCCESS:
                 capture_closed()
         if st != cydriver.CUDA_SUCCESS:
-            # this stream cannot be captured now (it is being captured by someone else): issue
+            # this stream cannot be captured now (a synchronize runs, or someone else captures it): issue
             cache.unlock()
             d.graph_events |= G_FALLBACK
             return _launches(p, f, cooperative, argv, argp, n_args, call)

@@ -64,6 +64,7 @@ STATS = (
     "dtoh_registered",  # async D2H copies whose destination lies in a registered range
     "event_records",  # successful cuEventRecord calls
     "bad_handles",  # calls given a handle that is not live (a use after destroy)
+    "unsafe_syncs",  # cuCtxSynchronize calls while a capture in thread-local or relaxed mode was open
 )
 STATUS = {
     "CUDA_ERROR_INVALID_VALUE": 1,

@@ -149,7 +149,7 @@ enum {
   S_LAUNCHES, S_COOP_LAUNCHES, S_HTOD, S_DTOH, S_MEMSETS, S_CTX_REFS, S_VIOLATIONS,
   S_DEVICE_ALLOC_CALLS, S_HOST_ALLOC_CALLS, S_STREAM_CREATES, S_EVENT_CREATES, S_SYNCS, S_NO_CONTEXT,
   S_REGISTERED, S_POOLS, S_DTOD, S_GRAPHS, S_GRAPH_EXECS, S_GRAPH_LAUNCHES, S_CAPTURED_NODES, S_EXEC_UPDATES, S_STREAM_WAITS,
-  S_REGISTERED_BYTES, S_HTOD_REGISTERED, S_DTOH_REGISTERED, S_EVENT_RECORDS, S_BAD_HANDLES, N_STATS
+  S_REGISTERED_BYTES, S_HTOD_REGISTERED, S_DTOH_REGISTERED, S_EVENT_RECORDS, S_BAD_HANDLES, S_UNSAFE_SYNCS, N_STATS
 };
 static long long stats[N_STATS];
 static char last_violation[512];
@@ -776,6 +776,7 @@ CUresult cuCtxGetCurrent(CUcontext* ctx) {
    invalidates every capture then open (the fake has one context per device and its tests run one
    device) */
 static int captures_open = 0;
+static int captures_not_global = 0; /* ... of them, those begun in thread-local or relaxed mode */
 static unsigned long long sync_refusals = 0;
 
 CUresult cuCtxSynchronize(void) {
@@ -783,6 +784,10 @@ CUresult cuCtxSynchronize(void) {
   INJECT("cuCtxSynchronize");
   NEED_CTX();
   if (captures_open > 0) {
+    /* the real driver refuses only beside a capture in global mode: beside one in thread-local
+       mode on another thread, an H100's driver crashed inside cuCtxSynchronize. Counted (and
+       refused, as the fake's callers expect), so a test can tell a synchronize that raced one */
+    if (captures_not_global > 0) stats[S_UNSAFE_SYNCS]++;
     sync_refusals++;
     pthread_mutex_unlock(&lock);
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -1069,7 +1074,7 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
 /* ------------------------------------------------------------------ streams and events */
 typedef struct { int magic; } Handle;
 struct Graph;
-typedef struct { int magic; struct Graph* capture; int capture_invalid; unsigned long long refusals_at_begin; } Stream;
+typedef struct { int magic; struct Graph* capture; int capture_invalid; unsigned long long refusals_at_begin; int capture_mode; } Stream;
 #define STREAM_MAGIC 0x5157
 #define EVENT_MAGIC 0x4556
 #define GRAPH_MAGIC 0x4752
@@ -1274,6 +1279,7 @@ CUresult cuStreamDestroy(CUstream s) {
   if (capturing(s)) {  /* (the driver ends a capture with its stream) */
     free_graph(((Stream*)s)->capture);
     captures_open--;
+    if (((Stream*)s)->capture_mode != 0) captures_not_global--;
   }
   ((Handle*)s)->magic = 0;
   free(s);
@@ -2079,7 +2085,6 @@ static int capture_broken(const Stream* st) {
 }
 
 CUresult cuStreamBeginCapture(CUstream s, int mode) {
-  (void)mode;
   pthread_mutex_lock(&lock);
   INJECT("cuStreamBeginCapture");
   NEED_CTX();
@@ -2090,7 +2095,9 @@ CUresult cuStreamBeginCapture(CUstream s, int mode) {
   ((Stream*)s)->capture = new_graph(GRAPH_MAGIC);
   ((Stream*)s)->capture_invalid = 0;
   ((Stream*)s)->refusals_at_begin = sync_refusals;
+  ((Stream*)s)->capture_mode = mode; /* 0 global, 1 thread-local, 2 relaxed */
   captures_open++;
+  if (mode != 0) captures_not_global++;
   pthread_mutex_unlock(&lock);
   return CUDA_SUCCESS;
 }
@@ -2107,6 +2114,7 @@ CUresult cuStreamEndCapture(CUstream s, void** graph) {
   Graph* g = st->capture;
   st->capture = NULL;
   captures_open--;
+  if (st->capture_mode != 0) captures_not_global--;
   CUresult injected_status = injected("cuStreamEndCapture");
   if (capture_broken(st) || injected_status != CUDA_SUCCESS) {
     free_graph(g);

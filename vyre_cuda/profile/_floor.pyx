@@ -23,7 +23,7 @@ from cuda.bindings cimport cydriver
 from cuda.bindings.cydriver cimport (CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CUcontext, CUfunction, CUgraph,
                                      CUgraphExec, CUmodule, CUresult)
 
-from vyre_cuda._driver cimport capture_closed, capture_opened, check_cu, now_ns
+from vyre_cuda._driver cimport capture_closed, capture_open_wait, check_cu, now_ns
 from vyre_cuda.profile._ceilings cimport Ceilings, as_f32, check_counts, context_of, i64_data, note
 
 import numpy as np
@@ -338,7 +338,7 @@ cdef class Floor(Ceilings):
             return 0
         with nogil:
             check_cu(cydriver.cuCtxSetCurrent(self._ctx), b"cuCtxSetCurrent")
-            capture_opened()  # as the core counts its own: its pools skip a synchronize meanwhile
+            capture_open_wait()  # through the core's capture gate: no synchronize of its runs meanwhile
             try:
                 check_cu(cydriver.cuStreamBeginCapture(self._stream, cydriver.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
                          b"cuStreamBeginCapture")
