@@ -14,7 +14,7 @@ registry's device synchronize, and ``close()``'s context synchronize."""
 from helpers import scenarios
 
 CHILD = r"""
-import json, sys, threading
+import json, sys, threading, time
 import numpy as np
 import vyre_cuda as vc
 from fakecuda import FakeDriver, vecadd_emulation
@@ -67,6 +67,7 @@ def syncer(kind):
                 other.close()
                 other = vc.CudaBackend(0)
             res["syncs"][kind] += 1
+            time.sleep(0.002)  # (back to back, synchronizes would turn every capture away)
     except BaseException as exc:
         res["errors"].append(f"{kind}: {type(exc).__name__}: {exc}")
     finally:
@@ -96,5 +97,57 @@ def test_no_context_synchronize_beside_a_capture(fake_libcuda, tmp_path_factory)
     assert res["unsafe_syncs"] == 0, (seed, res)
     assert res["errors"] == [] and res["wrong"] == 0 and res["dispatches"] == 150, (seed, res)
     # the three synchronizes ran throughout, beside captures that each stayed open a millisecond
-    # (a synchronize that broke a capture would have turned the plan's graphs off: fewer of both)
-    assert min(res["syncs"].values()) >= 3 and res["captures"] >= 30 and res["replays"] >= 100, (seed, res)
+    # (a synchronize that broke a capture would have turned the plan's graphs off: none after it;
+    # a dispatch that met a synchronize waiting or running issued instead: not every one replays)
+    shown = (seed, res["syncs"], res["captures"], res["replays"])
+    assert min(res["syncs"].values()) >= 3 and res["captures"] >= 30 and res["replays"] >= 30, shown
+
+
+WAITS = r"""
+import json, threading, time
+import numpy as np
+import vyre_cuda as vc
+from vyre_cuda import _driver
+from vyre_cuda.errors import BackendError
+
+g = vc.CudaBackend(0)
+g.dispatch(vc.builtin_programs.vecadd_f32(), [np.ones(8, np.float32)] * 2)  # (its context made current here)
+res = {}
+# a synchronize waits while a capture is open, and runs once it has closed
+_driver._count_capture_for_tests(1)
+done = {}
+
+
+def sync():
+    _driver.make_current(g._core.context_handle)  # (a new thread has no context current)
+    _driver.context_synchronize(5.0)
+    done["t"] = time.perf_counter()
+
+
+t = threading.Thread(target=sync)
+t.start()
+time.sleep(0.2)
+res["waited_while_open"] = "t" not in done
+closed_at = time.perf_counter()
+_driver._count_capture_for_tests(-1)
+t.join(5)
+res["ran_after_close"] = done.get("t", 0) >= closed_at
+# past its limit it raises the capture refusal, naming the call
+_driver._count_capture_for_tests(1)
+try:
+    _driver.context_synchronize(0.05)
+    res["refused"] = None
+except BackendError as exc:
+    res["refused"] = exc.message
+_driver._count_capture_for_tests(-1)
+_driver.context_synchronize(0.0)  # (nothing open: runs at once)
+g.close()
+print(json.dumps(res))
+"""
+
+
+def test_a_synchronize_waits_for_an_open_capture(fake_libcuda, tmp_path_factory):
+    res = scenarios.run_child(["-c", WAITS], fake_libcuda, tmp_path_factory)
+    assert res["waited_while_open"] is True and res["ran_after_close"] is True, res
+    assert res["refused"] is not None and "cuCtxSynchronize" in res["refused"], res
+    assert "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" in res["refused"], res

@@ -178,10 +178,14 @@ def reset_primary_context(int ordinal):
 
 cdef extern from *:
     """
-    /* The capture gate (one per process): >= 0 counts this process's stream captures open now,
-       -1 while one of its context synchronizes runs. */
+    /* The capture gate (one per process): > 0 counts this process's stream captures open now,
+       < 0 its context synchronizes running (negated); each kind shares the gate with its own
+       kind only. A synchronize waiting for the gate turns new captures away (they issue), so
+       back-to-back captures cannot starve it. */
     static int vyre_capture_gate = 0;
+    static int vyre_syncs_waiting = 0;
     static inline int vyre_capture_try_open(void) {
+        if (__atomic_load_n(&vyre_syncs_waiting, __ATOMIC_SEQ_CST)) return 0;
         int v = __atomic_load_n(&vyre_capture_gate, __ATOMIC_SEQ_CST);
         while (v >= 0)  /* (a failed exchange reloads v) */
             if (__atomic_compare_exchange_n(&vyre_capture_gate, &v, v + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
@@ -190,10 +194,14 @@ cdef extern from *:
     }
     static inline void vyre_capture_close(void) { __atomic_sub_fetch(&vyre_capture_gate, 1, __ATOMIC_SEQ_CST); }
     static inline int vyre_sync_try_begin(void) {
-        int none = 0;
-        return __atomic_compare_exchange_n(&vyre_capture_gate, &none, -1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        int v = __atomic_load_n(&vyre_capture_gate, __ATOMIC_SEQ_CST);
+        while (v <= 0)
+            if (__atomic_compare_exchange_n(&vyre_capture_gate, &v, v - 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+                return 1;
+        return 0;
     }
-    static inline void vyre_sync_end(void) { __atomic_store_n(&vyre_capture_gate, 0, __ATOMIC_SEQ_CST); }
+    static inline void vyre_sync_end(void) { __atomic_add_fetch(&vyre_capture_gate, 1, __ATOMIC_SEQ_CST); }
+    static inline void vyre_sync_wants(int v) { __atomic_add_fetch(&vyre_syncs_waiting, v, __ATOMIC_SEQ_CST); }
     static inline int vyre_capture_count(void) {
         int v = __atomic_load_n(&vyre_capture_gate, __ATOMIC_SEQ_CST);
         return v > 0 ? v : 0;
@@ -203,6 +211,7 @@ cdef extern from *:
     void vyre_capture_close() noexcept nogil
     int vyre_sync_try_begin() noexcept nogil
     void vyre_sync_end() noexcept nogil
+    void vyre_sync_wants(int v) noexcept nogil
     int vyre_capture_count() noexcept nogil
 
 
@@ -213,8 +222,10 @@ cdef extern from *:
 # The driver refuses such a synchronize only for a capture in global mode. So no synchronize of
 # vyre_cuda's runs while one of its captures is open, and no capture begins while one runs: a
 # capture that finds a synchronize running is not begun (the dispatch issues its launches
-# instead), and a synchronize waits for the captures to end (synchronize_current). A capture of
-# another library's in thread-local mode cannot be seen here; in global mode the driver refuses.
+# instead), and a synchronize waits for the captures to end (synchronize_current). Synchronizes
+# share the gate with each other, as captures do (two may wait on a long kernel together). A
+# capture of another library's in thread-local mode cannot be seen here; in global mode the
+# driver refuses.
 cdef bint capture_try_open() noexcept nogil:
     """Open a capture through the gate: False while a synchronize runs (do not capture)."""
     return vyre_capture_try_open()
@@ -274,19 +285,30 @@ cdef cydriver.CUresult synchronize_current(double capture_wait_s) noexcept nogil
     cdef unsigned long long deadline = now_ns() + <unsigned long long>(max(capture_wait_s, 0.0) * 1e9)
     cdef timespec nap
     cdef long pause = 50000
+    if vyre_sync_try_begin():  # (no capture open: the common case, no waiting announced)
+        st = cydriver.cuCtxSynchronize()
+        vyre_sync_end()
+        if st != cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED or now_ns() >= deadline:
+            return st
+    if capture_wait_s <= 0:  # (the DeviceArray pool's flush: refused at once, it never waits)
+        return cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    vyre_sync_wants(1)  # new captures of vyre_cuda's issue instead until this one has run
     while True:
-        if vyre_sync_try_begin():
-            st = cydriver.cuCtxSynchronize()
-            vyre_sync_end()
-            if st != cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
-                return st
-        if now_ns() >= deadline:
-            return cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
         nap.tv_sec = 0
         nap.tv_nsec = pause
         nanosleep(&nap, NULL)
         if pause < 10000000:
             pause *= 2
+        if vyre_sync_try_begin():
+            st = cydriver.cuCtxSynchronize()
+            vyre_sync_end()
+            if st != cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+                break
+        if now_ns() >= deadline:
+            st = cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+            break
+    vyre_sync_wants(-1)
+    return st
 
 
 def context_synchronize(double capture_wait_s=10.0):
