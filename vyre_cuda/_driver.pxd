@@ -7,5 +7,4 @@ cdef unsigned long long now_ns() noexcept nogil
 cdef bint capture_try_open() noexcept nogil
 cdef void capture_open_wait() noexcept nogil
 cdef void capture_closed() noexcept nogil
-cdef int captures_open() noexcept nogil
 cdef cydriver.CUresult synchronize_current(double capture_wait_s) noexcept nogil

@@ -202,17 +202,12 @@ cdef extern from *:
     }
     static inline void vyre_sync_end(void) { __atomic_add_fetch(&vyre_capture_gate, 1, __ATOMIC_SEQ_CST); }
     static inline void vyre_sync_wants(int v) { __atomic_add_fetch(&vyre_syncs_waiting, v, __ATOMIC_SEQ_CST); }
-    static inline int vyre_capture_count(void) {
-        int v = __atomic_load_n(&vyre_capture_gate, __ATOMIC_SEQ_CST);
-        return v > 0 ? v : 0;
-    }
     """
     int vyre_capture_try_open() noexcept nogil
     void vyre_capture_close() noexcept nogil
     int vyre_sync_try_begin() noexcept nogil
     void vyre_sync_end() noexcept nogil
     void vyre_sync_wants(int v) noexcept nogil
-    int vyre_capture_count() noexcept nogil
 
 
 # The capture gate. A cuCtxSynchronize on one thread while another thread captures a stream in
@@ -242,10 +237,6 @@ cdef void capture_open_wait() noexcept nogil:
 
 cdef void capture_closed() noexcept nogil:
     vyre_capture_close()
-
-
-cdef int captures_open() noexcept nogil:
-    return vyre_capture_count()
 
 
 def _count_capture_for_tests(int delta):
@@ -281,33 +272,29 @@ cdef cydriver.CUresult synchronize_current(double capture_wait_s) noexcept nogil
     """cuCtxSynchronize of the current context through the capture gate: while a capture of
     vyre_cuda's is open, or the driver refuses for another's, wait (pausing 50 us, doubling up to
     10 ms) for up to ``capture_wait_s``; then CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED."""
-    cdef cydriver.CUresult st = cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    cdef cydriver.CUresult st
     cdef unsigned long long deadline = now_ns() + <unsigned long long>(max(capture_wait_s, 0.0) * 1e9)
     cdef timespec nap
     cdef long pause = 50000
-    if vyre_sync_try_begin():  # (no capture open: the common case, no waiting announced)
-        st = cydriver.cuCtxSynchronize()
-        vyre_sync_end()
-        if st != cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED or now_ns() >= deadline:
-            return st
-    if capture_wait_s <= 0:  # (the DeviceArray pool's flush: refused at once, it never waits)
-        return cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
-    vyre_sync_wants(1)  # new captures of vyre_cuda's issue instead until this one has run
+    cdef bint waiting = False
     while True:
+        st = cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        if vyre_sync_try_begin():
+            st = cydriver.cuCtxSynchronize()
+            vyre_sync_end()
+        # (the DeviceArray pool's flush passes 0: refused at once, it never waits)
+        if st != cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED or capture_wait_s <= 0 or now_ns() >= deadline:
+            break
+        if not waiting:
+            vyre_sync_wants(1)  # new captures of vyre_cuda's issue instead until this one has run
+            waiting = True
         nap.tv_sec = 0
         nap.tv_nsec = pause
         nanosleep(&nap, NULL)
         if pause < 10000000:
             pause *= 2
-        if vyre_sync_try_begin():
-            st = cydriver.cuCtxSynchronize()
-            vyre_sync_end()
-            if st != cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
-                break
-        if now_ns() >= deadline:
-            st = cydriver.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
-            break
-    vyre_sync_wants(-1)
+    if waiting:
+        vyre_sync_wants(-1)
     return st
 
 
