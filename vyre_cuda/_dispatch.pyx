@@ -41,10 +41,9 @@ from ._tracing cimport (
 )
 from ._driver import status_name
 from ._resource_stats import flat_pool_stats
-from .config import DispatchConfig, as_config
+from .config import DispatchConfig, as_config, _timeout as _check_timeout
 from .program import Program
 from .errors import DeviceLost, ValidationError, driver_error, STICKY_ERRORS
-from .config import _timeout as _check_timeout
 from .telemetry import TimedDispatchResult
 from ._plan_miss import PlanMiss
 from ._io_checks import as_input_list, as_output_list
@@ -109,8 +108,7 @@ cdef class Core:
         return a_loadll(&self.defer.count)
 
     def refuse_new(self):
-        """close()'s first step: every call that starts from now on is refused (and every call
-        that started before is counted in ``busy``: see _enter)."""
+        """close()'s first step: every call starting from now on is refused (those before count in ``busy``)."""
         a_store(&self.closed_flag, 1)
 
     def reclaim_deferred(self, bint wait=False):
@@ -166,8 +164,8 @@ cdef class Core:
         self.clear_prepared()
 
     def when_settled(self, callback):
-        """Call ``callback`` once, when no dispatch owner is left (now, or at the last _settled):
-        parked under ``settle_mu`` first, whichever side sees the count at zero takes it."""
+        """Call ``callback`` once no dispatch owner is left (now, or at the last _settled); held under
+        ``settle_mu``, taken by whichever side sees the count at zero."""
         lock_with_gil(self.settle_mu)
         self.on_settled = callback
         self.settle_mu.unlock()
@@ -199,8 +197,7 @@ cdef class Core:
         return 0
 
     def forget_context(self):
-        """Called once the backend's context is released after a fault: every pool drops its
-        handles without a driver call (they died with the context)."""
+        """After a fault released the context: every pool drops its handles with no driver call."""
         self.plans.clear(0)  # (their graph execs died with the context: only forgotten)
         self.resident_blocks.forget()
         self.resources.forget_context()
@@ -217,8 +214,7 @@ cdef class Core:
         self.plans.insert(miss.key, prep, config is not None and config.stream is not None, <uintptr_t>self.ctx)
 
     def trace_refused(self, program, config, bint blocking=True):
-        """A traced dispatch refused while it was planned: its ranges, opened and closed at once
-        (a plan miss returns to the backend before any range opens)."""
+        """A traced dispatch refused while planned: its ranges, opened and closed at once (none opened yet)."""
         if self.trace & TRACE_NVTX:
             nvtx_refused(program, config, blocking)
 
@@ -342,8 +338,7 @@ cdef class Core:
 
     cdef int _begin(self, PendingDispatch d, config, list into, bint want_done, bint timed,
                     unsigned long long* marks) except -1:
-        """Output checks and resources of an opened owner: from here on it holds everything, and
-        releases it on every path."""
+        """Output checks and resources of an opened owner, which holds them all and frees them on every path."""
         cdef Prepared p = d.prep
         if a_loadll(&self.defer.count):  # dropped work: what has finished goes back to the pools first
             self._reclaim(False, False)
