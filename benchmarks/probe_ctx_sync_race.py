@@ -12,7 +12,12 @@ destroy it, with the work still pending or after a cuStreamSynchronize):
 - ctx_sync_capture: cuCtxSynchronize in a loop while each worker, between its memsets, captures a
   memset into a graph on a second stream of its own (thread-local capture mode, as vyre_cuda's
   graph trial does), launches the graph on the first stream and destroys it; the synchronize's
-  refusals during a capture, and the captures it breaks, are counted, not raised.
+  refusals during a capture, and the captures it breaks, are counted, not raised;
+- ctx_sync_gated: as ctx_sync_capture, but the synchronize and the capture (begin to end) hold one
+  lock, as vyre_cuda's capture gate keeps them apart; the graph's instantiation, launch and
+  destruction run outside it, beside the synchronize;
+- ctx_sync_gated_all: the lock also covers the instantiation, launch and destruction (nothing of
+  the graph's beside a synchronize).
 Prints one JSON line per run: variant, exit code (-11 is SIGSEGV), syncs and streams made.
 """
 
@@ -47,11 +52,24 @@ def child(variant: str, seconds: float, nthreads: int, pending: bool) -> None:
 
     broken = [0]
 
+    gate = threading.Lock()  # the gated variants' capture gate
+    gated = variant.startswith("ctx_sync_gated")
+
     def capture(cs, s, buf):
         # a memset captured on cs, the graph launched on s, then destroyed (its launch pending)
+        if variant == "ctx_sync_gated_all":
+            with gate:
+                return capture_ungated(cs, s, buf, gated=False)
+        return capture_ungated(cs, s, buf, gated=gated)
+
+    def capture_ungated(cs, s, buf, gated):
+        if gated:
+            gate.acquire()
         ok(d.cuStreamBeginCapture(cs, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
         d.cuMemsetD32Async(buf, 1, 1024, cs)
         err, graph = d.cuStreamEndCapture(cs)
+        if gated:
+            gate.release()
         if err != d.CUresult.CUDA_SUCCESS:
             with lock:
                 broken[0] += 1
@@ -71,7 +89,7 @@ def child(variant: str, seconds: float, nthreads: int, pending: bool) -> None:
             s = ok(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING))
             for _ in range(4):
                 ok(d.cuMemsetD32Async(buf, n & 0xFF, nbytes // 4, s))
-            if variant == "ctx_sync_capture":
+            if variant == "ctx_sync_capture" or gated:
                 capture(cs, s, buf)
             if not pending:
                 ok(d.cuStreamSynchronize(s))
@@ -88,7 +106,12 @@ def child(variant: str, seconds: float, nthreads: int, pending: bool) -> None:
         own = ok(d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING))
         ev = ok(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING))
         while time.monotonic() < stop:
-            if variant.startswith("ctx_sync"):
+            if gated:
+                with gate:
+                    err = d.cuCtxSynchronize()[0]
+                if err != d.CUresult.CUDA_SUCCESS:
+                    raise RuntimeError(str(err))
+            elif variant.startswith("ctx_sync"):
                 err = d.cuCtxSynchronize()[0]
                 if err != d.CUresult.CUDA_SUCCESS and variant == "ctx_sync":
                     raise RuntimeError(str(err))

@@ -443,7 +443,7 @@ def _is_closed_error(exc) -> bool:
     return isinstance(exc, vc.ValidationError) and "closed" in exc.message
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backends", type=int, default=2)
@@ -467,7 +467,11 @@ def main(argv=None) -> int:
         action="store_true",
         help="Knobs.fence_on_demand for every backend: caller-stream events recorded when first needed",
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     sys.setswitchinterval(1e-6)  # widen the windows between threads (the GIL is not a lock)
     # flushed now: a crash in the interpreter's exit would otherwise lose the buffered result line,
     # and its presence tells a crash at exit from one during the run

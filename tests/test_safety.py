@@ -6,10 +6,11 @@ so a crash is that case's failure; the stress matrix runs tests/stress.py the sa
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 
 import pytest
-from helpers import scenarios
+from helpers import scenarios, stress_matrix
 
 TESTS = pathlib.Path(__file__).resolve().parent
 CHILD = scenarios.FAKECUDA / "safety_child.py"
@@ -87,3 +88,15 @@ def _stress(backends, threads, fake_libcuda, tmp_path_factory, env=None, extra=(
     assert res["dispatches"] >= 100 and all(res["by_op"].values()), where
     assert res["trims"] and res["clears"] and res["pinned_arrays"], where
     return res
+
+
+@pytest.mark.parametrize(("backends", "threads", "share", "fence"), stress_matrix.MATRIX, ids=stress_matrix.IDS)
+def test_gpu_stress_configurations_parse_as_meant(backends, threads, share, fence):
+    """Each GPU stress configuration's command line (tests/gpu/test_stress_gpu.py) is one the
+    stress accepts, with the knobs the configuration names: a malformed one ran nothing there."""
+    spec = importlib.util.spec_from_file_location("_stress_script", stress_matrix.STRESS)
+    stress = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stress)
+    args = stress.parser().parse_args(stress_matrix.child_args(7, backends, threads, 50, share, fence)[1:])
+    assert (args.seed, args.backends, args.threads, args.dispatches) == (7, backends, threads, 50)
+    assert (args.share_streams, args.fence_on_demand) == (share, fence)

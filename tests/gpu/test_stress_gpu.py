@@ -21,21 +21,11 @@ import sys
 
 import pytest
 from helpers.crash_trace import preload_env
+from helpers.stress_matrix import IDS, MATRIX, child_args
 
 import vyre_cuda
 
-STRESS = pathlib.Path(__file__).resolve().parents[1] / "stress.py"
 ROOT = pathlib.Path(vyre_cuda.__file__).resolve().parents[1]  # the package under test, for the child
-# (backends on device 0, threads per backend, Knobs.stream_share_after: None the default (a
-# stream per dispatch), 4 shared early so that the stress reaches it; Knobs.fence_on_demand)
-MATRIX = [
-    (1, 4, None, False),
-    (2, 2, None, False),
-    (3, 2, None, False),
-    (3, 4, None, False),
-    (3, 4, 4, False),
-    (2, 3, None, True),
-]
 TOTAL = int(os.environ.get("VYRE_CUDA_STRESS_DISPATCHES", "1200"))
 
 
@@ -44,39 +34,12 @@ def _seed() -> int:
     return int(fixed, 0) if fixed else int.from_bytes(os.urandom(4), "little")
 
 
-IDS = [f"{b}x{t}" + ("" if k is None else f"-share{k}") + ("-fence" if f else "") for b, t, k, f in MATRIX]
-
-
 @pytest.mark.parametrize(("backends", "threads", "share", "fence"), MATRIX, ids=IDS)
 def test_stress_on_the_gpu(backends, threads, share, fence, tmp_path_factory):
     seed = _seed()
     per_thread = -(-TOTAL // (len(MATRIX) * backends * threads))  # (rounded up: at least TOTAL in all)
-    args = [
-        sys.executable,
-        "-X",
-        "faulthandler",  # a crash prints every thread's Python stack to the stderr shown below
-        str(STRESS),
-        "--seed",
-        str(seed),
-        "--backends",
-        str(backends),
-        "--threads",
-        str(threads),
-        "--dispatches",
-        str(per_thread),
-        "--max-mib",
-        "64",
-        "--chunk-mib",
-        "8",
-        "--chunks",
-        "4",
-        "--share-streams",
-        str(share),
-    ]
-    if share is not None:
-        args += ["--share-streams", str(share)]
-    if fence:
-        args.append("--fence-on-demand")
+    # (faulthandler: a crash prints every thread's Python stack to the stderr shown below)
+    args = [sys.executable, "-X", "faulthandler", *child_args(seed, backends, threads, per_thread, share, fence)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env = preload_env(tmp_path_factory.getbasetemp() / "crash-trace", env)  # a crash's C stack too
     proc = subprocess.run(args, capture_output=True, text=True, timeout=1800, check=False, env=env, cwd="/")
