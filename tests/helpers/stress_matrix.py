@@ -4,7 +4,6 @@ the GPU test that runs them and the CPU test that checks each command line parse
 from __future__ import annotations
 
 import pathlib
-import sys
 
 STRESS = pathlib.Path(__file__).resolve().parents[1] / "stress.py"
 # (backends on device 0, threads per backend, Knobs.stream_share_after: None the default (a
