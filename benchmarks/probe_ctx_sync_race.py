@@ -17,7 +17,13 @@ destroy it, with the work still pending or after a cuStreamSynchronize):
   lock, as vyre_cuda's capture gate keeps them apart; the graph's instantiation, launch and
   destruction run outside it, beside the synchronize;
 - ctx_sync_gated_all: the lock also covers the instantiation, launch and destruction (nothing of
-  the graph's beside a synchronize).
+  the graph's beside a synchronize);
+- pool_churn: no capture; each worker also makes a stream-ordered memory pool of its own per
+  round, allocates from it and frees into it on its stream a few times, and destroys it (the
+  frees still pending, or after a stream synchronize), while the syncing thread calls
+  cuCtxSynchronize (as a backend's close() destroys its pool beside another backend's
+  dispatches and a DeviceArray pool's synchronize);
+- pool_churn_nosync: the same with the event control instead of cuCtxSynchronize (pools alone).
 Prints one JSON line per run: variant, exit code (-11 is SIGSEGV), syncs and streams made.
 """
 
@@ -80,6 +86,23 @@ def child(variant: str, seconds: float, nthreads: int, pending: bool) -> None:
             ok(d.cuGraphExecDestroy(exe))
         ok(d.cuGraphDestroy(graph))
 
+    churn = variant.startswith("pool_churn")
+
+    def pool_round(s):
+        # a pool of this worker's own: alloc, memset, free on s, then destroyed
+        props = d.CUmemPoolProps()
+        props.allocType = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        props.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        props.location.id = 0
+        pool = ok(d.cuMemPoolCreate(props))
+        for k in range(4):
+            p = ok(d.cuMemAllocFromPoolAsync(1 << 20, pool, s))
+            ok(d.cuMemsetD32Async(p, k, (1 << 20) // 4, s))
+            ok(d.cuMemFreeAsync(p, s))
+        if not pending:
+            ok(d.cuStreamSynchronize(s))
+        ok(d.cuMemPoolDestroy(pool))
+
     def worker():
         ok(d.cuCtxSetCurrent(ctx))
         buf = ok(d.cuMemAlloc(nbytes))
@@ -91,6 +114,8 @@ def child(variant: str, seconds: float, nthreads: int, pending: bool) -> None:
                 ok(d.cuMemsetD32Async(buf, n & 0xFF, nbytes // 4, s))
             if variant == "ctx_sync_capture" or gated:
                 capture(cs, s, buf)
+            if churn:
+                pool_round(s)
             if not pending:
                 ok(d.cuStreamSynchronize(s))
             ok(d.cuStreamDestroy(s))  # (pending work completes; the stream's resources go after)
@@ -111,7 +136,7 @@ def child(variant: str, seconds: float, nthreads: int, pending: bool) -> None:
                     err = d.cuCtxSynchronize()[0]
                 if err != d.CUresult.CUDA_SUCCESS:
                     raise RuntimeError(str(err))
-            elif variant.startswith("ctx_sync"):
+            elif variant.startswith("ctx_sync") or variant == "pool_churn":
                 err = d.cuCtxSynchronize()[0]
                 if err != d.CUresult.CUDA_SUCCESS and variant == "ctx_sync":
                     raise RuntimeError(str(err))

@@ -49,14 +49,24 @@ def input_lengths(backend: CudaBackend, program, inputs, cfg):
 def insert_plan(backend: CudaBackend, miss, program, blocking=True):
     """Plan the core's PlanMiss and cache the plan in the core; returns it, for the call again
     (with ``miss.inputs``: an iterator the caller passed is used up). The dispatch holds nothing
-    meanwhile (autotune measures here); a traced dispatch refused here still shows its ranges."""
-    try:
-        prep = backend._plan(program, miss.lengths, miss.config, miss.device_inputs, miss.inputs)
-    except BaseException:
-        backend._core.trace_refused(program, miss.config, blocking)
-        raise
-    backend._core.insert(miss, prep)
-    return prep
+    meanwhile (autotune measures here); a traced dispatch refused here still shows its ranges.
+
+    Planning counts as a call running in the core: close() waits for it, and a plan begun after
+    close() is refused with the closed error. (It loads modules and may allocate; uncounted, a
+    close() on another thread unloaded the modules under it, and the plan failed with a
+    misleading "no kernel entry" error.)"""
+    core = backend._core
+
+    def plan_and_insert():
+        try:
+            prep = backend._plan(program, miss.lengths, miss.config, miss.device_inputs, miss.inputs)
+        except BaseException:
+            core.trace_refused(program, miss.config, blocking)
+            raise
+        core.insert(miss, prep)
+        return prep
+
+    return core.counted(plan_and_insert)
 
 
 def measurer(backend: CudaBackend, program, inputs, config):
@@ -65,8 +75,8 @@ def measurer(backend: CudaBackend, program, inputs, config):
     backend._check_open()
     cfg = dataclasses.replace(as_config(config), graph=False)
     lengths, on_device = input_lengths(backend, program, inputs, cfg)
-    prep = backend._plan(program, lengths, cfg, on_device, inputs)
     core = backend._core
+    prep = core.counted(lambda: backend._plan(program, lengths, cfg, on_device, inputs))  # (see insert_plan)
     return lambda: core.dispatch_timed(program, inputs, cfg, prep)
 
 

@@ -367,11 +367,13 @@ cdef class DevicePool(BlockPool):
 
     cdef void release_async(self, cydriver.CUdeviceptr ptr, size_t nbytes, cydriver.CUstream stream) noexcept:
         cdef cydriver.CUcontext prev
-        self.forget_async(nbytes)
         with nogil:
             if cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:  # (see release)
                 cydriver.cuMemFreeAsync(ptr, stream)
                 cydriver.cuCtxPopCurrent(&prev)
+        # counted out only once the free has returned: close() destroys the pool when it sees no
+        # live bytes, and must not while this thread is still inside a free from it
+        self.forget_async(nbytes)
 
     cdef void forget_async(self, size_t nbytes) noexcept:
         lock_with_gil(self.mu)
@@ -413,10 +415,11 @@ cdef class DevicePool(BlockPool):
     def close(self):
         cdef cydriver.CUmemoryPool pool = NULL
         BlockPool.close(self)
-        if self.mempool != NULL:
-            with nogil:
-                check_cu(cydriver.cuMemPoolTrimTo(self.mempool, 0), b"cuMemPoolTrimTo")
         lock_with_gil(self.mu)
+        # taken under the lock: close() (with handles held) and close_late() (at the last one's
+        # drop) may run on two threads; one destroys, the other finds no pool. With slabs still
+        # lent the pool stays, untouched (no trim: close_late() may destroy it meanwhile), until
+        # close_late() destroys it with its cached memory.
         if self.mempool != NULL and self.async_live_bytes == 0:
             pool = self.mempool
             self.mempool = NULL

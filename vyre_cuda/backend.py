@@ -364,8 +364,11 @@ class CudaBackend:
         self._check_open()
         cfg = None if config is None else as_config(config)
         lengths, on_device = _backend_plans.input_lengths(self, program, inputs, as_config(cfg))
-        plan = _backend_plans.planned(self, program, lengths, cfg, on_device, inputs)
-        return _backend_plans.prepare(plan).plan
+
+        def plan():  # (counted as running, as a dispatch's planning is: close() waits for it)
+            return _backend_plans.prepare(_backend_plans.planned(self, program, lengths, cfg, on_device, inputs)).plan
+
+        return self._core.counted(plan)
 
     # ------------------------------------------------------------------ planning (_backend_plans.py)
     def _insert_plan(self, miss, program, blocking=True):

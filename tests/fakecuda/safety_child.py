@@ -369,9 +369,11 @@ def result_after_a_timeout_waits_for_the_end():
 
 
 @case
-def close_while_a_thread_plans_loads_no_module():
-    # the plan of a new program is made outside the core (a close() does not wait for it): a
-    # module loaded after close() would be one nobody unloads
+def close_while_a_thread_plans_waits_for_the_plan():
+    # the plan of a new program is made outside the core, but counted as a call running in it:
+    # close() waits for it. Uncounted, close() unloaded the modules under the planning thread (on
+    # the GPU: "no kernel entry" errors from a plan that had its module before close), or a
+    # module loaded after close() was one nobody unloads. The dispatch then gets the closed error.
     from vyre_cuda.compile import modules
 
     base = FAKE.stats()
@@ -399,10 +401,18 @@ def close_while_a_thread_plans_loads_no_module():
         t = threading.Thread(target=plan_it)
         t.start()
         assert compiling.wait(30), "the planning thread never reached the compile"
-        g.close()
+        closer = threading.Thread(target=g.close)
+        closer.start()
+        deadline = time.monotonic() + 30
+        while not g._core.closed and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        closer.join(0.1)
+        assert closer.is_alive(), "close() returned while another thread was still planning"
         release.set()
         t.join(30)
+        closer.join(30)
     finally:
+        release.set()
         modules.compile_kernel = real
     assert seen == ["ValidationError: this CudaBackend is closed"], seen
     gc.collect()
