@@ -17,6 +17,7 @@ interleaving itself is the machine's).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import json
 import sys
@@ -467,11 +468,19 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Knobs.fence_on_demand for every backend: caller-stream events recorded when first needed",
     )
+    ap.add_argument(
+        "--hang-s",
+        type=float,
+        default=900.0,
+        help="a run still going after this many seconds prints every thread's stack and exits (a hang)",
+    )
     return ap
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    # a hang shows where every thread waits (stderr), then the process exits with status 1
+    faulthandler.dump_traceback_later(args.hang_s, exit=True)
     sys.setswitchinterval(1e-6)  # widen the windows between threads (the GIL is not a lock)
     # flushed now: a crash in the interpreter's exit would otherwise lose the buffered result line,
     # and its presence tells a crash at exit from one during the run
