@@ -348,12 +348,16 @@ class CudaBackend:
         self._check_open()
         cfg = as_config(config)
         lengths, _ = _backend_plans.input_lengths(self, program, inputs, cfg)
-        try:
+
+        def route():  # (counted as running, as planning is: it may load the module)
             with self._plan_lock:
-                route = plan_route(program, lengths, cfg, self._caps, self._modules)[-1]
+                return plan_route(program, lengths, cfg, self._caps, self._modules)[-1]
+
+        try:
+            kind = self._core.counted(route).kind
         except CooperativeResidencyExceeded:
             return False  # forced cooperative over residency: it does not fit
-        return route.kind == "cooperative"
+        return kind == "cooperative"
 
     def plan_info(self, program: Program, inputs: Sequence[InputBuffer], config: ConfigLike = None) -> DispatchPlan:
         """The plan a dispatch of these inputs runs with (planned now if not cached).
