@@ -28,7 +28,7 @@ import traceback
 import numpy as np
 
 import vyre_cuda as vc
-from vyre_cuda import _devarray, hostmem
+from vyre_cuda import _devarray, _pools, hostmem
 from vyre_cuda import builtin_programs as bp
 from vyre_cuda.telemetry import COUNTERS
 
@@ -82,6 +82,7 @@ class Stress:
         self.base = self.fake.stats() if self.fake is not None else None
         self.pinned_pool_before = 0 in hostmem._pools  # (it keeps a context reference for the process)
         self.array_pool_before = 0 in _devarray._array_pools  # (so does the DeviceArray pool)
+        self.parked_pools_before = _pools.parked_pools()
         self.registered_before = vc.registered_stats()
         self.slots = [self._new_backend(k) for k in range(args.backends)]
         self.retired = []  # closed backends: checked for leaks at the end
@@ -403,6 +404,8 @@ class Stress:
                 after["context_refs"] -= 1  # the page-locked array pool's, held for the process
             if not self.array_pool_before and 0 in _devarray._array_pools:
                 after["context_refs"] -= 1  # the DeviceArray pool's, held for the process
+            # closed backends' stream-ordered pools, kept for the next backend (never destroyed)
+            after["mempools"] -= _pools.parked_pools() - self.parked_pools_before
             for name in (
                 "device_allocs",
                 "host_allocs",

@@ -100,3 +100,11 @@ def test_gpu_stress_configurations_parse_as_meant(backends, threads, share, fenc
     args = stress.parser().parse_args(stress_matrix.child_args(7, backends, threads, 50, share, fence)[1:])
     assert (args.seed, args.backends, args.threads, args.dispatches) == (7, backends, threads, 50)
     assert (args.share_streams, args.fence_on_demand) == (share, fence)
+
+
+def test_stress_with_stream_ordered_pools(fake_libcuda, tmp_path_factory):
+    """The same on a device with stream-ordered pools (as every GPU it runs on): staged dispatches
+    take their device slabs from the backend's pool while other threads close backends (each
+    parks its pool for the next) and trim; no pool is used after it was destroyed."""
+    res = _stress(3, 2, fake_libcuda, tmp_path_factory, env={"FAKE_CUDA_MEMPOOLS": "1"})
+    assert res["closes"] > 0, res

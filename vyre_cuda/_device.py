@@ -43,6 +43,9 @@ def reset_device(device: int = 0) -> None:
     if hostmem is not None:
         hostmem._forget_pinned_pool(device)
     _hostreg.REGISTRY.forget_device(device)  # (registrations die with the context)
+    pools = sys.modules.get("vyre_cuda._pools")
+    if pools is not None:
+        pools.forget_parked_pools(device)  # closed backends' stream-ordered pools, kept for reuse
     try:
         _driver.reset_primary_context(device)
         # prove a fresh context can be made, so the caller learns now, not at the next dispatch

@@ -11,6 +11,8 @@ from cython.operator cimport dereference as deref
 from libc.stdint cimport uintptr_t
 from libc.stdlib cimport free
 from libc.string cimport memset
+from libcpp.mutex cimport mutex
+from libcpp.pair cimport pair
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 from cpython.buffer cimport PyBuffer_FillInfo
@@ -227,6 +229,65 @@ cdef void memset_props(cydriver.CUmemPoolProps* props, int device) noexcept:
     props.location.id = device
 
 
+# Stream-ordered pools of closed backends, kept for the next backend on the same device rather
+# than destroyed: three GPU stress crashes in five were inside cuMemPoolDestroy beside other
+# threads' driver work (notes/safe-to-share.md), and a pool that is never destroyed while the
+# process runs cannot crash there (CuPy and cuda.core allocate from the device's pool, which lives
+# as long as the process). A parked pool holds no slab and no memory (trimmed to nothing); its
+# release threshold stays set. At most one pool per backend open at once is ever made.
+cdef mutex _parked_mu
+cdef vector[pair[int, uintptr_t]] _parked  # (device, pool)
+
+
+cdef cydriver.CUmemoryPool _unpark(int device) noexcept nogil:
+    cdef cydriver.CUmemoryPool pool = NULL
+    cdef size_t i
+    _parked_mu.lock()
+    for i in range(_parked.size()):
+        if _parked[i].first == device:
+            pool = <cydriver.CUmemoryPool>_parked[i].second
+            _parked[i] = _parked.back()
+            _parked.pop_back()
+            break
+    _parked_mu.unlock()
+    return pool
+
+
+cdef void _park(int device, cydriver.CUmemoryPool pool) noexcept nogil:
+    """A pool no slab of which is lent (the caller took it from its DevicePool under the lock)."""
+    cydriver.cuMemPoolTrimTo(pool, 0)  # its memory back to the driver; the handle stays valid
+    _parked_mu.lock()
+    _parked.push_back(pair[int, uintptr_t](device, <uintptr_t>pool))
+    _parked_mu.unlock()
+
+
+def parked_pools(int device=-1):
+    """How many stream-ordered pools wait for a backend (on ``device``, or on any: -1)."""
+    cdef size_t i, n = 0
+    with nogil:
+        _parked_mu.lock()
+        for i in range(_parked.size()):
+            if device < 0 or _parked[i].first == device:
+                n += 1
+        _parked_mu.unlock()
+    return n
+
+
+def forget_parked_pools(int device):
+    """Drop the parked pools of ``device`` without a driver call: reset_device() reset the context
+    (a pool kept across that would be one whose state the driver may have discarded)."""
+    cdef size_t i = 0
+    with nogil:
+        _parked_mu.lock()
+        while i < _parked.size():
+            if _parked[i].first == device:
+                _parked[i] = _parked.back()
+                _parked.pop_back()
+            else:
+                i += 1
+        _parked_mu.unlock()
+
+
 cdef class DevicePool(BlockPool):
     """Device memory: small slabs in cached power-of-two blocks, large ones stream-ordered.
 
@@ -291,6 +352,11 @@ cdef class DevicePool(BlockPool):
         cdef cydriver.CUmemoryPool pool = NULL
         lock_with_gil(self.mu)
         if self.mempool == NULL:
+            pool = _unpark(self.device)  # a closed backend's, if one waits (threshold already set)
+            if pool != NULL:
+                self.mempool = pool
+                self.mu.unlock()
+                return 0
             memset_props(&props, self.device)
             with nogil:
                 st = cydriver.cuMemPoolCreate(&pool, &props)
@@ -417,16 +483,16 @@ cdef class DevicePool(BlockPool):
         BlockPool.close(self)
         lock_with_gil(self.mu)
         # taken under the lock: close() (with handles held) and close_late() (at the last one's
-        # drop) may run on two threads; one destroys, the other finds no pool. With slabs still
-        # lent the pool stays, untouched (no trim: close_late() may destroy it meanwhile), until
-        # close_late() destroys it with its cached memory.
+        # drop) may run on two threads; one parks it, the other finds no pool. With slabs still
+        # lent the pool stays, untouched, until close_late() (no trim: the other may park it
+        # meanwhile). Parked, not destroyed (see _park).
         if self.mempool != NULL and self.async_live_bytes == 0:
             pool = self.mempool
             self.mempool = NULL
         self.mu.unlock()
         if pool != NULL:
             with nogil:
-                cydriver.cuMemPoolDestroy(pool)
+                _park(self.device, pool)
 
     def forget_context(self):
         BlockPool.forget_context(self)
@@ -441,7 +507,7 @@ cdef class DevicePool(BlockPool):
         if pool != NULL and self.async_live_bytes == 0 and ctx != NULL:
             with nogil:
                 if cydriver.cuCtxPushCurrent(ctx) == cydriver.CUDA_SUCCESS:
-                    cydriver.cuMemPoolDestroy(pool)
+                    _park(self.device, pool)
                     cydriver.cuCtxPopCurrent(&prev)
 
 

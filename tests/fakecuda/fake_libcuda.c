@@ -105,6 +105,7 @@ enum {
   CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
   CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
   CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR = 106,
+  CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
 };
 enum { CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
 enum { CU_JIT_ERROR_LOG_BUFFER = 5 };
@@ -675,6 +676,8 @@ CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) 
     case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: *pi = 32; break;
     case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: *pi = 1; break;
     case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: *pi = FAKE_COPY_ENGINES; break;
+    /* stream-ordered pools only where a test asks (FAKE_CUDA_MEMPOOLS=1): the default path is the block pool */
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = getenv("FAKE_CUDA_MEMPOOLS") != NULL; break;
     default: *pi = 0; break;
   }
   return CUDA_SUCCESS;
@@ -1008,10 +1011,9 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool) {
   Pool* p = (Pool*)pool;
   if (!p || p->magic != POOL_MAGIC) {
     pthread_mutex_unlock(&lock);
-    return CUDA_ERROR_INVALID_VALUE;
+    return bad_handle(); /* destroyed twice */
   }
-  p->magic = 0;
-  free(p);
+  p->magic = 0; /* kept (not freed), so a later use of the handle is seen as one */
   stats[S_POOLS]--;
   pthread_mutex_unlock(&lock);
   return CUDA_SUCCESS;
@@ -1043,8 +1045,8 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
 }
 
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
-  (void)pool;
   (void)keep;
+  if (!pool || ((Pool*)pool)->magic != POOL_MAGIC) return bad_handle(); /* a destroyed pool */
   pthread_mutex_lock(&lock);
   INJECT("cuMemPoolTrimTo");
   pthread_mutex_unlock(&lock);
@@ -1053,6 +1055,7 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream s) {
   (void)s;
+  if (!pool || ((Pool*)pool)->magic != POOL_MAGIC) return bad_handle(); /* a destroyed pool */
   CUresult st = cuMemAlloc(dptr, bytesize);
   if (st == CUDA_SUCCESS) {
     pthread_mutex_lock(&lock);

@@ -647,5 +647,41 @@ def first_cooperative_dispatches_from_eight_threads_share_one_gate_event():
         assert events == 0, f"{events} events left after close: two gate events were made at once"
 
 
+@case
+def a_closed_backend_s_stream_ordered_pool_is_kept_for_the_next_one():
+    # the pool is parked at close (trimmed, never destroyed while the process runs: GPU stress
+    # crashes were inside cuMemPoolDestroy); the next backend on the device takes it; with a
+    # handle still held at close, the pool waits for it; reset_device() forgets parked pools
+    import os
+
+    from vyre_cuda import _pools
+
+    os.environ["FAKE_CUDA_MEMPOOLS"] = "1"  # the fake device supports stream-ordered pools
+    base, parked = FAKE.stats()["mempools"], _pools.parked_pools(0)
+    a, b = pair(1 << 20)
+    g = backend(staging_chunk_bytes=1 << 20, staging_chunks=2)
+    (out,) = g.dispatch(VECADD, [a, b])  # staged: its device slab comes from the pool
+    assert np.array_equal(out, a + b)
+    assert FAKE.stats()["mempools"] == base + 1 - min(parked, 1), FAKE.stats()["mempools"]
+    held = g.dispatch_async(VECADD, [a, b])  # a slab still lent at close
+    g.close()
+    assert _pools.parked_pools(0) == parked - min(parked, 1), "parked while a slab was still lent"
+    del held  # (its outputs went with the backend; its slab goes back now)
+    gc.collect()
+    assert _pools.parked_pools(0) == max(parked, 1), _pools.parked_pools(0)
+    made = FAKE.stats()["mempools"]
+    for _ in range(3):  # backends one after the other: the same pool each time
+        h = backend(staging_chunk_bytes=1 << 20, staging_chunks=2)
+        (out,) = h.dispatch(VECADD, [b, a])
+        assert np.array_equal(out, a + b)
+        assert _pools.parked_pools(0) == max(parked, 1) - 1
+        h.close()
+    assert FAKE.stats()["mempools"] == made, "a backend made a pool while one was parked"
+    assert _pools.parked_pools(0) == max(parked, 1)
+    vc.reset_device(0)
+    assert _pools.parked_pools(0) == 0, "reset_device() kept a parked pool"
+    assert FAKE.stats()["bad_handles"] == 0, "a pool was used after it was destroyed"
+
+
 if __name__ == "__main__":
     CASES.main_one(sys.argv[1], FAKE)
