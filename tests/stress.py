@@ -405,7 +405,9 @@ class Stress:
             if not self.array_pool_before and 0 in _devarray._array_pools:
                 after["context_refs"] -= 1  # the DeviceArray pool's, held for the process
             # closed backends' stream-ordered pools, kept for the next backend (never destroyed)
-            after["mempools"] -= _pools.parked_pools() - self.parked_pools_before
+            parked = _pools.parked_pools() - self.parked_pools_before
+            after["mempools"] -= parked
+            after["context_refs"] -= parked  # (each holds its device's primary context)
             for name in (
                 "device_allocs",
                 "host_allocs",

@@ -234,13 +234,18 @@ cdef void memset_props(cydriver.CUmemPoolProps* props, int device) noexcept:
 # threads' driver work (notes/safe-to-share.md), and a pool that is never destroyed while the
 # process runs cannot crash there (CuPy and cuda.core allocate from the device's pool, which lives
 # as long as the process). A parked pool holds no slab and no memory (trimmed to nothing); its
-# release threshold stays set. At most one pool per backend open at once is ever made.
+# release threshold stays set. At most one pool per backend open at once is ever made. Each
+# parked pool holds a retain of its device's primary context, so the context (whose teardown
+# would take the pool with it) outlives the last backend while a pool waits, as it does for
+# CuPy's and PyTorch's pools; the backend that takes the pool over gives that retain back.
 cdef mutex _parked_mu
 cdef vector[pair[int, uintptr_t]] _parked  # (device, pool)
 
 
 cdef cydriver.CUmemoryPool _unpark(int device) noexcept nogil:
+    """A parked pool of ``device`` for a backend that holds the device's primary context."""
     cdef cydriver.CUmemoryPool pool = NULL
+    cdef cydriver.CUdevice dev
     cdef size_t i
     _parked_mu.lock()
     for i in range(_parked.size()):
@@ -250,11 +255,20 @@ cdef cydriver.CUmemoryPool _unpark(int device) noexcept nogil:
             _parked.pop_back()
             break
     _parked_mu.unlock()
+    if pool != NULL and cydriver.cuDeviceGet(&dev, device) == cydriver.CUDA_SUCCESS:
+        cydriver.cuDevicePrimaryCtxRelease(dev)  # the park's retain (the caller holds its own)
     return pool
 
 
 cdef void _park(int device, cydriver.CUmemoryPool pool) noexcept nogil:
-    """A pool no slab of which is lent (the caller took it from its DevicePool under the lock)."""
+    """A pool no slab of which is lent (the caller took it from its DevicePool under the lock; its
+    context is current)."""
+    cdef cydriver.CUdevice dev
+    cdef cydriver.CUcontext ctx
+    if (cydriver.cuDeviceGet(&dev, device) != cydriver.CUDA_SUCCESS
+            or cydriver.cuDevicePrimaryCtxRetain(&ctx, dev) != cydriver.CUDA_SUCCESS):
+        cydriver.cuMemPoolDestroy(pool)  # (a context that cannot be retained: nothing to keep it for)
+        return
     cydriver.cuMemPoolTrimTo(pool, 0)  # its memory back to the driver; the handle stays valid
     _parked_mu.lock()
     _parked.push_back(pair[int, uintptr_t](device, <uintptr_t>pool))
@@ -274,18 +288,24 @@ def parked_pools(int device=-1):
 
 
 def forget_parked_pools(int device):
-    """Drop the parked pools of ``device`` without a driver call: reset_device() reset the context
-    (a pool kept across that would be one whose state the driver may have discarded)."""
-    cdef size_t i = 0
+    """Before reset_device() resets ``device``'s primary context: drop its parked pools (the reset
+    takes them) and give back their retains of the context."""
+    cdef size_t i = 0, n = 0
+    cdef cydriver.CUdevice dev
     with nogil:
         _parked_mu.lock()
         while i < _parked.size():
             if _parked[i].first == device:
                 _parked[i] = _parked.back()
                 _parked.pop_back()
+                n += 1
             else:
                 i += 1
         _parked_mu.unlock()
+        if n and cydriver.cuDeviceGet(&dev, device) == cydriver.CUDA_SUCCESS:
+            while n:
+                cydriver.cuDevicePrimaryCtxRelease(dev)
+                n -= 1
 
 
 cdef class DevicePool(BlockPool):

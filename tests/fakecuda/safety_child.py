@@ -657,7 +657,7 @@ def a_closed_backend_s_stream_ordered_pool_is_kept_for_the_next_one():
     from vyre_cuda import _pools
 
     os.environ["FAKE_CUDA_MEMPOOLS"] = "1"  # the fake device supports stream-ordered pools
-    base, parked = FAKE.stats()["mempools"], _pools.parked_pools(0)
+    base, parked, refs = FAKE.stats()["mempools"], _pools.parked_pools(0), FAKE.stats()["context_refs"]
     a, b = pair(1 << 20)
     g = backend(staging_chunk_bytes=1 << 20, staging_chunks=2)
     (out,) = g.dispatch(VECADD, [a, b])  # staged: its device slab comes from the pool
@@ -678,8 +678,11 @@ def a_closed_backend_s_stream_ordered_pool_is_kept_for_the_next_one():
         h.close()
     assert FAKE.stats()["mempools"] == made, "a backend made a pool while one was parked"
     assert _pools.parked_pools(0) == max(parked, 1)
+    # a parked pool keeps its context (whose teardown would take the pool): one retain each
+    assert FAKE.stats()["context_refs"] == refs - parked + max(parked, 1), FAKE.stats()["context_refs"]
     vc.reset_device(0)
     assert _pools.parked_pools(0) == 0, "reset_device() kept a parked pool"
+    assert FAKE.stats()["context_refs"] == refs - parked, "reset_device() kept a parked pool's retain"
     assert FAKE.stats()["bad_handles"] == 0, "a pool was used after it was destroyed"
 
 
