@@ -400,29 +400,31 @@ cdef class DevicePool(BlockPool):
         cdef cydriver.cuuint64_t before = 0
         cdef size_t in_use
         cdef bint may_grow
-        if self.mempool == NULL:
+        cdef cydriver.CUmemoryPool pool
+        if self.mempool == NULL:  # (a hint only: _ensure_mempool checks again under the lock)
             self._ensure_mempool()
         lock_with_gil(self.mu)
+        pool = self.mempool  # (read under the lock that publishes it; a dispatch runs before close)
         in_use = self.async_live_bytes
         may_grow = in_use + nbytes > self.async_high_water
         self.mu.unlock()
         if may_grow:
             with nogil:
                 check_cu(cydriver.cuMemPoolGetAttribute(
-                    self.mempool, cydriver.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &before),
+                    pool, cydriver.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &before),
                     b"cuMemPoolGetAttribute")
             if in_use + nbytes > before:
                 self._budget(nbytes, b"a stream-ordered slab")
         with nogil:
-            status = cydriver.cuMemAllocFromPoolAsync(out, nbytes, self.mempool, stream)
+            status = cydriver.cuMemAllocFromPoolAsync(out, nbytes, pool, stream)
         if status == cydriver.CUDA_ERROR_OUT_OF_MEMORY:
             self._free_cached()
             lock_with_gil(self.mu)
             in_use = self.async_live_bytes
             self.mu.unlock()
             with nogil:
-                cydriver.cuMemPoolTrimTo(self.mempool, in_use)
-                status = cydriver.cuMemAllocFromPoolAsync(out, nbytes, self.mempool, stream)
+                cydriver.cuMemPoolTrimTo(pool, in_use)
+                status = cydriver.cuMemAllocFromPoolAsync(out, nbytes, pool, stream)
             if status == cydriver.CUDA_ERROR_OUT_OF_MEMORY:
                 raise DeviceOutOfMemory(
                     f"the driver could not allocate {_fmt(nbytes)} bytes of device memory for the "
@@ -435,7 +437,7 @@ cdef class DevicePool(BlockPool):
         if may_grow:
             with nogil:  # (statistics only: a failed query counts the slab as a hit)
                 status = cydriver.cuMemPoolGetAttribute(
-                    self.mempool, cydriver.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved)
+                    pool, cydriver.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved)
         lock_with_gil(self.mu)
         self.async_live_bytes += nbytes
         self.live_bytes += nbytes
@@ -478,22 +480,30 @@ cdef class DevicePool(BlockPool):
     def reserved_bytes(self):
         """Bytes the stream-ordered pool holds (in use or cached)."""
         cdef cydriver.cuuint64_t reserved = 0
-        if self.mempool == NULL:
+        cdef cydriver.CUmemoryPool pool
+        lock_with_gil(self.mu)
+        pool = self.mempool
+        self.mu.unlock()
+        if pool == NULL:
             return 0
         with nogil:
             bind_context(self.ctx)
             check_cu(cydriver.cuMemPoolGetAttribute(
-                self.mempool, cydriver.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
+                pool, cydriver.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved),
                 b"cuMemPoolGetAttribute")
         return reserved
 
     def trim(self):
         """Free every cached block and give the stream-ordered pool's unused memory back (the
         driver's pool is thread-safe; slabs in use by dispatches in flight stay)."""
+        cdef cydriver.CUmemoryPool pool
         BlockPool.trim(self)
-        if self.mempool != NULL:
+        lock_with_gil(self.mu)
+        pool = self.mempool  # (trim() runs counted: close() cannot park it meanwhile)
+        self.mu.unlock()
+        if pool != NULL:
             with nogil:
-                check_cu(cydriver.cuMemPoolTrimTo(self.mempool, 0), b"cuMemPoolTrimTo")
+                check_cu(cydriver.cuMemPoolTrimTo(pool, 0), b"cuMemPoolTrimTo")
             lock_with_gil(self.mu)
             self.async_high_water = self.async_live_bytes
             self.mu.unlock()
@@ -516,7 +526,9 @@ cdef class DevicePool(BlockPool):
 
     def forget_context(self):
         BlockPool.forget_context(self)
-        self.mempool = NULL
+        lock_with_gil(self.mu)
+        self.mempool = NULL  # (it died with the context: neither parked nor destroyed)
+        self.mu.unlock()
 
     def __dealloc__(self):
         # destroyed without the GIL: a driver free may wait on work that needs the GIL
