@@ -459,8 +459,8 @@ cdef class DevicePool(BlockPool):
             if cydriver.cuCtxPushCurrent(self.ctx) == cydriver.CUDA_SUCCESS:  # (see release)
                 cydriver.cuMemFreeAsync(ptr, stream)
                 cydriver.cuCtxPopCurrent(&prev)
-        # counted out only once the free has returned: close() destroys the pool when it sees no
-        # live bytes, and must not while this thread is still inside a free from it
+        # counted out only once the free has returned: close() parks the pool when it sees no
+        # live bytes (another backend may then take it), and must not while this free still runs
         self.forget_async(nbytes)
 
     cdef void forget_async(self, size_t nbytes) noexcept:
