@@ -123,3 +123,16 @@ def test_no_type_slot_is_patched():
         and ("tp_vectorcall" in p.read_text() or "PyType_Type" in p.read_text())
     ]
     assert offenders == []
+
+
+def test_modules_stay_small():
+    """No source file of the package passes 600 lines, but for at most two of up to 800 (a module
+    that grows past that is doing two jobs)."""
+    sizes = {
+        str(p.relative_to(PACKAGE)): len(p.read_text().splitlines())
+        for p in PACKAGE.rglob("*")
+        if p.suffix in {".py", ".pyx", ".pxd", ".hpp", ".h", ".cuh"}
+    }
+    over = sorted((n, name) for name, n in sizes.items() if n > 600)
+    assert len(sizes) > 40 and max(sizes.values()) > 300, sizes  # (the tree was read)
+    assert all(n <= 800 for n, _ in over) and len(over) <= 2, over

@@ -60,9 +60,10 @@ if TYPE_CHECKING:
     from . import builtin_programs, tracing, tuning
     from ._devarray import DeviceArray
     from ._device import driver_status, reset_device
-    from ._hostreg import AutoRegister, registered_stats, set_registered_budget
+    from ._hostreg import registered_stats, set_registered_budget
     from ._waits import PendingDispatch
     from .backend import CudaBackend
+    from .config import AutoRegister
     from .group import DeviceGroup
     from .hostmem import is_page_locked, pinned_empty, pinned_like, pinned_zeros
     from .offline import ArraySpec, plan
@@ -133,7 +134,7 @@ _LAZY = {
     "plan": ("offline", "plan"),
     "ArraySpec": ("offline", "ArraySpec"),
     "DeviceCaps": ("planning.caps", "DeviceCaps"),
-    "AutoRegister": ("_hostreg", "AutoRegister"),
+    "AutoRegister": ("config", "AutoRegister"),
     "registered_stats": ("_hostreg", "registered_stats"),
     "set_registered_budget": ("_hostreg", "set_registered_budget"),
 }

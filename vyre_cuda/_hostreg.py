@@ -30,13 +30,13 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from . import _driver
 from ._windows import close_direct_gate, is_page_locked_address, open_direct_gate, set_auto_registered
+from .config import AutoRegister
 from .errors import BackendError, ValidationError
 
 log = logging.getLogger("vyre_cuda")
@@ -52,50 +52,6 @@ def default_budget() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
     except (ValueError, OSError, AttributeError):
         return 8 << 30
-
-
-@dataclass(frozen=True)
-class AutoRegister:
-    """The automatic registration policy of a backend (``CudaBackend(auto_register=...)``).
-
-    A host buffer of at least ``min_bytes`` that dispatches see ``after`` times (same page span,
-    same owning numpy array) is registered, by default on a worker thread: dispatches meanwhile
-    stage it, and move it by direct DMA once the driver's call returns. Registering costs about
-    one staging of the same bytes (22-55 GB/s measured on H100 and H200 hosts), so inline it takes
-    many dispatches to pay off; on a worker it costs them only host CPU time. Unregistering is paid
-    when the array dies (or at ``trim()``/``close()``), about 7 ms per 256 MiB on an H200 host.
-
-    Attributes
-    ----------
-    min_bytes : int
-        Smaller buffers are left to the staging ring, where a copy costs less than a register call.
-    after : int
-        Sightings before a buffer is registered: 2 (seen again) by default; 1 at first sight.
-    background : bool
-        Register on a worker thread (default). ``False`` registers inside the dispatch that makes
-        the ``after``-th sighting, which then moves it directly.
-    """
-
-    min_bytes: int = 4 << 20
-    after: int = 2
-    background: bool = True
-
-    def __post_init__(self):
-        if isinstance(self.min_bytes, bool) or not isinstance(self.min_bytes, int) or self.min_bytes < PAGE:
-            raise ValidationError(
-                f"AutoRegister(min_bytes={self.min_bytes!r}) is below one page ({PAGE} bytes)",
-                "pass min_bytes=4 << 20 (the default) or another byte count of at least a page",
-            )
-        if isinstance(self.after, bool) or not isinstance(self.after, int) or self.after < 1:
-            raise ValidationError(
-                f"AutoRegister(after={self.after!r}) must be a count of sightings of 1 or more",
-                "pass after=2 (the default: a buffer seen again) or another whole number of at least 1",
-            )
-        if not isinstance(self.background, bool):
-            raise ValidationError(
-                f"AutoRegister(background={self.background!r}) is not a bool",
-                "pass background=True (the default: register on a worker thread) or False",
-            )
 
 
 class Holder:
@@ -585,20 +541,6 @@ class HostRegistry:
 
 
 REGISTRY = HostRegistry()
-
-
-def policy_of(value) -> AutoRegister | None:
-    """``CudaBackend(auto_register=value)``'s policy (None: off)."""
-    if value is False or value is None:
-        return None
-    if value is True:
-        return AutoRegister()
-    if isinstance(value, AutoRegister):
-        return value
-    raise ValidationError(
-        f"auto_register={value!r} is not a bool or an AutoRegister",
-        "pass auto_register=True, or vc.AutoRegister(min_bytes=...) to tune the policy",
-    )
 
 
 def core_hook(holder: Holder, policy: AutoRegister):

@@ -20,7 +20,7 @@ from ._plan_miss import PlanMiss
 from ._validate import check_int, check_size
 from .compile.modules import ModuleCache
 from .compile.nvrtc import preload_nvrtc
-from .config import as_config
+from .config import AutoRegister, as_config, auto_register_policy
 from .errors import CooperativeResidencyExceeded, ValidationError
 from .planning.caps import DeviceCaps
 from .planning.dispatch import DispatchPlan, plan_route
@@ -136,7 +136,7 @@ class CudaBackend:
         copy_threads: int | None = None,
         output_cache_bytes: int = 4 << 30,
         trace: bool | str | None = None,
-        auto_register: bool | _hostreg.AutoRegister = False,
+        auto_register: bool | AutoRegister = False,
     ):
         from ._dispatch import Core  # noqa: PLC0415 (the compiled core loads at first use)
 
@@ -149,7 +149,7 @@ class CudaBackend:
             check_size(name, value, fix=f"pass {name}=0 to cache nothing, or a byte count such as 256 << 20")
         chunk_bytes, chunks, threads = _transfer_settings(staging_chunk_bytes, staging_chunks, copy_threads)
         trace_bits = trace_flags(trace)  # before the context is retained: a bad value leaks nothing
-        policy = _hostreg.policy_of(auto_register)
+        policy = auto_register_policy(auto_register)
         self.device = int(device)
         preload_nvrtc()  # overlaps the driver's start below; the first dispatch needs NVRTC's version
         _driver.init_driver()
