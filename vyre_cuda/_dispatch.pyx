@@ -354,9 +354,9 @@ cdef class Core:
                 # blocking outputs="device": new arrays overlap nothing (async makes them at result())
                 d.compact = p.device_outputs and not want_done
         if d.compact:
-            if not p.resident_tried:
+            if a_load(&p.resident_state) == 0:
                 self.resident_blocks.upload(p, self.resources.spool)
-            d.resident = p.resident != 0
+            d.resident = a_load(&p.resident_state) == 2
         # (a resident params block is the slab: no device block or staging taken)
         self.resources.acquire(&d.f, 0 if d.resident else (p.compact_bucket if d.compact else p.bucket),
                                0 if d.resident else (p.compact_staging if d.compact else p.staging_block),

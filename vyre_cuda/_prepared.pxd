@@ -166,7 +166,9 @@ cdef class Prepared:
     # the params blocks kept on the device for the plan's life (ResidentBlocks.upload): no upload
     # and no slab then. ``compact_image``: their bytes (None: the plan cannot)
     cdef bytes compact_image
-    cdef bint resident_tried
+    # 0 untried, 1 claimed by the one thread that uploads (or failed), 2 ``resident`` and its
+    # owner set: read and written with vyre::cas/load/store only (no GIL relied on)
+    cdef int resident_state
     cdef cydriver.CUdeviceptr resident  # 0: none (yet)
     cdef ResidentBlocks resident_owner
     # the streamed route (planning.stream.StreamPlan); the slab is its device block, ``sources``

@@ -20,6 +20,10 @@ from ._launch cimport GraphCache, GRAPH_EXECS, TRIAL_WARMUP, TRIAL_SAMPLES
 from ._driver cimport bind_context
 from ._pools cimport lock_with_gil
 
+cdef extern from "_atomic.hpp" namespace "vyre" nogil:
+    void a_store "vyre::store"(int* p, int v)
+    bint a_cas "vyre::cas"(int* p, int expected, int desired)
+
 
 @cython.final
 cdef class ResidentBlocks:
@@ -44,9 +48,8 @@ cdef class ResidentBlocks:
         cdef const char* src
         cdef size_t n = p.compact_upload_end
         cdef bint kept
-        # (two threads may both try: the one that loses the race to set p.resident leaves its
-        # block in the table, freed at close)
-        p.resident_tried = True
+        if not a_cas(&p.resident_state, 0, 1):
+            return 0  # (another thread claimed it: this dispatch takes the params-only slab)
         if p.compact_image is None or self.ctx == NULL or n == 0:
             return 0
         src = p.compact_image
@@ -74,6 +77,7 @@ cdef class ResidentBlocks:
             return 0
         p.resident_owner = self
         p.resident = block
+        a_store(&p.resident_state, 2)  # (after both fields: a dispatch that reads 2 finds them set)
         return 0
 
     cdef void free_block(self, cydriver.CUdeviceptr ptr) noexcept:

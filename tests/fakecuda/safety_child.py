@@ -686,5 +686,36 @@ def a_closed_backend_s_stream_ordered_pool_is_kept_for_the_next_one():
     assert FAKE.stats()["bad_handles"] == 0, "a pool was used after it was destroyed"
 
 
+@case
+def a_plan_s_first_params_only_dispatches_from_eight_threads_upload_one_resident_block():
+    # the resident params block is claimed by one thread (the others take the params-only slab
+    # meanwhile): one block per plan, whichever thread wins, and every result right
+    sys.setswitchinterval(1e-6)
+    g = backend()
+    n = 1000
+    a, b = pair(n)
+    dev = vc.DispatchConfig(outputs="device")
+    (da,) = g.dispatch(VECADD, [a, np.zeros_like(a)], dev)
+    (db,) = g.dispatch(VECADD, [b, np.zeros_like(b)], dev)
+    one = None  # the bytes of one plan's block, from a first dispatch made alone
+    for threads in (1,) + (8,) * 20:
+        g._core.clear_prepared()  # a new plan, cached by a dispatch that is not params-only
+        gc.collect()  # (host outputs): its first params-only dispatches race
+        assert g._core.resident_blocks.nbytes == 0, "a dropped plan kept its resident block"
+        assert np.array_equal(g.dispatch(VECADD, [da, db])[0], a + b)
+        targets = [g.dispatch(VECADD, [np.zeros(n, np.float32)] * 2, dev)[0] for _ in range(threads)]
+
+        def into(i, targets=targets):
+            g.dispatch_into(VECADD, [da, db], [targets[i]])
+
+        on_threads(threads, into)
+        for t in targets:
+            assert np.array_equal(t.copy_to_host(), a + b)
+        gc.collect()
+        held = g._core.resident_blocks.nbytes
+        one = held if one is None else one
+        assert held == one > 0, f"{held} bytes resident for one plan ({one} for one block): two threads uploaded"
+    g.close()
+
 if __name__ == "__main__":
     CASES.main_one(sys.argv[1], FAKE)
