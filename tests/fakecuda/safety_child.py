@@ -717,5 +717,6 @@ def a_plan_s_first_params_only_dispatches_from_eight_threads_upload_one_resident
         assert held == one > 0, f"{held} bytes resident for one plan ({one} for one block): two threads uploaded"
     g.close()
 
+
 if __name__ == "__main__":
     CASES.main_one(sys.argv[1], FAKE)
