@@ -74,10 +74,12 @@ class Stress:
         self.args = args
         self.fake = None
         if args.fake:
-            from fakecuda import FakeDriver, vecadd_emulation
+            from fakecuda import FakeDriver, set_lazy, vecadd_emulation
 
             self.fake = FakeDriver()
             self._emulation = vecadd_emulation(np.float32)
+            if args.lazy:  # stream work deferred until something forces it: misordered work reads wrong
+                set_lazy(self.fake.lib, True)
         self.lock = threading.Lock()  # guards the backend slots and the counts
         self.base = self.fake.stats() if self.fake is not None else None
         self.pinned_pool_before = 0 in hostmem._pools  # (it keeps a context reference for the process)
@@ -181,7 +183,10 @@ class Stress:
             if not np.array_equal(got, want):
                 bad = np.flatnonzero(got != want)
                 self._count("wrong")
-                self._fail(f"{op} n={n}: {bad.size} wrong elements, first {bad[0]}, last {bad[-1]}")
+                self._fail(
+                    f"{op} n={n}: {bad.size} wrong elements, first {bad[0]}, last {bad[-1]}; "
+                    f"{_what_was_read(got, want, a, b)}; route {getattr(self.local, 'route', None)}"
+                )
 
     def _run(self, op, backend, a, b, rng, fresh):
         if op == "dispatch":
@@ -190,8 +195,10 @@ class Stress:
             out = np.empty_like(a)
             backend.dispatch_into(VECADD, [a, b], [out])
             return out, a + b
+        self.local.route = None
         if op == "dispatch_async":
             pending = backend.dispatch_async(VECADD, [a, b])
+            self.local.route = pending.route
             if rng.random() < 0.1:
                 del pending  # dropped un-taken: deferred, never waited for
                 return None, None
@@ -216,6 +223,7 @@ class Stress:
         if op == "shared_handle":
             # one handle, two threads taking its result at once: both get the same outputs
             pending = backend.dispatch_async(VECADD, [a, b])
+            self.local.route = pending.route
             other = []
 
             def take():
@@ -445,6 +453,22 @@ class Stress:
         )
 
 
+def _what_was_read(got, want, a, b) -> str:
+    """What a wrong output holds instead (for the report): an input, zeros, the fake's or the
+    pool's fill, or data of unknown origin, with its first values beside the expected ones."""
+    got = np.asarray(got)
+    kinds = [name for name, ref in (("a", a), ("b", b)) if ref.shape == got.shape and np.array_equal(got, ref)]
+    if not kinds:
+        if not got.any():
+            kinds = ["zeros"]
+        elif np.isnan(got).all():
+            kinds = ["NaN"]
+        else:
+            raw = got.view(np.uint8)
+            kinds = [f"the byte 0x{raw[0]:02x} repeated"] if (raw == raw[0]).all() else ["other data"]
+    return f"holds {kinds[0]}: got {got[:3].tolist()} want {np.asarray(want)[:3].tolist()}"
+
+
 def _is_closed_error(exc) -> bool:
     return isinstance(exc, vc.ValidationError) and "closed" in exc.message
 
@@ -462,6 +486,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--chunk-mib", type=int, default=1, help="staging ring chunk (small: many windows)")
     ap.add_argument("--chunks", type=int, default=2)
     ap.add_argument("--fake", action="store_true", help="running on the fake CUDA driver")
+    ap.add_argument("--lazy", action="store_true", help="with --fake: the fake's lazy mode (fakecuda.set_lazy)")
     ap.add_argument(
         "--share-streams",
         type=int,

@@ -108,3 +108,12 @@ def test_stress_with_stream_ordered_pools(fake_libcuda, tmp_path_factory):
     parks its pool for the next) and trim; no pool is used after it was destroyed."""
     res = _stress(3, 2, fake_libcuda, tmp_path_factory, env={"FAKE_CUDA_MEMPOOLS": "1"})
     assert res["closes"] > 0, res
+
+
+def test_stress_in_lazy_mode_with_stream_ordered_pools(fake_libcuda, tmp_path_factory):
+    """The same with the fake's lazy mode on (stream work runs only when something forces it, so
+    a read or a free not ordered after the work it depends on gives wrong data or a violation):
+    the configuration closest to a GPU, where both wrong results of one GPU stress run came from
+    the staging-ring route, whose device slabs come from the stream-ordered pool."""
+    res = _stress(2, 3, fake_libcuda, tmp_path_factory, env={"FAKE_CUDA_MEMPOOLS": "1"}, extra=["--lazy"])
+    assert res["closes"] > 0, res
