@@ -466,7 +466,10 @@ def _what_was_read(got, want, a, b) -> str:
         else:
             raw = got.view(np.uint8)
             kinds = [f"the byte 0x{raw[0]:02x} repeated"] if (raw == raw[0]).all() else ["other data"]
-    return f"holds {kinds[0]}: got {got[:3].tolist()} want {np.asarray(want)[:3].tolist()}"
+    # where the output lives: page-locked (read back by direct DMA), a recycled host block (large
+    # outputs), or plain numpy memory
+    home = "page-locked" if vc.is_page_locked(got) else type(got.base).__name__ if got.base is not None else "numpy"
+    return f"holds {kinds[0]}: got {got[:3].tolist()} want {np.asarray(want)[:3].tolist()}; memory {home}"
 
 
 def _is_closed_error(exc) -> bool:
