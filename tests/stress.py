@@ -116,6 +116,8 @@ class Stress:
             if self.args.share_streams is not None:
                 knobs = knobs.replace(stream_share_after=self.args.share_streams)
             backend._use_knobs(knobs)
+        if self.args.no_stream_ordered:  # staged dispatches' slabs from cuMemAlloc blocks instead
+            backend._core.resources.dpool.stream_ordered = False
         if self.fake is not None:
             x = np.zeros(1024, np.float32)
             self.fake.emulate(backend, VECADD, [x, x], self._emulation)
@@ -490,6 +492,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--chunks", type=int, default=2)
     ap.add_argument("--fake", action="store_true", help="running on the fake CUDA driver")
     ap.add_argument("--lazy", action="store_true", help="with --fake: the fake's lazy mode (fakecuda.set_lazy)")
+    ap.add_argument(
+        "--no-stream-ordered",
+        action="store_true",
+        help="ring dispatches take their device slabs from cuMemAlloc blocks, not the stream-ordered pool",
+    )
     ap.add_argument(
         "--share-streams",
         type=int,
