@@ -191,13 +191,13 @@ class Stress:
                 )
 
     def _run(self, op, backend, a, b, rng, fresh):
+        self.local.route = None  # (set by the operations that hold a handle: the report names it)
         if op == "dispatch":
             return backend.dispatch(VECADD, [a, b])[0], a + b
         if op == "dispatch_into":
             out = np.empty_like(a)
             backend.dispatch_into(VECADD, [a, b], [out])
             return out, a + b
-        self.local.route = None
         if op == "dispatch_async":
             pending = backend.dispatch_async(VECADD, [a, b])
             self.local.route = pending.route
