@@ -185,9 +185,14 @@ class Stress:
             if not np.array_equal(got, want):
                 bad = np.flatnonzero(got != want)
                 self._count("wrong")
+                what = _what_was_read(got, want, a, b)
+                # read again a moment later: right then means the result was handed back before
+                # its readback landed (a missing wait); still wrong means the data itself was lost
+                time.sleep(0.05)
+                late = np.flatnonzero(got != want).size
                 self._fail(
                     f"{op} n={n}: {bad.size} wrong elements, first {bad[0]}, last {bad[-1]}; "
-                    f"{_what_was_read(got, want, a, b)}; route {getattr(self.local, 'route', None)}"
+                    f"{what}; route {getattr(self.local, 'route', None)}; 50 ms later {late} wrong"
                 )
 
     def _run(self, op, backend, a, b, rng, fresh):
