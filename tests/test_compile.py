@@ -32,6 +32,12 @@ from vyre_cuda.compile import nvrtc as nvrtc_mod
 from vyre_cuda.errors import KernelCompileFailed, ValidationError
 from vyre_cuda.program import Kernel
 
+
+def suggested_headers(fix: str) -> list:
+    """The headers a Fix line tells to include, in order (``<cuda/std/cstdint>`` gives ``cuda/std/cstdint``)."""
+    return re.findall(r"<([\w./]+)>", fix)
+
+
 # the folder holding the vyre_cuda under test, for child interpreters
 _PACKAGE_ROOT = str(pathlib.Path(vyre_cuda.__file__).resolve().parents[1])
 
@@ -634,7 +640,7 @@ def test_each_header_a_standard_header_fix_names_compiles(header):
     need_cccl()
     fix = fix_for(header)
     assert "pip install" not in fix  # CCCL is found: nothing to install
-    suggested = headers_mod.suggested_headers(fix)
+    suggested = suggested_headers(fix)
     assert header not in suggested
     if header in headers_mod._C_TO_CXX or header in headers_mod._C_TO_CXX.values():
         assert suggested and suggested[0].startswith("cuda/std/")
@@ -651,7 +657,7 @@ def test_following_a_header_fix_never_loops(header):
     while todo:
         fix = fix_for(todo.pop())
         assert not _PIP.findall(fix), fix  # CCCL and the runtime are found: never an install
-        for name in headers_mod.suggested_headers(fix):
+        for name in suggested_headers(fix):
             assert name not in seen, f"{fix!r} leads back to <{name}>"
             seen.add(name)
             try:
@@ -661,10 +667,14 @@ def test_following_a_header_fix_never_loops(header):
     assert len(seen) > 1 or header == "cstdio"  # a fix named a header, except "printf is built in"
 
 
+def test_a_c_header_fix_names_its_libcuxx_twin():
+    assert suggested_headers(headers_mod.missing_header_fix("math.h", 13)) == ["cuda/std/cmath"]
+
+
 def test_the_old_wrong_spelling_leads_to_the_header_that_exists():
     need_cccl()
     fix = fix_for("cuda/std/stdint")
-    assert headers_mod.suggested_headers(fix) == ["cuda/std/cstdint"]
+    assert suggested_headers(fix) == ["cuda/std/cstdint"]
     assert "pip install" not in fix
     assert "cuda/std/stdint" in fix  # it says which header is absent
 
@@ -674,13 +684,13 @@ def test_without_cccl_the_fix_installs_it_once_and_then_compiles(monkeypatch, he
     need_cccl()  # the suggested header is compiled with the real CCCL at the end
     without_cccl(monkeypatch)
     fix = fix_for(header)
-    suggested = [n for n in headers_mod.suggested_headers(fix) if n != header]
+    suggested = [n for n in suggested_headers(fix) if n != header]
     assert _PIP.findall(fix) == ["nvidia-cuda-cccl"], fix
     assert all(n.split("/")[0] in ("cuda", "cub") for n in suggested)
     for name in suggested:  # without CCCL: the same package, never another header to try
         follow = fix_for(name)
         assert _PIP.findall(follow) == ["nvidia-cuda-cccl"], follow
-        assert headers_mod.suggested_headers(follow) == []
+        assert suggested_headers(follow) == []
     monkeypatch.undo()
     clear_cache(memory=True, disk=True)
     for name in suggested:  # once installed, the header the fix named compiles
@@ -703,7 +713,7 @@ def test_cub_umbrella_header_names_the_block_level_headers():
     need_cccl()
     fix = fix_for("cub/cub.cuh")
     assert "host code" in fix and "standard library" not in fix
-    suggested = headers_mod.suggested_headers(fix)
+    suggested = suggested_headers(fix)
     assert suggested and all(n.startswith("cub/") for n in suggested)
     for name in suggested:
         compile_kernel(including(name), arch=(9, 0))

@@ -296,15 +296,6 @@ def compile_error_fix(log: str, nvrtc_major: int | None, searched=(), source_nam
     return None
 
 
-def suggested_headers(fix: str) -> list:
-    """The headers a Fix line tells to include, in order (``<cuda/std/cstdint>`` gives ``cuda/std/cstdint``).
-
-    >>> suggested_headers(missing_header_fix("math.h", 13))
-    ['cuda/std/cmath']
-    """
-    return re.findall(r"<([\w./]+)>", fix)
-
-
 def _found(searched, wheel: str) -> str | None:
     # the searched folder holding the package's sentinel file, if any
     return next((f for f in searched if os.path.isfile(os.path.join(f, _SENTINELS[wheel]))), None)
