@@ -231,17 +231,17 @@ def plan_dispatch(
         if stream.streamed:
             assert stream.full is not None
             route = Route("streamed", stream.reason, stream.full.grid[0], 0)
-    budget = caps.total_memory - caps.total_memory // 10
     if not (stream and stream.streamed):
         check_serial_budget(config, layout.slab_bytes)
-    if caps.total_memory and layout.slab_bytes > budget and not (stream and stream.streamed):
-        raise DeviceOutOfMemory(
-            f"the dispatch needs {layout.slab_bytes:,} bytes of device memory but the budget is "
-            f"{budget:,} bytes (90% of {caps.total_memory:,} total)",
-            "split the dispatch into bounded chunks",
-            status="budget",
-            call="plan",
-        )
+        budget = caps.total_memory - caps.total_memory // 10
+        if caps.total_memory and layout.slab_bytes > budget:
+            raise DeviceOutOfMemory(
+                f"the dispatch needs {layout.slab_bytes:,} bytes of device memory but the budget is "
+                f"{budget:,} bytes (90% of {caps.total_memory:,} total)",
+                "split the dispatch into bounded chunks",
+                status="budget",
+                call="plan",
+            )
     barrier = module.barrier if cooperative else 0
     plan = assemble_plan(
         program,

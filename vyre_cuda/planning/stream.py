@@ -304,16 +304,9 @@ def shared_rows(program, bindings) -> tuple:
     if rows == 0:
         empty = [n for n, c in counts.items() if c == 0]
         return 0, {}, f"elementwise binding(s) {empty} are empty"
-    ragged = {n: c for n, c in counts.items() if c % rows}
-    if ragged:
-        return (
-            0,
-            {},
-            (
-                f"the elementwise bindings' element counts {counts} are not whole multiples of the "
-                f"smallest ({rows}), so they share no row"
-            ),
-        )
+    if any(c % rows for c in counts.values()):
+        why = f"the elementwise bindings' element counts {counts} are not whole multiples of the smallest ({rows})"
+        return 0, {}, why + ", so they share no row"
     return rows, {n: c // rows for n, c in counts.items()}, ""
 
 
