@@ -305,8 +305,11 @@ def shared_rows(program, bindings) -> tuple:
         empty = [n for n, c in counts.items() if c == 0]
         return 0, {}, f"elementwise binding(s) {empty} are empty"
     if any(c % rows for c in counts.values()):
-        why = f"the elementwise bindings' element counts {counts} are not whole multiples of the smallest ({rows})"
-        return 0, {}, why + ", so they share no row"
+        why = (
+            f"the elementwise bindings' element counts {counts} are not whole multiples of the "
+            f"smallest ({rows}), so they share no row"
+        )
+        return 0, {}, why
     return rows, {n: c // rows for n, c in counts.items()}, ""
 
 
