@@ -197,7 +197,7 @@ class Stress:
                 self._fail(
                     f"{op} n={n}: {bad.size} wrong elements, first {bad[0]}, last {bad[-1]}; "
                     f"{what}; route {getattr(self.local, 'route', None)}; 50 ms later {late} wrong; "
-                    f"starts like {self._origin(got)}"
+                    f"starts like {self._origin(got)}; {_registration(slot, a, b)}"
                 )
             self._remember(op, n, a, b, want)
 
@@ -496,6 +496,15 @@ def _what_was_read(got, want, a, b) -> str:
     # outputs), or plain numpy memory
     home = "page-locked" if vc.is_page_locked(got) else type(got.base).__name__ if got.base is not None else "numpy"
     return f"holds {kinds[0]}: got {got[:3].tolist()} want {np.asarray(want)[:3].tolist()}; memory {home}"
+
+
+def _registration(slot, a, b) -> str:
+    """The failing backend's registration policy (as _new_backend gives it) and whether the inputs
+    are page-locked now: a stale or early-dropped registration shows as direct DMA from them."""
+    policy = ("background" if slot % 4 == 1 else "inline") if slot % 2 else "none"
+    locked = "".join("L" if vc.is_page_locked(x) else "-" for x in (a, b))
+    ranges = vc.registered_stats()["registered_ranges"]
+    return f"backend slot {slot}, auto-register {policy}, inputs page-locked now {locked}, {ranges} ranges registered"
 
 
 def _is_closed_error(exc) -> bool:
