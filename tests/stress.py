@@ -21,6 +21,7 @@ import collections
 import faulthandler
 import gc
 import json
+import os
 import sys
 import threading
 import time
@@ -197,7 +198,7 @@ class Stress:
                 self._fail(
                     f"{op} n={n}: {bad.size} wrong elements, first {bad[0]}, last {bad[-1]}; "
                     f"{what}; route {getattr(self.local, 'route', None)}; 50 ms later {late} wrong; "
-                    f"starts like {self._origin(got)}; {_registration(slot, a, b)}"
+                    f"starts like {self._origin(got)}; {_registration(slot, a, b)}; {_driver_range(got)}"
                 )
             self._remember(op, n, a, b, want)
 
@@ -507,6 +508,30 @@ def _registration(slot, a, b) -> str:
     return f"backend slot {slot}, auto-register {policy}, inputs page-locked now {locked}, {ranges} ranges registered"
 
 
+def _driver_range(got) -> str:
+    """The page-locked range the driver finds under the wrong output's first and last byte, if any:
+    an output the driver counts as registered is read back by DMA into that registration's pages
+    (matched against the registry's debug record, VYRE_CUDA_STRESS_REGLOG)."""
+    from cuda.bindings import driver as cu
+
+    got = np.asarray(got)
+    if not hasattr(cu, "cuPointerGetAttribute"):
+        return "driver: no range query"
+    where = []
+    for addr in (got.ctypes.data, got.ctypes.data + max(got.nbytes - 1, 0)):
+        try:
+            err, start = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, addr)
+        except Exception as exc:  # noqa: BLE001 (a driver without the call: the fake)
+            return f"driver: no range query ({type(exc).__name__})"
+        _, size = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_RANGE_SIZE, addr)
+        where.append(
+            f"0x{addr:x} in 0x{int(start):x} +{int(size)}"
+            if err == cu.CUresult.CUDA_SUCCESS
+            else f"0x{addr:x} pageable"
+        )
+    return "driver: " + ", ".join(where)
+
+
 def _is_closed_error(exc) -> bool:
     return isinstance(exc, vc.ValidationError) and "closed" in exc.message
 
@@ -555,6 +580,15 @@ def main(argv=None) -> int:
     # a hang shows where every thread waits (stderr), then the process exits with status 1
     faulthandler.dump_traceback_later(args.hang_s, exit=True)
     sys.setswitchinterval(1e-6)  # widen the windows between threads (the GIL is not a lock)
+    reglog = os.environ.get("VYRE_CUDA_STRESS_REGLOG")
+    if reglog:  # the registry's every register and unregister, for a wrong result's driver range
+        import logging
+
+        handler = logging.FileHandler(reglog)
+        handler.setFormatter(logging.Formatter("%(relativeCreated).1f %(threadName)s %(message)s"))
+        handler.addFilter(lambda record: "register 0x" in record.getMessage())
+        logging.getLogger("vyre_cuda").addHandler(handler)
+        logging.getLogger("vyre_cuda").setLevel(logging.DEBUG)
     # flushed now: a crash in the interpreter's exit would otherwise lose the buffered result line,
     # and its presence tells a crash at exit from one during the run
     print(json.dumps(Stress(args).run()), flush=True)

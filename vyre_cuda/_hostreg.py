@@ -118,6 +118,14 @@ def page_span(address: int, nbytes: int) -> tuple[int, int]:
     return start, (address + nbytes + PAGE - 1) & ~(PAGE - 1)
 
 
+def _host_register(device: int, start: int, nbytes: int, how: str) -> int:
+    # every driver registration and unregistration is logged at debug level (the record a range
+    # the driver still counts as registered is matched against)
+    status = _driver.host_register(device, start, nbytes)
+    log.debug("vyre_cuda: register 0x%x +%d (%s): status %d", start, nbytes, how, status)
+    return status
+
+
 def owning_array(obj: Any) -> np.ndarray | None:
     """The numpy array owning ``obj``'s memory (its ``.base`` chain's root), or None when numpy
     does not own it (a view of a bytearray, an mmap, foreign memory)."""
@@ -340,7 +348,7 @@ class HostRegistry:
         if not self._admit(start, end, address, nbytes, owner, auto=auto):
             return None
         t0 = time.perf_counter_ns()
-        status = _driver.host_register(h.device, start, end - start)
+        status = _host_register(h.device, start, end - start, "inline")
         if status != 0:
             self._refused_by_driver(status, start, end - start)
             return None
@@ -432,6 +440,7 @@ class HostRegistry:
             if status == 0:
                 p.registered = True
         ns = time.perf_counter_ns() - t0
+        log.debug("vyre_cuda: register 0x%x +%d (worker): status %d", p.start, nbytes, status)  # (after p.mu)
         with self._lock:
             if self._pending.get(p.start) is p:
                 del self._pending[p.start]
@@ -481,6 +490,7 @@ class HostRegistry:
                 return
             status = _driver.host_unregister(p.holder.device, p.start)
             p.registered = False
+        log.debug("vyre_cuda: unregister 0x%x (owner died while registering): status %d", p.start, status)
         if status:
             log.warning("vyre_cuda: cuMemHostUnregister of 0x%x failed: %s", p.start, _driver.status_name(status))
         with self._lock:
@@ -532,6 +542,9 @@ class HostRegistry:
                 return
             status = _driver.host_unregister(r.any_device(), r.start)
             r.unregistered = True
+        log.debug(
+            "vyre_cuda: unregister 0x%x (%s): status %d", r.start, "owner died" if leave is None else "released", status
+        )
         if status:
             log.warning("vyre_cuda: cuMemHostUnregister of 0x%x failed: %s", r.start, _driver.status_name(status))
         with self._lock:
