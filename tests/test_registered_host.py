@@ -53,3 +53,62 @@ def test_the_owner_is_the_numpy_array_that_owns_the_memory():
     assert _hostreg.owning_array(a[10:].reshape(10, 9)[1:]) is a
     assert _hostreg.owning_array(np.frombuffer(bytearray(80), np.float64)) is None
     assert _hostreg.owning_array(b"xx") is None
+
+
+FREE_CHECK_CHILD = r"""
+import json
+
+import numpy as np
+from fakecuda import FakeDriver
+
+import vyre_cuda as vc
+from vyre_cuda import _driver, _hostreg
+
+fake = FakeDriver()
+gpu = vc.CudaBackend(0, auto_register=vc.AutoRegister(min_bytes=1 << 16, after=1))
+
+
+def freed(unregister_first):
+    # 4 MiB of numpy memory registered by hand, then freed with or without its unregister
+    x = np.ones(1 << 20, np.float32)
+    start, end = _hostreg.page_span(x.ctypes.data, x.nbytes)
+    assert _driver.host_register(0, start, end - start) == 0
+    if unregister_first:
+        assert _driver.host_unregister(0, start) == 0
+    before = fake.stats()["violations"]
+    del x
+    return fake.stats()["violations"] - before, fake.last_violation()
+
+
+def policy():
+    # the automatic policy registers an input at its first sighting; the array then dies
+    before = fake.stats()["violations"]
+    x = np.random.default_rng(3).random(1 << 20).astype(np.float32)
+    gpu.dispatch(vc.builtin_programs.vecadd_f32(), [x, x])  # (the fake runs no kernel: bytes unchecked)
+    registered = vc.registered_stats()["registered_ranges"]
+    del x
+    return fake.stats()["violations"] - before, registered, vc.registered_stats()["registered_ranges"]
+
+
+print(json.dumps({"leaked": freed(False), "clean": freed(True), "policy": policy()}))
+"""
+
+
+def test_memory_freed_while_registered_is_caught_by_the_free_checker(fake_libcuda, tmp_path_factory):
+    """The fake-driver stress runs with tests/fakecuda/free_check.c preloaded: a free() of memory a
+    registration still covers is a driver violation there (on a GPU, the next allocation at that
+    address would be moved by DMA through the stale registration's pages). The checker catches a
+    registration left behind, passes one undone first, and passes the policy's own lifetime."""
+    import json
+
+    import fakecuda
+
+    checker = fakecuda.build_free_check(tmp_path_factory.getbasetemp() / "free-check")
+    proc = fakecuda.run_python(["-c", FREE_CHECK_CHILD], fake_libcuda, LD_PRELOAD=str(checker))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    count, message = res["leaked"]
+    assert count == 1 and "freed while registered" in message, res
+    assert res["clean"][0] == 0, res
+    violations, registered, after = res["policy"]
+    assert registered == 1 and after == 0 and violations == 0, res

@@ -60,7 +60,13 @@ def test_stress_with_completion_events_on_demand(fake_libcuda, tmp_path_factory)
 
 
 def _stress(backends, threads, fake_libcuda, tmp_path_factory, env=None, extra=()):
+    import fakecuda
+
     seed = scenarios.seed()
+    # every free() of two pages or more is checked against the fake's registrations: memory
+    # freed while registered (a stale registration, which misroutes DMA on a GPU) is a violation
+    checker = fakecuda.build_free_check(tmp_path_factory.getbasetemp() / "free-check")
+    env = dict(env or {}, LD_PRELOAD=str(checker))
     res = scenarios.run_child(
         [
             TESTS / "stress.py",

@@ -26,6 +26,7 @@ import sysconfig
 import numpy as np
 
 SOURCE = pathlib.Path(__file__).with_name("fake_libcuda.c")
+FREE_CHECK = pathlib.Path(__file__).with_name("free_check.c")
 TESTS_DIR = pathlib.Path(__file__).resolve().parents[1]
 
 # fake_cuda_stats() slots, in the C enum's order
@@ -119,6 +120,15 @@ def build(folder: pathlib.Path) -> pathlib.Path:
     """
     flags = (["-Wl,-soname,libcuda.so.1"], ["-lpthread"])
     return _compile_once(folder, "", [SOURCE], "libcuda.so.1", flags, "the fake CUDA driver")
+
+
+def build_free_check(folder: pathlib.Path) -> pathlib.Path:
+    """Compile free_check.c once (an LD_PRELOAD beside the fake: host memory given back to the
+    allocator while a registration still covers a whole page of it is a violation); return the
+    library's path."""
+    flags = ([], ["-ldl"])
+    built = _compile_once(folder, "free-check-", [FREE_CHECK], "libfree_check.so", flags, "the free checker")
+    return built / "libfree_check.so"
 
 
 def build_exchange(folder: pathlib.Path) -> pathlib.Path:

@@ -940,6 +940,30 @@ CUresult cuMemHostRegister(void* p, size_t bytesize, unsigned int flags) {
   return CUDA_SUCCESS;
 }
 
+/* Host memory given back to the allocator while a registration still covers a whole page of it
+ * (tests/fakecuda/free_check.c calls this from its free() wrapper): the registration outlived its
+ * memory. On the GPU the driver keeps the old pages pinned under that address, so the next
+ * allocation there is read and written by DMA through the stale registration (a wrong result).
+ * trylock, bounded: a free() made by this library under its own lock skips the check. */
+int fake_cuda_check_free(const char* base, size_t n) {
+  uintptr_t lo = ((uintptr_t)base + 4095) & ~(uintptr_t)4095, hi = ((uintptr_t)base + n) & ~(uintptr_t)4095;
+  int found = 0, tries = 0;
+  if (hi <= lo) return 0;
+  while (pthread_mutex_trylock(&lock) != 0)
+    if (++tries > 2000) return 0;
+  for (const Alloc* a = allocs; a; a = a->next)
+    if (a->kind == KIND_REGISTERED && (uintptr_t)a->base < hi && lo < (uintptr_t)a->base + a->size) {
+      char text[256];
+      snprintf(text, sizeof(text), "host memory [%p, +%zu) freed while registered range [%p, +%zu) covers it",
+               (const void*)base, n, (const void*)a->base, a->size);
+      violation_text(text);
+      found = 1;
+      break;
+    }
+  pthread_mutex_unlock(&lock);
+  return found;
+}
+
 CUresult cuMemHostUnregister(void* p) {
   if (lazy) lazy_run_all();
   pthread_mutex_lock(&lock);
