@@ -157,7 +157,9 @@ class HostRegistry:
         self._holders: weakref.WeakSet[Holder] = weakref.WeakSet()
         self._budget = default_budget()
         self._register_gbps: float | None = None
-        self._counts = dict.fromkeys(("registrations", "unregistrations", "hits", "fallbacks"), 0)
+        self._counts = dict.fromkeys(
+            ("registrations", "unregistrations", "failed_unregistrations", "hits", "fallbacks"), 0
+        )
         self._reasons: dict[str, int] = {}
 
     def holder(self, device: int, busy) -> Holder:
@@ -294,7 +296,9 @@ class HostRegistry:
         return None
 
     def _spans(self) -> list[_Range | _Pending]:
-        return [*self._ranges.values(), *self._pending.values()]
+        # (a leaving range is still registered with the driver until its unregister has run: a
+        # span overlapping it waits, as one overlapping a range in the table does)
+        return [*self._ranges.values(), *self._pending.values(), *self._leaving.values()]
 
     def _publish(self) -> None:
         """Tell the dispatch path which ranges only the policy holds (``_windows.auto_registered``):
@@ -496,6 +500,7 @@ class HostRegistry:
         with self._lock:
             self._counts["registrations"] += 1
             self._counts["unregistrations"] += 1
+            self._counts["failed_unregistrations"] += bool(status)
 
     def _unregister_live(self, ranges: list[tuple[_Range, int]]) -> None:
         """Unregister ranges whose memory lives on (out of the table already): close the direct
@@ -551,6 +556,7 @@ class HostRegistry:
             if self._leaving.get(r.start) is r:
                 del self._leaving[r.start]
             self._counts["unregistrations"] += 1
+            self._counts["failed_unregistrations"] += bool(status)
 
 
 REGISTRY = HostRegistry()
@@ -576,8 +582,10 @@ def core_hook(holder: Holder, policy: AutoRegister):
 def registered_stats() -> dict:
     """What the registry of caller memory registered in place holds and has done.
 
-    Keys: ``registrations``, ``unregistrations``, ``hits`` (a dispatch or ``register()`` found its
-    buffer registered), ``fallbacks`` (a buffer left to staging) and ``fallback_reasons`` (by
+    Keys: ``registrations``, ``unregistrations``, ``failed_unregistrations`` (the driver refused
+    an unregister: that memory may stay page-locked under its address), ``hits`` (a dispatch or
+    ``register()`` found its buffer registered), ``fallbacks`` (a buffer left to staging) and
+    ``fallback_reasons`` (by
     reason: ``budget``, ``overlaps a registered range``, ``not owned by numpy``, ``already
     registered``, or the driver's status), ``registered_ranges``, ``registered_bytes``,
     ``registering`` (registrations running on the worker thread now), ``budget_bytes``, and

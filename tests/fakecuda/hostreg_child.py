@@ -302,6 +302,34 @@ def arrays_that_share_a_page_register_the_first_and_stage_the_second(fake):
 
 
 @scenario
+def a_span_overlapping_a_range_still_being_unregistered_is_refused(fake):
+    """A released range leaves the table before its unregister runs (outside the lock, after the
+    gate and the GPU): until then the driver still has it registered, so a span overlapping it is
+    refused as overlapping, as one overlapping a range in the table is, not registered beside it."""
+    backend = backend_on(fake)
+    before, c0 = fake.stats(), counts()
+    root = aligned(2 * N + PAGE)
+    a, b = root[: N + 100], root[N + 100 : 2 * N + 100]  # one page holds the end of a and the start of b
+    reg = _hostreg.REGISTRY
+    with backend.register(a):
+        start, end = _hostreg.page_span(a.__array_interface__["data"][0], a.nbytes)
+        with reg._lock:
+            r = reg._containing(start, end)
+            leave = reg._detach(r)  # as a release does: out of the table, unregistered later
+        assert r is not None and leave is not None and vc.is_page_locked(a)
+        b_start, b_end = _hostreg.page_span(b.__array_interface__["data"][0], b.nbytes)
+        with reg._lock:
+            admitted = reg._admit(b_start, b_end, b.__array_interface__["data"][0], b.nbytes, root, auto=True)
+        assert not admitted, "a span overlapping a leaving (still registered) range was admitted"
+        assert vc.registered_stats()["fallback_reasons"].get("overlaps a registered range", 0) >= 1
+        reg._unregister_live([(r, leave)])  # the release's unregister, as it runs after the gate
+        assert not vc.is_page_locked(a)
+    assert delta(c0)["registrations"] == delta(c0)["unregistrations"] == 1, delta(c0)
+    backend.close()
+    settled(fake, before)
+
+
+@scenario
 def a_budget_too_small_leaves_the_buffer_to_staging(fake):
     backend = backend_on(fake)
     before, c0 = fake.stats(), counts()
