@@ -126,7 +126,7 @@ def build_free_check(folder: pathlib.Path) -> pathlib.Path:
     """Compile free_check.c once (an LD_PRELOAD beside the fake: host memory given back to the
     allocator while a registration still covers a whole page of it is a violation); return the
     library's path."""
-    flags = ([], ["-ldl"])
+    flags: tuple[list[str], list[str]] = ([], ["-ldl"])
     built = _compile_once(folder, "free-check-", [FREE_CHECK], "libfree_check.so", flags, "the free checker")
     return built / "libfree_check.so"
 
