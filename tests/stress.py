@@ -592,7 +592,7 @@ def main(argv=None) -> int:
         import logging
 
         handler = logging.FileHandler(reglog)
-        handler.setFormatter(logging.Formatter("%(relativeCreated).1f %(threadName)s %(message)s"))
+        handler.setFormatter(logging.Formatter("%(process)d %(relativeCreated).1f %(threadName)s %(message)s"))
         handler.addFilter(lambda record: "register 0x" in record.getMessage())
         logging.getLogger("vyre_cuda").addHandler(handler)
         logging.getLogger("vyre_cuda").setLevel(logging.DEBUG)
