@@ -118,14 +118,6 @@ def page_span(address: int, nbytes: int) -> tuple[int, int]:
     return start, (address + nbytes + PAGE - 1) & ~(PAGE - 1)
 
 
-def _host_register(device: int, start: int, nbytes: int, how: str) -> int:
-    # every driver registration and unregistration is logged at debug level (the record a range
-    # the driver still counts as registered is matched against)
-    status = _driver.host_register(device, start, nbytes)
-    log.debug("vyre_cuda: register 0x%x +%d (%s): status %d", start, nbytes, how, status)
-    return status
-
-
 def owning_array(obj: Any) -> np.ndarray | None:
     """The numpy array owning ``obj``'s memory (its ``.base`` chain's root), or None when numpy
     does not own it (a view of a bytearray, an mmap, foreign memory)."""
@@ -352,7 +344,8 @@ class HostRegistry:
         if not self._admit(start, end, address, nbytes, owner, auto=auto):
             return None
         t0 = time.perf_counter_ns()
-        status = _host_register(h.device, start, end - start, "inline")
+        status = _driver.host_register(h.device, start, end - start)
+        log.debug("vyre_cuda: register 0x%x +%d (inline): status %d", start, end - start, status)  # (all logged)
         if status != 0:
             self._refused_by_driver(status, start, end - start)
             return None
