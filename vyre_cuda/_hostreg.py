@@ -578,9 +578,8 @@ def registered_stats() -> dict:
     Keys: ``registrations``, ``unregistrations``, ``failed_unregistrations`` (the driver refused
     an unregister: that memory may stay page-locked under its address), ``hits`` (a dispatch or
     ``register()`` found its buffer registered), ``fallbacks`` (a buffer left to staging) and
-    ``fallback_reasons`` (by
-    reason: ``budget``, ``overlaps a registered range``, ``not owned by numpy``, ``already
-    registered``, or the driver's status), ``registered_ranges``, ``registered_bytes``,
+    ``fallback_reasons`` (by reason: ``budget``, ``overlaps a registered range``, ``not owned by
+    numpy``, ``already registered``, or the driver's status), ``registered_ranges``, ``registered_bytes``,
     ``registering`` (registrations running on the worker thread now), ``budget_bytes``, and
     ``register_gbps`` (the register rate measured here, None before the first)."""
     return REGISTRY.stats()
