@@ -59,14 +59,19 @@ def test_stress_with_completion_events_on_demand(fake_libcuda, tmp_path_factory)
     assert res["by_op"]["stream_chain"] > 0, res
 
 
-def _stress(backends, threads, fake_libcuda, tmp_path_factory, env=None, extra=()):
+def test_stress_under_the_free_checker(fake_libcuda, tmp_path_factory):
+    """The same with tests/fakecuda/free_check.c preloaded: every free() of two pages or more is
+    checked against the fake's registrations, so memory freed while registered (a stale
+    registration, which misroutes DMA on a GPU) is a driver violation, reported as a leak."""
     import fakecuda
 
-    seed = scenarios.seed()
-    # every free() of two pages or more is checked against the fake's registrations: memory
-    # freed while registered (a stale registration, which misroutes DMA on a GPU) is a violation
     checker = fakecuda.build_free_check(tmp_path_factory.getbasetemp() / "free-check")
-    env = dict(env or {}, LD_PRELOAD=str(checker))
+    res = _stress(2, 3, fake_libcuda, tmp_path_factory, env={"LD_PRELOAD": str(checker)})
+    assert res["registrations"] > 0, res
+
+
+def _stress(backends, threads, fake_libcuda, tmp_path_factory, env=None, extra=()):
+    seed = scenarios.seed()
     res = scenarios.run_child(
         [
             TESTS / "stress.py",
