@@ -110,7 +110,10 @@ class Stress:
         # on the worker thread, half inside the dispatch): the threads' inputs are overlapping
         # slices of one array, so ranges are hit, refused as overlapping, held by two backends,
         # trimmed, and unregistered when the array dies
-        policy = vc.AutoRegister(min_bytes=256 << 10, after=1, background=slot % 4 == 1) if slot % 2 else False
+        kind = _policy_kind(slot)
+        policy = (
+            vc.AutoRegister(min_bytes=256 << 10, after=1, background=kind == "background") if kind != "none" else False
+        )
         backend = vc.CudaBackend(
             0, staging_chunk_bytes=self.args.chunk_mib << 20, staging_chunks=self.args.chunks, auto_register=policy
         )
@@ -502,10 +505,15 @@ def _what_was_read(got, want, a, b) -> str:
     return f"holds {kinds[0]}: got {got[:3].tolist()} want {np.asarray(want)[:3].tolist()}; memory {home}"
 
 
+def _policy_kind(slot) -> str:
+    """The registration policy of the backend in ``slot``: none, inline or background."""
+    return ("background" if slot % 4 == 1 else "inline") if slot % 2 else "none"
+
+
 def _registration(slot, a, b) -> str:
-    """The failing backend's registration policy (as _new_backend gives it) and whether the inputs
-    are page-locked now: a stale or early-dropped registration shows as direct DMA from them."""
-    policy = ("background" if slot % 4 == 1 else "inline") if slot % 2 else "none"
+    """The failing backend's registration policy and whether the inputs are page-locked now: a
+    stale or early-dropped registration shows as direct DMA from them."""
+    policy = _policy_kind(slot)
     locked = "".join("L" if vc.is_page_locked(x) else "-" for x in (a, b))
     stats = vc.registered_stats()
     return (
@@ -522,8 +530,6 @@ def _driver_range(got) -> str:
     from cuda.bindings import driver as cu
 
     got = np.asarray(got)
-    if not hasattr(cu, "cuPointerGetAttribute"):
-        return "driver: no range query"
     where = []
     for addr in (got.ctypes.data, got.ctypes.data + max(got.nbytes - 1, 0)):
         try:
